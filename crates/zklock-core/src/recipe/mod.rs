@@ -1,0 +1,140 @@
+//! Lock recipes on ephemeral sequential znodes, in Apache Curator's wire format.
+
+pub(crate) mod mutex;
+
+use std::sync::Arc;
+
+use once_cell::sync::Lazy;
+use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, SessionState};
+
+use crate::error::{Error, Result};
+use crate::manager::Inner;
+
+/// The lock name of Curator's `InterProcessMutex`: nodes are `_c_<uuid>-lock-<seq>`.
+pub(crate) const MUTEX_LOCK_NAME: &str = "lock-";
+
+pub(crate) static EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+static CONTAINER: CreateOptions<'static> = CreateMode::Container.with_acls(Acls::anyone_all());
+
+/// The data each contender node carries: who created it (Curator writes the client's address).
+pub(crate) static NODE_DATA: Lazy<Vec<u8>> = Lazy::new(|| {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    format!("zklock host={} pid={}", host, std::process::id()).into_bytes()
+});
+
+/// The text Curator sorts contenders by: what follows the last occurrence of the lock name
+/// (`StandardLockInternalsDriver.fixForSorting`). Compared as strings, as Curator does.
+pub(crate) fn sort_key<'a>(node: &'a str, lock_name: &str) -> &'a str {
+    match node.rfind(lock_name) {
+        Some(i) => &node[i + lock_name.len()..],
+        None => node,
+    }
+}
+
+/// Creates `dir` and its missing ancestors as CONTAINER nodes, which the server removes once
+/// they are empty, so that no lock path is left behind.
+pub(crate) async fn ensure_parents(client: &Client, dir: &str) -> Result<()> {
+    match client.mkdir(dir, &CONTAINER).await {
+        Ok(()) => Ok(()),
+        Err(err) => Err(Error::zk("create the lock path", dir, err)),
+    }
+}
+
+/// Waits until `client`'s session is connected; false when the session is over for good.
+pub(crate) async fn wait_reconnect(client: &Client) -> bool {
+    let mut watcher = client.state_watcher();
+    let mut state = watcher.state();
+    loop {
+        match state {
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => return true,
+            SessionState::Disconnected => state = watcher.changed().await,
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => return false,
+        }
+    }
+}
+
+/// Deletes a contender node: the request is sent now, so that any later request of this
+/// session is ordered after it; the reply is awaited in the background, retrying on
+/// connection loss until the node is gone or the session (and so the node) has ended.
+pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: String) {
+    inner.count(1);
+    let first = client.delete(&path, None);
+    let counter = inner.clone();
+    inner.spawn_background(async move {
+        let mut result = first.await;
+        loop {
+            match result {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => return,
+                Err(zookeeper_client::Error::ConnectionLoss) => {
+                    if !wait_reconnect(&client).await {
+                        return;
+                    }
+                    counter.count(1);
+                    result = client.delete(&path, None).await;
+                }
+                Err(err) if is_terminal(&err) => return,
+                Err(err) => {
+                    tracing::warn!(%path, %err, "could not delete lock node");
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// Removes the node a create may have made when its reply never came: the `_c_<uuid>-`
+/// prefix finds it (Curator's protected mode). The listing is sent now, so it is ordered
+/// after the create.
+pub(crate) fn delete_by_prefix_in_background(inner: &Arc<Inner>, client: Client, dir: Arc<str>, prefix: String) {
+    inner.count(1);
+    let listing = client.get_children(&dir);
+    let owner = inner.clone();
+    inner.spawn_background(async move {
+        let mut result = listing.await.map(|(children, _)| children);
+        loop {
+            match result {
+                Ok(children) => {
+                    for child in children.into_iter().filter(|c| c.starts_with(&prefix)) {
+                        delete_in_background(&owner, client.clone(), format!("{dir}/{child}"));
+                    }
+                    return;
+                }
+                Err(zookeeper_client::Error::ConnectionLoss) => {
+                    if !wait_reconnect(&client).await {
+                        return;
+                    }
+                    owner.count(1);
+                    result = client.list_children(&dir).await;
+                }
+                Err(_) => return,
+            }
+        }
+    });
+}
+
+fn is_terminal(err: &zookeeper_client::Error) -> bool {
+    matches!(
+        err,
+        zookeeper_client::Error::SessionExpired
+            | zookeeper_client::Error::ClientClosed
+            | zookeeper_client::Error::AuthFailed
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sorts_like_curator() {
+        assert_eq!(sort_key("_c_8d0f-lock-0000000007", MUTEX_LOCK_NAME), "0000000007");
+        assert_eq!(sort_key("lock-0000000003", MUTEX_LOCK_NAME), "0000000003");
+        // The last occurrence counts, so a uuid or prefix containing "lock-" does not confuse it.
+        assert_eq!(sort_key("_c_x-lock-lock-0000000001", MUTEX_LOCK_NAME), "0000000001");
+        assert_eq!(sort_key("foreign", MUTEX_LOCK_NAME), "foreign");
+    }
+}

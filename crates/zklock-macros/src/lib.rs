@@ -1,0 +1,1 @@
+//! The `#[distributed_lock]` attribute (work in progress: see issue 4).
