@@ -40,7 +40,9 @@ pub enum Error {
     Closed,
 
     /// The connection to ZooKeeper was lost and did not come back in time.
-    #[error("lost the connection to ZooKeeper during {operation}; retry once the servers are reachable")]
+    #[error(
+        "lost the connection to ZooKeeper during {operation}; retry once the servers are reachable"
+    )]
     ConnectionLoss {
         /// What was being done.
         operation: &'static str,
@@ -58,7 +60,9 @@ pub enum Error {
     },
 
     /// Waiting for the lock took longer than the given timeout; nothing is held and no node is left.
-    #[error("timed out after {waited:?} waiting for the lock on {key}; another holder still has it")]
+    #[error(
+        "timed out after {waited:?} waiting for the lock on {key}; another holder still has it"
+    )]
     Timeout {
         /// The key (or raw path) of the lock.
         key: String,
@@ -116,8 +120,14 @@ impl Error {
             Zk::SessionExpired => Error::SessionExpired,
             Zk::ClientClosed => Error::Closed,
             Zk::ConnectionLoss => Error::ConnectionLoss { operation },
-            Zk::NoAuth => Error::NoAuth { operation, path: path.to_string() },
-            other => Error::ZooKeeper { operation, source: other },
+            Zk::NoAuth => Error::NoAuth {
+                operation,
+                path: path.to_string(),
+            },
+            other => Error::ZooKeeper {
+                operation,
+                source: other,
+            },
         }
     }
 
@@ -131,7 +141,10 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Error::ConnectionLoss { .. } | Error::SessionExpired | Error::Timeout { .. } | Error::Unreachable { .. }
+            Error::ConnectionLoss { .. }
+                | Error::SessionExpired
+                | Error::Timeout { .. }
+                | Error::Unreachable { .. }
         )
     }
 }

@@ -161,8 +161,22 @@ impl Hold {
         };
         let (tx, node_lost) = watch::channel(None);
         inner.count(1);
-        let monitor = inner.runtime.spawn(watch_node(client.clone(), node.clone(), tx)).abort_handle();
-        Hold { inner, client, key, node, token, epoch, health, node_lost, monitor, _ticket: ticket }
+        let monitor = inner
+            .runtime
+            .spawn(watch_node(client.clone(), node.clone(), tx))
+            .abort_handle();
+        Hold {
+            inner,
+            client,
+            key,
+            node,
+            token,
+            epoch,
+            health,
+            node_lost,
+            monitor,
+            _ticket: ticket,
+        }
     }
 
     pub(crate) fn loss_reason(&self) -> Option<LossReason> {
@@ -201,14 +215,20 @@ impl Hold {
                 Ok(()) => return Ok(()),
                 Err(zookeeper_client::Error::NoNode) => {
                     return match self.loss_reason() {
-                        Some(reason) => Err(Error::LockLost { key: self.key.to_string(), reason }),
+                        Some(reason) => Err(Error::LockLost {
+                            key: self.key.to_string(),
+                            reason,
+                        }),
                         None => Ok(()),
                     }
                 }
                 Err(zookeeper_client::Error::ConnectionLoss) if attempts < 100 => {
                     attempts += 1;
                     if !wait_reconnect(&self.client).await {
-                        return Err(Error::LockLost { key: self.key.to_string(), reason: LossReason::SessionExpired });
+                        return Err(Error::LockLost {
+                            key: self.key.to_string(),
+                            reason: LossReason::SessionExpired,
+                        });
                     }
                 }
                 Err(err) => return Err(Error::zk("release the lock", &self.node, err)),
@@ -283,7 +303,9 @@ impl OwnedLockGuard {
     }
 
     fn hold(&self) -> &Hold {
-        self.hold.as_ref().expect("a guard holds until it is consumed")
+        self.hold
+            .as_ref()
+            .expect("a guard holds until it is consumed")
     }
 
     /// The fencing token of this hold; see [`FencingToken`].
@@ -377,7 +399,10 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<()> {
-        let hold = self.hold.take().expect("a guard holds until it is consumed");
+        let hold = self
+            .hold
+            .take()
+            .expect("a guard holds until it is consumed");
         hold.release().await
     }
 }
@@ -430,7 +455,10 @@ pub struct LockGuard<'a> {
 
 impl<'a> LockGuard<'a> {
     pub(crate) fn from_owned(owned: OwnedLockGuard) -> LockGuard<'a> {
-        LockGuard { owned, _borrow: PhantomData }
+        LockGuard {
+            owned,
+            _borrow: PhantomData,
+        }
     }
 
     /// Turns the borrowed guard into an owned one (`'static`).

@@ -32,7 +32,11 @@ pub struct Key {
 }
 
 fn passes_through(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':' | b'@' | b'=' | b'+' | b',' | b'~')
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'_' | b'-' | b'.' | b':' | b'@' | b'=' | b'+' | b',' | b'~'
+        )
 }
 
 fn refuse(key: &str, reason: &'static str) -> Error {
@@ -59,13 +63,22 @@ impl Key {
     pub fn new(key: impl Into<String>) -> Result<Key> {
         let raw = key.into();
         if raw.is_empty() {
-            return Err(refuse(&raw, "the key is empty; give a non-empty name such as \"order_42\""));
+            return Err(refuse(
+                &raw,
+                "the key is empty; give a non-empty name such as \"order_42\"",
+            ));
         }
         if raw.len() > MAX_KEY_LEN {
-            return Err(refuse(&raw, "the key is longer than 512 bytes; hash long keys before locking"));
+            return Err(refuse(
+                &raw,
+                "the key is longer than 512 bytes; hash long keys before locking",
+            ));
         }
         if raw.chars().any(char::is_control) {
-            return Err(refuse(&raw, "the key contains a control character; strip or escape it first"));
+            return Err(refuse(
+                &raw,
+                "the key contains a control character; strip or escape it first",
+            ));
         }
         let all_dots = raw == "." || raw == "..";
         let mut encoded = String::with_capacity(raw.len());
@@ -141,7 +154,11 @@ impl fmt::Display for Key {
 /// key, but still checked): absolute, no empty, `.` or `..` components, no trailing `/`, no
 /// control characters, not the root and not under `/zookeeper`.
 pub(crate) fn validate_path(path: &str, what: &str) -> Result<()> {
-    let bad = |why: &str| Err(Error::Config(format!("{what} {path:?} is not a usable znode path: {why}")));
+    let bad = |why: &str| {
+        Err(Error::Config(format!(
+            "{what} {path:?} is not a usable znode path: {why}"
+        )))
+    };
     if !path.starts_with('/') {
         return bad("it must start with '/'");
     }
@@ -151,7 +168,11 @@ pub(crate) fn validate_path(path: &str, what: &str) -> Result<()> {
     if path.ends_with('/') {
         return bad("it must not end with '/'");
     }
-    if path.chars().any(|c| c.is_control() || ('\u{e000}'..='\u{f8ff}').contains(&c) || ('\u{fff0}'..='\u{ffff}').contains(&c)) {
+    if path.chars().any(|c| {
+        c.is_control()
+            || ('\u{e000}'..='\u{f8ff}').contains(&c)
+            || ('\u{fff0}'..='\u{ffff}').contains(&c)
+    }) {
         return bad("it contains a control or reserved character");
     }
     for part in path[1..].split('/') {
@@ -171,7 +192,20 @@ mod tests {
 
     #[test]
     fn encoding_round_trips_and_stays_one_component() {
-        for k in ["a", ".", "..", "...", "a/b", "%2F", "/", "ü", "a b", "_c_x-lock-1", "x%y", "🔒"] {
+        for k in [
+            "a",
+            ".",
+            "..",
+            "...",
+            "a/b",
+            "%2F",
+            "/",
+            "ü",
+            "a b",
+            "_c_x-lock-1",
+            "x%y",
+            "🔒",
+        ] {
             let key = Key::new(k).unwrap();
             assert!(!key.encoded().contains('/'), "{k}");
             assert_ne!(key.encoded(), ".");
@@ -199,7 +233,16 @@ mod tests {
     #[test]
     fn paths() {
         assert!(validate_path("/zklock/locks", "ns").is_ok());
-        for p in ["zklock", "/", "/a/", "/a//b", "/a/./b", "/a/..", "/zookeeper/x", "/a\nb"] {
+        for p in [
+            "zklock",
+            "/",
+            "/a/",
+            "/a//b",
+            "/a/./b",
+            "/a/..",
+            "/zookeeper/x",
+            "/a\nb",
+        ] {
             assert!(validate_path(p, "ns").is_err(), "{p}");
         }
     }

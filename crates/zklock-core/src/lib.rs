@@ -31,6 +31,8 @@ mod recipe;
 pub use error::{Error, Result};
 pub use guard::{FencingToken, LockGuard, LossReason, OwnedLockGuard};
 pub use key::{Key, MAX_KEY_LEN};
-pub use manager::{global, set_global, Builder, DisconnectPolicy, LockManager, StatsSnapshot, DEFAULT_NAMESPACE};
+pub use manager::{
+    global, set_global, Builder, DisconnectPolicy, LockManager, StatsSnapshot, DEFAULT_NAMESPACE,
+};
 pub use recipe::mutex::Mutex;
 pub use zookeeper_client;

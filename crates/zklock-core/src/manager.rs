@@ -163,10 +163,16 @@ impl Builder {
     pub async fn connect(self) -> Result<LockManager> {
         validate_path(&self.namespace, "namespace")?;
         if self.connect.trim().is_empty() {
-            return Err(Error::Config("the connect string is empty; give host:port[,host:port...]".into()));
+            return Err(Error::Config(
+                "the connect string is empty; give host:port[,host:port...]".into(),
+            ));
         }
         let client = open_session(&self).await?;
-        let (health_tx, _) = watch::channel(Health { epoch: 0, ok: true, reason: None });
+        let (health_tx, _) = watch::channel(Health {
+            epoch: 0,
+            ok: true,
+            reason: None,
+        });
         let inner = Arc::new(Inner {
             client: RwLock::new(client.clone()),
             health: health_tx,
@@ -186,12 +192,20 @@ impl Builder {
 
 async fn open_session(config: &Builder) -> Result<Client> {
     let wait = config.connect_timeout.unwrap_or(config.session_timeout);
-    let connector = Client::connector().with_session_timeout(config.session_timeout).with_connection_timeout(wait);
+    let connector = Client::connector()
+        .with_session_timeout(config.session_timeout)
+        .with_connection_timeout(wait);
     let connecting = connector.connect(&config.connect);
     match tokio::time::timeout(wait + Duration::from_millis(500), connecting).await {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(source)) => Err(Error::Unreachable { connect: config.connect.clone(), source }),
-        Err(_) => Err(Error::Unreachable { connect: config.connect.clone(), source: zookeeper_client::Error::Timeout }),
+        Ok(Err(source)) => Err(Error::Unreachable {
+            connect: config.connect.clone(),
+            source,
+        }),
+        Err(_) => Err(Error::Unreachable {
+            connect: config.connect.clone(),
+            source: zookeeper_client::Error::Timeout,
+        }),
     }
 }
 
@@ -271,7 +285,10 @@ impl Inner {
 
     /// Runs `fut` in the background (a release or a cleanup), counted so that
     /// [`LockManager::flush`] can wait for it.
-    pub(crate) fn spawn_background(self: &Arc<Self>, fut: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn spawn_background(
+        self: &Arc<Self>,
+        fut: impl Future<Output = ()> + Send + 'static,
+    ) {
         self.background.fetch_add(1, Ordering::SeqCst);
         let inner = self.clone();
         self.runtime.spawn(async move {
@@ -299,7 +316,10 @@ impl Inner {
                     state = self.client().state_watcher();
                 }
                 SessionState::Disconnected => {
-                    if tokio::time::timeout(self.config.session_timeout, state.changed()).await.is_err() {
+                    if tokio::time::timeout(self.config.session_timeout, state.changed())
+                        .await
+                        .is_err()
+                    {
                         return Err(Error::ConnectionLoss { operation });
                     }
                 }
@@ -312,7 +332,10 @@ impl Inner {
     pub(crate) fn enter_dir(self: &Arc<Self>, dir: &Arc<str>) -> DirTicket {
         let mut dirs = self.dirs.lock().unwrap();
         dirs.entry(dir.clone()).or_default().contenders += 1;
-        DirTicket { inner: self.clone(), dir: dir.clone() }
+        DirTicket {
+            inner: self.clone(),
+            dir: dir.clone(),
+        }
     }
 }
 
@@ -324,7 +347,12 @@ pub(crate) struct DirTicket {
 
 impl DirTicket {
     pub(crate) fn granted_floor(&self) -> Option<String> {
-        self.inner.dirs.lock().unwrap().get(&self.dir).and_then(|d| d.granted.clone())
+        self.inner
+            .dirs
+            .lock()
+            .unwrap()
+            .get(&self.dir)
+            .and_then(|d| d.granted.clone())
     }
 
     pub(crate) fn record_grant(&self, sort_key: &str) {
@@ -364,7 +392,9 @@ async fn monitor_session(inner: Weak<Inner>, client: Client) {
                 continue;
             }
         };
-        let Some(manager) = inner.upgrade() else { return };
+        let Some(manager) = inner.upgrade() else {
+            return;
+        };
         tracing::debug!(?state, "zookeeper session state");
         match state {
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
@@ -373,7 +403,9 @@ async fn monitor_session(inner: Weak<Inner>, client: Client) {
             }
             SessionState::Disconnected => match manager.config.disconnect_policy {
                 DisconnectPolicy::Immediate => lose(&manager, LossReason::Disconnected),
-                DisconnectPolicy::Grace(grace) => grace_deadline = Some(tokio::time::Instant::now() + grace),
+                DisconnectPolicy::Grace(grace) => {
+                    grace_deadline = Some(tokio::time::Instant::now() + grace)
+                }
                 DisconnectPolicy::UntilExpired => {}
             },
             SessionState::Expired => {
@@ -399,7 +431,9 @@ async fn monitor_session(inner: Weak<Inner>, client: Client) {
                         }
                     }
                 };
-                let Some(manager) = inner.upgrade() else { return };
+                let Some(manager) = inner.upgrade() else {
+                    return;
+                };
                 watcher = client.state_watcher();
                 *manager.client.write().unwrap() = client;
                 manager.health.send_modify(|h| h.ok = true);
@@ -562,7 +596,10 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub async fn lock(&self, key: &str) -> Result<LockGuard<'static>> {
-        self.mutex(key)?.lock_owned().await.map(LockGuard::from_owned)
+        self.mutex(key)?
+            .lock_owned()
+            .await
+            .map(LockGuard::from_owned)
     }
 
     /// Takes the lock on `key` only if nobody holds or waits for it; `Ok(None)` otherwise.
@@ -579,7 +616,11 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub async fn try_lock(&self, key: &str) -> Result<Option<LockGuard<'static>>> {
-        Ok(self.mutex(key)?.try_lock_owned().await?.map(LockGuard::from_owned))
+        Ok(self
+            .mutex(key)?
+            .try_lock_owned()
+            .await?
+            .map(LockGuard::from_owned))
     }
 
     /// Waits at most `timeout` for the lock on `key`.
@@ -597,7 +638,10 @@ impl LockManager {
     /// # drop(guard); Ok(()) }
     /// ```
     pub async fn lock_timeout(&self, key: &str, timeout: Duration) -> Result<LockGuard<'static>> {
-        self.mutex(key)?.lock_timeout_owned(timeout).await.map(LockGuard::from_owned)
+        self.mutex(key)?
+            .lock_timeout_owned(timeout)
+            .await
+            .map(LockGuard::from_owned)
     }
 
     /// Runs `body` while holding the lock on `key`, then releases it: Curator's
@@ -683,7 +727,9 @@ static GLOBAL_INIT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// # Ok(()) }
 /// ```
 pub fn set_global(manager: LockManager) -> Result<()> {
-    GLOBAL.set(manager).map_err(|_| Error::Config("the global LockManager is already set".into()))
+    GLOBAL
+        .set(manager)
+        .map_err(|_| Error::Config("the global LockManager is already set".into()))
 }
 
 /// The process-wide default manager: the one given to [`set_global`], or else one connected on

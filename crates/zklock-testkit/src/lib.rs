@@ -1,1 +1,45 @@
-//! placeholder
+//! Real ZooKeeper for zklock's tests: the project's Curator `TestingServer` and `TestingCluster`.
+//!
+//! - [`ZkServer`]: one standalone server on a free loopback port with a temporary data directory; stop,
+//!   restart (same port, same data), pause (SIGSTOP) and resume (SIGCONT) it.
+//! - [`ZkCluster`]: an ensemble (3 members is typical) on loopback; find the leader, stop, restart, pause
+//!   and resume members, wait for a quorum.
+//! - [`CuratorHold`]: an Apache Curator client holding a lock, to prove interoperability.
+//!
+//! Servers are Debian's ZooKeeper 3.8 (`/usr/share/java/zookeeper.jar`, installed on first use by
+//! [`ensure_zookeeper_installed`]), each in its own small JVM launched directly (`QuorumPeerMain`), logging
+//! to a file in its directory. Ports are claimed across processes, so tests may run in parallel in any
+//! number of test binaries. Everything is synchronous and blocking: these are tools for tests.
+//!
+//! Environment: `ZKLOCK_ZK_CLASSPATH` replaces the server's class path, `JAVA_HOME` picks the JVM,
+//! `ZKLOCK_SHARED` locates the shared folder for [`CuratorHold`].
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use zklock_testkit::ZkServer;
+//!
+//! let mut server = ZkServer::start()?;
+//! let connect = server.connect_string();
+//! // ... connect a client to `connect`, take locks ...
+//! server.stop()?; // clients see connection loss
+//! server.restart()?; // same port, same data
+//! # let _ = connect;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+mod cluster;
+mod curator;
+mod env;
+mod four_letter;
+mod install;
+mod member;
+mod ports;
+mod process;
+mod server;
+
+pub use cluster::{ZkCluster, ZkClusterBuilder};
+pub use curator::CuratorHold;
+pub use env::{now_epoch_ms, shared_dir};
+pub use install::ensure_zookeeper_installed;
+pub use server::{ZkServer, ZkServerBuilder};

@@ -52,7 +52,9 @@ pub(crate) async fn wait_reconnect(client: &Client) -> bool {
         match state {
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => return true,
             SessionState::Disconnected => state = watcher.changed().await,
-            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => return false,
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                return false
+            }
         }
     }
 }
@@ -89,7 +91,12 @@ pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: Str
 /// Removes the node a create may have made when its reply never came: the `_c_<uuid>-`
 /// prefix finds it (Curator's protected mode). The listing is sent now, so it is ordered
 /// after the create.
-pub(crate) fn delete_by_prefix_in_background(inner: &Arc<Inner>, client: Client, dir: Arc<str>, prefix: String) {
+pub(crate) fn delete_by_prefix_in_background(
+    inner: &Arc<Inner>,
+    client: Client,
+    dir: Arc<str>,
+    prefix: String,
+) {
     inner.count(1);
     let listing = client.get_children(&dir);
     let owner = inner.clone();
@@ -131,10 +138,16 @@ mod tests {
 
     #[test]
     fn sorts_like_curator() {
-        assert_eq!(sort_key("_c_8d0f-lock-0000000007", MUTEX_LOCK_NAME), "0000000007");
+        assert_eq!(
+            sort_key("_c_8d0f-lock-0000000007", MUTEX_LOCK_NAME),
+            "0000000007"
+        );
         assert_eq!(sort_key("lock-0000000003", MUTEX_LOCK_NAME), "0000000003");
         // The last occurrence counts, so a uuid or prefix containing "lock-" does not confuse it.
-        assert_eq!(sort_key("_c_x-lock-lock-0000000001", MUTEX_LOCK_NAME), "0000000001");
+        assert_eq!(
+            sort_key("_c_x-lock-lock-0000000001", MUTEX_LOCK_NAME),
+            "0000000001"
+        );
         assert_eq!(sort_key("foreign", MUTEX_LOCK_NAME), "foreign");
     }
 }

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use zookeeper_client::{Client, EventType};
 
 use super::{
-    delete_by_prefix_in_background, delete_in_background, ensure_parents, sort_key, EPHEMERAL_SEQUENTIAL,
-    MUTEX_LOCK_NAME, NODE_DATA,
+    delete_by_prefix_in_background, delete_in_background, ensure_parents, sort_key,
+    EPHEMERAL_SEQUENTIAL, MUTEX_LOCK_NAME, NODE_DATA,
 };
 use crate::error::{Error, Result};
 use crate::guard::{FencingToken, Hold, LockGuard, OwnedLockGuard};
@@ -99,7 +99,10 @@ impl Mutex {
     }
 
     async fn lock_owned_ref(&self) -> Result<OwnedLockGuard> {
-        let hold = self.acquire(Wait::Forever).await?.expect("an unbounded wait ends with the lock");
+        let hold = self
+            .acquire(Wait::Forever)
+            .await?
+            .expect("an unbounded wait ends with the lock");
         Ok(OwnedLockGuard::new(hold))
     }
 
@@ -117,7 +120,10 @@ impl Mutex {
     /// # Ok(()) }
     /// ```
     pub async fn try_lock(&self) -> Result<Option<LockGuard<'_>>> {
-        Ok(self.acquire(Wait::Never).await?.map(|h| LockGuard::from_owned(OwnedLockGuard::new(h))))
+        Ok(self
+            .acquire(Wait::Never)
+            .await?
+            .map(|h| LockGuard::from_owned(OwnedLockGuard::new(h))))
     }
 
     /// [`try_lock`](Self::try_lock) returning an owned guard.
@@ -146,7 +152,9 @@ impl Mutex {
     /// # drop(guard); Ok(()) }
     /// ```
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<LockGuard<'_>> {
-        self.lock_timeout_owned_ref(timeout).await.map(LockGuard::from_owned)
+        self.lock_timeout_owned_ref(timeout)
+            .await
+            .map(LockGuard::from_owned)
     }
 
     /// [`lock_timeout`](Self::lock_timeout) returning an owned guard.
@@ -162,7 +170,10 @@ impl Mutex {
 
     async fn lock_timeout_owned_ref(&self, timeout: Duration) -> Result<OwnedLockGuard> {
         let wait = Wait::Until(Instant::now() + timeout, timeout);
-        let hold = self.acquire(wait).await?.expect("a bounded wait ends with the lock or an error");
+        let hold = self
+            .acquire(wait)
+            .await?
+            .expect("a bounded wait ends with the lock or an error");
         Ok(OwnedLockGuard::new(hold))
     }
 
@@ -200,9 +211,18 @@ impl Mutex {
         let uuid = uuid::Uuid::new_v4();
         let protect = format!("_c_{uuid}-");
         let prefix = format!("{}/{protect}{MUTEX_LOCK_NAME}", self.path);
-        let mut pending = Pending { inner: inner.clone(), client: client.clone(), dir: self.path.clone(), protect, node: None, sent: false };
+        let mut pending = Pending {
+            inner: inner.clone(),
+            client: client.clone(),
+            dir: self.path.clone(),
+            protect,
+            node: None,
+            sent: false,
+        };
 
-        let (name, czxid, children) = self.create_contender(&client, &prefix, &mut pending).await?;
+        let (name, czxid, children) = self
+            .create_contender(&client, &prefix, &mut pending)
+            .await?;
         let me = sort_key(&name, MUTEX_LOCK_NAME).to_string();
         let mut queue = Queue::new(children, &name)?;
         loop {
@@ -242,16 +262,24 @@ impl Mutex {
                 }
             };
             let event = match &wait {
-                Wait::Until(deadline, waited) => match tokio::time::timeout_at(*deadline, watcher.changed()).await {
-                    Ok(event) => event,
-                    Err(_) => {
-                        pending.cancel_now();
-                        return Err(Error::Timeout { key: self.key.to_string(), waited: *waited });
+                Wait::Until(deadline, waited) => {
+                    match tokio::time::timeout_at(*deadline, watcher.changed()).await {
+                        Ok(event) => event,
+                        Err(_) => {
+                            pending.cancel_now();
+                            return Err(Error::Timeout {
+                                key: self.key.to_string(),
+                                waited: *waited,
+                            });
+                        }
                     }
-                },
+                }
                 _ => watcher.changed().await,
             };
-            inner.stats.predecessor_events.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            inner
+                .stats
+                .predecessor_events
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match event.event_type {
                 EventType::NodeDeleted => queue.pop(),
                 EventType::Session => {
@@ -266,9 +294,16 @@ impl Mutex {
             }
         }
         ticket.record_grant(&me);
-        let node = pending.node.take().expect("a granted contender has a node");
+        let node = pending.disarm().expect("a granted contender has a node");
         tracing::debug!(key = %self.key, node = %node, token = czxid, "lock acquired");
-        Ok(Some(Hold::new(inner.clone(), client, self.key.clone(), node, FencingToken::new(czxid, 0), ticket)))
+        Ok(Some(Hold::new(
+            inner.clone(),
+            client,
+            self.key.clone(),
+            node,
+            FencingToken::new(czxid, 0),
+            ticket,
+        )))
     }
 
     /// Creates the contender node (making the lock path on first use) and lists its siblings,
@@ -302,14 +337,20 @@ impl Mutex {
                     // The create may have happened: find it by its protected prefix.
                     inner.wait_connected("create the contender node").await?;
                     let children = self.list_retrying(client).await?;
-                    if let Some(name) = children.iter().find(|c| c.starts_with(&pending.protect)).cloned() {
+                    if let Some(name) = children
+                        .iter()
+                        .find(|c| c.starts_with(&pending.protect))
+                        .cloned()
+                    {
                         let path = format!("{}/{name}", self.path);
                         pending.node = Some(path.clone());
                         inner.count(1);
                         match client.check_stat(&path).await {
                             Ok(Some(stat)) => return Ok((name, stat.czxid, children)),
                             Ok(None) => pending.node = None,
-                            Err(err) => return Err(Error::zk("read the contender node", &path, err)),
+                            Err(err) => {
+                                return Err(Error::zk("read the contender node", &path, err))
+                            }
                         }
                     }
                 }
@@ -333,9 +374,15 @@ impl Mutex {
     }
 
     /// Waits out a connection loss; any other error ends the acquire.
-    async fn retry_or_fail(&self, operation: &'static str, err: zookeeper_client::Error) -> Result<()> {
+    async fn retry_or_fail(
+        &self,
+        operation: &'static str,
+        err: zookeeper_client::Error,
+    ) -> Result<()> {
         match err {
-            zookeeper_client::Error::ConnectionLoss => self.manager.inner.wait_connected(operation).await,
+            zookeeper_client::Error::ConnectionLoss => {
+                self.manager.inner.wait_connected(operation).await
+            }
             err => Err(Error::zk(operation, &self.path, err)),
         }
     }
@@ -354,6 +401,12 @@ struct Pending {
 }
 
 impl Pending {
+    /// The acquire succeeded: the node now belongs to the hold.
+    fn disarm(&mut self) -> Option<String> {
+        self.sent = false;
+        self.node.take()
+    }
+
     fn cancel_now(&mut self) {
         if let Some(node) = self.node.take() {
             delete_in_background(&self.inner, self.client.clone(), node);
@@ -367,7 +420,12 @@ impl Drop for Pending {
         if let Some(node) = self.node.take() {
             delete_in_background(&self.inner, self.client.clone(), node);
         } else if self.sent {
-            delete_by_prefix_in_background(&self.inner, self.client.clone(), self.dir.clone(), self.protect.clone());
+            delete_by_prefix_in_background(
+                &self.inner,
+                self.client.clone(),
+                self.dir.clone(),
+                self.protect.clone(),
+            );
         }
     }
 }
@@ -383,15 +441,27 @@ struct Queue {
 
 impl Queue {
     fn new(mut children: Vec<String>, me: &str) -> Result<Queue> {
-        children.sort_unstable_by(|a, b| sort_key(a, MUTEX_LOCK_NAME).cmp(sort_key(b, MUTEX_LOCK_NAME)));
+        children.sort_unstable_by(|a, b| {
+            sort_key(a, MUTEX_LOCK_NAME).cmp(sort_key(b, MUTEX_LOCK_NAME))
+        });
         let Some(at) = children.iter().position(|c| c == me) else {
-            return Err(Error::LockLost { key: me.to_string(), reason: crate::LossReason::NodeDeleted });
+            return Err(Error::LockLost {
+                key: me.to_string(),
+                reason: crate::LossReason::NodeDeleted,
+            });
         };
         let start = at.saturating_sub(WINDOW);
         children.truncate(at);
         let below = children.split_off(start);
-        let floor = below.first().map(|n| sort_key(n, MUTEX_LOCK_NAME).to_string()).unwrap_or_default();
-        Ok(Queue { below, hidden: start > 0, floor })
+        let floor = below
+            .first()
+            .map(|n| sort_key(n, MUTEX_LOCK_NAME).to_string())
+            .unwrap_or_default();
+        Ok(Queue {
+            below,
+            hidden: start > 0,
+            floor,
+        })
     }
 
     fn predecessor(&self) -> Option<&str> {
@@ -405,7 +475,8 @@ impl Queue {
     /// Forgets every node sorting below `granted`, the highest node this process was granted an
     /// exclusive hold on: all of those were gone when it was granted.
     fn prune_below(&mut self, granted: &str) {
-        self.below.retain(|n| sort_key(n, MUTEX_LOCK_NAME) >= granted);
+        self.below
+            .retain(|n| sort_key(n, MUTEX_LOCK_NAME) >= granted);
         if self.hidden && granted >= self.floor.as_str() {
             self.hidden = false;
         }

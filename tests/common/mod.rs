@@ -1,0 +1,90 @@
+//! Shared set-up for zklock's integration tests: a real ZooKeeper per test, managers on it,
+//! and helpers that look at the znodes themselves.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use zklock::{zookeeper_client, LockManager};
+pub use zklock_testkit::ZkServer;
+
+/// Starts a real standalone ZooKeeper on a free loopback port (installing it if missing).
+pub fn server() -> ZkServer {
+    ZkServer::start().expect("start a ZooKeeper server (see the test kit's log in the error)")
+}
+
+/// A manager with a short session timeout, as tests need.
+pub async fn manager(connect: &str) -> LockManager {
+    manager_with(connect, Duration::from_secs(4)).await
+}
+
+pub async fn manager_with(connect: &str, session_timeout: Duration) -> LockManager {
+    LockManager::builder(connect)
+        .session_timeout(session_timeout)
+        .connect()
+        .await
+        .expect("connect to the test server")
+}
+
+/// Children of `path`, empty when the path does not exist.
+pub async fn children(m: &LockManager, path: &str) -> Vec<String> {
+    match m.zk_client().list_children(path).await {
+        Ok(c) => c,
+        Err(zookeeper_client::Error::NoNode) => vec![],
+        Err(e) => panic!("list {path}: {e}"),
+    }
+}
+
+/// Every znode path in the tree below `root` (excluding `/zookeeper`).
+pub async fn tree(m: &LockManager, root: &str) -> Vec<String> {
+    let client = m.zk_client();
+    let mut out = vec![];
+    let mut todo = vec![root.to_string()];
+    while let Some(p) = todo.pop() {
+        let kids = match client.list_children(&p).await {
+            Ok(k) => k,
+            Err(zookeeper_client::Error::NoNode) => continue,
+            Err(e) => panic!("list {p}: {e}"),
+        };
+        for k in kids {
+            let child = if p == "/" {
+                format!("/{k}")
+            } else {
+                format!("{p}/{k}")
+            };
+            if child == "/zookeeper" {
+                continue;
+            }
+            out.push(child.clone());
+            todo.push(child);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Waits (bounded) until `path` has `n` children: used to order waiters, never to assume.
+pub async fn until_children(m: &LockManager, path: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if children(m, path).await.len() == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} never reached {n} children"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Expires `m`'s session from the server side, as Curator's KillSession did: a second handle
+/// with the same session id and password, then closed.
+pub async fn expire_session(m: &LockManager, connect: &str) {
+    let session = m.zk_client().session().clone();
+    let twin = zookeeper_client::Client::connector()
+        .with_session(session)
+        .connect(connect)
+        .await
+        .expect("attach a second handle to the session");
+    drop(twin);
+}
