@@ -81,10 +81,23 @@ pub async fn until_children(m: &LockManager, path: &str, n: usize) {
 /// with the same session id and password, then closed.
 pub async fn expire_session(m: &LockManager, connect: &str) {
     let session = m.zk_client().session().clone();
-    let twin = zookeeper_client::Client::connector()
-        .with_session(session)
-        .connect(connect)
-        .await
-        .expect("attach a second handle to the session");
-    drop(twin);
+    let mut last = None;
+    // The original handle may win the connection back while the twin attaches: try again.
+    for _ in 0..10 {
+        let twin = zookeeper_client::Client::connector()
+            .with_session(session.clone())
+            .with_session_timeout(Duration::from_secs(4))
+            .with_connection_timeout(Duration::from_secs(2))
+            .connect(connect)
+            .await;
+        match twin {
+            Ok(twin) => {
+                drop(twin);
+                return;
+            }
+            Err(zookeeper_client::Error::SessionExpired) => return,
+            Err(e) => last = Some(e),
+        }
+    }
+    panic!("could not attach a second handle to the session: {last:?}");
 }

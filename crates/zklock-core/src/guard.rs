@@ -231,7 +231,24 @@ impl Hold {
                         });
                     }
                 }
-                Err(err) => return Err(Error::zk("release the lock", &self.node, err)),
+                Err(
+                    zookeeper_client::Error::SessionExpired | zookeeper_client::Error::ClientClosed,
+                ) => {
+                    let reason = self.loss_reason().unwrap_or(LossReason::SessionExpired);
+                    return Err(Error::LockLost {
+                        key: self.key.to_string(),
+                        reason,
+                    });
+                }
+                Err(err) => {
+                    return Err(match self.loss_reason() {
+                        Some(reason) => Error::LockLost {
+                            key: self.key.to_string(),
+                            reason,
+                        },
+                        None => Error::zk("release the lock", &self.node, err),
+                    })
+                }
             }
         }
     }

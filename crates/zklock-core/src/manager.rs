@@ -279,6 +279,29 @@ impl Inner {
         self.client.read().unwrap().clone()
     }
 
+    /// The client of a live session: when the current one has expired and the manager renews
+    /// sessions, waits (up to twice the session timeout) for the new one.
+    pub(crate) async fn live_client(&self) -> Result<Client> {
+        let mut health = self.health.subscribe();
+        let deadline = tokio::time::Instant::now() + 2 * self.config.session_timeout;
+        loop {
+            let client = self.client();
+            match client.state() {
+                SessionState::Expired if self.config.renew_session => {
+                    if tokio::time::timeout_at(deadline, health.changed())
+                        .await
+                        .is_err()
+                    {
+                        return Err(Error::SessionExpired);
+                    }
+                }
+                SessionState::Expired => return Err(Error::SessionExpired),
+                SessionState::Closed | SessionState::AuthFailed => return Err(Error::Closed),
+                _ => return Ok(client),
+            }
+        }
+    }
+
     pub(crate) fn count(&self, requests: u64) {
         self.stats.requests.fetch_add(requests, Ordering::Relaxed);
     }

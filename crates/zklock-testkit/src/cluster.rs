@@ -10,6 +10,7 @@ use crate::install::{ensure_zookeeper_installed, tail};
 use crate::member::{Member, Options, QuorumPorts};
 use crate::ports::{self, PortLease};
 use crate::server::restart_member;
+use crate::workdir;
 
 const PORT_ATTEMPTS: usize = 4;
 const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -200,9 +201,7 @@ impl ZkClusterBuilder {
                     election: leases[n + 2 * i + 1].port(),
                 })
                 .collect();
-            let dir = tempfile::Builder::new()
-                .prefix("zklock-zk-cluster-")
-                .tempdir()?;
+            let dir = workdir::create("cluster")?;
             let mut members = Vec::with_capacity(n);
             for (i, lease) in leases.iter().take(n).enumerate() {
                 let root = dir.path().join(format!("member-{}", i + 1));

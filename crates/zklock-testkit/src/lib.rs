@@ -28,6 +28,8 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod cluster;
 mod curator;
 mod env;
@@ -37,9 +39,24 @@ mod member;
 mod ports;
 mod process;
 mod server;
+mod workdir;
 
 pub use cluster::{ZkCluster, ZkClusterBuilder};
 pub use curator::CuratorHold;
 pub use env::{now_epoch_ms, shared_dir};
 pub use install::ensure_zookeeper_installed;
 pub use server::{ZkServer, ZkServerBuilder};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bounds() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<crate::ZkServer>();
+        send_sync::<crate::ZkCluster>();
+        send_sync::<crate::ZkServerBuilder>();
+        send_sync::<crate::ZkClusterBuilder>();
+        send::<crate::CuratorHold>();
+    }
+}

@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::workdir::is_alive;
+
 /// Ports claimed by this process (the lock files guard against other processes).
 static CLAIMED: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 
@@ -35,17 +37,16 @@ impl PortLease {
 impl Drop for PortLease {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.lock_file);
-        if let Ok(mut claimed) = CLAIMED.lock() {
-            if let Some(set) = claimed.as_mut() {
-                set.remove(&self.port);
-            }
+        let mut claimed = CLAIMED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(set) = claimed.as_mut() {
+            set.remove(&self.port);
         }
     }
 }
 
 /// Claims `n` distinct free ports.
 pub(crate) fn reserve(n: usize) -> io::Result<Vec<PortLease>> {
-    let dir = std::env::temp_dir().join("zklock-testkit-ports");
+    let dir = lock_dir();
     fs::create_dir_all(&dir)?;
     let (low, high) = candidate_range();
     let mut leases = Vec::with_capacity(n);
@@ -139,19 +140,41 @@ fn create_lock(path: &Path) -> io::Result<bool> {
     }
 }
 
-/// A lock file is stale when the process named in it is gone (or it stayed empty for a while).
+/// A lock file is stale when the process named in it is gone (or it stayed empty for a while). Only for
+/// ports not in [`CLAIMED`]: a lock naming this process is stale unless it is claimed.
 fn is_stale(path: &Path) -> bool {
     match fs::read_to_string(path)
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok())
     {
-        Some(pid) => pid == std::process::id() || !Path::new(&format!("/proc/{pid}")).exists(),
-        None => fs::metadata(path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > Duration::from_secs(10)),
+        Some(pid) => pid == std::process::id() || !is_alive(pid),
+        None => age(path).is_some_and(|age| age > Duration::from_secs(10)),
     }
+}
+
+fn age(path: &Path) -> Option<Duration> {
+    fs::metadata(path).ok()?.modified().ok()?.elapsed().ok()
+}
+
+/// Removes lock files older than `min_age` whose process is gone.
+pub(crate) fn sweep(min_age: Duration) {
+    let Ok(entries) = fs::read_dir(lock_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let dead_owner = fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .is_some_and(|pid| !is_alive(pid));
+        if dead_owner && age(&path).is_some_and(|age| age > min_age) {
+            let _ = fs::remove_file(&path);
+        }
+    }
+}
+
+fn lock_dir() -> PathBuf {
+    std::env::temp_dir().join("zklock-testkit-ports")
 }
 
 fn random() -> u64 {

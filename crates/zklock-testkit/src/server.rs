@@ -10,6 +10,7 @@ use tempfile::TempDir;
 use crate::install::ensure_zookeeper_installed;
 use crate::member::{Member, Options};
 use crate::ports::{self, PortLease};
+use crate::workdir;
 
 /// How many fresh ports to try when the chosen one turns out to be taken.
 const PORT_ATTEMPTS: usize = 5;
@@ -194,7 +195,7 @@ impl ZkServerBuilder {
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
             let lease = ports::reserve(1)?.remove(0);
-            let dir = tempfile::Builder::new().prefix("zklock-zk-").tempdir()?;
+            let dir = workdir::create("server")?;
             let mut member =
                 Member::create(dir.path().to_path_buf(), &self.opts, lease.port(), &[], 0)?;
             member.spawn()?;

@@ -2,7 +2,7 @@
 //! pause and resume, cleanup on drop, and the Curator peer.
 
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -131,6 +131,39 @@ fn builder_options_reach_the_server() {
 }
 
 #[test]
+fn a_server_that_cannot_start_says_why() {
+    let started = Instant::now();
+    let err = ZkServer::builder()
+        .config("tickTime", "not-a-number")
+        .start()
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("exited during startup"), "{msg}");
+    assert!(
+        msg.contains("not-a-number"),
+        "the log's tail is quoted: {msg}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn restart_waits_for_its_port_to_come_free() {
+    let mut server = ZkServer::start().unwrap();
+    server.stop().unwrap();
+    // Someone holds the port for a moment: restart retries instead of failing.
+    let squatter = TcpListener::bind(("127.0.0.1", server.port())).unwrap();
+    let release = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(1500));
+        drop(squatter);
+    });
+    server.restart().unwrap();
+    release.join().unwrap();
+    assert_eq!(server.four_letter("ruok").unwrap(), "imok");
+    let log = std::fs::read_to_string(server.log_path()).unwrap();
+    assert!(log.contains("Address already in use"));
+}
+
+#[test]
 fn servers_started_in_parallel_get_their_own_ports() {
     let servers: Vec<ZkServer> = (0..3)
         .map(|_| thread::spawn(ZkServer::start))
@@ -225,7 +258,7 @@ fn cluster_elects_a_new_leader_and_survives_pauses() {
     let t = Instant::now();
     cluster.pause_member(leader).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.leader().map_or(true, |l| l == leader) {
+    while !matches!(cluster.leader(), Some(l) if l != leader) {
         assert!(Instant::now() < deadline, "no new leader while paused");
         thread::sleep(Duration::from_millis(50));
     }
@@ -302,16 +335,23 @@ fn curator_peer_is_killed_on_drop() {
     let (event, _) = peer.next_event(Duration::from_secs(300)).unwrap();
     assert_eq!(event, "acquired");
     drop(peer);
-    // The peer's ephemeral node goes with its session once its connection is gone: wait for the
-    // server to see no connection besides ours.
+    // Its connection goes with it: wait until the server lists no session (only our `cons` itself).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let cons = server.four_letter("cons").unwrap();
         let clients = cons.lines().filter(|l| l.contains("sid=")).count();
-        if clients <= 1 {
+        if clients == 0 {
             break;
         }
         assert!(Instant::now() < deadline, "peer still connected:\n{cons}");
         thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn single_member_cluster_is_its_own_leader() {
+    let cluster = ZkCluster::start(1).unwrap();
+    assert_eq!(cluster.leader(), Some(0));
+    assert_eq!(cluster.connect_string(), cluster.member_connect_string(0));
+    cluster.wait_for_quorum(Duration::from_secs(5)).unwrap();
 }

@@ -207,7 +207,7 @@ impl Mutex {
     async fn acquire(&self, wait: Wait) -> Result<Option<Hold>> {
         let inner = &self.manager.inner;
         let ticket = inner.enter_dir(&self.path);
-        let client = inner.client();
+        let client = inner.live_client().await?;
         let uuid = uuid::Uuid::new_v4();
         let protect = format!("_c_{uuid}-");
         let prefix = format!("{}/{protect}{MUTEX_LOCK_NAME}", self.path);

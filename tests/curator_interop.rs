@@ -1,0 +1,47 @@
+//! Interop with Apache Curator's InterProcessMutex on the same path, both ways.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use zklock_testkit::{now_epoch_ms, CuratorHold};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_holding_excludes_zklock_and_zklock_holding_excludes_curator() {
+    let zk = server();
+    let m = manager(&zk.connect_string()).await;
+    let path = "/interop/jobs/nightly";
+
+    // Curator holds: zklock cannot take it, then gets it after Curator releases.
+    let mut curator = CuratorHold::spawn(&zk.connect_string(), path, "mutex", 1500, 1).unwrap();
+    let (event, _) = curator.next_event(Duration::from_secs(300)).unwrap();
+    assert_eq!(event, "acquired");
+    let mutex = m.mutex_at_path(path).unwrap();
+    assert!(
+        mutex.try_lock().await.unwrap().is_none(),
+        "zklock took a lock Curator holds"
+    );
+    let guard = mutex.lock().await.unwrap();
+    let got_at = now_epoch_ms();
+    let (event, released_at) = curator.next_event(Duration::from_secs(10)).unwrap();
+    assert_eq!(event, "released");
+    assert!(
+        got_at >= released_at,
+        "zklock got the lock at {got_at}, before Curator released at {released_at}"
+    );
+    assert!(curator.wait().unwrap().success());
+
+    // zklock holds: Curator waits until zklock releases.
+    let mut curator = CuratorHold::spawn(&zk.connect_string(), path, "mutex", 10, 1).unwrap();
+    until_children(&m, path, 2).await;
+    let released_at = now_epoch_ms();
+    guard.release().await.unwrap();
+    let (event, acquired_at) = curator.next_event(Duration::from_secs(30)).unwrap();
+    assert_eq!(event, "acquired");
+    assert!(
+        acquired_at >= released_at,
+        "Curator got the lock at {acquired_at} while zklock held it until {released_at}"
+    );
+    assert!(curator.wait().unwrap().success());
+}

@@ -1,0 +1,153 @@
+//! Loss is reported, never hidden: session expiry and a deleted node fire `lost()`, the next
+//! holder gets in with a larger token, and a waiter whose session expires gets an error.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use zklock::{Error, LossReason};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_session_expiry_fires_lost_and_lets_the_next_in() {
+    let zk = server();
+    let a = manager(&zk.connect_string()).await;
+    let b = manager(&zk.connect_string()).await;
+    let held = a.lock("exp").await.unwrap();
+    let old_token = held.fencing_token();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("exp").await.unwrap() }
+    });
+    until_children(&a, &a.path_of("exp").unwrap(), 2).await;
+    assert!(held.is_held());
+
+    expire_session(&a, &zk.connect_string()).await;
+    let reason = tokio::time::timeout(Duration::from_secs(20), held.lost())
+        .await
+        .expect("lost() must fire");
+    assert!(
+        matches!(
+            reason,
+            LossReason::SessionExpired | LossReason::Disconnected | LossReason::NodeDeleted
+        ),
+        "{reason:?}"
+    );
+    assert!(!held.is_held());
+
+    let next = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("next holder gets in")
+        .unwrap();
+    assert!(
+        next.fencing_token() > old_token,
+        "token must increase across holders"
+    );
+    let released = held.release().await;
+    assert!(
+        matches!(released, Err(Error::LockLost { .. })),
+        "releasing a lost hold says so: {released:?}"
+    );
+    // The manager opened a new session and locks again.
+    drop(next);
+    let again = tokio::time::timeout(Duration::from_secs(20), a.lock("exp"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(again.is_held());
+}
+
+#[tokio::test]
+async fn deleting_the_node_fires_lost() {
+    let zk = server();
+    let a = manager(&zk.connect_string()).await;
+    let ops = manager(&zk.connect_string()).await;
+    let held = a.lock("del").await.unwrap();
+    ops.zk_client()
+        .delete(held.node_path(), None)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .unwrap();
+    assert_eq!(reason, LossReason::NodeDeleted);
+    assert!(!held.is_held());
+    assert_eq!(held.loss_reason(), Some(LossReason::NodeDeleted));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_aborts_the_body_when_the_hold_is_lost() {
+    let zk = server();
+    let a = manager(&zk.connect_string()).await;
+    let ops = manager(&zk.connect_string()).await;
+    let path = a.path_of("abort").unwrap();
+    let result = a
+        .with_lock("abort", async {
+            let node = children(&ops, &path).await.pop().unwrap();
+            ops.zk_client()
+                .delete(&format!("{path}/{node}"), None)
+                .await
+                .unwrap();
+            std::future::pending::<()>().await
+        })
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(Error::LockLost {
+                reason: LossReason::NodeDeleted,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_whose_session_expires_gets_an_error_and_leaves_nothing() {
+    let zk = server();
+    let a = manager(&zk.connect_string()).await;
+    let b = manager(&zk.connect_string()).await;
+    let path = a.path_of("wexp").unwrap();
+    let held = a.lock("wexp").await.unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("wexp").await }
+    });
+    until_children(&a, &path, 2).await;
+    expire_session(&b, &zk.connect_string()).await;
+    let err = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::SessionExpired | Error::Closed),
+        "{err}"
+    );
+    assert_eq!(
+        children(&a, &path).await.len(),
+        1,
+        "only the holder remains"
+    );
+    drop(held);
+}
+
+#[tokio::test]
+async fn unreachable_server_is_a_clear_error() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let err = zklock::LockManager::builder(format!("127.0.0.1:{port}"))
+        .session_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unreachable { .. }), "{err}");
+    assert!(
+        err.to_string().contains("check the connect string"),
+        "{err}"
+    );
+}
