@@ -91,7 +91,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -125,15 +131,25 @@ fn fail(err: &Error) -> u8 {
 }
 
 async fn exec(cli: &Cli, args: &ExecArgs) -> u8 {
-    let manager = match LockManager::builder(&cli.connect)
+    let manager = match connect(cli).await {
+        Ok(m) => m,
+        Err(e) => return fail(&e),
+    };
+    let code = exec_with(&manager, args).await;
+    // Let background releases and cleanups reach the server before the process exits.
+    let _ = tokio::time::timeout(Duration::from_secs(5), manager.flush()).await;
+    code
+}
+
+async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
+    LockManager::builder(&cli.connect)
         .namespace(&cli.namespace)
         .session_timeout(cli.session_timeout)
         .connect()
         .await
-    {
-        Ok(m) => m,
-        Err(e) => return fail(&e),
-    };
+}
+
+async fn exec_with(manager: &LockManager, args: &ExecArgs) -> u8 {
     let mutex = match (&args.key, &args.path) {
         (Some(key), _) => manager.mutex(key),
         (None, Some(path)) => manager.mutex_at_path(path),
@@ -171,7 +187,6 @@ async fn exec(cli: &Cli, args: &ExecArgs) -> u8 {
         Err(e) => {
             eprintln!("zklock: cannot run {program:?}: {e}");
             drop(guard);
-            manager.flush().await;
             return if e.kind() == std::io::ErrorKind::NotFound {
                 EXIT_NOT_FOUND
             } else {

@@ -150,17 +150,25 @@ fn a_server_that_cannot_start_says_why() {
 fn restart_waits_for_its_port_to_come_free() {
     let mut server = ZkServer::start().unwrap();
     server.stop().unwrap();
-    // Someone holds the port for a moment: restart retries instead of failing.
+    // Someone holds the port until the server has failed to bind it once: restart retries.
     let squatter = TcpListener::bind(("127.0.0.1", server.port())).unwrap();
+    let log_path = server.log_path().to_path_buf();
     let release = thread::spawn(move || {
-        thread::sleep(Duration::from_millis(1500));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if log.contains("Address already in use") {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
         drop(squatter);
     });
     server.restart().unwrap();
     release.join().unwrap();
     assert_eq!(server.four_letter("ruok").unwrap(), "imok");
     let log = std::fs::read_to_string(server.log_path()).unwrap();
-    assert!(log.contains("Address already in use"));
+    assert!(log.contains("Address already in use"), "{log}");
 }
 
 #[test]
@@ -186,9 +194,18 @@ fn paused_server_does_not_answer_until_resumed() {
     let server = ZkServer::start().unwrap();
     server.pause().unwrap();
     assert!(server.is_paused());
-    assert!(server
-        .four_letter_timeout("ruok", Duration::from_millis(300))
-        .is_err());
+    let r = server.four_letter_timeout("ruok", Duration::from_millis(300));
+    if r.is_ok() {
+        let ss = std::process::Command::new("sh").arg("-c").arg(format!("ss -ltnp; cat /tmp/zklock-testkit-ports/{}.lock; ps -o pid,stat,cmd -p {} | cut -c1-80", server.port(), server.pid().unwrap())).output().unwrap();
+        panic!(
+            "DIAG port {} pid {:?} me {} answer {:?}\n{}",
+            server.port(),
+            server.pid(),
+            std::process::id(),
+            r,
+            String::from_utf8_lossy(&ss.stdout)
+        );
+    }
     server.resume().unwrap();
     assert!(!server.is_paused());
     assert_eq!(server.four_letter("ruok").unwrap(), "imok");
