@@ -44,7 +44,7 @@ async fn no_two_holders_across_sessions_and_tokens_increase() {
         t.await.unwrap();
     }
     assert_eq!(max_seen.load(Ordering::SeqCst), 1, "two holders at once");
-    let tokens = tokens.lock().unwrap();
+    let tokens = tokens.lock().unwrap().clone();
     assert_eq!(tokens.len(), 4 * 6 * 8);
     for w in tokens.windows(2) {
         assert!(

@@ -120,7 +120,7 @@ async fn timeout_exits_75_and_lost_hold_exits_76() {
     );
 
     // The hold is lost while the command runs (its node is deleted): SIGTERM, exit 76.
-    let mut child = zklock(&zk.connect_string())
+    let child = zklock(&zk.connect_string())
         .args(["exec", "busy", "--", "sleep", "60"])
         .stderr(Stdio::piped())
         .spawn()

@@ -1,9 +1,13 @@
 //! Child processes that die with the test: killed on drop, and — should the test process itself be killed
 //! outright — by a tiny watchdog shell that notices its stdin pipe close.
 
+use std::fs;
 use std::io;
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
 
 /// A spawned child (optionally leading its own process group) with a watchdog.
 #[derive(Debug)]
@@ -80,11 +84,47 @@ impl Supervised {
         Ok(status)
     }
 
-    /// SIGSTOP.
+    /// SIGSTOP, and wait until every thread has stopped.
+    ///
+    /// `kill` returns before a multi-threaded process is frozen: the kernel wakes one thread to start the
+    /// group stop, and on a busy machine the others (a JVM's selector and workers) may run, and answer
+    /// clients, for milliseconds more.
     pub(crate) fn pause(&self) -> io::Result<()> {
         self.signal("STOP")?;
         self.paused.store(true, Ordering::SeqCst);
-        Ok(())
+        self.wait_stopped(Duration::from_secs(10))
+    }
+
+    fn wait_stopped(&self, timeout: Duration) -> io::Result<()> {
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.id()));
+        if !tasks.is_dir() {
+            return Ok(()); // no procfs: nothing to check with
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let running = fs::read_dir(&tasks)?
+                .flatten()
+                .filter(|task| {
+                    let stat = fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                    let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+                    // T: stopped; t: traced; Z/X: exiting. An empty stat: the thread is gone.
+                    !(state.is_empty() || state.starts_with(['T', 't', 'Z', 'X']))
+                })
+                .count();
+            if running == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "process {} still has {running} running threads {timeout:?} after SIGSTOP",
+                        self.id()
+                    ),
+                ));
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// SIGCONT.
