@@ -65,15 +65,25 @@ async fn run(connect: &str, locked: bool) -> Outcome {
     let started = Instant::now();
     let mut tasks = vec![];
     for instance in 0..INSTANCES {
-        let manager = LockManager::connect(connect).await.expect("connect to ZooKeeper");
+        let manager = LockManager::connect(connect)
+            .await
+            .expect("connect to ZooKeeper");
         for client in 0..CLIENTS_PER_INSTANCE {
-            let (manager, store, sold, rejected) = (manager.clone(), store.clone(), sold.clone(), rejected.clone());
+            let (manager, store, sold, rejected) = (
+                manager.clone(),
+                store.clone(),
+                sold.clone(),
+                rejected.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 for n in 0..ORDERS_PER_CLIENT {
                     let sku = (instance + client + n) % SKUS;
                     let ok = if locked {
                         let key = format!("sku_{sku}");
-                        manager.with_lock(&key, place_order(&store, sku)).await.expect("lock")
+                        manager
+                            .with_lock(&key, place_order(&store, sku))
+                            .await
+                            .expect("lock")
                     } else {
                         place_order(&store, sku).await
                     };
@@ -90,7 +100,12 @@ async fn run(connect: &str, locked: bool) -> Outcome {
     for sku in 0..SKUS {
         left += store.get(sku).await;
     }
-    Outcome { sold: sold.load(Ordering::Relaxed), rejected: rejected.load(Ordering::Relaxed), left, secs: started.elapsed().as_secs_f64() }
+    Outcome {
+        sold: sold.load(Ordering::Relaxed),
+        rejected: rejected.load(Ordering::Relaxed),
+        left,
+        secs: started.elapsed().as_secs_f64(),
+    }
 }
 
 #[tokio::main]
