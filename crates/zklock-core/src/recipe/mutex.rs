@@ -148,7 +148,8 @@ impl Mutex {
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
     /// use std::time::Duration;
-    /// let guard = m.mutex("k")?.lock_timeout(Duration::from_millis(500)).await?;
+    /// let mutex = m.mutex("k")?;
+    /// let guard = mutex.lock_timeout(Duration::from_millis(500)).await?;
     /// # drop(guard); Ok(()) }
     /// ```
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<LockGuard<'_>> {
