@@ -151,3 +151,63 @@ async fn unreachable_server_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnection_loses_the_hold_and_drop_still_deletes_the_node_after_reconnect() {
+    let mut zk = server();
+    let a = manager_with(&zk.connect_string(), Duration::from_secs(20)).await;
+    let path = a.path_of("disc").unwrap();
+    let held = a.lock("disc").await.unwrap();
+    zk.stop().unwrap();
+    // Curator's advice, the default policy: a suspended connection is a lost hold.
+    let reason = tokio::time::timeout(Duration::from_secs(15), held.lost())
+        .await
+        .expect("lost() on disconnect");
+    assert_eq!(reason, LossReason::Disconnected);
+    // Dropped while disconnected: the delete is retried once the connection is back.
+    drop(held);
+    zk.restart().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), a.flush())
+        .await
+        .expect("the release finishes");
+    assert!(
+        children(&a, &path).await.is_empty(),
+        "the node was deleted after reconnecting"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grace_policy_keeps_the_hold_through_a_short_disconnection() {
+    let mut zk = server();
+    let a = zklock::LockManager::builder(zk.connect_string())
+        .session_timeout(Duration::from_secs(20))
+        .disconnect_policy(zklock::DisconnectPolicy::Grace(Duration::from_secs(15)))
+        .connect()
+        .await
+        .unwrap();
+    let held = a.lock("grace").await.unwrap();
+    zk.stop().unwrap();
+    zk.restart().unwrap();
+    // Prove the session is back (a request answered) before judging the hold.
+    let client = a.zk_client();
+    let mut answered = false;
+    for _ in 0..100 {
+        if client
+            .check_stat(held.node_path())
+            .await
+            .map(|s| s.is_some())
+            .unwrap_or(false)
+        {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered, "the session did not come back");
+    assert!(
+        held.is_held(),
+        "a short disconnection within the grace keeps the hold: {:?}",
+        held.loss_reason()
+    );
+    held.release().await.unwrap();
+}
