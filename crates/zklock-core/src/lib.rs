@@ -26,6 +26,8 @@ mod error;
 mod guard;
 mod key;
 mod manager;
+#[doc(hidden)]
+pub mod private;
 mod recipe;
 
 pub use error::{Error, Result};
@@ -36,3 +38,6 @@ pub use manager::{
 };
 pub use recipe::mutex::Mutex;
 pub use zookeeper_client;
+
+#[doc(hidden)]
+pub use private as __private;

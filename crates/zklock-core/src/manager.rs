@@ -688,6 +688,27 @@ impl LockManager {
         self.mutex(key)?.with_lock(body).await
     }
 
+    /// Runs `body` under the lock on `key` with the options of `#[distributed_lock]`.
+    pub(crate) async fn run_locked<T, F: Future<Output = T>>(
+        &self,
+        key: &str,
+        options: crate::private::Options,
+        body: F,
+    ) -> Result<T> {
+        use crate::private::Mode;
+        match options.mode {
+            Mode::Exclusive => {
+                self.mutex(key)?
+                    .run(options.timeout, options.on_lost, body)
+                    .await
+            }
+            Mode::Read | Mode::Write => Err(Error::Config(
+                "read/write locks are not available yet in this build; use the exclusive mode"
+                    .into(),
+            )),
+        }
+    }
+
     /// Waits until every background release and cleanup of this manager has finished: call it
     /// before shutting down, or before checking from elsewhere that nothing is left behind.
     ///

@@ -15,6 +15,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::guard::{FencingToken, Hold, LockGuard, OwnedLockGuard};
 use crate::manager::{Inner, LockManager};
+use crate::private::OnLost;
 
 /// How many of the nearest lower contenders a waiter remembers from its listing. When the
 /// predecessor goes, the next one is taken from this window instead of listing again.
@@ -190,13 +191,30 @@ impl Mutex {
     /// # Ok(()) }
     /// ```
     pub async fn with_lock<T, F: Future<Output = T>>(&self, body: F) -> Result<T> {
-        let guard = self.lock().await?;
-        let result = {
-            tokio::pin!(body);
-            tokio::select! {
-                biased;
-                reason = guard.lost() => Err(Error::LockLost { key: self.key.to_string(), reason }),
-                value = &mut body => Ok(value),
+        self.run(None, OnLost::Abort, body).await
+    }
+
+    /// Runs `body` under the lock, waiting at most `timeout` for it, and stopping the body
+    /// when the hold is lost if `on_lost` says so.
+    pub(crate) async fn run<T, F: Future<Output = T>>(
+        &self,
+        timeout: Option<Duration>,
+        on_lost: OnLost,
+        body: F,
+    ) -> Result<T> {
+        let guard = match timeout {
+            Some(timeout) => self.lock_timeout(timeout).await?,
+            None => self.lock().await?,
+        };
+        let result = match on_lost {
+            OnLost::Continue => Ok(body.await),
+            OnLost::Abort => {
+                tokio::pin!(body);
+                tokio::select! {
+                    biased;
+                    reason = guard.lost() => Err(Error::LockLost { key: self.key.to_string(), reason }),
+                    value = &mut body => Ok(value),
+                }
             }
         };
         drop(guard);
