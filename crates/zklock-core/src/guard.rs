@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -9,6 +10,7 @@ use tokio::task::AbortHandle;
 use zookeeper_client::{Client, EventType};
 
 use crate::error::{Error, Result};
+use crate::local::LocalLock;
 use crate::manager::{DirTicket, Health, Inner};
 use crate::recipe::{delete_in_background, wait_reconnect};
 
@@ -125,19 +127,21 @@ impl fmt::Display for LossReason {
     }
 }
 
-/// One granted contender node: what every guard form shares.
+/// One granted contender node on ZooKeeper. Deleted when dropped (in the background) or by
+/// [`Hold::release`]; shared by the local holders it is handed to.
 pub(crate) struct Hold {
     pub(crate) inner: Arc<Inner>,
     pub(crate) client: Client,
     pub(crate) key: Arc<str>,
     pub(crate) node: String,
-    pub(crate) token: FencingToken,
+    pub(crate) czxid: i64,
     /// The health epoch at grant; `u64::MAX` when the session was already unhealthy.
-    pub(crate) epoch: u64,
-    pub(crate) health: watch::Receiver<Health>,
-    pub(crate) node_lost: watch::Receiver<Option<LossReason>>,
-    pub(crate) monitor: AbortHandle,
-    pub(crate) _ticket: DirTicket,
+    epoch: u64,
+    health: watch::Receiver<Health>,
+    node_lost: watch::Receiver<Option<LossReason>>,
+    monitor: AbortHandle,
+    released: AtomicBool,
+    _ticket: DirTicket,
 }
 
 impl Hold {
@@ -170,11 +174,12 @@ impl Hold {
             client,
             key,
             node,
-            token,
+            czxid: token.zxid,
             epoch,
             health,
             node_lost,
             monitor,
+            released: AtomicBool::new(false),
             _ticket: ticket,
         }
     }
@@ -206,7 +211,10 @@ impl Hold {
     }
 
     /// Deletes the node and waits for the answer.
-    pub(crate) async fn release(self) -> Result<()> {
+    pub(crate) async fn release(&self) -> Result<()> {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
         self.monitor.abort();
         let mut attempts = 0;
         loop {
@@ -231,15 +239,6 @@ impl Hold {
                         });
                     }
                 }
-                Err(
-                    zookeeper_client::Error::SessionExpired | zookeeper_client::Error::ClientClosed,
-                ) => {
-                    let reason = self.loss_reason().unwrap_or(LossReason::SessionExpired);
-                    return Err(Error::LockLost {
-                        key: self.key.to_string(),
-                        reason,
-                    });
-                }
                 Err(err) => {
                     return Err(match self.loss_reason() {
                         Some(reason) => Error::LockLost {
@@ -252,11 +251,14 @@ impl Hold {
             }
         }
     }
+}
 
-    /// Deletes the node in the background (for `Drop`).
-    fn release_in_background(&self) {
-        self.monitor.abort();
-        delete_in_background(&self.inner, self.client.clone(), self.node.clone());
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.released.swap(true, Ordering::SeqCst) {
+            self.monitor.abort();
+            delete_in_background(&self.inner, self.client.clone(), self.node.clone());
+        }
     }
 }
 
@@ -290,12 +292,119 @@ async fn watch_node(client: Client, node: String, lost: watch::Sender<Option<Los
     }
 }
 
-/// A held exclusive lock that owns its handle: `Send + 'static`, so it can move into spawned
-/// tasks. Dropping it releases the lock.
+/// What kind of hold a guard is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HoldMode {
+    Exclusive,
+    Read,
+    Write,
+}
+
+/// One local holder's grant: a node (shared with the local holders it is handed on to), the
+/// token of this grant, and the local queue to hand it to on release.
+pub(crate) struct Grant {
+    node: Option<Arc<Hold>>,
+    /// A second node this grant keeps until it ends (a downgrade that could not let go of its
+    /// write node yet).
+    extra: Option<Arc<Hold>>,
+    pub(crate) token: FencingToken,
+    pub(crate) mode: HoldMode,
+    pub(crate) path: Arc<str>,
+    local: Option<Arc<LocalLock>>,
+}
+
+impl Grant {
+    pub(crate) fn new(
+        node: Arc<Hold>,
+        token: FencingToken,
+        mode: HoldMode,
+        path: Arc<str>,
+        local: Option<Arc<LocalLock>>,
+    ) -> Grant {
+        Grant {
+            node: Some(node),
+            extra: None,
+            token,
+            mode,
+            path,
+            local,
+        }
+    }
+
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        self.node
+            .as_ref()
+            .expect("a grant has its node until it ends")
+    }
+
+    /// The local queue this grant hands on to, if any.
+    pub(crate) fn local_lock(&self) -> Option<Arc<LocalLock>> {
+        self.local.clone()
+    }
+
+    /// Keeps `node` until this grant ends.
+    pub(crate) fn keep(&mut self, node: Arc<Hold>) {
+        self.extra = Some(node);
+    }
+
+    /// Takes the node out without releasing it (used when a handoff found no taker).
+    pub(crate) fn defuse(mut self) -> Arc<Hold> {
+        self.extra = None;
+        self.local = None;
+        self.node
+            .take()
+            .expect("a grant has its node until it ends")
+    }
+
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        self.hold().loss_reason()
+    }
+
+    pub(crate) async fn lost(&self) -> LossReason {
+        self.hold().lost().await
+    }
+
+    /// Ends the grant: hands the node to the next local waiter, or deletes it and waits.
+    async fn release(mut self) -> Result<()> {
+        let node = self
+            .node
+            .take()
+            .expect("a grant has its node until it ends");
+        let extra = self.extra.take();
+        let to_delete = match self.local.take() {
+            Some(local) => local.release(node),
+            None => Some(node),
+        };
+        let mut result = Ok(());
+        if let Some(node) = to_delete {
+            result = node.release().await;
+        }
+        if let Some(extra) = extra {
+            let _ = extra.release().await;
+        }
+        result
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        if let Some(node) = self.node.take() {
+            match self.local.take() {
+                // The returned node (if any) is deleted by its own Drop.
+                Some(local) => drop(local.release(node)),
+                None => drop(node),
+            }
+        }
+    }
+}
+
+/// A held lock that owns its handle: `Send + 'static`, so it can move into spawned tasks.
+/// Dropping it releases the lock.
 ///
 /// Drop cannot wait, so it sends the delete at once (any later request of this process is
 /// ordered after it) and retries in a spawned task if the connection is lost; call
-/// [`release`](Self::release) to wait for the result instead.
+/// [`release`](Self::release) to wait for the result instead. When tasks of this process wait
+/// for the same key, the release hands the lock to the next of them without a round trip.
 ///
 /// # Examples
 ///
@@ -311,16 +420,36 @@ async fn watch_node(client: Client, node: String, lost: watch::Sender<Option<Los
 #[must_use = "if unused the lock will immediately release"]
 #[clippy::has_significant_drop]
 pub struct OwnedLockGuard {
-    hold: Option<Hold>,
+    grant: Option<Arc<Grant>>,
+    /// Serializes re-entries of one frame's hold.
+    gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+    key: Arc<str>,
 }
 
 impl OwnedLockGuard {
-    pub(crate) fn new(hold: Hold) -> OwnedLockGuard {
-        OwnedLockGuard { hold: Some(hold) }
+    pub(crate) fn new(grant: Grant, key: Arc<str>) -> OwnedLockGuard {
+        OwnedLockGuard {
+            grant: Some(Arc::new(grant)),
+            gate: None,
+            key,
+        }
     }
 
-    fn hold(&self) -> &Hold {
-        self.hold
+    /// A re-entry of a hold an enclosing frame has.
+    pub(crate) fn reentered(
+        grant: Arc<Grant>,
+        gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+        key: Arc<str>,
+    ) -> OwnedLockGuard {
+        OwnedLockGuard {
+            grant: Some(grant),
+            gate,
+            key,
+        }
+    }
+
+    pub(crate) fn grant(&self) -> &Arc<Grant> {
+        self.grant
             .as_ref()
             .expect("a guard holds until it is consumed")
     }
@@ -334,7 +463,7 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub fn fencing_token(&self) -> FencingToken {
-        self.hold().token
+        self.grant().token
     }
 
     /// The key (or raw path, for [`mutex_at_path`](crate::LockManager::mutex_at_path)) of the lock.
@@ -345,7 +474,7 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub fn key(&self) -> &str {
-        &self.hold().key
+        &self.key
     }
 
     /// The full path of the contender node behind this hold.
@@ -356,7 +485,7 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub fn node_path(&self) -> &str {
-        &self.hold().node
+        &self.grant().hold().node
     }
 
     /// Whether the hold is still certain: false once the session expired, the connection was
@@ -370,7 +499,7 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub fn is_held(&self) -> bool {
-        self.hold().loss_reason().is_none()
+        self.grant().loss_reason().is_none()
     }
 
     /// Why the hold was lost, or `None` while it is held.
@@ -381,7 +510,7 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub fn loss_reason(&self) -> Option<LossReason> {
-        self.hold().loss_reason()
+        self.grant().loss_reason()
     }
 
     /// Completes when the hold is lost, with the reason. Race it against the critical section
@@ -400,10 +529,61 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn lost(&self) -> LossReason {
-        self.hold().lost().await
+        self.grant().lost().await
     }
 
-    /// Releases the lock and waits until ZooKeeper confirms it.
+    /// How many holds share this one (1 unless re-entered with [`reenter`](Self::reenter),
+    /// [`scope`](Self::scope) or a nested acquire in a frame).
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let guard = m.lock("k").await?;
+    /// let again = guard.reenter();
+    /// assert_eq!(guard.hold_count(), 2);
+    /// # drop(again); Ok(()) }
+    /// ```
+    pub fn hold_count(&self) -> usize {
+        Arc::strong_count(self.grant())
+    }
+
+    /// Counted re-entry: another guard on the same hold, with no ZooKeeper traffic. The node is
+    /// released when the last of them ends.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let outer = m.lock("k").await?;
+    /// let inner = outer.reenter();
+    /// drop(outer);          // still held through `inner`
+    /// assert!(inner.is_held());
+    /// # Ok(()) }
+    /// ```
+    pub fn reenter(&self) -> OwnedLockGuard {
+        OwnedLockGuard {
+            grant: Some(self.grant().clone()),
+            gate: None,
+            key: self.key.clone(),
+        }
+    }
+
+    /// Runs `body` in a holder frame of this hold: inside it, acquiring the same key (with
+    /// [`LockManager::with_lock`](crate::LockManager::with_lock), `lock`, or
+    /// `#[distributed_lock]`) re-enters with a count instead of waiting for itself.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let guard = m.lock("account_7").await?;
+    /// guard.scope(async {
+    ///     // re-enters: no deadlock, no ZooKeeper traffic
+    ///     m.with_lock("account_7", async { /* ... */ }).await
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn scope<F: std::future::Future>(&self, body: F) -> F::Output {
+        crate::frame::run_in(self.grant().clone(), body).await
+    }
+
+    /// Releases the lock and waits until ZooKeeper confirms it (or until it is handed to a
+    /// waiting task of this process). Ends only this hold when it was re-entered.
     ///
     /// # Errors
     /// [`Error::LockLost`] when the node was already gone because the hold was lost;
@@ -416,38 +596,77 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub async fn release(mut self) -> Result<()> {
-        let hold = self
-            .hold
+        self.gate.take();
+        let grant = self
+            .grant
             .take()
             .expect("a guard holds until it is consumed");
-        hold.release().await
+        match Arc::try_unwrap(grant) {
+            Ok(grant) => grant.release().await,
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Turns a write guard of a [`RwLock`](crate::RwLock) into a read guard without letting
+    /// another writer in between. The write node is let go at once when no writer queued behind
+    /// it; otherwise it is kept until the read guard ends (readers of other processes then wait
+    /// for that). Any other guard is returned as is.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let rw = m.rwlock("catalog")?;
+    /// let write = rw.write().await?;
+    /// // ... update ...
+    /// let read = write.into_owned().downgrade().await?;   // keep reading what was written
+    /// # drop(read); Ok(()) }
+    /// ```
+    pub async fn downgrade(mut self) -> Result<OwnedLockGuard> {
+        if self.grant().mode != HoldMode::Write {
+            return Ok(self);
+        }
+        self.gate.take();
+        let grant = self
+            .grant
+            .take()
+            .expect("a guard holds until it is consumed");
+        let key = self.key.clone();
+        let grant = match Arc::try_unwrap(grant) {
+            Ok(grant) => grant,
+            Err(shared) => {
+                return Err(Error::WouldDeadlock(format!(
+                    "cannot downgrade the write lock on {key}: {} other holds re-enter it",
+                    Arc::strong_count(&shared) - 1
+                )))
+            }
+        };
+        crate::recipe::rwlock::downgrade(grant, key).await
     }
 }
 
 impl Drop for OwnedLockGuard {
     fn drop(&mut self) {
-        if let Some(hold) = self.hold.take() {
-            hold.release_in_background();
-        }
+        self.gate.take();
+        self.grant.take();
     }
 }
 
 impl fmt::Debug for OwnedLockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.hold {
-            Some(h) => f
+        match &self.grant {
+            Some(g) => f
                 .debug_struct("LockGuard")
-                .field("key", &h.key)
-                .field("node", &h.node)
-                .field("token", &h.token)
-                .field("held", &h.loss_reason().is_none())
+                .field("key", &self.key)
+                .field("node", &g.hold().node)
+                .field("token", &g.token)
+                .field("mode", &g.mode)
+                .field("held", &g.loss_reason().is_none())
                 .finish(),
             None => f.write_str("LockGuard(released)"),
         }
     }
 }
 
-/// A held exclusive lock, borrowed from the [`Mutex`](crate::Mutex) or
+/// A held lock, borrowed from the [`Mutex`](crate::Mutex), [`RwLock`](crate::RwLock) or
 /// [`LockManager`](crate::LockManager) it came from. Dropping it releases the lock.
 ///
 /// It derefs to [`OwnedLockGuard`], which documents every method; use

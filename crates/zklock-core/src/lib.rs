@@ -23,20 +23,24 @@
 #![warn(missing_docs)]
 
 mod error;
+mod frame;
 mod guard;
 mod key;
+mod local;
 mod manager;
 #[doc(hidden)]
 pub mod private;
 mod recipe;
 
 pub use error::{Error, Result};
+pub use frame::current_fencing_token;
 pub use guard::{FencingToken, LockGuard, LossReason, OwnedLockGuard};
 pub use key::{Key, MAX_KEY_LEN};
 pub use manager::{
     global, set_global, Builder, DisconnectPolicy, LockManager, StatsSnapshot, DEFAULT_NAMESPACE,
 };
 pub use recipe::mutex::Mutex;
+pub use recipe::rwlock::RwLock;
 pub use zookeeper_client;
 
 #[doc(hidden)]

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, RwLock, Weak};
+use std::sync::{Arc, Mutex as StdMutex, RwLock as StdRwLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::key::{validate_path, Key};
 use crate::recipe::mutex::Mutex;
+use crate::recipe::rwlock::RwLock;
 use crate::LossReason;
 
 /// What a disconnection from ZooKeeper means for the locks a manager holds.
@@ -67,6 +68,8 @@ pub struct Builder {
     connect_timeout: Option<Duration>,
     disconnect_policy: DisconnectPolicy,
     renew_session: bool,
+    pub(crate) local_queue: bool,
+    pub(crate) max_local_handoffs: u32,
 }
 
 /// The default namespace under which lock znodes live.
@@ -87,6 +90,8 @@ impl Builder {
             connect_timeout: None,
             disconnect_policy: DisconnectPolicy::Immediate,
             renew_session: true,
+            local_queue: true,
+            max_local_handoffs: 32,
         }
     }
 
@@ -154,6 +159,34 @@ impl Builder {
         self
     }
 
+    /// Whether tasks of this process queue locally behind one znode per key (default `true`).
+    ///
+    /// With the local queue, a release hands the lock to the next waiting task of this process
+    /// without a ZooKeeper round trip (up to [`max_local_handoffs`](Self::max_local_handoffs) in
+    /// a row). Turn it off for strict FIFO across processes: every acquire then queues on
+    /// ZooKeeper with a node of its own.
+    ///
+    /// ```
+    /// let strict_fifo = zklock_core::LockManager::builder("h:2181").local_queue(false);
+    /// # let _ = strict_fifo;
+    /// ```
+    pub fn local_queue(mut self, on: bool) -> Builder {
+        self.local_queue = on;
+        self
+    }
+
+    /// How many local handoffs one node may serve before it is released so that other
+    /// processes get their turn (default 32; 0 hands nothing on locally).
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("h:2181").max_local_handoffs(8);
+    /// # let _ = b;
+    /// ```
+    pub fn max_local_handoffs(mut self, n: u32) -> Builder {
+        self.max_local_handoffs = n;
+        self
+    }
+
     /// Opens the session and returns the manager.
     ///
     /// Must run inside a tokio runtime, which then serves the session.
@@ -174,10 +207,11 @@ impl Builder {
             reason: None,
         });
         let inner = Arc::new(Inner {
-            client: RwLock::new(client.clone()),
+            client: StdRwLock::new(client.clone()),
             health: health_tx,
             runtime: tokio::runtime::Handle::current(),
             dirs: StdMutex::new(HashMap::new()),
+            local: crate::local::LocalTable::default(),
             background: AtomicUsize::new(0),
             background_done: Notify::new(),
             stats: Stats::default(),
@@ -256,10 +290,11 @@ pub struct StatsSnapshot {
 
 pub(crate) struct Inner {
     pub(crate) config: Builder,
-    client: RwLock<Client>,
+    client: StdRwLock<Client>,
     pub(crate) health: watch::Sender<Health>,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) dirs: StdMutex<HashMap<Arc<str>, DirState>>,
+    pub(crate) local: crate::local::LocalTable,
     background: AtomicUsize,
     background_done: Notify,
     pub(crate) stats: Stats,
@@ -605,6 +640,40 @@ impl LockManager {
         Ok(Mutex::new(self.clone(), path.into(), path.into()))
     }
 
+    /// The read/write lock for `key`. Its znode path is `<namespace>/%RW/<encoded key>`, apart
+    /// from the mutexes' (a recipe owns its path, as in Curator).
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] when the key is refused (see [`Key`]).
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let rw = m.rwlock("catalog")?;
+    /// let reading = rw.read().await?;
+    /// # drop(reading); Ok(()) }
+    /// ```
+    pub fn rwlock(&self, key: &str) -> Result<RwLock> {
+        let key = Key::new(key)?;
+        let path = format!("{}/%RW/{}", self.namespace(), key.encoded());
+        Ok(RwLock::new(self.clone(), path.into(), key.as_str().into()))
+    }
+
+    /// The read/write lock on a raw znode path: Curator's `InterProcessReadWriteLock` on the
+    /// same path shares and excludes with it.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the path is not a usable znode path.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let rw = m.rwlock_at_path("/shared/config-lock")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn rwlock_at_path(&self, path: &str) -> Result<RwLock> {
+        validate_path(path, "lock path")?;
+        Ok(RwLock::new(self.clone(), path.into(), path.into()))
+    }
+
     /// Waits for the exclusive lock on `key` and returns its guard.
     ///
     /// # Cancel safety
@@ -702,10 +771,12 @@ impl LockManager {
                     .run(options.timeout, options.on_lost, body)
                     .await
             }
-            Mode::Read | Mode::Write => Err(Error::Config(
-                "read/write locks are not available yet in this build; use the exclusive mode"
-                    .into(),
-            )),
+            Mode::Read | Mode::Write => {
+                let write = options.mode == Mode::Write;
+                self.rwlock(key)?
+                    .run(write, options.timeout, options.on_lost, body)
+                    .await
+            }
         }
     }
 

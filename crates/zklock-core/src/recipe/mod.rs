@@ -1,17 +1,94 @@
 //! Lock recipes on ephemeral sequential znodes, in Apache Curator's wire format.
 
+pub(crate) mod contender;
 pub(crate) mod mutex;
+pub(crate) mod rwlock;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use once_cell::sync::Lazy;
 use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, SessionState};
 
 use crate::error::{Error, Result};
+use crate::frame::Reentry;
+use crate::guard::{HoldMode, OwnedLockGuard};
 use crate::manager::Inner;
+use crate::private::OnLost;
 
 /// The lock name of Curator's `InterProcessMutex`: nodes are `_c_<uuid>-lock-<seq>`.
-pub(crate) const MUTEX_LOCK_NAME: &str = "lock-";
+#[cfg(test)]
+pub(crate) const MUTEX_LOCK_NAME: &str = contender::MUTEX_NAME;
+
+/// One lock of one recipe: what the handles (`Mutex`, each side of `RwLock`) share.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub(crate) manager: crate::LockManager,
+    pub(crate) path: Arc<str>,
+    pub(crate) key: Arc<str>,
+    pub(crate) kind: contender::NodeKind,
+}
+
+impl Target {
+    fn mode(&self) -> HoldMode {
+        match self.kind {
+            contender::NodeKind::Mutex => HoldMode::Exclusive,
+            contender::NodeKind::Read => HoldMode::Read,
+            contender::NodeKind::Write => HoldMode::Write,
+        }
+    }
+
+    /// A guard: a re-entry when an enclosing frame holds the lock, else a real acquire.
+    /// `Ok(None)` only for [`Wait::Never`] when the lock is taken.
+    pub(crate) async fn guard(&self, wait: contender::Wait) -> Result<Option<OwnedLockGuard>> {
+        let try_only = matches!(wait, contender::Wait::Never);
+        match crate::frame::reenter(&self.path, self.mode(), &self.key, try_only).await? {
+            Reentry::Entered(grant, gate) => {
+                return Ok(Some(OwnedLockGuard::reentered(
+                    grant,
+                    Some(gate),
+                    self.key.clone(),
+                )))
+            }
+            Reentry::Busy => return Ok(None),
+            Reentry::NotHeld => {}
+        }
+        let grant =
+            crate::local::acquire(&self.manager.inner, &self.path, &self.key, self.kind, wait)
+                .await?;
+        Ok(grant.map(|g| OwnedLockGuard::new(g, self.key.clone())))
+    }
+
+    /// Runs `body` in a holder frame of this lock.
+    pub(crate) async fn run<T, F: Future<Output = T>>(
+        &self,
+        timeout: Option<Duration>,
+        on_lost: OnLost,
+        body: F,
+    ) -> Result<T> {
+        let guard = self.guard(contender::Wait::timeout(timeout)).await?;
+        let guard = guard.expect("a blocking wait ends with the lock or an error");
+        let grant = guard.grant().clone();
+        let key = &self.key;
+        let result = crate::frame::run_in(grant.clone(), async move {
+            match on_lost {
+                OnLost::Continue => Ok(body.await),
+                OnLost::Abort => {
+                    tokio::pin!(body);
+                    tokio::select! {
+                        biased;
+                        reason = grant.lost() => Err(Error::LockLost { key: key.to_string(), reason }),
+                        value = &mut body => Ok(value),
+                    }
+                }
+            }
+        })
+        .await;
+        drop(guard);
+        result
+    }
+}
 
 pub(crate) static EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
     CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
