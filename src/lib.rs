@@ -10,3 +10,4 @@
 //! # drop(guard); Ok(()) }
 //! ```
 pub use zklock_core::*;
+pub use zklock_macros::distributed_lock;

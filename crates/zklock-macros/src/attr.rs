@@ -1,0 +1,257 @@
+//! The attribute's arguments: `"key template", mode = "...", timeout = "...", manager = expr,
+//! on_lost = "...", crate = "..."`.
+
+use proc_macro2::Span;
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::{Expr, Ident, LitStr, Path, Token};
+
+mod kw {
+    syn::custom_keyword!(mode);
+    syn::custom_keyword!(timeout);
+    syn::custom_keyword!(manager);
+    syn::custom_keyword!(on_lost);
+}
+
+const OPTIONS: &str = "`mode`, `timeout`, `manager`, `on_lost` or `crate`";
+
+/// The parsed arguments of `#[distributed_lock(...)]`.
+pub(crate) struct Args {
+    /// The key template, as written.
+    pub(crate) key: LitStr,
+    pub(crate) mode: Option<Mode>,
+    /// The wait timeout in milliseconds.
+    pub(crate) timeout: Option<u64>,
+    pub(crate) manager: Option<Expr>,
+    pub(crate) on_lost: Option<OnLost>,
+    /// `crate = "..."`: the path of the zklock crate (default `::zklock`).
+    pub(crate) krate: Option<Path>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Exclusive,
+    Read,
+    Write,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnLost {
+    Abort,
+    Continue,
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Args> {
+        if input.is_empty() {
+            return Err(syn::Error::new(
+                Span::call_site(),
+                "missing the key template: write #[distributed_lock(\"user_{id}\")], naming the fn's parameters in braces",
+            ));
+        }
+        if !input.peek(LitStr) {
+            return Err(input.error(
+                "expected the key template as a string literal first, as in #[distributed_lock(\"user_{id}\")]",
+            ));
+        }
+        let mut args = Args {
+            key: input.parse()?,
+            mode: None,
+            timeout: None,
+            manager: None,
+            on_lost: None,
+            krate: None,
+        };
+        while !input.is_empty() {
+            input.parse::<Token![,]>()?;
+            if input.is_empty() {
+                break;
+            }
+            args.parse_option(input)?;
+        }
+        Ok(args)
+    }
+}
+
+impl Args {
+    fn parse_option(&mut self, input: ParseStream<'_>) -> syn::Result<()> {
+        let lookahead = input.lookahead1();
+        if lookahead.peek(kw::mode) {
+            let name = input.parse::<kw::mode>()?;
+            once(&self.mode, &name, "mode")?;
+            let lit = value::<LitStr>(input, "mode = \"read\"")?;
+            self.mode = Some(match lit.value().as_str() {
+                "exclusive" => Mode::Exclusive,
+                "read" => Mode::Read,
+                "write" => Mode::Write,
+                other => {
+                    return Err(syn::Error::new_spanned(
+                        &lit,
+                        format!("unknown lock mode \"{other}\"; expected \"exclusive\", \"read\" or \"write\""),
+                    ))
+                }
+            });
+        } else if lookahead.peek(kw::timeout) {
+            let name = input.parse::<kw::timeout>()?;
+            once(&self.timeout, &name, "timeout")?;
+            let lit = value::<LitStr>(input, "timeout = \"5s\"")?;
+            let millis = parse_duration(&lit.value())
+                .map_err(|msg| syn::Error::new_spanned(&lit, msg))?;
+            self.timeout = Some(millis);
+        } else if lookahead.peek(kw::manager) {
+            let name = input.parse::<kw::manager>()?;
+            once(&self.manager, &name, "manager")?;
+            input.parse::<Token![=]>()?;
+            self.manager = Some(input.parse()?);
+        } else if lookahead.peek(kw::on_lost) {
+            let name = input.parse::<kw::on_lost>()?;
+            once(&self.on_lost, &name, "on_lost")?;
+            let lit = value::<LitStr>(input, "on_lost = \"continue\"")?;
+            self.on_lost = Some(match lit.value().as_str() {
+                "abort" => OnLost::Abort,
+                "continue" => OnLost::Continue,
+                other => {
+                    return Err(syn::Error::new_spanned(
+                        &lit,
+                        format!("unknown on_lost \"{other}\"; expected \"abort\" or \"continue\""),
+                    ))
+                }
+            });
+        } else if lookahead.peek(Token![crate]) {
+            let name = input.parse::<Token![crate]>()?;
+            once(&self.krate, &name, "crate")?;
+            let lit = value::<LitStr>(input, "crate = \"my_zklock\"")?;
+            let path = lit.parse::<Path>().map_err(|_| {
+                syn::Error::new_spanned(
+                    &lit,
+                    format!(
+                        "\"{}\" is not a path; name the zklock crate as your Cargo.toml renames it, as in crate = \"my_zklock\"",
+                        lit.value()
+                    ),
+                )
+            })?;
+            self.krate = Some(path);
+        } else if input.peek(Ident::peek_any) {
+            let name = input.call(Ident::parse_any)?;
+            return Err(syn::Error::new_spanned(
+                &name,
+                format!("unknown option `{name}`; expected {OPTIONS}"),
+            ));
+        } else {
+            return Err(lookahead.error());
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a second occurrence of an option, at its name.
+fn once<T>(seen: &Option<T>, name: &impl quote::ToTokens, option: &str) -> syn::Result<()> {
+    match seen {
+        Some(_) => Err(syn::Error::new_spanned(
+            name,
+            format!("duplicate option `{option}`; give it once"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `= <literal>`, with an example of the expected form when the value is something else.
+fn value<T: Parse>(input: ParseStream<'_>, example: &str) -> syn::Result<T> {
+    input.parse::<Token![=]>()?;
+    let span = input.span();
+    input.parse::<T>().map_err(|_| {
+        let mut err = syn::Error::new(span, format!("expected a string literal, as in {example}"));
+        if let Ok(tt) = input.parse::<proc_macro2::TokenTree>() {
+            err = syn::Error::new_spanned(tt, format!("expected a string literal, as in {example}"));
+        }
+        err
+    })
+}
+
+/// Parses `"5s"`, `"500ms"`, `"1m30s"`, `"2h"` into milliseconds.
+pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "invalid timeout \"{text}\": write whole numbers with a unit (ms, s, m, h), as in \"5s\", \"500ms\" or \"1m30s\""
+        )
+    };
+    let mut rest = text;
+    let mut total: u64 = 0;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        if digits == 0 {
+            return Err(bad());
+        }
+        let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total = number
+            .checked_mul(factor)
+            .and_then(|ms| total.checked_add(ms))
+            .ok_or_else(|| format!("timeout \"{text}\" is too long"))?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s"), Ok(5_000));
+        assert_eq!(parse_duration("500ms"), Ok(500));
+        assert_eq!(parse_duration("1m30s"), Ok(90_000));
+        assert_eq!(parse_duration("2h"), Ok(7_200_000));
+        assert_eq!(parse_duration("1s250ms"), Ok(1_250));
+        assert_eq!(parse_duration("0ms"), Ok(0));
+        for bad in ["", "5", "s", "5 s", "1.5s", "5secs", "-1s", "5S", "ms5"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_duration("99999999999999999h")
+            .unwrap_err()
+            .contains("too long"));
+    }
+
+    fn parse(tokens: proc_macro2::TokenStream) -> syn::Result<Args> {
+        syn::parse2(tokens)
+    }
+
+    #[test]
+    fn options() {
+        let args = parse(quote::quote!(
+            "k_{id}", mode = "write", timeout = "2s", manager = self.locks, on_lost = "continue", crate = "::my_zklock",
+        ))
+        .unwrap();
+        assert_eq!(args.key.value(), "k_{id}");
+        assert_eq!(args.mode, Some(Mode::Write));
+        assert_eq!(args.timeout, Some(2_000));
+        assert!(args.manager.is_some());
+        assert_eq!(args.on_lost, Some(OnLost::Continue));
+        assert!(args.krate.unwrap().leading_colon.is_some());
+    }
+
+    #[test]
+    fn bad_options() {
+        let err = |tokens| parse(tokens).err().expect("accepted").to_string();
+        assert!(err(quote::quote!()).contains("missing the key template"));
+        assert!(err(quote::quote!(id)).contains("string literal first"));
+        assert!(err(quote::quote!("k", mode = "shared")).contains("unknown lock mode"));
+        assert!(err(quote::quote!("k", mode = read)).contains("mode = \"read\""));
+        assert!(err(quote::quote!("k", timeout = 5)).contains("timeout = \"5s\""));
+        assert!(err(quote::quote!("k", retries = 3)).contains("unknown option `retries`"));
+        assert!(err(quote::quote!("k", timeout = "1s", timeout = "2s")).contains("duplicate"));
+        assert!(err(quote::quote!("k", crate = "not a path")).contains("not a path"));
+    }
+}

@@ -1,0 +1,8 @@
+use zklock::distributed_lock;
+
+#[distributed_lock("user_{id}")]
+fn handler(id: u64) -> Result<u64, zklock::Error> {
+    Ok(id)
+}
+
+fn main() {}
