@@ -45,3 +45,51 @@ async fn curator_holding_excludes_zklock_and_zklock_holding_excludes_curator() {
     );
     assert!(curator.wait().unwrap().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_read_write_lock_shares_and_excludes_with_zklock() {
+    let zk = server();
+    let m = manager(&zk.connect_string()).await;
+    let path = "/interop/rw/catalog";
+    let rw = m.rwlock_at_path(path).unwrap();
+
+    // A Curator writer excludes zklock readers and writers.
+    let mut curator = CuratorHold::spawn(&zk.connect_string(), path, "write", 1500, 1).unwrap();
+    assert_eq!(
+        curator.next_event(Duration::from_secs(300)).unwrap().0,
+        "acquired"
+    );
+    assert!(
+        rw.try_read().await.unwrap().is_none(),
+        "zklock read inside a Curator write"
+    );
+    assert!(
+        rw.try_write().await.unwrap().is_none(),
+        "zklock write inside a Curator write"
+    );
+    let r = rw.read().await.unwrap();
+    let got_at = now_epoch_ms();
+    let (event, released_at) = curator.next_event(Duration::from_secs(10)).unwrap();
+    assert_eq!(event, "released");
+    assert!(got_at >= released_at);
+    assert!(curator.wait().unwrap().success());
+
+    // Curator readers and zklock readers share: Curator gets its read lock while we hold ours.
+    let mut curator = CuratorHold::spawn(&zk.connect_string(), path, "read", 10, 1).unwrap();
+    assert_eq!(
+        curator.next_event(Duration::from_secs(30)).unwrap().0,
+        "acquired"
+    );
+    assert!(r.is_held());
+    assert!(curator.wait().unwrap().success());
+
+    // zklock's reader excludes a Curator writer until it releases.
+    let mut curator = CuratorHold::spawn(&zk.connect_string(), path, "write", 10, 1).unwrap();
+    until_children(&m, path, 2).await;
+    let released_at = now_epoch_ms();
+    r.release().await.unwrap();
+    let (event, acquired_at) = curator.next_event(Duration::from_secs(30)).unwrap();
+    assert_eq!(event, "acquired");
+    assert!(acquired_at >= released_at);
+    assert!(curator.wait().unwrap().success());
+}

@@ -578,8 +578,11 @@ impl OwnedLockGuard {
     /// }).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn scope<F: std::future::Future>(&self, body: F) -> F::Output {
-        crate::frame::run_in(self.grant().clone(), body).await
+    pub fn scope<'a, F>(&'a self, body: F) -> impl std::future::Future<Output = F::Output> + 'a
+    where
+        F: std::future::Future + 'a,
+    {
+        crate::frame::run_in(self.grant().clone(), Box::pin(body))
     }
 
     /// Releases the lock and waits until ZooKeeper confirms it (or until it is handed to a

@@ -231,7 +231,7 @@ pub(crate) async fn acquire(
     };
     // We carry the baton: acquire the node. If this fails or is cancelled, the baton's drop
     // passes the duty on.
-    let hold = acquire_node(inner, path, key, kind, wait).await?;
+    let hold = Box::pin(acquire_node(inner, path, key, kind, wait)).await?;
     match hold {
         Some(hold) => {
             baton.disarm();

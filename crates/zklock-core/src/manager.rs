@@ -753,8 +753,23 @@ impl LockManager {
     /// }).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn with_lock<T, F: Future<Output = T>>(&self, key: &str, body: F) -> Result<T> {
-        self.mutex(key)?.with_lock(body).await
+    pub fn with_lock<'a, T, F>(
+        &'a self,
+        key: &'a str,
+        body: F,
+    ) -> impl Future<Output = Result<T>> + 'a
+    where
+        F: Future<Output = T> + 'a,
+        T: 'a,
+    {
+        // Boxed before any state machine holds it: nested holds then grow by a pointer, not
+        // by a copy of the body per layer.
+        let body = Box::pin(body);
+        async move {
+            self.mutex(key)?
+                .run(None, crate::private::OnLost::Abort, body)
+                .await
+        }
     }
 
     /// Runs `body` under the lock on `key` with the options of `#[distributed_lock]`.

@@ -101,18 +101,23 @@ pub async fn global() -> Result<LockManager, Error> {
 }
 
 /// Runs `body` under the lock on `key`, converting zklock's errors into the fn's error type.
-pub async fn run<T, E, F>(
-    manager: &LockManager,
-    key: &str,
+pub fn run<'a, T, E, F>(
+    manager: &'a LockManager,
+    key: &'a str,
     options: Options,
     body: F,
-) -> Result<T, E>
+) -> impl Future<Output = Result<T, E>> + 'a
 where
-    F: Future<Output = Result<T, E>>,
-    E: From<Error>,
+    F: Future<Output = Result<T, E>> + 'a,
+    E: From<Error> + 'a,
+    T: 'a,
 {
-    manager
-        .run_locked(key, options, body)
-        .await
-        .map_err(E::from)?
+    // Boxed before any state machine holds it, so nested annotated calls stay small.
+    let body = Box::pin(body);
+    async move {
+        manager
+            .run_locked(key, options, body)
+            .await
+            .map_err(E::from)?
+    }
 }

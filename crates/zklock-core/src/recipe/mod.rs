@@ -67,7 +67,7 @@ impl Target {
         on_lost: OnLost,
         body: F,
     ) -> Result<T> {
-        let guard = self.guard(contender::Wait::timeout(timeout)).await?;
+        let guard = Box::pin(self.guard(contender::Wait::timeout(timeout))).await?;
         let guard = guard.expect("a blocking wait ends with the lock or an error");
         let grant = guard.grant().clone();
         let key = &self.key;

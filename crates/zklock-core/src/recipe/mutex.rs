@@ -174,8 +174,13 @@ impl Mutex {
     /// assert_eq!(n, 42);
     /// # Ok(()) }
     /// ```
-    pub async fn with_lock<T, F: Future<Output = T>>(&self, body: F) -> Result<T> {
-        self.run(None, OnLost::Abort, body).await
+    pub fn with_lock<'a, T, F>(&'a self, body: F) -> impl Future<Output = Result<T>> + 'a
+    where
+        F: Future<Output = T> + 'a,
+        T: 'a,
+    {
+        let body = Box::pin(body);
+        self.run(None, OnLost::Abort, body)
     }
 
     /// Runs `body` under the lock, waiting at most `timeout` for it, and stopping the body

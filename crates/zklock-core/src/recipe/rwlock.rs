@@ -180,8 +180,12 @@ impl RwLock {
     /// let n = m.rwlock("cfg")?.with_read(async { 1 }).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn with_read<T, F: Future<Output = T>>(&self, body: F) -> Result<T> {
-        self.read.run(None, OnLost::Abort, body).await
+    pub fn with_read<'a, T, F>(&'a self, body: F) -> impl Future<Output = Result<T>> + 'a
+    where
+        F: Future<Output = T> + 'a,
+        T: 'a,
+    {
+        self.read.run(None, OnLost::Abort, Box::pin(body))
     }
 
     /// Runs `body` under the write hold, in a holder frame.
@@ -191,8 +195,12 @@ impl RwLock {
     /// m.rwlock("cfg")?.with_write(async { /* update */ }).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn with_write<T, F: Future<Output = T>>(&self, body: F) -> Result<T> {
-        self.write.run(None, OnLost::Abort, body).await
+    pub fn with_write<'a, T, F>(&'a self, body: F) -> impl Future<Output = Result<T>> + 'a
+    where
+        F: Future<Output = T> + 'a,
+        T: 'a,
+    {
+        self.write.run(None, OnLost::Abort, Box::pin(body))
     }
 
     pub(crate) async fn run<T, F: Future<Output = T>>(
