@@ -70,6 +70,10 @@ pub struct Builder {
     renew_session: bool,
     pub(crate) local_queue: bool,
     pub(crate) max_local_handoffs: u32,
+    /// `user:password` for ZooKeeper's digest scheme; lock nodes are then protected by ACLs.
+    digest: Option<String>,
+    #[cfg(feature = "tls")]
+    tls: Option<zookeeper_client::TlsOptions>,
 }
 
 /// The default namespace under which lock znodes live.
@@ -92,6 +96,9 @@ impl Builder {
             renew_session: true,
             local_queue: true,
             max_local_handoffs: 32,
+            digest: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 
@@ -187,6 +194,39 @@ impl Builder {
         self
     }
 
+    /// Authenticates the session with ZooKeeper's `digest` scheme. Lock paths and contender
+    /// nodes are then created with the `creator_all` ACL: only sessions with the same
+    /// credentials can delete, revoke or queue on them, so another tenant cannot take your
+    /// locks away.
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("h:2181").digest_auth("billing", "s3cret");
+    /// # let _ = b;
+    /// ```
+    pub fn digest_auth(mut self, user: &str, password: &str) -> Builder {
+        self.digest = Some(format!("{user}:{password}"));
+        self
+    }
+
+    /// Connects over TLS (the servers' `secureClientPort`), with zookeeper-client's options
+    /// (CA and client identity). Needs the `tls` feature.
+    ///
+    /// ```no_run
+    /// # fn run(ca_pem: &str) -> Result<(), zookeeper_client::Error> {
+    /// let tls = zookeeper_client::TlsOptions::default().with_pem_ca_certs(ca_pem)?;
+    /// let b = zklock_core::LockManager::builder("zk1:2281").tls(tls);
+    /// # let _ = b; Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, options: zookeeper_client::TlsOptions) -> Builder {
+        self.tls = Some(options);
+        self
+    }
+
+    pub(crate) fn protected(&self) -> bool {
+        self.digest.is_some()
+    }
+
     /// Opens the session and returns the manager.
     ///
     /// Must run inside a tokio runtime, which then serves the session.
@@ -226,9 +266,20 @@ impl Builder {
 
 async fn open_session(config: &Builder) -> Result<Client> {
     let wait = config.connect_timeout.unwrap_or(config.session_timeout);
-    let connector = Client::connector()
+    let mut connector = Client::connector()
         .with_session_timeout(config.session_timeout)
         .with_connection_timeout(wait);
+    if let Some(digest) = &config.digest {
+        connector = connector.with_auth("digest", digest.as_bytes());
+    }
+    #[cfg(feature = "tls")]
+    let connecting = match config.tls.clone() {
+        Some(tls) => {
+            futures::future::Either::Left(connector.with_tls(tls).secure_connect(&config.connect))
+        }
+        None => futures::future::Either::Right(connector.connect(&config.connect)),
+    };
+    #[cfg(not(feature = "tls"))]
     let connecting = connector.connect(&config.connect);
     match tokio::time::timeout(wait + Duration::from_millis(500), connecting).await {
         Ok(Ok(client)) => Ok(client),

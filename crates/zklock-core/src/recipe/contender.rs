@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use zookeeper_client::{Client, EventType};
 
 use super::{
-    delete_by_prefix_in_background, delete_in_background, ensure_parents, EPHEMERAL_SEQUENTIAL,
+    contender_options, delete_by_prefix_in_background, delete_in_background, ensure_parents,
     NODE_DATA,
 };
 use crate::error::{Error, Result};
@@ -258,7 +258,7 @@ impl Contend<'_> {
         let prefix = format!("{}/{}{}", self.path, pending.protect, self.kind.lock_name());
         for _ in 0..20 {
             // Both requests are sent here, in this order: the listing sees the new node.
-            let create = client.create(&prefix, &NODE_DATA, &EPHEMERAL_SEQUENTIAL);
+            let create = client.create(&prefix, &NODE_DATA, contender_options(inner));
             let list = client.list_children(self.path);
             pending.sent = true;
             inner.count(2);
@@ -273,7 +273,9 @@ impl Contend<'_> {
                     };
                     return Ok((name, stat.czxid, children));
                 }
-                Err(zookeeper_client::Error::NoNode) => ensure_parents(client, self.path).await?,
+                Err(zookeeper_client::Error::NoNode) => {
+                    ensure_parents(inner, client, self.path).await?
+                }
                 Err(zookeeper_client::Error::ConnectionLoss) => {
                     // The create may have happened: find it by its protected prefix.
                     inner.wait_connected("create the contender node").await?;

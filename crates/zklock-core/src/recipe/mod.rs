@@ -92,7 +92,21 @@ impl Target {
 
 pub(crate) static EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
     CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+/// Contender nodes of a manager with credentials: only the same credentials may touch them.
+pub(crate) static EPHEMERAL_SEQUENTIAL_PROTECTED: CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::creator_all());
 static CONTAINER: CreateOptions<'static> = CreateMode::Container.with_acls(Acls::anyone_all());
+static CONTAINER_PROTECTED: CreateOptions<'static> =
+    CreateMode::Container.with_acls(Acls::creator_all());
+
+/// The create options of contender nodes for `inner`'s manager.
+pub(crate) fn contender_options(inner: &Inner) -> &'static CreateOptions<'static> {
+    if inner.config.protected() {
+        &EPHEMERAL_SEQUENTIAL_PROTECTED
+    } else {
+        &EPHEMERAL_SEQUENTIAL
+    }
+}
 
 /// The data each contender node carries: who created it (Curator writes the client's address).
 pub(crate) static NODE_DATA: Lazy<Vec<u8>> = Lazy::new(|| {
@@ -114,11 +128,36 @@ pub(crate) fn sort_key<'a>(node: &'a str, lock_name: &str) -> &'a str {
 
 /// Creates `dir` and its missing ancestors as CONTAINER nodes, which the server removes once
 /// they are empty, so that no lock path is left behind.
-pub(crate) async fn ensure_parents(client: &Client, dir: &str) -> Result<()> {
-    match client.mkdir(dir, &CONTAINER).await {
-        Ok(()) => Ok(()),
-        Err(err) => Err(Error::zk("create the lock path", dir, err)),
+///
+/// With credentials, the lock path itself is `creator_all` (deleting a child needs DELETE on
+/// its parent, so this is what keeps other tenants from removing contenders); the ancestors
+/// stay open so that every tenant can make its own lock paths.
+pub(crate) async fn ensure_parents(inner: &Inner, client: &Client, dir: &str) -> Result<()> {
+    let leaf = if inner.config.protected() {
+        &CONTAINER_PROTECTED
+    } else {
+        &CONTAINER
+    };
+    for _ in 0..10 {
+        match client.create(dir, &[], leaf).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => return Ok(()),
+            Err(zookeeper_client::Error::NoNode) => {
+                let parent = &dir[..dir.rfind('/').unwrap_or(0)];
+                if !parent.is_empty() {
+                    match client.mkdir(parent, &CONTAINER).await {
+                        Ok(()) => {}
+                        Err(err) => return Err(Error::zk("create the lock path", parent, err)),
+                    }
+                }
+            }
+            Err(err) => return Err(Error::zk("create the lock path", dir, err)),
+        }
     }
+    Err(Error::zk(
+        "create the lock path",
+        dir,
+        zookeeper_client::Error::NoNode,
+    ))
 }
 
 /// Waits until `client`'s session is connected; false when the session is over for good.
