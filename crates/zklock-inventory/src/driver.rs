@@ -183,8 +183,14 @@ async fn load(
     };
     bar.set_style(
         ProgressStyle::with_template(
-            "{prefix:>12} [{bar:40.cyan/blue}] {pos:>5}/{len} orders  {per_sec:>12}  {elapsed}",
+            "{prefix:>12} [{bar:40.cyan/blue}] {pos:>5}/{len} orders  {rate:>9}  {elapsed}",
         )?
+        .with_key(
+            "rate",
+            |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.0}/s", state.per_sec());
+            },
+        )
         .progress_chars("=> "),
     );
     bar.set_prefix(mode.title());

@@ -72,16 +72,17 @@ struct DemoArgs {
     #[arg(long, default_value_t = 64)]
     clients: u32,
     /// SKUs.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 10)]
     skus: u32,
     /// Initial stock of each SKU.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 200)]
     stock: i64,
     /// Orders placed, as a multiple of the total stock.
     #[arg(long, default_value_t = 3.0)]
     demand: f64,
-    /// Simulated work (pricing, payment) between reading and writing the stock.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1ms")]
+    /// Simulated work (pricing, payment) between reading and writing the stock; the default
+    /// has none: the separate Redis round trips alone let orders overlap.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     work: Duration,
     /// ZooKeeper session timeout of the instances (the pause scenario waits this long).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]

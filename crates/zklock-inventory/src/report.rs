@@ -134,6 +134,9 @@ fn outcome_name(o: Outcome) -> &'static str {
     }
 }
 
+/// One cell of a mode's column.
+type Cell = fn(&ModeReport) -> String;
+
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
@@ -143,19 +146,19 @@ fn ms(d: Duration) -> String {
 pub fn render(results: &DemoResults) -> String {
     let mut out = String::new();
     if !results.modes.is_empty() {
-        let rows: Vec<(&str, Box<dyn Fn(&ModeReport) -> String>)> = vec![
-            ("instances", Box::new(|r| r.instances.to_string())),
-            ("initial stock", Box::new(|r| r.initial.to_string())),
-            ("orders placed", Box::new(|r| r.orders.to_string())),
-            ("sold", Box::new(|r| r.sold.to_string())),
-            ("left", Box::new(|r| r.left.to_string())),
-            ("oversold", Box::new(|r| r.oversold.to_string())),
-            ("rejected (no stock)", Box::new(|r| r.rejected.to_string())),
-            ("fenced (stale write)", Box::new(|r| r.fenced.to_string())),
-            ("errors", Box::new(|r| r.errors.to_string())),
-            ("orders/s", Box::new(|r| format!("{:.0}", r.rate()))),
-            ("latency p50", Box::new(|r| ms(r.p50))),
-            ("latency p99", Box::new(|r| ms(r.p99))),
+        let rows: Vec<(&str, Cell)> = vec![
+            ("instances", |r| r.instances.to_string()),
+            ("initial stock", |r| r.initial.to_string()),
+            ("orders placed", |r| r.orders.to_string()),
+            ("sold", |r| r.sold.to_string()),
+            ("left", |r| r.left.to_string()),
+            ("oversold", |r| r.oversold.to_string()),
+            ("rejected (no stock)", |r| r.rejected.to_string()),
+            ("fenced (stale write)", |r| r.fenced.to_string()),
+            ("errors", |r| r.errors.to_string()),
+            ("orders/s", |r| format!("{:.0}", r.rate())),
+            ("latency p50", |r| ms(r.p50)),
+            ("latency p99", |r| ms(r.p99)),
         ];
         let width = 16;
         let _ = write!(out, "\n{:<22}", "");
@@ -199,8 +202,8 @@ pub fn render(results: &DemoResults) -> String {
         let _ = writeln!(out, "{}", "-".repeat(86));
         let _ = writeln!(
             out,
-            "{:<10}{:<44}{:>14}  {}",
-            "instance", "step", "token", "result"
+            "{:<10}{:<44}{:>14}  result",
+            "instance", "step", "token"
         );
         let _ = writeln!(
             out,
@@ -249,15 +252,13 @@ pub fn render(results: &DemoResults) -> String {
         );
     }
     let _ = writeln!(out);
-    let mut lines: Vec<&ModeReport> = results.modes.iter().collect();
-    lines.sort_by_key(|r| r.mode == Mode::Lock);
-    for r in lines.iter().filter(|r| r.mode != Mode::Lock) {
+    for r in results.modes.iter().filter(|r| r.mode != Mode::Lock) {
         let _ = writeln!(out, "{}", r.machine_line());
     }
     if let Some(p) = &results.pause {
         let _ = writeln!(out, "{}", p.machine_line());
     }
-    for r in lines.iter().filter(|r| r.mode == Mode::Lock) {
+    for r in results.modes.iter().filter(|r| r.mode == Mode::Lock) {
         let _ = writeln!(out, "{}", r.machine_line());
     }
     out

@@ -11,7 +11,6 @@
 //! store), `404` unknown SKU, `503` when the lock or the store failed; always with an
 //! [`OrderResponse`] body.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -318,12 +317,4 @@ async fn hold_for_debug(
         Some(_) => Ok(()),
         None => Err(OrderError("debug hold: not released within 120 s".into())),
     }
-}
-
-/// Binds `addr` (port 0 picks a free one).
-///
-/// # Errors
-/// When the address cannot be bound.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
 }
