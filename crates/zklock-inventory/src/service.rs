@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use zklock::{FencingToken, LockManager};
+use zklock::{distributed_lock, FencingToken, LockManager};
 
 use crate::store::{Store, WriteOutcome};
 
@@ -228,21 +228,22 @@ async fn place_order(
     .into_response()
 }
 
-/// The order under the SKU's lock. The write carries the lock's fencing token, so a holder
-/// that lost the lock while it was paused cannot overwrite what the next holder wrote. The
-/// body runs to its end even if the hold is lost meanwhile: the store's fence is what refuses
-/// a stale write, whatever the process believes.
+/// The order under the SKU's lock (`sku_{sku}` in ZooKeeper, held across the read, the check
+/// and the write). The write carries the lock's fencing token, so a holder that lost the lock
+/// while it was paused cannot overwrite what the next holder wrote. `on_lost = "continue"`: the
+/// body runs to its end even if the hold is lost meanwhile, since the store's fence, not the
+/// process's belief, is what refuses a stale write (a process frozen by SIGSTOP or a long GC
+/// pause cannot notice its loss before it writes anyway).
+#[distributed_lock("sku_{sku}", manager = manager, on_lost = "continue")]
 async fn place_order_locked(
     manager: &LockManager,
     state: &AppState,
     sku: &str,
     request: &OrderRequest,
 ) -> Result<Sale, OrderError> {
-    let guard = manager.lock(&format!("sku_{sku}")).await?;
-    let sale = sell(state, sku, request, Some(guard.fencing_token())).await;
-    // After a lost session the node is already gone and the release reports it: nothing to do.
-    let _ = guard.release().await;
-    sale
+    let token = zklock::current_fencing_token()
+        .ok_or_else(|| OrderError("no fencing token inside the lock".into()))?;
+    sell(state, sku, request, Some(token)).await
 }
 
 /// Read stock, check it, (work), write stock and record the order: separate Redis commands.
