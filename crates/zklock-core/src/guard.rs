@@ -298,6 +298,7 @@ pub(crate) enum HoldMode {
     Exclusive,
     Read,
     Write,
+    Lease,
 }
 
 /// One local holder's grant: a node (shared with the local holders it is handed on to), the

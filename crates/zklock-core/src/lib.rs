@@ -41,6 +41,7 @@ pub use manager::{
 };
 pub use recipe::mutex::Mutex;
 pub use recipe::rwlock::RwLock;
+pub use recipe::semaphore::{Lease, Semaphore};
 pub use zookeeper_client;
 
 #[doc(hidden)]

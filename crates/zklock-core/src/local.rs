@@ -101,6 +101,7 @@ fn mode_of(kind: NodeKind) -> HoldMode {
         NodeKind::Mutex => HoldMode::Exclusive,
         NodeKind::Read => HoldMode::Read,
         NodeKind::Write => HoldMode::Write,
+        NodeKind::Lease => HoldMode::Lease,
     }
 }
 

@@ -15,6 +15,7 @@ use crate::guard::LockGuard;
 use crate::key::{validate_path, Key};
 use crate::recipe::mutex::Mutex;
 use crate::recipe::rwlock::RwLock;
+use crate::recipe::semaphore::Semaphore;
 use crate::LossReason;
 
 /// What a disconnection from ZooKeeper means for the locks a manager holds.
@@ -723,6 +724,39 @@ impl LockManager {
     pub fn rwlock_at_path(&self, path: &str) -> Result<RwLock> {
         validate_path(path, "lock path")?;
         Ok(RwLock::new(self.clone(), path.into(), path.into()))
+    }
+
+    /// The semaphore for `key` with `max_leases` leases. Its znode path is
+    /// `<namespace>/%SEM/<encoded key>`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a refused key; [`Error::Config`] for zero leases.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let lease = m.semaphore("exports", 3)?.acquire().await?;
+    /// # drop(lease); Ok(()) }
+    /// ```
+    pub fn semaphore(&self, key: &str, max_leases: u32) -> Result<Semaphore> {
+        let key = Key::new(key)?;
+        let path = format!("{}/%SEM/{}", self.namespace(), key.encoded());
+        Semaphore::new(self.clone(), &path, key.as_str().into(), max_leases)
+    }
+
+    /// The semaphore on a raw znode path: Curator's `InterProcessSemaphoreV2` on the same path
+    /// (with the same number of leases) shares the count.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a bad path or zero leases.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let s = m.semaphore_at_path("/shared/export-slots", 3)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore_at_path(&self, path: &str, max_leases: u32) -> Result<Semaphore> {
+        validate_path(path, "semaphore path")?;
+        Semaphore::new(self.clone(), path, path.into(), max_leases)
     }
 
     /// Waits for the exclusive lock on `key` and returns its guard.

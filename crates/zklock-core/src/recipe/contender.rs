@@ -30,11 +30,15 @@ pub(crate) enum NodeKind {
     Read,
     /// Curator's write lock: `_c_<uuid>-__WRIT__<seq>`; every lower node blocks.
     Write,
+    /// A lease of Curator's `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not
+    /// queued.
+    Lease,
 }
 
 pub(crate) const READ_NAME: &str = "__READ__";
 pub(crate) const WRITE_NAME: &str = "__WRIT__";
 pub(crate) const MUTEX_NAME: &str = "lock-";
+pub(crate) const LEASE_NAME: &str = "lease-";
 
 impl NodeKind {
     fn lock_name(self) -> &'static str {
@@ -42,6 +46,7 @@ impl NodeKind {
             NodeKind::Mutex => MUTEX_NAME,
             NodeKind::Read => READ_NAME,
             NodeKind::Write => WRITE_NAME,
+            NodeKind::Lease => LEASE_NAME,
         }
     }
 
@@ -49,6 +54,7 @@ impl NodeKind {
     pub(crate) fn sort_key(self, node: &str) -> &str {
         match self {
             NodeKind::Mutex => super::sort_key(node, MUTEX_NAME),
+            NodeKind::Lease => super::sort_key(node, LEASE_NAME),
             // InterProcessReadWriteLock's driver strips both names, read then write.
             NodeKind::Read | NodeKind::Write => {
                 super::sort_key(super::sort_key(node, READ_NAME), WRITE_NAME)
@@ -61,12 +67,13 @@ impl NodeKind {
         match self {
             NodeKind::Mutex | NodeKind::Write => true,
             NodeKind::Read => other.contains(WRITE_NAME),
+            NodeKind::Lease => false,
         }
     }
 
     /// Exclusive grants prove that every lower node is gone.
     fn exclusive(self) -> bool {
-        !matches!(self, NodeKind::Read)
+        matches!(self, NodeKind::Mutex | NodeKind::Write)
     }
 }
 

@@ -3,6 +3,7 @@
 pub(crate) mod contender;
 pub(crate) mod mutex;
 pub(crate) mod rwlock;
+pub(crate) mod semaphore;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ impl Target {
             contender::NodeKind::Mutex => HoldMode::Exclusive,
             contender::NodeKind::Read => HoldMode::Read,
             contender::NodeKind::Write => HoldMode::Write,
+            contender::NodeKind::Lease => HoldMode::Lease,
         }
     }
 
