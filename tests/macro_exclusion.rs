@@ -197,7 +197,7 @@ async fn methods_trait_methods_and_generic_fns_exclude_each_other() {
                 match i % 3 {
                     0 => assert_eq!(a.take(3).await.unwrap(), 3),
                     1 => assert_eq!(Seller::sell(&*a, 3).await.unwrap(), 3),
-                    _ => assert_eq!(generic(&*a, 3u8).await.unwrap(), "3"),
+                    _ => assert_eq!(generic(&a, 3u8).await.unwrap(), "3"),
                 }
             }
         }));

@@ -95,8 +95,8 @@ impl Args {
             let name = input.parse::<kw::timeout>()?;
             once(&self.timeout, &name, "timeout")?;
             let lit = value::<LitStr>(input, "timeout = \"5s\"")?;
-            let millis = parse_duration(&lit.value())
-                .map_err(|msg| syn::Error::new_spanned(&lit, msg))?;
+            let millis =
+                parse_duration(&lit.value()).map_err(|msg| syn::Error::new_spanned(&lit, msg))?;
             self.timeout = Some(millis);
         } else if lookahead.peek(kw::manager) {
             let name = input.parse::<kw::manager>()?;
@@ -162,7 +162,8 @@ fn value<T: Parse>(input: ParseStream<'_>, example: &str) -> syn::Result<T> {
     input.parse::<T>().map_err(|_| {
         let mut err = syn::Error::new(span, format!("expected a string literal, as in {example}"));
         if let Ok(tt) = input.parse::<proc_macro2::TokenTree>() {
-            err = syn::Error::new_spanned(tt, format!("expected a string literal, as in {example}"));
+            err =
+                syn::Error::new_spanned(tt, format!("expected a string literal, as in {example}"));
         }
         err
     })
@@ -187,7 +188,9 @@ pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
         }
         let number: u64 = rest[..digits].parse().map_err(|_| bad())?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let factor = match &rest[..unit_len] {
             "ms" => 1,
             "s" => 1_000,
@@ -231,7 +234,12 @@ mod tests {
     #[test]
     fn options() {
         let args = parse(quote::quote!(
-            "k_{id}", mode = "write", timeout = "2s", manager = self.locks, on_lost = "continue", crate = "::my_zklock",
+            "k_{id}",
+            mode = "write",
+            timeout = "2s",
+            manager = self.locks,
+            on_lost = "continue",
+            crate = "::my_zklock",
         ))
         .unwrap();
         assert_eq!(args.key.value(), "k_{id}");

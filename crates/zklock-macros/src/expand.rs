@@ -100,7 +100,8 @@ fn check_async(sig: &Signature) -> syn::Result<()> {
 /// The declared return type, which must be spelled as a `Result` (`Result<T, E>`,
 /// `io::Result<T>`, `AppResult<T>`): the lock's errors are returned through it.
 fn result_type(sig: &Signature) -> syn::Result<&Type> {
-    const NEED: &str = "Result<T, E> where E: From<zklock::Error>, so that the lock's errors can be returned";
+    const NEED: &str =
+        "Result<T, E> where E: From<zklock::Error>, so that the lock's errors can be returned";
     let ty = match &sig.output {
         ReturnType::Type(_, ty) => &**ty,
         ReturnType::Default => {
@@ -198,18 +199,18 @@ fn key_expr(lit: &LitStr, sig: &Signature) -> syn::Result<Key> {
                         }
                         .into_token_stream()
                     }
-                    _ => return Err(unknown_placeholder(lit, sig, root, written, &params, has_self)),
+                    _ => {
+                        return Err(unknown_placeholder(
+                            lit, sig, root, written, &params, has_self,
+                        ))
+                    }
                 };
                 let fields = fields.iter().map(|field| match field {
                     Name::Ident { name, raw: false } => Ident::new(name, span).into_token_stream(),
                     Name::Ident { name, raw: true } => {
                         Ident::new_raw(name, span).into_token_stream()
                     }
-                    Name::Index(i) => syn::Index {
-                        index: *i,
-                        span,
-                    }
-                    .into_token_stream(),
+                    Name::Index(i) => syn::Index { index: *i, span }.into_token_stream(),
                 });
                 format.push_str("{}");
                 values.push(quote_spanned!(span=> #root #(.#fields)*));
@@ -379,7 +380,8 @@ fn respan(tokens: TokenStream, span: Span) -> TokenStream {
         .into_iter()
         .map(|mut tt| {
             if let proc_macro2::TokenTree::Group(group) = &tt {
-                let mut inner = proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
                 inner.set_span(span);
                 tt = inner.into();
             } else {

@@ -156,8 +156,7 @@ fn ident(s: &str) -> Option<Name> {
     };
     let mut chars = name.chars();
     let first = chars.next()?;
-    if !(first == '_' || first.is_alphabetic()) || !chars.all(|c| c == '_' || c.is_alphanumeric())
-    {
+    if !(first == '_' || first.is_alphabetic()) || !chars.all(|c| c == '_' || c.is_alphanumeric()) {
         return None;
     }
     if name == "_" {

@@ -12,14 +12,12 @@ use syn::visit_mut::VisitMut;
 struct ExpandAll;
 
 fn take_attr(attrs: &mut Vec<syn::Attribute>) -> Option<proc_macro2::TokenStream> {
-    let at = attrs
-        .iter()
-        .position(|a| {
-            a.path()
-                .segments
-                .last()
-                .is_some_and(|s| s.ident == "distributed_lock")
-        })?;
+    let at = attrs.iter().position(|a| {
+        a.path()
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == "distributed_lock")
+    })?;
     let attr = attrs.remove(at);
     Some(match attr.meta {
         syn::Meta::List(list) => list.tokens,

@@ -73,6 +73,9 @@ async fn lifetimes<'a>(locks: &LockManager, key: &'a str) -> Result<&'a str, Err
 fn main() {
     let _ = (Accounts::by_ref, Accounts::by_mut, Accounts::self_field);
     let _ = (Accounts::by_value, Accounts::by_arc);
-    let _ = (<Accounts as Handler>::handle, <Accounts as Handler>::handle_local);
+    let _ = (
+        <Accounts as Handler>::handle,
+        <Accounts as Handler>::handle_local,
+    );
     let _ = (generic::<u64, String>, lifetimes);
 }

@@ -90,7 +90,15 @@ async fn everything(id: u64) -> Result<u64, Error> {
 }
 
 fn main() {
-    let _ = (exclusive(), read(), write(), millis(), compound(), abort(), carry_on());
+    let _ = (
+        exclusive(),
+        read(),
+        write(),
+        millis(),
+        compound(),
+        abort(),
+        carry_on(),
+    );
     let _ = (std_lazy_static(), once_cell_static(), call(), everything(1));
     let _ = (by_reference, owned_and_moved_into_the_body, arc);
 }

@@ -68,7 +68,12 @@ fn main() {
         user: User { id: 1 },
         id: 2,
     };
-    let _ = (braces(1), angle_brackets(1), fields(order), tuple_index((1, 2)));
+    let _ = (
+        braces(1),
+        angle_brackets(1),
+        fields(order),
+        tuple_index((1, 2)),
+    );
     let _ = (several("t", "k".into(), 3), escaped(), destructured((1, 2)));
     let _ = (raw_ident("x"), mutable(1));
 }
