@@ -139,6 +139,8 @@ pub(crate) struct Hold {
     epoch: u64,
     health: watch::Receiver<Health>,
     node_lost: watch::Receiver<Option<LossReason>>,
+    node_lost_tx: Arc<watch::Sender<Option<LossReason>>>,
+    revocation: Arc<Revocation>,
     monitor: AbortHandle,
     released: AtomicBool,
     _ticket: DirTicket,
@@ -164,10 +166,20 @@ impl Hold {
             }
         };
         let (tx, node_lost) = watch::channel(None);
+        let tx = Arc::new(tx);
+        let revocation = Arc::new(Revocation::default());
+        revocation
+            .revocable
+            .store(inner.config.revocable, Ordering::SeqCst);
         inner.count(1);
         let monitor = inner
             .runtime
-            .spawn(watch_node(client.clone(), node.clone(), tx))
+            .spawn(watch_node(
+                client.clone(),
+                node.clone(),
+                tx.clone(),
+                revocation.clone(),
+            ))
             .abort_handle();
         Hold {
             inner,
@@ -178,9 +190,19 @@ impl Hold {
             epoch,
             health,
             node_lost,
+            node_lost_tx: tx,
+            revocation,
             monitor,
             released: AtomicBool::new(false),
             _ticket: ticket,
+        }
+    }
+
+    /// Opts in to revocation: a revoke request (already made or to come) becomes a loss.
+    pub(crate) fn make_revocable(&self) {
+        self.revocation.revocable.store(true, Ordering::SeqCst);
+        if self.revocation.requested.load(Ordering::SeqCst) {
+            let _ = self.node_lost_tx.send(Some(LossReason::Revoked));
         }
     }
 
@@ -262,18 +284,45 @@ impl Drop for Hold {
     }
 }
 
-/// Watches a held node: deletion by someone else is a loss.
-async fn watch_node(client: Client, node: String, lost: watch::Sender<Option<LossReason>>) {
+/// The data Curator's `Revoker` writes into a holder's node to ask it to let go.
+pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
+
+/// What the node monitor shares with its hold.
+#[derive(Default)]
+pub(crate) struct Revocation {
+    /// The holder opted in: a revoke request is a loss.
+    pub(crate) revocable: AtomicBool,
+    /// Someone asked (the node's data is `__REVOKE__`).
+    pub(crate) requested: AtomicBool,
+}
+
+/// Watches a held node: deletion by someone else is a loss, and so is a revoke request once
+/// the holder opted in.
+async fn watch_node(
+    client: Client,
+    node: String,
+    lost: Arc<watch::Sender<Option<LossReason>>>,
+    revocation: Arc<Revocation>,
+) {
     loop {
-        match client.check_and_watch_stat(&node).await {
-            Ok((None, _)) => {
+        match client.get_and_watch_data(&node).await {
+            Err(zookeeper_client::Error::NoNode) => {
                 let _ = lost.send(Some(LossReason::NodeDeleted));
                 return;
             }
-            Ok((Some(_), watcher)) => {
+            Ok((data, _, watcher)) => {
+                if data == REVOKE_MESSAGE {
+                    revocation.requested.store(true, Ordering::SeqCst);
+                    if revocation.revocable.load(Ordering::SeqCst) {
+                        tracing::warn!(%node, "lock revoked");
+                        let _ = lost.send(Some(LossReason::Revoked));
+                        return;
+                    }
+                }
                 let event = watcher.changed().await;
                 match event.event_type {
                     EventType::NodeDeleted => {
+                        tracing::warn!(%node, "lock node deleted by someone else");
                         let _ = lost.send(Some(LossReason::NodeDeleted));
                         return;
                     }
@@ -531,6 +580,26 @@ impl OwnedLockGuard {
     /// ```
     pub async fn lost(&self) -> LossReason {
         self.grant().lost().await
+    }
+
+    /// Opts in to revocation (Curator's protocol): when someone asks this holder to let go
+    /// ([`LockManager::revoke`](crate::LockManager::revoke), `zklock revoke`, or Curator's
+    /// `Revoker`), the hold is reported lost with [`LossReason::Revoked`] through
+    /// [`lost`](Self::lost) and [`is_held`](Self::is_held); the holder then finishes and
+    /// releases. A request made before opting in counts too.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// let guard = m.lock("long-report").await?;
+    /// guard.make_revocable();
+    /// tokio::select! {
+    ///     reason = guard.lost() => eprintln!("giving up the lock: {reason}"),
+    ///     _ = async { /* long work */ } => {}
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn make_revocable(&self) {
+        self.grant().hold().make_revocable();
     }
 
     /// How many holds share this one (1 unless re-entered with [`reenter`](Self::reenter),

@@ -25,9 +25,11 @@
 mod error;
 mod frame;
 mod guard;
+mod inspect;
 mod key;
 mod local;
 mod manager;
+mod multi;
 #[doc(hidden)]
 pub mod private;
 mod recipe;
@@ -35,10 +37,12 @@ mod recipe;
 pub use error::{Error, Result};
 pub use frame::current_fencing_token;
 pub use guard::{FencingToken, LockGuard, LossReason, OwnedLockGuard};
+pub use inspect::{Contender, LockInfo, LockKind, Owner};
 pub use key::{Key, MAX_KEY_LEN};
 pub use manager::{
     global, set_global, Builder, DisconnectPolicy, LockManager, StatsSnapshot, DEFAULT_NAMESPACE,
 };
+pub use multi::{LockSpec, MultiGuard};
 pub use recipe::mutex::Mutex;
 pub use recipe::rwlock::RwLock;
 pub use recipe::semaphore::{Lease, Semaphore};

@@ -71,6 +71,8 @@ pub struct Builder {
     renew_session: bool,
     pub(crate) local_queue: bool,
     pub(crate) max_local_handoffs: u32,
+    pub(crate) revocable: bool,
+    pub(crate) identity: Option<String>,
     /// `user:password` for ZooKeeper's digest scheme; lock nodes are then protected by ACLs.
     digest: Option<String>,
     #[cfg(feature = "tls")]
@@ -97,6 +99,8 @@ impl Builder {
             renew_session: true,
             local_queue: true,
             max_local_handoffs: 32,
+            revocable: false,
+            identity: None,
             digest: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -224,6 +228,29 @@ impl Builder {
         self
     }
 
+    /// Makes every hold of this manager revocable (see [`OwnedLockGuard::make_revocable`](crate::OwnedLockGuard::make_revocable)).
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("h:2181").revocable(true);
+    /// # let _ = b;
+    /// ```
+    pub fn revocable(mut self, on: bool) -> Builder {
+        self.revocable = on;
+        self
+    }
+
+    /// Text that identifies this process in its contender nodes, beside host and pid (shown by
+    /// [`LockManager::inspect`] and `zklock ls`), e.g. an instance name or a request id.
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("h:2181").identity("checkout-7f9c");
+    /// # let _ = b;
+    /// ```
+    pub fn identity(mut self, identity: impl Into<String>) -> Builder {
+        self.identity = Some(identity.into());
+        self
+    }
+
     pub(crate) fn protected(&self) -> bool {
         self.digest.is_some()
     }
@@ -253,6 +280,7 @@ impl Builder {
             runtime: tokio::runtime::Handle::current(),
             dirs: StdMutex::new(HashMap::new()),
             local: crate::local::LocalTable::default(),
+            node_data: crate::recipe::node_data(self.identity.as_deref()),
             background: AtomicUsize::new(0),
             background_done: Notify::new(),
             stats: Stats::default(),
@@ -347,6 +375,7 @@ pub(crate) struct Inner {
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) dirs: StdMutex<HashMap<Arc<str>, DirState>>,
     pub(crate) local: crate::local::LocalTable,
+    pub(crate) node_data: Vec<u8>,
     background: AtomicUsize,
     background_done: Notify,
     pub(crate) stats: Stats,

@@ -11,7 +11,6 @@ use zookeeper_client::{Client, EventType};
 
 use super::{
     contender_options, delete_by_prefix_in_background, delete_in_background, ensure_parents,
-    NODE_DATA,
 };
 use crate::error::{Error, Result};
 use crate::guard::{FencingToken, Hold};
@@ -265,7 +264,7 @@ impl Contend<'_> {
         let prefix = format!("{}/{}{}", self.path, pending.protect, self.kind.lock_name());
         for _ in 0..20 {
             // Both requests are sent here, in this order: the listing sees the new node.
-            let create = client.create(&prefix, &NODE_DATA, contender_options(inner));
+            let create = client.create(&prefix, &inner.node_data, contender_options(inner));
             let list = client.list_children(self.path);
             pending.sent = true;
             inner.count(2);

@@ -111,13 +111,21 @@ pub(crate) fn contender_options(inner: &Inner) -> &'static CreateOptions<'static
 }
 
 /// The data each contender node carries: who created it (Curator writes the client's address).
-pub(crate) static NODE_DATA: Lazy<Vec<u8>> = Lazy::new(|| {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "unknown".into());
-    format!("zklock host={} pid={}", host, std::process::id()).into_bytes()
-});
+/// `zklock host=<host> pid=<pid>[ id=<identity>]`; see [`crate::inspect::Owner`].
+pub(crate) fn node_data(identity: Option<&str>) -> Vec<u8> {
+    static HOST: Lazy<String> = Lazy::new(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "unknown".into())
+    });
+    let mut data = format!("zklock host={} pid={}", *HOST, std::process::id());
+    if let Some(id) = identity {
+        data.push_str(" id=");
+        data.push_str(id);
+    }
+    data.into_bytes()
+}
 
 /// The text Curator sorts contenders by: what follows the last occurrence of the lock name
 /// (`StandardLockInternalsDriver.fixForSorting`). Compared as strings, as Curator does.

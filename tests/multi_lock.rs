@@ -1,0 +1,96 @@
+//! Multi-locks: all or nothing under one deadline, one global order (no deadlock between
+//! overlapping sets), and nothing left after a failure.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use zklock::{Error, LockSpec};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_do_not_deadlock() {
+    let zk = server();
+    let a = manager(&zk.connect_string()).await;
+    let b = manager(&zk.connect_string()).await;
+    let mut tasks = vec![];
+    for i in 0..20 {
+        let (m, specs) = if i % 2 == 0 {
+            (
+                a.clone(),
+                vec![LockSpec::mutex("acct_1"), LockSpec::mutex("acct_2")],
+            )
+        } else {
+            (
+                b.clone(),
+                vec![LockSpec::mutex("acct_2"), LockSpec::mutex("acct_1")],
+            )
+        };
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock_all(specs, None).await.unwrap();
+            assert!(g.is_held());
+            tokio::task::yield_now().await;
+            g.release().await.unwrap();
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("deadlock")
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn all_or_nothing_under_one_deadline() {
+    let zk = server();
+    let a = manager(&zk.connect_string()).await;
+    let b = manager(&zk.connect_string()).await;
+    let busy = b
+        .rwlock("ledger")
+        .unwrap()
+        .write()
+        .await
+        .unwrap()
+        .into_owned();
+    let err = a
+        .lock_all(
+            [
+                LockSpec::mutex("acct_1"),
+                LockSpec::read("ledger"),
+                LockSpec::semaphore("slots", 2),
+            ],
+            Some(Duration::from_millis(400)),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    a.flush().await;
+    // What was taken before the timeout was released.
+    assert!(b.try_lock("acct_1").await.unwrap().is_some());
+    assert!(b
+        .semaphore("slots", 1)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_some());
+    drop(busy);
+    b.flush().await;
+    let all = a
+        .lock_all(
+            [
+                LockSpec::mutex("acct_1"),
+                LockSpec::read("ledger"),
+                LockSpec::mutex("acct_1"),
+            ],
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(all.tokens().len(), 2, "a key given twice is taken once");
+    let conflicting = a
+        .lock_all([LockSpec::read("x"), LockSpec::write("x")], None)
+        .await;
+    assert!(matches!(conflicting, Err(Error::Config(_))));
+}
