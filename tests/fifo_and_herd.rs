@@ -45,7 +45,11 @@ async fn waiters_get_the_lock_in_the_order_they_queued() {
 async fn draining_queued_waiters_costs_constant_requests_each() {
     let zk = server();
     // The local queue off: every waiter queues on ZooKeeper with a node of its own.
-    let m = zklock::LockManager::builder(zk.connect_string()).local_queue(false).connect().await.unwrap();
+    let m = zklock::LockManager::builder(zk.connect_string())
+        .local_queue(false)
+        .connect()
+        .await
+        .unwrap();
     let path = m.path_of("drain").unwrap();
     let first = m.lock("drain").await.unwrap();
     let n = 300;
