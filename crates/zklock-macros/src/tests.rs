@@ -99,3 +99,19 @@ fn errors_keep_the_fn() {
     assert!(out.contains("compile_error"), "{out}");
     assert!(out.contains("needs an `async fn`"), "{out}");
 }
+
+#[test]
+fn a_renamed_crate_is_the_only_path_used() {
+    let item = quote::quote!(
+        async fn handler(id: u64) -> Result<(), E> {
+            Ok(())
+        }
+    );
+    let out = crate::expand::distributed_lock(
+        quote::quote!("user_{id}", crate = "my_locks", timeout = "1s"),
+        item,
+    )
+    .to_string();
+    assert!(out.contains("my_locks :: __private :: run"), "{out}");
+    assert!(!out.contains("zklock ::"), "{out}");
+}
