@@ -361,6 +361,7 @@ pub(crate) struct Grant {
     pub(crate) mode: HoldMode,
     pub(crate) path: Arc<str>,
     local: Option<Arc<LocalLock>>,
+    since: std::time::Instant,
 }
 
 impl Grant {
@@ -371,14 +372,7 @@ impl Grant {
         path: Arc<str>,
         local: Option<Arc<LocalLock>>,
     ) -> Grant {
-        Grant {
-            node: Some(node),
-            extra: None,
-            token,
-            mode,
-            path,
-            local,
-        }
+        Grant { node: Some(node), extra: None, token, mode, path, local, since: std::time::Instant::now() }
     }
 
     pub(crate) fn hold(&self) -> &Arc<Hold> {
@@ -439,6 +433,8 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         if let Some(node) = self.node.take() {
+            let held_ms = self.since.elapsed().as_millis() as u64;
+            tracing::debug!(key = %node.key, token = %self.token, held_ms, "zklock: released");
             match self.local.take() {
                 // The returned node (if any) is deleted by its own Drop.
                 Some(local) => drop(local.release(node)),

@@ -147,7 +147,7 @@ impl LocalLock {
                 );
                 match tx.send(Wake::Granted(grant)) {
                     Ok(()) => {
-                        tracing::trace!(path = %self.path, %token, "lock handed off locally");
+                        tracing::debug!(path = %self.path, %token, "zklock: handed off locally");
                         return None;
                     }
                     Err(Wake::Granted(grant)) => drop(grant.defuse()),

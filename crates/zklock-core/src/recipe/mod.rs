@@ -56,9 +56,14 @@ impl Target {
             Reentry::Busy => return Ok(None),
             Reentry::NotHeld => {}
         }
-        let grant =
-            crate::local::acquire(&self.manager.inner, &self.path, &self.key, self.kind, wait)
-                .await?;
+        let started = std::time::Instant::now();
+        let span = tracing::debug_span!("zklock.acquire", key = %self.key, kind = ?self.kind);
+        let acquire = crate::local::acquire(&self.manager.inner, &self.path, &self.key, self.kind, wait);
+        let grant = tracing::Instrument::instrument(acquire, span).await?;
+        if let Some(g) = &grant {
+            let waited_ms = started.elapsed().as_millis() as u64;
+            tracing::debug!(key = %self.key, token = %g.token, waited_ms, "zklock: acquired");
+        }
         Ok(grant.map(|g| OwnedLockGuard::new(g, self.key.clone())))
     }
 
@@ -73,6 +78,8 @@ impl Target {
         let guard = guard.expect("a blocking wait ends with the lock or an error");
         let grant = guard.grant().clone();
         let key = &self.key;
+        let span = tracing::debug_span!("zklock.hold", key = %self.key, token = %grant.token);
+        let body = tracing::Instrument::instrument(body, span);
         let result = crate::frame::run_in(grant.clone(), async move {
             match on_lost {
                 OnLost::Continue => Ok(body.await),
