@@ -39,8 +39,9 @@ use proc_macro::TokenStream;
 ///
 /// # What it goes on
 ///
-/// An `async fn` with a body: a free fn, an inherent or trait-impl method (any receiver:
-/// `&self`, `&mut self`, `self`, `self: Arc<Self>`), generic or not. Its return type must be
+/// An `async fn` with a body: a free fn, an inherent or trait-impl method, or a provided
+/// method of a trait (any receiver: `&self`, `&mut self`, `self`, `self: Arc<Self>`), generic
+/// or not. Its return type must be
 /// spelled as a `Result` (`Result<T, E>`, `std::result::Result<T, E>`, `zklock::Result<T>`,
 /// or an alias whose name ends in `Result`, such as `AppResult<T>`), with
 /// `E: From<zklock::Error>`: the lock's own errors (timeout, lost hold, invalid key, no

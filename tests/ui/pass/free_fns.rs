@@ -59,11 +59,16 @@ pub async fn no_parameters() -> Result<(), zklock::Error> {
     Ok(())
 }
 
+#[distributed_lock("user_{id}")]
+async fn opaque(id: u64) -> Result<impl std::fmt::Display, zklock::Error> {
+    Ok(id)
+}
+
 async fn lookup(id: u64) -> Result<String, AppError> {
     Ok(id.to_string())
 }
 
 fn main() {
     let _ = (zklock_error(1), zklock_result(1), own_error(1), alias(1));
-    let _ = (std_result(1), boxed(1), no_parameters());
+    let _ = (std_result(1), boxed(1), no_parameters(), opaque(1));
 }

@@ -41,6 +41,14 @@ impl Accounts {
 trait Handler {
     fn handle(&self, id: u64) -> impl Future<Output = Result<u64, Error>> + Send;
     async fn handle_local(&self, id: u64) -> Result<u64, Error>;
+
+    fn locks(&self) -> &LockManager;
+
+    /// A provided method of the trait itself.
+    #[distributed_lock("default_{id}", manager = self.locks())]
+    async fn provided(&self, id: u64) -> Result<u64, Error> {
+        Ok(id)
+    }
 }
 
 impl Handler for Accounts {
@@ -52,6 +60,10 @@ impl Handler for Accounts {
     #[distributed_lock("account_{id}", manager = self.locks)]
     async fn handle_local(&self, id: u64) -> Result<u64, Error> {
         Ok(id)
+    }
+
+    fn locks(&self) -> &LockManager {
+        &self.locks
     }
 }
 
@@ -76,6 +88,7 @@ fn main() {
     let _ = (
         <Accounts as Handler>::handle,
         <Accounts as Handler>::handle_local,
+        <Accounts as Handler>::provided,
     );
     let _ = (generic::<u64, String>, lifetimes);
 }
