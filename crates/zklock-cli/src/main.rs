@@ -14,7 +14,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use zklock_core::{Error, LockManager};
+use std::future::Future;
+use std::pin::Pin;
+
+use zklock_core::{
+    Contender, Error, FencingToken, Lease, LockInfo, LockManager, LossReason, OwnedLockGuard,
+};
 
 /// Exit code: bad usage, bad key or bad option.
 const EXIT_USAGE: u8 = 64;
@@ -68,6 +73,30 @@ enum Command {
     /// you write to) and ZKLOCK_LOCK_PATH in its environment.
     #[command(after_help = EXIT_CODES)]
     Exec(ExecArgs),
+    /// List locks that have holders or waiters: key, kind, holders, waiters, age, token.
+    Ls(LsArgs),
+    /// Show one lock in detail: every holder and waiter with who, since when, and token.
+    Status(TargetArgs),
+    /// Ask the holder(s) of a lock to let go (Curator's revocation). Holders that opted in
+    /// are told their hold is lost; others are not forced.
+    Revoke(TargetArgs),
+}
+
+#[derive(Args, Debug)]
+struct LsArgs {
+    /// Only keys that start with this
+    #[arg(default_value = "")]
+    prefix: String,
+}
+
+#[derive(Args, Debug)]
+struct TargetArgs {
+    /// Lock key
+    #[arg(required_unless_present = "path", conflicts_with = "path")]
+    key: Option<String>,
+    /// A raw znode lock path instead of a key
+    #[arg(long, value_name = "ZNODE_PATH")]
+    path: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -81,6 +110,15 @@ struct ExecArgs {
     /// Give up waiting after this long (exit 75); default: wait forever
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
+    /// Take the read side of a read/write lock (shared with other readers)
+    #[arg(long, conflicts_with_all = ["write", "semaphore"])]
+    read: bool,
+    /// Take the write side of a read/write lock
+    #[arg(long, conflicts_with_all = ["read", "semaphore"])]
+    write: bool,
+    /// Take one lease of a semaphore with N leases (at most N commands run at once)
+    #[arg(long, value_name = "N", conflicts_with_all = ["read", "write"])]
+    semaphore: Option<u32>,
     /// The command to run, after `--`
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -117,6 +155,9 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> u8 {
     match cli.command {
         Command::Exec(ref args) => exec(&cli, args).await,
+        Command::Ls(ref args) => operate(&cli, |m| async move { ls(&m, &args.prefix).await }).await,
+        Command::Status(ref args) => operate(&cli, |m| async move { status(&m, args).await }).await,
+        Command::Revoke(ref args) => operate(&cli, |m| async move { revoke(&m, args).await }).await,
     }
 }
 
@@ -150,25 +191,17 @@ async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
 }
 
 async fn exec_with(manager: &LockManager, args: &ExecArgs) -> u8 {
-    let mutex = match (&args.key, &args.path) {
-        (Some(key), _) => manager.mutex(key),
-        (None, Some(path)) => manager.mutex_at_path(path),
-        (None, None) => unreachable!("clap requires KEY or --path"),
-    };
-    let mutex = match mutex {
-        Ok(m) => m,
+    let (lock_path, acquire) = match start_acquire(manager, args) {
+        Ok(started) => started,
         Err(e) => return fail(&e),
     };
-    let acquired = match args.timeout {
-        Some(t) => mutex.lock_timeout(t).await,
-        None => {
-            let mut term = signal(libc::SIGTERM);
-            let mut int = signal(libc::SIGINT);
-            tokio::select! {
-                g = mutex.lock() => g,
-                _ = term.recv() => return 128 + libc::SIGTERM as u8,
-                _ = int.recv() => return 128 + libc::SIGINT as u8,
-            }
+    let acquired = {
+        let mut term = signal(libc::SIGTERM);
+        let mut int = signal(libc::SIGINT);
+        tokio::select! {
+            g = acquire => g,
+            _ = term.recv() => return 128 + libc::SIGTERM as u8,
+            _ = int.recv() => return 128 + libc::SIGINT as u8,
         }
     };
     let guard = match acquired {
@@ -180,7 +213,7 @@ async fn exec_with(manager: &LockManager, args: &ExecArgs) -> u8 {
     let mut child = match tokio::process::Command::new(program)
         .args(rest)
         .env("ZKLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
-        .env("ZKLOCK_LOCK_PATH", mutex.path())
+        .env("ZKLOCK_LOCK_PATH", &lock_path)
         .spawn()
     {
         Ok(c) => c,
@@ -203,7 +236,7 @@ async fn exec_with(manager: &LockManager, args: &ExecArgs) -> u8 {
         tokio::select! {
             status = child.wait() => break status,
             reason = guard.lost(), if lost.is_none() => {
-                eprintln!("zklock: lost the lock on {} while the command ran ({reason}); sending it SIGTERM", mutex.path());
+                eprintln!("zklock: lost the lock on {lock_path} while the command ran ({reason}); sending it SIGTERM");
                 lost = Some(reason);
                 forward(pid, libc::SIGTERM);
             }
@@ -244,4 +277,217 @@ fn forward(pid: Option<libc::pid_t>, sig: libc::c_int) {
             libc::kill(pid, sig);
         }
     }
+}
+
+/// What `exec` holds while the command runs.
+enum Held {
+    Lock(OwnedLockGuard),
+    Lease(Lease),
+}
+
+impl Held {
+    fn fencing_token(&self) -> FencingToken {
+        match self {
+            Held::Lock(g) => g.fencing_token(),
+            Held::Lease(l) => l.fencing_token(),
+        }
+    }
+
+    async fn lost(&self) -> LossReason {
+        match self {
+            Held::Lock(g) => g.lost().await,
+            Held::Lease(l) => l.lost().await,
+        }
+    }
+
+    async fn release(self) -> zklock_core::Result<()> {
+        match self {
+            Held::Lock(g) => g.release().await,
+            Held::Lease(l) => l.release().await,
+        }
+    }
+}
+
+type Acquire = Pin<Box<dyn Future<Output = zklock_core::Result<Held>> + Send>>;
+
+/// The lock path `exec` takes, and the future that takes it.
+fn start_acquire(manager: &LockManager, args: &ExecArgs) -> zklock_core::Result<(String, Acquire)> {
+    let timeout = args.timeout;
+    if let Some(n) = args.semaphore {
+        let sem = match (&args.key, &args.path) {
+            (Some(key), _) => manager.semaphore(key, n)?,
+            (None, Some(path)) => manager.semaphore_at_path(path, n)?,
+            (None, None) => unreachable!("clap requires KEY or --path"),
+        };
+        let path = match (&args.key, &args.path) {
+            (_, Some(p)) => p.clone(),
+            _ => format!(
+                "{}/%SEM/{}",
+                manager.namespace(),
+                zklock_core::Key::new(args.key.as_deref().unwrap_or_default())?.encoded()
+            ),
+        };
+        return Ok((
+            path,
+            Box::pin(async move {
+                match timeout {
+                    Some(t) => sem.acquire_timeout(t).await,
+                    None => sem.acquire().await,
+                }
+                .map(Held::Lease)
+            }),
+        ));
+    }
+    if args.read || args.write {
+        let rw = match (&args.key, &args.path) {
+            (Some(key), _) => manager.rwlock(key)?,
+            (None, Some(path)) => manager.rwlock_at_path(path)?,
+            (None, None) => unreachable!("clap requires KEY or --path"),
+        };
+        let write = args.write;
+        return Ok((
+            rw.path().to_string(),
+            Box::pin(async move {
+                let guard = match (timeout, write) {
+                    (Some(t), true) => rw.write_timeout(t).await,
+                    (Some(t), false) => rw.read_timeout(t).await,
+                    (None, true) => rw.write().await,
+                    (None, false) => rw.read().await,
+                };
+                guard.map(|g| Held::Lock(g.into_owned()))
+            }),
+        ));
+    }
+    let mutex = match (&args.key, &args.path) {
+        (Some(key), _) => manager.mutex(key)?,
+        (None, Some(path)) => manager.mutex_at_path(path)?,
+        (None, None) => unreachable!("clap requires KEY or --path"),
+    };
+    Ok((
+        mutex.path().to_string(),
+        Box::pin(async move {
+            match timeout {
+                Some(t) => mutex.lock_timeout_owned(t).await,
+                None => mutex.lock_owned().await,
+            }
+            .map(Held::Lock)
+        }),
+    ))
+}
+
+/// Connects, runs an operator command, and maps its error to an exit code.
+async fn operate<F, Fut>(cli: &Cli, op: F) -> u8
+where
+    F: FnOnce(LockManager) -> Fut,
+    Fut: Future<Output = zklock_core::Result<u8>>,
+{
+    let manager = match connect(cli).await {
+        Ok(m) => m,
+        Err(e) => return fail(&e),
+    };
+    match op(manager).await {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    }
+}
+
+fn age(c: &Contender) -> String {
+    let secs = c.age().as_secs();
+    match secs {
+        0..=119 => format!("{secs}s"),
+        120..=7199 => format!("{}m", secs / 60),
+        _ => format!("{}h", secs / 3600),
+    }
+}
+
+async fn ls(manager: &LockManager, prefix: &str) -> zklock_core::Result<u8> {
+    let locks = manager.list(prefix).await?;
+    if locks.is_empty() {
+        println!(
+            "no locks held or waited for under {}{}",
+            manager.namespace(),
+            if prefix.is_empty() {
+                String::new()
+            } else {
+                format!(" with prefix {prefix:?}")
+            }
+        );
+        return Ok(0);
+    }
+    println!(
+        "{:<32} {:<9} {:<40} {:>7} {:>6} {:>14}",
+        "KEY", "KIND", "HOLDERS", "WAITERS", "AGE", "TOKEN"
+    );
+    for lock in locks {
+        let holders: Vec<String> = lock.holders.iter().map(|h| h.owner.to_string()).collect();
+        let (held_for, token) = match lock.holders.first() {
+            Some(h) => (age(h), h.token.to_string()),
+            None => ("-".into(), "-".into()),
+        };
+        let holders = if holders.is_empty() {
+            "-".to_string()
+        } else {
+            holders.join(", ")
+        };
+        println!(
+            "{:<32} {:<9} {:<40} {:>7} {:>6} {:>14}",
+            lock.key,
+            lock.kind,
+            holders,
+            lock.waiters.len(),
+            held_for,
+            token
+        );
+    }
+    Ok(0)
+}
+
+async fn inspect_target(manager: &LockManager, args: &TargetArgs) -> zklock_core::Result<LockInfo> {
+    match (&args.key, &args.path) {
+        (Some(key), _) => manager.inspect(key).await,
+        (None, Some(path)) => manager.inspect_path(path).await,
+        (None, None) => unreachable!("clap requires KEY or --path"),
+    }
+}
+
+async fn status(manager: &LockManager, args: &TargetArgs) -> zklock_core::Result<u8> {
+    let info = inspect_target(manager, args).await?;
+    println!(
+        "key:  {}\npath: {}\nkind: {}",
+        info.key, info.path, info.kind
+    );
+    if info.holders.is_empty() && info.waiters.is_empty() {
+        println!("free: no holder, no waiter");
+        return Ok(0);
+    }
+    for (role, list) in [("holder", &info.holders), ("waiter", &info.waiters)] {
+        for c in list.iter() {
+            println!(
+                "{role:<7} {:<6} {:<36} age {:>6}  token {}  session 0x{:x}  node {}",
+                c.mode,
+                c.owner.to_string(),
+                age(c),
+                c.token,
+                c.session,
+                c.node
+            );
+        }
+    }
+    Ok(0)
+}
+
+async fn revoke(manager: &LockManager, args: &TargetArgs) -> zklock_core::Result<u8> {
+    let asked = match (&args.key, &args.path) {
+        (Some(key), _) => manager.revoke(key).await?,
+        (None, Some(path)) => manager.revoke_path(path).await?,
+        (None, None) => unreachable!("clap requires KEY or --path"),
+    };
+    if asked.is_empty() {
+        println!("nobody holds it: nothing to revoke");
+        return Ok(1);
+    }
+    for node in asked {
+        println!("asked the holder of {node} to let go (holders that opted in will release)");
+    }
+    Ok(0)
 }

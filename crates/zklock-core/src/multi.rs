@@ -84,7 +84,7 @@ impl LockSpec {
 
 enum Held {
     Lock(OwnedLockGuard),
-    Lease(Box<Lease>),
+    Lease(Lease),
 }
 
 /// Every lock of a multi-lock, held together. Dropping it releases them all.
@@ -296,7 +296,7 @@ impl LockManager {
                         Some(t) => s.acquire_timeout(t).await,
                         None => s.acquire().await,
                     };
-                    Held::Lease(Box::new(l.map_err(timed_out)?))
+                    Held::Lease(l.map_err(timed_out)?)
                 }
             };
             guard.held.push((spec, held));

@@ -242,7 +242,7 @@ impl Semaphore {
         drop(gate);
         tracing::debug!(key = %self.key, node = %hold.node, "semaphore lease acquired");
         Ok(Some(Lease {
-            hold: Some(hold),
+            hold: Some(Box::new(hold)),
             key: self.key.clone(),
         }))
     }
@@ -273,7 +273,7 @@ impl Semaphore {
 #[must_use = "if unused the lease will immediately be returned"]
 #[clippy::has_significant_drop]
 pub struct Lease {
-    hold: Option<Hold>,
+    hold: Option<Box<Hold>>,
     key: Arc<str>,
 }
 
