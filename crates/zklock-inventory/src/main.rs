@@ -222,7 +222,13 @@ fn demo(args: DemoArgs) -> Result<ExitCode, BoxError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let results = runtime.block_on(driver::run(&options))?;
+    // On Ctrl-C the driver is dropped (its instances are killed), then Redis and ZooKeeper stop.
+    let results = runtime.block_on(async {
+        tokio::select! {
+            results = driver::run(&options) => results,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+        }
+    })?;
     drop(runtime);
     print!("{}", report::render(&results));
     let locked_ok = results
