@@ -72,10 +72,46 @@ pub fn ensure_zookeeper_installed() -> io::Result<()> {
     ))
 }
 
+/// Netty jars that `zookeeper.jar`'s manifest does not name but its Netty connection factory (needed for
+/// TLS) loads: Debian's `libnetty-java`, a dependency of the `zookeeper` package.
+const NETTY_EXTRA_JARS: [&str; 3] = [
+    "/usr/share/java/netty-codec.jar",
+    "/usr/share/java/netty-resolver.jar",
+    "/usr/share/java/netty-transport-native-unix-common.jar",
+];
+
+/// Makes sure Debian's `libnetty-java` is there (it comes with `zookeeper`; this installs it should it
+/// have been removed), for servers that serve TLS through Netty.
+pub(crate) fn ensure_netty_installed() -> io::Result<()> {
+    ensure_zookeeper_installed()?;
+    if std::env::var_os("ZKLOCK_ZK_CLASSPATH").is_some()
+        || NETTY_EXTRA_JARS.iter().all(|j| Path::new(j).exists())
+    {
+        return Ok(());
+    }
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnetty-java")
+        .stdin(Stdio::null())
+        .output()?;
+    if out.status.success() && NETTY_EXTRA_JARS.iter().all(|j| Path::new(j).exists()) {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!(
+            "Netty's jars are missing and installing libnetty-java failed ({}); install it by hand:\n{}",
+            out.status,
+            tail(&String::from_utf8_lossy(&out.stderr), 10)
+        ),
+    ))
+}
+
 /// The class path for the server: `ZKLOCK_ZK_CLASSPATH`, or Debian's jars plus an slf4j backend.
 ///
 /// `zookeeper.jar`'s manifest names its own dependencies (jute, slf4j-api, jackson, jetty, netty, ...), so
 /// only the logging backend needs adding; slf4j-simple writes to stderr, which goes to the server's log.
+/// The few Netty jars the manifest misses (for TLS) are added when present.
 pub(crate) fn classpath() -> String {
     if let Ok(cp) = std::env::var("ZKLOCK_ZK_CLASSPATH") {
         return cp;
@@ -94,6 +130,7 @@ pub(crate) fn classpath() -> String {
     {
         parts.push(backend);
     }
+    parts.extend(NETTY_EXTRA_JARS.iter().filter(|j| Path::new(j).exists()));
     parts.join(":")
 }
 

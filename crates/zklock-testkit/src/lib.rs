@@ -5,6 +5,11 @@
 //! - [`ZkCluster`]: an ensemble (3 members is typical) on loopback; find the leader, stop, restart, pause
 //!   and resume members, wait for a quorum.
 //! - [`CuratorHold`]: an Apache Curator client holding a lock, to prove interoperability.
+//! - [`Proxy`]: a fault-injecting TCP proxy between a client and a server that understands ZooKeeper's
+//!   framing: partitions (blackhole), resets, delays, and the lost reply to the Nth create.
+//! - [`History`]: what lock workers did (acquire, grant with fencing token, release, loss), and
+//!   [`check`] to find two holders at once, tokens that do not increase, and holds that never end.
+//! - TLS: [`ZkServerBuilder::tls`] serves a `secureClientPort` with a throwaway certificate.
 //!
 //! Servers are Debian's ZooKeeper 3.8 (`/usr/share/java/zookeeper.jar`, installed on first use by
 //! [`ensure_zookeeper_installed`]), each in its own small JVM launched directly (`QuorumPeerMain`), logging
@@ -34,17 +39,25 @@ mod cluster;
 mod curator;
 mod env;
 mod four_letter;
+mod history;
 mod install;
 mod member;
 mod ports;
 mod process;
+mod proxy;
 mod server;
+mod tls;
 mod workdir;
 
 pub use cluster::{ZkCluster, ZkClusterBuilder};
 pub use curator::CuratorHold;
 pub use env::{now_epoch_ms, shared_dir};
+pub use history::{
+    check, now_ns, Event, History, HoldEnd, HoldSpan, Mode, Op, Overlap, Recorder, Report,
+    Violation,
+};
 pub use install::ensure_zookeeper_installed;
+pub use proxy::{Proxy, ProxyStats, CREATE_OPCODES};
 pub use server::{ZkServer, ZkServerBuilder};
 
 #[cfg(test)]
@@ -58,5 +71,8 @@ mod tests {
         send_sync::<crate::ZkServerBuilder>();
         send_sync::<crate::ZkClusterBuilder>();
         send::<crate::CuratorHold>();
+        send_sync::<crate::Proxy>();
+        send_sync::<crate::History>();
+        send_sync::<crate::Recorder>();
     }
 }

@@ -10,6 +10,7 @@ use tempfile::TempDir;
 use crate::install::ensure_zookeeper_installed;
 use crate::member::{Member, Options};
 use crate::ports::{self, PortLease};
+use crate::tls::{self, TlsMaterial};
 use crate::workdir;
 
 /// How many fresh ports to try when the chosen one turns out to be taken.
@@ -41,9 +42,11 @@ const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(5);
 /// ```
 #[derive(Debug)]
 pub struct ZkServer {
-    // Field order is drop order: the process first, then the port, then the files.
+    // Field order is drop order: the process first, then the ports, then the files.
     member: Member,
     lease: PortLease,
+    secure_lease: Option<PortLease>,
+    tls: Option<std::sync::Arc<TlsMaterial>>,
     _dir: TempDir,
 }
 
@@ -66,6 +69,7 @@ pub struct ZkServer {
 #[must_use = "a builder does nothing until `start` is called"]
 pub struct ZkServerBuilder {
     opts: Options,
+    tls: bool,
 }
 
 impl ZkServerBuilder {
@@ -176,6 +180,26 @@ impl ZkServerBuilder {
         self
     }
 
+    /// Serves TLS too: a `secureClientPort` on another free loopback port, with a throwaway
+    /// self-signed certificate for `127.0.0.1` and `localhost` (made with the JDK's `keytool`, once per
+    /// process) and Netty's connection factory, which ZooKeeper needs for TLS. The plain port stays (for
+    /// four-letter words and plain clients); clients trust [`ZkServer::tls_ca_pem`] and connect to
+    /// [`ZkServer::secure_connect_string`]. Client certificates are not asked for (`ssl.clientAuth=none`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tls().start()?;
+    /// let connect = server.secure_connect_string().unwrap();
+    /// let ca_pem = server.tls_ca_pem().unwrap(); // what a TLS client trusts
+    /// # let _ = (connect, ca_pem);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
     /// Starts the server and waits until it serves.
     ///
     /// # Errors
@@ -192,18 +216,33 @@ impl ZkServerBuilder {
     /// ```
     pub fn start(self) -> io::Result<ZkServer> {
         ensure_zookeeper_installed()?;
+        let material = if self.tls {
+            Some(tls::material()?)
+        } else {
+            None
+        };
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
-            let lease = ports::reserve(1)?.remove(0);
+            let mut leases = ports::reserve(if self.tls { 2 } else { 1 })?;
+            let secure_lease = if self.tls { leases.pop() } else { None };
+            let lease = leases.remove(0);
             let dir = workdir::create("server")?;
-            let mut member =
-                Member::create(dir.path().to_path_buf(), &self.opts, lease.port(), &[], 0)?;
+            let mut opts = self.opts.clone();
+            if let (Some(material), Some(secure)) = (&material, &secure_lease) {
+                // Extra lines the caller gave still win over these.
+                let mut lines = material.config_lines(secure.port());
+                lines.append(&mut opts.extra);
+                opts.extra = lines;
+            }
+            let mut member = Member::create(dir.path().to_path_buf(), &opts, lease.port(), &[], 0)?;
             member.spawn()?;
             match member.wait_serving(None) {
                 Ok(_) => {
                     return Ok(ZkServer {
                         member,
                         lease,
+                        secure_lease,
+                        tls: material,
                         _dir: dir,
                     })
                 }
@@ -270,6 +309,48 @@ impl ZkServer {
     /// ```
     pub fn port(&self) -> u16 {
         self.lease.port()
+    }
+
+    /// The TLS client port, when the server was built with [`ZkServerBuilder::tls`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tls().start()?;
+    /// assert_ne!(server.secure_port(), Some(server.port()));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn secure_port(&self) -> Option<u16> {
+        self.secure_lease.as_ref().map(PortLease::port)
+    }
+
+    /// `"127.0.0.1:SECURE_PORT"`, for a TLS client, when the server was built with
+    /// [`ZkServerBuilder::tls`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tls().start()?;
+    /// assert!(server.secure_connect_string().unwrap().starts_with("127.0.0.1:"));
+    /// assert_eq!(zklock_testkit::ZkServer::start()?.secure_connect_string(), None);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn secure_connect_string(&self) -> Option<String> {
+        self.secure_port().map(|p| format!("127.0.0.1:{p}"))
+    }
+
+    /// The PEM certificate a TLS client must trust to talk to this server (its self-signed
+    /// certificate), when the server was built with [`ZkServerBuilder::tls`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tls().start()?;
+    /// assert!(server.tls_ca_pem().unwrap().contains("BEGIN CERTIFICATE"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls_ca_pem(&self) -> Option<&str> {
+        self.tls.as_deref().map(TlsMaterial::ca_pem)
     }
 
     /// The JVM's process id, or `None` while stopped.

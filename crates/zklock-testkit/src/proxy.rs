@@ -1,0 +1,808 @@
+//! A fault-injecting TCP proxy between ZooKeeper clients and a server, aware of ZooKeeper's framing.
+//!
+//! Every frame on a ZooKeeper connection is a 4-byte big-endian length and that many bytes. The first
+//! frame each way is the session handshake (ConnectRequest / ConnectResponse, no xid); every later
+//! request starts with its xid and opcode, every reply with the xid it answers. That is enough to count
+//! creates and lose exactly the reply to one of them.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// ZooKeeper opcodes of the requests that create a znode: create, create2, createContainer, createTTL.
+pub const CREATE_OPCODES: [i32; 4] = [1, 15, 19, 21];
+
+/// Frames longer than this are not ZooKeeper's (e.g. a four-letter word): the connection is then
+/// passed through as raw bytes.
+const MAX_FRAME: usize = 64 << 20;
+
+/// The runtime every proxy of the process runs on: one worker thread, alive as long as the process.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("zklock-testkit-proxy")
+            .enable_all()
+            .build()
+            .expect("start the proxy runtime")
+    })
+}
+
+/// What the proxy does to traffic right now.
+#[derive(Clone, Copy, Debug, Default)]
+struct Faults {
+    /// Nothing goes through either way; connections stay open and new ones are accepted but not
+    /// connected upstream. Lifting it delivers what was held back, as TCP would after a partition.
+    blackhole: bool,
+    /// New connections are reset at once (a server that is down).
+    refuse: bool,
+    /// Added to every frame, each way.
+    delay: Duration,
+    /// Bumped to reset every open connection.
+    reset_generation: u64,
+    /// The proxy was dropped: everything closes.
+    closed: bool,
+}
+
+/// Drop the reply to the `remaining`-th next request with one of `opcodes`.
+#[derive(Debug)]
+struct DropRule {
+    opcodes: Vec<i32>,
+    remaining: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicU64,
+    requests: AtomicU64,
+    replies: AtomicU64,
+    creates: AtomicU64,
+    replies_dropped: AtomicU64,
+    resets: AtomicU64,
+}
+
+struct Shared {
+    upstream: SocketAddr,
+    faults: watch::Sender<Faults>,
+    drop_rule: Mutex<Option<DropRule>>,
+    counters: Counters,
+}
+
+/// What the proxy has seen so far; see [`Proxy::stats`].
+///
+/// # Examples
+///
+/// ```no_run
+/// let server = zklock_testkit::ZkServer::start()?;
+/// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+/// // ... a client connects to proxy.connect_string() ...
+/// let stats = proxy.stats();
+/// println!("{} connections, {} creates", stats.connections, stats.creates);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProxyStats {
+    /// Client connections accepted.
+    pub connections: u64,
+    /// Request frames forwarded to the server (handshakes included).
+    pub requests: u64,
+    /// Reply and event frames forwarded to clients (handshakes included).
+    pub replies: u64,
+    /// Create requests seen (any of [`CREATE_OPCODES`]).
+    pub creates: u64,
+    /// Replies withheld by [`Proxy::drop_reply_to_nth_create`] or [`Proxy::drop_reply_to_nth`].
+    pub replies_dropped: u64,
+    /// Connections reset by the proxy (by [`Proxy::reset`], [`Proxy::refuse`], or after a dropped reply).
+    pub resets: u64,
+}
+
+/// A fault-injecting TCP proxy in front of one ZooKeeper server: point a client at
+/// [`connect_string`](Self::connect_string) instead of the server's, then cut it off
+/// ([`blackhole`](Self::blackhole)), reset its connections ([`reset`](Self::reset)), slow it down
+/// ([`set_delay`](Self::set_delay)) or lose the reply to one of its creates
+/// ([`drop_reply_to_nth_create`](Self::drop_reply_to_nth_create)).
+///
+/// The proxy listens on a free loopback port (kept for its whole life, so clients reconnect to the
+/// same address) and runs on a small runtime of its own, so it serves blocking and async tests alike.
+/// For an ensemble, start one proxy per member and join their connect strings with commas. Dropping
+/// the proxy resets every connection through it.
+///
+/// netem is not available in unprivileged test environments; this is its stand-in for what a lock
+/// client must survive: partitions, dead connections, slow links and lost replies.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use zklock_testkit::{Proxy, ZkServer};
+///
+/// let server = ZkServer::start()?;
+/// let proxy = Proxy::start(&server.connect_string())?;
+/// let connect = proxy.connect_string(); // give this to the client under test
+/// proxy.blackhole(); // a partition: the client's session times out on the server
+/// // ...
+/// proxy.heal();
+/// proxy.set_delay(Duration::from_millis(50));
+/// proxy.drop_reply_to_nth_create(1); // the next create happens, but its reply never arrives
+/// # let _ = connect;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct Proxy {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+}
+
+impl fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Proxy")
+            .field("listen", &self.addr)
+            .field("upstream", &self.shared.upstream)
+            .field("faults", &*self.shared.faults.borrow())
+            .finish()
+    }
+}
+
+impl Proxy {
+    /// Starts a proxy to `upstream` (`"host:port"`, e.g. [`ZkServer::connect_string`](crate::ZkServer::connect_string))
+    /// on a free loopback port. It forwards everything until told otherwise.
+    ///
+    /// # Errors
+    ///
+    /// When `upstream` does not resolve or no loopback port can be bound.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// assert_ne!(proxy.port(), server.port());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start(upstream: &str) -> io::Result<Proxy> {
+        let upstream = upstream.to_socket_addrs()?.next().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "upstream has no address")
+        })?;
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            upstream,
+            faults: watch::Sender::new(Faults::default()),
+            drop_rule: Mutex::new(None),
+            counters: Counters::default(),
+        });
+        let listener = {
+            let _enter = runtime().enter();
+            TcpListener::from_std(listener)?
+        };
+        runtime().spawn(accept_loop(listener, shared.clone()));
+        Ok(Proxy { shared, addr })
+    }
+
+    /// `"127.0.0.1:PORT"` of the proxy, for a ZooKeeper client.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// assert!(proxy.connect_string().starts_with("127.0.0.1:"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn connect_string(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The proxy's port.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// assert_ne!(proxy.port(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The address traffic is forwarded to.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// assert_eq!(proxy.upstream().port(), server.port());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn upstream(&self) -> SocketAddr {
+        self.shared.upstream
+    }
+
+    /// Cuts the client off, as a network partition does: nothing is forwarded either way, open
+    /// connections stay open (no error, no FIN), new connections are accepted but lead nowhere. The
+    /// client hears nothing until it gives up on the connection; the server expires the session after
+    /// its timeout. [`heal`](Self::heal) delivers what was held back, as TCP would once the partition
+    /// ends.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// proxy.blackhole();
+    /// assert!(proxy.is_blackholed());
+    /// proxy.heal();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn blackhole(&self) {
+        self.shared.faults.send_modify(|f| f.blackhole = true);
+    }
+
+    /// Whether [`blackhole`](Self::blackhole) is in force.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// assert!(!proxy.is_blackholed());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_blackholed(&self) -> bool {
+        self.shared.faults.borrow().blackhole
+    }
+
+    /// Ends a [`blackhole`](Self::blackhole) and a [`refuse`](Self::refuse): traffic flows again (the
+    /// delay, if any, stays).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// proxy.blackhole();
+    /// proxy.heal();
+    /// assert!(!proxy.is_blackholed());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn heal(&self) {
+        self.shared.faults.send_modify(|f| {
+            f.blackhole = false;
+            f.refuse = false;
+        });
+    }
+
+    /// Resets (RST) every connection open through the proxy now, both towards the client and towards
+    /// the server. New connections are accepted as usual.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// proxy.reset(); // clients see connection loss and reconnect
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn reset(&self) {
+        self.shared.faults.send_modify(|f| f.reset_generation += 1);
+    }
+
+    /// While `on`, new connections are reset as soon as they are accepted (a server that is down);
+    /// with `on`, open connections are reset too. [`heal`](Self::heal) or `refuse(false)` ends it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// proxy.refuse(true);
+    /// proxy.refuse(false);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn refuse(&self, on: bool) {
+        self.shared.faults.send_modify(|f| {
+            f.refuse = on;
+            if on {
+                f.reset_generation += 1;
+            }
+        });
+    }
+
+    /// Delays every frame by `delay`, each way (a round trip gets twice as long); `Duration::ZERO`
+    /// ends it. Order is kept.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// proxy.set_delay(Duration::from_millis(100));
+    /// proxy.set_delay(Duration::ZERO);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn set_delay(&self, delay: Duration) {
+        self.shared.faults.send_modify(|f| f.delay = delay);
+    }
+
+    /// Loses the reply to the `n`-th create request (1 = the next one) that passes through from now
+    /// on: the server performs the create, the reply is withheld, and the connection is reset at that
+    /// moment — what a client sees when a connection dies between the server's commit and its answer.
+    /// Creates are requests with one of [`CREATE_OPCODES`]; [`stats`](Self::stats) counts the drop.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// proxy.drop_reply_to_nth_create(1);
+    /// // ... the client's next create succeeds on the server but it sees connection loss ...
+    /// assert_eq!(proxy.stats().replies_dropped, 0); // nothing created yet
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn drop_reply_to_nth_create(&self, n: u64) {
+        self.drop_reply_to_nth(&CREATE_OPCODES, n);
+    }
+
+    /// Loses the reply to the `n`-th request (1 = the next one) with one of `opcodes`, as
+    /// [`drop_reply_to_nth_create`](Self::drop_reply_to_nth_create) does for creates. Replaces a rule
+    /// that has not fired yet.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0 or `opcodes` is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// const DELETE: i32 = 2;
+    /// proxy.drop_reply_to_nth(&[DELETE], 1);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn drop_reply_to_nth(&self, opcodes: &[i32], n: u64) {
+        assert!(n > 0, "n counts from 1");
+        assert!(!opcodes.is_empty(), "name at least one opcode");
+        *self
+            .shared
+            .drop_rule
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(DropRule {
+            opcodes: opcodes.to_vec(),
+            remaining: n,
+        });
+    }
+
+    /// Whether a drop rule is armed and has not fired yet.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// proxy.drop_reply_to_nth_create(2);
+    /// assert!(proxy.drop_pending());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn drop_pending(&self) -> bool {
+        self.shared
+            .drop_rule
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// What the proxy has seen and done so far.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// assert_eq!(proxy.stats().connections, 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn stats(&self) -> ProxyStats {
+        let c = &self.shared.counters;
+        ProxyStats {
+            connections: c.connections.load(Ordering::SeqCst),
+            requests: c.requests.load(Ordering::SeqCst),
+            replies: c.replies.load(Ordering::SeqCst),
+            creates: c.creates.load(Ordering::SeqCst),
+            replies_dropped: c.replies_dropped.load(Ordering::SeqCst),
+            resets: c.resets.load(Ordering::SeqCst),
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.faults.send_modify(|f| f.closed = true);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut faults = shared.faults.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            changed = faults.changed() => {
+                if changed.is_err() || faults.borrow().closed {
+                    return;
+                }
+                continue;
+            }
+        };
+        let Ok((client, _)) = accepted else {
+            // EMFILE and the like: try again shortly.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        shared.counters.connections.fetch_add(1, Ordering::SeqCst);
+        let now = *faults.borrow();
+        if now.closed {
+            return;
+        }
+        if now.refuse {
+            shared.counters.resets.fetch_add(1, Ordering::SeqCst);
+            abort(&client);
+            continue;
+        }
+        tokio::spawn(serve(client, shared.clone()));
+    }
+}
+
+/// Makes the coming close an abortive one: RST instead of FIN.
+// A zero linger never blocks on drop (the deprecation warns of non-zero ones): the kernel discards
+// unsent data and resets the connection at once.
+#[allow(deprecated)]
+fn abort(stream: &TcpStream) {
+    let _ = stream.set_linger(Some(Duration::ZERO));
+}
+
+/// How a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// One side closed or failed: close the other.
+    Closed,
+    /// Reset both sides (a reset, a refusal, a dropped reply, or the proxy's end).
+    Reset,
+}
+
+/// Waits while the proxy blackholes; `Err` when the connection must be reset.
+async fn wait_open(faults: &mut watch::Receiver<Faults>, generation: u64) -> Result<(), End> {
+    loop {
+        {
+            let f = faults.borrow_and_update();
+            if f.closed || f.reset_generation != generation {
+                return Err(End::Reset);
+            }
+            if !f.blackhole {
+                return Ok(());
+            }
+        }
+        if faults.changed().await.is_err() {
+            return Err(End::Reset);
+        }
+    }
+}
+
+/// Completes when the connection must be reset.
+async fn reset_signal(mut faults: watch::Receiver<Faults>, generation: u64) {
+    loop {
+        {
+            let f = faults.borrow_and_update();
+            if f.closed || f.reset_generation != generation {
+                return;
+            }
+        }
+        if faults.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
+    let mut faults = shared.faults.subscribe();
+    let generation = faults.borrow().reset_generation;
+    let _ = client.set_nodelay(true);
+    // A partition answers no one: don't even reach the server until it ends.
+    if wait_open(&mut faults, generation).await.is_err() {
+        shared.counters.resets.fetch_add(1, Ordering::SeqCst);
+        abort(&client);
+        return;
+    }
+    let connected = tokio::select! {
+        c = TcpStream::connect(shared.upstream) => c,
+        _ = reset_signal(faults.clone(), generation) => {
+            shared.counters.resets.fetch_add(1, Ordering::SeqCst);
+            abort(&client);
+            return;
+        }
+    };
+    let mut server = match connected {
+        Ok(server) => server,
+        Err(_) => {
+            // The server is down: the client sees its connection reset, as with no proxy.
+            abort(&client);
+            return;
+        }
+    };
+    let _ = server.set_nodelay(true);
+    let drop_xids = Mutex::new(HashSet::new());
+    let end = {
+        let (client_read, client_write) = client.split();
+        let (server_read, server_write) = server.split();
+        let up = pump(
+            client_read,
+            server_write,
+            Direction::ToServer,
+            &shared,
+            &drop_xids,
+            generation,
+        );
+        let down = pump(
+            server_read,
+            client_write,
+            Direction::ToClient,
+            &shared,
+            &drop_xids,
+            generation,
+        );
+        tokio::select! {
+            end = up => end,
+            end = down => end,
+            _ = reset_signal(faults.clone(), generation) => End::Reset,
+        }
+    };
+    if end == End::Reset {
+        shared.counters.resets.fetch_add(1, Ordering::SeqCst);
+        abort(&client);
+        abort(&server);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToServer,
+    ToClient,
+}
+
+/// What to do with one frame.
+enum Verdict {
+    Forward,
+    /// Withhold it and reset the connection.
+    DropAndReset,
+}
+
+/// Looks at one complete frame (length prefix included).
+fn inspect(
+    frame: &[u8],
+    handshake: bool,
+    dir: Direction,
+    shared: &Shared,
+    drop_xids: &Mutex<HashSet<i32>>,
+) -> Verdict {
+    let counters = &shared.counters;
+    match dir {
+        Direction::ToServer => {
+            counters.requests.fetch_add(1, Ordering::SeqCst);
+            if handshake || frame.len() < 12 {
+                return Verdict::Forward;
+            }
+            let xid = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+            let opcode = i32::from_be_bytes([frame[8], frame[9], frame[10], frame[11]]);
+            if CREATE_OPCODES.contains(&opcode) {
+                counters.creates.fetch_add(1, Ordering::SeqCst);
+            }
+            let mut rule = shared.drop_rule.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(r) = rule.as_mut().filter(|r| r.opcodes.contains(&opcode)) {
+                r.remaining -= 1;
+                if r.remaining == 0 {
+                    *rule = None;
+                    drop_xids
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(xid);
+                }
+            }
+            Verdict::Forward
+        }
+        Direction::ToClient => {
+            if !handshake && frame.len() >= 8 {
+                let xid = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+                if drop_xids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&xid)
+                {
+                    counters.replies_dropped.fetch_add(1, Ordering::SeqCst);
+                    return Verdict::DropAndReset;
+                }
+            }
+            counters.replies.fetch_add(1, Ordering::SeqCst);
+            Verdict::Forward
+        }
+    }
+}
+
+/// Forwards frames from `from` to `to`, applying the proxy's faults.
+async fn pump<R, W>(
+    mut from: R,
+    mut to: W,
+    dir: Direction,
+    shared: &Shared,
+    drop_xids: &Mutex<HashSet<i32>>,
+    generation: u64,
+) -> End
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let reader = async move {
+        let mut faults = shared.faults.subscribe();
+        let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut handshake = true;
+        let mut raw = false;
+        loop {
+            if let Err(end) = wait_open(&mut faults, generation).await {
+                return end;
+            }
+            // Hand on every complete frame in the buffer.
+            loop {
+                let frame = if raw {
+                    if buf.is_empty() {
+                        break;
+                    }
+                    std::mem::take(&mut buf)
+                } else {
+                    if buf.len() < 4 {
+                        break;
+                    }
+                    let len = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+                    if len < 0 || len as usize > MAX_FRAME {
+                        raw = true;
+                        continue;
+                    }
+                    let total = 4 + len as usize;
+                    if buf.len() < total {
+                        break;
+                    }
+                    let rest = buf.split_off(total);
+                    std::mem::replace(&mut buf, rest)
+                };
+                if !raw {
+                    match inspect(&frame, handshake, dir, shared, drop_xids) {
+                        Verdict::Forward => {}
+                        Verdict::DropAndReset => return End::Reset,
+                    }
+                    handshake = false;
+                }
+                let delay = faults.borrow().delay;
+                if tx.send((Instant::now() + delay, frame)).is_err() {
+                    return End::Closed;
+                }
+            }
+            let read = tokio::select! {
+                read = from.read(&mut chunk) => read,
+                // A fault changed (e.g. a blackhole began): look again before reading on.
+                _ = faults.changed() => continue,
+            };
+            match read {
+                Ok(0) | Err(_) => return End::Closed,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let writer = async move {
+        let mut faults = shared.faults.subscribe();
+        while let Some((due, frame)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if let Err(end) = wait_open(&mut faults, generation).await {
+                return end;
+            }
+            if to.write_all(&frame).await.is_err() {
+                return End::Closed;
+            }
+        }
+        End::Closed
+    };
+    tokio::pin!(reader, writer);
+    tokio::select! {
+        end = &mut reader => {
+            if end == End::Closed {
+                // Deliver what was read before the close (the sender is gone with the reader).
+                let _ = (&mut writer).await;
+            }
+            end
+        }
+        end = &mut writer => end,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(body: &[u8]) -> Vec<u8> {
+        let mut f = (body.len() as i32).to_be_bytes().to_vec();
+        f.extend_from_slice(body);
+        f
+    }
+
+    fn shared() -> Shared {
+        Shared {
+            upstream: "127.0.0.1:1".parse().unwrap(),
+            faults: watch::Sender::new(Faults::default()),
+            drop_rule: Mutex::new(None),
+            counters: Counters::default(),
+        }
+    }
+
+    #[test]
+    fn drops_the_reply_to_the_nth_create_only() {
+        let s = shared();
+        *s.drop_rule.lock().unwrap() = Some(DropRule {
+            opcodes: CREATE_OPCODES.to_vec(),
+            remaining: 2,
+        });
+        let xids = Mutex::new(HashSet::new());
+        let request = |xid: i32, op: i32| {
+            let mut b = xid.to_be_bytes().to_vec();
+            b.extend(op.to_be_bytes());
+            b.extend([0u8; 8]);
+            frame(&b)
+        };
+        let reply = |xid: i32| {
+            let mut b = xid.to_be_bytes().to_vec();
+            b.extend([0u8; 12]);
+            frame(&b)
+        };
+        // The handshake is never taken for a request.
+        let hello = frame(&[0u8; 44]);
+        assert!(matches!(
+            inspect(&hello, true, Direction::ToServer, &s, &xids),
+            Verdict::Forward
+        ));
+        for (xid, op) in [(1, 15), (2, 8), (3, 19), (4, 1)] {
+            assert!(matches!(
+                inspect(&request(xid, op), false, Direction::ToServer, &s, &xids),
+                Verdict::Forward
+            ));
+        }
+        assert_eq!(s.counters.creates.load(Ordering::SeqCst), 3);
+        assert!(s.drop_rule.lock().unwrap().is_none(), "the rule fired once");
+        for xid in [1, 2, 4, -2] {
+            assert!(matches!(
+                inspect(&reply(xid), false, Direction::ToClient, &s, &xids),
+                Verdict::Forward
+            ));
+        }
+        assert!(matches!(
+            inspect(&reply(3), false, Direction::ToClient, &s, &xids),
+            Verdict::DropAndReset
+        ));
+        assert_eq!(s.counters.replies_dropped.load(Ordering::SeqCst), 1);
+    }
+}
