@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -41,12 +43,14 @@ async fn fails_through_question_mark(m: &LockManager, id: u64) -> Result<u64, Ap
     Ok(found + id)
 }
 
+/// Asserts that the body holds the lock, says so, then panics.
 #[distributed_lock("user_{id}", manager = m)]
-async fn panics(m: &LockManager, id: u64) -> Result<u64, AppError> {
+async fn panics(m: &LockManager, id: u64, held: &AtomicBool) -> Result<u64, AppError> {
     assert_eq!(
         children(m, &m.path_of(&format!("user_{id}"))?).await.len(),
         1
     );
+    held.store(true, Ordering::SeqCst);
     panic!("the handler panics while holding the lock");
 }
 
@@ -96,19 +100,29 @@ async fn released_on_panic() {
     let zk = server();
     let m = manager(&zk.connect_string()).await;
     let other = manager(&zk.connect_string()).await;
-    let caught = std::panic::AssertUnwindSafe(panics(&m, 2))
+    let held = AtomicBool::new(false);
+    let caught = std::panic::AssertUnwindSafe(panics(&m, 2, &held))
         .catch_unwind()
         .await;
     assert!(caught.is_err(), "the body's panic goes through");
+    assert!(
+        held.load(Ordering::SeqCst),
+        "the body panicked while holding"
+    );
     no_children(&m, "user_2").await;
     free_for_another_session(&other, "user_2").await;
 
     // In a spawned task: the panic ends the task and the lock is released all the same.
+    let held = Arc::new(AtomicBool::new(false));
     let task = tokio::spawn({
-        let m = m.clone();
-        async move { panics(&m, 3).await }
+        let (m, held) = (m.clone(), held.clone());
+        async move { panics(&m, 3, &held).await }
     });
     assert!(task.await.unwrap_err().is_panic());
+    assert!(
+        held.load(Ordering::SeqCst),
+        "the body panicked while holding"
+    );
     no_children(&m, "user_3").await;
     free_for_another_session(&other, "user_3").await;
 }
@@ -142,8 +156,14 @@ async fn cancelled_while_waiting_leaves_no_node() {
     let holder = manager(&zk.connect_string()).await;
     let path = m.path_of("user_5").unwrap();
     let held = holder.lock("user_5").await.unwrap();
-    let waited = tokio::time::timeout(Duration::from_millis(500), never_ends(&m, 5)).await;
-    assert!(waited.is_err(), "the call waits behind the holder");
+    let mut call = Box::pin(never_ends(&m, 5));
+    tokio::select! {
+        _ = &mut call => panic!("the call cannot get the lock"),
+        // The call queues behind the holder with a node of its own...
+        _ = until_children(&holder, &path, 2) => {}
+    }
+    // ...which goes away when the call is dropped.
+    drop(call);
     m.flush().await;
     assert_eq!(children(&m, &path).await.len(), 1, "only the holder's node");
     held.release().await.unwrap();
