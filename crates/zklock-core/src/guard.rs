@@ -362,6 +362,8 @@ pub(crate) struct Grant {
     pub(crate) path: Arc<str>,
     local: Option<Arc<LocalLock>>,
     since: std::time::Instant,
+    /// Guards on this grant (re-entries included).
+    guards: std::sync::atomic::AtomicUsize,
 }
 
 impl Grant {
@@ -372,7 +374,16 @@ impl Grant {
         path: Arc<str>,
         local: Option<Arc<LocalLock>>,
     ) -> Grant {
-        Grant { node: Some(node), extra: None, token, mode, path, local, since: std::time::Instant::now() }
+        Grant {
+            node: Some(node),
+            extra: None,
+            token,
+            mode,
+            path,
+            local,
+            since: std::time::Instant::now(),
+            guards: Default::default(),
+        }
     }
 
     pub(crate) fn hold(&self) -> &Arc<Hold> {
@@ -474,11 +485,7 @@ pub struct OwnedLockGuard {
 
 impl OwnedLockGuard {
     pub(crate) fn new(grant: Grant, key: Arc<str>) -> OwnedLockGuard {
-        OwnedLockGuard {
-            grant: Some(Arc::new(grant)),
-            gate: None,
-            key,
-        }
+        Self::reentered(Arc::new(grant), None, key)
     }
 
     /// A re-entry of a hold an enclosing frame has.
@@ -487,6 +494,7 @@ impl OwnedLockGuard {
         gate: Option<tokio::sync::OwnedMutexGuard<()>>,
         key: Arc<str>,
     ) -> OwnedLockGuard {
+        grant.guards.fetch_add(1, Ordering::SeqCst);
         OwnedLockGuard {
             grant: Some(grant),
             gate,
@@ -609,7 +617,7 @@ impl OwnedLockGuard {
     /// # drop(again); Ok(()) }
     /// ```
     pub fn hold_count(&self) -> usize {
-        Arc::strong_count(self.grant())
+        self.grant().guards.load(Ordering::SeqCst)
     }
 
     /// Counted re-entry: another guard on the same hold, with no ZooKeeper traffic. The node is
@@ -624,11 +632,7 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub fn reenter(&self) -> OwnedLockGuard {
-        OwnedLockGuard {
-            grant: Some(self.grant().clone()),
-            gate: None,
-            key: self.key.clone(),
-        }
+        Self::reentered(self.grant().clone(), None, self.key.clone())
     }
 
     /// Runs `body` in a holder frame of this hold: inside it, acquiring the same key (with
@@ -670,6 +674,7 @@ impl OwnedLockGuard {
             .grant
             .take()
             .expect("a guard holds until it is consumed");
+        grant.guards.fetch_sub(1, Ordering::SeqCst);
         match Arc::try_unwrap(grant) {
             Ok(grant) => grant.release().await,
             Err(_) => Ok(()),
@@ -698,6 +703,7 @@ impl OwnedLockGuard {
             .grant
             .take()
             .expect("a guard holds until it is consumed");
+        grant.guards.fetch_sub(1, Ordering::SeqCst);
         let key = self.key.clone();
         let grant = match Arc::try_unwrap(grant) {
             Ok(grant) => grant,
@@ -715,7 +721,9 @@ impl OwnedLockGuard {
 impl Drop for OwnedLockGuard {
     fn drop(&mut self) {
         self.gate.take();
-        self.grant.take();
+        if let Some(grant) = self.grant.take() {
+            grant.guards.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 

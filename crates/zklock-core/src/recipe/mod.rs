@@ -58,7 +58,8 @@ impl Target {
         }
         let started = std::time::Instant::now();
         let span = tracing::debug_span!("zklock.acquire", key = %self.key, kind = ?self.kind);
-        let acquire = crate::local::acquire(&self.manager.inner, &self.path, &self.key, self.kind, wait);
+        let acquire =
+            crate::local::acquire(&self.manager.inner, &self.path, &self.key, self.kind, wait);
         let grant = tracing::Instrument::instrument(acquire, span).await?;
         if let Some(g) = &grant {
             let waited_ms = started.elapsed().as_millis() as u64;
