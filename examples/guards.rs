@@ -2,20 +2,15 @@
 //!
 //! `cargo run --example guards` (starts its own ZooKeeper; or set ZKLOCK_CONNECT).
 
+mod common;
+
 use std::time::Duration;
 
 use zklock::LockManager;
 
 #[tokio::main]
 async fn main() -> zklock::Result<()> {
-    let _server;
-    let connect = match std::env::var("ZKLOCK_CONNECT") {
-        Ok(c) => c,
-        Err(_) => {
-            _server = zklock_testkit::ZkServer::start().expect("start ZooKeeper");
-            _server.connect_string()
-        }
-    };
+    let (_server, connect) = common::zookeeper();
     let a = LockManager::connect(&connect).await?; // one instance of the service
     let b = LockManager::connect(&connect).await?; // another instance
 

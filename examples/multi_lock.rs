@@ -3,20 +3,15 @@
 //!
 //! `cargo run --example multi_lock` (starts its own ZooKeeper; or set ZKLOCK_CONNECT).
 
+mod common;
+
 use std::time::Duration;
 
 use zklock::{LockManager, LockSpec};
 
 #[tokio::main]
 async fn main() -> zklock::Result<()> {
-    let _server;
-    let connect = match std::env::var("ZKLOCK_CONNECT") {
-        Ok(c) => c,
-        Err(_) => {
-            _server = zklock_testkit::ZkServer::start().expect("start ZooKeeper");
-            _server.connect_string()
-        }
-    };
+    let (_server, connect) = common::zookeeper();
     let a = LockManager::connect(&connect).await?;
     let b = LockManager::connect(&connect).await?;
     let transfer = |m: LockManager, from: &'static str, to: &'static str| async move {

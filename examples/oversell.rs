@@ -8,6 +8,8 @@
 //! Run it with `scripts/demo` (which installs ZooKeeper if missing), or with
 //! `ZKLOCK_CONNECT=host:port cargo run --example oversell` against your own server.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -110,15 +112,7 @@ async fn run(connect: &str, locked: bool) -> Outcome {
 
 #[tokio::main]
 async fn main() {
-    let _server;
-    let connect = match std::env::var("ZKLOCK_CONNECT") {
-        Ok(c) => c,
-        Err(_) => {
-            eprintln!("starting a ZooKeeper server for the demo...");
-            _server = zklock_testkit::ZkServer::start().expect("start ZooKeeper");
-            _server.connect_string()
-        }
-    };
+    let (_server, connect) = common::zookeeper();
     let initial = STOCK * SKUS as i64;
     let demand = INSTANCES * CLIENTS_PER_INSTANCE * ORDERS_PER_CLIENT;
     println!("{INSTANCES} instances x {CLIENTS_PER_INSTANCE} clients, {demand} orders for {initial} items over {SKUS} SKUs\n");

@@ -2,18 +2,13 @@
 //!
 //! `cargo run --example rwlock` (starts its own ZooKeeper; or set ZKLOCK_CONNECT).
 
+mod common;
+
 use zklock::LockManager;
 
 #[tokio::main]
 async fn main() -> zklock::Result<()> {
-    let _server;
-    let connect = match std::env::var("ZKLOCK_CONNECT") {
-        Ok(c) => c,
-        Err(_) => {
-            _server = zklock_testkit::ZkServer::start().expect("start ZooKeeper");
-            _server.connect_string()
-        }
-    };
+    let (_server, connect) = common::zookeeper();
     let a = LockManager::connect(&connect).await?;
     let b = LockManager::connect(&connect).await?;
     let (ra, rb) = (a.rwlock("price-table")?, b.rwlock("price-table")?);

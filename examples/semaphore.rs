@@ -2,6 +2,8 @@
 //!
 //! `cargo run --example semaphore` (starts its own ZooKeeper; or set ZKLOCK_CONNECT).
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,14 +12,7 @@ use zklock::LockManager;
 
 #[tokio::main]
 async fn main() -> zklock::Result<()> {
-    let _server;
-    let connect = match std::env::var("ZKLOCK_CONNECT") {
-        Ok(c) => c,
-        Err(_) => {
-            _server = zklock_testkit::ZkServer::start().expect("start ZooKeeper");
-            _server.connect_string()
-        }
-    };
+    let (_server, connect) = common::zookeeper();
     let running = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let mut workers = vec![];
