@@ -119,7 +119,9 @@ impl Error {
         match err {
             Zk::SessionExpired => Error::SessionExpired,
             Zk::ClientClosed => Error::Closed,
-            Zk::ConnectionLoss => Error::ConnectionLoss { operation },
+            // A connection broken otherwise than by a clean close fails requests with the
+            // transport's error (see `recipe::connection_lost`).
+            Zk::ConnectionLoss | Zk::Custom(_) => Error::ConnectionLoss { operation },
             Zk::NoAuth => Error::NoAuth {
                 operation,
                 path: path.to_string(),

@@ -12,7 +12,7 @@ use zookeeper_client::{Client, EventType};
 use crate::error::{Error, Result};
 use crate::local::LocalLock;
 use crate::manager::{DirTicket, Health, Inner};
-use crate::recipe::{delete_in_background, wait_reconnect};
+use crate::recipe::{connection_lost, delete_in_background, wait_reconnect};
 
 /// A number that strictly increases across successive holders of one key.
 ///
@@ -252,7 +252,7 @@ impl Hold {
                         None => Ok(()),
                     }
                 }
-                Err(zookeeper_client::Error::ConnectionLoss) if attempts < 100 => {
+                Err(err) if connection_lost(&err) && attempts < 100 => {
                     attempts += 1;
                     if !wait_reconnect(&self.client).await {
                         return Err(Error::LockLost {
@@ -331,7 +331,7 @@ async fn watch_node(
                     _ => continue,
                 }
             }
-            Err(zookeeper_client::Error::ConnectionLoss) => {
+            Err(err) if connection_lost(&err) => {
                 if !wait_reconnect(&client).await {
                     return;
                 }

@@ -57,7 +57,7 @@ pub use history::{
     Violation,
 };
 pub use install::ensure_zookeeper_installed;
-pub use proxy::{Proxy, ProxyStats, CREATE_OPCODES};
+pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use server::{ZkServer, ZkServerBuilder};
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! request starts with its xid and opcode, every reply with the xid it answers. That is enough to count
 //! creates and lose exactly the reply to one of them.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
@@ -59,6 +59,28 @@ struct Faults {
 struct DropRule {
     opcodes: Vec<i32>,
     remaining: u64,
+    after: AfterDrop,
+}
+
+/// What the proxy does once it has withheld a reply (see [`Proxy::drop_reply_to_nth_with`]).
+///
+/// # Examples
+///
+/// ```no_run
+/// use zklock_testkit::{AfterDrop, Proxy, CREATE_OPCODES};
+/// # let server = zklock_testkit::ZkServer::start()?;
+/// let proxy = Proxy::start(&server.connect_string())?;
+/// proxy.drop_reply_to_nth_with(&CREATE_OPCODES, 1, AfterDrop::ResetAndBlackhole);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AfterDrop {
+    /// Reset that connection; the client reconnects at once.
+    Reset,
+    /// Reset that connection and [`blackhole`](Proxy::blackhole) the proxy until
+    /// [`heal`](Proxy::heal): the network went down right after the server committed.
+    ResetAndBlackhole,
 }
 
 #[derive(Default)]
@@ -76,6 +98,8 @@ struct Shared {
     faults: watch::Sender<Faults>,
     drop_rule: Mutex<Option<DropRule>>,
     counters: Counters,
+    /// Requests seen, by opcode.
+    opcodes: Mutex<HashMap<i32, u64>>,
 }
 
 /// What the proxy has seen so far; see [`Proxy::stats`].
@@ -181,6 +205,7 @@ impl Proxy {
             faults: watch::Sender::new(Faults::default()),
             drop_rule: Mutex::new(None),
             counters: Counters::default(),
+            opcodes: Mutex::new(HashMap::new()),
         });
         let listener = {
             let _enter = runtime().enter();
@@ -359,7 +384,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn drop_reply_to_nth_create(&self, n: u64) {
-        self.drop_reply_to_nth(&CREATE_OPCODES, n);
+        self.drop_reply_to_nth_with(&CREATE_OPCODES, n, AfterDrop::Reset);
     }
 
     /// Loses the reply to the `n`-th request (1 = the next one) with one of `opcodes`, as
@@ -380,6 +405,27 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn drop_reply_to_nth(&self, opcodes: &[i32], n: u64) {
+        self.drop_reply_to_nth_with(opcodes, n, AfterDrop::Reset);
+    }
+
+    /// Loses the reply to the `n`-th request with one of `opcodes`, as
+    /// [`drop_reply_to_nth`](Self::drop_reply_to_nth) does, then does what `after` says.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0 or `opcodes` is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{AfterDrop, Proxy, CREATE_OPCODES};
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = Proxy::start(&server.connect_string())?;
+    /// // The create is committed, then the client is cut off until `heal`.
+    /// proxy.drop_reply_to_nth_with(&CREATE_OPCODES, 1, AfterDrop::ResetAndBlackhole);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn drop_reply_to_nth_with(&self, opcodes: &[i32], n: u64, after: AfterDrop) {
         assert!(n > 0, "n counts from 1");
         assert!(!opcodes.is_empty(), "name at least one opcode");
         *self
@@ -389,6 +435,7 @@ impl Proxy {
             .unwrap_or_else(|e| e.into_inner()) = Some(DropRule {
             opcodes: opcodes.to_vec(),
             remaining: n,
+            after,
         });
     }
 
@@ -409,6 +456,28 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_some()
+    }
+
+    /// How many requests with `opcode` (e.g. 2 for delete, 8 for getChildren) clients have sent
+    /// through the proxy so far. They are counted as they arrive, before any delay.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// const DELETE: i32 = 2;
+    /// assert_eq!(proxy.requests_with(DELETE), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn requests_with(&self, opcode: i32) -> u64 {
+        self.shared
+            .opcodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&opcode)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// What the proxy has seen and done so far.
@@ -548,7 +617,7 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
         }
     };
     let _ = server.set_nodelay(true);
-    let drop_xids = Mutex::new(HashSet::new());
+    let drop_xids = Mutex::new(HashMap::new());
     let end = {
         let (client_read, client_write) = client.split();
         let (server_read, server_write) = server.split();
@@ -600,7 +669,7 @@ fn inspect(
     handshake: bool,
     dir: Direction,
     shared: &Shared,
-    drop_xids: &Mutex<HashSet<i32>>,
+    drop_xids: &Mutex<HashMap<i32, AfterDrop>>,
 ) -> Verdict {
     let counters = &shared.counters;
     match dir {
@@ -614,15 +683,21 @@ fn inspect(
             if CREATE_OPCODES.contains(&opcode) {
                 counters.creates.fetch_add(1, Ordering::SeqCst);
             }
+            *shared
+                .opcodes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(opcode)
+                .or_default() += 1;
             let mut rule = shared.drop_rule.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(r) = rule.as_mut().filter(|r| r.opcodes.contains(&opcode)) {
                 r.remaining -= 1;
                 if r.remaining == 0 {
-                    *rule = None;
                     drop_xids
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(xid);
+                        .insert(xid, r.after);
+                    *rule = None;
                 }
             }
             Verdict::Forward
@@ -630,12 +705,15 @@ fn inspect(
         Direction::ToClient => {
             if !handshake && frame.len() >= 8 {
                 let xid = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
-                if drop_xids
+                let dropped = drop_xids
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .remove(&xid)
-                {
+                    .remove(&xid);
+                if let Some(after) = dropped {
                     counters.replies_dropped.fetch_add(1, Ordering::SeqCst);
+                    if after == AfterDrop::ResetAndBlackhole {
+                        shared.faults.send_modify(|f| f.blackhole = true);
+                    }
                     return Verdict::DropAndReset;
                 }
             }
@@ -651,7 +729,7 @@ async fn pump<R, W>(
     mut to: W,
     dir: Direction,
     shared: &Shared,
-    drop_xids: &Mutex<HashSet<i32>>,
+    drop_xids: &Mutex<HashMap<i32, AfterDrop>>,
     generation: u64,
 ) -> End
 where
@@ -757,6 +835,7 @@ mod tests {
             faults: watch::Sender::new(Faults::default()),
             drop_rule: Mutex::new(None),
             counters: Counters::default(),
+            opcodes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -766,8 +845,9 @@ mod tests {
         *s.drop_rule.lock().unwrap() = Some(DropRule {
             opcodes: CREATE_OPCODES.to_vec(),
             remaining: 2,
+            after: AfterDrop::Reset,
         });
-        let xids = Mutex::new(HashSet::new());
+        let xids = Mutex::new(HashMap::new());
         let request = |xid: i32, op: i32| {
             let mut b = xid.to_be_bytes().to_vec();
             b.extend(op.to_be_bytes());

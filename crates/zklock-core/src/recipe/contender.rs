@@ -282,7 +282,7 @@ impl Contend<'_> {
                 Err(zookeeper_client::Error::NoNode) => {
                     ensure_parents(inner, client, self.path).await?
                 }
-                Err(zookeeper_client::Error::ConnectionLoss) => {
+                Err(ref err) if super::connection_lost(err) => {
                     // The create may have happened: find it by its protected prefix.
                     inner.wait_connected("create the contender node").await?;
                     let children = self.list(client).await?;
@@ -329,7 +329,7 @@ impl Contend<'_> {
         err: zookeeper_client::Error,
     ) -> Result<()> {
         match err {
-            zookeeper_client::Error::ConnectionLoss => self.inner.wait_connected(operation).await,
+            err if super::connection_lost(&err) => self.inner.wait_connected(operation).await,
             err => Err(Error::zk(operation, self.path, err)),
         }
     }

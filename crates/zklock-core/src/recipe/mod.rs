@@ -205,7 +205,7 @@ pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: Str
         loop {
             match result {
                 Ok(()) | Err(zookeeper_client::Error::NoNode) => return,
-                Err(zookeeper_client::Error::ConnectionLoss) => {
+                Err(err) if connection_lost(&err) => {
                     if !wait_reconnect(&client).await {
                         return;
                     }
@@ -244,7 +244,7 @@ pub(crate) fn delete_by_prefix_in_background(
                     }
                     return;
                 }
-                Err(zookeeper_client::Error::ConnectionLoss) => {
+                Err(err) if connection_lost(&err) => {
                     if !wait_reconnect(&client).await {
                         return;
                     }
@@ -255,6 +255,17 @@ pub(crate) fn delete_by_prefix_in_background(
             }
         }
     });
+}
+
+/// Whether a request failed because its connection broke (its outcome unknown, the session
+/// possibly alive): zookeeper-client reports a clean close as `ConnectionLoss`, but fails the
+/// requests in flight with the transport's own error (`Custom`: a reset connection, no answer
+/// within the read timeout) when the connection breaks otherwise. Both are a connection loss.
+pub(crate) fn connection_lost(err: &zookeeper_client::Error) -> bool {
+    matches!(
+        err,
+        zookeeper_client::Error::ConnectionLoss | zookeeper_client::Error::Custom(_)
+    )
 }
 
 fn is_terminal(err: &zookeeper_client::Error) -> bool {

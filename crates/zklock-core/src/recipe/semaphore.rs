@@ -207,7 +207,7 @@ impl Semaphore {
             inner.count(1);
             let (kids, watcher) = match client.list_and_watch_children(&self.leases).await {
                 Ok(listed) => listed,
-                Err(zookeeper_client::Error::ConnectionLoss) => {
+                Err(err) if super::connection_lost(&err) => {
                     inner.wait_connected("list the leases").await?;
                     continue;
                 }

@@ -1,0 +1,289 @@
+//! Shared by the fault scenarios: lock workers that record a history for the checker, and the
+//! checks every scenario ends with — no contender node left, no watch left on the servers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use zklock::{zookeeper_client, LockGuard, LockManager};
+use zklock_testkit::{Mode, Recorder};
+
+/// The root under which every lock of the default namespace lives.
+pub const ROOT: &str = "/zklock";
+
+/// What one worker does with a grant.
+#[derive(Clone, Copy, Debug)]
+pub struct Work {
+    /// How long each acquire may wait.
+    pub wait: Duration,
+    /// How long each hold lasts (uniformly up to this).
+    pub hold: Duration,
+    /// Pause between attempts (uniformly up to this).
+    pub think: Duration,
+}
+
+impl Default for Work {
+    fn default() -> Work {
+        Work {
+            wait: Duration::from_secs(10),
+            hold: Duration::from_millis(20),
+            think: Duration::from_millis(10),
+        }
+    }
+}
+
+/// A flag that stops workers, and counts what they did.
+#[derive(Clone, Default)]
+pub struct Crew {
+    stop: Arc<AtomicBool>,
+    pub grants: Arc<AtomicU64>,
+    pub failures: Arc<AtomicU64>,
+    pub losses: Arc<AtomicU64>,
+}
+
+impl Crew {
+    pub fn new() -> Crew {
+        Crew::default()
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    pub fn grants(&self) -> u64 {
+        self.grants.load(Ordering::SeqCst)
+    }
+
+    /// Waits (bounded) until the workers have been granted `more` locks beyond `since`.
+    pub async fn until_grants(&self, since: u64, more: u64, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.grants() < since + more {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no progress: {} grants within {within:?} (wanted {more} after {since})",
+                self.grants() - since
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Holds `guard` for up to `hold`, stopping at once when the hold is reported lost; then records
+/// the release and releases.
+async fn hold_and_release(
+    guard: LockGuard<'_>,
+    key: &str,
+    rec: &Recorder,
+    crew: &Crew,
+    hold: Duration,
+) {
+    let hold = rand::thread_rng().gen_range(Duration::ZERO..=hold);
+    tokio::select! {
+        biased;
+        reason = guard.lost() => {
+            rec.lost(key, reason);
+            crew.losses.fetch_add(1, Ordering::SeqCst);
+        }
+        _ = tokio::time::sleep(hold) => {}
+    }
+    rec.release_invoked(key);
+    match guard.release().await {
+        Ok(()) => rec.release_ok(key),
+        Err(e) => rec.release_failed(key, e),
+    }
+}
+
+/// Records one acquire and what follows it.
+async fn attempt<'a, F>(acquire: F, key: &str, mode: Mode, rec: &Recorder, crew: &Crew, work: Work)
+where
+    F: Future<Output = zklock::Result<LockGuard<'a>>>,
+{
+    rec.acquire_invoked(key, mode);
+    match acquire.await {
+        Ok(guard) => {
+            rec.acquire_ok(key, mode, guard.fencing_token().as_u128());
+            crew.grants.fetch_add(1, Ordering::SeqCst);
+            hold_and_release(guard, key, rec, crew, work.hold).await;
+        }
+        Err(e) => {
+            rec.acquire_failed(key, mode, e);
+            crew.failures.fetch_add(1, Ordering::SeqCst);
+            // Don't spin while the servers are unreachable.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn think(work: Work) {
+    let pause = rand::thread_rng().gen_range(Duration::ZERO..=work.think);
+    tokio::time::sleep(pause).await;
+}
+
+/// Locks and unlocks the mutex `key` until the crew stops, recording everything.
+pub async fn mutex_worker(m: LockManager, key: String, rec: Recorder, crew: Crew, work: Work) {
+    while !crew.stopped() {
+        attempt(
+            m.lock_timeout(&key, work.wait),
+            &key,
+            Mode::Exclusive,
+            &rec,
+            &crew,
+            work,
+        )
+        .await;
+        think(work).await;
+    }
+}
+
+/// Reads or writes the read/write lock `key` until the crew stops (one write in `1/write_every`).
+/// Recorded under `rw:<key>`, apart from the mutex of the same key.
+pub async fn rw_worker(
+    m: LockManager,
+    key: String,
+    rec: Recorder,
+    crew: Crew,
+    work: Work,
+    write_every: u32,
+) {
+    let rw = m.rwlock(&key).expect("a valid key");
+    let name = format!("rw:{key}");
+    while !crew.stopped() {
+        let write = rand::thread_rng().gen_range(0..write_every.max(1)) == 0;
+        if write {
+            attempt(
+                rw.write_timeout(work.wait),
+                &name,
+                Mode::Exclusive,
+                &rec,
+                &crew,
+                work,
+            )
+            .await;
+        } else {
+            attempt(
+                rw.read_timeout(work.wait),
+                &name,
+                Mode::Shared,
+                &rec,
+                &crew,
+                work,
+            )
+            .await;
+        }
+        think(work).await;
+    }
+}
+
+/// Every znode below `root` (depth first), with its stat; `/zookeeper` is skipped.
+pub async fn walk(
+    client: &zookeeper_client::Client,
+    root: &str,
+) -> Result<Vec<(String, zookeeper_client::Stat)>, zookeeper_client::Error> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_string()];
+    while let Some(path) = todo.pop() {
+        let kids = match client.list_children(&path).await {
+            Ok(k) => k,
+            Err(zookeeper_client::Error::NoNode) => continue,
+            Err(e) => return Err(e),
+        };
+        for k in kids {
+            let child = if path == "/" {
+                format!("/{k}")
+            } else {
+                format!("{path}/{k}")
+            };
+            if child == "/zookeeper" {
+                continue;
+            }
+            if let Some(stat) = client.check_stat(&child).await? {
+                out.push((child.clone(), stat));
+            }
+            todo.push(child);
+        }
+    }
+    Ok(out)
+}
+
+/// The ephemeral (contender) nodes below `root`.
+pub async fn contenders(client: &zookeeper_client::Client, root: &str) -> Vec<String> {
+    walk(client, root)
+        .await
+        .expect("walk the lock tree")
+        .into_iter()
+        .filter(|(_, stat)| stat.ephemeral_owner != 0)
+        .map(|(path, _)| path)
+        .collect()
+}
+
+/// Waits (bounded) until no contender node is left below `root`: the nodes of released holds are
+/// deleted by their owners, those of expired sessions by the server.
+pub async fn assert_no_contenders(client: &zookeeper_client::Client, root: &str, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = contenders(client, root).await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "contender nodes left behind after {within:?}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The paths below `root` that a `wchp` answer lists as watched.
+pub fn watched_paths(wchp: &str, root: &str) -> Vec<String> {
+    wchp.lines()
+        .filter(|l| l.starts_with('/'))
+        .filter(|p| *p == root || p.starts_with(&format!("{root}/")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits (bounded) until no server that `wchp` asks has a watch below `root`. `wchp` returns the
+/// answers of the servers to ask (skipping those that are down).
+pub async fn assert_no_watches<F>(mut wchp: F, root: &str, within: Duration)
+where
+    F: FnMut() -> Vec<String>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left: Vec<String> = wchp()
+            .iter()
+            .flat_map(|answer| watched_paths(answer, root))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "watches left on the servers after {within:?}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded) for `cond`, polling.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
