@@ -285,7 +285,15 @@ impl Contend<'_> {
                 Err(ref err) if super::connection_lost(err) => {
                     // The create may have happened: find it by its protected prefix.
                     inner.wait_connected("create the contender node").await?;
-                    let children = self.list(client).await?;
+                    let children = match self.list(client).await {
+                        Ok(children) => children,
+                        // No lock path: the create failed for want of it; make it and retry.
+                        Err(Error::ZooKeeper {
+                            source: zookeeper_client::Error::NoNode,
+                            ..
+                        }) => continue,
+                        Err(err) => return Err(err),
+                    };
                     if let Some(name) = children
                         .iter()
                         .find(|c| c.starts_with(&pending.protect))

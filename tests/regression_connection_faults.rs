@@ -1,5 +1,7 @@
-//! Regression: requests in flight when the connection is reset (or times out) were not treated as
-//! a connection loss.
+//! Regressions found by the fault tests (issue 7), each test named after its bug.
+//!
+//! 1. Requests in flight when the connection is reset (or times out) were not treated as a
+//!    connection loss.
 //!
 //! zookeeper-client fails the requests in flight with the transport's own error (`Error::Custom`:
 //! "connection reset by peer", "no response from connection in ...") and gives
@@ -7,6 +9,11 @@
 //! on `ConnectionLoss`, so a reset in the middle of a release gave up on the delete and left the
 //! node behind for as long as the session lived — every other process then waited for a lock
 //! nobody held — and a reset in the middle of an acquire's create failed the acquire.
+//!
+//! 2. A lost reply to the first create on a fresh lock path failed the acquire. The create had
+//!    failed on the server for want of the path, but the client could not know; looking for the
+//!    node by its prefix then found no path at all, and that error ended the acquire instead of
+//!    making the path and creating again.
 
 mod common;
 mod faults;
@@ -15,7 +22,7 @@ use std::time::Duration;
 
 use common::*;
 use faults::*;
-use zklock_testkit::Proxy;
+use zklock_testkit::{Proxy, CREATE_OPCODES};
 
 const DELETE: i32 = 2;
 
@@ -106,6 +113,26 @@ async fn requests_failed_by_a_reset_connection_are_retried_as_a_connection_loss(
     assert_eq!(children(&direct, &path).await.len(), 1);
     guard.release().await.unwrap();
 
+    m.flush().await;
+    assert_no_contenders(&direct.zk_client(), ROOT, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_to_the_first_create_on_a_fresh_lock_path_is_retried() {
+    let zk = server();
+    let proxy = Proxy::start(&zk.connect_string()).unwrap();
+    let direct = manager(&zk.connect_string()).await;
+    let m = manager(&proxy.connect_string()).await;
+    let path = m.path_of("never_locked_before").unwrap();
+    assert!(children(&direct, &path).await.is_empty());
+    proxy.drop_reply_to_nth(&CREATE_OPCODES, 1);
+    let guard = tokio::time::timeout(Duration::from_secs(20), m.lock("never_locked_before"))
+        .await
+        .expect("the acquire returns")
+        .expect("the acquire makes the path and creates again");
+    assert_eq!(proxy.stats().replies_dropped, 1);
+    assert_eq!(children(&direct, &path).await.len(), 1);
+    guard.release().await.unwrap();
     m.flush().await;
     assert_no_contenders(&direct.zk_client(), ROOT, Duration::from_secs(10)).await;
 }
