@@ -1,0 +1,828 @@
+//! `zklock-bench-suite`: every workload for zklock and its peers, side by side on one ZooKeeper,
+//! printed as markdown with zklock's ratio to each peer and the targets of issue 6.
+//!
+//! ```text
+//! zklock-bench-suite [--connect HOSTS] [--quick] [--out FILE]
+//! ```
+//!
+//! Without `--connect` it starts one ZooKeeper through the test kit (a real server on a free
+//! loopback port, stopped at exit). Every run is a child process: `zklock-bench` (next to this
+//! binary) for zklock, the floor, zookeeper-client's recipe and the naive herd;
+//! `../shared/peers/run` for Curator and kazoo; `java CuratorMem` (this crate's `java/`) for
+//! Curator's memory.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use zklock_bench::{parse_line, Report};
+
+/// Runs every benchmark and prints the markdown tables.
+#[derive(Parser, Debug)]
+#[command(name = "zklock-bench-suite")]
+struct Cli {
+    /// Use this ZooKeeper instead of starting one.
+    #[arg(long)]
+    connect: Option<String>,
+    /// Tiny sizes: checks that every peer runs, figures mean nothing.
+    #[arg(long)]
+    quick: bool,
+    /// Also write the markdown to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Seconds one run may take before it is killed (its cell then says "timeout").
+    #[arg(long, default_value_t = 300)]
+    run_timeout: u64,
+    /// Only start the server, print its connect string, and serve until stdin closes (for
+    /// running `zklock-bench` and `peers/run` by hand).
+    #[arg(long)]
+    serve: bool,
+}
+
+/// The columns of the main table, in order: (column key, heading).
+const COLUMNS: [(&str, &str); 6] = [
+    ("zklock", "zklock"),
+    ("floor", "floor"),
+    ("zkclient", "zookeeper-client"),
+    ("curator", "Curator"),
+    ("kazoo", "kazoo"),
+    ("naive", "naive (herd)"),
+];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Metric {
+    /// ops_per_s, with p50/p99.
+    Ops,
+    /// handoffs_per_s.
+    Drain,
+    /// peak_kb (lower is better).
+    Memory,
+}
+
+/// One way of running one peer on one row.
+#[derive(Clone)]
+enum Runner {
+    /// `zklock-bench --peer <peer>`, optionally `--no-local-queue`.
+    Ours { peer: &'static str, no_queue: bool },
+    /// `peers/run <curator|kazoo>`.
+    Shared(&'static str),
+    /// `java CuratorMem`.
+    CuratorMem,
+}
+
+struct Row {
+    title: String,
+    workload: &'static str,
+    workers: usize,
+    cycles: usize,
+    keys: usize,
+    metric: Metric,
+    cells: Vec<(&'static str, Runner)>,
+    target: Option<Target>,
+}
+
+#[derive(Clone, Copy)]
+enum Target {
+    /// At least `curator`x Curator, and (if set) at least `floor`x the floor.
+    Ratios { curator: f64, floor: Option<f64> },
+}
+
+struct Sizes {
+    uncontended: usize,
+    contended: usize,
+    keys: usize,
+    inproc: usize,
+    drain_small: usize,
+    drain_large: usize,
+    herd: usize,
+    memory: usize,
+}
+
+fn rows(sizes: &Sizes) -> Vec<Row> {
+    use Runner::*;
+    let zk = Ours {
+        peer: "zklock",
+        no_queue: false,
+    };
+    let zk_noq = Ours {
+        peer: "zklock",
+        no_queue: true,
+    };
+    let ours = |peer| Ours {
+        peer,
+        no_queue: false,
+    };
+    let every = |zk: &Runner| {
+        vec![
+            ("zklock", zk.clone()),
+            ("floor", ours("floor")),
+            ("zkclient", ours("zkclient")),
+            ("curator", Shared("curator")),
+            ("kazoo", Shared("kazoo")),
+            ("naive", ours("naive")),
+        ]
+    };
+    let mut rows = vec![
+        Row {
+            title: "uncontended (1 session, 1 key)".into(),
+            workload: "uncontended",
+            workers: 1,
+            cycles: sizes.uncontended,
+            keys: 1,
+            metric: Metric::Ops,
+            cells: every(&zk),
+            target: Some(Target::Ratios {
+                curator: 2.0,
+                floor: Some(0.85),
+            }),
+        },
+        Row {
+            title: "contended (8 sessions, 1 key)".into(),
+            workload: "contended",
+            workers: 8,
+            cycles: sizes.contended,
+            keys: 1,
+            metric: Metric::Ops,
+            cells: every(&zk),
+            target: Some(Target::Ratios {
+                curator: 2.0,
+                floor: None,
+            }),
+        },
+        Row {
+            title: "keys (8 sessions, 64 keys)".into(),
+            workload: "keys",
+            workers: 8,
+            cycles: sizes.keys,
+            keys: 64,
+            metric: Metric::Ops,
+            cells: every(&zk),
+            target: Some(Target::Ratios {
+                curator: 2.0,
+                floor: None,
+            }),
+        },
+        Row {
+            title: "inproc (64 tasks, 1 session, 1 key)".into(),
+            workload: "inproc",
+            workers: 64,
+            cycles: sizes.inproc,
+            keys: 1,
+            metric: Metric::Ops,
+            cells: every(&zk)
+                .into_iter()
+                .filter(|(c, _)| *c != "kazoo")
+                .collect(),
+            target: Some(Target::Ratios {
+                curator: 20.0,
+                floor: None,
+            }),
+        },
+    ];
+    rows.push(Row {
+        title: "inproc (64 tasks), local queue off".into(),
+        workload: "inproc",
+        workers: 64,
+        cycles: sizes.inproc,
+        keys: 1,
+        metric: Metric::Ops,
+        cells: vec![("zklock", zk_noq.clone()), ("curator", Shared("curator"))],
+        target: None,
+    });
+    rows.push(Row {
+        title: format!("drain {} waiters (herd baseline)", sizes.herd),
+        workload: "drain",
+        workers: sizes.herd,
+        cycles: 0,
+        keys: 1,
+        metric: Metric::Drain,
+        cells: vec![
+            ("zklock", zk_noq.clone()),
+            ("zkclient", ours("zkclient")),
+            ("curator", Shared("curator")),
+            ("naive", ours("naive")),
+        ],
+        target: None,
+    });
+    rows.push(Row {
+        title: format!("drain {} waiters, local queue off", sizes.drain_small),
+        workload: "drain",
+        workers: sizes.drain_small,
+        cycles: 0,
+        keys: 1,
+        metric: Metric::Drain,
+        cells: vec![
+            ("zklock", zk_noq.clone()),
+            ("zkclient", ours("zkclient")),
+            ("curator", Shared("curator")),
+        ],
+        target: None,
+    });
+    rows.push(Row {
+        title: format!("drain {} waiters, local queue off", sizes.drain_large),
+        workload: "drain",
+        workers: sizes.drain_large,
+        cycles: 0,
+        keys: 1,
+        metric: Metric::Drain,
+        cells: vec![("zklock", zk_noq.clone()), ("curator", Shared("curator"))],
+        target: Some(Target::Ratios {
+            curator: 10.0,
+            floor: None,
+        }),
+    });
+    rows.push(Row {
+        title: format!("drain {} waiters, local queue on", sizes.drain_large),
+        workload: "drain",
+        workers: sizes.drain_large,
+        cycles: 0,
+        keys: 1,
+        metric: Metric::Drain,
+        cells: vec![("zklock", zk.clone())],
+        target: None,
+    });
+    for workload in ["mem-waiters", "mem-keys"] {
+        let mut cells = vec![("zklock", zk.clone()), ("curator", CuratorMem)];
+        if workload == "mem-waiters" {
+            cells.insert(1, ("zklock-noq", zk_noq.clone()));
+        }
+        rows.push(Row {
+            title: format!(
+                "{workload}: {} {}",
+                sizes.memory,
+                if workload == "mem-waiters" {
+                    "tasks waiting on one key"
+                } else {
+                    "distinct keys held"
+                }
+            ),
+            workload,
+            workers: sizes.memory,
+            cycles: 0,
+            keys: 1,
+            metric: Metric::Memory,
+            cells,
+            target: None,
+        });
+    }
+    rows
+}
+
+struct Env {
+    connect: String,
+    bench: PathBuf,
+    peers_run: PathBuf,
+    java_classes: Option<PathBuf>,
+    timeout: Duration,
+    scratch: tempfile::TempDir,
+}
+
+/// What one run gave: its line, or why there is none.
+type Outcome = Result<Report, String>;
+
+impl Env {
+    fn command(&self, row: &Row, runner: &Runner) -> Result<Command, String> {
+        let (n, m) = (row.workers.to_string(), row.cycles.to_string());
+        Ok(match runner {
+            Runner::Ours { peer, no_queue } => {
+                let mut cmd = Command::new(&self.bench);
+                cmd.args(["--connect", &self.connect, "--workload", row.workload])
+                    .args(["--workers", &n, "--cycles", &m, "--peer", peer])
+                    .args(["--keys", &row.keys.to_string()]);
+                if *no_queue {
+                    cmd.arg("--no-local-queue");
+                }
+                cmd
+            }
+            Runner::Shared(which) => {
+                let mut cmd = Command::new(&self.peers_run);
+                cmd.args([which, self.connect.as_str(), row.workload, &n, &m]);
+                if row.workload == "keys" {
+                    cmd.arg(row.keys.to_string());
+                }
+                cmd
+            }
+            Runner::CuratorMem => {
+                let classes = self
+                    .java_classes
+                    .as_ref()
+                    .ok_or("CuratorMem did not compile")?;
+                let mut cmd = Command::new("java");
+                cmd.arg("-Xss256k")
+                    .arg("-cp")
+                    .arg(format!("{CURATOR_CP}:{}", classes.display()))
+                    .args(["CuratorMem", &self.connect, row.workload, &n]);
+                cmd
+            }
+        })
+    }
+
+    fn run(&self, row: &Row, runner: &Runner) -> Outcome {
+        let mut cmd = self.command(row, runner)?;
+        let out_path = self.scratch.path().join("stdout");
+        let err_path = self.scratch.path().join("stderr");
+        let out = std::fs::File::create(&out_path).map_err(|e| e.to_string())?;
+        let err = std::fs::File::create(&err_path).map_err(|e| e.to_string())?;
+        let shown = format!("{cmd:?}");
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("{shown}: {e}"))?;
+        let deadline = Instant::now() + self.timeout;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err("timeout".into());
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => return Err(e.to_string()),
+            }
+        };
+        let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+        let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+        match stdout.lines().rev().find_map(parse_line) {
+            Some(report) if status.success() => Ok(report),
+            _ => {
+                let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+                Err(format!(
+                    "{status}: {}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                ))
+            }
+        }
+    }
+}
+
+const CURATOR_CP: &str = "/usr/share/java/curator-recipes.jar:/usr/share/java/curator-framework.jar:/usr/share/java/curator-client.jar:/usr/share/java/zookeeper.jar:/usr/share/java/zookeeper-jute.jar:/usr/share/java/guava.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/netty-all.jar";
+
+fn compile_curator_mem(into: &Path) -> Result<PathBuf, String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("java/CuratorMem.java");
+    let classes = into.join("classes");
+    std::fs::create_dir_all(&classes).map_err(|e| e.to_string())?;
+    let out = Command::new("javac")
+        .arg("-d")
+        .arg(&classes)
+        .args(["-cp", CURATOR_CP])
+        .arg(&source)
+        .output()
+        .map_err(|e| format!("javac: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(classes)
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if cli.serve {
+        return match serve() {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("zklock-bench-suite: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    match suite(&cli) {
+        Ok(markdown) => {
+            print!("{markdown}");
+            if let Some(path) = &cli.out {
+                if let Err(e) = std::fs::write(path, &markdown) {
+                    eprintln!("zklock-bench-suite: cannot write {}: {e}", path.display());
+                    return std::process::ExitCode::FAILURE;
+                }
+            }
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("zklock-bench-suite: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serves one ZooKeeper until stdin closes.
+fn serve() -> Result<(), String> {
+    let server = bench_server()?;
+    println!("{}", server.connect_string());
+    let mut sink = String::new();
+    while std::io::stdin()
+        .read_line(&mut sink)
+        .map_err(|e| e.to_string())?
+        > 0
+    {}
+    drop(server);
+    Ok(())
+}
+
+/// The server of a run: the test kit's, with room for 10,000-child listings in flight.
+fn bench_server() -> Result<zklock_testkit::ZkServer, String> {
+    zklock_testkit::ZkServer::builder()
+        .heap_mb(1024)
+        .start()
+        .map_err(|e| format!("cannot start ZooKeeper: {e}"))
+}
+
+fn suite(cli: &Cli) -> Result<String, String> {
+    let started = Instant::now();
+    let sizes = if cli.quick {
+        Sizes {
+            uncontended: 50,
+            contended: 10,
+            keys: 10,
+            inproc: 2,
+            drain_small: 20,
+            drain_large: 40,
+            herd: 10,
+            memory: 100,
+        }
+    } else {
+        Sizes {
+            uncontended: 3000,
+            contended: 400,
+            keys: 400,
+            inproc: 40,
+            drain_small: 1000,
+            drain_large: 8000,
+            herd: 200,
+            memory: 10_000,
+        }
+    };
+    let server = match &cli.connect {
+        Some(_) => None,
+        None => {
+            eprintln!("starting ZooKeeper (test kit)");
+            Some(bench_server()?)
+        }
+    };
+    let connect = match (&cli.connect, &server) {
+        (Some(c), _) => c.clone(),
+        (None, Some(s)) => s.connect_string(),
+        (None, None) => unreachable!(),
+    };
+    let server_version = server
+        .as_ref()
+        .and_then(|s| s.four_letter("srvr").ok())
+        .and_then(|srvr| {
+            srvr.lines()
+                .find_map(|l| l.strip_prefix("Zookeeper version: ").map(str::to_string))
+        })
+        .unwrap_or_else(|| "unknown (external server)".into());
+    let bench = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("zklock-bench");
+    if !bench.exists() {
+        return Err(format!("{} is missing: build the crate", bench.display()));
+    }
+    let peers_run = zklock_testkit::shared_dir()
+        .map_err(|e| e.to_string())?
+        .join("peers/run");
+    let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut env = Env {
+        connect,
+        bench,
+        peers_run,
+        java_classes: None,
+        timeout: Duration::from_secs(cli.run_timeout),
+        scratch,
+    };
+    let rows = rows(&sizes);
+
+    // Warm the server's JIT with a throwaway run, so that the first row is not penalized.
+    let warm = Row {
+        title: "warm-up".into(),
+        workload: "contended",
+        workers: 4,
+        cycles: if cli.quick { 10 } else { 1000 },
+        keys: 1,
+        metric: Metric::Ops,
+        cells: vec![],
+        target: None,
+    };
+    let _ = env.run(
+        &warm,
+        &Runner::Ours {
+            peer: "floor",
+            no_queue: false,
+        },
+    );
+
+    let mut results: Vec<BTreeMap<&'static str, Outcome>> = Vec::new();
+    for row in &rows {
+        let mut cells = BTreeMap::new();
+        for (column, runner) in &row.cells {
+            if matches!(runner, Runner::CuratorMem) && env.java_classes.is_none() {
+                // peers/run has installed the Curator jars by now.
+                match compile_curator_mem(env.scratch.path()) {
+                    Ok(classes) => env.java_classes = Some(classes),
+                    Err(e) => eprintln!("CuratorMem: {e}"),
+                }
+            }
+            let t0 = Instant::now();
+            let outcome = env.run(row, runner);
+            match &outcome {
+                Ok(report) => eprintln!("[{:>5.1}s] {report}", t0.elapsed().as_secs_f64()),
+                Err(e) => eprintln!(
+                    "[{:>5.1}s] {} / {column}: FAILED {e}",
+                    t0.elapsed().as_secs_f64(),
+                    row.title
+                ),
+            }
+            cells.insert(*column, outcome);
+        }
+        results.push(cells);
+    }
+    drop(server);
+    Ok(render(
+        &rows,
+        &results,
+        &server_version,
+        started.elapsed(),
+        cli.quick,
+    ))
+}
+
+fn figure(metric: Metric, report: &Report) -> Option<f64> {
+    match metric {
+        Metric::Ops => report.number("ops_per_s"),
+        Metric::Drain => report.number("handoffs_per_s"),
+        Metric::Memory => report.number("peak_kb"),
+    }
+}
+
+/// zklock's ratio to a peer: throughput over throughput, or the peer's memory over zklock's.
+fn ratio(metric: Metric, ours: f64, theirs: f64) -> f64 {
+    match metric {
+        Metric::Memory => theirs / ours,
+        _ => ours / theirs,
+    }
+}
+
+fn show(metric: Metric, value: f64) -> String {
+    match metric {
+        Metric::Memory => format!("{:.1} MB", value / 1024.0),
+        _ if value >= 100.0 => format!("{value:.0}/s"),
+        _ => format!("{value:.1}/s"),
+    }
+}
+
+fn cell_text(metric: Metric, ours: Option<f64>, outcome: Option<&Outcome>) -> String {
+    match outcome {
+        None => "n/a".into(),
+        Some(Err(e)) if e == "timeout" => "timeout".into(),
+        Some(Err(_)) => "failed".into(),
+        Some(Ok(report)) => match (figure(metric, report), ours) {
+            (Some(v), Some(o)) if o > 0.0 && v > 0.0 => {
+                format!("{} (×{:.2})", show(metric, v), ratio(metric, o, v))
+            }
+            (Some(v), _) => show(metric, v),
+            (None, _) => "?".into(),
+        },
+    }
+}
+
+fn verdict(row: &Row, cells: &BTreeMap<&str, Outcome>) -> (String, String) {
+    let Some(Target::Ratios { curator, floor }) = row.target else {
+        return (String::new(), String::new());
+    };
+    let value = |c: &str| {
+        cells
+            .get(c)
+            .and_then(|o| o.as_ref().ok())
+            .and_then(|r| figure(row.metric, r))
+    };
+    let mut text = format!("≥ {curator}× Curator");
+    if let Some(f) = floor {
+        text.push_str(&format!(", ≥ {f}× floor"));
+    }
+    let Some(ours) = value("zklock") else {
+        return (text, "no figure".into());
+    };
+    let mut met = match value("curator") {
+        Some(c) => ours / c >= curator,
+        None => return (text, "no Curator figure".into()),
+    };
+    if let Some(f) = floor {
+        met &= value("floor").is_some_and(|fl| ours / fl >= f);
+    }
+    (text, if met { "met" } else { "**missed**" }.into())
+}
+
+fn render(
+    rows: &[Row],
+    results: &[BTreeMap<&'static str, Outcome>],
+    server_version: &str,
+    took: Duration,
+    quick: bool,
+) -> String {
+    let mut md = String::new();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let mem_gb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })
+        })
+        .map(|kb| kb / 1024.0 / 1024.0)
+        .unwrap_or(0.0);
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "Machine: {nproc} CPUs ({cpu}), {mem_gb:.1} GiB memory; {date}; ZooKeeper {server_version}; suite took {:.0} s{}.\n",
+        took.as_secs_f64(),
+        if quick { " (--quick: sizes too small to mean anything)" } else { "" }
+    );
+    let _ = writeln!(
+        md,
+        "Throughput (acquire + release per second; drain: handoffs per second; memory: peak RSS). \
+         In parentheses: zklock's ratio to that peer (for memory: the peer's peak over zklock's).\n"
+    );
+    md.push_str("| workload |");
+    for (_, heading) in COLUMNS {
+        let _ = write!(md, " {heading} |");
+    }
+    md.push_str(" target | |\n|---|");
+    for _ in COLUMNS {
+        md.push_str("---|");
+    }
+    md.push_str("---|---|\n");
+    for (row, cells) in rows.iter().zip(results) {
+        let ours = cells
+            .get("zklock")
+            .and_then(|o| o.as_ref().ok())
+            .and_then(|r| figure(row.metric, r));
+        let _ = write!(md, "| {} |", row.title);
+        for (column, _) in COLUMNS {
+            let text = if column == "zklock" {
+                match cells.get("zklock") {
+                    Some(Ok(_)) => {
+                        ours.map_or("?".into(), |v| format!("**{}**", show(row.metric, v)))
+                    }
+                    other => cell_text(row.metric, None, other),
+                }
+            } else {
+                cell_text(row.metric, ours, cells.get(column))
+            };
+            let _ = write!(md, " {text} |");
+        }
+        let (target, met) = verdict(row, cells);
+        let _ = writeln!(md, " {target} | {met} |");
+    }
+
+    // Drain scaling: cost per waiter at the large size against the small one.
+    let per_waiter = |title_part: &str, column: &str| {
+        rows.iter().zip(results).find_map(|(row, cells)| {
+            (row.metric == Metric::Drain && row.title.contains(title_part))
+                .then(|| cells.get(column))
+                .flatten()
+                .and_then(|o| o.as_ref().ok())
+                .and_then(|r| Some(r.number("secs")? / r.number("waiters")?))
+        })
+    };
+    let drain_rows: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.metric == Metric::Drain && r.title.contains("local queue off"))
+        .collect();
+    if drain_rows.len() >= 2 {
+        let (small, large) = (&drain_rows[0], &drain_rows[drain_rows.len() - 1]);
+        let _ = writeln!(md, "\nDrain cost per waiter, local queue off (target for zklock: at {} within 1.5× of that at {}):\n", large.workers, small.workers);
+        md.push_str("| peer | µs/waiter at small | µs/waiter at large | growth | |\n|---|---|---|---|---|\n");
+        for column in ["zklock", "zkclient", "curator"] {
+            let s = per_waiter(&format!("drain {} ", small.workers), column);
+            let l = per_waiter(&format!("drain {} ", large.workers), column);
+            if let (Some(s), Some(l)) = (s, l) {
+                let growth = l / s;
+                let met = if column == "zklock" {
+                    if growth <= 1.5 {
+                        "met"
+                    } else {
+                        "**missed**"
+                    }
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    md,
+                    "| {column} | {:.1} | {:.1} | ×{growth:.2} | {met} |",
+                    s * 1e6,
+                    l * 1e6
+                );
+            } else if s.is_some() || l.is_some() {
+                let _ = writeln!(
+                    md,
+                    "| {column} | {} | {} | | |",
+                    s.map_or("—".into(), |v| format!("{:.1}", v * 1e6)),
+                    l.map_or("—".into(), |v| format!("{:.1}", v * 1e6))
+                );
+            }
+        }
+    }
+
+    // Latency.
+    md.push_str("\nLatency of one acquire + release, p50 / p99 in µs:\n\n| workload |");
+    for (_, heading) in COLUMNS {
+        let _ = write!(md, " {heading} |");
+    }
+    md.push_str("\n|---|");
+    for _ in COLUMNS {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    for (row, cells) in rows.iter().zip(results) {
+        if row.metric != Metric::Ops {
+            continue;
+        }
+        let _ = write!(md, "| {} |", row.title);
+        for (column, _) in COLUMNS {
+            let text = match cells.get(column) {
+                Some(Ok(r)) => format!(
+                    "{} / {}",
+                    r.get("p50_us").unwrap_or("?"),
+                    r.get("p99_us").unwrap_or("?")
+                ),
+                Some(Err(_)) => "—".into(),
+                None => "n/a".into(),
+            };
+            let _ = write!(md, " {text} |");
+        }
+        md.push('\n');
+    }
+
+    // Memory detail.
+    md.push_str("\nMemory (one process; base = resident once connected, held = resident with every task queued or key held, peak = VmHWM):\n\n| probe | peer | base MB | held MB | peak MB | peak KB per task | setup s |\n|---|---|---|---|---|---|---|\n");
+    for (row, cells) in rows.iter().zip(results) {
+        if row.metric != Metric::Memory {
+            continue;
+        }
+        for (column, outcome) in cells {
+            let label = match *column {
+                "zklock-noq" => "zklock, local queue off",
+                other => other,
+            };
+            match outcome {
+                Ok(r) => {
+                    let mb = |k: &str| {
+                        r.number(k)
+                            .map_or("?".into(), |v| format!("{:.1}", v / 1024.0))
+                    };
+                    let _ = writeln!(
+                        md,
+                        "| {} | {label} | {} | {} | {} | {} | {} |",
+                        row.title,
+                        mb("rss_base_kb"),
+                        mb("rss_kb"),
+                        mb("peak_kb"),
+                        r.get("peak_per_task_kb").unwrap_or("?"),
+                        r.get("secs").unwrap_or("?")
+                    );
+                }
+                Err(e) => {
+                    let _ = writeln!(md, "| {} | {label} | {e} | | | | |", row.title);
+                }
+            }
+        }
+    }
+
+    // Every line, for the record.
+    md.push_str("\nEvery run's output line:\n\n```text\n");
+    for (row, cells) in rows.iter().zip(results) {
+        for (column, outcome) in cells {
+            match outcome {
+                Ok(r) => {
+                    let _ = writeln!(md, "{r}");
+                }
+                Err(e) => {
+                    let _ = writeln!(md, "# {} / {column}: {e}", row.title);
+                }
+            }
+        }
+    }
+    md.push_str("```\n");
+    md
+}

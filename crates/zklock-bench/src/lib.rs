@@ -1,0 +1,265 @@
+//! # zklock-bench
+//!
+//! Benchmarks of zklock's mutex beside the peers it is measured against, on one real ZooKeeper:
+//!
+//! - `zklock`: the project's recipe ([`zklock_core::LockManager`]).
+//! - `floor`: a bare create of an EPHEMERAL_SEQUENTIAL node and its delete, with no recipe around
+//!   it: what the server costs at the least for one acquire and release.
+//! - `zkclient`: zookeeper-client's own `Client::lock` recipe (Curator-style nodes; it lists the
+//!   children again on every wake).
+//! - `naive`: every waiter creates one fixed ephemeral node and watches it when it exists: the herd
+//!   baseline (every release wakes every waiter).
+//!
+//! Curator and kazoo run from `../shared/peers/run` with the same workloads and output line.
+//!
+//! Workloads (see [`Workload`]): `uncontended`, `contended`, `keys`, `inproc`, `drain`, and the
+//! memory probes `mem-waiters` and `mem-keys`. Each run prints one line of `key=value` fields,
+//! the format of the peers' benches ([`Report`], [`parse_line`]).
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use zklock_bench::{Options, Peer, Workload};
+//!
+//! let mut options = Options::new("127.0.0.1:2181", Workload::Contended);
+//! options.workers = 8;
+//! options.cycles = 500;
+//! options.peer = Peer::Zklock;
+//! let report = zklock_bench::run(&options).await?;
+//! println!("{report}");
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+mod drain;
+mod memory;
+mod ops;
+mod peer;
+mod report;
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use report::{parse_line, Report};
+
+/// What a benchmark run does; the names match `../shared/peers/run`'s workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// One session, one key, acquire + release in a loop (with more workers: one session each).
+    Uncontended,
+    /// `workers` sessions, one key.
+    Contended,
+    /// `workers` sessions over `keys` keys, each cycle on a random key.
+    Keys,
+    /// `workers` tasks sharing one session (one manager), one key.
+    Inproc,
+    /// `workers` waiters queued in one process behind a held lock, then released: the time for
+    /// the queue to pass through.
+    Drain,
+    /// Peak RSS of one process with `workers` tasks waiting on one key.
+    MemWaiters,
+    /// Peak RSS of one process holding `workers` distinct keys.
+    MemKeys,
+}
+
+impl Workload {
+    /// The workload's name on the command line and in the output line.
+    ///
+    /// ```
+    /// assert_eq!(zklock_bench::Workload::MemKeys.name(), "mem-keys");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Uncontended => "uncontended",
+            Workload::Contended => "contended",
+            Workload::Keys => "keys",
+            Workload::Inproc => "inproc",
+            Workload::Drain => "drain",
+            Workload::MemWaiters => "mem-waiters",
+            Workload::MemKeys => "mem-keys",
+        }
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Workload {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Workload, String> {
+        Ok(match s {
+            "uncontended" => Workload::Uncontended,
+            "contended" => Workload::Contended,
+            "keys" => Workload::Keys,
+            "inproc" => Workload::Inproc,
+            "drain" => Workload::Drain,
+            "mem-waiters" => Workload::MemWaiters,
+            "mem-keys" => Workload::MemKeys,
+            other => {
+                return Err(format!(
+                    "unknown workload {other:?}: uncontended | contended | keys | inproc | drain | mem-waiters | mem-keys"
+                ))
+            }
+        })
+    }
+}
+
+/// Which lock implementation a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// zklock's mutex through a [`zklock_core::LockManager`].
+    Zklock,
+    /// A bare ephemeral sequential create and its delete: no recipe, no exclusion.
+    Floor,
+    /// zookeeper-client 0.11's `Client::lock` recipe.
+    Zkclient,
+    /// One fixed ephemeral node that every waiter watches: the herd baseline.
+    Naive,
+}
+
+impl Peer {
+    /// The peer's name on the command line and in the output line.
+    ///
+    /// ```
+    /// assert_eq!(zklock_bench::Peer::Zkclient.name(), "zkclient");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Zklock => "zklock",
+            Peer::Floor => "floor",
+            Peer::Zkclient => "zkclient",
+            Peer::Naive => "naive",
+        }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Peer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Peer, String> {
+        Ok(match s {
+            "zklock" => Peer::Zklock,
+            "floor" => Peer::Floor,
+            "zkclient" => Peer::Zkclient,
+            "naive" => Peer::Naive,
+            other => {
+                return Err(format!(
+                    "unknown peer {other:?}: zklock | floor | zkclient | naive"
+                ))
+            }
+        })
+    }
+}
+
+/// One benchmark run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// ZooKeeper connect string (`host:port[,host:port...]`).
+    pub connect: String,
+    /// What to run.
+    pub workload: Workload,
+    /// Sessions (or tasks, for `inproc`; waiters, for `drain`; tasks, for the memory probes).
+    pub workers: usize,
+    /// Acquire + release cycles per worker.
+    pub cycles: usize,
+    /// Keys for the `keys` workload.
+    pub keys: usize,
+    /// The implementation measured.
+    pub peer: Peer,
+    /// zklock only: queue the tasks of this process locally behind one znode per key (the
+    /// manager's default); `false` gives every task its own znode.
+    pub local_queue: bool,
+    /// Warm-up cycles on a separate key before measuring.
+    pub warmup: usize,
+    /// Session timeout of every session the run opens.
+    pub session_timeout: Duration,
+}
+
+impl Options {
+    /// Defaults: one worker, 1,000 cycles, one key, peer zklock, local queue on, 200 warm-up
+    /// cycles (as CuratorBench).
+    ///
+    /// ```
+    /// let o = zklock_bench::Options::new("127.0.0.1:2181", zklock_bench::Workload::Uncontended);
+    /// assert_eq!(o.workers, 1);
+    /// ```
+    pub fn new(connect: impl Into<String>, workload: Workload) -> Options {
+        Options {
+            connect: connect.into(),
+            workload,
+            workers: 1,
+            cycles: 1000,
+            keys: 1,
+            peer: Peer::Zklock,
+            local_queue: true,
+            warmup: 200,
+            session_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A failed benchmark run.
+#[derive(Debug)]
+pub struct BenchError(pub String);
+
+impl fmt::Display for BenchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+impl From<zklock_core::Error> for BenchError {
+    fn from(e: zklock_core::Error) -> BenchError {
+        BenchError(format!("zklock: {e}"))
+    }
+}
+
+impl From<zookeeper_client::Error> for BenchError {
+    fn from(e: zookeeper_client::Error) -> BenchError {
+        BenchError(format!("zookeeper: {e}"))
+    }
+}
+
+/// Result of a benchmark step.
+pub type Result<T, E = BenchError> = std::result::Result<T, E>;
+
+/// Runs one benchmark and returns its output line.
+///
+/// Must run inside a multi-threaded tokio runtime.
+///
+/// # Errors
+/// When a session cannot be opened, a lock operation fails, or the options make no sense for
+/// the peer (e.g. `floor` has no waiters to drain).
+pub async fn run(options: &Options) -> Result<Report> {
+    if options.workers == 0 {
+        return Err(BenchError("--workers must be at least 1".into()));
+    }
+    match options.workload {
+        Workload::Uncontended | Workload::Contended | Workload::Keys | Workload::Inproc => {
+            ops::run(options).await
+        }
+        Workload::Drain => drain::run(options).await,
+        Workload::MemWaiters | Workload::MemKeys => memory::run(options).await,
+    }
+}
+
+/// A fresh, unique root path for one run's nodes.
+pub(crate) fn run_root(peer: Peer) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("/bench/{}-{nanos}-{}", peer.name(), std::process::id())
+}

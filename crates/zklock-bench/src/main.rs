@@ -1,0 +1,84 @@
+//! `zklock-bench`: one benchmark run against a running ZooKeeper, printing one line in the
+//! format of `../shared/peers/run` (CuratorBench, kazoo_bench).
+//!
+//! ```text
+//! zklock-bench --connect 127.0.0.1:2181 --workload contended --workers 8 --cycles 500
+//! peer=zklock workload=contended workers=8 cycles=4000 secs=... ops_per_s=... p50_us=... p99_us=... violations=0 ...
+//! ```
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use zklock_bench::{Options, Peer, Workload};
+
+/// Benchmarks zklock (or an in-project peer) on a running ZooKeeper.
+#[derive(Parser, Debug)]
+#[command(name = "zklock-bench", version)]
+struct Cli {
+    /// ZooKeeper connect string, host:port[,host:port...].
+    #[arg(long, env = "ZKLOCK_CONNECT")]
+    connect: String,
+    /// uncontended | contended | keys | inproc | drain | mem-waiters | mem-keys
+    #[arg(long)]
+    workload: Workload,
+    /// Sessions (uncontended, contended, keys), tasks on one session (inproc), waiters (drain),
+    /// tasks (mem-waiters, mem-keys).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Acquire + release cycles per worker.
+    #[arg(long, default_value_t = 1000)]
+    cycles: usize,
+    /// Keys of the `keys` workload.
+    #[arg(long, default_value_t = 64)]
+    keys: usize,
+    /// zklock | floor (bare create + delete) | zkclient (zookeeper-client's Client::lock) |
+    /// naive (every waiter watches one fixed node).
+    #[arg(long, default_value = "zklock")]
+    peer: Peer,
+    /// zklock: give every task its own znode instead of queueing the tasks of this process
+    /// locally behind one (the manager's `local_queue(false)`).
+    #[arg(long)]
+    no_local_queue: bool,
+    /// Warm-up cycles on a separate key before measuring.
+    #[arg(long, default_value_t = 200)]
+    warmup: usize,
+    /// Session timeout, in seconds, of every session opened.
+    #[arg(long, default_value_t = 30)]
+    session_timeout: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut options = Options::new(cli.connect, cli.workload);
+    options.workers = cli.workers;
+    options.cycles = cli.cycles;
+    options.keys = cli.keys;
+    options.peer = cli.peer;
+    options.local_queue = !cli.no_local_queue;
+    options.warmup = cli.warmup;
+    options.session_timeout = Duration::from_secs(cli.session_timeout);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("zklock-bench: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(zklock_bench::run(&options));
+    // Do not wait for lingering background tasks of dropped sessions.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("zklock-bench: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Smoke test of the `zklock-bench` binary against a real ZooKeeper: every workload and peer
+//! runs with tiny sizes and prints a line in the peers' format, with no exclusion violation.
+//! No figure is asserted: speed is compared side by side by `scripts/bench`, never here.
+
+use std::process::Command;
+
+use zklock_bench::{parse_line, Report};
+use zklock_testkit::ZkServer;
+
+fn bench(connect: &str, args: &[&str]) -> Report {
+    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench"))
+        .args(["--connect", connect, "--warmup", "5"])
+        .args(args)
+        .output()
+        .expect("run zklock-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "zklock-bench {args:?} failed: {stderr}"
+    );
+    let line = stdout.lines().last().unwrap_or_default();
+    parse_line(line).unwrap_or_else(|| panic!("not an output line: {line:?} (stderr: {stderr})"))
+}
+
+fn assert_ops(r: &Report, peer: &str, workload: &str, cycles: f64) {
+    assert_eq!(r.get("peer"), Some(peer), "{r}");
+    assert_eq!(r.get("workload"), Some(workload), "{r}");
+    assert_eq!(r.number("cycles"), Some(cycles), "{r}");
+    for field in ["workers", "secs", "ops_per_s", "p50_us", "p99_us"] {
+        assert!(r.number(field).is_some(), "{field} missing: {r}");
+    }
+    if peer != "floor" {
+        assert_eq!(r.number("violations"), Some(0.0), "{r}");
+    }
+}
+
+#[test]
+fn every_workload_prints_the_peers_line() {
+    let server = ZkServer::start().expect("start ZooKeeper");
+    let c = server.connect_string();
+
+    let r = bench(&c, &["--workload", "uncontended", "--cycles", "20"]);
+    assert_ops(&r, "zklock", "uncontended", 20.0);
+    assert_eq!(r.get("local_queue"), Some("on"));
+    assert!(r.number("requests_per_cycle").is_some(), "{r}");
+
+    let r = bench(
+        &c,
+        &["--workload", "contended", "--workers", "3", "--cycles", "5"],
+    );
+    assert_ops(&r, "zklock", "contended", 15.0);
+
+    let r = bench(
+        &c,
+        &[
+            "--workload",
+            "keys",
+            "--workers",
+            "3",
+            "--cycles",
+            "5",
+            "--keys",
+            "4",
+        ],
+    );
+    assert_ops(&r, "zklock", "keys", 15.0);
+
+    for queue in [&[][..], &["--no-local-queue"][..]] {
+        let mut args = vec!["--workload", "inproc", "--workers", "8", "--cycles", "5"];
+        args.extend_from_slice(queue);
+        let r = bench(&c, &args);
+        assert_ops(&r, "zklock", "inproc", 40.0);
+
+        let mut args = vec!["--workload", "drain", "--workers", "20"];
+        args.extend_from_slice(queue);
+        let r = bench(&c, &args);
+        assert_eq!(r.get("workload"), Some("drain"), "{r}");
+        assert_eq!(r.number("waiters"), Some(20.0), "{r}");
+        assert!(r.number("handoffs_per_s").is_some(), "{r}");
+        assert_eq!(r.number("violations"), Some(0.0), "{r}");
+        let expected = if queue.is_empty() { "on" } else { "off" };
+        assert_eq!(r.get("local_queue"), Some(expected), "{r}");
+    }
+
+    for peer in ["floor", "zkclient", "naive"] {
+        let r = bench(
+            &c,
+            &[
+                "--peer",
+                peer,
+                "--workload",
+                "contended",
+                "--workers",
+                "2",
+                "--cycles",
+                "5",
+            ],
+        );
+        assert_ops(&r, peer, "contended", 10.0);
+    }
+    for peer in ["zkclient", "naive"] {
+        let r = bench(
+            &c,
+            &["--peer", peer, "--workload", "drain", "--workers", "10"],
+        );
+        assert_eq!(r.get("peer"), Some(peer), "{r}");
+        assert_eq!(r.number("violations"), Some(0.0), "{r}");
+    }
+    let r = bench(
+        &c,
+        &["--peer", "naive", "--workload", "drain", "--workers", "5"],
+    );
+    assert!(r.number("events_per_release").is_some(), "{r}");
+
+    for workload in ["mem-waiters", "mem-keys"] {
+        let r = bench(&c, &["--workload", workload, "--workers", "50"]);
+        assert_eq!(r.number("tasks"), Some(50.0), "{r}");
+        assert!(r.number("peak_kb").unwrap_or(0.0) > 0.0, "{r}");
+    }
+}
+
+#[test]
+fn the_floor_has_nothing_to_drain() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench"))
+        .args(["--connect", "127.0.0.1:1", "--workload", "drain"])
+        .args(["--peer", "floor", "--session-timeout", "1"])
+        .output()
+        .expect("run zklock-bench");
+    assert!(!out.status.success());
+}
