@@ -48,10 +48,22 @@ async fn lock_life_is_traced_with_key_and_token() {
     drop(g);
 
     let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    assert!(log.contains("zklock: acquired") && log.contains("waited_ms="), "{log}");
+    assert!(
+        log.contains("zklock: acquired") && log.contains("waited_ms="),
+        "{log}"
+    );
     assert!(log.contains(&format!("token={token}")), "{log}");
     assert!(log.contains("key=traced"), "{log}");
-    assert!(log.contains("zklock.hold"), "the body runs in a hold span: {log}");
-    assert!(log.contains("zklock: released") && log.contains("held_ms="), "{log}");
-    assert!(log.contains("deleted by someone else"), "loss is traced: {log}");
+    assert!(
+        log.contains("zklock.hold"),
+        "the body runs in a hold span: {log}"
+    );
+    assert!(
+        log.contains("zklock: released") && log.contains("held_ms="),
+        "{log}"
+    );
+    assert!(
+        log.contains("deleted by someone else"),
+        "loss is traced: {log}"
+    );
 }

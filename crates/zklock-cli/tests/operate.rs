@@ -91,7 +91,10 @@ fn until_holders(connect: &str, key: &str, n: usize) {
         if out.lines().filter(|l| l.starts_with("holder")).count() == n {
             return;
         }
-        assert!(Instant::now() < deadline, "{key} never had {n} holders: {out}");
+        assert!(
+            Instant::now() < deadline,
+            "{key} never had {n} holders: {out}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -111,7 +114,10 @@ fn exec_read_shares_write_excludes_and_semaphore_counts() {
         &["exec", "doc", "--read", "--timeout", "2s", "--", "true"],
     );
     assert_eq!(code, 0, "readers share: {err}");
-    assert!(first.try_wait().unwrap().is_none(), "the second reader ran while the first held");
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the second reader ran while the first held"
+    );
     // A writer cannot get in while the reader runs.
     let (code, _, _) = run(
         &c,
