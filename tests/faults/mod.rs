@@ -287,3 +287,24 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Counts the disconnections of `m`'s current session from now on (to prove a fault reached it).
+pub fn count_disconnections(m: &LockManager) -> Arc<AtomicU64> {
+    let count = Arc::new(AtomicU64::new(0));
+    let mut watcher = m.zk_client().state_watcher();
+    tokio::spawn({
+        let count = count.clone();
+        async move {
+            loop {
+                match watcher.changed().await {
+                    zookeeper_client::SessionState::Disconnected => {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    state if state.is_terminated() => return,
+                    _ => {}
+                }
+            }
+        }
+    });
+    count
+}
