@@ -150,10 +150,21 @@ impl fmt::Display for Key {
     }
 }
 
+/// The longest namespace or raw lock path accepted, in bytes. A request must fit the server's
+/// `jute.maxbuffer` (1 MiB by default) or the server drops the whole connection, every hold of
+/// the session with it, on each try.
+pub(crate) const MAX_PATH_LEN: usize = 4096;
+
 /// Checks an absolute znode path given by configuration or by `--path` (trusted more than a
-/// key, but still checked): absolute, no empty, `.` or `..` components, no trailing `/`, no
-/// control characters, not the root and not under `/zookeeper`.
+/// key, but still checked): absolute, at most [`MAX_PATH_LEN`] bytes, no empty, `.` or `..`
+/// components, no trailing `/`, no control characters, not the root and not under `/zookeeper`.
 pub(crate) fn validate_path(path: &str, what: &str) -> Result<()> {
+    if path.len() > MAX_PATH_LEN {
+        return Err(Error::Config(format!(
+            "{what} is {} bytes long, over the {MAX_PATH_LEN} bytes a lock path may have",
+            path.len()
+        )));
+    }
     let bad = |why: &str| {
         Err(Error::Config(format!(
             "{what} {path:?} is not a usable znode path: {why}"

@@ -263,6 +263,19 @@ impl Builder {
     /// [`Error::Config`] for a bad namespace, [`Error::Unreachable`] when no server answers in time.
     pub async fn connect(self) -> Result<LockManager> {
         validate_path(&self.namespace, "namespace")?;
+        // It goes into every contender node: oversized node data makes the server drop the
+        // connection (and every hold of the session) on each create.
+        const MAX_IDENTITY_LEN: usize = 1024;
+        if let Some(id) = self
+            .identity
+            .as_deref()
+            .filter(|id| id.len() > MAX_IDENTITY_LEN)
+        {
+            return Err(Error::Config(format!(
+                "the identity is {} bytes long; keep it under {MAX_IDENTITY_LEN} bytes",
+                id.len()
+            )));
+        }
         if self.connect.trim().is_empty() {
             return Err(Error::Config(
                 "the connect string is empty; give host:port[,host:port...]".into(),

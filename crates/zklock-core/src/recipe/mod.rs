@@ -164,6 +164,17 @@ pub(crate) async fn ensure_parents(inner: &Inner, client: &Client, dir: &str) ->
                 if !parent.is_empty() {
                     match client.mkdir(parent, &CONTAINER).await {
                         Ok(()) => {}
+                        // mkdir makes every ancestor: only a missing chroot stops it for good.
+                        Err(zookeeper_client::Error::NoNode)
+                            if matches!(client.check_stat("/").await, Ok(None)) =>
+                        {
+                            return Err(Error::Config(format!(
+                                "cannot create the lock path {dir}: the chroot of the connect \
+                                 string does not exist on the server; create it first or remove \
+                                 it from the connect string"
+                            )))
+                        }
+                        Err(zookeeper_client::Error::NoNode) => {}
                         Err(err) => return Err(Error::zk("create the lock path", parent, err)),
                     }
                 }
