@@ -172,9 +172,11 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
             cycles: sizes.inproc,
             keys: 1,
             metric: Metric::Ops,
+            // kazoo_bench has no shared-client mode; the naive herd with 64 tasks on one
+            // session costs O(tasks) requests per handoff (see the drain rows) and minutes.
             cells: every(&zk)
                 .into_iter()
-                .filter(|(c, _)| *c != "kazoo")
+                .filter(|(c, _)| *c != "kazoo" && *c != "naive")
                 .collect(),
             target: Some(Target::Ratios {
                 curator: 20.0,
@@ -772,6 +774,25 @@ fn render(
             let _ = write!(md, " {text} |");
         }
         md.push('\n');
+    }
+
+    // What zklock's recipe costs per cycle, from the manager's counters.
+    md.push_str("\nzklock's recipe per cycle (per handoff for drain), from `LockManager::stats()`:\n\n| workload | requests | predecessor watch events |\n|---|---|---|\n");
+    for (row, cells) in rows.iter().zip(results) {
+        if let Some(Ok(r)) = cells.get("zklock") {
+            let (req, ev) = match row.metric {
+                Metric::Ops => ("requests_per_cycle", "events_per_cycle"),
+                Metric::Drain => ("requests_per_handoff", "events_per_handoff"),
+                Metric::Memory => continue,
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} |",
+                row.title,
+                r.get(req).unwrap_or("?"),
+                r.get(ev).unwrap_or("?")
+            );
+        }
     }
 
     // Memory detail.
