@@ -17,7 +17,7 @@ use zklock_testkit::{History, Mode, Proxy};
 async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_gets_in() {
     let zk = server();
     let proxy = Proxy::start(&zk.connect_string()).unwrap();
-    let session = Duration::from_secs(2);
+    let session = Duration::from_secs(3);
     let grace = Duration::from_millis(600);
     let history = History::new();
 
