@@ -111,6 +111,7 @@ async fn guard_reenter_and_scope_count_holds() {
         other.try_lock("g").await.unwrap().is_none(),
         "still held through the re-entry"
     );
+    other.flush().await; // its try_lock's node is gone before we count
     let n = again
         .scope(async {
             m.with_lock("g", async { children(&m, &path).await.len() })
