@@ -30,6 +30,10 @@ struct Cli {
     /// Tiny sizes: checks that every peer runs, figures mean nothing.
     #[arg(long)]
     quick: bool,
+    /// Also run the slow probes no target needs: zklock's memory with 10,000 waiters and the
+    /// local queue off (each waiter lists 10,000 siblings: about a minute).
+    #[arg(long)]
+    extended: bool,
     /// Also write the markdown to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -99,6 +103,8 @@ struct Sizes {
     drain_large: usize,
     herd: usize,
     memory: usize,
+    /// Also the slow probes that no target needs (zklock's memory with the local queue off).
+    extended: bool,
 }
 
 fn rows(sizes: &Sizes) -> Vec<Row> {
@@ -191,7 +197,8 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
         cycles: sizes.inproc,
         keys: 1,
         metric: Metric::Ops,
-        cells: vec![("zklock", zk_noq.clone()), ("curator", Shared("curator"))],
+        // The peers' figures are those of the row above (they have no local queue).
+        cells: vec![("zklock", zk_noq.clone())],
         target: None,
     });
     rows.push(Row {
@@ -248,7 +255,7 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
     });
     for workload in ["mem-waiters", "mem-keys"] {
         let mut cells = vec![("zklock", zk.clone()), ("curator", CuratorMem)];
-        if workload == "mem-waiters" {
+        if workload == "mem-waiters" && sizes.extended {
             cells.insert(1, ("zklock-noq", zk_noq.clone()));
         }
         rows.push(Row {
@@ -445,17 +452,19 @@ fn suite(cli: &Cli) -> Result<String, String> {
             drain_large: 40,
             herd: 10,
             memory: 100,
+            extended: cli.extended,
         }
     } else {
         Sizes {
-            uncontended: 3000,
-            contended: 400,
-            keys: 400,
+            uncontended: 2000,
+            contended: 250,
+            keys: 250,
             inproc: 40,
             drain_small: 1000,
             drain_large: 8000,
             herd: 200,
             memory: 10_000,
+            extended: cli.extended,
         }
     };
     let server = match &cli.connect {
@@ -550,6 +559,26 @@ fn suite(cli: &Cli) -> Result<String, String> {
         started.elapsed(),
         cli.quick,
     ))
+}
+
+/// A peer's outcome on an earlier row with the same workload and sizes (for rows that vary only
+/// zklock's local queue).
+fn earlier<'a>(
+    rows: &[Row],
+    results: &'a [BTreeMap<&'static str, Outcome>],
+    row: &Row,
+    column: &str,
+) -> Option<&'a Outcome> {
+    rows.iter()
+        .zip(results)
+        .take_while(|(r, _)| !std::ptr::eq(*r, row))
+        .filter(|(r, _)| {
+            r.workload == row.workload
+                && r.workers == row.workers
+                && r.cycles == row.cycles
+                && r.keys == row.keys
+        })
+        .find_map(|(_, cells)| cells.get(column))
 }
 
 fn figure(metric: Metric, report: &Report) -> Option<f64> {
@@ -688,14 +717,20 @@ fn render(
                     }
                     other => cell_text(row.metric, None, other),
                 }
+            } else if let Some(outcome) = cells.get(column) {
+                cell_text(row.metric, ours, Some(outcome))
+            } else if let Some(outcome) = earlier(rows, results, row, column) {
+                format!("{}†", cell_text(row.metric, ours, Some(outcome)))
             } else {
-                cell_text(row.metric, ours, cells.get(column))
+                cell_text(row.metric, ours, None)
             };
             let _ = write!(md, " {text} |");
         }
         let (target, met) = verdict(row, cells);
         let _ = writeln!(md, " {target} | {met} |");
     }
+
+    md.push_str("\n† the peer's figure from the row above: the same workload, for a peer without a local queue.\n");
 
     // Drain scaling: cost per waiter at the large size against the small one.
     let per_waiter = |title_part: &str, column: &str| {
