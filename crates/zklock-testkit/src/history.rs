@@ -1192,10 +1192,13 @@ pub fn check(events: &[Event]) -> Report {
             Op::ReleaseFailed { .. } => report.release_failures += 1,
             Op::Lost { reason } => {
                 report.losses += 1;
-                if let State::Holding(mut span) = std::mem::replace(state, State::Ended) {
-                    span.end_ns = Some(e.at_ns);
-                    span.end = HoldEnd::Lost(reason.clone());
-                    holds.push(span);
+                // A loss reported after the release (or between holds) ends nothing.
+                if matches!(state, State::Holding(_)) {
+                    if let State::Holding(mut span) = std::mem::replace(state, State::Ended) {
+                        span.end_ns = Some(e.at_ns);
+                        span.end = HoldEnd::Lost(reason.clone());
+                        holds.push(span);
+                    }
                 }
             }
             Op::Fault { .. } | Op::Crashed => unreachable!("handled above"),
@@ -1367,6 +1370,26 @@ mod tests {
         let r = check(&e);
         assert!(r.is_ok(), "{r}");
         assert_eq!(r.losses, 1);
+    }
+
+    #[test]
+    fn a_loss_reported_after_the_release_ends_nothing() {
+        let mut e = Vec::new();
+        hold(&mut e, "a", Mode::Exclusive, 1, 10, 20);
+        e.push(ev(
+            25,
+            "a",
+            "k",
+            Mode::Exclusive,
+            Op::Lost {
+                reason: "late".into(),
+            },
+        ));
+        hold(&mut e, "a", Mode::Exclusive, 2, 30, 40);
+        let r = check(&e);
+        assert!(r.is_ok(), "{r}");
+        assert_eq!(r.holds.len(), 2);
+        assert_eq!(r.holds[1].invoked_ns, 29);
     }
 
     #[test]
