@@ -25,7 +25,7 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     let strict = manager_with(&connect, long).await;
     let lenient = LockManager::builder(&connect)
         .session_timeout(long)
-        .disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(12)))
+        .disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(10)))
         .connect()
         .await
         .unwrap();

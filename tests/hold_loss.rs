@@ -181,7 +181,7 @@ async fn a_grace_policy_keeps_the_hold_through_a_short_disconnection() {
     let mut zk = server();
     let a = zklock::LockManager::builder(zk.connect_string())
         .session_timeout(Duration::from_secs(20))
-        .disconnect_policy(zklock::DisconnectPolicy::Grace(Duration::from_secs(15)))
+        .disconnect_policy(zklock::DisconnectPolicy::Grace(Duration::from_secs(10)))
         .connect()
         .await
         .unwrap();
@@ -210,4 +210,19 @@ async fn a_grace_policy_keeps_the_hold_through_a_short_disconnection() {
         held.loss_reason()
     );
     held.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_grace_longer_than_the_session_can_keep_is_refused() {
+    let zk = server();
+    let err = zklock::LockManager::builder(zk.connect_string())
+        .session_timeout(Duration::from_secs(4))
+        .disconnect_policy(zklock::DisconnectPolicy::Grace(Duration::from_secs(3)))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("grace")),
+        "{err}"
+    );
 }

@@ -263,6 +263,19 @@ impl Builder {
     /// [`Error::Config`] for a bad namespace, [`Error::Unreachable`] when no server answers in time.
     pub async fn connect(self) -> Result<LockManager> {
         validate_path(&self.namespace, "namespace")?;
+        if let DisconnectPolicy::Grace(grace) = self.disconnect_policy {
+            // The client notices a dead connection after about 0.4 x the session timeout; a hold
+            // kept past the session timeout may already belong to someone else.
+            if grace.as_secs_f64() + 0.4 * self.session_timeout.as_secs_f64()
+                >= self.session_timeout.as_secs_f64()
+            {
+                return Err(Error::Config(format!(
+                    "a disconnect grace of {grace:?} with a session timeout of {:?} could keep a hold the server \
+                     has already given away; keep the grace under 0.6 x the session timeout",
+                    self.session_timeout
+                )));
+            }
+        }
         // It goes into every contender node: oversized node data makes the server drop the
         // connection (and every hold of the session) on each create.
         const MAX_IDENTITY_LEN: usize = 1024;
