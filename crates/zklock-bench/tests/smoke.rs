@@ -20,6 +20,7 @@ fn bench(connect: &str, args: &[&str]) -> Report {
         "zklock-bench {args:?} failed: {stderr}"
     );
     let line = stdout.lines().last().unwrap_or_default();
+    eprintln!("{line}");
     parse_line(line).unwrap_or_else(|| panic!("not an output line: {line:?} (stderr: {stderr})"))
 }
 
