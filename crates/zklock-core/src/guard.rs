@@ -141,7 +141,8 @@ pub(crate) struct Hold {
     node_lost: watch::Receiver<Option<LossReason>>,
     node_lost_tx: Arc<watch::Sender<Option<LossReason>>>,
     revocation: Arc<Revocation>,
-    monitor: AbortHandle,
+    /// The watch on the node, started on first interest (see [`Hold::watch`]).
+    monitor: std::sync::OnceLock<AbortHandle>,
     released: AtomicBool,
     _ticket: DirTicket,
 }
@@ -171,17 +172,8 @@ impl Hold {
         revocation
             .revocable
             .store(inner.config.revocable, Ordering::SeqCst);
-        inner.count(1);
-        let monitor = inner
-            .runtime
-            .spawn(watch_node(
-                client.clone(),
-                node.clone(),
-                tx.clone(),
-                revocation.clone(),
-            ))
-            .abort_handle();
-        Hold {
+        let eager = inner.config.watch_held_nodes;
+        let hold = Hold {
             inner,
             client,
             key,
@@ -192,15 +184,46 @@ impl Hold {
             node_lost,
             node_lost_tx: tx,
             revocation,
-            monitor,
+            monitor: std::sync::OnceLock::new(),
             released: AtomicBool::new(false),
             _ticket: ticket,
+        };
+        if eager {
+            hold.watch();
+        }
+        hold
+    }
+
+    /// Starts watching the node (once): its deletion by someone else, or a revoke request,
+    /// becomes a loss. Started on first interest (`lost()`, `is_held()`, `make_revocable()`,
+    /// `with_lock`'s abort-on-loss) rather than at every grant: an unconditional watch puts a
+    /// request in front of every release, which costs an uncontended cycle about a third.
+    pub(crate) fn watch(&self) {
+        if self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        self.monitor.get_or_init(|| {
+            self.inner.count(1);
+            let watching = watch_node(
+                self.client.clone(),
+                self.node.clone(),
+                self.node_lost_tx.clone(),
+                self.revocation.clone(),
+            );
+            self.inner.runtime.spawn(watching).abort_handle()
+        });
+    }
+
+    fn stop_watching(&self) {
+        if let Some(monitor) = self.monitor.get() {
+            monitor.abort();
         }
     }
 
     /// Opts in to revocation: a revoke request (already made or to come) becomes a loss.
     pub(crate) fn make_revocable(&self) {
         self.revocation.revocable.store(true, Ordering::SeqCst);
+        self.watch();
         if self.revocation.requested.load(Ordering::SeqCst) {
             let _ = self.node_lost_tx.send(Some(LossReason::Revoked));
         }
@@ -218,6 +241,7 @@ impl Hold {
     }
 
     pub(crate) async fn lost(&self) -> LossReason {
+        self.watch();
         let mut health = self.health.clone();
         let mut node = self.node_lost.clone();
         let mut node_open = true;
@@ -237,7 +261,7 @@ impl Hold {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.monitor.abort();
+        self.stop_watching();
         let mut attempts = 0;
         loop {
             self.inner.count(1);
@@ -278,7 +302,7 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         if !self.released.swap(true, Ordering::SeqCst) {
-            self.monitor.abort();
+            self.stop_watching();
             delete_in_background(&self.inner, self.client.clone(), self.node.clone());
         }
     }
@@ -307,6 +331,7 @@ async fn watch_node(
     loop {
         match client.get_and_watch_data(&node).await {
             Err(zookeeper_client::Error::NoNode) => {
+                tracing::warn!(%node, "lock node deleted by someone else");
                 let _ = lost.send(Some(LossReason::NodeDeleted));
                 return;
             }
@@ -553,7 +578,7 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub fn is_held(&self) -> bool {
-        self.grant().loss_reason().is_none()
+        self.loss_reason().is_none()
     }
 
     /// Why the hold was lost, or `None` while it is held.
@@ -564,7 +589,9 @@ impl OwnedLockGuard {
     /// # Ok(()) }
     /// ```
     pub fn loss_reason(&self) -> Option<LossReason> {
-        self.grant().loss_reason()
+        let hold = self.grant().hold();
+        hold.watch();
+        hold.loss_reason()
     }
 
     /// Completes when the hold is lost, with the reason. Race it against the critical section

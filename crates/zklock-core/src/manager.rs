@@ -72,6 +72,7 @@ pub struct Builder {
     pub(crate) local_queue: bool,
     pub(crate) max_local_handoffs: u32,
     pub(crate) revocable: bool,
+    pub(crate) watch_held_nodes: bool,
     pub(crate) identity: Option<String>,
     /// `user:password` for ZooKeeper's digest scheme; lock nodes are then protected by ACLs.
     digest: Option<String>,
@@ -100,6 +101,7 @@ impl Builder {
             local_queue: true,
             max_local_handoffs: 32,
             revocable: false,
+            watch_held_nodes: false,
             identity: None,
             digest: None,
             #[cfg(feature = "tls")]
@@ -236,6 +238,20 @@ impl Builder {
     /// ```
     pub fn revocable(mut self, on: bool) -> Builder {
         self.revocable = on;
+        self
+    }
+
+    /// Watch every held node from the moment it is granted (default `false`: the watch starts
+    /// on first interest: `lost()`, `is_held()`, `loss_reason()`, `make_revocable()`, or a
+    /// `with_lock` body that aborts on loss). Session loss is noticed either way; the watch adds
+    /// the node's deletion by someone else. Eager watching costs a request per hold.
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("h:2181").watch_held_nodes(true);
+    /// # let _ = b;
+    /// ```
+    pub fn watch_held_nodes(mut self, on: bool) -> Builder {
+        self.watch_held_nodes = on;
         self
     }
 

@@ -177,9 +177,39 @@ impl Contend<'_> {
         let (name, czxid, children) = self.create(&client, &mut pending).await?;
         let me = self.kind.sort_key(&name).to_string();
         let mut queue = Queue::new(self.kind, children, &name)?;
+        // Set when a blocker went: the rest of the window may have gone too (in a FIFO drain it
+        // always has), so it is checked in one pipelined round instead of one node at a time.
+        let mut stale = false;
         loop {
             if let Some(floor) = ticket.granted_floor() {
                 queue.prune_below(&floor);
+            }
+            if stale && queue.below.len() > 1 {
+                stale = false;
+                let checks: Vec<_> = queue
+                    .below
+                    .iter()
+                    .map(|n| client.check_stat(&format!("{}/{n}", self.path)))
+                    .collect();
+                inner.count(checks.len() as u64);
+                let results = futures::future::join_all(checks).await;
+                let mut failed = None;
+                let mut alive = Vec::with_capacity(queue.below.len());
+                for (node, result) in queue.below.drain(..).zip(results) {
+                    match result {
+                        Ok(None) => {}
+                        Ok(Some(_)) => alive.push(node),
+                        Err(err) => {
+                            alive.push(node);
+                            failed = Some(err);
+                        }
+                    }
+                }
+                queue.below = alive;
+                if let Some(err) = failed {
+                    self.retry_or_fail("check the contenders", err).await?;
+                }
+                continue;
             }
             let Some(blocker) = queue.next_blocker() else {
                 if queue.hidden {
@@ -198,6 +228,7 @@ impl Contend<'_> {
             let watcher = match client.check_and_watch_stat(&blocker_path).await {
                 Ok((None, _)) => {
                     queue.remove_blocker();
+                    stale = true;
                     continue;
                 }
                 Ok((Some(_), watcher)) => watcher,
@@ -226,7 +257,10 @@ impl Contend<'_> {
                 .predecessor_events
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match event.event_type {
-                EventType::NodeDeleted => queue.remove_blocker(),
+                EventType::NodeDeleted => {
+                    queue.remove_blocker();
+                    stale = true;
+                }
                 EventType::Session => {
                     // The session ended while waiting: our node went with it.
                     return Err(match event.session_state {
@@ -398,26 +432,37 @@ struct Queue {
 }
 
 impl Queue {
-    fn new(kind: NodeKind, mut children: Vec<String>, me: &str) -> Result<Queue> {
-        children.sort_unstable_by(|a, b| kind.sort_key(a).cmp(kind.sort_key(b)));
-        let Some(at) = children.iter().position(|c| c == me) else {
+    fn new(kind: NodeKind, children: Vec<String>, me: &str) -> Result<Queue> {
+        if !children.iter().any(|c| c == me) {
             return Err(Error::LockLost {
                 key: me.to_string(),
                 reason: crate::LossReason::NodeDeleted,
             });
-        };
-        children.truncate(at);
+        }
+        let mine = kind.sort_key(me);
+        let order = |a: &String, b: &String| kind.sort_key(a).cmp(kind.sort_key(b));
+        let mut below: Vec<String> = children
+            .into_iter()
+            .filter(|c| kind.sort_key(c) < mine)
+            .collect();
         if !kind.exclusive() {
-            children.retain(|c| kind.blocked_by(c));
+            below.retain(|c| kind.blocked_by(c));
+            below.sort_unstable_by(order);
             return Ok(Queue {
                 kind,
-                below: children,
+                below,
                 hidden: false,
                 floor: String::new(),
             });
         }
-        let start = at.saturating_sub(WINDOW);
-        let below = children.split_off(start);
+        // Only the nearest WINDOW matter: select them instead of sorting a long queue.
+        let hidden = below.len() > WINDOW;
+        if hidden {
+            let cut = below.len() - WINDOW;
+            below.select_nth_unstable_by(cut, order);
+            below.drain(..cut);
+        }
+        below.sort_unstable_by(order);
         let floor = below
             .first()
             .map(|n| kind.sort_key(n).to_string())
@@ -425,7 +470,7 @@ impl Queue {
         Ok(Queue {
             kind,
             below,
-            hidden: start > 0,
+            hidden,
             floor,
         })
     }

@@ -314,6 +314,7 @@ impl Lease {
     /// # Ok(()) }
     /// ```
     pub fn is_held(&self) -> bool {
+        self.hold().watch();
         self.hold().loss_reason().is_none()
     }
 
