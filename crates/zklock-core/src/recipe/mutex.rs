@@ -60,6 +60,13 @@ impl Mutex {
 
     /// Waits for the lock and returns a guard borrowed from this handle.
     ///
+    /// # Reentrancy
+    /// Inside a holder frame of this lock (a `with_lock` body, `#[distributed_lock]`, or
+    /// [`OwnedLockGuard::scope`]) this re-enters instead of queueing, and the returned guard holds
+    /// the frame's gate: concurrent branches of that frame wait for it. To take the key again
+    /// from the same branch while holding that guard, use `with_lock` or `guard.scope(..)`, which
+    /// open a new frame; a second `lock()` from the same branch would wait for itself.
+    ///
     /// # Cancel safety
     /// This method is cancel safe. If the future is dropped before it completes, the contender
     /// node (if one was created) is deleted, and the lock is not acquired.
