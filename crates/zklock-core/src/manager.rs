@@ -895,7 +895,7 @@ impl LockManager {
     /// Runs `body` while holding the lock on `key`, then releases it: Curator's
     /// `Locker.lock(key, command)` shape.
     ///
-    /// If the hold is lost while `body` runs (see [`LockGuard::lost`]), `body` is dropped at its
+    /// If the hold is lost while `body` runs (see [`OwnedLockGuard::lost`](crate::OwnedLockGuard::lost)), `body` is dropped at its
     /// next await point and [`Error::LockLost`] is returned.
     ///
     /// # Cancel safety

@@ -136,7 +136,7 @@ impl Mutex {
     /// Waits at most `timeout` for the lock.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when the time runs out; the contender node is removed then.
+    /// [`Error::Timeout`](crate::Error::Timeout) when the time runs out; the contender node is removed then.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
