@@ -128,15 +128,7 @@ pub(crate) async fn create_node(
     };
     let ticket = inner.enter_dir(path);
     let client = inner.live_client().await?;
-    let protect = format!("_c_{}-", uuid::Uuid::new_v4());
-    let mut pending = Pending {
-        inner: inner.clone(),
-        client: client.clone(),
-        dir: path.clone(),
-        protect,
-        node: None,
-        sent: false,
-    };
+    let mut pending = Pending::new(inner, &client, path);
     let (_, czxid, children) = contend.create(&client, &mut pending).await?;
     let node = pending.disarm().expect("a created contender has a node");
     Ok((
@@ -164,15 +156,7 @@ impl Contend<'_> {
         let inner = self.inner;
         let ticket = inner.enter_dir(self.path);
         let client = inner.live_client().await?;
-        let protect = format!("_c_{}-", uuid::Uuid::new_v4());
-        let mut pending = Pending {
-            inner: inner.clone(),
-            client: client.clone(),
-            dir: self.path.clone(),
-            protect,
-            node: None,
-            sent: false,
-        };
+        let mut pending = Pending::new(inner, &client, self.path);
 
         let (name, czxid, children) = self.create(&client, &mut pending).await?;
         let me = self.kind.sort_key(&name).to_string();
@@ -390,6 +374,19 @@ struct Pending {
 }
 
 impl Pending {
+    /// A contender about to be created under `dir`, with a fresh protected prefix
+    /// (`_c_<uuid>-`, Curator's protection).
+    fn new(inner: &Arc<Inner>, client: &Client, dir: &Arc<str>) -> Pending {
+        Pending {
+            inner: inner.clone(),
+            client: client.clone(),
+            dir: dir.clone(),
+            protect: format!("_c_{}-", uuid::Uuid::new_v4()),
+            node: None,
+            sent: false,
+        }
+    }
+
     /// The acquire succeeded: the node now belongs to the hold.
     fn disarm(&mut self) -> Option<String> {
         self.sent = false;

@@ -18,10 +18,6 @@ use crate::guard::{HoldMode, OwnedLockGuard};
 use crate::manager::Inner;
 use crate::private::OnLost;
 
-/// The lock name of Curator's `InterProcessMutex`: nodes are `_c_<uuid>-lock-<seq>`.
-#[cfg(test)]
-pub(crate) const MUTEX_LOCK_NAME: &str = contender::MUTEX_NAME;
-
 /// One lock of one recipe: what the handles (`Mutex`, each side of `RwLock`) share.
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
@@ -295,15 +291,18 @@ mod tests {
     #[test]
     fn sorts_like_curator() {
         assert_eq!(
-            sort_key("_c_8d0f-lock-0000000007", MUTEX_LOCK_NAME),
+            sort_key("_c_8d0f-lock-0000000007", contender::MUTEX_NAME),
             "0000000007"
         );
-        assert_eq!(sort_key("lock-0000000003", MUTEX_LOCK_NAME), "0000000003");
+        assert_eq!(
+            sort_key("lock-0000000003", contender::MUTEX_NAME),
+            "0000000003"
+        );
         // The last occurrence counts, so a uuid or prefix containing "lock-" does not confuse it.
         assert_eq!(
-            sort_key("_c_x-lock-lock-0000000001", MUTEX_LOCK_NAME),
+            sort_key("_c_x-lock-lock-0000000001", contender::MUTEX_NAME),
             "0000000001"
         );
-        assert_eq!(sort_key("foreign", MUTEX_LOCK_NAME), "foreign");
+        assert_eq!(sort_key("foreign", contender::MUTEX_NAME), "foreign");
     }
 }
