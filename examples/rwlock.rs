@@ -29,7 +29,7 @@ async fn main() -> zklock::Result<()> {
         w.fencing_token(),
         rb.try_read().await?.is_some()
     );
-    let r = w.into_owned().downgrade().await?;
+    let r = w.downgrade().await?;
     println!(
         "downgraded to a read hold ({}); other readers join: {}",
         r.fencing_token(),

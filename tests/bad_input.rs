@@ -64,7 +64,7 @@ async fn hostile_keys_are_refused_by_every_entry_point_and_create_nothing() {
         ("dot-dot", m.mutex_at_path("/a/../b").map(drop)),
     ] {
         assert!(
-            matches!(result, Err(Error::Config(_))),
+            matches!(result, Err(Error::InvalidArgument(_))),
             "{what}: {result:?}"
         );
     }
@@ -105,7 +105,7 @@ async fn oversized_node_data_and_paths_are_refused_before_they_reach_the_server(
         m.semaphore_at_path(&huge_path, 3).map(drop),
     ] {
         match result {
-            Err(e @ Error::Config(_)) => assert!(e.to_string().len() < 400, "{e}"),
+            Err(e @ Error::InvalidArgument(_)) => assert!(e.to_string().len() < 400, "{e}"),
             other => panic!("an oversized path must be refused: {other:?}"),
         }
     }

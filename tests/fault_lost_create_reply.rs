@@ -15,7 +15,7 @@ use faults::*;
 use zklock::LockManager;
 use zklock_testkit::{AfterDrop, History, Mode, Proxy, Recorder, CREATE_OPCODES};
 
-async fn lock_recorded(m: &LockManager, key: &str, rec: &Recorder) -> zklock::LockGuard<'static> {
+async fn lock_recorded(m: &LockManager, key: &str, rec: &Recorder) -> zklock::LockGuard {
     rec.acquire_invoked(key, Mode::Exclusive);
     let guard = tokio::time::timeout(Duration::from_secs(20), m.lock(key))
         .await
@@ -25,7 +25,7 @@ async fn lock_recorded(m: &LockManager, key: &str, rec: &Recorder) -> zklock::Lo
     guard
 }
 
-async fn release_recorded(guard: zklock::LockGuard<'static>, key: &str, rec: &Recorder) {
+async fn release_recorded(guard: zklock::LockGuard, key: &str, rec: &Recorder) {
     rec.release_invoked(key);
     guard.release().await.unwrap();
     rec.release_ok(key);

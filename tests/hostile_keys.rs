@@ -87,6 +87,9 @@ async fn bad_namespace_and_raw_paths_are_refused() {
     }
     let m = manager(&zk.connect_string()).await;
     for p in ["no-slash", "/x/", "/x//y", "/zookeeper"] {
-        assert!(matches!(m.mutex_at_path(p), Err(Error::Config(_))), "{p}");
+        assert!(
+            matches!(m.mutex_at_path(p), Err(Error::InvalidArgument(_))),
+            "{p}"
+        );
     }
 }

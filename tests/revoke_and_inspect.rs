@@ -46,8 +46,8 @@ async fn inspect_shows_holder_and_waiters_in_order_with_identity() {
     waiter.await.unwrap();
 
     // Read/write: two readers hold, a writer waits.
-    let r1 = a.rwlock("cfg").unwrap().read().await.unwrap().into_owned();
-    let r2 = b.rwlock("cfg").unwrap().read().await.unwrap().into_owned();
+    let r1 = a.rwlock("cfg").unwrap().read().await.unwrap();
+    let r2 = b.rwlock("cfg").unwrap().read().await.unwrap();
     let w = tokio::spawn({
         let a = a.clone();
         async move {

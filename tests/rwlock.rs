@@ -49,7 +49,7 @@ async fn a_reader_behind_a_queued_writer_waits_fifo() {
     let b = manager(&zk.connect_string()).await;
     let c = manager(&zk.connect_string()).await;
     let path = a.rwlock("fifo").unwrap().path().to_string();
-    let first = a.rwlock("fifo").unwrap().read().await.unwrap().into_owned();
+    let first = a.rwlock("fifo").unwrap().read().await.unwrap();
     let writer = tokio::spawn({
         let b = b.clone();
         async move {
@@ -92,7 +92,7 @@ async fn read_inside_write_reenters_and_write_inside_read_is_refused() {
         .await
         .unwrap();
     assert!(
-        matches!(refused, Err(Error::WouldDeadlock(_))),
+        matches!(refused, Err(Error::WouldDeadlock { .. })),
         "{refused:?}"
     );
 }
@@ -103,7 +103,7 @@ async fn downgrade_keeps_excluding_writers_and_lets_readers_in() {
     let a = manager(&zk.connect_string()).await;
     let b = manager(&zk.connect_string()).await;
     let path = a.rwlock("dg").unwrap().path().to_string();
-    let w = a.rwlock("dg").unwrap().write().await.unwrap().into_owned();
+    let w = a.rwlock("dg").unwrap().write().await.unwrap();
     let token = w.fencing_token();
     let r = w.downgrade().await.unwrap();
     assert!(r.fencing_token() > token);
@@ -122,7 +122,7 @@ async fn downgrade_keeps_excluding_writers_and_lets_readers_in() {
     // With a writer queued behind the write node, the write node is kept until the read ends.
     drop(r);
     a.flush().await;
-    let w = a.rwlock("dg").unwrap().write().await.unwrap().into_owned();
+    let w = a.rwlock("dg").unwrap().write().await.unwrap();
     let queued = tokio::spawn({
         let b = b.clone();
         async move {

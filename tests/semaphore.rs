@@ -81,7 +81,10 @@ async fn try_timeout_and_many() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
-    assert!(matches!(sb.acquire_many(4).await, Err(Error::Config(_))));
+    assert!(matches!(
+        sb.acquire_many(4).await,
+        Err(Error::InvalidArgument(_))
+    ));
     // All or nothing: two leases cannot be had while only one is free.
     drop(one);
     b.flush().await;

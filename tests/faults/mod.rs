@@ -78,7 +78,7 @@ impl Crew {
 /// Holds `guard` for up to `hold`, stopping at once when the hold is reported lost; then records
 /// the release and releases.
 async fn hold_and_release(
-    guard: LockGuard<'_>,
+    guard: LockGuard,
     key: &str,
     rec: &Recorder,
     crew: &Crew,
@@ -101,9 +101,9 @@ async fn hold_and_release(
 }
 
 /// Records one acquire and what follows it.
-async fn attempt<'a, F>(acquire: F, key: &str, mode: Mode, rec: &Recorder, crew: &Crew, work: Work)
+async fn attempt<F>(acquire: F, key: &str, mode: Mode, rec: &Recorder, crew: &Crew, work: Work)
 where
-    F: Future<Output = zklock::Result<LockGuard<'a>>>,
+    F: Future<Output = zklock::Result<LockGuard>>,
 {
     rec.acquire_invoked(key, mode);
     match acquire.await {

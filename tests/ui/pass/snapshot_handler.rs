@@ -1,2 +1,2 @@
 // The handler of the expansion snapshot, through the macro.
-include!("../../../crates/zklock-macros/snapshots/handler.rs");
+include!("../../../zklock-macros/snapshots/handler.rs");

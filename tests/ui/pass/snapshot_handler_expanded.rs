@@ -1,2 +1,2 @@
 // The expansion snapshot itself compiles as plain code.
-include!("../../../crates/zklock-macros/snapshots/handler.expanded.rs");
+include!("../../../zklock-macros/snapshots/handler.expanded.rs");

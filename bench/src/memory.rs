@@ -1,0 +1,126 @@
+//! Memory probes: the resident set of one process with many tasks waiting on one key, or with
+//! many distinct keys held.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::drain::wait_queued;
+use crate::ops::local_queue_field;
+use crate::peer::Setup;
+use crate::{BenchError, Options, Peer, Report, Result, Workload};
+
+/// A field of `/proc/self/status` in kB (`VmRSS`, `VmHWM`); 0 where there is none.
+pub(crate) fn status_kb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| {
+                let rest = line.strip_prefix(field)?.strip_prefix(':')?;
+                rest.split_whitespace().next()?.parse().ok()
+            })
+        })
+        .unwrap_or(0)
+}
+
+pub(crate) async fn run(options: &Options) -> Result<Report> {
+    if options.peer != Peer::Zklock {
+        return Err(BenchError(
+            "the memory probes measure zklock (Curator's: bench/java/CuratorMem.java)".into(),
+        ));
+    }
+    let tasks = options.workers;
+    let setup = Setup::new(options, 1).await?;
+    let contender = Arc::new(setup.contender(options, 1).await?);
+    let manager = contender.manager().expect("a zklock contender").clone();
+    contender.acquire(0).await?.release().await?;
+    manager.flush().await;
+    let base_kb = status_kb("VmRSS");
+    let t0 = Instant::now();
+
+    let mut report = Report::new();
+    report.push("peer", options.peer);
+    report.push("workload", options.workload);
+    report.push("tasks", tasks);
+    match options.workload {
+        Workload::MemWaiters => {
+            let first = contender.acquire(0).await?;
+            let started = Arc::new(AtomicUsize::new(0));
+            let mut waiters = Vec::with_capacity(tasks);
+            for _ in 0..tasks {
+                let contender = contender.clone();
+                let started = started.clone();
+                waiters.push(tokio::spawn(async move {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let held = contender.acquire(0).await?;
+                    held.release().await?;
+                    Ok::<_, BenchError>(())
+                }));
+            }
+            wait_queued(options, &setup, &contender, &started, tasks).await?;
+            let secs = t0.elapsed().as_secs_f64();
+            push_rss(&mut report, base_kb, tasks, secs);
+            // Cancel the waiters: each removes its node (cancel safety), then release.
+            for w in &waiters {
+                w.abort();
+            }
+            for w in waiters {
+                let _ = w.await;
+            }
+            first.release().await?;
+        }
+        Workload::MemKeys => {
+            let acquires = (0..tasks).map(|i| {
+                let manager = manager.clone();
+                tokio::spawn(
+                    async move { Ok::<_, BenchError>(manager.lock(&format!("m{i}")).await?) },
+                )
+            });
+            let mut guards = Vec::with_capacity(tasks);
+            for acquire in acquires.collect::<Vec<_>>() {
+                guards.push(
+                    acquire
+                        .await
+                        .map_err(|e| BenchError(format!("acquire panicked: {e}")))??,
+                );
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            push_rss(&mut report, base_kb, tasks, secs);
+            drop(guards);
+        }
+        _ => unreachable!("not a memory workload"),
+    }
+    report.push("local_queue", local_queue_field(options));
+    let _ = tokio::time::timeout(Duration::from_secs(60), manager.flush()).await;
+    drop(manager);
+    drop(contender);
+    setup.cleanup().await;
+    Ok(report)
+}
+
+fn push_rss(report: &mut Report, base_kb: u64, tasks: usize, secs: f64) {
+    let rss_kb = status_kb("VmRSS");
+    let peak_kb = status_kb("VmHWM");
+    report.push("secs", format!("{secs:.3}"));
+    report.push("rss_base_kb", base_kb);
+    report.push("rss_kb", rss_kb);
+    report.push("peak_kb", peak_kb);
+    report.push(
+        "peak_per_task_kb",
+        format!(
+            "{:.2}",
+            peak_kb.saturating_sub(base_kb) as f64 / tasks.max(1) as f64
+        ),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_its_own_status() {
+        let rss = super::status_kb("VmRSS");
+        assert!(rss > 0);
+        assert!(super::status_kb("VmHWM") >= rss);
+        assert_eq!(super::status_kb("NoSuchField"), 0);
+    }
+}

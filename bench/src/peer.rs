@@ -1,0 +1,283 @@
+//! The lock implementations measured, behind one acquire/release interface.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use zklock_core::{LockManager, Mutex};
+use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, LockOptions, LockPrefix};
+
+use crate::{BenchError, Options, Peer, Result};
+
+static EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
+    CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+static EPHEMERAL: CreateOptions<'static> = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+static PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
+static CONTAINER: CreateOptions<'static> = CreateMode::Container.with_acls(Acls::anyone_all());
+
+/// Counters of the naive (herd) peer, shared by every session of a run.
+#[derive(Debug, Default)]
+pub(crate) struct NaiveCounters {
+    /// Requests sent (creates, exists-watches, deletes).
+    pub(crate) requests: AtomicU64,
+    /// Watch events delivered to waiters (each wakes a waiter that then retries).
+    pub(crate) events: AtomicU64,
+    /// Acquires that have registered their first watch (they are queued, in the herd's way).
+    pub(crate) watching: AtomicU64,
+}
+
+/// Opens a zklock manager with the run's options under `namespace`.
+pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result<LockManager> {
+    let builder = LockManager::builder(options.connect.clone())
+        .namespace(namespace)
+        .session_timeout(options.session_timeout);
+    Ok(builder.local_queue(options.local_queue).connect().await?)
+}
+
+/// Opens a bare zookeeper-client session.
+pub(crate) async fn raw_client(options: &Options) -> Result<Client> {
+    Ok(Client::connector()
+        .with_session_timeout(options.session_timeout)
+        .connect(&options.connect)
+        .await?)
+}
+
+/// Creates `path` and its ancestors as persistent nodes (existing ones are fine).
+pub(crate) async fn mkdir_persistent(client: &Client, path: &str) -> Result<()> {
+    Ok(client.mkdir(path, &PERSISTENT).await?)
+}
+
+/// Deletes `root`'s tree, best effort (the paths of peers other than zklock are persistent).
+pub(crate) async fn remove_tree(client: &Client, root: &str) {
+    let mut stack = vec![root.to_string()];
+    let mut order = vec![];
+    while let Some(path) = stack.pop() {
+        if let Ok(children) = client.list_children(&path).await {
+            for c in children {
+                stack.push(format!("{path}/{c}"));
+            }
+        }
+        order.push(path);
+    }
+    for path in order.iter().rev() {
+        let _ = client.delete(path, None).await;
+    }
+}
+
+/// One session (or one manager) of a peer, with a handle per key.
+pub(crate) enum Contender {
+    Zklock {
+        manager: LockManager,
+        mutexes: Vec<Mutex>,
+    },
+    Floor {
+        client: Client,
+        /// `<root>/k<i>/_c_<uuid>-lock-`: the same node names as Curator's, made once.
+        prefixes: Vec<String>,
+    },
+    Zkclient {
+        client: Client,
+        dirs: Vec<String>,
+    },
+    Naive {
+        client: Client,
+        nodes: Vec<String>,
+        counters: Arc<NaiveCounters>,
+    },
+}
+
+/// What a peer's run shares between its sessions: where its keys live.
+pub(crate) struct Setup {
+    pub(crate) peer: Peer,
+    pub(crate) root: String,
+    pub(crate) naive: Arc<NaiveCounters>,
+    /// A session to prepare and clean up the paths (not the zklock peer's).
+    admin: Option<Client>,
+}
+
+impl Setup {
+    /// Prepares the paths of `keys` keys (plus the warm-up key, index `keys`).
+    pub(crate) async fn new(options: &Options, keys: usize) -> Result<Setup> {
+        let peer = options.peer;
+        let root = crate::run_root(peer);
+        let admin = match peer {
+            Peer::Zklock => None,
+            _ => Some(raw_client(options).await?),
+        };
+        if let (Some(admin), Peer::Floor | Peer::Naive) = (&admin, peer) {
+            for k in 0..=keys {
+                mkdir_persistent(admin, &format!("{root}/k{k}")).await?;
+            }
+        }
+        Ok(Setup {
+            peer,
+            root,
+            naive: Arc::default(),
+            admin,
+        })
+    }
+
+    /// Opens one session with handles for `keys` keys (plus the warm-up key).
+    pub(crate) async fn contender(&self, options: &Options, keys: usize) -> Result<Contender> {
+        let all = 0..=keys;
+        Ok(match self.peer {
+            Peer::Zklock => {
+                let manager = zklock_manager(options, &self.root).await?;
+                let mutexes = all
+                    .map(|k| manager.mutex(&format!("k{k}")))
+                    .collect::<zklock_core::Result<_>>()?;
+                Contender::Zklock { manager, mutexes }
+            }
+            Peer::Floor => {
+                let protect = format!("_c_{}-lock-", uuid::Uuid::new_v4());
+                Contender::Floor {
+                    client: raw_client(options).await?,
+                    prefixes: all
+                        .map(|k| format!("{}/k{k}/{protect}", self.root))
+                        .collect(),
+                }
+            }
+            Peer::Zkclient => Contender::Zkclient {
+                client: raw_client(options).await?,
+                dirs: all.map(|k| format!("{}/k{k}", self.root)).collect(),
+            },
+            Peer::Naive => Contender::Naive {
+                client: raw_client(options).await?,
+                nodes: all.map(|k| format!("{}/k{k}/lock", self.root)).collect(),
+                counters: self.naive.clone(),
+            },
+        })
+    }
+
+    /// Removes the run's persistent paths (zklock's and zookeeper-client's parents are
+    /// containers, which the server removes itself).
+    pub(crate) async fn cleanup(&self) {
+        if let (Some(admin), Peer::Floor | Peer::Naive) = (&self.admin, self.peer) {
+            remove_tree(admin, &self.root).await;
+        }
+    }
+}
+
+/// A granted acquire, to be released.
+pub(crate) enum Held<'a> {
+    Zklock(zklock_core::LockGuard),
+    Node(&'a Client, String),
+}
+
+impl Held<'_> {
+    /// Releases and waits for the server's answer (as Curator's `release()` does).
+    pub(crate) async fn release(self) -> Result<()> {
+        match self {
+            Held::Zklock(guard) => Ok(guard.release().await?),
+            Held::Node(client, path) => Ok(client.delete(&path, None).await?),
+        }
+    }
+}
+
+impl Contender {
+    /// Takes key `k` (for the floor: creates a node, and excludes nobody).
+    pub(crate) async fn acquire(&self, k: usize) -> Result<Held<'_>> {
+        match self {
+            Contender::Zklock { mutexes, .. } => Ok(Held::Zklock(mutexes[k].lock().await?)),
+            Contender::Floor { client, prefixes } => {
+                let (_, seq) = client
+                    .create(&prefixes[k], &[], &EPHEMERAL_SEQUENTIAL)
+                    .await?;
+                Ok(Held::Node(client, format!("{}{seq}", prefixes[k])))
+            }
+            Contender::Zkclient { client, dirs } => {
+                let options = LockOptions::new(Acls::anyone_all())
+                    .with_ancestor_options(CONTAINER.clone())?;
+                let lock = client
+                    .lock(LockPrefix::new_curator(&dirs[k], "lock-")?, &[], options)
+                    .await?;
+                let path = lock.lock_path().to_string();
+                // zookeeper-client releases only by dropping the guard, in a spawned task; the
+                // bench deletes the node itself to wait for the answer. Forgetting the guard
+                // leaks its path string only (it borrows the client).
+                std::mem::forget(lock);
+                Ok(Held::Node(client, path))
+            }
+            Contender::Naive {
+                client,
+                nodes,
+                counters,
+            } => {
+                let node = &nodes[k];
+                let mut watched = false;
+                loop {
+                    counters.requests.fetch_add(1, Ordering::Relaxed);
+                    match client.create(node, &[], &EPHEMERAL).await {
+                        Ok(_) => return Ok(Held::Node(client, node.clone())),
+                        Err(zookeeper_client::Error::NodeExists) => {}
+                        Err(err) => return Err(err.into()),
+                    }
+                    counters.requests.fetch_add(1, Ordering::Relaxed);
+                    match client.check_and_watch_stat(node).await? {
+                        (None, _) => continue,
+                        (Some(_), watcher) => {
+                            if !watched {
+                                watched = true;
+                                counters.watching.fetch_add(1, Ordering::Relaxed);
+                            }
+                            watcher.changed().await;
+                            counters.events.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The zklock manager of this session, if the peer is zklock.
+    pub(crate) fn manager(&self) -> Option<&LockManager> {
+        match self {
+            Contender::Zklock { manager, .. } => Some(manager),
+            _ => None,
+        }
+    }
+
+    /// The bare client of this session, if the peer is not zklock.
+    pub(crate) fn client(&self) -> Option<&Client> {
+        match self {
+            Contender::Zklock { .. } => None,
+            Contender::Floor { client, .. }
+            | Contender::Zkclient { client, .. }
+            | Contender::Naive { client, .. } => Some(client),
+        }
+    }
+
+    /// The znode path of key `k`'s lock (whose children are the contenders).
+    pub(crate) fn lock_dir(&self, k: usize) -> Result<String> {
+        match self {
+            Contender::Zklock { mutexes, .. } => Ok(mutexes[k].path().to_string()),
+            Contender::Floor { prefixes, .. } => Ok(parent(&prefixes[k]).to_string()),
+            Contender::Zkclient { dirs, .. } => Ok(dirs[k].clone()),
+            Contender::Naive { nodes, .. } => Ok(parent(&nodes[k]).to_string()),
+        }
+    }
+
+    /// The children of key `k`'s lock path (empty when it does not exist).
+    pub(crate) async fn children(&self, k: usize) -> Result<Vec<String>> {
+        let dir = self.lock_dir(k)?;
+        let client = match self {
+            Contender::Zklock { manager, .. } => manager.zk_client(),
+            other => other.client().expect("a bare peer has a client").clone(),
+        };
+        match client.list_children(&dir).await {
+            Ok(children) => Ok(children),
+            Err(zookeeper_client::Error::NoNode) => Ok(vec![]),
+            Err(err) => Err(BenchError(format!("list {dir}: {err}"))),
+        }
+    }
+
+    /// Waits until every background release of this session is done.
+    pub(crate) async fn flush(&self) {
+        if let Contender::Zklock { manager, .. } = self {
+            manager.flush().await;
+        }
+    }
+}
+
+fn parent(path: &str) -> &str {
+    path.rsplit_once('/').map_or(path, |(p, _)| p)
+}

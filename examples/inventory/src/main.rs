@@ -1,0 +1,245 @@
+//! `zklock-inventory serve` runs one instance of the inventory service;
+//! `zklock-inventory demo` runs the whole anti-oversell demo.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use zklock::LockManager;
+use zklock_inventory::driver::{self, DemoOptions, Mode};
+use zklock_inventory::instances::LISTENING;
+use zklock_inventory::report;
+use zklock_inventory::service::{self, AppState, Config};
+use zklock_inventory::store::Store;
+use zklock_testkit::RedisServer;
+
+/// An inventory service that does not oversell, on ZooKeeper locks and Redis; and its demo.
+#[derive(Parser, Debug)]
+#[command(name = "zklock-inventory", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one instance of the service.
+    Serve(ServeArgs),
+    /// Run the demo: several instances, many clients, without and with the lock.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Address to listen on (port 0 picks a free one; the address is printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Redis holding the stock.
+    #[arg(
+        long,
+        env = "ZKLOCK_INVENTORY_REDIS",
+        default_value = "redis://127.0.0.1:6379/"
+    )]
+    redis: String,
+    /// ZooKeeper connect string.
+    #[arg(long, env = "ZKLOCK_CONNECT", default_value = "127.0.0.1:2181")]
+    zk: String,
+    /// Take no lock (and so no fencing): shows the oversell.
+    #[arg(long)]
+    no_lock: bool,
+    /// This instance's number, reported in answers.
+    #[arg(long, default_value_t = 1)]
+    instance: u32,
+    /// ZooKeeper session timeout.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    session_timeout: Duration,
+    /// Simulated work (pricing, payment) between reading and writing the stock.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    work: Duration,
+    /// Honour the debug `hold` field of orders (for the pause scenario only).
+    #[arg(long)]
+    debug_hold: bool,
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// Instances (separate processes) of the service.
+    #[arg(long, default_value_t = 4)]
+    instances: u32,
+    /// Concurrent clients, spread over the instances.
+    #[arg(long, default_value_t = 64)]
+    clients: u32,
+    /// SKUs.
+    #[arg(long, default_value_t = 10)]
+    skus: u32,
+    /// Initial stock of each SKU.
+    #[arg(long, default_value_t = 200)]
+    stock: i64,
+    /// Orders placed, as a multiple of the total stock.
+    #[arg(long, default_value_t = 3.0)]
+    demand: f64,
+    /// Simulated work (pricing, payment) between reading and writing the stock; the default
+    /// has none: the separate Redis round trips alone let orders overlap.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    work: Duration,
+    /// ZooKeeper session timeout of the instances (the pause scenario waits this long).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
+    session_timeout: Duration,
+    /// Also run the pause scenario: a lock holder frozen past its session timeout.
+    #[arg(long)]
+    pause: bool,
+    /// Modes to run, in order: `nolock`, `lock`.
+    #[arg(long, value_delimiter = ',', default_value = "nolock,lock")]
+    modes: Vec<String>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Demo(args) => demo(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("zklock-inventory: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn serve(args: ServeArgs) -> Result<ExitCode, BoxError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let manager = if args.no_lock {
+            None
+        } else {
+            let manager = LockManager::builder(args.zk.as_str())
+                .session_timeout(args.session_timeout)
+                .connect()
+                .await?;
+            Some(manager)
+        };
+        let store = Store::connect(&args.redis).await?;
+        let config = Config {
+            instance: args.instance,
+            manager: manager.clone(),
+            debug_hold: args.debug_hold,
+            work: args.work,
+        };
+        let listener = tokio::net::TcpListener::bind(args.listen).await?;
+        let addr = listener.local_addr()?;
+        eprintln!(
+            "instance {}: {}, redis {}, {LISTENING}{addr}",
+            args.instance,
+            match &manager {
+                Some(_) => format!("locking in ZooKeeper at {}", args.zk),
+                None => "no lock".to_string(),
+            },
+            args.redis
+        );
+        {
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "instance {} {LISTENING}{addr}", args.instance)?;
+            stdout.flush()?;
+        }
+        service::serve(listener, AppState::new(config, store), shutdown_signal()).await?;
+        if let Some(manager) = manager {
+            manager.flush().await;
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn demo(args: DemoArgs) -> Result<ExitCode, BoxError> {
+    let modes = args
+        .modes
+        .iter()
+        .map(|m| match m.as_str() {
+            "nolock" | "no-lock" => Ok(Mode::NoLock),
+            "lock" => Ok(Mode::Lock),
+            other => Err(format!("unknown mode {other:?}: use nolock, lock")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if args.pause && args.instances < 2 {
+        return Err("the pause scenario needs --instances 2 or more".into());
+    }
+    if args.instances == 0 || args.clients == 0 || args.skus == 0 || args.stock <= 0 {
+        return Err("instances, clients, skus and stock must be positive".into());
+    }
+    let (_zk, connect) = match std::env::var("ZKLOCK_CONNECT") {
+        Ok(connect) if !connect.trim().is_empty() => {
+            println!("ZooKeeper: {connect} (from ZKLOCK_CONNECT)");
+            (None, connect)
+        }
+        _ => {
+            let server = zklock_testkit::ZkServer::start()
+                .map_err(|e| format!("starting ZooKeeper: {e}"))?;
+            let connect = server.connect_string();
+            println!("ZooKeeper: started on {connect}");
+            (Some(server), connect)
+        }
+    };
+    let redis = RedisServer::start().map_err(|e| format!("starting redis-server: {e}"))?;
+    println!("Redis: started on {}", redis.url());
+    let logs = tempfile::Builder::new()
+        .prefix("zklock-inventory-logs-")
+        .tempdir()?;
+    let options = DemoOptions {
+        exe: std::env::current_exe()?,
+        redis: redis.url(),
+        zk: connect,
+        instances: args.instances,
+        clients: args.clients,
+        skus: args.skus,
+        stock: args.stock,
+        demand: args.demand,
+        work: args.work,
+        session_timeout: args.session_timeout,
+        modes,
+        pause: args.pause,
+        progress: !args.no_progress,
+        log_dir: logs.path().to_path_buf(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // On Ctrl-C the driver is dropped (its instances are killed), then Redis and ZooKeeper stop.
+    let results = runtime.block_on(async {
+        tokio::select! {
+            results = driver::run(&options) => results,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".into()),
+        }
+    })?;
+    drop(runtime);
+    print!("{}", report::render(&results));
+    let locked_ok = results
+        .modes
+        .iter()
+        .filter(|r| r.mode == Mode::Lock)
+        .all(|r| r.oversold == 0);
+    let pause_ok = results.pause.as_ref().is_none_or(|p| p.stale_rejected());
+    Ok(if locked_ok && pause_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

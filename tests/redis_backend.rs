@@ -1,0 +1,837 @@
+//! The Redis backend against a real `redis-server` (the test kit's, on a free port): exclusion
+//! across managers, strictly increasing tokens, timeouts and tries, cancel safety, reentrancy,
+//! `#[distributed_lock]`, read/write locks, semaphores, FIFO within a process, and a hold that
+//! can no longer renew being reported lost before anyone else gets in.
+//!
+//! The behaviours are backend-agnostic functions in `behaviour`, each taking a [`Factory`] of
+//! managers that share one lock service, so that a shared suite can run them on ZooKeeper and
+//! in memory too. What only Redis has (its keys, pausing its server) is in the tests below.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use zklock::{Error, LockManager, LossReason};
+use zklock_testkit::{Proxy, RedisServer};
+
+/// Makes managers that share one lock service (here: one Redis server).
+pub type Factory = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = LockManager> + Send>> + Send + Sync>;
+
+/// The lease most tests run with: long enough that a busy 2-core machine never misses a
+/// renewal, short enough for loss tests to be quick.
+const LEASE: Duration = Duration::from_secs(3);
+
+/// What a busy machine may add to a timer.
+const SLACK: Duration = Duration::from_millis(250);
+
+/// Backend-agnostic behaviours: each takes a factory of managers on one lock service.
+pub mod behaviour {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use rand::Rng;
+    use zklock::{current_fencing_token, distributed_lock, Error, FencingToken, LockManager};
+
+    use super::Factory;
+
+    /// Counts who is inside a critical section; the most seen at once.
+    #[derive(Default)]
+    pub struct Overlap {
+        inside: AtomicUsize,
+        max: AtomicUsize,
+        entries: AtomicUsize,
+    }
+
+    /// Leaves the section when dropped (also when a body is aborted at an await point).
+    pub struct Inside<'a>(&'a Overlap);
+
+    impl Overlap {
+        pub fn enter(&self) -> Inside<'_> {
+            let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(now, Ordering::SeqCst);
+            self.entries.fetch_add(1, Ordering::SeqCst);
+            Inside(self)
+        }
+
+        pub fn max(&self) -> usize {
+            self.max.load(Ordering::SeqCst)
+        }
+
+        pub fn entries(&self) -> usize {
+            self.entries.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Drop for Inside<'_> {
+        fn drop(&mut self) {
+            self.0.inside.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Three managers, three tasks each, many holds of one key: never two holders at once.
+    pub async fn exclusion_across_managers(factory: Factory) {
+        let managers = managers(&factory, 3).await;
+        let overlap = Arc::new(Overlap::default());
+        let mut tasks = vec![];
+        for m in &managers {
+            for _ in 0..3 {
+                let (m, overlap) = (m.clone(), overlap.clone());
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..8 {
+                        m.with_lock("excl", async {
+                            let _inside = overlap.enter();
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        })
+                        .await
+                        .unwrap();
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(overlap.entries(), 3 * 3 * 8);
+        assert_eq!(overlap.max(), 1, "two holders at once");
+        flush(&managers).await;
+    }
+
+    /// Holders of one key, across managers and local handoffs, see strictly increasing
+    /// tokens in the order they held.
+    pub async fn tokens_strictly_increase(factory: Factory) {
+        let managers = managers(&factory, 3).await;
+        let seen: Arc<Mutex<Vec<FencingToken>>> = Arc::default();
+        let mut tasks = vec![];
+        for m in &managers {
+            for _ in 0..2 {
+                let (m, seen) = (m.clone(), seen.clone());
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..6 {
+                        let guard = m.lock("tokens").await.unwrap();
+                        seen.lock().unwrap().push(guard.fencing_token());
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        drop(guard);
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 36);
+        for pair in seen.windows(2) {
+            assert!(pair[0] < pair[1], "tokens must increase: {seen:?}");
+        }
+    }
+
+    /// `try_lock` answers at once while another manager holds the key, `lock_timeout` gives up
+    /// in time with `Timeout`, and both succeed once the key is free.
+    pub async fn lock_timeout_and_try_lock(factory: Factory) {
+        let [a, b] = <[LockManager; 2]>::try_from(managers(&factory, 2).await).unwrap();
+        let held = a.lock("busy").await.unwrap();
+        let started = std::time::Instant::now();
+        assert!(b.try_lock("busy").await.unwrap().is_none());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "try_lock waited"
+        );
+        let started = std::time::Instant::now();
+        let err = b
+            .lock_timeout("busy", Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        held.release().await.unwrap();
+        let got = b.try_lock("busy").await.unwrap().expect("free now");
+        got.release().await.unwrap();
+        let got = b
+            .lock_timeout("busy", Duration::from_secs(2))
+            .await
+            .unwrap();
+        drop(got);
+    }
+
+    /// A waiter is woken by the release, not by polling: it gets the lock soon after.
+    pub async fn release_wakes_a_waiter_promptly(factory: Factory) {
+        let [a, b] = <[LockManager; 2]>::try_from(managers(&factory, 2).await).unwrap();
+        let held = a.lock("wake").await.unwrap();
+        let waiter = tokio::spawn(async move {
+            let guard = b.lock("wake").await.unwrap();
+            let at = std::time::Instant::now();
+            drop(guard);
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = std::time::Instant::now();
+        held.release().await.unwrap();
+        let got = waiter.await.unwrap();
+        let after = got.duration_since(released);
+        assert!(after < Duration::from_millis(500), "woken after {after:?}");
+    }
+
+    /// Acquires of every recipe dropped at random points (before, during, after the grant),
+    /// then: every key is free again for another manager.
+    pub async fn cancel_safety(factory: Factory) {
+        let managers = managers(&factory, 3).await;
+        let mut tasks = vec![];
+        for (i, m) in managers.iter().enumerate() {
+            for j in 0..4 {
+                let m = m.clone();
+                tasks.push(tokio::spawn(async move {
+                    for round in 0..15 {
+                        let cut = Duration::from_micros(rand::thread_rng().gen_range(0..4000));
+                        match (i + j + round) % 4 {
+                            0 => {
+                                let _ = tokio::time::timeout(cut, m.lock("cancel")).await;
+                            }
+                            1 => {
+                                let rw = m.rwlock("cancel").unwrap();
+                                let _ = tokio::time::timeout(cut, rw.write()).await;
+                            }
+                            2 => {
+                                let rw = m.rwlock("cancel").unwrap();
+                                let _ = tokio::time::timeout(cut, rw.read()).await;
+                            }
+                            _ => {
+                                let s = m.semaphore("cancel", 2).unwrap();
+                                let _ = tokio::time::timeout(cut, s.acquire_many(2)).await;
+                            }
+                        }
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        for m in &managers {
+            m.flush().await;
+        }
+        let other = factory().await;
+        let free = Duration::from_secs(1);
+        let g = other
+            .lock_timeout("cancel", free)
+            .await
+            .expect("mutex free");
+        drop(g);
+        let rw = other.rwlock("cancel").unwrap();
+        drop(rw.write_timeout(free).await.expect("write lock free"));
+        let s = other.semaphore("cancel", 2).unwrap();
+        drop(
+            s.acquire_many_timeout(2, free)
+                .await
+                .expect("semaphore free"),
+        );
+        other.flush().await;
+    }
+
+    /// `with_lock` re-enters a key its frame holds, with the same token and no wait, and
+    /// releases it with the outermost hold.
+    pub async fn reentrancy_in_with_lock(factory: Factory) {
+        let [a, b] = <[LockManager; 2]>::try_from(managers(&factory, 2).await).unwrap();
+        let b2 = b.clone();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            a.with_lock("re", async {
+                let token = current_fencing_token().unwrap();
+                let inner = a
+                    .with_lock("re", async {
+                        assert_eq!(current_fencing_token(), Some(token));
+                        a.with_lock("re", async { current_fencing_token() })
+                            .await
+                            .unwrap()
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(inner, Some(token));
+                // From a task of its own: a frame re-enters any manager's lock on its path.
+                let other = tokio::spawn(async move { b2.try_lock("re").await.unwrap().is_none() });
+                assert!(other.await.unwrap(), "still held");
+            }),
+        )
+        .await
+        .expect("re-entry must not deadlock")
+        .unwrap();
+        assert_eq!(current_fencing_token(), None);
+        a.flush().await;
+        drop(
+            b.try_lock("re")
+                .await
+                .unwrap()
+                .expect("free after the outermost hold"),
+        );
+    }
+
+    #[distributed_lock("sku_{sku}", manager = m)]
+    async fn sell(m: &LockManager, sku: u32, overlap: &Overlap) -> Result<FencingToken, Error> {
+        let _inside = overlap.enter();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        Ok(current_fencing_token().expect("the body runs in a frame"))
+    }
+
+    /// `#[distributed_lock(..., manager = m)]` excludes across managers on the backend.
+    pub async fn attribute_with_manager(factory: Factory) {
+        let managers = managers(&factory, 2).await;
+        let overlap = Arc::new(Overlap::default());
+        let mut tasks = vec![];
+        for m in &managers {
+            for _ in 0..3 {
+                let (m, overlap) = (m.clone(), overlap.clone());
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..5 {
+                        sell(&m, 7, &overlap).await.unwrap();
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(overlap.entries(), 2 * 3 * 5);
+        assert_eq!(overlap.max(), 1);
+    }
+
+    /// Readers share, a writer excludes readers and writers, and a downgraded writer lets
+    /// readers in but no writer.
+    pub async fn read_write_lock(factory: Factory) {
+        let [a, b] = <[LockManager; 2]>::try_from(managers(&factory, 2).await).unwrap();
+        let (ra, rb) = (a.rwlock("doc").unwrap(), b.rwlock("doc").unwrap());
+        let r1 = ra.read().await.unwrap();
+        let r2 = rb.read().await.unwrap();
+        assert!(
+            rb.try_write().await.unwrap().is_none(),
+            "readers exclude a writer"
+        );
+        drop((r1, r2));
+        a.flush().await;
+        b.flush().await;
+        let w = ra.write().await.unwrap();
+        assert!(
+            rb.try_read().await.unwrap().is_none(),
+            "a writer excludes readers"
+        );
+        assert!(rb.try_write().await.unwrap().is_none(), "and writers");
+        let write_token = w.fencing_token();
+        let r = w.downgrade().await.unwrap();
+        assert!(r.fencing_token() > write_token);
+        let other_reader = rb
+            .try_read()
+            .await
+            .unwrap()
+            .expect("readers share a downgrade");
+        assert!(
+            rb.try_write().await.unwrap().is_none(),
+            "no writer after a downgrade"
+        );
+        drop((r, other_reader));
+        a.flush().await;
+        b.flush().await;
+        let w2 = rb.write_timeout(Duration::from_secs(2)).await.unwrap();
+        assert!(w2.fencing_token() > write_token);
+    }
+
+    /// A waiting writer is not starved: new readers queue behind it.
+    pub async fn waiting_writer_stops_new_readers(factory: Factory) {
+        let [a, b] = <[LockManager; 2]>::try_from(managers(&factory, 2).await).unwrap();
+        let (ra, rb) = (a.rwlock("pref").unwrap(), b.rwlock("pref").unwrap());
+        let reader = ra.read().await.unwrap();
+        let writer = tokio::spawn(async move { rb.write().await.map(|g| g.fencing_token()) });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            ra.try_read().await.unwrap().is_none(),
+            "a new reader must queue behind the waiting writer"
+        );
+        drop(reader);
+        let token = tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .expect("the writer gets in")
+            .unwrap()
+            .unwrap();
+        assert!(token > zklock::FencingToken::new(0, 0));
+    }
+
+    /// At most N leases at once across managers.
+    pub async fn semaphore_limits(factory: Factory) {
+        let managers = managers(&factory, 3).await;
+        let inside = Arc::new(AtomicUsize::new(0));
+        let max = Arc::new(AtomicUsize::new(0));
+        let mut tasks = vec![];
+        for m in &managers {
+            for _ in 0..3 {
+                let (m, inside, max) = (m.clone(), inside.clone(), max.clone());
+                tasks.push(tokio::spawn(async move {
+                    let sem = m.semaphore("slots", 2).unwrap();
+                    for _ in 0..5 {
+                        let lease = sem.acquire().await.unwrap();
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        max.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(3)).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        lease.release().await.unwrap();
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(
+            max.load(Ordering::SeqCst) <= 2,
+            "more than 2 leases at once"
+        );
+        let sem = managers[0].semaphore("slots", 2).unwrap();
+        let two = sem.acquire_many(2).await.unwrap();
+        assert!(
+            sem.try_acquire().await.unwrap().is_none(),
+            "all leases taken"
+        );
+        drop(two);
+    }
+
+    /// Tasks of one process get the lock in the order they asked (the local queue).
+    pub async fn fifo_within_a_process(factory: Factory) {
+        let m = factory().await;
+        let first = m.lock("fifo").await.unwrap();
+        let order: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let mut tasks = vec![];
+        for i in 0..5 {
+            let (m, order) = (m.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let g = m.lock("fifo").await.unwrap();
+                order.lock().unwrap().push(i);
+                drop(g);
+            }));
+            // Queued in this order before the next asks.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    }
+
+    /// Waits for every background release of `managers`.
+    pub async fn flush(managers: &[LockManager]) {
+        for m in managers {
+            m.flush().await;
+        }
+    }
+
+    pub async fn managers(factory: &Factory, n: usize) -> Vec<LockManager> {
+        let mut out = vec![];
+        for _ in 0..n {
+            out.push(factory().await);
+        }
+        out
+    }
+}
+
+fn server() -> RedisServer {
+    RedisServer::start().expect("start redis-server (see the test kit's error)")
+}
+
+fn factory(url: String, lease: Duration) -> Factory {
+    Arc::new(move || {
+        let url = url.clone();
+        Box::pin(async move {
+            LockManager::builder(url)
+                .lease(lease)
+                .connect()
+                .await
+                .expect("connect to the test Redis")
+        })
+    })
+}
+
+/// Every key of the Redis backend on `url`, sorted.
+async fn our_keys(url: &str) -> Vec<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("zklock:*")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+/// Keys other than the fencing counters, which are kept for ever by design.
+async fn leftovers(url: &str) -> Vec<String> {
+    our_keys(url)
+        .await
+        .into_iter()
+        .filter(|k| !k.starts_with("zklock:fence:"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_across_managers() {
+    let redis = server();
+    behaviour::exclusion_across_managers(factory(redis.url(), LEASE)).await;
+    assert!(leftovers(&redis.url()).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_strictly_increase_across_holders() {
+    let redis = server();
+    behaviour::tokens_strictly_increase(factory(redis.url(), LEASE)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_timeout_and_try_lock() {
+    let redis = server();
+    behaviour::lock_timeout_and_try_lock(factory(redis.url(), LEASE)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_without_polling() {
+    let redis = server();
+    // With a 30 s lease, a waiter that polled at the lease would wait far longer.
+    behaviour::release_wakes_a_waiter_promptly(factory(redis.url(), Duration::from_secs(30))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_leave_no_key_behind() {
+    let redis = server();
+    let url = redis.url();
+    behaviour::cancel_safety(factory(url.clone(), LEASE)).await;
+    assert_eq!(leftovers(&url).await, Vec::<String>::new());
+    // Only the fencing counters stay, one per lock path.
+    let keys = our_keys(&url).await;
+    assert!(keys.len() <= 3, "{keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrancy_in_with_lock() {
+    let redis = server();
+    behaviour::reentrancy_in_with_lock(factory(redis.url(), LEASE)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_with_a_redis_manager() {
+    let redis = server();
+    behaviour::attribute_with_manager(factory(redis.url(), LEASE)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_lock_and_downgrade() {
+    let redis = server();
+    behaviour::read_write_lock(factory(redis.url(), LEASE)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_stops_new_readers() {
+    let redis = server();
+    behaviour::waiting_writer_stops_new_readers(factory(redis.url(), LEASE)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_limits() {
+    let redis = server();
+    behaviour::semaphore_limits(factory(redis.url(), LEASE)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_within_a_process() {
+    let redis = server();
+    behaviour::fifo_within_a_process(factory(redis.url(), LEASE)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_name_the_lock_path_and_the_holder() {
+    let redis = server();
+    let url = redis.url();
+    let m = LockManager::builder(&url)
+        .identity("test-7")
+        .connect()
+        .await
+        .unwrap();
+    let guard = m.lock("a/b").await.unwrap();
+    assert_eq!(guard.node_path(), "zklock:lock:/zklock/locks/a%2Fb");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let value: String = redis::cmd("GET")
+        .arg(guard.node_path())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        value.contains(" id=test-7") && value.contains(" pid="),
+        "{value}"
+    );
+    let fence: i64 = redis::cmd("GET")
+        .arg("zklock:fence:/zklock/locks/a%2Fb")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(guard.fencing_token().zxid(), fence);
+    guard.release().await.unwrap();
+    assert!(leftovers(&url).await.is_empty());
+}
+
+/// What only ZooKeeper has is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_only_features_are_refused() {
+    let redis = server();
+    let m = LockManager::connect(&redis.url()).await.unwrap();
+    let err = m.inspect("k").await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unsupported {
+                backend: "redis",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = LockManager::builder(redis.url())
+        .revocable(true)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unsupported {
+                backend: "redis",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = LockManager::builder(redis.url())
+        .digest_auth("u", "p")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(format!("{m:?}").contains("redis"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_redis_error() {
+    let redis = server();
+    let url = redis.url();
+    drop(redis);
+    let err = LockManager::connect(&url).await.unwrap_err();
+    assert!(matches!(err, Error::Redis { .. }), "{err}");
+    assert!(err.is_retryable());
+}
+
+/// A holder cut off from Redis (a partition: its connection through a proxy goes silent)
+/// reports its hold lost when the lease could have run out, before the server lets the next
+/// holder in; the next holder's token is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_holder_is_lost_before_the_next_holder_gets_in() {
+    let redis = server();
+    let proxy = Proxy::start(&format!("127.0.0.1:{}", redis.port())).unwrap();
+    let lease = Duration::from_secs(1);
+    let holder = LockManager::builder(format!("redis://{}/", proxy.connect_string()))
+        .lease(lease)
+        .connect()
+        .await
+        .unwrap();
+    let next = LockManager::builder(redis.url())
+        .lease(lease)
+        .connect()
+        .await
+        .unwrap();
+    let guard = holder.lock("part").await.unwrap();
+    let first = guard.fencing_token();
+    // Renewals keep it alive past several leases.
+    tokio::time::sleep(lease * 2).await;
+    assert!(guard.is_held());
+    let waiter = tokio::spawn(async move {
+        let g = next.lock("part").await.unwrap();
+        (std::time::Instant::now(), g.fencing_token(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.blackhole();
+    let cut = std::time::Instant::now();
+    let reason = tokio::time::timeout(lease * 3, guard.lost())
+        .await
+        .expect("the hold must be reported lost");
+    let lost_at = std::time::Instant::now();
+    assert_eq!(reason, LossReason::LeaseExpired);
+    assert!(!guard.is_held());
+    // By the lease after the last renewal went out (before the cut), give or take scheduling.
+    let after = lost_at.duration_since(cut);
+    assert!(after <= lease + SLACK, "lost only after {after:?}");
+    let (got_at, second, g) = tokio::time::timeout(lease * 5, waiter)
+        .await
+        .expect("the next holder gets in once the lease ran out")
+        .unwrap();
+    eprintln!(
+        "lost {:?} after the cut; the next holder got in {:?} after the loss",
+        lost_at.duration_since(cut),
+        got_at.checked_duration_since(lost_at)
+    );
+    assert!(
+        lost_at < got_at,
+        "the loss must be reported before the next holder gets in (it came {:?} after)",
+        lost_at.duration_since(got_at)
+    );
+    assert!(second > first, "{second} after {first}");
+    drop(g);
+    proxy.heal();
+    drop(guard);
+}
+
+/// The Redis server frozen (SIGSTOP) past the lease: the holder's renewal gets no answer, so
+/// its hold is reported lost; once the server runs again the lease has run out on its clock,
+/// and the next holder gets in with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_makes_the_holder_lost_and_the_next_token_larger() {
+    let redis = server();
+    let lease = Duration::from_secs(1);
+    let f = factory(redis.url(), lease);
+    let (holder, next) = (f().await, f().await);
+    let guard = holder.lock("frozen").await.unwrap();
+    let first = guard.fencing_token();
+    let body = holder.with_lock("frozen-body", async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    });
+    tokio::pin!(body);
+    // Let the body's hold be granted before the pause.
+    let _ = tokio::time::timeout(Duration::from_millis(200), &mut body).await;
+    redis.pause().unwrap();
+    let paused = std::time::Instant::now();
+    let reason = tokio::time::timeout(lease * 3, guard.lost())
+        .await
+        .expect("lost while the server is paused");
+    assert_eq!(reason, LossReason::LeaseExpired);
+    let lost_after = paused.elapsed();
+    assert!(lost_after <= lease + SLACK, "{lost_after:?}");
+    // with_lock aborts its body on the loss.
+    let aborted = tokio::time::timeout(lease * 3, &mut body)
+        .await
+        .expect("the body is aborted");
+    assert!(
+        matches!(
+            aborted,
+            Err(Error::LockLost {
+                reason: LossReason::LeaseExpired,
+                ..
+            })
+        ),
+        "{aborted:?}"
+    );
+    tokio::time::sleep(lease).await;
+    redis.resume().unwrap();
+    let second = next
+        .lock_timeout("frozen", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(second.fencing_token() > first);
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, Error::LockLost { .. }), "{err}");
+    // The lost holder's release did not touch the next holder's key.
+    assert!(second.is_held());
+    second.release().await.unwrap();
+}
+
+/// A server restart (nothing persisted) is a failed renewal: the hold is lost at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_makes_the_holder_lost() {
+    let mut redis = server();
+    let lease = Duration::from_secs(2);
+    let m = factory(redis.url(), lease)().await;
+    let guard = m.lock("restart").await.unwrap();
+    redis.restart().unwrap();
+    let reason = tokio::time::timeout(lease * 2, guard.lost())
+        .await
+        .expect("lost after the restart");
+    assert!(
+        matches!(reason, LossReason::Disconnected | LossReason::NodeDeleted),
+        "{reason}"
+    );
+    drop(guard);
+    // The manager reconnects for the next acquire.
+    let again = m
+        .lock_timeout("restart", Duration::from_secs(5))
+        .await
+        .unwrap();
+    again.release().await.unwrap();
+}
+
+#[zklock::distributed_lock("global_{id}")]
+async fn through_the_global_manager(id: u32) -> Result<zklock::FencingToken, Error> {
+    let _ = id;
+    Ok(zklock::current_fencing_token().expect("in a frame"))
+}
+
+/// `ZKLOCK_CONNECT=redis://...` makes the global manager (and the attribute without
+/// `manager = ...`) run on Redis. The only test of this binary that uses the global manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_manager_from_a_redis_url() {
+    let redis = server();
+    std::env::set_var("ZKLOCK_CONNECT", redis.url());
+    let global = zklock::global().await.unwrap();
+    assert!(format!("{global:?}").contains("redis"));
+    let first = through_the_global_manager(1).await.unwrap();
+    let second = through_the_global_manager(1).await.unwrap();
+    assert!(second > first);
+    global.flush().await;
+    assert!(leftovers(&redis.url()).await.is_empty());
+}
+
+/// The fence counter lost (a restart without persistence, here: deleted): the next token is
+/// still larger than every token before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_even_when_the_fence_counter_is_lost() {
+    let mut redis = server();
+    let m = factory(redis.url(), LEASE)().await;
+    let mut last = m.lock("fence").await.unwrap().fencing_token();
+    for _ in 0..3 {
+        let t = m.lock("fence").await.unwrap().fencing_token();
+        assert!(t > last);
+        last = t;
+    }
+    m.flush().await;
+    redis.restart().unwrap();
+    let again = m
+        .lock_timeout("fence", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        again.fencing_token() > last,
+        "{} after {last}",
+        again.fencing_token()
+    );
+}
+
+/// `lock_all` takes locks on Redis in one global order: two managers asking for the same two
+/// keys in opposite orders do not deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_lock_in_opposite_orders() {
+    use zklock::LockSpec;
+    let redis = server();
+    let f = factory(redis.url(), LEASE);
+    let (a, b) = (f().await, f().await);
+    let mut tasks = vec![];
+    for (m, keys) in [(a, ["x", "y"]), (b, ["y", "x"])] {
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let both = m
+                    .lock_all(keys.map(LockSpec::mutex), Some(Duration::from_secs(10)))
+                    .await
+                    .unwrap();
+                drop(both);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}

@@ -1,0 +1,446 @@
+//! The in-memory backend: real exclusion between the tasks of one process, with the same
+//! semantics as ZooKeeper's recipes (FIFO, readers share, writers exclude, semaphores count),
+//! strictly increasing tokens, and a loss that a test can trigger. For users' unit tests.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+
+use tokio::sync::{oneshot, watch};
+
+use super::{Backend, BackendHold, BoxFuture, Downgraded, LockTarget, SharedHold};
+use crate::types::error::{Error, Result};
+use crate::types::loss::{Loss, LossReason, LossSignal};
+use crate::types::mode::{HoldMode, Wait};
+use crate::types::token::FencingToken;
+
+/// One contender on a lock, in arrival order.
+struct Entry {
+    id: u64,
+    mode: HoldMode,
+    /// Leases this entry asks for (semaphores) or still holds once granted.
+    units: u32,
+    granted: bool,
+    /// Wakes the acquirer when the entry is granted.
+    wake: Option<oneshot::Sender<()>>,
+    /// Tells the holds of this entry that they are lost.
+    loss: Arc<watch::Sender<Option<LossReason>>>,
+}
+
+#[derive(Default)]
+struct Lock {
+    entries: Vec<Entry>,
+    /// The semaphore's size, for lease entries.
+    max_leases: u32,
+}
+
+impl Lock {
+    /// Grants every entry that its predecessors allow, in order, and wakes them.
+    fn grant(&mut self) {
+        let mut writer_before = false;
+        let mut any_before = false;
+        let mut leases_used: u32 = 0;
+        let mut lease_waiting = false;
+        for entry in &mut self.entries {
+            let grantable = match entry.mode {
+                HoldMode::Exclusive | HoldMode::Write | HoldMode::Leader => !any_before,
+                HoldMode::Read => !writer_before,
+                HoldMode::Lease => {
+                    !lease_waiting && leases_used + entry.units <= self.max_leases.max(1)
+                }
+            };
+            if !entry.granted && grantable {
+                entry.granted = true;
+                if let Some(wake) = entry.wake.take() {
+                    let _ = wake.send(());
+                }
+            }
+            match entry.mode {
+                HoldMode::Lease if entry.granted => leases_used += entry.units,
+                HoldMode::Lease => lease_waiting = true,
+                HoldMode::Exclusive | HoldMode::Write | HoldMode::Leader => writer_before = true,
+                HoldMode::Read => {}
+            }
+            any_before = true;
+        }
+    }
+
+    fn position(&self, id: u64) -> Option<usize> {
+        self.entries.iter().position(|e| e.id == id)
+    }
+}
+
+struct Shared {
+    locks: StdMutex<HashMap<Arc<str>, Lock>>,
+    next_id: AtomicU64,
+    /// Tokens: one counter for the whole backend, so they strictly increase per key too.
+    next_token: AtomicI64,
+}
+
+impl Shared {
+    fn locks(&self) -> MutexGuard<'_, HashMap<Arc<str>, Lock>> {
+        self.locks.lock().unwrap()
+    }
+
+    /// Removes entry `id` of `path` (or one unit of it) and grants whom that lets in.
+    fn remove(&self, path: &Arc<str>, id: u64, all_units: bool) {
+        let mut locks = self.locks();
+        let Some(lock) = locks.get_mut(path) else {
+            return;
+        };
+        if let Some(i) = lock.position(id) {
+            let entry = &mut lock.entries[i];
+            if !all_units && entry.units > 1 {
+                entry.units -= 1;
+            } else {
+                lock.entries.remove(i);
+            }
+        }
+        lock.grant();
+        if lock.entries.is_empty() {
+            locks.remove(path);
+        }
+    }
+}
+
+/// The in-memory backend; see [`LockManager::in_memory`](crate::LockManager::in_memory).
+pub(crate) struct MemoryBackend {
+    shared: Arc<Shared>,
+    /// Jobs' `at_least` windows: no run before this.
+    runs: StdMutex<HashMap<Arc<str>, tokio::time::Instant>>,
+}
+
+impl MemoryBackend {
+    pub(crate) fn new() -> MemoryBackend {
+        MemoryBackend {
+            shared: Arc::new(Shared {
+                locks: StdMutex::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+                next_token: AtomicI64::new(1),
+            }),
+            runs: StdMutex::new(HashMap::new()),
+        }
+    }
+
+    /// Makes every hold on `path` (and on its semaphore parts) lost with `reason`, and lets the
+    /// lock go to the next contenders, as a server does when a session expires.
+    pub(crate) fn lose(&self, path: &str, reason: LossReason) {
+        let mut locks = self.shared.locks();
+        for (p, lock) in locks.iter_mut() {
+            if &**p != path {
+                continue;
+            }
+            lock.entries.retain(|e| {
+                if e.granted {
+                    e.loss.send_replace(Some(reason));
+                }
+                !e.granted
+            });
+            lock.grant();
+        }
+        locks.retain(|_, lock| !lock.entries.is_empty());
+    }
+
+    /// Queues an entry on `path` and waits for its grant: `Ok(None)` for a try that is not
+    /// granted at once.
+    async fn enter(
+        &self,
+        target: &LockTarget,
+        mode: HoldMode,
+        units: u32,
+        max_leases: u32,
+        wait: Wait,
+    ) -> Result<Option<(u64, Arc<watch::Sender<Option<LossReason>>>)>> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let (loss, _) = watch::channel(None);
+        let loss = Arc::new(loss);
+        let granted = {
+            let mut locks = self.shared.locks();
+            let lock = locks.entry(target.path.clone()).or_default();
+            if mode == HoldMode::Lease {
+                lock.max_leases = max_leases;
+            }
+            lock.entries.push(Entry {
+                id,
+                mode,
+                units,
+                granted: false,
+                wake: Some(tx),
+                loss: loss.clone(),
+            });
+            lock.grant();
+            lock.entries[lock.position(id).expect("just pushed")].granted
+        };
+        // From here on, an acquire that ends without a hold takes its entry out.
+        let pending = Pending {
+            shared: self.shared.clone(),
+            path: target.path.clone(),
+            id: Some(id),
+        };
+        if !granted {
+            match wait {
+                Wait::Never => return Ok(None),
+                Wait::Forever => {
+                    let _ = rx.await;
+                }
+                Wait::Until(deadline, waited) => {
+                    if tokio::time::timeout_at(deadline, rx).await.is_err() {
+                        return Err(Error::Timeout {
+                            key: target.key.to_string(),
+                            waited,
+                        });
+                    }
+                }
+            }
+        }
+        pending.disarm();
+        Ok(Some((id, loss)))
+    }
+
+    fn hold(
+        &self,
+        target: &LockTarget,
+        id: u64,
+        loss: Arc<watch::Sender<Option<LossReason>>>,
+    ) -> Arc<dyn BackendHold> {
+        let token = self.shared.next_token.fetch_add(1, Ordering::SeqCst);
+        Arc::new(MemoryHold {
+            shared: self.shared.clone(),
+            path: target.path.clone(),
+            id,
+            token: FencingToken::new(token, 0),
+            loss: loss.subscribe(),
+            _loss_tx: loss,
+            released: AtomicBool::new(false),
+        })
+    }
+}
+
+/// An entry of an acquire in progress: removed if the acquire ends without a hold.
+struct Pending {
+    shared: Arc<Shared>,
+    path: Arc<str>,
+    id: Option<u64>,
+}
+
+impl Pending {
+    fn disarm(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.shared.remove(&self.path, id, true);
+        }
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        mode: HoldMode,
+        wait: Wait,
+    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
+        Box::pin(async move {
+            let entered = self.enter(target, mode, 1, 0, wait).await?;
+            Ok(entered.map(|(id, loss)| self.hold(target, id, loss)))
+        })
+    }
+
+    fn acquire_leases<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        max_leases: u32,
+        n: u32,
+        wait: Wait,
+    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
+        Box::pin(async move {
+            let Some((id, loss)) = self
+                .enter(target, HoldMode::Lease, n, max_leases, wait)
+                .await?
+            else {
+                return Ok(None);
+            };
+            Ok(Some(
+                (0..n)
+                    .map(|_| self.hold(target, id, loss.clone()))
+                    .collect(),
+            ))
+        })
+    }
+
+    /// The process's monotonic clock stands in for a server's.
+    fn claim_run<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        at_least: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let now = tokio::time::Instant::now();
+            let mut runs = self.runs.lock().unwrap();
+            if runs.get(&target.path).is_some_and(|until| *until > now) {
+                return Ok(false);
+            }
+            runs.insert(target.path.clone(), now + at_least);
+            Ok(true)
+        })
+    }
+
+    fn flush(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A hold granted by the in-memory backend.
+struct MemoryHold {
+    shared: Arc<Shared>,
+    path: Arc<str>,
+    id: u64,
+    token: FencingToken,
+    loss: watch::Receiver<Option<LossReason>>,
+    _loss_tx: Arc<watch::Sender<Option<LossReason>>>,
+    released: AtomicBool,
+}
+
+impl MemoryHold {
+    fn let_go(&self) {
+        if !self.released.swap(true, Ordering::SeqCst) && self.loss.borrow().is_none() {
+            self.shared.remove(&self.path, self.id, false);
+        }
+    }
+}
+
+impl Drop for MemoryHold {
+    fn drop(&mut self) {
+        self.let_go();
+    }
+}
+
+/// The loss signal of a memory hold.
+struct MemoryLoss(watch::Receiver<Option<LossReason>>);
+
+impl Loss for MemoryLoss {
+    fn reason(&self) -> Option<LossReason> {
+        *self.0.borrow()
+    }
+
+    fn lost(&self) -> BoxFuture<'static, LossReason> {
+        let mut rx = self.0.clone();
+        Box::pin(async move {
+            loop {
+                if let Some(reason) = *rx.borrow_and_update() {
+                    return reason;
+                }
+                if rx.changed().await.is_err() {
+                    return LossReason::Closed;
+                }
+            }
+        })
+    }
+}
+
+impl BackendHold for MemoryHold {
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    fn location(&self) -> &str {
+        &self.path
+    }
+
+    fn loss_reason(&self) -> Option<LossReason> {
+        *self.loss.borrow()
+    }
+
+    fn loss(&self) -> LossSignal {
+        Arc::new(MemoryLoss(self.loss.clone()))
+    }
+
+    fn confirmed(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    fn release(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            if let Some(reason) = self.loss_reason() {
+                self.released.store(true, Ordering::SeqCst);
+                return Err(Error::LockLost {
+                    key: self.path.to_string(),
+                    reason,
+                });
+            }
+            self.let_go();
+            Ok(())
+        })
+    }
+
+    /// Nothing asks a memory hold to let go: revocation is ZooKeeper's.
+    fn make_revocable(&self) {}
+
+    /// The read entry takes the write entry's place in the queue, so no queued writer gets in
+    /// between; the write hold is then let go.
+    fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {
+        Box::pin(async move {
+            if let Some(reason) = self.loss_reason() {
+                return Err(Error::LockLost {
+                    key: target.key.to_string(),
+                    reason,
+                });
+            }
+            let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+            let (loss, _) = watch::channel(None);
+            let loss = Arc::new(loss);
+            {
+                let mut locks = self.shared.locks();
+                // Lost meanwhile (`lose` took the entry out): nothing to continue.
+                let place = locks
+                    .get_mut(&self.path)
+                    .and_then(|lock| lock.position(self.id).map(|at| (lock, at)));
+                let Some((lock, at)) = place else {
+                    return Err(Error::LockLost {
+                        key: target.key.to_string(),
+                        reason: self.loss_reason().unwrap_or(LossReason::NodeDeleted),
+                    });
+                };
+                lock.entries.insert(
+                    at + 1,
+                    Entry {
+                        id,
+                        mode: HoldMode::Read,
+                        units: 1,
+                        granted: true,
+                        wake: None,
+                        loss: loss.clone(),
+                    },
+                );
+            }
+            let token = self.shared.next_token.fetch_add(1, Ordering::SeqCst);
+            let read = Arc::new(MemoryHold {
+                shared: self.shared.clone(),
+                path: self.path.clone(),
+                id,
+                token: FencingToken::new(token, 0),
+                loss: loss.subscribe(),
+                _loss_tx: loss,
+                released: AtomicBool::new(false),
+            });
+            Ok(Downgraded {
+                read,
+                keep_write: false,
+            })
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! The backend seam: what a lock service gives the layers above it (local table, frames,
+//! guards, recipes, `#[distributed_lock]`), none of which knows which service it is.
+//!
+//! A backend grants holds of a lock in a mode ([`HoldMode`]) by a deadline ([`Wait`]); each
+//! hold has a fencing token, a loss signal, and a release that is cancel safe (dropping a hold
+//! releases it in the background). What a backend does not support it refuses with
+//! [`Error::Unsupported`], naming itself.
+//!
+//! ZooKeeper ([`zk`]) is the flagship; [`memory`] is a real in-process backend for users' unit
+//! tests; `redis` (feature `redis`) keeps leases in a Redis server.
+
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+pub(crate) mod zk;
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::types::error::Result;
+use crate::types::loss::{LossReason, LossSignal};
+use crate::types::mode::{HoldMode, Wait};
+use crate::types::token::FencingToken;
+
+/// A boxed, sendable future: what the seam's async methods return.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A shared backend hold.
+pub(crate) type SharedHold = Arc<dyn BackendHold>;
+
+/// One lock as a backend names it: the user's key (for errors and tracing) and the lock's
+/// path, unique per lock and recipe (ZooKeeper: the znode path under the namespace).
+#[derive(Clone, Debug)]
+pub(crate) struct LockTarget {
+    pub(crate) key: Arc<str>,
+    pub(crate) path: Arc<str>,
+    /// A leader latch's participant id, kept with its hold (Curator's `LeaderLatch` writes it as
+    /// the node's data); `None` for locks.
+    pub(crate) participant: Option<Arc<str>>,
+}
+
+impl LockTarget {
+    /// A lock's target.
+    pub(crate) fn lock(key: Arc<str>, path: Arc<str>) -> LockTarget {
+        LockTarget {
+            key,
+            path,
+            participant: None,
+        }
+    }
+}
+
+/// A hold a backend granted. Shared by the local holders it is handed to; released when the
+/// last reference drops (in the background) or by [`release`](BackendHold::release).
+pub(crate) trait BackendHold: Send + Sync + 'static {
+    /// The fencing token of the grant; local handoffs extend it.
+    fn token(&self) -> FencingToken;
+
+    /// Where the hold lives, for users (the znode path on ZooKeeper).
+    fn location(&self) -> &str;
+
+    /// Why the hold is no longer certain, or `None` while it is held.
+    fn loss_reason(&self) -> Option<LossReason>;
+
+    /// The hold's loss signal, apart from the hold (watching it does not keep the hold alive).
+    fn loss(&self) -> LossSignal;
+
+    /// Completes once the backend has confirmed that the hold still exists (what a local task
+    /// waits for before it takes over a hold handed on to it), or once it is lost.
+    fn confirmed(&self) -> BoxFuture<'_, ()>;
+
+    /// Releases the hold and waits for the backend's answer. Cancel safe: dropping the future
+    /// before the answer leaves the release to the background.
+    fn release(&self) -> BoxFuture<'_, Result<()>>;
+
+    /// Opts in to revocation: a revoke request becomes a loss ([`LossReason::Revoked`]).
+    fn make_revocable(&self);
+
+    /// Turns this write hold into a read hold of the same lock without letting another writer
+    /// in. Returns the read hold, and whether the write hold must be kept until the read hold
+    /// ends (a writer queued in between).
+    fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>>;
+}
+
+/// What a downgrade made.
+pub(crate) struct Downgraded {
+    pub(crate) read: Arc<dyn BackendHold>,
+    pub(crate) keep_write: bool,
+}
+
+/// A lock service.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// The backend's name, for errors and tracing (`zookeeper`, `memory`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Acquires a hold of `mode` on `target` within `wait`. `Ok(None)` only for
+    /// [`Wait::Never`] when the lock is taken. Cancel safe: a dropped acquire leaves nothing.
+    fn acquire<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        mode: HoldMode,
+        wait: Wait,
+    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>>;
+
+    /// Acquires `n` leases of the semaphore `target` with `max_leases` leases, all or none.
+    /// `Ok(None)` only for [`Wait::Never`] when they are not free.
+    fn acquire_leases<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        max_leases: u32,
+        n: u32,
+        wait: Wait,
+    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>>;
+
+    /// For a job run under an exclusive hold of `target`: whether an earlier run's
+    /// `at_least` window, by the backend's own clock, still covers now (`Ok(false)`: skip);
+    /// otherwise records that no run may start before now + `at_least` (`Ok(true)`: run). The
+    /// record outlives the process. Only called while holding the job's lock.
+    fn claim_run<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        at_least: std::time::Duration,
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Waits until every background release and cleanup has finished.
+    fn flush(&self) -> BoxFuture<'_, ()>;
+
+    /// The backend as `Any`, for the manager's backend-specific features (inspection).
+    fn as_any(&self) -> &dyn Any;
+}

@@ -1,0 +1,399 @@
+//! A granted Redis hold: its lease, the watchdog that renews it, its loss, its release.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use redis::Script;
+use tokio::sync::{watch, Mutex as AsyncMutex};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use super::keys::Keys;
+use super::{scripts, Inner, Pending};
+use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
+use crate::types::error::{Error, Result};
+use crate::types::loss::{Loss, LossReason, LossSignal};
+use crate::types::token::FencingToken;
+
+/// Which key a hold lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// The exclusive key (a mutex or a writer).
+    Exclusive,
+    /// A member of the shared set (a reader or a semaphore lease).
+    Shared,
+}
+
+/// What a hold's loss is computed from.
+#[derive(Debug, Clone, Copy)]
+struct HoldState {
+    /// When the lease could run out: the send time of the last confirmed grant or renewal,
+    /// plus the lease, minus a margin (see `Inner::margin`).
+    deadline: Instant,
+    /// Set once the hold is lost; never cleared.
+    lost: Option<LossReason>,
+    /// The hold ended (released or downgraded): its deadline no longer matters.
+    released: bool,
+}
+
+impl HoldState {
+    fn reason_at(&self, now: Instant) -> Option<LossReason> {
+        if self.lost.is_some() {
+            self.lost
+        } else if !self.released && now >= self.deadline {
+            Some(LossReason::LeaseExpired)
+        } else {
+            None
+        }
+    }
+}
+
+/// Why `state`'s hold is lost, if it is. The clock is read while the state is borrowed, so a
+/// renewal confirmed later cannot make a hold seen as lost held again (see [`extend`]).
+fn reason(state: &watch::Receiver<HoldState>) -> Option<LossReason> {
+    let s = state.borrow();
+    s.reason_at(Instant::now())
+}
+
+/// Moves the deadline on after a renewal sent at `sent` was confirmed, unless the hold was
+/// already lost (its deadline passed before the confirmation came: someone may have seen it
+/// lost, and a loss is final).
+fn extend(state: &watch::Sender<HoldState>, deadline: Instant) {
+    state.send_if_modified(|s| {
+        if s.lost.is_some() || s.released {
+            return false;
+        }
+        if let Some(reason) = s.reason_at(Instant::now()) {
+            s.lost = Some(reason);
+        } else {
+            s.deadline = s.deadline.max(deadline);
+        }
+        true
+    });
+}
+
+/// Makes the hold lost with `reason`, unless it is already lost or ended.
+fn lose(state: &watch::Sender<HoldState>, reason: LossReason, location: &str) {
+    state.send_if_modified(|s| {
+        if s.released || s.lost.is_some() {
+            return false;
+        }
+        // A deadline that has passed is the first reason.
+        s.lost = Some(s.reason_at(Instant::now()).unwrap_or(reason));
+        tracing::warn!(key = %location, reason = %s.lost.expect("just set"), "zklock: Redis lease lost");
+        true
+    });
+}
+
+/// The loss signal of a Redis hold: the watchdog's verdict, or the deadline passing, whichever
+/// comes first (so a starved watchdog task cannot delay it).
+struct RedisLoss(watch::Receiver<HoldState>);
+
+impl Loss for RedisLoss {
+    fn reason(&self) -> Option<LossReason> {
+        reason(&self.0)
+    }
+
+    fn lost(&self) -> BoxFuture<'static, LossReason> {
+        let mut rx = self.0.clone();
+        Box::pin(async move {
+            loop {
+                let deadline = {
+                    let s = rx.borrow_and_update();
+                    if let Some(reason) = s.reason_at(Instant::now()) {
+                        return reason;
+                    }
+                    (!s.released).then_some(s.deadline)
+                };
+                match deadline {
+                    Some(deadline) => {
+                        tokio::select! {
+                            changed = rx.changed() => if changed.is_err() { return LossReason::Closed },
+                            _ = tokio::time::sleep_until(deadline) => {}
+                        }
+                    }
+                    // An ended hold is never lost.
+                    None => std::future::pending::<()>().await,
+                }
+            }
+        })
+    }
+}
+
+/// One granted hold on Redis: a key or a set member carrying this hold's id, with a lease
+/// that a watchdog renews every lease/3 while the hold lives. Released when dropped (in the
+/// background) or by [`release`](BackendHold::release).
+pub(crate) struct RedisHold {
+    inner: Arc<Inner>,
+    keys: Arc<Keys>,
+    side: Side,
+    id: String,
+    /// The user's key, for errors.
+    key: Arc<str>,
+    token: FencingToken,
+    state: Arc<watch::Sender<HoldState>>,
+    /// Renewals and a downgrade take turns: a downgrade never races a renewal of the key it
+    /// deletes.
+    ops: Arc<AsyncMutex<()>>,
+    watchdog: AbortHandle,
+    /// The release was confirmed or handed to the background: nothing to do on drop.
+    released: AtomicBool,
+}
+
+impl RedisHold {
+    /// The hold of `id`, granted by a request sent at `sent`; starts its watchdog.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        keys: Arc<Keys>,
+        side: Side,
+        id: String,
+        key: Arc<str>,
+        token: FencingToken,
+        sent: Instant,
+    ) -> RedisHold {
+        let (state, _) = watch::channel(HoldState {
+            deadline: inner.deadline(sent),
+            lost: None,
+            released: false,
+        });
+        let state = Arc::new(state);
+        let ops = Arc::new(AsyncMutex::new(()));
+        let watchdog = inner
+            .runtime
+            .spawn(watchdog(
+                inner.clone(),
+                keys.clone(),
+                side,
+                id.clone(),
+                state.clone(),
+                ops.clone(),
+                sent,
+            ))
+            .abort_handle();
+        RedisHold {
+            inner,
+            keys,
+            side,
+            id,
+            key,
+            token,
+            state,
+            ops,
+            watchdog,
+            released: AtomicBool::new(false),
+        }
+    }
+
+    fn location(&self) -> &str {
+        match self.side {
+            Side::Exclusive => &self.keys.exclusive,
+            Side::Shared => &self.keys.shared,
+        }
+    }
+
+    fn loss_reason(&self) -> Option<LossReason> {
+        reason(&self.state.subscribe())
+    }
+
+    /// Ends the hold locally: no more renewals, and its deadline no longer matters.
+    fn end(&self) {
+        self.watchdog.abort();
+        self.state.send_modify(|s| s.released = true);
+    }
+
+    fn lost_error(&self, reason: LossReason) -> Error {
+        Error::LockLost {
+            key: self.key.to_string(),
+            reason,
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        if self.released.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let lost_before = self.loss_reason();
+        self.watchdog.abort();
+        // Retried until the lease could have run out: the key is gone by then anyway.
+        let until = self.state.borrow().deadline;
+        let deleted = self
+            .inner
+            .delete(&self.keys, std::slice::from_ref(&self.id), until)
+            .await;
+        self.released.store(true, Ordering::SeqCst);
+        let lost_now = self.loss_reason();
+        self.end();
+        match (lost_before, deleted) {
+            (Some(reason), _) => Err(self.lost_error(reason)),
+            (None, Ok(true)) => Ok(()),
+            (None, Ok(false)) => lost_now.map_or(Ok(()), |r| Err(self.lost_error(r))),
+            (None, Err(e)) => Err(match lost_now {
+                Some(reason) => self.lost_error(reason),
+                None => Error::Redis {
+                    operation: "release the lock",
+                    source: e.into(),
+                },
+            }),
+        }
+    }
+}
+
+impl Drop for RedisHold {
+    fn drop(&mut self) {
+        if !self.released.swap(true, Ordering::SeqCst) {
+            let until = self.state.borrow().deadline;
+            self.end();
+            let (inner, keys, id) = (self.inner.clone(), self.keys.clone(), self.id.clone());
+            self.inner.background.spawn(&self.inner.runtime, async move {
+                if let Err(e) = inner.delete(&keys, &[id], until).await {
+                    tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not release a Redis lock; it ends when its lease runs out");
+                }
+            });
+        }
+    }
+}
+
+/// Renews the hold every lease/3 (from the send time of the last renewal) while it lives, and
+/// makes it lost the moment a renewal fails or is refused, or when the lease could have run
+/// out before a renewal was confirmed.
+async fn watchdog(
+    inner: Arc<Inner>,
+    keys: Arc<Keys>,
+    side: Side,
+    id: String,
+    state: Arc<watch::Sender<HoldState>>,
+    ops: Arc<AsyncMutex<()>>,
+    mut last_sent: Instant,
+) {
+    let (script, key): (&Script, &str) = match side {
+        Side::Exclusive => (&*scripts::RENEW_EXCLUSIVE, &keys.exclusive),
+        Side::Shared => (&*scripts::RENEW_SHARED, &keys.shared),
+    };
+    let lease_ms = inner.lease_ms();
+    loop {
+        tokio::time::sleep_until(last_sent + inner.lease / 3).await;
+        let _turn = ops.lock().await;
+        let (deadline, done) = {
+            let s = state.borrow();
+            (
+                s.deadline,
+                s.released || s.reason_at(Instant::now()).is_some(),
+            )
+        };
+        if done {
+            lose(&state, LossReason::LeaseExpired, key);
+            return;
+        }
+        let sent = Instant::now();
+        let renewal = inner.conn.run(None, |mut c| {
+            let mut invocation = script.key(key);
+            invocation.arg(&id).arg(lease_ms);
+            async move { invocation.invoke_async::<i64>(&mut c).await }
+        });
+        match tokio::time::timeout_at(deadline, renewal).await {
+            Ok(Ok(1)) => {
+                extend(&state, inner.deadline(sent));
+                last_sent = sent;
+            }
+            Ok(Ok(_)) => return lose(&state, LossReason::NodeDeleted, key),
+            Ok(Err(e)) => {
+                tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal failed");
+                return lose(&state, LossReason::Disconnected, key);
+            }
+            Err(_) => return lose(&state, LossReason::LeaseExpired, key),
+        }
+    }
+}
+
+impl BackendHold for RedisHold {
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The Redis key the hold lives in (a sorted set's, for readers and leases).
+    fn location(&self) -> &str {
+        RedisHold::location(self)
+    }
+
+    fn loss_reason(&self) -> Option<LossReason> {
+        RedisHold::loss_reason(self)
+    }
+
+    fn loss(&self) -> LossSignal {
+        Arc::new(RedisLoss(self.state.subscribe()))
+    }
+
+    /// Nothing to wait for: the hold's state is known here, from its lease and watchdog. A key
+    /// deleted by someone else shows at the next renewal (within lease/3).
+    fn confirmed(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    fn release(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(RedisHold::release(self))
+    }
+
+    /// Revocation is ZooKeeper's (Curator's `__REVOKE__`); nothing asks a Redis hold to let go.
+    fn make_revocable(&self) {}
+
+    /// One script adds the read hold and deletes the write key, so no writer gets in between
+    /// and the write hold need not be kept.
+    fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {
+        Box::pin(async move {
+            let lost = |reason| Error::LockLost {
+                key: target.key.to_string(),
+                reason,
+            };
+            if let Some(reason) = self.loss_reason() {
+                return Err(lost(reason));
+            }
+            let _turn = self.ops.lock().await;
+            let inner = &self.inner;
+            let read_id = inner.new_id();
+            // Until the answer is in, the read hold may exist: undone if this ends otherwise.
+            let mut pending = Pending::new(inner.clone(), self.keys.clone(), vec![read_id.clone()]);
+            pending.armed = true;
+            let sent = Instant::now();
+            let keys = &self.keys;
+            let done = inner
+                .conn
+                .run(Some(inner.conn.reply_timeout), |mut c| {
+                    let mut invocation = scripts::DOWNGRADE.key(&keys.exclusive);
+                    invocation
+                        .key(&keys.shared)
+                        .arg(&self.id)
+                        .arg(&read_id)
+                        .arg(inner.lease_ms())
+                        .arg(&keys.channel);
+                    async move { invocation.invoke_async::<i64>(&mut c).await }
+                })
+                .await
+                .map_err(|e| Error::Redis {
+                    operation: "downgrade the write lock",
+                    source: e.into(),
+                })?;
+            if done != 1 {
+                pending.armed = false;
+                lose(&self.state, LossReason::NodeDeleted, &keys.exclusive);
+                return Err(lost(self.loss_reason().unwrap_or(LossReason::NodeDeleted)));
+            }
+            pending.armed = false;
+            // The write key is gone: this hold has ended.
+            self.released.store(true, Ordering::SeqCst);
+            self.end();
+            let read = RedisHold::new(
+                inner.clone(),
+                keys.clone(),
+                Side::Shared,
+                read_id,
+                target.key.clone(),
+                self.token,
+                sent,
+            );
+            Ok(Downgraded {
+                read: Arc::new(read),
+                keep_write: false,
+            })
+        })
+    }
+}

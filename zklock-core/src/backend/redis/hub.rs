@@ -1,0 +1,275 @@
+//! Wake-ups for waiters: one pub/sub connection per backend, subscribed to the channel of
+//! every lock some local acquire waits for. A release publishes on its lock's channel; the
+//! hub wakes that lock's local listeners.
+//!
+//! A waiter subscribes before its next attempt, so a release after that attempt is never
+//! missed while the connection lives. When the pub/sub connection breaks, every listener is
+//! woken (it may have missed a release), and the hub reconnects and subscribes again while
+//! anyone listens; meanwhile waiters fall back to polling at [`UNSUBSCRIBED_POLL`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::aio::{PubSubSink, PubSubStream};
+use redis::Client;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// The longest a waiter sleeps between attempts while the hub has no live subscription.
+pub(crate) const UNSUBSCRIBED_POLL: Duration = Duration::from_millis(500);
+/// The first pause before reconnecting a broken pub/sub connection; doubled up to
+/// [`RECONNECT_MAX`].
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+struct Channel {
+    listeners: usize,
+    /// Counts wake-ups of this channel.
+    wake: watch::Sender<u64>,
+}
+
+enum Request {
+    /// Subscribe to a channel (again: subscribing twice is harmless) and say whether it took.
+    Subscribe(String, oneshot::Sender<bool>),
+    /// A channel lost its last listener: unsubscribe unless someone listens again by now.
+    Unsubscribe(String),
+}
+
+struct Shared {
+    channels: StdMutex<HashMap<String, Channel>>,
+    requests: mpsc::UnboundedSender<Request>,
+    /// The pub/sub connection is up and subscribed to every channel with listeners.
+    live: AtomicBool,
+}
+
+impl Shared {
+    fn wake_all(&self) {
+        for channel in self.channels.lock().unwrap().values() {
+            channel.wake.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn wake(&self, name: &str) {
+        if let Some(channel) = self.channels.lock().unwrap().get(name) {
+            channel.wake.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn listened(&self) -> Vec<String> {
+        self.channels.lock().unwrap().keys().cloned().collect()
+    }
+}
+
+/// The wake-up hub of one backend. Its task ends when the hub and its last listener are
+/// dropped (its request channel closes then).
+pub(crate) struct Hub {
+    shared: Arc<Shared>,
+}
+
+impl Hub {
+    pub(crate) fn start(
+        client: Client,
+        timeout: Duration,
+        runtime: &tokio::runtime::Handle,
+    ) -> Hub {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            channels: StdMutex::new(HashMap::new()),
+            requests: tx,
+            live: AtomicBool::new(false),
+        });
+        runtime.spawn(run(client, timeout, Arc::downgrade(&shared), rx));
+        Hub { shared }
+    }
+
+    /// Starts listening on `channel` and waits (at most `timeout`) until the subscription is
+    /// confirmed: releases published from then on wake the listener.
+    pub(crate) async fn listen(&self, channel: &str, timeout: Duration) -> Listener {
+        let wake = {
+            let mut channels = self.shared.channels.lock().unwrap();
+            let entry = channels
+                .entry(channel.to_string())
+                .or_insert_with(|| Channel {
+                    listeners: 0,
+                    wake: watch::channel(0).0,
+                });
+            entry.listeners += 1;
+            entry.wake.subscribe()
+        };
+        // From here a cancelled listen stops listening.
+        let listener = Listener {
+            shared: self.shared.clone(),
+            channel: channel.to_string(),
+            wake,
+        };
+        let (tx, rx) = oneshot::channel();
+        if self
+            .shared
+            .requests
+            .send(Request::Subscribe(channel.to_string(), tx))
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(timeout, rx).await;
+        }
+        listener
+    }
+}
+
+/// One waiter's interest in a channel.
+pub(crate) struct Listener {
+    shared: Arc<Shared>,
+    channel: String,
+    wake: watch::Receiver<u64>,
+}
+
+impl Listener {
+    /// Marks every wake-up so far as seen: call it before an attempt, then
+    /// [`wait`](Self::wait) wakes for any release after it.
+    pub(crate) fn mark(&mut self) {
+        self.wake.borrow_and_update();
+    }
+
+    /// Waits for a wake-up since the last [`mark`](Self::mark), or `fallback`, whichever
+    /// comes first; at most [`UNSUBSCRIBED_POLL`] while the subscription is not live.
+    pub(crate) async fn wait(&mut self, fallback: Duration) {
+        let fallback = if self.shared.live.load(Ordering::SeqCst) {
+            fallback
+        } else {
+            fallback.min(UNSUBSCRIBED_POLL)
+        };
+        let _ = tokio::time::timeout(fallback, self.wake.changed()).await;
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let mut channels = self.shared.channels.lock().unwrap();
+        let last = match channels.get_mut(&self.channel) {
+            Some(c) => {
+                c.listeners -= 1;
+                c.listeners == 0
+            }
+            None => false,
+        };
+        if last {
+            channels.remove(&self.channel);
+            drop(channels);
+            let _ = self
+                .shared
+                .requests
+                .send(Request::Unsubscribe(self.channel.clone()));
+        }
+    }
+}
+
+/// The hub's task: owns the pub/sub connection, serves (un)subscribe requests in order, and
+/// dispatches messages.
+async fn run(
+    client: Client,
+    timeout: Duration,
+    shared: Weak<Shared>,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+) {
+    let mut conn: Option<(PubSubSink, PubSubStream)> = None;
+    let mut backoff = RECONNECT_MIN;
+    loop {
+        let Some(hub) = shared.upgrade() else { return };
+        let reconnect = conn.is_none() && !hub.channels.lock().unwrap().is_empty();
+        drop(hub);
+        let next_message = async {
+            match &mut conn {
+                Some((_, stream)) => stream.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            request = requests.recv() => {
+                let Some(request) = request else { return };
+                let Some(hub) = shared.upgrade() else { return };
+                match request {
+                    Request::Subscribe(channel, done) => {
+                        if conn.is_none() {
+                            conn = connect(&client, timeout, &hub).await;
+                        }
+                        let ok = match &mut conn {
+                            // A fresh connection subscribed to every listened channel already.
+                            Some((sink, _)) => {
+                                matches!(tokio::time::timeout(timeout, sink.subscribe(&channel)).await, Ok(Ok(())))
+                            }
+                            None => false,
+                        };
+                        if !ok && conn.is_some() {
+                            conn = None;
+                            hub.live.store(false, Ordering::SeqCst);
+                            hub.wake_all();
+                        }
+                        let _ = done.send(ok);
+                    }
+                    Request::Unsubscribe(channel) => {
+                        let listened_again = hub.channels.lock().unwrap().contains_key(&channel);
+                        if let (false, Some((sink, _))) = (listened_again, &mut conn) {
+                            if !matches!(tokio::time::timeout(timeout, sink.unsubscribe(&channel)).await, Ok(Ok(()))) {
+                                conn = None;
+                                hub.live.store(false, Ordering::SeqCst);
+                                hub.wake_all();
+                            }
+                        }
+                    }
+                }
+            }
+            message = next_message => {
+                let Some(hub) = shared.upgrade() else { return };
+                match message {
+                    Some(message) => hub.wake(message.get_channel_name()),
+                    None => {
+                        tracing::debug!("zklock: the Redis pub/sub connection broke; waiters poll until it is back");
+                        conn = None;
+                        hub.live.store(false, Ordering::SeqCst);
+                        hub.wake_all();
+                    }
+                }
+            }
+            // While someone listens without a connection, reconnect with a growing pause.
+            _ = tokio::time::sleep(backoff), if reconnect => {
+                let Some(hub) = shared.upgrade() else { return };
+                conn = connect(&client, timeout, &hub).await;
+                backoff = if conn.is_some() { RECONNECT_MIN } else { (backoff * 2).min(RECONNECT_MAX) };
+            }
+        }
+    }
+}
+
+/// Opens the pub/sub connection and subscribes it to every listened channel; on success the
+/// hub is live and every listener is woken (it may have missed a release meanwhile).
+async fn connect(
+    client: &Client,
+    timeout: Duration,
+    hub: &Shared,
+) -> Option<(PubSubSink, PubSubStream)> {
+    let opened = tokio::time::timeout(timeout, async {
+        let (mut sink, stream) = client.get_async_pubsub().await?.split();
+        let channels = hub.listened();
+        if !channels.is_empty() {
+            sink.subscribe(&channels).await?;
+        }
+        Ok::<_, redis::RedisError>((sink, stream))
+    })
+    .await;
+    match opened {
+        Ok(Ok(conn)) => {
+            hub.live.store(true, Ordering::SeqCst);
+            hub.wake_all();
+            Some(conn)
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "zklock: cannot open the Redis pub/sub connection");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("zklock: the Redis pub/sub connection did not open in time");
+            None
+        }
+    }
+}

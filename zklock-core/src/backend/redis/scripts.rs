@@ -1,0 +1,246 @@
+//! The Lua scripts of the Redis backend: each step of the protocol is one script, so each is
+//! atomic on the server. See [`super::keys`] for the keys they use.
+//!
+//! Every acquire is idempotent for its holder id: a retry of an attempt whose reply was lost
+//! finds the hold it made and keeps it (with a fresh token), instead of waiting for itself.
+//! Lease ends in the sorted set are server times in ms (`TIME`); expired members are pruned by
+//! every script that counts them.
+//!
+//! Tokens come from the lock's fence counter, `INCR`ed per grant and floored at the server's
+//! time in microseconds: if the counter is ever lost (a restart without persistence, a
+//! failover to a replica that had not received it, an eviction), the next token still exceeds
+//! every token handed out before, as long as the server's clock has not gone back. (A grant
+//! takes far longer than a microsecond, so the counter never runs ahead of the clock by
+//! itself.)
+
+use once_cell::sync::Lazy;
+use redis::Script;
+
+/// Shared Lua: the server's time in ms, pruning a sorted set of leases, and keeping the set's
+/// own expiry at its last lease's end.
+macro_rules! lua {
+    ($body:expr) => {
+        concat!(
+            r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function prune(set, now)
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+end
+local function next_tokens(fence, n)
+  local t = redis.call('TIME')
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n - 1
+  local last = redis.call('INCRBY', fence, n)
+  if last < floor then
+    redis.call('SET', fence, string.format('%d', floor))
+    last = floor
+  end
+  return last
+end
+local function expire_set(set, now)
+  local last = redis.call('ZRANGE', set, -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIRE', set, math.max(1, math.ceil(tonumber(last[2]) - now)))
+  end
+end
+"#,
+            $body
+        )
+    };
+}
+
+/// Takes the exclusive key (a mutex or a writer).
+///
+/// KEYS: exclusive, shared, fence, intent. ARGV: holder id, lease ms, `1` when shared holders
+/// (readers) exclude it too. Returns `{1, token}` when granted, else `{0, ms}`: how long until
+/// the lock may be free (-1: the key has no expiry). Tokens: see the module's docs.
+///
+/// A writer that finds readers leaves an intent (its id, for one lease), which makes new
+/// readers queue behind it; it takes its intent away when it gets in.
+pub(crate) static ACQUIRE_EXCLUSIVE: Lazy<Script> = Lazy::new(|| {
+    Script::new(lua!(
+        r#"
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, next_tokens(KEYS[3], 1)}
+end
+if held then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+if ARGV[3] == '1' then
+  local now = now_ms()
+  prune(KEYS[2], now)
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  if first[2] then
+    redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[2])
+    return {0, math.ceil(tonumber(first[2]) - now)}
+  end
+  if redis.call('GET', KEYS[4]) == ARGV[1] then
+    redis.call('DEL', KEYS[4])
+  end
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, next_tokens(KEYS[3], 1)}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+"#
+    ))
+});
+
+/// Takes a read hold: a member of the shared set, unless a writer holds or waits.
+///
+/// KEYS: exclusive, shared, fence, intent. ARGV: holder id, lease ms. Returns as
+/// [`ACQUIRE_EXCLUSIVE`].
+pub(crate) static ACQUIRE_READ: Lazy<Script> = Lazy::new(|| {
+    Script::new(lua!(
+        r#"
+local now = now_ms()
+prune(KEYS[2], now)
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ttl ~= -2 then
+    return {0, ttl}
+  end
+  ttl = redis.call('PTTL', KEYS[4])
+  if ttl ~= -2 then
+    return {0, ttl}
+  end
+end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
+expire_set(KEYS[2], now)
+return {1, next_tokens(KEYS[3], 1)}
+"#
+    ))
+});
+
+/// Takes `n` leases of a semaphore, all or none.
+///
+/// KEYS: shared, fence. ARGV: lease ms, max leases, then one holder id per lease. Returns
+/// `{1, last token}` (the leases get the `n` tokens up to it) or `{0, ms}` until the first
+/// lease held now runs out.
+pub(crate) static ACQUIRE_LEASES: Lazy<Script> = Lazy::new(|| {
+    Script::new(lua!(
+        r#"
+local now = now_ms()
+prune(KEYS[1], now)
+local n = #ARGV - 2
+if not redis.call('ZSCORE', KEYS[1], ARGV[3]) then
+  if redis.call('ZCARD', KEYS[1]) + n > tonumber(ARGV[2]) then
+    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    if first[2] then
+      return {0, math.ceil(tonumber(first[2]) - now)}
+    end
+    return {0, 0}
+  end
+end
+for i = 3, #ARGV do
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+end
+expire_set(KEYS[1], now)
+return {1, next_tokens(KEYS[2], n)}
+"#
+    ))
+});
+
+/// Renews an exclusive hold: compare and `PEXPIRE`.
+///
+/// KEYS: exclusive. ARGV: holder id, lease ms. Returns 1 when renewed, 0 when the key is not
+/// the holder's any more.
+pub(crate) static RENEW_EXCLUSIVE: Lazy<Script> = Lazy::new(|| {
+    Script::new(
+        r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#,
+    )
+});
+
+/// Renews a shared hold (reader, lease) that has not run out.
+///
+/// KEYS: shared. ARGV: holder id, lease ms. Returns 1 or 0 as [`RENEW_EXCLUSIVE`].
+pub(crate) static RENEW_SHARED: Lazy<Script> = Lazy::new(|| {
+    Script::new(lua!(
+        r#"
+local now = now_ms()
+local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if ends and tonumber(ends) > now then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  expire_set(KEYS[1], now)
+  return 1
+end
+return 0
+"#
+    ))
+});
+
+/// Releases holds, or undoes an acquire that may have taken them: deletes only what carries
+/// one of the given holder ids, and tells waiters when something was freed.
+///
+/// KEYS: exclusive, shared, intent. ARGV: channel, then holder ids. Returns 1 when something
+/// was freed, else 0.
+pub(crate) static RELEASE: Lazy<Script> = Lazy::new(|| {
+    Script::new(
+        r#"
+local freed = 0
+for i = 2, #ARGV do
+  if redis.call('GET', KEYS[1]) == ARGV[i] then
+    redis.call('DEL', KEYS[1])
+    freed = 1
+  end
+  if redis.call('ZREM', KEYS[2], ARGV[i]) == 1 then
+    freed = 1
+  end
+  if redis.call('GET', KEYS[3]) == ARGV[i] then
+    redis.call('DEL', KEYS[3])
+    freed = 1
+  end
+end
+if freed == 1 then
+  redis.call('PUBLISH', ARGV[1], 'free')
+end
+return freed
+"#,
+    )
+});
+
+/// Turns a write hold into a read hold in one step: no writer can get in between.
+///
+/// KEYS: exclusive, shared. ARGV: writer id, reader id, lease ms, channel. Returns 1, or 0
+/// when the write hold is not the writer's any more.
+pub(crate) static DOWNGRADE: Lazy<Script> = Lazy::new(|| {
+    Script::new(lua!(
+        r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local now = now_ms()
+prune(KEYS[2], now)
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[2])
+expire_set(KEYS[2], now)
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[4], 'free')
+return 1
+"#
+    ))
+});
+
+/// Claims a job's run (see `Backend::claim_run`), by the server's clock.
+///
+/// KEYS: run. ARGV: at_least ms. Returns 1 (run: no run may start before now + at_least) or 0
+/// (an earlier run's window covers now).
+pub(crate) static CLAIM_RUN: Lazy<Script> = Lazy::new(|| {
+    Script::new(lua!(
+        r#"
+local now = now_ms()
+local before = tonumber(redis.call('GET', KEYS[1]))
+if before and before > now then return 0 end
+redis.call('SET', KEYS[1], now + tonumber(ARGV[1]))
+return 1
+"#
+    ))
+});

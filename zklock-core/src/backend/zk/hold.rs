@@ -1,0 +1,406 @@
+//! A granted contender node: its session, its watch, its loss, its release.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use zookeeper_client::{Client, EventType};
+
+use super::contender::{create_node, NodeKind, WRITE_NAME};
+use super::protocol::delete_in_background;
+use super::{DirTicket, Inner};
+use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
+use crate::session::{connection_lost, wait_reconnect, Health, Session};
+use crate::types::error::{Error, Result};
+use crate::types::loss::{Loss, LossReason, LossSignal};
+use crate::types::token::FencingToken;
+
+/// What the watch on a held node has seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeState {
+    /// No answer yet (the watch is not started, or its first request is in flight).
+    Unconfirmed,
+    /// The node existed when the watch was set; a deletion or revoke request will be seen.
+    Watched,
+    /// The node is gone, or was revoked.
+    Lost(LossReason),
+}
+
+/// The signals that end a hold: its session's health (an epoch that moves on with every loss),
+/// the watch on its node, and whether it was void from the start.
+#[derive(Clone)]
+pub(crate) struct LossWatch {
+    /// The health epoch at grant.
+    epoch: u64,
+    /// Set when the hold was already void at grant: its session had ended or was unhealthy.
+    born_lost: Option<LossReason>,
+    node: watch::Receiver<NodeState>,
+    health: watch::Receiver<Health>,
+}
+
+impl Loss for LossWatch {
+    fn reason(&self) -> Option<LossReason> {
+        LossWatch::reason(self)
+    }
+
+    fn lost(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = LossReason> + Send>> {
+        Box::pin(self.clone().lost())
+    }
+}
+
+impl LossWatch {
+    pub(crate) fn reason(&self) -> Option<LossReason> {
+        if self.born_lost.is_some() {
+            return self.born_lost;
+        }
+        if let NodeState::Lost(reason) = *self.node.borrow() {
+            return Some(reason);
+        }
+        let h = self.health.borrow();
+        if h.epoch != self.epoch {
+            return Some(h.reason.unwrap_or(LossReason::Disconnected));
+        }
+        None
+    }
+
+    /// Completes when the hold is lost, with the reason.
+    pub(crate) async fn lost(mut self) -> LossReason {
+        let mut node_open = true;
+        loop {
+            if let Some(reason) = self.reason() {
+                return reason;
+            }
+            tokio::select! {
+                changed = self.health.changed() => if changed.is_err() { return LossReason::Closed },
+                changed = self.node.changed(), if node_open => if changed.is_err() { node_open = false },
+            }
+        }
+    }
+}
+
+/// One granted contender node on ZooKeeper. Deleted when dropped (in the background) or by
+/// [`Hold::release`]; shared by the local holders it is handed to.
+///
+/// A hold belongs to the session it was created on: it is lost once that session expires,
+/// whatever session the manager has afterwards, and its node is deleted through that session
+/// only.
+pub(crate) struct Hold {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) session: Session,
+    pub(crate) key: Arc<str>,
+    pub(crate) node: String,
+    pub(crate) czxid: i64,
+    loss: LossWatch,
+    node_state: Arc<watch::Sender<NodeState>>,
+    revocation: Arc<Revocation>,
+    /// The watch on the node, started at the grant or on first interest (see [`Hold::watch`]).
+    monitor: std::sync::OnceLock<AbortHandle>,
+    /// The delete was confirmed, or handed to a background task: nothing more to do on drop.
+    released: AtomicBool,
+    _ticket: DirTicket,
+}
+
+impl Hold {
+    /// Builds the hold of `node`, created on `session` (the session captured when the acquire
+    /// started, not the manager's current one), and starts watching the node if configured.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        session: Session,
+        key: Arc<str>,
+        node: String,
+        token: FencingToken,
+        ticket: DirTicket,
+    ) -> Hold {
+        let health = inner.session.health.subscribe();
+        let (epoch, born_lost) = {
+            let h = health.borrow();
+            if h.session.generation != session.generation {
+                // Granted on a session that has since been replaced: its node went with it.
+                (h.epoch, Some(LossReason::SessionExpired))
+            } else if !h.ok {
+                (h.epoch, Some(h.reason.unwrap_or(LossReason::Disconnected)))
+            } else {
+                (h.epoch, None)
+            }
+        };
+        let (node_state, _) = watch::channel(NodeState::Unconfirmed);
+        let revocation = Arc::new(Revocation::default());
+        revocation
+            .revocable
+            .store(inner.config.revocable, Ordering::SeqCst);
+        let eager = inner.config.watch_held_nodes;
+        let hold = Hold {
+            inner,
+            session,
+            key,
+            node,
+            czxid: token.zxid(),
+            loss: LossWatch {
+                epoch,
+                born_lost,
+                node: node_state.subscribe(),
+                health,
+            },
+            node_state: Arc::new(node_state),
+            revocation,
+            monitor: std::sync::OnceLock::new(),
+            released: AtomicBool::new(false),
+            _ticket: ticket,
+        };
+        if eager {
+            hold.watch();
+        }
+        hold
+    }
+
+    /// Starts watching the node (once): its deletion by someone else, or a revoke request,
+    /// becomes a loss. Started at the grant unless the manager opted out
+    /// (`watch_held_nodes(false)`), then on first interest (`lost()`, `is_held()`,
+    /// `make_revocable()`, `with_lock`'s abort-on-loss, a local handoff).
+    pub(crate) fn watch(&self) {
+        if self.released.load(Ordering::SeqCst) || self.loss.born_lost.is_some() {
+            return;
+        }
+        self.monitor.get_or_init(|| {
+            self.inner.count(1);
+            let watching = watch_node(
+                self.session.client.clone(),
+                self.node.clone(),
+                self.node_state.clone(),
+                self.revocation.clone(),
+            );
+            self.inner.runtime.spawn(watching).abort_handle()
+        });
+    }
+
+    /// Waits until the watch on the node has answered once, so that [`loss_reason`]
+    /// (Self::loss_reason) then knows whether the node still exists: what a local task checks
+    /// before it takes over a node handed on to it. Ends early when the hold is lost.
+    pub(crate) async fn confirmed(&self) {
+        self.watch();
+        let mut state = self.node_state.subscribe();
+        let mut health = self.loss.health.clone();
+        loop {
+            if self.loss_reason().is_some() || *state.borrow_and_update() != NodeState::Unconfirmed
+            {
+                return;
+            }
+            tokio::select! {
+                changed = state.changed() => if changed.is_err() { return },
+                changed = health.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    /// What tells of this hold's loss, apart from the hold (it keeps the node alive).
+    pub(crate) fn loss_watch(&self) -> LossWatch {
+        self.watch();
+        self.loss.clone()
+    }
+
+    fn stop_watching(&self) {
+        if let Some(monitor) = self.monitor.get() {
+            monitor.abort();
+        }
+    }
+
+    /// Opts in to revocation: a revoke request (already made or to come) becomes a loss.
+    pub(crate) fn make_revocable(&self) {
+        self.revocation.revocable.store(true, Ordering::SeqCst);
+        self.watch();
+        if self.revocation.requested.load(Ordering::SeqCst) {
+            self.node_state
+                .send_replace(NodeState::Lost(LossReason::Revoked));
+        }
+    }
+
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        self.loss.reason()
+    }
+
+    /// Deletes the node through the hold's own session and waits for the answer.
+    ///
+    /// Cancel safe: until the delete is confirmed, dropping the hold (as a cancelled caller
+    /// does) sends the delete again in the background.
+    pub(crate) async fn release(&self) -> Result<()> {
+        if self.released.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.stop_watching();
+        let result = self.delete().await;
+        self.released.store(true, Ordering::SeqCst);
+        result
+    }
+
+    async fn delete(&self) -> Result<()> {
+        let lost = |reason| Error::LockLost {
+            key: self.key.to_string(),
+            reason,
+        };
+        loop {
+            self.inner.count(1);
+            match self.session.client.delete(&self.node, None).await {
+                Ok(()) => return Ok(()),
+                Err(zookeeper_client::Error::NoNode) => {
+                    return self.loss_reason().map_or(Ok(()), |r| Err(lost(r)))
+                }
+                // Retried for as long as the session lives: when it ends, so does the node.
+                Err(err) if connection_lost(&err) => {
+                    if !wait_reconnect(&self.session.client).await {
+                        return Err(lost(LossReason::SessionExpired));
+                    }
+                }
+                Err(err) => {
+                    return Err(match self.loss_reason() {
+                        Some(reason) => lost(reason),
+                        None => Error::zk("release the lock", &self.node, err),
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.released.swap(true, Ordering::SeqCst) {
+            self.stop_watching();
+            delete_in_background(&self.inner, self.session.client.clone(), self.node.clone());
+        }
+    }
+}
+
+/// The data Curator's `Revoker` writes into a holder's node to ask it to let go.
+pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
+
+/// What the node monitor shares with its hold.
+#[derive(Default)]
+pub(crate) struct Revocation {
+    /// The holder opted in: a revoke request is a loss.
+    pub(crate) revocable: AtomicBool,
+    /// Someone asked (the node's data is `__REVOKE__`).
+    pub(crate) requested: AtomicBool,
+}
+
+/// Watches a held node: deletion by someone else is a loss, and so is a revoke request once
+/// the holder opted in.
+async fn watch_node(
+    client: Client,
+    node: String,
+    state: Arc<watch::Sender<NodeState>>,
+    revocation: Arc<Revocation>,
+) {
+    let gone = |state: &watch::Sender<NodeState>| {
+        tracing::warn!(%node, "lock node deleted by someone else");
+        state.send_replace(NodeState::Lost(LossReason::NodeDeleted));
+    };
+    loop {
+        match client.get_and_watch_data(&node).await {
+            Err(zookeeper_client::Error::NoNode) => return gone(&state),
+            Ok((data, _, watcher)) => {
+                if data == REVOKE_MESSAGE {
+                    revocation.requested.store(true, Ordering::SeqCst);
+                    if revocation.revocable.load(Ordering::SeqCst) {
+                        tracing::warn!(%node, "lock revoked");
+                        state.send_replace(NodeState::Lost(LossReason::Revoked));
+                        return;
+                    }
+                }
+                state.send_if_modified(|s| {
+                    let first = *s == NodeState::Unconfirmed;
+                    if first {
+                        *s = NodeState::Watched;
+                    }
+                    first
+                });
+                let event = watcher.changed().await;
+                match event.event_type {
+                    EventType::NodeDeleted => return gone(&state),
+                    // Session trouble is reported through the manager's health.
+                    EventType::Session => return,
+                    _ => continue,
+                }
+            }
+            Err(err) if connection_lost(&err) => {
+                if !wait_reconnect(&client).await {
+                    return;
+                }
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+impl BackendHold for Hold {
+    fn token(&self) -> FencingToken {
+        FencingToken::new(self.czxid, 0)
+    }
+
+    fn location(&self) -> &str {
+        &self.node
+    }
+
+    /// Starts the node's watch if it is not running yet (first interest).
+    fn loss_reason(&self) -> Option<LossReason> {
+        self.watch();
+        Hold::loss_reason(self)
+    }
+
+    fn loss(&self) -> LossSignal {
+        Arc::new(self.loss_watch())
+    }
+
+    fn confirmed(&self) -> BoxFuture<'_, ()> {
+        Box::pin(Hold::confirmed(self))
+    }
+
+    fn release(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(Hold::release(self))
+    }
+
+    fn make_revocable(&self) {
+        Hold::make_revocable(self)
+    }
+
+    /// A read node is created (no wait: we hold the write lock) on the write hold's own
+    /// session; the write node must be kept if a writer queued between the two.
+    fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {
+        Box::pin(async move {
+            let lost = |reason| Error::LockLost {
+                key: target.key.to_string(),
+                reason,
+            };
+            if let Some(reason) = self.loss_reason() {
+                return Err(lost(reason));
+            }
+            let (read, children) = create_node(
+                &self.inner,
+                &self.session,
+                &target.path,
+                &target.key,
+                NodeKind::Read,
+                None,
+            )
+            .await?;
+            if let Some(reason) = self.loss_reason() {
+                // Lost while the read node was made: the read node goes when `read` drops.
+                return Err(lost(reason));
+            }
+            let read_key = NodeKind::Read
+                .sort_key(read.node.rsplit('/').next().unwrap_or_default())
+                .to_string();
+            let write_key = NodeKind::Write
+                .sort_key(self.node.rsplit('/').next().unwrap_or_default())
+                .to_string();
+            let keep_write = children.iter().any(|c| {
+                let k = NodeKind::Write.sort_key(c);
+                c.contains(WRITE_NAME) && k > write_key.as_str() && k < read_key.as_str()
+            });
+            Ok(Downgraded {
+                read: Arc::new(read),
+                keep_write,
+            })
+        })
+    }
+}

@@ -1,0 +1,67 @@
+//! # zklock-core
+//!
+//! Distributed locks on Apache ZooKeeper for Rust services that run as several instances:
+//! RAII guards, fencing tokens, a signal when a hold is lost, timeouts and cancel safety, in
+//! Apache Curator's wire format so that JVM services locking the same paths exclude each other.
+//! The same API runs on Redis (feature `redis`: `LockManager::connect("redis://host:6379")`,
+//! leases renewed while held) and in memory (`LockManager::in_memory()`, for unit tests).
+//!
+//! Most users depend on the `zklock` crate, which re-exports this one with the
+//! `#[distributed_lock]` attribute.
+//!
+//! ```no_run
+//! # async fn run() -> zklock_core::Result<()> {
+//! use zklock_core::LockManager;
+//!
+//! let manager = LockManager::connect("127.0.0.1:2181").await?;
+//! let sold = manager
+//!     .with_lock("sku_100", async {
+//!         // read stock, check it, write it: no other instance runs this for sku_100 now
+//!         true
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+// The layers, lowest first; each uses only the ones above it in this list (`.ci/layers`
+// checks it).
+mod backend;
+mod guard;
+mod inspect;
+mod local;
+mod manager;
+mod multi;
+#[doc(hidden)]
+pub mod private;
+mod recipe;
+mod session;
+mod types;
+
+pub use guard::LockGuard;
+pub use inspect::{Contender, LockInfo, LockKind, Owner};
+pub use local::frame::current_fencing_token;
+pub use manager::{
+    global, set_global, Builder, LockManager, StatsSnapshot, DEFAULT_LEASE, DEFAULT_NAMESPACE,
+};
+pub use multi::{LockSpec, MultiGuard};
+pub use recipe::job::{Job, Ran};
+pub use recipe::leader::{
+    LeaderLatch, Leadership, LeadershipEvent, LeadershipEvents, LeadershipInfo,
+};
+pub use recipe::mutex::Mutex;
+pub use recipe::rwlock::RwLock;
+pub use recipe::semaphore::{Lease, Semaphore};
+#[cfg(feature = "redis")]
+pub use redis;
+pub use session::DisconnectPolicy;
+#[cfg(feature = "redis")]
+pub use types::error::RedisError;
+pub use types::error::{Deadlock, Error, Result};
+pub use types::key::{Key, MAX_KEY_LEN};
+pub use types::loss::LossReason;
+pub use types::token::FencingToken;
+pub use zookeeper_client;
+
+#[doc(hidden)]
+pub use private as __private;

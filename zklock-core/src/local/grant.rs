@@ -1,0 +1,149 @@
+//! One local holder's grant of a backend hold.
+
+use std::sync::Arc;
+
+use super::LocalTurn;
+use crate::backend::{BackendHold, LockTarget};
+use crate::types::error::Result;
+use crate::types::loss::LossReason;
+use crate::types::mode::HoldMode;
+use crate::types::token::FencingToken;
+
+/// One local holder's grant: a node (shared with the local holders it is handed on to), the
+/// token of this grant, and the local queue to hand it to on release.
+pub(crate) struct Grant {
+    node: Option<Arc<dyn BackendHold>>,
+    /// A second node this grant keeps until it ends (a downgrade that could not let go of its
+    /// write node yet).
+    extra: Option<Arc<dyn BackendHold>>,
+    pub(crate) token: FencingToken,
+    pub(crate) mode: HoldMode,
+    /// The local table (so the manager) this grant belongs to.
+    pub(crate) table: u64,
+    pub(crate) path: Arc<str>,
+    local: Option<LocalTurn>,
+    since: std::time::Instant,
+    /// Guards on this grant (re-entries included).
+    pub(crate) guards: std::sync::atomic::AtomicUsize,
+}
+
+impl Grant {
+    pub(crate) fn new(
+        table: u64,
+        node: Arc<dyn BackendHold>,
+        token: FencingToken,
+        mode: HoldMode,
+        path: Arc<str>,
+        local: Option<LocalTurn>,
+    ) -> Grant {
+        Grant {
+            node: Some(node),
+            extra: None,
+            token,
+            mode,
+            table,
+            path,
+            local,
+            since: std::time::Instant::now(),
+            guards: Default::default(),
+        }
+    }
+
+    pub(crate) fn hold(&self) -> &Arc<dyn BackendHold> {
+        self.node
+            .as_ref()
+            .expect("a grant has its node until it ends")
+    }
+
+    /// The local queue this grant hands on to, if any.
+    pub(crate) fn local_lock(&self) -> Option<LocalTurn> {
+        self.local.clone()
+    }
+
+    /// Keeps `node` until this grant ends.
+    pub(crate) fn keep(&mut self, node: Arc<dyn BackendHold>) {
+        self.extra = Some(node);
+    }
+
+    /// Takes the node out without releasing it (used when a handoff found no taker).
+    pub(crate) fn defuse(mut self) -> Arc<dyn BackendHold> {
+        self.extra = None;
+        self.local = None;
+        self.node
+            .take()
+            .expect("a grant has its node until it ends")
+    }
+
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        self.hold().loss_reason()
+    }
+
+    pub(crate) async fn lost(&self) -> LossReason {
+        self.hold().loss().lost().await
+    }
+
+    /// Ends the grant: hands the node to the next local waiter, or deletes it and waits.
+    pub(crate) async fn release(mut self) -> Result<()> {
+        let node = self
+            .node
+            .take()
+            .expect("a grant has its node until it ends");
+        let extra = self.extra.take();
+        let to_delete = match self.local.take() {
+            Some(local) => local.release(node),
+            None => Some(node),
+        };
+        let mut result = Ok(());
+        if let Some(node) = to_delete {
+            result = node.release().await;
+        }
+        if let Some(extra) = extra {
+            let _ = extra.release().await;
+        }
+        result
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        if let Some(node) = self.node.take() {
+            let held_ms = self.since.elapsed().as_millis() as u64;
+            tracing::debug!(path = %self.path, token = %self.token, held_ms, "zklock: released");
+            match self.local.take() {
+                // The returned node (if any) is deleted by its own Drop.
+                Some(local) => drop(local.release(node)),
+                None => drop(node),
+            }
+        }
+    }
+}
+
+impl Grant {
+    /// Turns this write grant into a read grant of `target` without letting another writer in
+    /// (see [`BackendHold::downgrade`]): the write hold is let go unless a writer queued in
+    /// between, then kept until the read grant ends. The local queue moves on: the next local
+    /// writer takes a hold of its own.
+    ///
+    /// The read grant continues the write grant, so its token is the write token extended by
+    /// one: above every holder before it, below every writer after it.
+    pub(crate) async fn downgrade(self, target: LockTarget) -> Result<Grant> {
+        let hold = self.hold().clone();
+        let down = hold.downgrade(target).await?;
+        let token = FencingToken::new(self.token.zxid(), self.token.local() + 1);
+        let path = self.path.clone();
+        let table = self.table;
+        let local = self.local_lock();
+        let write = self.defuse();
+        let write = match local {
+            Some(local) => local.give_up(write),
+            None => write,
+        };
+        let mut grant = Grant::new(table, down.read, token, HoldMode::Read, path, None);
+        if down.keep_write {
+            grant.keep(write);
+        } else {
+            write.release().await?;
+        }
+        Ok(grant)
+    }
+}

@@ -1,0 +1,401 @@
+//! The in-process lock table: one contender znode per process per key. Tasks of this process
+//! queue here, in FIFO order, behind the process's node; a release hands the node to the next
+//! of them without a ZooKeeper round trip, for at most a bounded run of handoffs, after which
+//! the node is let go so that other processes get their turn.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
+
+use tokio::sync::oneshot;
+
+pub(crate) mod frame;
+pub(crate) mod grant;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use grant::Grant;
+
+use crate::backend::{Backend, BackendHold, LockTarget};
+use crate::types::error::{Error, Result};
+use crate::types::loss::LossSignal;
+use crate::types::mode::{HoldMode, Wait};
+use crate::types::token::FencingToken;
+
+/// What the local table is configured with (its part of [`Builder`](crate::Builder)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LocalConfig {
+    /// Tasks of this process queue behind one backend hold per key.
+    pub(crate) local_queue: bool,
+    /// Local handoffs of one hold before it is let go for other processes.
+    pub(crate) max_local_handoffs: u32,
+}
+
+/// The local locks of one manager, by lock path and mode.
+pub(crate) struct LocalTable {
+    /// Which table (so which manager) a grant comes from: frames re-enter only holds of the
+    /// same manager, whatever the path.
+    id: u64,
+    map: StdMutex<TableState>,
+}
+
+impl Default for LocalTable {
+    fn default() -> LocalTable {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        LocalTable {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            map: StdMutex::default(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct TableState {
+    locks: HashMap<(Arc<str>, HoldMode), Weak<LocalLock>>,
+    inserts: usize,
+}
+
+impl LocalTable {
+    /// This table's id (see [`Grant::table`]).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn entry(&self, path: &Arc<str>, mode: HoldMode, max_handoffs: u32) -> Arc<LocalLock> {
+        let mut table = self.map.lock().unwrap();
+        let key = (path.clone(), mode);
+        if let Some(live) = table.locks.get(&key).and_then(Weak::upgrade) {
+            return live;
+        }
+        let lock = Arc::new(LocalLock {
+            table: self.id,
+            path: path.clone(),
+            mode,
+            max_handoffs,
+            holder_changed: tokio::sync::Notify::new(),
+            state: StdMutex::new(State {
+                busy: false,
+                handoffs: 0,
+                turn: 0,
+                holder: None,
+                queue: VecDeque::new(),
+            }),
+        });
+        table.locks.insert(key, Arc::downgrade(&lock));
+        table.inserts += 1;
+        if table.inserts % 256 == 0 {
+            table.locks.retain(|_, w| w.strong_count() > 0);
+        }
+        lock
+    }
+}
+
+/// One key's local queue.
+pub(crate) struct LocalLock {
+    table: u64,
+    path: Arc<str>,
+    mode: HoldMode,
+    max_handoffs: u32,
+    state: StdMutex<State>,
+    /// Woken when a local task starts holding a node (queued tasks then watch its loss).
+    holder_changed: tokio::sync::Notify,
+}
+
+struct State {
+    /// A local task holds the node, or is acquiring one (it has the baton).
+    busy: bool,
+    /// Local handoffs of the current node so far.
+    handoffs: u32,
+    /// Counts changes of hands (a grant, a baton passed): a grant or baton of an older turn has
+    /// been superseded and must not touch the queue any more.
+    turn: u64,
+    /// How the current holder's loss shows, while a local task holds a node: queued tasks
+    /// watch it, so that a lost hold kept by user code does not keep them waiting for ever.
+    holder: Option<LossSignal>,
+    queue: VecDeque<oneshot::Sender<Wake>>,
+}
+
+/// What a queued task is woken with.
+enum Wake {
+    /// The lock, handed on without a round trip.
+    Granted(Grant),
+    /// The duty to acquire a new node for this process.
+    Drive(Baton),
+}
+
+/// The duty to acquire the node for the local queue. Dropping it (an acquire that failed or
+/// was cancelled) passes it on to the next queued task.
+struct Baton {
+    lock: Option<Arc<LocalLock>>,
+    turn: u64,
+}
+
+impl Baton {
+    fn disarm(mut self) {
+        self.lock = None;
+    }
+}
+
+impl Drop for Baton {
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            let mut state = lock.state();
+            if state.turn == self.turn {
+                lock.pass_baton(&mut state);
+            }
+        }
+    }
+}
+
+/// A local hold's place in its key's local queue: the turn it was given.
+#[derive(Clone)]
+pub(crate) struct LocalTurn {
+    lock: Arc<LocalLock>,
+    turn: u64,
+}
+
+impl LocalTurn {
+    /// Ends this turn's hold of `node`; see [`LocalLock::release`].
+    pub(crate) fn release(self, node: Arc<dyn BackendHold>) -> Option<Arc<dyn BackendHold>> {
+        self.lock.release(node, self.turn)
+    }
+
+    /// Lets go of `node` without handing it on locally (a downgrade): the next local waiter
+    /// acquires a node of its own.
+    pub(crate) fn give_up(self, node: Arc<dyn BackendHold>) -> Arc<dyn BackendHold> {
+        let mut state = self.lock.state();
+        if state.turn == self.turn {
+            self.lock.pass_baton(&mut state);
+        }
+        node
+    }
+}
+
+impl LocalLock {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    /// Gives the baton to the next live waiter, or marks the lock idle. Never drops a baton or
+    /// grant while `state` is locked.
+    fn pass_baton(self: &Arc<Self>, state: &mut State) {
+        state.handoffs = 0;
+        state.holder = None;
+        state.turn += 1;
+        while let Some(tx) = state.queue.pop_front() {
+            match tx.send(Wake::Drive(Baton {
+                lock: Some(self.clone()),
+                turn: state.turn,
+            })) {
+                Ok(()) => return,
+                Err(Wake::Drive(baton)) => baton.disarm(),
+                Err(Wake::Granted(_)) => unreachable!("sent a baton"),
+            }
+        }
+        state.busy = false;
+    }
+
+    /// Ends the hold of `node` given at `turn`: hands it to the next live waiter when the run of
+    /// handoffs allows and the hold is intact; otherwise passes the baton on and returns the
+    /// node, which the caller deletes. A turn already superseded (its hold was lost and the
+    /// queue moved on without it) only returns the node.
+    fn release(
+        self: &Arc<Self>,
+        node: Arc<dyn BackendHold>,
+        turn: u64,
+    ) -> Option<Arc<dyn BackendHold>> {
+        let mut state = self.state();
+        if state.turn != turn {
+            return Some(node);
+        }
+        if node.loss_reason().is_none() {
+            // The taker confirms the hold (`BackendHold::confirmed`) before it relies on it.
+            while state.handoffs < self.max_handoffs {
+                let Some(tx) = state.queue.pop_front() else {
+                    break;
+                };
+                state.handoffs += 1;
+                state.turn += 1;
+                let token = FencingToken::new(node.token().zxid(), state.handoffs);
+                let grant = Grant::new(
+                    self.table,
+                    node.clone(),
+                    token,
+                    self.mode,
+                    self.path.clone(),
+                    Some(LocalTurn {
+                        lock: self.clone(),
+                        turn: state.turn,
+                    }),
+                );
+                match tx.send(Wake::Granted(grant)) {
+                    Ok(()) => {
+                        tracing::debug!(path = %self.path, %token, "zklock: handed off locally");
+                        return None;
+                    }
+                    Err(Wake::Granted(grant)) => drop(grant.defuse()),
+                    Err(Wake::Drive(_)) => unreachable!("sent a grant"),
+                }
+            }
+        }
+        self.pass_baton(&mut state);
+        Some(node)
+    }
+
+    /// The current turn and how its holder's loss shows, if a local task holds a node.
+    fn current(&self) -> (u64, Option<LossSignal>) {
+        let state = self.state();
+        (state.turn, state.holder.clone())
+    }
+
+    /// Whether a local task holds a hold that is lost.
+    fn holder_lost(&self, state: &State) -> bool {
+        state.holder.as_ref().is_some_and(|h| h.reason().is_some())
+    }
+
+    /// The holder of `turn` lost its hold: if it still has the queue, the queue moves on
+    /// without it (its own release later only deletes its node).
+    fn abandon(self: &Arc<Self>, turn: u64) {
+        let mut state = self.state();
+        if state.turn == turn && self.holder_lost(&state) {
+            tracing::debug!(path = %self.path, "zklock: a lost local hold is kept; the local queue moves on");
+            self.pass_baton(&mut state);
+        }
+    }
+
+    /// Starts the turn `turn` (the baton's) of a holder of a node of its own.
+    fn hold(self: &Arc<Self>, turn: u64, hold: &Arc<dyn BackendHold>) -> LocalTurn {
+        let mut state = self.state();
+        state.handoffs = 0;
+        state.holder = Some(hold.loss());
+        drop(state);
+        self.holder_changed.notify_waiters();
+        LocalTurn {
+            lock: self.clone(),
+            turn,
+        }
+    }
+}
+
+/// Acquires `target` in `mode` for one task: through the local queue when `config` has it on,
+/// else with a backend hold of its own. `Ok(None)` only for [`Wait::Never`] when it is taken.
+pub(crate) async fn acquire(
+    backend: &dyn Backend,
+    table: &LocalTable,
+    config: LocalConfig,
+    target: &LockTarget,
+    mode: HoldMode,
+    wait: Wait,
+) -> Result<Option<Grant>> {
+    let path = &target.path;
+    let key = &target.key;
+    let grant = |hold: Arc<dyn BackendHold>, local: Option<LocalTurn>| {
+        let token = hold.token();
+        Grant::new(table.id, hold, token, mode, path.clone(), local)
+    };
+    // Readers share at the backend already, and each participant of a leader latch stands
+    // for itself: each takes its own hold.
+    if !config.local_queue || matches!(mode, HoldMode::Read | HoldMode::Leader) {
+        return Ok(backend
+            .acquire(target, mode, wait)
+            .await?
+            .map(|hold| grant(hold, None)));
+    }
+    let lock = table.entry(path, mode, config.max_local_handoffs);
+    let baton = loop {
+        let receiver = {
+            let mut state = lock.state();
+            if state.busy && lock.holder_lost(&state) {
+                // The holder's hold is lost but user code keeps it: it holds nothing up. (A
+                // queued task would have moved the queue on already; a try must too.)
+                lock.pass_baton(&mut state);
+            }
+            if !state.busy {
+                state.busy = true;
+                Err(state.turn)
+            } else if matches!(wait, Wait::Never) {
+                return Ok(None);
+            } else {
+                let (tx, rx) = oneshot::channel();
+                state.queue.push_back(tx);
+                Ok(rx)
+            }
+        };
+        let rx = match receiver {
+            Ok(rx) => rx,
+            Err(turn) => {
+                break Baton {
+                    lock: Some(lock.clone()),
+                    turn,
+                }
+            }
+        };
+        let woken = match wait {
+            Wait::Until(deadline, waited) => {
+                match tokio::time::timeout_at(deadline, lock.wait_turn(rx)).await {
+                    Ok(woken) => woken,
+                    Err(_) => {
+                        return Err(Error::Timeout {
+                            key: key.to_string(),
+                            waited,
+                        })
+                    }
+                }
+            }
+            _ => lock.wait_turn(rx).await,
+        };
+        match woken {
+            Ok(Wake::Granted(grant)) => {
+                // The node was fine when the last holder let go; make sure it still exists
+                // (someone may have deleted it) before this task relies on it. Once the node's
+                // watch has answered, this costs nothing.
+                grant.hold().confirmed().await;
+                if grant.loss_reason().is_none() {
+                    return Ok(Some(grant));
+                }
+                // Dropping it passes the lock on; queue again for a node of our own.
+                drop(grant);
+            }
+            Ok(Wake::Drive(baton)) => break baton,
+            Err(_) => return Err(Error::Closed),
+        }
+    };
+    // We carry the baton: acquire the node. If this fails or is cancelled, the baton's drop
+    // passes the duty on.
+    let hold = backend.acquire(target, mode, wait).await?;
+    match hold {
+        Some(hold) => {
+            let turn = lock.hold(baton.turn, &hold);
+            baton.disarm();
+            Ok(Some(grant(hold, Some(turn))))
+        }
+        None => Ok(None),
+    }
+}
+
+impl LocalLock {
+    /// Waits in the local queue until woken, watching the current holder meanwhile: a hold
+    /// that is lost (session expired, node deleted) but kept by user code no longer holds the
+    /// queue up.
+    async fn wait_turn(
+        self: &Arc<Self>,
+        mut rx: oneshot::Receiver<Wake>,
+    ) -> std::result::Result<Wake, oneshot::error::RecvError> {
+        loop {
+            let changed = self.holder_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (turn, holder) = self.current();
+            let lost = async {
+                match holder {
+                    Some(holder) => holder.lost().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                woken = &mut rx => return woken,
+                _ = lost => self.abandon(turn),
+                _ = changed => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Support for `#[distributed_lock]`'s generated code. Not a public API: names here may change
+//! in any release. Generated code reaches everything through `::zklock::__private`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use std::format;
+
+use crate::manager::LockManager;
+pub use crate::types::error::Error;
+
+/// The lock mode of an annotated fn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The exclusive mutex (default).
+    Exclusive,
+    /// The shared side of the read/write lock.
+    Read,
+    /// The exclusive side of the read/write lock.
+    Write,
+}
+
+pub use crate::recipe::OnLost;
+
+/// Options of an annotated fn.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Lock mode.
+    pub mode: Mode,
+    /// How long to wait for the lock; `None` waits forever.
+    pub timeout: Option<Duration>,
+    /// What to do when the hold is lost.
+    pub on_lost: OnLost,
+}
+
+impl Options {
+    /// The defaults: exclusive, wait forever, abort on loss.
+    pub const fn new() -> Options {
+        Options {
+            mode: Mode::Exclusive,
+            timeout: None,
+            on_lost: OnLost::Abort,
+        }
+    }
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options::new()
+    }
+}
+
+/// Anything a `manager = ...` option may name: a manager, a reference to one, an `Arc`, or a
+/// lazily initialised static.
+pub trait AsLockManager {
+    /// The manager.
+    fn as_lock_manager(&self) -> &LockManager;
+}
+
+impl AsLockManager for LockManager {
+    fn as_lock_manager(&self) -> &LockManager {
+        self
+    }
+}
+
+impl<T: AsLockManager + ?Sized> AsLockManager for &T {
+    fn as_lock_manager(&self) -> &LockManager {
+        (**self).as_lock_manager()
+    }
+}
+
+impl AsLockManager for Arc<LockManager> {
+    fn as_lock_manager(&self) -> &LockManager {
+        self
+    }
+}
+
+impl AsLockManager for once_cell::sync::Lazy<LockManager> {
+    fn as_lock_manager(&self) -> &LockManager {
+        self
+    }
+}
+
+impl AsLockManager for std::sync::LazyLock<LockManager> {
+    fn as_lock_manager(&self) -> &LockManager {
+        self
+    }
+}
+
+/// The manager an annotated fn uses when none is named.
+pub async fn global() -> Result<LockManager, Error> {
+    crate::manager::global().await
+}
+
+/// Runs `body` under the lock on `key`, converting zklock's errors into the fn's error type.
+pub fn run<'a, T, E, F>(
+    manager: &'a LockManager,
+    key: &'a str,
+    options: Options,
+    body: F,
+) -> impl Future<Output = Result<T, E>> + 'a
+where
+    F: Future<Output = Result<T, E>> + 'a,
+    E: From<Error> + 'a,
+    T: 'a,
+{
+    // Boxed before any state machine holds it, so nested annotated calls stay small.
+    let body = Box::pin(body);
+    async move {
+        manager
+            .run_locked(key, options, body)
+            .await
+            .map_err(E::from)?
+    }
+}

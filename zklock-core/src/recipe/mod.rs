@@ -1,0 +1,191 @@
+//! Recipes: the lock handles users take locks with (mutex, read/write lock, semaphore,
+//! multi-lock), on any backend, through the local table and frames.
+
+pub(crate) mod job;
+pub(crate) mod leader;
+pub(crate) mod mutex;
+pub(crate) mod rwlock;
+pub(crate) mod semaphore;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{Backend, LockTarget};
+use crate::guard::LockGuard;
+use crate::local::frame::{self, Reentry};
+use crate::local::{self, LocalConfig, LocalTable};
+use crate::types::error::{Error, Result};
+use crate::types::loss::LossReason;
+use crate::types::mode::{HoldMode, Wait};
+
+/// What happens when the hold is lost while a body runs under it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnLost {
+    /// Drop the body at its next await point and return [`Error::LockLost`] (default).
+    Abort,
+    /// Let the body finish; its result is returned as is.
+    Continue,
+}
+
+/// What the recipes run on: a backend, the local table in front of it, and their options.
+pub(crate) struct Core {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) table: LocalTable,
+    pub(crate) local: LocalConfig,
+    /// How long a `try_*` may take in all.
+    pub(crate) try_timeout: Duration,
+}
+
+impl fmt::Debug for Core {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Core")
+            .field("backend", &self.backend.name())
+            .finish()
+    }
+}
+
+impl Core {
+    /// The deadline a wait gets: its own, a try's `try_timeout`, or none.
+    pub(crate) fn bound(&self, wait: Wait) -> Option<(tokio::time::Instant, Duration)> {
+        match wait {
+            Wait::Until(deadline, waited) => Some((deadline, waited)),
+            Wait::Never => Some((
+                tokio::time::Instant::now() + self.try_timeout,
+                self.try_timeout,
+            )),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// One lock of one recipe in one mode: what the handles (`Mutex`, each side of `RwLock`)
+/// share.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub(crate) core: Arc<Core>,
+    pub(crate) lock: LockTarget,
+    pub(crate) mode: HoldMode,
+}
+
+impl Target {
+    /// Waits for a guard (at most `timeout`): a re-entry when an enclosing frame holds the
+    /// lock, else a real acquire.
+    pub(crate) async fn acquire(&self, timeout: Option<Duration>) -> Result<LockGuard> {
+        let guard = self.guard(Wait::timeout(timeout)).await?;
+        Ok(guard.expect("a blocking wait ends with the lock or an error"))
+    }
+
+    /// A guard if the lock is free now (or re-entered), else `None`.
+    pub(crate) async fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.guard(Wait::Never).await
+    }
+
+    /// `Ok(None)` only for [`Wait::Never`] when the lock is taken.
+    async fn guard(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        let try_only = matches!(wait, Wait::Never);
+        let key = &self.lock.key;
+        let table = self.core.table.id();
+        match frame::reenter(table, &self.lock.path, self.mode, key, try_only).await? {
+            Reentry::Entered(grant, gate) => {
+                return Ok(Some(LockGuard::reentered(grant, Some(gate), key.clone())))
+            }
+            Reentry::Busy => return Ok(None),
+            Reentry::NotHeld => {}
+        }
+        let started = std::time::Instant::now();
+        let backend = self.core.backend.name();
+        let span = tracing::debug_span!("zklock.acquire", key = %key, mode = ?self.mode, backend);
+        let core = &self.core;
+        let acquire = local::acquire(
+            &*core.backend,
+            &core.table,
+            core.local,
+            &self.lock,
+            self.mode,
+            wait,
+        );
+        let acquire = tracing::Instrument::instrument(acquire, span);
+        // A deadline is a deadline, connection trouble included: the whole acquire is cut off
+        // then (cancel safe: nothing is left). A try waits for nobody, but still needs the
+        // backend to answer: it gets the manager's `try_timeout`.
+        let grant =
+            match core.bound(wait) {
+                Some((deadline, waited)) => tokio::time::timeout_at(deadline, acquire)
+                    .await
+                    .map_err(|_| Error::Timeout {
+                        key: key.to_string(),
+                        waited,
+                    })??,
+                None => acquire.await?,
+            };
+        if let Some(g) = &grant {
+            let waited_ms = started.elapsed().as_millis() as u64;
+            tracing::debug!(key = %key, token = %g.token, waited_ms, "zklock: acquired");
+        }
+        Ok(grant.map(|g| LockGuard::new(g, key.clone())))
+    }
+
+    /// Runs `body` in a holder frame of this lock.
+    pub(crate) async fn run<T, F: Future<Output = T>>(
+        &self,
+        timeout: Option<Duration>,
+        on_lost: OnLost,
+        body: F,
+    ) -> Result<T> {
+        let guard = Box::pin(self.acquire(timeout)).await?;
+        self.run_held(guard, on_lost, None, body).await
+    }
+
+    /// Runs `body` in a holder frame of `guard`, then releases it. With `at_most`, a body
+    /// still running then is dropped and the hold reported lost ([`LossReason::HoldLimit`]).
+    pub(crate) async fn run_held<T, F: Future<Output = T>>(
+        &self,
+        guard: LockGuard,
+        on_lost: OnLost,
+        at_most: Option<Duration>,
+        body: F,
+    ) -> Result<T> {
+        let grant = guard.grant().clone();
+        let key = &self.lock.key;
+        let span = tracing::debug_span!("zklock.hold", key = %key, token = %grant.token);
+        let body = tracing::Instrument::instrument(body, span);
+        let lost = |reason| Error::LockLost {
+            key: key.to_string(),
+            reason,
+        };
+        let limit = async {
+            match at_most {
+                Some(limit) => tokio::time::sleep(limit).await,
+                None => std::future::pending().await,
+            }
+        };
+        let result = frame::run_in(grant.clone(), async move {
+            tokio::pin!(body);
+            match on_lost {
+                OnLost::Continue => tokio::select! {
+                    biased;
+                    _ = limit => Err(lost(LossReason::HoldLimit)),
+                    value = &mut body => Ok(value),
+                },
+                OnLost::Abort => tokio::select! {
+                    biased;
+                    reason = grant.lost() => Err(lost(reason)),
+                    _ = limit => Err(lost(LossReason::HoldLimit)),
+                    value = &mut body => Ok(value),
+                },
+            }
+        })
+        .await;
+        if let Err(Error::LockLost {
+            reason: LossReason::HoldLimit,
+            ..
+        }) = &result
+        {
+            tracing::warn!(%key, ?at_most, "zklock: the body ran past its hold limit and was stopped");
+        }
+        drop(guard);
+        result
+    }
+}

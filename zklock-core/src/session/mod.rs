@@ -1,0 +1,469 @@
+//! The session layer: the one owner of the ZooKeeper connection, its session, the epoch every
+//! hold is stamped with, the retry policy, and the background tasks (releases, cleanups).
+//!
+//! A session's generation counts the sessions a manager has had; its health's epoch counts
+//! losses. Whatever is learned through a session (a hold, a granted floor, a listing) is
+//! stamped with it, and is void once it has ended: by construction, not by a check at each use.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::task::AbortHandle;
+use zookeeper_client::{Client, SessionState};
+
+use crate::types::error::{Error, Result};
+use crate::types::loss::LossReason;
+
+/// What a disconnection from ZooKeeper means for the locks a manager holds.
+///
+/// While disconnected, the client cannot know whether the server has expired its session and
+/// let another process take its locks. Curator's advice is to treat a suspended connection as
+/// a lost lock; that is the default here.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use zklock_core::DisconnectPolicy;
+///
+/// let strict = DisconnectPolicy::Immediate;
+/// let lenient = DisconnectPolicy::Grace(Duration::from_secs(2));
+/// assert_ne!(strict, lenient);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DisconnectPolicy {
+    /// A hold is lost as soon as the connection is lost (Curator's SUSPENDED = lost).
+    Immediate,
+    /// A hold survives a disconnection shorter than this; keep it well under the session timeout.
+    Grace(Duration),
+    /// A hold is lost only when the session expires (unsafe: another holder may already run).
+    UntilExpired,
+}
+
+/// What the session layer is configured with (the session part of
+/// [`Builder`](crate::Builder)).
+#[derive(Debug, Clone)]
+pub(crate) struct SessionConfig {
+    pub(crate) connect: String,
+    pub(crate) session_timeout: Duration,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) disconnect_policy: DisconnectPolicy,
+    pub(crate) renew_session: bool,
+    /// `user:password` for ZooKeeper's digest scheme.
+    pub(crate) digest: Option<String>,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<zookeeper_client::TlsOptions>,
+}
+
+impl SessionConfig {
+    /// The connection timeout given to the client: how long a connect may take, and (through
+    /// the client's ticks) how soon it notices a silent connection.
+    pub(crate) fn connection_timeout(&self) -> Duration {
+        self.connect_timeout.unwrap_or(self.session_timeout)
+    }
+
+    /// Refuses a configuration that could keep a hold past the session (see [`check_grace`]).
+    pub(crate) fn check(&self) -> Result<()> {
+        if let DisconnectPolicy::Grace(grace) = self.disconnect_policy {
+            // Checked first against what was asked; the server may negotiate less (below).
+            check_grace(grace, self.session_timeout, self.connection_timeout())?;
+        }
+        if self.connect.trim().is_empty() {
+            return Err(Error::Config(
+                "the connect string is empty; give host:port[,host:port...]".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The retry policy of every request that failed on a lost connection: wait for this session
+/// to reconnect (bounded by the caller's deadline) and send it again; stop when the session
+/// ends, since whatever the request was about ended with it.
+pub(crate) async fn wait_reconnect(client: &Client) -> bool {
+    let mut watcher = client.state_watcher();
+    let mut state = watcher.state();
+    loop {
+        match state {
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => return true,
+            SessionState::Disconnected => state = watcher.changed().await,
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                return false
+            }
+        }
+    }
+}
+
+/// Whether a request failed because its connection broke (its outcome unknown, the session
+/// possibly alive): zookeeper-client reports a clean close as `ConnectionLoss`, but fails the
+/// requests in flight with the transport's own error (`Custom`: a reset connection, no answer
+/// within the read timeout) when the connection breaks otherwise. Both are a connection loss.
+pub(crate) fn connection_lost(err: &zookeeper_client::Error) -> bool {
+    matches!(
+        err,
+        zookeeper_client::Error::ConnectionLoss | zookeeper_client::Error::Custom(_)
+    )
+}
+
+/// Whether a request failed because the session is over for good.
+pub(crate) fn is_terminal(err: &zookeeper_client::Error) -> bool {
+    matches!(
+        err,
+        zookeeper_client::Error::SessionExpired
+            | zookeeper_client::Error::ClientClosed
+            | zookeeper_client::Error::AuthFailed
+    )
+}
+
+async fn open_session(config: &SessionConfig) -> Result<Client> {
+    let wait = config.connection_timeout();
+    let mut connector = Client::connector()
+        .with_session_timeout(config.session_timeout)
+        .with_connection_timeout(wait);
+    if let Some(digest) = &config.digest {
+        connector = connector.with_auth("digest", digest.as_bytes());
+    }
+    #[cfg(feature = "tls")]
+    let connecting = match config.tls.clone() {
+        Some(tls) => {
+            futures::future::Either::Left(connector.with_tls(tls).secure_connect(&config.connect))
+        }
+        None => futures::future::Either::Right(connector.connect(&config.connect)),
+    };
+    #[cfg(not(feature = "tls"))]
+    let connecting = connector.connect(&config.connect);
+    match tokio::time::timeout(wait + Duration::from_millis(500), connecting).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(source)) => Err(Error::Unreachable {
+            connect: config.connect.clone(),
+            source,
+        }),
+        Err(_) => Err(Error::Unreachable {
+            connect: config.connect.clone(),
+            source: zookeeper_client::Error::Timeout,
+        }),
+    }
+}
+
+/// How long the client takes to notice a silent connection, for a negotiated session timeout
+/// and the connection timeout it was given: zookeeper-client gives up on a connection after 8
+/// ticks without an answer, a tick being 1/20 of the session timeout, or 1/8 of a connection
+/// timeout shorter than 3/5 of it. One more tick for its timer's granularity.
+fn detection_time(session_timeout: Duration, connection: Duration) -> Duration {
+    let tick = if connection > session_timeout * 3 / 5 {
+        session_timeout / 20
+    } else {
+        connection / 8
+    };
+    tick * 9
+}
+
+/// Refuses a disconnect grace that, with the time the client takes to notice a dead
+/// connection, reaches the session timeout: the server may already have expired the session
+/// and given the lock to someone else while the hold still looked certain.
+fn check_grace(grace: Duration, session_timeout: Duration, connection: Duration) -> Result<()> {
+    let detection = detection_time(session_timeout, connection);
+    if grace + detection >= session_timeout {
+        return Err(Error::Config(format!(
+            "a disconnect grace of {grace:?} with a session timeout of {session_timeout:?} (as \
+             granted by the server) could keep a hold the server has already given away: the \
+             client needs up to {detection:?} to notice a dead connection; keep the grace under \
+             {:?} or ask for a longer session timeout (the server's maxSessionTimeout bounds it)",
+            session_timeout.saturating_sub(detection)
+        )));
+    }
+    Ok(())
+}
+
+/// The grace to apply on a session whose negotiated timeout is `session_timeout`: the one asked
+/// for when it fits, else the longest that does (a renewed session can be granted less than the
+/// first, and a session cannot be refused once it replaced an expired one).
+fn safe_grace(grace: Duration, session_timeout: Duration, connection: Duration) -> Duration {
+    if check_grace(grace, session_timeout, connection).is_ok() {
+        return grace;
+    }
+    let safe = session_timeout
+        .saturating_sub(detection_time(session_timeout, connection))
+        .saturating_sub(session_timeout / 20);
+    tracing::warn!(
+        asked = ?grace,
+        applied = ?safe,
+        negotiated = ?session_timeout,
+        "the server granted a shorter session timeout than asked: the disconnect grace is shortened to fit it"
+    );
+    safe
+}
+
+/// One ZooKeeper session of a manager: its client, and its generation (0 for the first
+/// session, one more for each session that replaced an expired one). Every hold, granted floor
+/// and listing is stamped with the session it was learned on, and dies with it.
+#[derive(Clone)]
+pub(crate) struct Session {
+    pub(crate) client: Client,
+    pub(crate) generation: u64,
+}
+
+impl Session {
+    /// Waits until this session is connected again after a connection loss, at most until
+    /// `deadline`.
+    ///
+    /// # Errors
+    /// [`Error::SessionExpired`] when this session ended (whatever session the manager has
+    /// now: what was learned on this one is void), [`Error::Closed`] when the manager closed,
+    /// [`Error::ConnectionLoss`] when the deadline passed first.
+    pub(crate) async fn wait_connected(
+        &self,
+        operation: &'static str,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<()> {
+        let mut watcher = self.client.state_watcher();
+        let mut state = watcher.peek_state();
+        loop {
+            match state {
+                SessionState::SyncConnected | SessionState::ConnectedReadOnly => return Ok(()),
+                SessionState::Expired => return Err(Error::SessionExpired),
+                SessionState::Closed | SessionState::AuthFailed => return Err(Error::Closed),
+                SessionState::Disconnected => {
+                    let changed = watcher.changed();
+                    state = match deadline {
+                        Some(deadline) => tokio::time::timeout_at(deadline, changed)
+                            .await
+                            .map_err(|_| Error::ConnectionLoss { operation })?,
+                        None => changed.await,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Session health as the monitor sees it: `epoch` counts losses; a hold granted in one epoch
+/// is lost once the epoch moves on. The current session lives here too, so that a reader sees
+/// a session and its health together.
+#[derive(Clone)]
+pub(crate) struct Health {
+    pub(crate) epoch: u64,
+    pub(crate) ok: bool,
+    pub(crate) reason: Option<LossReason>,
+    pub(crate) session: Session,
+}
+
+/// The owner of a manager's sessions: the current one with its health, the monitor that
+/// renews it, and the background tasks that outlive the calls that started them.
+pub(crate) struct SessionOwner {
+    pub(crate) config: SessionConfig,
+    pub(crate) health: watch::Sender<Health>,
+    pub(crate) runtime: tokio::runtime::Handle,
+    background: AtomicUsize,
+    background_done: Notify,
+    monitor: StdMutex<Option<AbortHandle>>,
+}
+
+impl Drop for SessionOwner {
+    fn drop(&mut self) {
+        if let Some(monitor) = self.monitor.lock().unwrap().take() {
+            monitor.abort();
+        }
+    }
+}
+
+impl SessionOwner {
+    /// Opens the first session and starts following it. Must run inside a tokio runtime.
+    pub(crate) async fn connect(config: SessionConfig) -> Result<Arc<SessionOwner>> {
+        config.check()?;
+        let client = open_session(&config).await?;
+        if let DisconnectPolicy::Grace(grace) = config.disconnect_policy {
+            // The server clamps the session timeout (to 20 x tickTime by default): a grace that
+            // fits the timeout asked for may not fit the one granted.
+            check_grace(grace, client.session_timeout(), config.connection_timeout())?;
+        }
+        let (health, _) = watch::channel(Health {
+            epoch: 0,
+            ok: true,
+            reason: None,
+            session: Session {
+                client: client.clone(),
+                generation: 0,
+            },
+        });
+        let owner = Arc::new(SessionOwner {
+            config,
+            health,
+            runtime: tokio::runtime::Handle::current(),
+            background: AtomicUsize::new(0),
+            background_done: Notify::new(),
+            monitor: StdMutex::new(None),
+        });
+        let monitor = tokio::spawn(monitor_session(Arc::downgrade(&owner), client));
+        *owner.monitor.lock().unwrap() = Some(monitor.abort_handle());
+        Ok(owner)
+    }
+
+    /// The client of the current session.
+    pub(crate) fn client(&self) -> Client {
+        self.health.borrow().session.client.clone()
+    }
+
+    /// A live session to acquire on: when the current one has expired and the manager renews
+    /// sessions, waits for the new one (until `deadline`, at most twice the session timeout).
+    pub(crate) async fn live_session(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Session> {
+        let mut health = self.health.subscribe();
+        let bound = tokio::time::Instant::now() + 2 * self.config.session_timeout;
+        let deadline = deadline.map_or(bound, |d| d.min(bound));
+        loop {
+            let session = health.borrow_and_update().session.clone();
+            match session.client.state() {
+                SessionState::Expired if self.config.renew_session => {
+                    if tokio::time::timeout_at(deadline, health.changed())
+                        .await
+                        .is_err()
+                    {
+                        return Err(Error::SessionExpired);
+                    }
+                }
+                SessionState::Expired => return Err(Error::SessionExpired),
+                SessionState::Closed | SessionState::AuthFailed => return Err(Error::Closed),
+                _ => return Ok(session),
+            }
+        }
+    }
+
+    /// Runs `fut` in the background (a release or a cleanup), counted so that
+    /// [`flush`](Self::flush) can wait for it.
+    pub(crate) fn spawn_background(
+        self: &Arc<Self>,
+        fut: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.background.fetch_add(1, Ordering::SeqCst);
+        let owner = self.clone();
+        self.runtime.spawn(async move {
+            fut.await;
+            if owner.background.fetch_sub(1, Ordering::SeqCst) == 1 {
+                owner.background_done.notify_waiters();
+            }
+        });
+    }
+
+    /// Waits until every background task has finished.
+    pub(crate) async fn flush(&self) {
+        loop {
+            let notified = self.background_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.background.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Follows the session's state, turns it into lock health, and renews an expired session.
+async fn monitor_session(inner: Weak<SessionOwner>, client: Client) {
+    let mut watcher = client.state_watcher();
+    let mut grace = None;
+    if let Some(manager) = inner.upgrade() {
+        grace = session_grace(&manager.config, &client);
+    }
+    drop(client);
+    let mut grace_deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let state = tokio::select! {
+            state = watcher.changed() => state,
+            _ = async { tokio::time::sleep_until(grace_deadline.unwrap()).await }, if grace_deadline.is_some() => {
+                grace_deadline = None;
+                let Some(inner) = inner.upgrade() else { return };
+                lose(&inner, LossReason::Disconnected);
+                continue;
+            }
+        };
+        let Some(manager) = inner.upgrade() else {
+            return;
+        };
+        tracing::debug!(?state, "zookeeper session state");
+        match state {
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                grace_deadline = None;
+                manager.health.send_modify(|h| h.ok = true);
+            }
+            SessionState::Disconnected => match (manager.config.disconnect_policy, grace) {
+                (DisconnectPolicy::Grace(_), Some(grace)) => {
+                    grace_deadline = Some(tokio::time::Instant::now() + grace)
+                }
+                (DisconnectPolicy::UntilExpired, _) => {}
+                _ => lose(&manager, LossReason::Disconnected),
+            },
+            SessionState::Expired => {
+                grace_deadline = None;
+                lose(&manager, LossReason::SessionExpired);
+                if !manager.config.renew_session {
+                    return;
+                }
+                let config = manager.config.clone();
+                drop(manager);
+                // Open a new session, retrying while the servers are unreachable.
+                let mut backoff = Duration::from_millis(100);
+                let client = loop {
+                    match open_session(&config).await {
+                        Ok(client) => break client,
+                        Err(err) => {
+                            tracing::warn!(%err, "could not renew the expired ZooKeeper session; retrying");
+                            if inner.strong_count() == 0 {
+                                return;
+                            }
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(5));
+                        }
+                    }
+                };
+                let Some(manager) = inner.upgrade() else {
+                    return;
+                };
+                watcher = client.state_watcher();
+                grace = session_grace(&config, &client);
+                // The session and its health change together: a reader never sees the new
+                // session with the old generation, nor the other way round.
+                manager.health.send_modify(|h| {
+                    h.session = Session {
+                        client,
+                        generation: h.session.generation + 1,
+                    };
+                    h.ok = true;
+                });
+                tracing::info!("opened a new ZooKeeper session after expiry");
+            }
+            SessionState::Closed | SessionState::AuthFailed => {
+                lose(&manager, LossReason::Closed);
+                return;
+            }
+        }
+    }
+}
+
+/// The disconnect grace that applies to `client`'s session, fitted to its negotiated timeout.
+fn session_grace(config: &SessionConfig, client: &Client) -> Option<Duration> {
+    match config.disconnect_policy {
+        DisconnectPolicy::Grace(grace) => Some(safe_grace(
+            grace,
+            client.session_timeout(),
+            config.connection_timeout(),
+        )),
+        _ => None,
+    }
+}
+
+fn lose(inner: &SessionOwner, reason: LossReason) {
+    tracing::warn!(%reason, "ZooKeeper session trouble: holds of this manager are no longer certain");
+    inner.health.send_modify(|h| {
+        h.epoch += 1;
+        h.ok = false;
+        h.reason = Some(reason);
+    });
+}

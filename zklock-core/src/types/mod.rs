@@ -1,0 +1,8 @@
+//! Shared types, the lowest layer: keys, errors, fencing tokens, loss reasons, modes. Imports
+//! nothing else of the crate.
+
+pub(crate) mod error;
+pub(crate) mod key;
+pub(crate) mod loss;
+pub(crate) mod mode;
+pub(crate) mod token;

@@ -1,0 +1,83 @@
+//! Real ZooKeeper for zklock's tests: the project's Curator `TestingServer` and `TestingCluster`.
+//!
+//! - [`ZkServer`]: one standalone server on a free loopback port with a temporary data directory; stop,
+//!   restart (same port, same data), pause (SIGSTOP) and resume (SIGCONT) it.
+//! - [`ZkCluster`]: an ensemble (3 members is typical) on loopback; find the leader, stop, restart, pause
+//!   and resume members, wait for a quorum.
+//! - [`CuratorHold`]: an Apache Curator client holding a lock, to prove interoperability.
+//! - [`Proxy`]: a fault-injecting TCP proxy between a client and a server that understands ZooKeeper's
+//!   framing: partitions (blackhole), resets, delays, and the lost reply to the Nth create.
+//! - [`History`]: what lock workers did (acquire, grant with fencing token, release, loss), and
+//!   [`check`] to find two holders at once, tokens that do not increase, and holds that never end.
+//! - TLS: [`ZkServerBuilder::tls`] serves a `secureClientPort` with a throwaway certificate.
+//! - [`RedisServer`]: Debian's `redis-server` on a free loopback port with a throwaway directory, for
+//!   the Redis backend and the inventory demo; stop, restart, pause and resume it.
+//!
+//! Servers are Debian's ZooKeeper 3.8 (`/usr/share/java/zookeeper.jar`, installed on first use by
+//! [`ensure_zookeeper_installed`]), each in its own small JVM launched directly (`QuorumPeerMain`), logging
+//! to a file in its directory. Ports are claimed across processes, so tests may run in parallel in any
+//! number of test binaries. Everything is synchronous and blocking: these are tools for tests.
+//!
+//! Environment: `ZKLOCK_ZK_CLASSPATH` replaces the server's class path, `JAVA_HOME` picks the JVM,
+//! `ZKLOCK_SHARED` locates the shared folder for [`CuratorHold`].
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use zklock_testkit::ZkServer;
+//!
+//! let mut server = ZkServer::start()?;
+//! let connect = server.connect_string();
+//! // ... connect a client to `connect`, take locks ...
+//! server.stop()?; // clients see connection loss
+//! server.restart()?; // same port, same data
+//! # let _ = connect;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod cluster;
+mod curator;
+mod env;
+mod four_letter;
+mod history;
+mod install;
+mod member;
+mod ports;
+mod process;
+mod proxy;
+mod redis;
+mod server;
+mod tls;
+mod workdir;
+
+pub use cluster::{ZkCluster, ZkClusterBuilder};
+pub use curator::CuratorHold;
+pub use env::{now_epoch_ms, shared_dir};
+pub use history::{
+    check, epoch_ms_to_ns, now_ns, Event, History, HoldEnd, HoldSpan, Mode, Op, Overlap, Recorder,
+    Report, Violation, NO_TOKEN,
+};
+pub use install::ensure_zookeeper_installed;
+pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
+pub use redis::RedisServer;
+pub use server::{ZkServer, ZkServerBuilder};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bounds() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<crate::ZkServer>();
+        send_sync::<crate::RedisServer>();
+        send_sync::<crate::ZkCluster>();
+        send_sync::<crate::ZkServerBuilder>();
+        send_sync::<crate::ZkClusterBuilder>();
+        send::<crate::CuratorHold>();
+        send_sync::<crate::Proxy>();
+        send_sync::<crate::History>();
+        send_sync::<crate::Recorder>();
+    }
+}

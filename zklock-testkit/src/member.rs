@@ -1,0 +1,384 @@
+//! One ZooKeeper JVM: its configuration, directories, log, process and readiness checks. Shared by
+//! [`ZkServer`](crate::ZkServer) (a standalone member) and [`ZkCluster`](crate::ZkCluster).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::four_letter::{four_letter, mode_of};
+use crate::install::{classpath, java, tail};
+use crate::process::Supervised;
+
+/// How often readiness is polled.
+const POLL: Duration = Duration::from_millis(50);
+/// Timeout of one four-letter probe while waiting for readiness.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often the kit's servers look for empty CONTAINER nodes to delete, in milliseconds.
+///
+/// ZooKeeper's `ContainerManager` reads the JVM system property `znode.container.checkIntervalMs`
+/// (default one minute; it is not a `zoo.cfg` key). zklock's lock paths are containers: once the last
+/// contender leaves, the server deletes the path, and the next contender re-creates it with sequence
+/// numbers starting again at 0. In production that happens about a minute after a path empties; tests
+/// need it within a fraction of a second to exercise it (a lock path reaped and re-created under a
+/// holder whose session expired), so every server and ensemble member the kit starts checks every
+/// 100 ms unless told otherwise. `znode.container.maxPerMinute` keeps ZooKeeper's default (10 000
+/// deletions a minute, one every 6 ms), which is no limit at the rates tests create paths.
+pub(crate) const DEFAULT_CONTAINER_CHECK_INTERVAL_MS: u32 = 100;
+
+/// Settings shared by standalone servers and ensembles.
+#[derive(Clone, Debug)]
+pub(crate) struct Options {
+    pub(crate) tick_time_ms: u32,
+    pub(crate) min_session_timeout_ms: Option<u32>,
+    pub(crate) max_session_timeout_ms: u32,
+    pub(crate) startup_timeout: Duration,
+    pub(crate) heap_mb: u32,
+    /// `-Dznode.container.checkIntervalMs`: see [`DEFAULT_CONTAINER_CHECK_INTERVAL_MS`].
+    pub(crate) container_check_interval_ms: u32,
+    pub(crate) extra: Vec<(String, String)>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            tick_time_ms: 200,
+            min_session_timeout_ms: None,
+            max_session_timeout_ms: 60_000,
+            startup_timeout: Duration::from_secs(60),
+            heap_mb: 128,
+            container_check_interval_ms: DEFAULT_CONTAINER_CHECK_INTERVAL_MS,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// Peer and election ports of one ensemble member.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QuorumPorts {
+    pub(crate) peer: u16,
+    pub(crate) election: u16,
+}
+
+/// Which `Mode:` counts as serving.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Standalone,
+    Ensemble,
+}
+
+impl Role {
+    fn accepts(self, mode: &str) -> bool {
+        match self {
+            Role::Standalone => mode == "standalone",
+            Role::Ensemble => matches!(mode, "leader" | "follower" | "observer"),
+        }
+    }
+}
+
+/// The text of `zoo.cfg`. Extra lines replace defaults with the same key.
+pub(crate) fn render_config(
+    opts: &Options,
+    data_dir: &Path,
+    client_port: u16,
+    ensemble: &[QuorumPorts],
+) -> String {
+    let mut kv: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: String| match kv.iter_mut().find(|(key, _)| key == k) {
+        Some(entry) => entry.1 = v,
+        None => kv.push((k.to_string(), v)),
+    };
+    set("tickTime", opts.tick_time_ms.to_string());
+    set("initLimit", "20".into());
+    set("syncLimit", "10".into());
+    set("dataDir", data_dir.display().to_string());
+    set("clientPort", client_port.to_string());
+    set("clientPortAddress", "127.0.0.1".into());
+    if let Some(min) = opts.min_session_timeout_ms {
+        set("minSessionTimeout", min.to_string());
+    }
+    set("maxSessionTimeout", opts.max_session_timeout_ms.to_string());
+    set("4lw.commands.whitelist", "*".into());
+    set("admin.enableServer", "false".into());
+    set("maxClientCnxns", "0".into());
+    set("preAllocSize", "1024".into());
+    set("snapCount", "10000".into());
+    set("forceSync", "no".into());
+    set("standaloneEnabled", ensemble.is_empty().to_string());
+    for (k, v) in &opts.extra {
+        set(k, v.clone());
+    }
+    let mut text = String::new();
+    for (k, v) in &kv {
+        text.push_str(&format!("{k}={v}\n"));
+    }
+    for (i, q) in ensemble.iter().enumerate() {
+        text.push_str(&format!(
+            "server.{}=127.0.0.1:{}:{}\n",
+            i + 1,
+            q.peer,
+            q.election
+        ));
+    }
+    text
+}
+
+/// One server process and its files, under `root`: `zoo.cfg`, `data/` (with `myid`), `server.log`.
+#[derive(Debug)]
+pub(crate) struct Member {
+    root: PathBuf,
+    data_dir: PathBuf,
+    cfg: PathBuf,
+    log: PathBuf,
+    client_port: u16,
+    role: Role,
+    heap_mb: u32,
+    container_check_interval_ms: u32,
+    startup_timeout: Duration,
+    process: Option<Supervised>,
+    /// Where the log of the current run starts.
+    log_offset: u64,
+}
+
+impl Member {
+    /// Lays out the member's files; `myid` is written for ensemble members.
+    pub(crate) fn create(
+        root: PathBuf,
+        opts: &Options,
+        client_port: u16,
+        ensemble: &[QuorumPorts],
+        myid: usize,
+    ) -> io::Result<Member> {
+        let data_dir = root.join("data");
+        fs::create_dir_all(&data_dir)?;
+        let cfg = root.join("zoo.cfg");
+        let log = root.join("server.log");
+        let role = if ensemble.is_empty() {
+            Role::Standalone
+        } else {
+            fs::write(data_dir.join("myid"), format!("{myid}\n"))?;
+            Role::Ensemble
+        };
+        let member = Member {
+            root,
+            data_dir,
+            cfg,
+            log,
+            client_port,
+            role,
+            heap_mb: opts.heap_mb,
+            container_check_interval_ms: opts.container_check_interval_ms,
+            startup_timeout: opts.startup_timeout,
+            process: None,
+            log_offset: 0,
+        };
+        member.write_config(opts, client_port, ensemble)?;
+        Ok(member)
+    }
+
+    fn write_config(
+        &self,
+        opts: &Options,
+        client_port: u16,
+        ensemble: &[QuorumPorts],
+    ) -> io::Result<()> {
+        fs::write(
+            &self.cfg,
+            render_config(opts, &self.data_dir, client_port, ensemble),
+        )
+    }
+
+    pub(crate) fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
+    pub(crate) fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(Supervised::id)
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        self.process.as_ref().is_some_and(Supervised::is_paused)
+    }
+
+    /// Starts the JVM (no waiting). Stops a running one first.
+    pub(crate) fn spawn(&mut self) -> io::Result<()> {
+        self.stop()?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        self.log_offset = log.metadata()?.len();
+        let mut cmd = Command::new(java());
+        cmd.arg(format!("-Xmx{}m", self.heap_mb))
+            .args([
+                "-Xms16m",
+                "-Xss256k",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                "-XX:-UsePerfData",
+                "-XX:+ExitOnOutOfMemoryError",
+                "-Djava.net.preferIPv4Stack=true",
+                "-Djava.awt.headless=true",
+                "-Dzookeeper.admin.enableServer=false",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                // Election over loopback: don't let a dead or paused peer stall it for long.
+                "-Dzookeeper.cnxTimeout=2000",
+                "-Dzookeeper.fastleader.maxNotificationInterval=2000",
+                "-Dorg.slf4j.simpleLogger.showDateTime=true",
+                "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+            ])
+            // Empty lock paths (CONTAINER nodes) are reaped within this interval, not a minute.
+            .arg(format!(
+                "-Dznode.container.checkIntervalMs={}",
+                self.container_check_interval_ms
+            ))
+            .arg("-cp")
+            .arg(classpath())
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(&self.cfg)
+            .current_dir(&self.root)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let process = Supervised::spawn(&mut cmd, false).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "could not start java ({}): {e}; is a JRE installed?",
+                    java().display()
+                ),
+            )
+        })?;
+        self.process = Some(process);
+        Ok(())
+    }
+
+    /// SIGKILLs the JVM (even when paused) and reaps it. Does nothing when not running.
+    pub(crate) fn stop(&mut self) -> io::Result<()> {
+        match self.process.take() {
+            Some(mut p) => p.kill(),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn pause(&self) -> io::Result<()> {
+        self.running()?.pause()
+    }
+
+    pub(crate) fn resume(&self) -> io::Result<()> {
+        self.running()?.resume()
+    }
+
+    fn running(&self) -> io::Result<&Supervised> {
+        self.process.as_ref().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("server on port {} is stopped", self.client_port),
+            )
+        })
+    }
+
+    pub(crate) fn four_letter(&self, cmd: &str, timeout: Duration) -> io::Result<String> {
+        four_letter(self.client_port, cmd, timeout)
+    }
+
+    /// The `Mode:` the member reports now, if it is running, not paused, and serving.
+    pub(crate) fn mode(&self) -> Option<String> {
+        if !self.is_running() || self.is_paused() {
+            return None;
+        }
+        let srvr = self.four_letter("srvr", PROBE_TIMEOUT).ok()?;
+        mode_of(&srvr).map(str::to_string)
+    }
+
+    /// Waits until `ruok` says `imok` and `srvr` reports a serving mode; returns the mode.
+    ///
+    /// Fails early when the JVM exits — with [`io::ErrorKind::AddrInUse`] if it could not bind a port —
+    /// and with [`io::ErrorKind::TimedOut`] after the startup timeout; both with the log's tail.
+    pub(crate) fn wait_serving(&mut self, deadline: Option<Instant>) -> io::Result<String> {
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.startup_timeout);
+        loop {
+            let process = self
+                .process
+                .as_mut()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "server is stopped"))?;
+            if let Some(status) = process.try_wait()? {
+                self.process = None;
+                let log = self.log_since_start();
+                let kind = if log.contains("Address already in use") {
+                    io::ErrorKind::AddrInUse
+                } else {
+                    io::ErrorKind::Other
+                };
+                return Err(io::Error::new(
+                    kind,
+                    format!(
+                        "ZooKeeper on port {} exited during startup ({status}); log {}:\n{}",
+                        self.client_port,
+                        self.log.display(),
+                        tail(&log, 30)
+                    ),
+                ));
+            }
+            if !process.is_paused() {
+                let ok = self
+                    .four_letter("ruok", PROBE_TIMEOUT)
+                    .is_ok_and(|a| a.trim() == "imok");
+                if ok {
+                    if let Ok(srvr) = self.four_letter("srvr", PROBE_TIMEOUT) {
+                        if let Some(mode) = mode_of(&srvr).filter(|m| self.role.accepts(m)) {
+                            return Ok(mode.to_string());
+                        }
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "ZooKeeper on port {} (pid {:?}) did not serve in time; log {}:\n{}",
+                        self.client_port,
+                        self.pid(),
+                        self.log.display(),
+                        tail(&self.log_since_start(), 30)
+                    ),
+                ));
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    /// The log written by the current (or last) run.
+    pub(crate) fn log_since_start(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            let _ = f.seek(SeekFrom::Start(self.log_offset));
+            let mut bytes = Vec::new();
+            let _ = f.read_to_end(&mut bytes);
+            text = String::from_utf8_lossy(&bytes).into_owned();
+        }
+        text
+    }
+
+    /// The path of the member's log file.
+    pub(crate) fn log_path(&self) -> &Path {
+        &self.log
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

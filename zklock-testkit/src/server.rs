@@ -1,0 +1,575 @@
+//! A standalone ZooKeeper server: Curator's `TestingServer`.
+
+use std::io;
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::install::ensure_zookeeper_installed;
+use crate::member::{Member, Options};
+use crate::ports::{self, PortLease};
+use crate::tls::{self, TlsMaterial};
+use crate::workdir;
+
+/// How many fresh ports to try when the chosen one turns out to be taken.
+const PORT_ATTEMPTS: usize = 5;
+/// How long [`ZkServer::four_letter`] waits for an answer.
+const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A real, standalone ZooKeeper server on a free loopback port with a temporary data directory.
+///
+/// Each server is its own small JVM (Debian's ZooKeeper 3.8 jars) with its own port, claimed for the
+/// server's whole life so that tests running in parallel — threads or processes — never collide. The
+/// default tick is 200 ms, so sessions may be as short as 400 ms (`minSessionTimeout` = 2 ticks) and as long
+/// as 60 s. Stopping, restarting (same port, same data), pausing (SIGSTOP) and resuming (SIGCONT) let tests
+/// provoke connection loss and session expiry. Empty CONTAINER nodes (lock paths) are reaped every
+/// 100 ms rather than every minute (see [`ZkServerBuilder::container_check_interval`]).
+///
+/// Dropping the server kills the JVM (paused or not) and removes its directory. Should the test process
+/// die without dropping it, a watchdog kills the JVM anyway.
+///
+/// # Examples
+///
+/// ```no_run
+/// use zklock_testkit::ZkServer;
+///
+/// let server = ZkServer::start()?;
+/// let connect = server.connect_string(); // "127.0.0.1:PORT", for any ZooKeeper client
+/// assert_eq!(server.four_letter("ruok")?, "imok");
+/// # let _ = connect;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct ZkServer {
+    // Field order is drop order: the process first, then the ports, then the files.
+    member: Member,
+    lease: PortLease,
+    secure_lease: Option<PortLease>,
+    tls: Option<std::sync::Arc<TlsMaterial>>,
+    _dir: TempDir,
+}
+
+/// Options for a [`ZkServer`]; made by [`ZkServer::builder`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use zklock_testkit::ZkServer;
+///
+/// let server = ZkServer::builder()
+///     .tick_time(100) // sessions from 200 ms
+///     .max_session_timeout(10_000)
+///     .config("globalOutstandingLimit", "100")
+///     .start()?;
+/// # drop(server);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct ZkServerBuilder {
+    opts: Options,
+    tls: bool,
+}
+
+impl ZkServerBuilder {
+    /// ZooKeeper's `tickTime` in milliseconds (default 200). The shortest session timeout the server grants
+    /// is two ticks, and leader/follower timeouts are counted in ticks.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tick_time(50).start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tick_time(mut self, ms: u32) -> Self {
+        self.opts.tick_time_ms = ms;
+        self
+    }
+
+    /// `minSessionTimeout` in milliseconds (default: two ticks).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().min_session_timeout(1_000).start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn min_session_timeout(mut self, ms: u32) -> Self {
+        self.opts.min_session_timeout_ms = Some(ms);
+        self
+    }
+
+    /// `maxSessionTimeout` in milliseconds (default 60 000); longer requested timeouts are cut to it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().max_session_timeout(5_000).start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn max_session_timeout(mut self, ms: u32) -> Self {
+        self.opts.max_session_timeout_ms = ms;
+        self
+    }
+
+    /// Adds a `key=value` line to `zoo.cfg`, replacing the kit's default for that key if it has one.
+    /// Unknown keys become `zookeeper.<key>` system properties of the server, as ZooKeeper does.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder()
+    ///     .config("maxClientCnxns", "10")
+    ///     .start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.opts.extra.push((key.into(), value.into()));
+        self
+    }
+
+    /// Adds several `zoo.cfg` lines, as [`config`](Self::config) does for one.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let lines = vec![("snapCount".to_string(), "100".to_string())];
+    /// let server = zklock_testkit::ZkServer::builder().extra_config(lines).start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn extra_config(mut self, lines: impl IntoIterator<Item = (String, String)>) -> Self {
+        self.opts.extra.extend(lines);
+        self
+    }
+
+    /// How long to wait for the server to serve (default 60 s).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// let server = zklock_testkit::ZkServer::builder()
+    ///     .startup_timeout(Duration::from_secs(120))
+    ///     .start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.startup_timeout = timeout;
+        self
+    }
+
+    /// The JVM's maximum heap in MiB (default 128).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().heap_mb(256).start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn heap_mb(mut self, mb: u32) -> Self {
+        self.opts.heap_mb = mb;
+        self
+    }
+
+    /// How often the server deletes empty CONTAINER nodes, in milliseconds (default 100; ZooKeeper's
+    /// own default is 60 000). Passed as the JVM property `znode.container.checkIntervalMs`, which
+    /// ZooKeeper does not read from `zoo.cfg`.
+    ///
+    /// zklock's lock paths are containers: the server deletes a path once its last contender is gone,
+    /// and the next contender re-creates it with sequence numbers starting again at 0. The kit's short
+    /// default makes that happen in tests within a fraction of a second, as it happens in production
+    /// after about a minute, so that tests can exercise a lock path that is reaped and re-created.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// // Production's pace: empty lock paths stay for up to a minute.
+    /// let server = zklock_testkit::ZkServer::builder().container_check_interval(60_000).start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn container_check_interval(mut self, ms: u32) -> Self {
+        self.opts.container_check_interval_ms = ms;
+        self
+    }
+
+    /// Serves TLS too: a `secureClientPort` on another free loopback port, with a throwaway
+    /// self-signed certificate for `127.0.0.1` and `localhost` (made with the JDK's `keytool`, once per
+    /// process) and Netty's connection factory, which ZooKeeper needs for TLS. The plain port stays (for
+    /// four-letter words and plain clients); clients trust [`ZkServer::tls_ca_pem`] and connect to
+    /// [`ZkServer::secure_connect_string`]. Client certificates are not asked for (`ssl.clientAuth=none`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tls().start()?;
+    /// let connect = server.secure_connect_string().unwrap();
+    /// let ca_pem = server.tls_ca_pem().unwrap(); // what a TLS client trusts
+    /// # let _ = (connect, ca_pem);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
+    /// Starts the server and waits until it serves.
+    ///
+    /// # Errors
+    ///
+    /// When ZooKeeper or Java is missing and cannot be installed, when no free port works, or when the
+    /// server does not serve within the startup timeout — with the tail of the server's log.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start(self) -> io::Result<ZkServer> {
+        ensure_zookeeper_installed()?;
+        let material = if self.tls {
+            Some(tls::material()?)
+        } else {
+            None
+        };
+        let mut last_err = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let mut leases = ports::reserve(if self.tls { 2 } else { 1 })?;
+            let secure_lease = if self.tls { leases.pop() } else { None };
+            let lease = leases.remove(0);
+            let dir = workdir::create("server")?;
+            let mut opts = self.opts.clone();
+            if let (Some(material), Some(secure)) = (&material, &secure_lease) {
+                // Extra lines the caller gave still win over these.
+                let mut lines = material.config_lines(secure.port());
+                lines.append(&mut opts.extra);
+                opts.extra = lines;
+            }
+            let mut member = Member::create(dir.path().to_path_buf(), &opts, lease.port(), &[], 0)?;
+            member.spawn()?;
+            match member.wait_serving(None) {
+                Ok(_) => {
+                    return Ok(ZkServer {
+                        member,
+                        lease,
+                        secure_lease,
+                        tls: material,
+                        _dir: dir,
+                    })
+                }
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => last_err = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("could not start ZooKeeper")))
+    }
+}
+
+impl ZkServer {
+    /// Starts a server with default options on a free port and waits until it serves.
+    ///
+    /// # Errors
+    ///
+    /// See [`ZkServerBuilder::start`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start() -> io::Result<ZkServer> {
+        ZkServerBuilder::default().start()
+    }
+
+    /// Options for a server: tick time, session timeout bounds, extra `zoo.cfg` lines.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tick_time(100).start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn builder() -> ZkServerBuilder {
+        ZkServerBuilder::default()
+    }
+
+    /// `"127.0.0.1:PORT"`, for a ZooKeeper client.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// assert!(server.connect_string().starts_with("127.0.0.1:"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port())
+    }
+
+    /// The client port; the same across [`restart`](Self::restart)s.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// assert_ne!(server.port(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn port(&self) -> u16 {
+        self.lease.port()
+    }
+
+    /// The TLS client port, when the server was built with [`ZkServerBuilder::tls`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tls().start()?;
+    /// assert_ne!(server.secure_port(), Some(server.port()));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn secure_port(&self) -> Option<u16> {
+        self.secure_lease.as_ref().map(PortLease::port)
+    }
+
+    /// `"127.0.0.1:SECURE_PORT"`, for a TLS client, when the server was built with
+    /// [`ZkServerBuilder::tls`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tls().start()?;
+    /// assert!(server.secure_connect_string().unwrap().starts_with("127.0.0.1:"));
+    /// assert_eq!(zklock_testkit::ZkServer::start()?.secure_connect_string(), None);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn secure_connect_string(&self) -> Option<String> {
+        self.secure_port().map(|p| format!("127.0.0.1:{p}"))
+    }
+
+    /// The PEM certificate a TLS client must trust to talk to this server (its self-signed
+    /// certificate), when the server was built with [`ZkServerBuilder::tls`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::builder().tls().start()?;
+    /// assert!(server.tls_ca_pem().unwrap().contains("BEGIN CERTIFICATE"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls_ca_pem(&self) -> Option<&str> {
+        self.tls.as_deref().map(TlsMaterial::ca_pem)
+    }
+
+    /// The JVM's process id, or `None` while stopped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut server = zklock_testkit::ZkServer::start()?;
+    /// assert!(server.pid().is_some());
+    /// server.stop()?;
+    /// assert_eq!(server.pid(), None);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn pid(&self) -> Option<u32> {
+        self.member.pid()
+    }
+
+    /// The server's data directory (snapshots and transaction logs); kept across stop and restart,
+    /// removed on drop.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// assert!(server.data_dir().join("version-2").exists());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn data_dir(&self) -> &Path {
+        self.member.data_dir()
+    }
+
+    /// The server's log file (stdout and stderr of the JVM, across restarts).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// let log = std::fs::read_to_string(server.log_path())?;
+    /// # let _ = log;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn log_path(&self) -> &Path {
+        self.member.log_path()
+    }
+
+    /// Kills the JVM (SIGKILL, like a crash) and keeps the data directory. Clients see the connection drop;
+    /// their sessions survive if the server is [`restart`](Self::restart)ed within their timeout. Does
+    /// nothing when already stopped.
+    ///
+    /// # Errors
+    ///
+    /// When the process cannot be killed or reaped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut server = zklock_testkit::ZkServer::start()?;
+    /// server.stop()?;
+    /// assert!(server.four_letter("ruok").is_err());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn stop(&mut self) -> io::Result<()> {
+        self.member.stop()
+    }
+
+    /// Starts the server again on the same port with the same data (stopping it first if it runs) and
+    /// waits until it serves.
+    ///
+    /// # Errors
+    ///
+    /// When the server does not serve within the startup timeout, with the tail of its log.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut server = zklock_testkit::ZkServer::start()?;
+    /// let port = server.port();
+    /// server.stop()?;
+    /// server.restart()?;
+    /// assert_eq!(server.port(), port);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn restart(&mut self) -> io::Result<()> {
+        restart_member(&mut self.member)
+    }
+
+    /// Freezes the JVM with SIGSTOP: connections stay open but nothing answers, as with a long GC pause or
+    /// a partition. Sessions time out on the server once it is [`resume`](Self::resume)d.
+    ///
+    /// # Errors
+    ///
+    /// When the server is stopped or `kill -STOP` fails.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// server.pause()?;
+    /// // ... clients time out ...
+    /// server.resume()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn pause(&self) -> io::Result<()> {
+        self.member.pause()
+    }
+
+    /// Lets a [`pause`](Self::pause)d JVM run again (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// When the server is stopped or `kill -CONT` fails.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// server.pause()?;
+    /// server.resume()?;
+    /// assert_eq!(server.four_letter("ruok")?, "imok");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn resume(&self) -> io::Result<()> {
+        self.member.resume()
+    }
+
+    /// Whether the server is paused.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// assert!(!server.is_paused());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_paused(&self) -> bool {
+        self.member.is_paused()
+    }
+
+    /// Sends a four-letter admin command (`ruok`, `srvr`, `stat`, `conf`, `cons`, `dump`, `wchc`, `mntr`,
+    /// ...) and returns the answer, waiting at most 5 s.
+    ///
+    /// # Errors
+    ///
+    /// When `cmd` is not four lowercase letters, or the server cannot be reached or does not answer in time
+    /// (e.g. stopped or paused).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// let mntr = server.four_letter("mntr")?;
+    /// assert!(mntr.contains("zk_znode_count"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn four_letter(&self, cmd: &str) -> io::Result<String> {
+        self.four_letter_timeout(cmd, FOUR_LETTER_TIMEOUT)
+    }
+
+    /// [`four_letter`](Self::four_letter) with a timeout of your choosing.
+    ///
+    /// # Errors
+    ///
+    /// As for [`four_letter`](Self::four_letter).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// let server = zklock_testkit::ZkServer::start()?;
+    /// server.pause()?;
+    /// assert!(server.four_letter_timeout("ruok", Duration::from_millis(200)).is_err());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn four_letter_timeout(&self, cmd: &str, timeout: Duration) -> io::Result<String> {
+        self.member.four_letter(cmd, timeout)
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        // Kill the JVM before the port lease and the directory go (field order does the rest).
+        let _ = self.member.stop();
+    }
+}
+
+/// Starts `member` again with its configuration, retrying briefly should its ports still be busy.
+pub(crate) fn restart_member(member: &mut Member) -> io::Result<()> {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        member.spawn()?;
+        match member.wait_serving(None) {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < give_up => {
+                thread::sleep(Duration::from_millis(250));
+            }
+            other => return other.map(drop),
+        }
+    }
+}
