@@ -80,9 +80,12 @@ pub async fn until_children(m: &LockManager, path: &str, n: usize) {
 /// Expires `m`'s session from the server side, as Curator's KillSession did: a second handle
 /// with the same session id and password, then closed.
 pub async fn expire_session(m: &LockManager, connect: &str) {
-    let session = m.zk_client().session().clone();
+    let original = m.zk_client();
+    let session = original.session().clone();
     let mut last = None;
-    // The original handle may win the connection back while the twin attaches: try again.
+    // A second handle attaches to the session and closes it. The original handle, kicked off by
+    // the twin, may win the connection back before the twin's close goes out: then the session
+    // lives on, so wait until the original handle itself sees the expiry and try again if not.
     for _ in 0..10 {
         let twin = zookeeper_client::Client::connector()
             .with_session(session.clone())
@@ -91,13 +94,25 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
             .connect(connect)
             .await;
         match twin {
-            Ok(twin) => {
-                drop(twin);
+            Ok(twin) => drop(twin),
+            Err(zookeeper_client::Error::SessionExpired) => {}
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        }
+        let mut states = original.state_watcher();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+        loop {
+            if original.state() == zookeeper_client::SessionState::Expired {
                 return;
             }
-            Err(zookeeper_client::Error::SessionExpired) => return,
-            Err(e) => last = Some(e),
+            match tokio::time::timeout_at(deadline, states.changed()).await {
+                Ok(_) => {}
+                Err(_) => break,
+            }
         }
+        last = None;
     }
-    panic!("could not attach a second handle to the session: {last:?}");
+    panic!("could not expire the session (a second handle: {last:?})");
 }
