@@ -83,6 +83,7 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
     let original = m.zk_client();
     let session = original.session().clone();
     let mut last = None;
+    let mut seen = Vec::new();
     // A second handle attaches to the session and closes it. The original handle, kicked off by
     // the twin, may win the connection back before the twin's close goes out: then the session
     // lives on, so wait until the original handle itself sees the expiry and try again if not.
@@ -108,11 +109,11 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
                 return;
             }
             match tokio::time::timeout_at(deadline, states.changed()).await {
-                Ok(_) => {}
+                Ok(state) => seen.push(state),
                 Err(_) => break,
             }
         }
         last = None;
     }
-    panic!("could not expire the session (a second handle: {last:?})");
+    panic!("could not expire the session (a second handle: {last:?}; the original saw {seen:?})");
 }
