@@ -1,8 +1,8 @@
 //! Fault: a storm of acquires abandoned at random points — dropped by an outer timeout while
 //! creating, listing or waiting; timed out by the library; `try_lock`s; `with_lock` bodies
-//! dropped halfway; read and write locks dropped while queued — across three sessions, under
-//! steady contention, with the history checker. Afterwards the lock paths are empty and no
-//! watch is left on the server.
+//! dropped halfway; read and write locks dropped while queued; leadership sought and abandoned,
+//! or dropped — across three sessions, under steady contention, with the history checker.
+//! Afterwards the lock paths are empty and no watch is left on the server.
 
 mod common;
 mod faults;
@@ -41,7 +41,7 @@ async fn one(m: LockManager, rec: Recorder, tally: Arc<Tally>) {
     let (way, after) = {
         let mut rng = rand::thread_rng();
         (
-            rng.gen_range(0..5),
+            rng.gen_range(0..6),
             Duration::from_micros(rng.gen_range(0..40_000)),
         )
     };
@@ -109,6 +109,26 @@ async fn one(m: LockManager, rec: Recorder, tally: Arc<Tally>) {
                 }
             }
         }
+        // Leadership sought and abandoned while queued, or given up by dropping it.
+        4 => {
+            let latch = m.leader_latch("storm", rec.worker()).unwrap();
+            let name = "leader:storm";
+            rec.acquire_invoked(name, Mode::Exclusive);
+            match tokio::time::timeout(after, latch.lead()).await {
+                Ok(Ok(leadership)) => {
+                    rec.acquire_ok(name, Mode::Exclusive, leadership.epoch().as_u128());
+                    tally.granted.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(hold).await;
+                    rec.release_invoked(name);
+                    drop(leadership);
+                }
+                Ok(Err(e)) => rec.acquire_failed(name, Mode::Exclusive, e),
+                Err(_) => {
+                    rec.acquire_failed(name, Mode::Exclusive, "dropped");
+                    tally.abandoned.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
         // Read and write locks dropped while queued.
         _ => {
             let rw = m.rwlock(key).unwrap();
@@ -159,6 +179,14 @@ async fn a_storm_of_cancelled_acquires_leaves_the_lock_paths_empty() {
             m.clone(),
             "storm".into(),
             history.recorder(&format!("steady-{i}")),
+            crew.clone(),
+            work,
+        )));
+        steady.push(tokio::spawn(leader_worker(
+            m.clone(),
+            "storm".into(),
+            format!("steady-{i}"),
+            history.recorder(&format!("steady-leader-{i}")),
             crew.clone(),
             work,
         )));

@@ -57,6 +57,14 @@ async fn killing_and_isolating_the_leader_never_grants_a_lock_twice() {
             work,
             3,
         )));
+        tasks.push(tokio::spawn(leader_worker(
+            m.clone(),
+            "failover-leader".into(),
+            format!("m{i}"),
+            history.recorder(&format!("m{i}/leader")),
+            crew.clone(),
+            work,
+        )));
         managers.push(m);
     }
     crew.until_grants(0, 10, Duration::from_secs(30)).await;

@@ -143,3 +143,122 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
     .await;
     assert!(proxy.stats().connections >= 4, "{:?}", proxy.stats());
 }
+
+/// The same partition for leaders: two elections, each led by a manager behind the proxy (one
+/// strict, one with a grace), with a participant of another session waiting on the server side.
+/// Each cut-off leader is told before its session can expire, the new leader is elected only
+/// after that with a larger epoch, and the checker sees no two leaders, not even in an
+/// unprotected window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader_is_elected() {
+    let zk = server();
+    let proxy = Proxy::start(&zk.connect_string()).unwrap();
+    let session = Duration::from_secs(3);
+    let grace = Duration::from_millis(600);
+    let history = History::new();
+    let strict = LockManager::builder(proxy.connect_string())
+        .session_timeout(session)
+        .connect()
+        .await
+        .unwrap();
+    let lenient = LockManager::builder(proxy.connect_string())
+        .session_timeout(session)
+        .disconnect_policy(DisconnectPolicy::Grace(grace))
+        .connect()
+        .await
+        .unwrap();
+    let others = manager(&zk.connect_string()).await;
+
+    let mut leaders = Vec::new();
+    for (m, election, name) in [(&strict, "e1", "strict"), (&lenient, "e2", "lenient")] {
+        let key = format!("leader:{election}");
+        let rec = history.recorder(name);
+        rec.acquire_invoked(&key, Mode::Exclusive);
+        let leadership = m
+            .leader_latch(election, name)
+            .unwrap()
+            .lead()
+            .await
+            .unwrap();
+        rec.acquire_ok(&key, Mode::Exclusive, leadership.epoch().as_u128());
+        leaders.push((leadership, key, rec));
+    }
+    let mut next = Vec::new();
+    for election in ["e1", "e2"] {
+        let rec = history.recorder(&format!("next-{election}"));
+        let latch = others.leader_latch(election, "next").unwrap();
+        next.push(tokio::spawn(async move {
+            let key = format!("leader:{election}");
+            rec.acquire_invoked(&key, Mode::Exclusive);
+            let leadership = latch.lead().await.unwrap();
+            let epoch = leadership.epoch();
+            rec.acquire_ok(&key, Mode::Exclusive, epoch.as_u128());
+            rec.release_invoked(&key);
+            leadership.leave().await.unwrap();
+            rec.release_ok(&key);
+            epoch
+        }));
+    }
+    // Both followers have joined (two participants per election).
+    for election in ["e1", "e2"] {
+        let latch = others.leader_latch(election, "probe").unwrap();
+        let path = latch.path().to_string();
+        until_children(&others, &path, 2).await;
+    }
+
+    history.fault("partition: the leaders' proxy blackholes");
+    let cut = Instant::now();
+    proxy.blackhole();
+    let mut told_after = Vec::new();
+    for (leadership, key, rec) in &leaders {
+        let reason = tokio::time::timeout(Duration::from_secs(10), leadership.lost())
+            .await
+            .expect("lost() must fire while cut off");
+        rec.lost(key, reason);
+        told_after.push(cut.elapsed());
+        assert!(!leadership.is_leader());
+    }
+    for (told, name) in told_after.iter().zip(["strict", "lenient"]) {
+        assert!(
+            *told < session,
+            "{name} was told after {told:?}, but the server may expire its session after {session:?}"
+        );
+    }
+    let mut epochs = Vec::new();
+    for task in next {
+        epochs.push(
+            tokio::time::timeout(Duration::from_secs(20), task)
+                .await
+                .expect("a new leader once the old session expires")
+                .unwrap(),
+        );
+    }
+    for ((leadership, _, _), epoch) in leaders.iter().zip(&epochs) {
+        assert!(
+            *epoch > leadership.epoch(),
+            "the epoch increases across leaders"
+        );
+    }
+
+    proxy.heal();
+    for (leadership, key, rec) in leaders {
+        rec.release_invoked(&key);
+        match leadership.leave().await {
+            Ok(()) => rec.release_ok(&key),
+            Err(e) => rec.release_failed(&key, e),
+        }
+    }
+    let report = history.check();
+    eprintln!(
+        "fault_partition (leaders): told after {told_after:?} (session {session:?}); {}",
+        report.summary()
+    );
+    report.assert_ok();
+    assert_eq!(report.losses, 2);
+    assert!(report.unprotected.is_empty(), "{report}");
+
+    for m in [&strict, &lenient, &others] {
+        m.flush().await;
+    }
+    assert_no_contenders(&others.zk_client(), ROOT, Duration::from_secs(10)).await;
+}

@@ -39,6 +39,9 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     let l_guard = lenient.lock("k2").await.unwrap();
     l_rec.acquire_ok("k2", Mode::Exclusive, l_guard.fencing_token().as_u128());
     let crew = Crew::new();
+    // The workers also take part in an election, counted apart (nobody holds it before the
+    // restart, so it may change hands during it).
+    let electors = Crew::new();
     let mut tasks = Vec::new();
     let mut workers = Vec::new();
     for i in 0..2 {
@@ -55,6 +58,17 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
                 },
             )));
         }
+        tasks.push(tokio::spawn(leader_worker(
+            m.clone(),
+            "restart-leader".into(),
+            format!("worker-{i}"),
+            history.recorder(&format!("worker-{i}-leader")),
+            electors.clone(),
+            Work {
+                wait: Duration::from_secs(30),
+                ..Work::default()
+            },
+        )));
         workers.push(m);
     }
     until_children(&strict, &strict.path_of("k1").unwrap(), 3).await;
@@ -167,6 +181,7 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     again.release().await.unwrap();
 
     crew.stop();
+    electors.stop();
     for t in tasks {
         tokio::time::timeout(Duration::from_secs(40), t)
             .await
@@ -177,6 +192,10 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     eprintln!("fault_server_restart: {}", report.summary());
     report.assert_ok();
     assert!(report.losses >= 2, "{report}");
+    assert!(
+        electors.grants() >= 2,
+        "leaders were elected across the restarts"
+    );
 
     for m in workers.iter().chain([&strict, &lenient, &short]) {
         m.flush().await;

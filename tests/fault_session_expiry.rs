@@ -4,7 +4,8 @@
 //!
 //! The expired holder is told its hold is lost, the expired waiter's acquire fails, the next holder
 //! always has a larger fencing token, the manager opens a new session and its workers lock again,
-//! and no node or watch is left behind. An expiry by another handle is a fault the victim cannot
+//! and no node or watch is left behind. Every manager also takes part in an election throughout:
+//! the expired leader is told, and the checker sees no two leaders. An expiry by another handle is a fault the victim cannot
 //! notice before the server acts on it, so the checker reports any overlap it causes as an
 //! unprotected window (the one fencing tokens close), never as a violation.
 
@@ -69,6 +70,15 @@ async fn sessions_expired_while_holding_and_while_waiting_are_reported_and_never
                 work,
             )));
         }
+        // And one participant of an election per manager: its leadership ends with the session.
+        tasks.push(tokio::spawn(leader_worker(
+            m.clone(),
+            format!("{key}-leader"),
+            format!("m{i}"),
+            history.recorder(&format!("m{i}/leader")),
+            crew.clone(),
+            work,
+        )));
         managers.push(m);
         crews.push(crew);
     }
@@ -94,9 +104,9 @@ async fn sessions_expired_while_holding_and_while_waiting_are_reported_and_never
         };
         let losses = crews[victim].losses.load(Ordering::SeqCst);
         let failures = crews[victim].failures.load(Ordering::SeqCst);
-        for j in 0..2 {
+        for worker in ["w0", "w1", "leader"] {
             history.silent_fault(
-                &format!("m{victim}/w{j}"),
+                &format!("m{victim}/{worker}"),
                 "session expired from another handle",
             );
         }

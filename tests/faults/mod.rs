@@ -142,6 +142,53 @@ pub async fn mutex_worker(m: LockManager, key: String, rec: Recorder, crew: Crew
     }
 }
 
+/// Takes part in the election `name` as `participant` until the crew stops: waits to lead (up
+/// to `work.wait`), leads for up to `work.hold` or until told of a loss, leaves, and joins again.
+/// Recorded as an exclusive hold of `leader:<name>` with the leadership's epoch as its token, so
+/// the checker judges two leaders exactly as it judges two holders of a mutex.
+pub async fn leader_worker(
+    m: LockManager,
+    name: String,
+    participant: String,
+    rec: Recorder,
+    crew: Crew,
+    work: Work,
+) {
+    let latch = m
+        .leader_latch(&name, &participant)
+        .expect("a valid election name");
+    let key = format!("leader:{name}");
+    while !crew.stopped() {
+        rec.acquire_invoked(&key, Mode::Exclusive);
+        match latch.lead_timeout(work.wait).await {
+            Ok(leadership) => {
+                rec.acquire_ok(&key, Mode::Exclusive, leadership.epoch().as_u128());
+                crew.grants.fetch_add(1, Ordering::SeqCst);
+                let hold = rand::thread_rng().gen_range(Duration::ZERO..=work.hold);
+                tokio::select! {
+                    biased;
+                    reason = leadership.lost() => {
+                        rec.lost(&key, reason);
+                        crew.losses.fetch_add(1, Ordering::SeqCst);
+                    }
+                    _ = tokio::time::sleep(hold) => {}
+                }
+                rec.release_invoked(&key);
+                match leadership.leave().await {
+                    Ok(()) => rec.release_ok(&key),
+                    Err(e) => rec.release_failed(&key, e),
+                }
+            }
+            Err(e) => {
+                rec.acquire_failed(&key, Mode::Exclusive, e);
+                crew.failures.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        think(work).await;
+    }
+}
+
 /// Reads or writes the read/write lock `key` until the crew stops (one write in `1/write_every`).
 /// Recorded under `rw:<key>`, apart from the mutex of the same key.
 pub async fn rw_worker(
