@@ -9,6 +9,8 @@ use std::time::Duration;
 use zookeeper_client::Client;
 
 use crate::backend::memory::MemoryBackend;
+#[cfg(feature = "postgres")]
+use crate::backend::postgres::{self, PostgresBackend, PostgresConfig};
 #[cfg(feature = "redis")]
 use crate::backend::redis::{RedisBackend, RedisConfig, MIN_LEASE};
 use crate::backend::zk::{ZkBackend, ZkConfig};
@@ -88,6 +90,19 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 #[cfg(feature = "redis")]
 const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long opening a PostgreSQL connection may take unless
+/// [`connect_timeout`](Builder::connect_timeout) says otherwise.
+#[cfg(feature = "postgres")]
+const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether `connect` names a PostgreSQL server (`postgres://`, `postgresql://`).
+fn is_postgres_url(connect: &str) -> bool {
+    let lower = connect.trim_start().to_ascii_lowercase();
+    ["postgres://", "postgresql://"]
+        .iter()
+        .any(|scheme| lower.starts_with(scheme))
+}
+
 /// Whether `connect` names a Redis server rather than ZooKeeper servers.
 fn is_redis_url(connect: &str) -> bool {
     let lower = connect.trim_start().to_ascii_lowercase();
@@ -99,7 +114,7 @@ fn is_redis_url(connect: &str) -> bool {
 /// `connect` without the password a Redis URL may carry.
 fn redacted(connect: &str) -> String {
     match (
-        is_redis_url(connect),
+        is_redis_url(connect) || is_postgres_url(connect),
         connect.find("://"),
         connect.rfind('@'),
     ) {
@@ -380,6 +395,9 @@ impl Builder {
         if is_redis_url(&self.connect) {
             return self.connect_redis().await;
         }
+        if is_postgres_url(&self.connect) {
+            return self.connect_postgres().await;
+        }
         let session = SessionOwner::connect(SessionConfig {
             connect: self.connect.clone(),
             session_timeout: self.session_timeout,
@@ -450,6 +468,62 @@ impl Builder {
         })
         .await?;
         Ok(LockManager::assemble(Arc::new(backend), None, &self))
+    }
+
+    /// Connects the PostgreSQL backend.
+    #[cfg(feature = "postgres")]
+    async fn connect_postgres(self) -> Result<LockManager> {
+        let zookeeper_only = |option: &str, instead: &str| {
+            Error::Config(format!(
+                "{option} is a ZooKeeper option and has no effect on PostgreSQL; {instead}"
+            ))
+        };
+        if self.digest.is_some() {
+            return Err(zookeeper_only(
+                "digest_auth",
+                "put PostgreSQL credentials in the URL (postgres://user:password@host/db)",
+            ));
+        }
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return Err(zookeeper_only(
+                "tls",
+                "TLS to PostgreSQL is not built in; use a TLS tunnel",
+            ));
+        }
+        if self.revocable {
+            return Err(Error::Unsupported {
+                backend: "postgres",
+                feature: "revocation (Builder::revocable)",
+            });
+        }
+        if self.lease < postgres::MIN_LEASE {
+            return Err(Error::Config(format!(
+                "the lease is {:?}; give at least {:?} (liveness checks go out every lease/3)",
+                self.lease,
+                postgres::MIN_LEASE
+            )));
+        }
+        let backend = PostgresBackend::connect(PostgresConfig {
+            url: self.connect.clone(),
+            lease: self.lease,
+            connect_timeout: self
+                .connect_timeout
+                .unwrap_or(DEFAULT_POSTGRES_CONNECT_TIMEOUT),
+            identity: self.identity.clone(),
+        })
+        .await?;
+        Ok(LockManager::assemble(Arc::new(backend), None, &self))
+    }
+
+    /// A PostgreSQL URL without the `postgres` feature.
+    #[cfg(not(feature = "postgres"))]
+    async fn connect_postgres(self) -> Result<LockManager> {
+        Err(Error::Config(
+            "the connect string is a PostgreSQL URL, but zklock was built without its \
+             `postgres` feature; enable it (zklock = { version = \"...\", features = [\"postgres\"] })"
+                .into(),
+        ))
     }
 
     /// A Redis URL without the `redis` feature.
