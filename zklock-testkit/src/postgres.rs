@@ -199,6 +199,39 @@ impl PostgresServer {
         self.process.as_ref().map(Supervised::id)
     }
 
+    /// Runs `sql` with `psql` as the superuser and returns its output (unaligned, tuples only),
+    /// e.g. to end a session with `pg_terminate_backend`.
+    ///
+    /// # Errors
+    ///
+    /// When `psql` cannot run or the statement fails (with psql's message).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// assert_eq!(pg.psql("SELECT 1 + 1")?.trim(), "2");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn psql(&self, sql: &str) -> io::Result<String> {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
+            .arg(self.url())
+            .arg("-c")
+            .arg(sql)
+            .stdin(Stdio::null())
+            .output()?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(io::Error::other(format!(
+                "psql failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
+    }
+
     /// Kills the server and every backend (SIGKILL to its process group), as in a crash:
     /// connections break and every session's locks are gone. The data stays; a
     /// [`restart`](Self::restart) recovers it. Does nothing when already stopped.
