@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use rand::Rng;
 use tokio_postgres::NoTls;
-use zklock::{current_fencing_token, distributed_lock, Error, FencingToken, LockManager, LossReason};
+use zklock::{
+    current_fencing_token, distributed_lock, Error, FencingToken, LockManager, LossReason,
+};
 use zklock_testkit::PostgresServer;
 
 /// The lease most tests run with: long enough that a busy 2-core machine never misses a
@@ -28,7 +30,11 @@ fn server() -> PostgresServer {
 }
 
 async fn manager(url: &str) -> LockManager {
-    LockManager::builder(url).lease(LEASE).connect().await.unwrap()
+    LockManager::builder(url)
+        .lease(LEASE)
+        .connect()
+        .await
+        .unwrap()
 }
 
 async fn strict(url: &str) -> LockManager {
@@ -52,7 +58,8 @@ async fn held(client: &tokio_postgres::Client) -> Vec<(i64, String, i32)> {
     client
         .query(
             "SELECT objid::bigint, mode, pid FROM pg_locks \
-             WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 AND granted",
+             WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 AND objid > 0 \
+             AND granted",
             &[&LOCK_CLASS],
         )
         .await
@@ -199,7 +206,10 @@ async fn try_timeout_and_a_release_wakes_a_waiter() {
     let held_by_a = a.lock("busy").await.unwrap();
     let started = std::time::Instant::now();
     assert!(b.try_lock("busy").await.unwrap().is_none());
-    assert!(started.elapsed() < Duration::from_secs(1), "try_lock waited");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "try_lock waited"
+    );
     let started = std::time::Instant::now();
     let err = b
         .lock_timeout("busy", Duration::from_millis(300))
@@ -266,8 +276,7 @@ async fn cancelled_acquires_and_releases_leave_nothing() {
                         }
                         _ => {
                             if let Ok(Ok(g)) =
-                                tokio::time::timeout(Duration::from_secs(5), m.lock("cancel"))
-                                    .await
+                                tokio::time::timeout(Duration::from_secs(5), m.lock("cancel")).await
                             {
                                 let _ = tokio::time::timeout(cut, g.release()).await;
                             }
@@ -283,10 +292,19 @@ async fn cancelled_acquires_and_releases_leave_nothing() {
     for m in &managers {
         m.flush().await;
     }
-    assert_eq!(held(&admin(&pg.url()).await).await, vec![], "locks left on the server");
+    assert_eq!(
+        held(&admin(&pg.url()).await).await,
+        vec![],
+        "locks left on the server"
+    );
     let other = manager(&pg.url()).await;
     let free = Duration::from_secs(1);
-    drop(other.lock_timeout("cancel", free).await.expect("mutex free"));
+    drop(
+        other
+            .lock_timeout("cancel", free)
+            .await
+            .expect("mutex free"),
+    );
     let rw = other.rwlock("cancel").unwrap();
     drop(rw.write_timeout(free).await.expect("write lock free"));
     other.flush().await;
@@ -313,7 +331,11 @@ async fn reentrancy_in_with_lock() {
                 .await
                 .unwrap();
             assert_eq!(inner, Some(token));
-            assert_eq!(held(&look).await.len(), 1, "one advisory lock for all three");
+            assert_eq!(
+                held(&look).await.len(),
+                1,
+                "one advisory lock for all three"
+            );
             assert!(b.try_lock("re").await.unwrap().is_none(), "still held");
         }),
     )
@@ -322,7 +344,12 @@ async fn reentrancy_in_with_lock() {
     .unwrap();
     a.flush().await;
     assert!(held(&look).await.is_empty());
-    drop(b.try_lock("re").await.unwrap().expect("free after the outermost hold"));
+    drop(
+        b.try_lock("re")
+            .await
+            .unwrap()
+            .expect("free after the outermost hold"),
+    );
 }
 
 /// Readers share, a writer excludes readers and writers, a downgraded writer lets readers in
@@ -334,12 +361,18 @@ async fn read_write_lock_downgrade_and_waiting_writer() {
     let (ra, rb) = (a.rwlock("doc").unwrap(), b.rwlock("doc").unwrap());
     let r1 = ra.read().await.unwrap();
     let r2 = rb.read().await.unwrap();
-    assert!(rb.try_write().await.unwrap().is_none(), "readers exclude a writer");
+    assert!(
+        rb.try_write().await.unwrap().is_none(),
+        "readers exclude a writer"
+    );
     drop((r1, r2));
     a.flush().await;
     b.flush().await;
     let w = ra.write().await.unwrap();
-    assert!(rb.try_read().await.unwrap().is_none(), "a writer excludes readers");
+    assert!(
+        rb.try_read().await.unwrap().is_none(),
+        "a writer excludes readers"
+    );
     assert!(rb.try_write().await.unwrap().is_none(), "and writers");
     let write_token = w.fencing_token();
     let r = w.downgrade().await.unwrap();
@@ -349,7 +382,10 @@ async fn read_write_lock_downgrade_and_waiting_writer() {
         .await
         .unwrap()
         .expect("readers share a downgrade");
-    assert!(rb.try_write().await.unwrap().is_none(), "no writer after a downgrade");
+    assert!(
+        rb.try_write().await.unwrap().is_none(),
+        "no writer after a downgrade"
+    );
     drop((r, other_reader));
     a.flush().await;
     b.flush().await;
@@ -433,7 +469,11 @@ async fn a_terminated_holding_connection_is_lost_and_the_next_token_is_larger() 
         .await
         .expect("lost at once");
     assert_eq!(reason, LossReason::Disconnected);
-    assert!(killed.elapsed() < Duration::from_secs(1), "{:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        killed.elapsed()
+    );
     assert!(!guard.is_held());
     let second = waiter.await.unwrap().unwrap();
     assert!(second > first, "{second} after {first}");
@@ -477,7 +517,12 @@ async fn key_ids_never_collide_and_stale_ids_are_noticed() {
     let keys = ["a/b", "a%2Fb", "a_b", "A/b", "a/b/", "x"];
     let mut guards = vec![];
     for k in keys {
-        guards.push(a.try_lock(k).await.unwrap().expect("free: no other key shares its id"));
+        guards.push(
+            a.try_lock(k)
+                .await
+                .unwrap()
+                .expect("free: no other key shares its id"),
+        );
     }
     for k in keys {
         assert!(b.try_lock(k).await.unwrap().is_none(), "{k} held");
@@ -535,9 +580,20 @@ async fn schema_creation_races_safely() {
 async fn what_does_not_fit_is_refused() {
     let pg = server();
     let m = manager(&pg.url()).await;
-    let err = m.semaphore("slots", 2).unwrap().acquire().await.unwrap_err();
+    let err = m
+        .semaphore("slots", 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap_err();
     assert!(
-        matches!(err, Error::Unsupported { backend: "postgres", .. }),
+        matches!(
+            err,
+            Error::Unsupported {
+                backend: "postgres",
+                ..
+            }
+        ),
         "{err}"
     );
     let err = LockManager::builder(pg.url())
@@ -545,7 +601,16 @@ async fn what_does_not_fit_is_refused() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Unsupported { backend: "postgres", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Unsupported {
+                backend: "postgres",
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = LockManager::builder(pg.url())
         .digest_auth("u", "p")
         .connect()
@@ -569,9 +634,21 @@ async fn jobs_keep_their_window_in_the_key_table() {
     let pg = server();
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let window = Duration::from_secs(30);
-    let first = a.job("nightly").unwrap().at_least(window).run(async { 1 }).await.unwrap();
+    let first = a
+        .job("nightly")
+        .unwrap()
+        .at_least(window)
+        .run(async { 1 })
+        .await
+        .unwrap();
     assert_eq!(first.ran(), Some(1));
-    let second = b.job("nightly").unwrap().at_least(window).run(async { 2 }).await.unwrap();
+    let second = b
+        .job("nightly")
+        .unwrap()
+        .at_least(window)
+        .run(async { 2 })
+        .await
+        .unwrap();
     assert_eq!(second.ran(), None, "inside the window");
 }
 
@@ -585,10 +662,51 @@ async fn through_the_global_manager(id: u32) -> Result<FencingToken, Error> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_global_manager_from_a_postgres_url() {
     let pg = server();
-    std::env::set_var("ZKLOCK_CONNECT", pg.url().replace("postgres://", "postgresql://"));
+    std::env::set_var(
+        "ZKLOCK_CONNECT",
+        pg.url().replace("postgres://", "postgresql://"),
+    );
     let t1 = through_the_global_manager(1).await.unwrap();
     let t2 = through_the_global_manager(1).await.unwrap();
     assert!(t2 > t1);
     let m = zklock::global().await.unwrap();
     assert!(format!("{m:?}").contains("postgres"), "{m:?}");
+}
+
+/// A server that stops answering (SIGSTOP) past the lease: the holder is reported lost by the
+/// deadline of its liveness checks, and once the server runs again it ends the silent
+/// session (`idle_session_timeout`), so the next holder gets in with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_makes_the_holder_lost_by_its_lease() {
+    let pg = server();
+    let lease = Duration::from_secs(1);
+    let holder = LockManager::builder(pg.url())
+        .lease(lease)
+        .connect()
+        .await
+        .unwrap();
+    let next = manager(&pg.url()).await;
+    let guard = holder.lock("frozen").await.unwrap();
+    let first = guard.fencing_token();
+    pg.pause().unwrap();
+    let paused = std::time::Instant::now();
+    let reason = tokio::time::timeout(lease * 3, guard.lost())
+        .await
+        .expect("lost while the server is silent");
+    assert_eq!(reason, LossReason::LeaseExpired);
+    assert!(
+        paused.elapsed() <= lease + Duration::from_millis(250),
+        "{:?}",
+        paused.elapsed()
+    );
+    pg.resume().unwrap();
+    let second = next
+        .lock_timeout("frozen", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(second.fencing_token() > first);
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, Error::LockLost { .. }), "{err}");
+    assert!(second.is_held());
+    second.release().await.unwrap();
 }

@@ -87,8 +87,11 @@ fn timeout_exits_75_and_a_terminated_holder_exits_76() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The holder's lock shows on the server once granted.
-    let held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 2053852235 AND granted";
+    // The holder's lock shows on the server once granted (object id 0, which the schema's
+    // creation takes for a moment, is no lock path's).
+    let held =
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 2053852235 \
+                AND objid > 0 AND granted";
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while pg.psql(held).unwrap().trim() != "1" {
         assert!(std::time::Instant::now() < deadline, "never held");
@@ -109,7 +112,7 @@ fn timeout_exits_75_and_a_terminated_holder_exits_76() {
     // SIGTERM and exits 76.
     pg.psql(
         "SELECT pg_terminate_backend(pid) FROM pg_locks \
-         WHERE locktype = 'advisory' AND classid = 2053852235 AND granted",
+         WHERE locktype = 'advisory' AND classid = 2053852235 AND objid > 0 AND granted",
     )
     .unwrap();
     let out = holder.wait_with_output().unwrap();

@@ -31,7 +31,8 @@ use crate::types::key::{validate_path, Key};
 ///
 /// The connect string picks the backend: `host:port[,host:port...][/chroot]` is ZooKeeper;
 /// a URL `redis://[user:password@]host:port[/db]` (or `redis+unix:///path/to/socket`) is
-/// Redis (feature `redis`). Most options apply to both; those that do not say so, and
+/// Redis (feature `redis`); a URL `postgres://[user[:password]@]host[:port]/db` (or
+/// `postgresql://`) is PostgreSQL (feature `postgres`). Most options apply to all; those that do not say so, and
 /// [`connect`](Self::connect) refuses a ZooKeeper-only option that would weaken safety on
 /// Redis (`digest_auth`, `tls`, `revocable`).
 ///
@@ -51,6 +52,12 @@ use crate::types::key::{validate_path, Key};
 /// // The same locks, guards and #[distributed_lock] on Redis: a holder that cannot renew
 /// // its 5 s lease loses the lock.
 /// let on_redis = LockManager::builder("redis://127.0.0.1:6379")
+///     .lease(Duration::from_secs(5))
+///     .connect()
+///     .await?;
+///
+/// // And on PostgreSQL's advisory locks: the server ends a holding session silent for 5 s.
+/// let on_postgres = LockManager::builder("postgres://app@db.internal/app")
 ///     .lease(Duration::from_secs(5))
 ///     .connect()
 ///     .await?;
@@ -344,7 +351,12 @@ impl Builder {
     }
 
     /// How long a hold on Redis lives without a renewal (default [`DEFAULT_LEASE`], 10 s; at
-    /// least 100 ms). Redis only: ZooKeeper holds live as long as their session.
+    /// least 100 ms). Redis and PostgreSQL only: ZooKeeper holds live as long as their session.
+    ///
+    /// On PostgreSQL (at least 300 ms) it is the `idle_session_timeout` of the sessions that
+    /// hold advisory locks: they are checked every lease/3, a hold is reported lost at once
+    /// when its connection breaks or a check fails, and at 94% of the lease after the last
+    /// confirmed check otherwise, before the server ends a silent session and frees its locks.
     ///
     /// A watchdog renews every hold every lease/3 while it lives. The hold is reported lost
     /// ([`LockGuard::lost`](crate::LockGuard::lost)) the moment a renewal fails, or when the
@@ -624,8 +636,8 @@ impl LockManager {
         Builder::new(connect)
     }
 
-    /// Connects with default options, to ZooKeeper or (a `redis://` URL, feature `redis`) to
-    /// Redis.
+    /// Connects with default options, to ZooKeeper, to Redis (a `redis://` URL, feature
+    /// `redis`) or to PostgreSQL (a `postgres://` URL, feature `postgres`).
     ///
     /// # Errors
     /// [`Error::Unreachable`] when no ZooKeeper server answers within the session timeout;
@@ -1204,8 +1216,8 @@ pub fn set_global(manager: LockManager) -> Result<()> {
 }
 
 /// The process-wide default manager: the one given to [`set_global`], or else one connected on
-/// first use to `ZKLOCK_CONNECT` (ZooKeeper's `host:port,...`, or `redis://host:port` with the
-/// `redis` feature; namespace from `ZKLOCK_NAMESPACE` if set).
+/// first use to `ZKLOCK_CONNECT` (ZooKeeper's `host:port,...`, `redis://host:port` with the
+/// `redis` feature, or `postgres://user@host/db` with the `postgres` feature; namespace from `ZKLOCK_NAMESPACE` if set).
 ///
 /// # Errors
 /// [`Error::NoGlobalManager`] when neither is available; connection errors as

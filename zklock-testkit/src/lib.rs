@@ -63,8 +63,8 @@ pub use history::{
     Report, Violation, NO_TOKEN,
 };
 pub use install::ensure_zookeeper_installed;
-pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use postgres::PostgresServer;
+pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use redis::RedisServer;
 pub use server::{ZkServer, ZkServerBuilder};
 

@@ -249,10 +249,17 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn stop(&mut self) -> io::Result<()> {
-        match self.process.take() {
-            Some(mut p) => p.kill(),
-            None => Ok(()),
+        let Some(mut postmaster) = self.process.take() else {
+            return Ok(());
+        };
+        // Each backend leads a session of its own (PostgreSQL's children call setsid), so a
+        // signal to the postmaster's process group misses them: freeze the postmaster (no new
+        // children), kill its children, then it.
+        let _ = signal(postmaster.id(), libc::SIGSTOP);
+        for child in children(postmaster.id()) {
+            let _ = signal(child, libc::SIGKILL);
         }
+        postmaster.kill()
     }
 
     /// Starts the server again on the same port and data (stopping it first if it runs), and
@@ -292,7 +299,14 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn pause(&self) -> io::Result<()> {
-        self.running()?.pause()
+        // The postmaster first (no new children), then every backend (each in a session of
+        // its own, out of the postmaster's process group).
+        let postmaster = self.running()?;
+        postmaster.pause()?;
+        for child in children(postmaster.id()) {
+            signal(child, libc::SIGSTOP)?;
+        }
+        Ok(())
     }
 
     /// Lets a [`pause`](Self::pause)d server run again (SIGCONT).
@@ -310,7 +324,11 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn resume(&self) -> io::Result<()> {
-        self.running()?.resume()
+        let postmaster = self.running()?;
+        for child in children(postmaster.id()) {
+            signal(child, libc::SIGCONT)?;
+        }
+        postmaster.resume()
     }
 
     fn running(&self) -> io::Result<&Supervised> {
@@ -341,7 +359,14 @@ impl PostgresServer {
                     self.dir.path().display()
                 ))
                 .args(["-c", "max_connections=200", "-c", "shared_buffers=16MB"])
-                .args(["-c", if self.durable { "fsync=on" } else { "fsync=off" }]),
+                .args([
+                    "-c",
+                    if self.durable {
+                        "fsync=on"
+                    } else {
+                        "fsync=off"
+                    },
+                ]),
             user,
         );
         cmd.stdin(Stdio::null())
@@ -403,6 +428,44 @@ impl PostgresServer {
         let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let child: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            let ppid: u32 = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
+}
+
+fn signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill(2) has no memory effects.
+    if unsafe { libc::kill(pid as libc::pid_t, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

@@ -103,9 +103,10 @@ impl HoldConn {
     /// Opens a connection, asks the server to end it when idle past the lease, and starts its
     /// liveness checks.
     async fn open(cc: &Arc<ConnConfig>) -> Result<Arc<HoldConn>, PostgresError> {
-        let (client, connection) = tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls))
-            .await
-            .map_err(|_| PostgresError::timed_out())??;
+        let (client, connection) =
+            tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls))
+                .await
+                .map_err(|_| PostgresError::timed_out())??;
         let sent = Instant::now();
         let (state, _) = watch::channel(ConnState {
             deadline: cc.deadline(sent),

@@ -255,50 +255,47 @@ impl BackendHold for PgHold {
             // In a task of its own: the reservation must not be given back while the
             // statement may still run.
             let (tx, rx) = oneshot::channel();
-            self.inner.background.spawn(&self.inner.runtime, async move {
-                let conn = reservation.conn.clone();
-                let id = reservation.id;
-                let r = conn
-                    .run(conn.client().query_typed(
-                        sql::DOWNGRADE,
-                        &[(&id, tokio_postgres::types::Type::INT4)],
-                    ))
-                    .await
-                    .map(|rows| rows.first().is_some_and(|r| r.get::<_, bool>(0)));
-                match r {
-                    Ok(true) => {
-                        if let Err(Ok(reservation)) = tx.send(Ok(reservation)) {
-                            // The downgrade was dropped: nobody holds the read lock.
-                            let conn = &reservation.conn;
-                            let undone = conn
-                                .run(conn.client().query_typed(
-                                    sql::RELEASE_SHARED,
-                                    &[(&id, tokio_postgres::types::Type::INT4)],
-                                ))
-                                .await;
-                            if undone.is_err() {
-                                conn.kill(LossReason::Disconnected);
+            self.inner
+                .background
+                .spawn(&self.inner.runtime, async move {
+                    let conn = reservation.conn.clone();
+                    let id = reservation.id;
+                    let r = conn
+                        .run(conn.client().query_typed(
+                            sql::DOWNGRADE,
+                            &[(&id, tokio_postgres::types::Type::INT4)],
+                        ))
+                        .await
+                        .map(|rows| rows.first().is_some_and(|r| r.get::<_, bool>(0)));
+                    match r {
+                        Ok(true) => {
+                            if let Err(Ok(reservation)) = tx.send(Ok(reservation)) {
+                                // The downgrade was dropped: nobody holds the read lock.
+                                let conn = &reservation.conn;
+                                let undone = conn
+                                    .run(conn.client().query_typed(
+                                        sql::RELEASE_SHARED,
+                                        &[(&id, tokio_postgres::types::Type::INT4)],
+                                    ))
+                                    .await;
+                                if undone.is_err() {
+                                    conn.kill(LossReason::Disconnected);
+                                }
                             }
                         }
+                        other => {
+                            // Unknown or odd state: close the session, which frees the lock.
+                            conn.kill(LossReason::Disconnected);
+                            drop(reservation);
+                            let _ = tx.send(Err(other.err()));
+                        }
                     }
-                    other => {
-                        // Unknown or odd state: close the session, which frees the lock.
-                        conn.kill(LossReason::Disconnected);
-                        drop(reservation);
-                        let _ = tx.send(Err(other.err()));
-                    }
-                }
-            });
+                });
             match rx.await {
                 Ok(Ok(reservation)) => {
                     self.end(None);
-                    let read = PgHold::new(
-                        self.inner.clone(),
-                        &target,
-                        reservation,
-                        true,
-                        self.token,
-                    );
+                    let read =
+                        PgHold::new(self.inner.clone(), &target, reservation, true, self.token);
                     Ok(Downgraded {
                         read: Arc::new(read),
                         keep_write: false,

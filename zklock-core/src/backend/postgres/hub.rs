@@ -33,7 +33,10 @@ impl Hub {
     /// Starts listening (in the background: waiters poll until it listens).
     pub(crate) fn start(cc: Arc<ConnConfig>) -> Hub {
         let wakers = Wakers::default();
-        let task = cc.runtime.spawn(listen(cc.clone(), wakers.clone())).abort_handle();
+        let task = cc
+            .runtime
+            .spawn(listen(cc.clone(), wakers.clone()))
+            .abort_handle();
         Hub { wakers, task }
     }
 

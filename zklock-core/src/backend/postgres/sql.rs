@@ -142,7 +142,13 @@ mod tests {
         assert_eq!(LOCK_CLASS, 2053852235);
         assert_eq!(INTENT_CLASS, 2053851470);
         assert!(CREATE_SCHEMA.contains(&LOCK_CLASS.to_string()));
-        for s in [TRY_EXCLUSIVE, TRY_SHARED, RELEASE_EXCLUSIVE, DOWNGRADE, UNDO] {
+        for s in [
+            TRY_EXCLUSIVE,
+            TRY_SHARED,
+            RELEASE_EXCLUSIVE,
+            DOWNGRADE,
+            UNDO,
+        ] {
             assert!(s.contains(&LOCK_CLASS.to_string()), "{s}");
             assert!(s.contains(CHANNEL) || !s.contains("pg_notify"), "{s}");
         }
