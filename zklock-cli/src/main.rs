@@ -1,13 +1,15 @@
 //! `zklock`: the shell's entry to zklock, like flock(1) across machines.
 //!
 //! ```text
-//! zklock [--connect HOSTS|REDIS_URL] [--namespace NS] [--session-timeout DUR] \
+//! zklock [--connect HOSTS|REDIS_URL|POSTGRES_URL] [--namespace NS] [--session-timeout DUR] \
 //!        exec (KEY | --path ZNODE_PATH) [--timeout DUR] -- CMD [ARGS...]
 //! zklock elect (NAME | --path ZNODE_PATH) [--id ID] [--kill-after DUR] -- CMD [ARGS...]
 //! ```
 //!
 //! `--connect redis://host:port[/db]` runs on the Redis backend: `exec` works the same (the
 //! session timeout is then the lease), `ls`, `status` and `revoke` say they are unsupported.
+//! `--connect postgres://user@host/db` does the same on PostgreSQL's advisory locks (the
+//! session timeout is the lease: the server ends a holding session silent this long).
 //!
 //! Exit codes of `exec`: CMD's own code when it ran (128+N when a signal N ended it);
 //! 64 bad usage or key; 69 ZooKeeper unreachable or the session failed; 75 timed out waiting
@@ -51,7 +53,7 @@ EXIT CODES (exec, elect):
 #[derive(Parser, Debug)]
 #[command(name = "zklock", version, about = "Distributed locks on ZooKeeper, from the shell (like flock(1) across machines)", after_help = EXIT_CODES)]
 struct Cli {
-    /// ZooKeeper servers, host:port[,host:port...], or a Redis URL, redis://host:port[/db]
+    /// ZooKeeper servers, host:port[,host:port...], a Redis URL, redis://host:port[/db], or a PostgreSQL URL, postgres://user@host/db
     #[arg(
         long,
         global = true,
@@ -62,7 +64,7 @@ struct Cli {
     /// Namespace znode under which keys live
     #[arg(long, global = true, env = "ZKLOCK_NAMESPACE", default_value = zklock_core::DEFAULT_NAMESPACE)]
     namespace: String,
-    /// ZooKeeper session timeout, or lease on Redis (e.g. 10s, 1500ms): a holder silent this long loses the lock
+    /// ZooKeeper session timeout, or lease on Redis and PostgreSQL (e.g. 10s, 1500ms): a holder silent this long loses the lock
     #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     session_timeout: Duration,
     #[command(subcommand)]

@@ -4,7 +4,8 @@
 //! RAII guards, fencing tokens, a signal when a hold is lost, timeouts and cancel safety, in
 //! Apache Curator's wire format so that JVM services locking the same paths exclude each other.
 //! The same API runs on Redis (feature `redis`: `LockManager::connect("redis://host:6379")`,
-//! leases renewed while held) and in memory (`LockManager::in_memory()`, for unit tests).
+//! leases renewed while held), on PostgreSQL (feature `postgres`:
+//! `LockManager::connect("postgres://user@host/db")`, session-level advisory locks) and in memory (`LockManager::in_memory()`, for unit tests).
 //!
 //! Most users depend on the `zklock` crate, which re-exports this one with the
 //! `#[distributed_lock]` attribute.
@@ -55,6 +56,10 @@ pub use recipe::semaphore::{Lease, Semaphore};
 #[cfg(feature = "redis")]
 pub use redis;
 pub use session::DisconnectPolicy;
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;
+#[cfg(feature = "postgres")]
+pub use types::error::PostgresError;
 #[cfg(feature = "redis")]
 pub use types::error::RedisError;
 pub use types::error::{Deadlock, Error, Result};

@@ -9,6 +9,8 @@ use std::time::Duration;
 use zookeeper_client::Client;
 
 use crate::backend::memory::MemoryBackend;
+#[cfg(feature = "postgres")]
+use crate::backend::postgres::{self, PostgresBackend, PostgresConfig};
 #[cfg(feature = "redis")]
 use crate::backend::redis::{RedisBackend, RedisConfig, MIN_LEASE};
 use crate::backend::zk::{ZkBackend, ZkConfig};
@@ -29,7 +31,8 @@ use crate::types::key::{validate_path, Key};
 ///
 /// The connect string picks the backend: `host:port[,host:port...][/chroot]` is ZooKeeper;
 /// a URL `redis://[user:password@]host:port[/db]` (or `redis+unix:///path/to/socket`) is
-/// Redis (feature `redis`). Most options apply to both; those that do not say so, and
+/// Redis (feature `redis`); a URL `postgres://[user[:password]@]host[:port]/db` (or
+/// `postgresql://`) is PostgreSQL (feature `postgres`). Most options apply to all; those that do not say so, and
 /// [`connect`](Self::connect) refuses a ZooKeeper-only option that would weaken safety on
 /// Redis (`digest_auth`, `tls`, `revocable`).
 ///
@@ -49,6 +52,12 @@ use crate::types::key::{validate_path, Key};
 /// // The same locks, guards and #[distributed_lock] on Redis: a holder that cannot renew
 /// // its 5 s lease loses the lock.
 /// let on_redis = LockManager::builder("redis://127.0.0.1:6379")
+///     .lease(Duration::from_secs(5))
+///     .connect()
+///     .await?;
+///
+/// // And on PostgreSQL's advisory locks: the server ends a holding session silent for 5 s.
+/// let on_postgres = LockManager::builder("postgres://app@db.internal/app")
 ///     .lease(Duration::from_secs(5))
 ///     .connect()
 ///     .await?;
@@ -88,6 +97,19 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 #[cfg(feature = "redis")]
 const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long opening a PostgreSQL connection may take unless
+/// [`connect_timeout`](Builder::connect_timeout) says otherwise.
+#[cfg(feature = "postgres")]
+const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether `connect` names a PostgreSQL server (`postgres://`, `postgresql://`).
+fn is_postgres_url(connect: &str) -> bool {
+    let lower = connect.trim_start().to_ascii_lowercase();
+    ["postgres://", "postgresql://"]
+        .iter()
+        .any(|scheme| lower.starts_with(scheme))
+}
+
 /// Whether `connect` names a Redis server rather than ZooKeeper servers.
 fn is_redis_url(connect: &str) -> bool {
     let lower = connect.trim_start().to_ascii_lowercase();
@@ -99,7 +121,7 @@ fn is_redis_url(connect: &str) -> bool {
 /// `connect` without the password a Redis URL may carry.
 fn redacted(connect: &str) -> String {
     match (
-        is_redis_url(connect),
+        is_redis_url(connect) || is_postgres_url(connect),
         connect.find("://"),
         connect.rfind('@'),
     ) {
@@ -329,7 +351,12 @@ impl Builder {
     }
 
     /// How long a hold on Redis lives without a renewal (default [`DEFAULT_LEASE`], 10 s; at
-    /// least 100 ms). Redis only: ZooKeeper holds live as long as their session.
+    /// least 100 ms). Redis and PostgreSQL only: ZooKeeper holds live as long as their session.
+    ///
+    /// On PostgreSQL (at least 300 ms) it is the `idle_session_timeout` of the sessions that
+    /// hold advisory locks: they are checked every lease/3, a hold is reported lost at once
+    /// when its connection breaks or a check fails, and at 94% of the lease after the last
+    /// confirmed check otherwise, before the server ends a silent session and frees its locks.
     ///
     /// A watchdog renews every hold every lease/3 while it lives. The hold is reported lost
     /// ([`LockGuard::lost`](crate::LockGuard::lost)) the moment a renewal fails, or when the
@@ -379,6 +406,9 @@ impl Builder {
         }
         if is_redis_url(&self.connect) {
             return self.connect_redis().await;
+        }
+        if is_postgres_url(&self.connect) {
+            return self.connect_postgres().await;
         }
         let session = SessionOwner::connect(SessionConfig {
             connect: self.connect.clone(),
@@ -450,6 +480,62 @@ impl Builder {
         })
         .await?;
         Ok(LockManager::assemble(Arc::new(backend), None, &self))
+    }
+
+    /// Connects the PostgreSQL backend.
+    #[cfg(feature = "postgres")]
+    async fn connect_postgres(self) -> Result<LockManager> {
+        let zookeeper_only = |option: &str, instead: &str| {
+            Error::Config(format!(
+                "{option} is a ZooKeeper option and has no effect on PostgreSQL; {instead}"
+            ))
+        };
+        if self.digest.is_some() {
+            return Err(zookeeper_only(
+                "digest_auth",
+                "put PostgreSQL credentials in the URL (postgres://user:password@host/db)",
+            ));
+        }
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return Err(zookeeper_only(
+                "tls",
+                "TLS to PostgreSQL is not built in; use a TLS tunnel",
+            ));
+        }
+        if self.revocable {
+            return Err(Error::Unsupported {
+                backend: "postgres",
+                feature: "revocation (Builder::revocable)",
+            });
+        }
+        if self.lease < postgres::MIN_LEASE {
+            return Err(Error::Config(format!(
+                "the lease is {:?}; give at least {:?} (liveness checks go out every lease/3)",
+                self.lease,
+                postgres::MIN_LEASE
+            )));
+        }
+        let backend = PostgresBackend::connect(PostgresConfig {
+            url: self.connect.clone(),
+            lease: self.lease,
+            connect_timeout: self
+                .connect_timeout
+                .unwrap_or(DEFAULT_POSTGRES_CONNECT_TIMEOUT),
+            identity: self.identity.clone(),
+        })
+        .await?;
+        Ok(LockManager::assemble(Arc::new(backend), None, &self))
+    }
+
+    /// A PostgreSQL URL without the `postgres` feature.
+    #[cfg(not(feature = "postgres"))]
+    async fn connect_postgres(self) -> Result<LockManager> {
+        Err(Error::Config(
+            "the connect string is a PostgreSQL URL, but zklock was built without its \
+             `postgres` feature; enable it (zklock = { version = \"...\", features = [\"postgres\"] })"
+                .into(),
+        ))
     }
 
     /// A Redis URL without the `redis` feature.
@@ -550,8 +636,8 @@ impl LockManager {
         Builder::new(connect)
     }
 
-    /// Connects with default options, to ZooKeeper or (a `redis://` URL, feature `redis`) to
-    /// Redis.
+    /// Connects with default options, to ZooKeeper, to Redis (a `redis://` URL, feature
+    /// `redis`) or to PostgreSQL (a `postgres://` URL, feature `postgres`).
     ///
     /// # Errors
     /// [`Error::Unreachable`] when no ZooKeeper server answers within the session timeout;
@@ -1130,8 +1216,8 @@ pub fn set_global(manager: LockManager) -> Result<()> {
 }
 
 /// The process-wide default manager: the one given to [`set_global`], or else one connected on
-/// first use to `ZKLOCK_CONNECT` (ZooKeeper's `host:port,...`, or `redis://host:port` with the
-/// `redis` feature; namespace from `ZKLOCK_NAMESPACE` if set).
+/// first use to `ZKLOCK_CONNECT` (ZooKeeper's `host:port,...`, `redis://host:port` with the
+/// `redis` feature, or `postgres://user@host/db` with the `postgres` feature; namespace from `ZKLOCK_NAMESPACE` if set).
 ///
 /// # Errors
 /// [`Error::NoGlobalManager`] when neither is available; connection errors as

@@ -12,6 +12,8 @@
 //! - TLS: [`ZkServerBuilder::tls`] serves a `secureClientPort` with a throwaway certificate.
 //! - [`RedisServer`]: Debian's `redis-server` on a free loopback port with a throwaway directory, for
 //!   the Redis backend and the inventory demo; stop, restart, pause and resume it.
+//! - [`PostgresServer`]: Debian's `postgresql` on a free loopback port with a throwaway data
+//!   directory, run as an unprivileged user; stop (as in a crash), restart, pause and resume it.
 //!
 //! Servers are Debian's ZooKeeper 3.8 (`/usr/share/java/zookeeper.jar`, installed on first use by
 //! [`ensure_zookeeper_installed`]), each in its own small JVM launched directly (`QuorumPeerMain`), logging
@@ -45,6 +47,7 @@ mod history;
 mod install;
 mod member;
 mod ports;
+mod postgres;
 mod process;
 mod proxy;
 mod redis;
@@ -60,6 +63,7 @@ pub use history::{
     Report, Violation, NO_TOKEN,
 };
 pub use install::ensure_zookeeper_installed;
+pub use postgres::PostgresServer;
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use redis::RedisServer;
 pub use server::{ZkServer, ZkServerBuilder};
@@ -72,6 +76,7 @@ mod tests {
         fn send<T: Send>() {}
         send_sync::<crate::ZkServer>();
         send_sync::<crate::RedisServer>();
+        send_sync::<crate::PostgresServer>();
         send_sync::<crate::ZkCluster>();
         send_sync::<crate::ZkServerBuilder>();
         send_sync::<crate::ZkClusterBuilder>();

@@ -7,9 +7,14 @@
 //! [`Error::Unsupported`], naming itself.
 //!
 //! ZooKeeper ([`zk`]) is the flagship; [`memory`] is a real in-process backend for users' unit
-//! tests; `redis` (feature `redis`) keeps leases in a Redis server.
+//! tests; `redis` (feature `redis`) keeps leases in a Redis server; `postgres` (feature
+//! `postgres`) holds session-level advisory locks on connections it owns.
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) mod background;
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod zk;
@@ -23,6 +28,16 @@ use crate::types::error::Result;
 use crate::types::loss::{LossReason, LossSignal};
 use crate::types::mode::{HoldMode, Wait};
 use crate::types::token::FencingToken;
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+/// `host=<host> pid=<pid>`, read once.
+pub(crate) static HOST_PID: once_cell::sync::Lazy<String> = once_cell::sync::Lazy::new(|| {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    format!("host={host} pid={}", std::process::id())
+});
 
 /// A boxed, sendable future: what the seam's async methods return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -129,7 +129,7 @@ pub enum Error {
     },
 
     /// The global manager was used before it was configured and `ZKLOCK_CONNECT` is not set.
-    #[error("no global LockManager: call zklock::set_global(manager) first or set ZKLOCK_CONNECT=host:port (or redis://host:port)")]
+    #[error("no global LockManager: call zklock::set_global(manager) first or set ZKLOCK_CONNECT=host:port (or redis://host:port, postgres://user@host/db)")]
     NoGlobalManager,
 
     /// A request to Redis failed: the server could not be reached, the connection broke, or
@@ -142,6 +142,19 @@ pub enum Error {
         /// What the client reported.
         #[source]
         source: RedisError,
+    },
+
+    /// A request to PostgreSQL failed: the server could not be reached, the connection broke
+    /// or stayed silent, or the server refused the request (the PostgreSQL backend, feature
+    /// `postgres`).
+    #[cfg(feature = "postgres")]
+    #[error("PostgreSQL error during {operation} ({source}); check the URL, that the server is up and that the role may create and update the table zklock_keys, then retry")]
+    Postgres {
+        /// What was being done.
+        operation: &'static str,
+        /// What the client reported.
+        #[source]
+        source: PostgresError,
     },
 
     /// Any other error reported by ZooKeeper.
@@ -229,6 +242,121 @@ impl std::error::Error for RedisError {
     }
 }
 
+/// What went wrong talking to PostgreSQL, in [`Error::Postgres`]: the client's error, or no
+/// reply in time. Comparable by message, so that [`Error`] stays `PartialEq`.
+///
+/// ```
+/// # #[cfg(feature = "postgres")] {
+/// use zklock_core::{Error, PostgresError};
+///
+/// let err = Error::Postgres { operation: "connect", source: PostgresError::timed_out() };
+/// assert!(err.is_retryable());
+/// assert!(err.to_string().contains("no reply"));
+/// # }
+/// ```
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone)]
+pub struct PostgresError(PostgresRepr);
+
+#[cfg(feature = "postgres")]
+#[derive(Debug, Clone)]
+enum PostgresRepr {
+    Client(std::sync::Arc<tokio_postgres::Error>),
+    TimedOut,
+}
+
+#[cfg(feature = "postgres")]
+impl PostgresError {
+    /// The error of a request that got no reply in time (the connection is then closed: what
+    /// it held is released by the server).
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")]
+    /// assert!(zklock_core::PostgresError::timed_out().get_ref().is_none());
+    /// ```
+    pub fn timed_out() -> PostgresError {
+        PostgresError(PostgresRepr::TimedOut)
+    }
+
+    /// The client's error, if the client reported one (`None` for a request that timed out),
+    /// e.g. to look at its [`code`](tokio_postgres::Error::code).
+    ///
+    /// ```
+    /// # #[cfg(feature = "postgres")]
+    /// assert!(zklock_core::PostgresError::timed_out().get_ref().is_none());
+    /// ```
+    pub fn get_ref(&self) -> Option<&tokio_postgres::Error> {
+        match &self.0 {
+            PostgresRepr::Client(e) => Some(e),
+            PostgresRepr::TimedOut => None,
+        }
+    }
+
+    /// Whether the same request may succeed later, on another connection: the connection
+    /// broke, was refused, or timed out, or the server is shutting down or starting.
+    pub(crate) fn is_transient(&self) -> bool {
+        match &self.0 {
+            PostgresRepr::TimedOut => true,
+            PostgresRepr::Client(e) => {
+                use tokio_postgres::error::SqlState;
+                e.is_closed()
+                    || e.as_db_error().is_none() && e.code().is_none()
+                    || e.code().is_some_and(|c| {
+                        c.code().starts_with("08")
+                            || *c == SqlState::ADMIN_SHUTDOWN
+                            || *c == SqlState::CRASH_SHUTDOWN
+                            || *c == SqlState::CANNOT_CONNECT_NOW
+                            || *c == SqlState::IDLE_SESSION_TIMEOUT
+                            || *c == SqlState::TOO_MANY_CONNECTIONS
+                    })
+            }
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<tokio_postgres::Error> for PostgresError {
+    fn from(e: tokio_postgres::Error) -> PostgresError {
+        PostgresError(PostgresRepr::Client(std::sync::Arc::new(e)))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl PartialEq for PostgresError {
+    /// Same message.
+    fn eq(&self, other: &PostgresError) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Eq for PostgresError {}
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Display for PostgresError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            // The client's `Display` of a server error is only its severity and message;
+            // the code tells which.
+            PostgresRepr::Client(e) => match e.as_db_error() {
+                Some(db) => write!(f, "{} (SQLSTATE {})", db, db.code().code()),
+                None => e.fmt(f),
+            },
+            PostgresRepr::TimedOut => f.write_str("no reply from PostgreSQL in time"),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::error::Error for PostgresError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            PostgresRepr::Client(e) => Some(&**e),
+            PostgresRepr::TimedOut => None,
+        }
+    }
+}
+
 /// Why a request was refused as a deadlock; see [`Error::WouldDeadlock`].
 ///
 /// ```
@@ -300,6 +428,8 @@ impl Error {
             | Error::Unreachable { .. } => true,
             #[cfg(feature = "redis")]
             Error::Redis { source, .. } => source.is_transient(),
+            #[cfg(feature = "postgres")]
+            Error::Postgres { source, .. } => source.is_transient(),
             _ => false,
         }
     }

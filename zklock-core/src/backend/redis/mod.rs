@@ -31,10 +31,9 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
-use once_cell::sync::Lazy;
 use tokio::time::Instant;
 
-use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold};
+use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
 use crate::types::error::{Error, Result};
 use crate::types::mode::{HoldMode, Wait};
 use crate::types::token::FencingToken;
@@ -199,15 +198,6 @@ impl Drop for Pending {
 pub(crate) struct RedisBackend {
     inner: Arc<Inner>,
 }
-
-/// `host=<host> pid=<pid>`, read once.
-static HOST_PID: Lazy<String> = Lazy::new(|| {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "unknown".into());
-    format!("host={host} pid={}", std::process::id())
-});
 
 impl RedisBackend {
     /// Opens the connection and checks that the server answers.

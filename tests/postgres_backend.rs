@@ -1,0 +1,712 @@
+//! The PostgreSQL backend against a real PostgreSQL (the test kit's, on a free port with a
+//! throwaway data directory): exclusion across managers, strictly increasing tokens, timeouts
+//! and tries, cancel safety, reentrancy, read/write locks, `#[distributed_lock]`, the holding
+//! connection killed from the server side, a restarted server, keys whose ids go stale, and
+//! the schema made by managers racing to start.
+//!
+//! Every check looks at the server itself where it can: `pg_locks` for what is held, the key
+//! table for ids and tokens.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::Rng;
+use tokio_postgres::NoTls;
+use zklock::{
+    current_fencing_token, distributed_lock, Error, FencingToken, LockManager, LossReason,
+};
+use zklock_testkit::PostgresServer;
+
+/// The lease most tests run with: long enough that a busy 2-core machine never misses a
+/// liveness check, short enough for loss tests to be quick.
+const LEASE: Duration = Duration::from_secs(3);
+
+/// The class of zklock's advisory locks (`zkLK`), as `pg_locks.classid` shows it.
+const LOCK_CLASS: i64 = 0x7A6B_4C4B;
+
+fn server() -> PostgresServer {
+    PostgresServer::start().expect("start postgres (see the test kit's error)")
+}
+
+async fn manager(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .lease(LEASE)
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn strict(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .lease(LEASE)
+        .local_queue(false)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// A plain client, to look at and act on the server.
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// zklock's advisory locks on the server: `(objid, mode, pid)`.
+async fn held(client: &tokio_postgres::Client) -> Vec<(i64, String, i32)> {
+    client
+        .query(
+            "SELECT objid::bigint, mode, pid FROM pg_locks \
+             WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 AND objid > 0 \
+             AND granted",
+            &[&LOCK_CLASS],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// The id of a lock path in the key table.
+async fn id_of(client: &tokio_postgres::Client, path: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT id::bigint FROM zklock_keys WHERE path = $1",
+            &[&path],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Counts who is inside a critical section; the most seen at once.
+#[derive(Default)]
+struct Overlap {
+    inside: AtomicUsize,
+    max: AtomicUsize,
+    entries: AtomicUsize,
+}
+
+struct Inside<'a>(&'a Overlap);
+
+impl Overlap {
+    fn enter(&self) -> Inside<'_> {
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+        self.entries.fetch_add(1, Ordering::SeqCst);
+        Inside(self)
+    }
+}
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Three managers, three tasks each, many holds of one key: never two holders at once, with
+/// the local queue and without it (every acquire a contender of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_across_managers() {
+    let pg = server();
+    for local_queue in [true, false] {
+        let mut managers = vec![];
+        for _ in 0..3 {
+            managers.push(if local_queue {
+                manager(&pg.url()).await
+            } else {
+                strict(&pg.url()).await
+            });
+        }
+        let overlap = Arc::new(Overlap::default());
+        let mut tasks = vec![];
+        for m in &managers {
+            for _ in 0..3 {
+                let (m, overlap) = (m.clone(), overlap.clone());
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..8 {
+                        m.with_lock("excl", async {
+                            let _inside = overlap.enter();
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        })
+                        .await
+                        .unwrap();
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(overlap.entries.load(Ordering::SeqCst), 3 * 3 * 8);
+        assert_eq!(overlap.max.load(Ordering::SeqCst), 1, "two holders at once");
+        for m in &managers {
+            m.flush().await;
+        }
+        assert!(held(&admin(&pg.url()).await).await.is_empty());
+    }
+}
+
+/// Holders of one key, across managers and local handoffs, see strictly increasing tokens in
+/// the order they held, and the key table's counter is the last one handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_strictly_increase_across_holders() {
+    let pg = server();
+    let mut managers = vec![];
+    for _ in 0..3 {
+        managers.push(manager(&pg.url()).await);
+    }
+    let seen: Arc<Mutex<Vec<FencingToken>>> = Arc::default();
+    let mut tasks = vec![];
+    for m in &managers {
+        for _ in 0..2 {
+            let (m, seen) = (m.clone(), seen.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..6 {
+                    let guard = m.lock("tokens").await.unwrap();
+                    seen.lock().unwrap().push(guard.fencing_token());
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    drop(guard);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 36);
+    for pair in seen.windows(2) {
+        assert!(pair[0] < pair[1], "tokens must increase: {seen:?}");
+    }
+    let fence: i64 = admin(&pg.url())
+        .await
+        .query_one(
+            "SELECT fence FROM zklock_keys WHERE path = '/zklock/locks/tokens'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(fence, seen.iter().map(|t| t.zxid()).max().unwrap());
+    // The counter is floored at the server's time in µs.
+    assert!(fence > 1_600_000_000_000_000, "{fence}");
+}
+
+/// `try_lock` answers at once while another manager holds the key, `lock_timeout` gives up in
+/// time with `Timeout` and leaves no lock on the server, and a release wakes a waiter at once
+/// (notified, not polled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_timeout_and_a_release_wakes_a_waiter() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let look = admin(&pg.url()).await;
+    let held_by_a = a.lock("busy").await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(b.try_lock("busy").await.unwrap().is_none());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "try_lock waited"
+    );
+    let started = std::time::Instant::now();
+    let err = b
+        .lock_timeout("busy", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    b.flush().await;
+    assert_eq!(held(&look).await.len(), 1, "only a's hold");
+
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = b2.lock("busy").await.unwrap();
+        let at = std::time::Instant::now();
+        (guard.fencing_token(), at)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = held_by_a.fencing_token();
+    let released = std::time::Instant::now();
+    held_by_a.release().await.unwrap();
+    let (second, got) = waiter.await.unwrap();
+    let after = got.duration_since(released);
+    // The fallback poll is 500 ms: sooner means the release's notification woke it.
+    assert!(after < Duration::from_millis(300), "woken after {after:?}");
+    assert!(second > first);
+}
+
+/// Acquires of every recipe dropped at random points (before, during, after the grant), and
+/// releases dropped half way: every key is free again for another manager, and the server
+/// holds no lock of ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquires_and_releases_leave_nothing() {
+    let pg = server();
+    let mut managers = vec![];
+    for i in 0..3 {
+        managers.push(if i == 0 {
+            strict(&pg.url()).await
+        } else {
+            manager(&pg.url()).await
+        });
+    }
+    let mut tasks = vec![];
+    for (i, m) in managers.iter().enumerate() {
+        for j in 0..3 {
+            let m = m.clone();
+            tasks.push(tokio::spawn(async move {
+                for round in 0..15 {
+                    let cut = Duration::from_micros(rand::thread_rng().gen_range(0..4000));
+                    match (i + j + round) % 4 {
+                        0 => {
+                            let _ = tokio::time::timeout(cut, m.lock("cancel")).await;
+                        }
+                        1 => {
+                            let rw = m.rwlock("cancel").unwrap();
+                            let _ = tokio::time::timeout(cut, rw.write()).await;
+                        }
+                        2 => {
+                            let rw = m.rwlock("cancel").unwrap();
+                            let _ = tokio::time::timeout(cut, rw.read()).await;
+                        }
+                        _ => {
+                            if let Ok(Ok(g)) =
+                                tokio::time::timeout(Duration::from_secs(5), m.lock("cancel")).await
+                            {
+                                let _ = tokio::time::timeout(cut, g.release()).await;
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for m in &managers {
+        m.flush().await;
+    }
+    assert_eq!(
+        held(&admin(&pg.url()).await).await,
+        vec![],
+        "locks left on the server"
+    );
+    let other = manager(&pg.url()).await;
+    let free = Duration::from_secs(1);
+    drop(
+        other
+            .lock_timeout("cancel", free)
+            .await
+            .expect("mutex free"),
+    );
+    let rw = other.rwlock("cancel").unwrap();
+    drop(rw.write_timeout(free).await.expect("write lock free"));
+    other.flush().await;
+}
+
+/// `with_lock` re-enters a key its frame holds with the same token and no traffic, and
+/// releases it with the outermost hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrancy_in_with_lock() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let look = admin(&pg.url()).await;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        a.with_lock("re", async {
+            let token = current_fencing_token().unwrap();
+            let inner = a
+                .with_lock("re", async {
+                    assert_eq!(current_fencing_token(), Some(token));
+                    a.with_lock("re", async { current_fencing_token() })
+                        .await
+                        .unwrap()
+                })
+                .await
+                .unwrap();
+            assert_eq!(inner, Some(token));
+            assert_eq!(
+                held(&look).await.len(),
+                1,
+                "one advisory lock for all three"
+            );
+            assert!(b.try_lock("re").await.unwrap().is_none(), "still held");
+        }),
+    )
+    .await
+    .expect("re-entry must not deadlock")
+    .unwrap();
+    a.flush().await;
+    assert!(held(&look).await.is_empty());
+    drop(
+        b.try_lock("re")
+            .await
+            .unwrap()
+            .expect("free after the outermost hold"),
+    );
+}
+
+/// Readers share, a writer excludes readers and writers, a downgraded writer lets readers in
+/// but no writer, and a waiting writer makes new readers wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_lock_downgrade_and_waiting_writer() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let (ra, rb) = (a.rwlock("doc").unwrap(), b.rwlock("doc").unwrap());
+    let r1 = ra.read().await.unwrap();
+    let r2 = rb.read().await.unwrap();
+    assert!(
+        rb.try_write().await.unwrap().is_none(),
+        "readers exclude a writer"
+    );
+    drop((r1, r2));
+    a.flush().await;
+    b.flush().await;
+    let w = ra.write().await.unwrap();
+    assert!(
+        rb.try_read().await.unwrap().is_none(),
+        "a writer excludes readers"
+    );
+    assert!(rb.try_write().await.unwrap().is_none(), "and writers");
+    let write_token = w.fencing_token();
+    let r = w.downgrade().await.unwrap();
+    assert!(r.fencing_token() > write_token);
+    let other_reader = rb
+        .try_read()
+        .await
+        .unwrap()
+        .expect("readers share a downgrade");
+    assert!(
+        rb.try_write().await.unwrap().is_none(),
+        "no writer after a downgrade"
+    );
+    drop((r, other_reader));
+    a.flush().await;
+    b.flush().await;
+
+    // A waiting writer stops new readers.
+    let reader = ra.read().await.unwrap();
+    let writer = tokio::spawn(async move { rb.write().await.map(|g| g.fencing_token()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = manager(&pg.url()).await;
+    assert!(
+        c.rwlock("doc").unwrap().try_read().await.unwrap().is_none(),
+        "a new reader must queue behind the waiting writer"
+    );
+    drop(reader);
+    let token = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .expect("the writer gets in")
+        .unwrap()
+        .unwrap();
+    assert!(token > write_token);
+}
+
+#[distributed_lock("sku_{sku}", manager = m)]
+async fn sell(m: &LockManager, sku: u32, overlap: &Overlap) -> Result<FencingToken, Error> {
+    let _inside = overlap.enter();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Ok(current_fencing_token().expect("the body runs in a frame"))
+}
+
+/// `#[distributed_lock(..., manager = m)]` excludes across managers on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_with_a_postgres_manager() {
+    let pg = server();
+    let managers = [manager(&pg.url()).await, manager(&pg.url()).await];
+    let overlap = Arc::new(Overlap::default());
+    let mut tasks = vec![];
+    for m in &managers {
+        for _ in 0..3 {
+            let (m, overlap) = (m.clone(), overlap.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    sell(&m, 7, &overlap).await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(overlap.entries.load(Ordering::SeqCst), 2 * 3 * 5);
+    assert_eq!(overlap.max.load(Ordering::SeqCst), 1);
+}
+
+/// The holding connection killed from the server side (`pg_terminate_backend`): the guard is
+/// lost at once, the body of `with_lock` is aborted, and the next holder gets a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_holding_connection_is_lost_and_the_next_token_is_larger() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let look = admin(&pg.url()).await;
+    let guard = a.lock("victim").await.unwrap();
+    let first = guard.fencing_token();
+    let id = id_of(&look, "/zklock/locks/victim").await;
+    let locks = held(&look).await;
+    let [(objid, _, pid)] = locks.as_slice() else {
+        panic!("one lock held: {locks:?}")
+    };
+    assert_eq!(*objid, id);
+    let waiter = tokio::spawn(async move {
+        let g = b.lock_timeout("victim", Duration::from_secs(10)).await?;
+        Ok::<_, Error>(g.fencing_token())
+    });
+    let killed = std::time::Instant::now();
+    let terminated: bool = look
+        .query_one("SELECT pg_terminate_backend($1)", &[pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost at once");
+    assert_eq!(reason, LossReason::Disconnected);
+    assert!(
+        killed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(!guard.is_held());
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second > first, "{second} after {first}");
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, Error::LockLost { .. }), "{err}");
+    // The manager opens a new connection for the next acquire.
+    a.flush().await;
+}
+
+/// A server restarted (killed, as in a crash, and started again on the same data): the
+/// holder is lost at once, the manager connects again, and tokens keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_makes_the_holder_lost() {
+    let mut pg = server();
+    let m = manager(&pg.url()).await;
+    let guard = m.lock("restart").await.unwrap();
+    let first = guard.fencing_token();
+    pg.restart().unwrap();
+    let reason = tokio::time::timeout(LEASE * 2, guard.lost())
+        .await
+        .expect("lost after the restart");
+    assert_eq!(reason, LossReason::Disconnected);
+    drop(guard);
+    let again = m
+        .lock_timeout("restart", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(again.fencing_token() > first);
+    again.release().await.unwrap();
+    assert!(held(&admin(&pg.url()).await).await.is_empty());
+}
+
+/// Keys that look alike get ids of their own; an id that went stale (the row renamed under a
+/// manager that cached it) is noticed at the next acquire, which then excludes with a
+/// manager that looked the path up afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_ids_never_collide_and_stale_ids_are_noticed() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let look = admin(&pg.url()).await;
+    let keys = ["a/b", "a%2Fb", "a_b", "A/b", "a/b/", "x"];
+    let mut guards = vec![];
+    for k in keys {
+        guards.push(
+            a.try_lock(k)
+                .await
+                .unwrap()
+                .expect("free: no other key shares its id"),
+        );
+    }
+    for k in keys {
+        assert!(b.try_lock(k).await.unwrap().is_none(), "{k} held");
+    }
+    let mut ids: Vec<i64> = held(&look).await.iter().map(|l| l.0).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), keys.len());
+    drop(guards);
+    a.flush().await;
+
+    // a has cached the id of "x"; the row is renamed, as if the table was rebuilt.
+    look.execute(
+        "UPDATE zklock_keys SET path = path || '-renamed' WHERE path = '/zklock/locks/x'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let fresh = manager(&pg.url()).await;
+    let held_by_fresh = fresh.lock("x").await.unwrap();
+    assert!(
+        a.try_lock("x").await.unwrap().is_none(),
+        "the stale id must not let a in"
+    );
+    held_by_fresh.release().await.unwrap();
+    let g = a.lock_timeout("x", Duration::from_secs(5)).await.unwrap();
+    assert!(g.fencing_token() > FencingToken::new(0, 0));
+    drop(g);
+    a.flush().await;
+    assert!(held(&look).await.is_empty());
+}
+
+/// Managers starting at the same moment on a fresh server all make (or find) the key table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_creation_races_safely() {
+    let pg = server();
+    let url = pg.url();
+    let starts: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { LockManager::builder(url).lease(LEASE).connect().await })
+        })
+        .collect();
+    let mut managers = vec![];
+    for s in starts {
+        managers.push(s.await.unwrap().expect("every manager starts"));
+    }
+    let g = managers[0].lock("schema").await.unwrap();
+    assert!(managers[3].try_lock("schema").await.unwrap().is_none());
+    drop(g);
+}
+
+/// Semaphores, revocation and ZooKeeper's options are refused with errors that name them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_does_not_fit_is_refused() {
+    let pg = server();
+    let m = manager(&pg.url()).await;
+    let err = m
+        .semaphore("slots", 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unsupported {
+                backend: "postgres",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = LockManager::builder(pg.url())
+        .revocable(true)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unsupported {
+                backend: "postgres",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = LockManager::builder(pg.url())
+        .digest_auth("u", "p")
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("digest_auth"), "{err}");
+    let err = LockManager::builder("postgres://nobody:secret@127.0.0.1:1/db")
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Postgres { .. }), "{err}");
+    assert!(err.is_retryable());
+    assert!(!err.to_string().contains("secret"), "{err}");
+}
+
+/// A job's `at_least` window is kept in the key table, by the server's clock: a second run
+/// inside it, from another manager, is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_keep_their_window_in_the_key_table() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let window = Duration::from_secs(30);
+    let first = a
+        .job("nightly")
+        .unwrap()
+        .at_least(window)
+        .run(async { 1 })
+        .await
+        .unwrap();
+    assert_eq!(first.ran(), Some(1));
+    let second = b
+        .job("nightly")
+        .unwrap()
+        .at_least(window)
+        .run(async { 2 })
+        .await
+        .unwrap();
+    assert_eq!(second.ran(), None, "inside the window");
+}
+
+#[distributed_lock("global_{id}")]
+async fn through_the_global_manager(id: u32) -> Result<FencingToken, Error> {
+    let _ = id;
+    Ok(current_fencing_token().unwrap())
+}
+
+/// `ZKLOCK_CONNECT=postgres://...` gives the attribute's global manager.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_manager_from_a_postgres_url() {
+    let pg = server();
+    std::env::set_var(
+        "ZKLOCK_CONNECT",
+        pg.url().replace("postgres://", "postgresql://"),
+    );
+    let t1 = through_the_global_manager(1).await.unwrap();
+    let t2 = through_the_global_manager(1).await.unwrap();
+    assert!(t2 > t1);
+    let m = zklock::global().await.unwrap();
+    assert!(format!("{m:?}").contains("postgres"), "{m:?}");
+}
+
+/// A server that stops answering (SIGSTOP) past the lease: the holder is reported lost by the
+/// deadline of its liveness checks, and once the server runs again it ends the silent
+/// session (`idle_session_timeout`), so the next holder gets in with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_makes_the_holder_lost_by_its_lease() {
+    let pg = server();
+    let lease = Duration::from_secs(1);
+    let holder = LockManager::builder(pg.url())
+        .lease(lease)
+        .connect()
+        .await
+        .unwrap();
+    let next = manager(&pg.url()).await;
+    let guard = holder.lock("frozen").await.unwrap();
+    let first = guard.fencing_token();
+    pg.pause().unwrap();
+    let paused = std::time::Instant::now();
+    let reason = tokio::time::timeout(lease * 3, guard.lost())
+        .await
+        .expect("lost while the server is silent");
+    assert_eq!(reason, LossReason::LeaseExpired);
+    assert!(
+        paused.elapsed() <= lease + Duration::from_millis(250),
+        "{:?}",
+        paused.elapsed()
+    );
+    pg.resume().unwrap();
+    let second = next
+        .lock_timeout("frozen", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(second.fencing_token() > first);
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, Error::LockLost { .. }), "{err}");
+    assert!(second.is_held());
+    second.release().await.unwrap();
+}

@@ -1,0 +1,317 @@
+//! The connections the backend holds advisory locks on.
+//!
+//! A session-level advisory lock belongs to the server session (the connection) that took it
+//! and ends with it. So each [`HoldConn`] is the owner of everything taken on it:
+//!
+//! - Its state ([`ConnState`]) is what every hold on it reports: lost the moment the connection
+//!   breaks (the task that drives it ends), a liveness check fails, or no check was confirmed
+//!   before the server could have ended the idle session (its `idle_session_timeout`, the
+//!   lease: the server side of a holder that went silent).
+//! - Its set of reserved lock ids: a lock id is used by at most one acquire or hold per
+//!   connection at a time, because the server lets a session re-take a lock it holds (advisory
+//!   locks count per session). A reservation is given back only once the lock is known to be
+//!   free on that connection, or the connection is closed.
+//! - Any request whose effect on the session's locks is unknown (no reply in time, the
+//!   connection failed) closes the connection ([`HoldConn::kill`]): the server then releases
+//!   all it held, and its holds are lost. The connection is never used again.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{watch, Mutex as AsyncMutex};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+
+use super::sql;
+use crate::types::error::PostgresError;
+use crate::types::loss::LossReason;
+
+/// What the holds of one connection share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnState {
+    /// When the server could end the session for being idle, less a margin: the send time of
+    /// the last confirmed liveness check, plus the lease, less the margin.
+    pub(crate) deadline: Instant,
+    /// Set once the connection is lost; never cleared.
+    pub(crate) lost: Option<LossReason>,
+}
+
+impl ConnState {
+    pub(crate) fn reason_at(&self, now: Instant) -> Option<LossReason> {
+        if self.lost.is_some() {
+            self.lost
+        } else if now >= self.deadline {
+            Some(LossReason::LeaseExpired)
+        } else {
+            None
+        }
+    }
+}
+
+/// Makes the connection lost with `reason` unless it already is (a passed deadline is the
+/// first reason).
+fn lose(state: &watch::Sender<ConnState>, reason: LossReason) {
+    state.send_if_modified(|s| {
+        if s.lost.is_some() {
+            return false;
+        }
+        s.lost = Some(s.reason_at(Instant::now()).unwrap_or(reason));
+        true
+    });
+}
+
+/// What opening and checking connections needs.
+pub(crate) struct ConnConfig {
+    pub(crate) config: tokio_postgres::Config,
+    /// The server ends a session idle this long (`idle_session_timeout`): a silent holder's
+    /// locks are released after it.
+    pub(crate) lease: Duration,
+    /// Taken off every deadline (see `Inner::margin` in the Redis backend: the same rule).
+    pub(crate) margin: Duration,
+    /// How long opening a connection may take.
+    pub(crate) connect_timeout: Duration,
+    /// How long one request may wait for its reply before its connection is closed.
+    pub(crate) reply_timeout: Duration,
+    pub(crate) runtime: tokio::runtime::Handle,
+}
+
+impl ConnConfig {
+    /// The loss deadline after a request sent at `sent` was answered.
+    pub(crate) fn deadline(&self, sent: Instant) -> Instant {
+        sent + self.lease - self.margin
+    }
+}
+
+/// One connection that holds advisory locks; see the module's docs.
+pub(crate) struct HoldConn {
+    client: Client,
+    state: Arc<watch::Sender<ConnState>>,
+    /// Lock ids reserved on this connection by an acquire or a hold.
+    ids: StdMutex<HashSet<i32>>,
+    /// The task that drives the connection (aborting it closes the socket) and the liveness
+    /// checks.
+    driver: AbortHandle,
+    liveness: StdMutex<Option<AbortHandle>>,
+    reply_timeout: Duration,
+}
+
+impl HoldConn {
+    /// Opens a connection, asks the server to end it when idle past the lease, and starts its
+    /// liveness checks.
+    async fn open(cc: &Arc<ConnConfig>) -> Result<Arc<HoldConn>, PostgresError> {
+        let (client, connection) =
+            tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls))
+                .await
+                .map_err(|_| PostgresError::timed_out())??;
+        let sent = Instant::now();
+        let (state, _) = watch::channel(ConnState {
+            deadline: cc.deadline(sent),
+            lost: None,
+        });
+        let state = Arc::new(state);
+        let on_end = state.clone();
+        let driver = cc
+            .runtime
+            .spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "zklock: a PostgreSQL holding connection ended");
+                }
+                lose(&on_end, LossReason::Disconnected);
+            })
+            .abort_handle();
+        let conn = Arc::new(HoldConn {
+            client,
+            state,
+            ids: StdMutex::default(),
+            driver,
+            liveness: StdMutex::default(),
+            reply_timeout: cc.reply_timeout,
+        });
+        let set = format!("SET idle_session_timeout = {}", cc.lease.as_millis());
+        match conn.run(conn.client.batch_execute(&set)).await {
+            Ok(()) => {}
+            // Before PostgreSQL 14: no server side lease. A silent holder keeps its locks until
+            // its connection breaks; loss is still reported on this side at the deadline.
+            Err(e) if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::UNDEFINED_OBJECT) => {
+                tracing::warn!("zklock: this PostgreSQL has no idle_session_timeout (before 14): a holder that stops answering keeps its locks until its connection breaks");
+            }
+            Err(e) => {
+                conn.kill(LossReason::Disconnected);
+                return Err(e);
+            }
+        }
+        let liveness = cc
+            .runtime
+            .spawn(liveness(Arc::downgrade(&conn), cc.clone(), sent))
+            .abort_handle();
+        *conn.liveness.lock().expect("not poisoned") = Some(liveness);
+        Ok(conn)
+    }
+
+    /// The client, for requests that go through [`run`](Self::run).
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Why the connection's holds are lost, if they are. The clock is read while the state is
+    /// borrowed, so a later confirmation cannot make a lost connection held again.
+    pub(crate) fn reason(&self) -> Option<LossReason> {
+        self.state.borrow().reason_at(Instant::now())
+    }
+
+    /// The connection's state, to watch.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<ConnState> {
+        self.state.subscribe()
+    }
+
+    /// Closes the connection: the server releases every lock of the session, and every hold
+    /// on it is lost with `reason`.
+    pub(crate) fn kill(&self, reason: LossReason) {
+        lose(&self.state, reason);
+        self.driver.abort();
+        if let Some(l) = self.liveness.lock().expect("not poisoned").take() {
+            l.abort();
+        }
+    }
+
+    /// Runs one request, bounded by the reply timeout. A request that times out or fails on
+    /// the connection closes it: what it did to the session's locks is unknown.
+    pub(crate) async fn run<T, Fut>(&self, request: Fut) -> Result<T, PostgresError>
+    where
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let result = match tokio::time::timeout(self.reply_timeout, request).await {
+            Ok(r) => r.map_err(PostgresError::from),
+            Err(_) => Err(PostgresError::timed_out()),
+        };
+        if let Err(e) = &result {
+            if e.is_transient() {
+                self.kill(LossReason::Disconnected);
+            }
+        }
+        result
+    }
+}
+
+impl Drop for HoldConn {
+    fn drop(&mut self) {
+        self.kill(LossReason::Closed);
+    }
+}
+
+/// Checks every lease/3 that the session answers; makes the connection lost the moment a
+/// check fails, or when no check was confirmed before the deadline.
+async fn liveness(conn: Weak<HoldConn>, cc: Arc<ConnConfig>, mut last_sent: Instant) {
+    loop {
+        tokio::time::sleep_until(last_sent + cc.lease / 3).await;
+        let Some(c) = conn.upgrade() else { return };
+        if c.reason().is_some() {
+            return c.kill(LossReason::LeaseExpired);
+        }
+        let deadline = c.state.borrow().deadline;
+        let sent = Instant::now();
+        match tokio::time::timeout_at(deadline, c.client.simple_query(sql::PING)).await {
+            Ok(Ok(_)) => {
+                let deadline = cc.deadline(sent);
+                c.state.send_if_modified(|s| {
+                    if s.lost.is_some() {
+                        return false;
+                    }
+                    match s.reason_at(Instant::now()) {
+                        Some(reason) => s.lost = Some(reason),
+                        None => s.deadline = s.deadline.max(deadline),
+                    }
+                    true
+                });
+                last_sent = sent;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "zklock: a PostgreSQL liveness check failed; the connection's locks are lost");
+                return c.kill(LossReason::Disconnected);
+            }
+            Err(_) => {
+                tracing::warn!("zklock: PostgreSQL did not answer a liveness check in time; the connection's locks are lost");
+                return c.kill(LossReason::LeaseExpired);
+            }
+        }
+    }
+}
+
+/// A lock id reserved on a connection; given back when dropped. Drop it only once the lock
+/// is free on the connection (released, undone, never taken) or the connection is closed.
+pub(crate) struct Reservation {
+    pub(crate) conn: Arc<HoldConn>,
+    pub(crate) id: i32,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.conn.ids.lock().expect("not poisoned").remove(&self.id);
+    }
+}
+
+/// The backend's holding connections: as many as the most acquires and holds of one lock id
+/// at a time in this process (one with the local queue), opened on demand.
+pub(crate) struct Pool {
+    cc: Arc<ConnConfig>,
+    conns: StdMutex<Vec<Arc<HoldConn>>>,
+    /// One connection opens at a time.
+    opening: AsyncMutex<()>,
+}
+
+impl Pool {
+    pub(crate) fn new(cc: Arc<ConnConfig>) -> Pool {
+        Pool {
+            cc,
+            conns: StdMutex::default(),
+            opening: AsyncMutex::new(()),
+        }
+    }
+
+    /// A live connection on which `id` is free, reserved for it (`None`: any live one, not
+    /// reserved).
+    fn find(&self, id: Option<i32>) -> Option<(Arc<HoldConn>, bool)> {
+        let mut conns = self.conns.lock().expect("not poisoned");
+        conns.retain(|c| c.reason().is_none());
+        conns.iter().find_map(|c| match id {
+            None => Some((c.clone(), false)),
+            Some(id) => c
+                .ids
+                .lock()
+                .expect("not poisoned")
+                .insert(id)
+                .then(|| (c.clone(), true)),
+        })
+    }
+
+    async fn get(&self, id: Option<i32>) -> Result<Arc<HoldConn>, PostgresError> {
+        if let Some((c, _)) = self.find(id) {
+            return Ok(c);
+        }
+        let _turn = self.opening.lock().await;
+        if let Some((c, _)) = self.find(id) {
+            return Ok(c);
+        }
+        let c = HoldConn::open(&self.cc).await?;
+        if let Some(id) = id {
+            c.ids.lock().expect("not poisoned").insert(id);
+        }
+        self.conns.lock().expect("not poisoned").push(c.clone());
+        Ok(c)
+    }
+
+    /// Reserves `id` on a live connection, opening one if every connection has it.
+    pub(crate) async fn reserve(&self, id: i32) -> Result<Reservation, PostgresError> {
+        let conn = self.get(Some(id)).await?;
+        Ok(Reservation { conn, id })
+    }
+
+    /// A live connection, for requests that take no lock (key lookups, job records).
+    pub(crate) async fn any(&self) -> Result<Arc<HoldConn>, PostgresError> {
+        self.get(None).await
+    }
+}

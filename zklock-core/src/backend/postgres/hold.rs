@@ -1,0 +1,322 @@
+//! A granted PostgreSQL hold: an advisory lock on one of the backend's connections, lost with
+//! that connection, released by unlocking it there.
+
+use std::sync::{Arc, Mutex as StdMutex};
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use super::conn::{ConnState, Reservation};
+use super::{sql, Inner};
+use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
+use crate::types::error::{Error, PostgresError, Result};
+use crate::types::loss::{Loss, LossReason, LossSignal};
+use crate::types::token::FencingToken;
+
+/// Whether a hold has ended, and whether it was lost by then (a loss is final; an ended hold
+/// is not lost later).
+#[derive(Debug, Clone, Copy, Default)]
+struct Ended {
+    ended: bool,
+    lost: Option<LossReason>,
+}
+
+fn reason(conn: &watch::Receiver<ConnState>, ended: &watch::Receiver<Ended>) -> Option<LossReason> {
+    let e = *ended.borrow();
+    if e.ended {
+        e.lost
+    } else {
+        conn.borrow().reason_at(Instant::now())
+    }
+}
+
+/// The loss signal of a hold: its connection's, until the hold ends.
+struct PgLoss {
+    conn: watch::Receiver<ConnState>,
+    ended: watch::Receiver<Ended>,
+}
+
+impl Loss for PgLoss {
+    fn reason(&self) -> Option<LossReason> {
+        reason(&self.conn, &self.ended)
+    }
+
+    fn lost(&self) -> BoxFuture<'static, LossReason> {
+        let (mut conn, mut ended) = (self.conn.clone(), self.ended.clone());
+        Box::pin(async move {
+            loop {
+                let deadline = {
+                    let e = *ended.borrow_and_update();
+                    let c = *conn.borrow_and_update();
+                    if e.ended {
+                        match e.lost {
+                            Some(reason) => return reason,
+                            None => None,
+                        }
+                    } else if let Some(reason) = c.reason_at(Instant::now()) {
+                        return reason;
+                    } else {
+                        Some(c.deadline)
+                    }
+                };
+                match deadline {
+                    Some(deadline) => {
+                        tokio::select! {
+                            changed = conn.changed() => if changed.is_err() { return LossReason::Closed },
+                            changed = ended.changed() => if changed.is_err() { return LossReason::Closed },
+                            _ = tokio::time::sleep_until(deadline) => {}
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+        })
+    }
+}
+
+/// One advisory lock held on a connection of the backend. Released when dropped (in the
+/// background) or by [`release`](BackendHold::release).
+pub(crate) struct PgHold {
+    inner: Arc<Inner>,
+    /// The user's key, for errors.
+    key: Arc<str>,
+    /// `<path> (advisory lock <class>,<id>)`.
+    location: String,
+    shared: bool,
+    token: FencingToken,
+    /// The lock id on its connection; `None` once released or downgraded.
+    reservation: Arc<StdMutex<Option<Reservation>>>,
+    conn_state: watch::Receiver<ConnState>,
+    ended: watch::Sender<Ended>,
+}
+
+impl PgHold {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        target: &LockTarget,
+        reservation: Reservation,
+        shared: bool,
+        token: FencingToken,
+    ) -> PgHold {
+        let location = format!(
+            "{} (advisory lock {},{})",
+            target.path,
+            sql::LOCK_CLASS,
+            reservation.id
+        );
+        let conn_state = reservation.conn.subscribe();
+        PgHold {
+            inner,
+            key: target.key.clone(),
+            location,
+            shared,
+            token,
+            reservation: Arc::new(StdMutex::new(Some(reservation))),
+            conn_state,
+            ended: watch::channel(Ended::default()).0,
+        }
+    }
+
+    fn loss_reason(&self) -> Option<LossReason> {
+        reason(&self.conn_state, &self.ended.subscribe())
+    }
+
+    /// Ends the hold: whatever happens to its connection from now on is not its loss.
+    fn end(&self, lost: Option<LossReason>) {
+        self.ended.send_modify(|e| {
+            if !e.ended {
+                *e = Ended { ended: true, lost };
+            }
+        });
+    }
+
+    fn lost_error(&self, reason: LossReason) -> Error {
+        Error::LockLost {
+            key: self.key.to_string(),
+            reason,
+        }
+    }
+
+    /// Unlocks on the hold's connection and gives the reservation back, in a task of its own
+    /// (so that dropping the caller's future cannot leave the lock held on a connection whose
+    /// id was given back). Whether the lock was held; an error closes the connection.
+    fn unlock(&self) -> Option<oneshot::Receiver<Result<bool, PostgresError>>> {
+        let reservation = self.reservation.lock().expect("not poisoned").take()?;
+        let (tx, rx) = oneshot::channel();
+        let statement = if self.shared {
+            sql::RELEASE_SHARED
+        } else {
+            sql::RELEASE_EXCLUSIVE
+        };
+        self.inner.background.spawn(&self.inner.runtime, async move {
+            let conn = &reservation.conn;
+            let id = reservation.id;
+            let result = if conn.reason().is_some() {
+                // The session is gone, or may be: the server released what it held.
+                conn.kill(crate::types::loss::LossReason::Disconnected);
+                Ok(true)
+            } else {
+                let r = conn
+                    .run(conn.client().query_typed(
+                        statement,
+                        &[(&id, tokio_postgres::types::Type::INT4)],
+                    ))
+                    .await
+                    .map(|rows| rows.first().is_some_and(|r| r.get::<_, bool>(0)));
+                if let Err(e) = &r {
+                    tracing::warn!(lock = id, error = %e, "zklock: could not release a PostgreSQL advisory lock; closing its connection, which releases it");
+                    conn.kill(LossReason::Disconnected);
+                }
+                r
+            };
+            drop(reservation);
+            let _ = tx.send(result);
+        });
+        Some(rx)
+    }
+
+    async fn release(&self) -> Result<()> {
+        let lost_before = self.loss_reason();
+        let Some(done) = self.unlock() else {
+            return Ok(());
+        };
+        let result = done.await.unwrap_or(Ok(true));
+        let lost_now = self.loss_reason();
+        self.end(lost_before);
+        match (lost_before, result) {
+            (Some(reason), _) => Err(self.lost_error(reason)),
+            (None, Ok(true)) => Ok(()),
+            // Not held by the session: someone unlocked it (pg_advisory_unlock_all on our
+            // session is the only way).
+            (None, Ok(false)) => Err(self.lost_error(LossReason::NodeDeleted)),
+            (None, Err(e)) => Err(match lost_now {
+                Some(reason) => self.lost_error(reason),
+                None => Error::Postgres {
+                    operation: "release the lock",
+                    source: e,
+                },
+            }),
+        }
+    }
+}
+
+impl Drop for PgHold {
+    fn drop(&mut self) {
+        let lost = self.loss_reason();
+        if self.unlock().is_some() {
+            self.end(lost);
+        }
+    }
+}
+
+impl BackendHold for PgHold {
+    fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The lock path and the advisory lock (`pg_locks`: `classid`, `objid`) behind the hold.
+    fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn loss_reason(&self) -> Option<LossReason> {
+        PgHold::loss_reason(self)
+    }
+
+    fn loss(&self) -> LossSignal {
+        Arc::new(PgLoss {
+            conn: self.conn_state.clone(),
+            ended: self.ended.subscribe(),
+        })
+    }
+
+    /// Nothing to wait for: the hold's state is its connection's, known here.
+    fn confirmed(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
+    fn release(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(PgHold::release(self))
+    }
+
+    /// Revocation is ZooKeeper's (Curator's `__REVOKE__`); nothing asks an advisory lock to let go.
+    fn make_revocable(&self) {}
+
+    /// One statement takes the shared lock on the same session and unlocks the exclusive one,
+    /// so no writer gets in between and the write hold need not be kept.
+    fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {
+        Box::pin(async move {
+            if let Some(reason) = self.loss_reason() {
+                return Err(self.lost_error(reason));
+            }
+            let Some(reservation) = self.reservation.lock().expect("not poisoned").take() else {
+                return Err(self.lost_error(LossReason::Closed));
+            };
+            // In a task of its own: the reservation must not be given back while the
+            // statement may still run.
+            let (tx, rx) = oneshot::channel();
+            self.inner
+                .background
+                .spawn(&self.inner.runtime, async move {
+                    let conn = reservation.conn.clone();
+                    let id = reservation.id;
+                    let r = conn
+                        .run(conn.client().query_typed(
+                            sql::DOWNGRADE,
+                            &[(&id, tokio_postgres::types::Type::INT4)],
+                        ))
+                        .await
+                        .map(|rows| rows.first().is_some_and(|r| r.get::<_, bool>(0)));
+                    match r {
+                        Ok(true) => {
+                            if let Err(Ok(reservation)) = tx.send(Ok(reservation)) {
+                                // The downgrade was dropped: nobody holds the read lock.
+                                let conn = &reservation.conn;
+                                let undone = conn
+                                    .run(conn.client().query_typed(
+                                        sql::RELEASE_SHARED,
+                                        &[(&id, tokio_postgres::types::Type::INT4)],
+                                    ))
+                                    .await;
+                                if undone.is_err() {
+                                    conn.kill(LossReason::Disconnected);
+                                }
+                            }
+                        }
+                        other => {
+                            // Unknown or odd state: close the session, which frees the lock.
+                            conn.kill(LossReason::Disconnected);
+                            drop(reservation);
+                            let _ = tx.send(Err(other.err()));
+                        }
+                    }
+                });
+            match rx.await {
+                Ok(Ok(reservation)) => {
+                    self.end(None);
+                    let read =
+                        PgHold::new(self.inner.clone(), &target, reservation, true, self.token);
+                    Ok(Downgraded {
+                        read: Arc::new(read),
+                        keep_write: false,
+                    })
+                }
+                Ok(Err(Some(e))) => {
+                    let reason = self.loss_reason();
+                    self.end(reason.or(Some(LossReason::Disconnected)));
+                    Err(match reason {
+                        Some(reason) => self.lost_error(reason),
+                        None => Error::Postgres {
+                            operation: "downgrade the write lock",
+                            source: e,
+                        },
+                    })
+                }
+                _ => {
+                    self.end(Some(LossReason::Disconnected));
+                    Err(self.lost_error(LossReason::Disconnected))
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,560 @@
+//! The PostgreSQL backend (feature `postgres`): session-level advisory locks held on
+//! connections the backend owns.
+//!
+//! - A lock path gets an id from the key table `zklock_keys` (a `serial`, so no two paths
+//!   share one), and its lock is the advisory lock `(LOCK_CLASS, id)`; see [`sql`].
+//! - An acquire is one statement on a holding connection: `pg_try_advisory_lock` (or
+//!   `_shared` for readers) and, if it got the lock, the raise of the path's `fence` under it,
+//!   which is the fencing token. See [`conn`] for which connection holds what.
+//! - A hold is lost the moment its connection breaks (the server ended the session:
+//!   `pg_terminate_backend`, a restart) or a liveness check (every lease/3) fails, and at the
+//!   latest when no check was confirmed before the server could have ended the idle session:
+//!   each holding session runs with `idle_session_timeout` = the lease, so the locks of a
+//!   holder that went silent (paused, partitioned) are released by the server after the
+//!   lease, and this side reports the loss before that (less the same margin as Redis).
+//! - Waiters hold no connection: they try, then sleep until a release of their lock is
+//!   notified (`LISTEN`/`NOTIFY` on one listening connection per backend, see [`hub`]) or
+//!   [`POLL_FALLBACK`] passes (a session that ended releases without notifying).
+//! - A waiting writer takes an intent lock that makes new readers wait (writers are not
+//!   starved by readers). No order is kept among waiting processes; the local queue keeps
+//!   FIFO within a process.
+//! - Semaphores and revocation do not fit advisory locks cleanly: [`Error::Unsupported`].
+//!   Job records (`claim_run`) live in the key table (`run_after`, by the server's clock).
+//!
+//! ## Why `tokio-postgres`
+//!
+//! It is the protocol client alone: tokio, `postgres-protocol` and a few small crates, about
+//! a minute of a 2-core build. `sqlx` brings its own pool, compile-time query macros, a
+//! runtime abstraction and more, several times the build, for nothing this backend uses: it
+//! needs to own its connections (a lock belongs to one session, so no pool may hand the
+//! session to someone else), one round trip per statement (`query_typed`: no prepare), and
+//! the connection's `LISTEN` messages, which `tokio-postgres` gives directly
+//! (`Connection::poll_message`). No TLS is built in (a TLS tunnel, or a server on a private
+//! network); a URL asking for `sslmode=require` fails to connect with the client's error.
+//!
+//! Advisory locks need a real session: behind PgBouncer in transaction pooling mode they do
+//! not work (use session pooling or a direct connection).
+
+mod conn;
+mod hold;
+mod hub;
+mod sql;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+
+use super::background::Background;
+use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
+use crate::types::error::{Error, PostgresError, Result};
+use crate::types::loss::LossReason;
+use crate::types::mode::{HoldMode, Wait};
+use crate::types::token::FencingToken;
+use conn::{ConnConfig, HoldConn, Pool, Reservation};
+use hold::PgHold;
+use hub::{Hub, Listener};
+
+/// The longest any single request waits for its reply; shorter when the lease is.
+const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first pause before retrying an attempt that failed on the connection; doubled up to
+/// [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(20);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// How long a waiter sleeps without a notified release before it tries again: a holder whose
+/// session ended (killed, crashed, partitioned past the lease) released without notifying.
+pub(crate) const POLL_FALLBACK: Duration = Duration::from_millis(500);
+/// The shortest lease accepted: liveness checks go out every lease/3, and the server counts
+/// `idle_session_timeout` in milliseconds.
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(300);
+/// How many times an acquire looks a path's id up again after finding it stale before giving
+/// up (someone keeps dropping the key table).
+const STALE_ID_RETRIES: u32 = 3;
+
+/// What the PostgreSQL backend is configured with (its part of [`Builder`](crate::Builder)).
+#[derive(Debug, Clone)]
+pub(crate) struct PostgresConfig {
+    /// `postgres://[user[:password]@]host[:port][/database][?options]`, or the key=value form.
+    pub(crate) url: String,
+    /// The server ends a holding session idle this long, and a hold is reported lost before.
+    pub(crate) lease: Duration,
+    /// How long opening a connection may take.
+    pub(crate) connect_timeout: Duration,
+    /// Shown in the sessions' `application_name` beside host and pid.
+    pub(crate) identity: Option<String>,
+}
+
+/// What the backend's holds and tasks share.
+pub(crate) struct Inner {
+    pool: Pool,
+    hub: Hub,
+    /// Lock path -> id, as read from the key table; checked by every acquire.
+    ids: StdMutex<HashMap<Arc<str>, i32>>,
+    pub(crate) runtime: tokio::runtime::Handle,
+    pub(crate) background: Arc<Background>,
+}
+
+/// A postgres error during `operation`.
+fn pg_error(operation: &'static str) -> impl FnOnce(PostgresError) -> Error {
+    move |source| Error::Postgres { operation, source }
+}
+
+fn is_undefined_table(e: &PostgresError) -> bool {
+    e.get_ref().and_then(|e| e.code()) == Some(&SqlState::UNDEFINED_TABLE)
+}
+
+impl Inner {
+    /// Creates the key table unless it is there.
+    async fn ensure_schema(&self, conn: &HoldConn) -> Result<(), PostgresError> {
+        let exists = conn
+            .run(conn.client().query_typed(sql::SCHEMA_EXISTS, &[]))
+            .await?;
+        if exists.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            return Ok(());
+        }
+        conn.run(conn.client().batch_execute(sql::CREATE_SCHEMA))
+            .await
+    }
+
+    /// The lock id of `path`: from the cache, else from the key table (adding the path).
+    async fn id_of(&self, path: &Arc<str>) -> Result<i32, PostgresError> {
+        if let Some(id) = self.ids.lock().expect("not poisoned").get(path) {
+            return Ok(*id);
+        }
+        let conn = self.pool.any().await?;
+        let find = || async {
+            conn.run(
+                conn.client()
+                    .query_typed(sql::FIND_ID, &[(&&**path, Type::TEXT)]),
+            )
+            .await
+            .map(|rows| rows.first().map(|r| r.get::<_, i32>(0)))
+        };
+        let mut created = false;
+        loop {
+            let found = match find().await {
+                Ok(Some(id)) => Some(id),
+                Ok(None) => {
+                    conn.run(
+                        conn.client()
+                            .query_typed(sql::ADD_PATH, &[(&&**path, Type::TEXT)]),
+                    )
+                    .await?;
+                    find().await?
+                }
+                // The table was dropped since this backend started: make it again, once.
+                Err(e) if is_undefined_table(&e) && !created => {
+                    created = true;
+                    self.ensure_schema(&conn).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(id) = found {
+                self.ids
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(path.clone(), id);
+                return Ok(id);
+            }
+        }
+    }
+
+    /// Forgets the id of `path` (its row no longer names it).
+    fn forget(&self, path: &str) {
+        self.ids.lock().expect("not poisoned").remove(path);
+    }
+}
+
+/// A lock id reserved for an acquire on a connection, and what the acquire may have left
+/// there: undone in the background when dropped armed, and the id given back after.
+struct Pending {
+    inner: Arc<Inner>,
+    reservation: Option<Reservation>,
+    shared: bool,
+    /// A writer's intent is held on the connection.
+    intent: bool,
+    /// The lock may be held by this acquire (a statement was sent and no answer says it is not).
+    armed: bool,
+}
+
+impl Pending {
+    fn conn(&self) -> &Arc<HoldConn> {
+        &self.reservation.as_ref().expect("reserved").conn
+    }
+
+    fn id(&self) -> i32 {
+        self.reservation.as_ref().expect("reserved").id
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(reservation) = self.reservation.take() else {
+            return;
+        };
+        if !self.armed && !self.intent {
+            return;
+        }
+        let (shared, intent) = (self.shared, self.intent);
+        self.inner.background.spawn(&self.inner.runtime, async move {
+            let conn = &reservation.conn;
+            let id = reservation.id;
+            if conn.reason().is_none() {
+                let undone = conn
+                    .run(conn.client().query_typed(
+                        sql::UNDO,
+                        &[(&id, Type::INT4), (&shared, Type::BOOL), (&intent, Type::BOOL)],
+                    ))
+                    .await;
+                if let Err(e) = undone {
+                    tracing::warn!(lock = id, error = %e, "zklock: could not undo a PostgreSQL acquire; closing its connection, which releases what it held");
+                    conn.kill(LossReason::Disconnected);
+                }
+            }
+            drop(reservation);
+        });
+    }
+}
+
+/// What an attempt found.
+enum Attempt {
+    /// Granted, with the token.
+    Granted(i64),
+    /// The lock is held on the session, but the key table's row no longer names the path.
+    Stale,
+    Taken,
+}
+
+/// The PostgreSQL backend; see [`LockManager::connect`](crate::LockManager::connect).
+pub(crate) struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+impl PostgresBackend {
+    /// Opens a first connection, creates the key table unless it is there, and starts
+    /// listening for releases.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a URL the client refuses, [`Error::Postgres`] when the server
+    /// does not answer or refuses the schema.
+    pub(crate) async fn connect(config: PostgresConfig) -> Result<PostgresBackend> {
+        // The URL may carry a password: errors name the problem, not the URL.
+        let mut pg: tokio_postgres::Config = config
+            .url
+            .parse()
+            .map_err(|e| Error::Config(format!("the PostgreSQL URL is not usable: {e}")))?;
+        if pg.get_application_name().is_none() {
+            let mut name = format!("zklock {}", *HOST_PID);
+            if let Some(id) = &config.identity {
+                name.push_str(" id=");
+                name.push_str(id);
+            }
+            // The server keeps 63 bytes.
+            let mut end = name.len().min(63);
+            while !name.is_char_boundary(end) {
+                end -= 1;
+            }
+            name.truncate(end);
+            pg.application_name(&name);
+        }
+        pg.connect_timeout(config.connect_timeout);
+        let lease = config.lease;
+        let cc = Arc::new(ConnConfig {
+            config: pg,
+            lease,
+            margin: lease / 100 + Duration::from_millis(2) + lease / 20,
+            connect_timeout: config.connect_timeout,
+            reply_timeout: lease.min(MAX_REPLY_TIMEOUT),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let pool = Pool::new(cc.clone());
+        let inner = Arc::new(Inner {
+            hub: Hub::start(cc),
+            pool,
+            ids: StdMutex::default(),
+            runtime: tokio::runtime::Handle::current(),
+            background: Arc::default(),
+        });
+        let conn = inner.pool.any().await.map_err(pg_error("connect"))?;
+        inner
+            .ensure_schema(&conn)
+            .await
+            .map_err(pg_error("create the table zklock_keys"))?;
+        Ok(PostgresBackend { inner })
+    }
+
+    /// One attempt on `pending`'s connection.
+    async fn attempt(
+        &self,
+        pending: &mut Pending,
+        path: &str,
+        shared: bool,
+    ) -> Result<Attempt, PostgresError> {
+        let statement = if shared {
+            sql::TRY_SHARED
+        } else {
+            sql::TRY_EXCLUSIVE
+        };
+        let id = pending.id();
+        let conn = pending.conn().clone();
+        pending.armed = true;
+        let rows = conn
+            .run(
+                conn.client()
+                    .query_typed(statement, &[(&id, Type::INT4), (&path, Type::TEXT)]),
+            )
+            .await?;
+        let row = rows.first();
+        let got = row.is_some_and(|r| r.get::<_, bool>(0));
+        let fence = row.and_then(|r| r.get::<_, Option<i64>>(1));
+        Ok(match (got, fence) {
+            (true, Some(token)) => Attempt::Granted(token),
+            (true, None) => Attempt::Stale,
+            (false, _) => {
+                pending.armed = false;
+                Attempt::Taken
+            }
+        })
+    }
+
+    /// Acquires a hold of `target` (`shared` for a reader; `writer` takes an intent while it
+    /// waits), waiting as `wait` says.
+    async fn acquire_hold(
+        &self,
+        target: &LockTarget,
+        shared: bool,
+        writer: bool,
+        wait: Wait,
+    ) -> Result<Option<PgHold>> {
+        let inner = &self.inner;
+        let mut pending: Option<Pending> = None;
+        let mut listener: Option<Listener> = None;
+        let mut pause = RETRY_MIN;
+        let mut stale = 0;
+        loop {
+            // A connection that was lost with our reservation on it: start again elsewhere.
+            if pending
+                .as_ref()
+                .is_some_and(|p| p.conn().reason().is_some())
+            {
+                pending = None;
+            }
+            let p = match &mut pending {
+                Some(p) => p,
+                None => {
+                    let reserved = async {
+                        let id = inner.id_of(&target.path).await?;
+                        inner.pool.reserve(id).await
+                    };
+                    match reserved.await {
+                        Ok(reservation) => pending.insert(Pending {
+                            inner: inner.clone(),
+                            reservation: Some(reservation),
+                            shared,
+                            intent: false,
+                            armed: false,
+                        }),
+                        Err(e) if e.is_transient() => {
+                            tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(RETRY_MAX);
+                            continue;
+                        }
+                        Err(e) => return Err(pg_error("acquire the lock")(e)),
+                    }
+                }
+            };
+            if listener.as_ref().is_some_and(|l| l.id() != p.id()) {
+                listener = None;
+            }
+            if let Some(l) = &mut listener {
+                l.mark();
+            }
+            match self.attempt(p, &target.path, shared).await {
+                Ok(Attempt::Granted(token)) => {
+                    let mut p = pending.take().expect("reserved");
+                    if p.intent {
+                        let conn = p.conn().clone();
+                        let id = p.id();
+                        // Failing closes the connection: the hold is then lost, and says so.
+                        let _ = conn
+                            .run(
+                                conn.client()
+                                    .query_typed(sql::DROP_INTENT, &[(&id, Type::INT4)]),
+                            )
+                            .await;
+                        p.intent = false;
+                    }
+                    p.armed = false;
+                    let reservation = p.reservation.take().expect("reserved");
+                    return Ok(Some(PgHold::new(
+                        inner.clone(),
+                        target,
+                        reservation,
+                        shared,
+                        FencingToken::new(token, 0),
+                    )));
+                }
+                Ok(Attempt::Stale) => {
+                    // Undone and given back in the background; look the id up again.
+                    inner.forget(&target.path);
+                    pending = None;
+                    stale += 1;
+                    if stale > STALE_ID_RETRIES {
+                        return Err(Error::Config(format!(
+                            "the row of {} in the table zklock_keys keeps changing; do not delete rows of zklock_keys while zklock runs",
+                            target.key
+                        )));
+                    }
+                }
+                Ok(Attempt::Taken) => {
+                    pause = RETRY_MIN;
+                    if matches!(wait, Wait::Never) {
+                        return Ok(None);
+                    }
+                    if writer && !p.intent {
+                        let conn = p.conn().clone();
+                        let id = p.id();
+                        // Set before the answer: if this is dropped, the undo drops it.
+                        p.intent = true;
+                        match conn
+                            .run(
+                                conn.client()
+                                    .query_typed(sql::TAKE_INTENT, &[(&id, Type::INT4)]),
+                            )
+                            .await
+                        {
+                            Ok(rows) => p.intent = rows.first().is_some_and(|r| r.get(0)),
+                            Err(e) if e.is_transient() => continue,
+                            Err(e) => return Err(pg_error("acquire the lock")(e)),
+                        }
+                    }
+                    let Some(l) = &mut listener else {
+                        // Listen, then try again at once: a release may have come before.
+                        listener = Some(inner.hub.listen(p.id()));
+                        continue;
+                    };
+                    l.wait(POLL_FALLBACK).await;
+                }
+                Err(e) if is_undefined_table(&e) => {
+                    // Undone in the background; the next lookup makes the table again.
+                    inner.forget(&target.path);
+                    pending = None;
+                    stale += 1;
+                    if stale > STALE_ID_RETRIES {
+                        return Err(pg_error("acquire the lock")(e));
+                    }
+                }
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(key = %target.key, error = %e, "zklock: a PostgreSQL acquire attempt failed; retrying");
+                    pending = None;
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+                Err(e) => return Err(pg_error("acquire the lock")(e)),
+            }
+        }
+    }
+}
+
+impl Backend for PostgresBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        mode: HoldMode,
+        wait: Wait,
+    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
+        Box::pin(async move {
+            let (shared, writer) = match mode {
+                // A leader latch is exclusive; advisory locks keep no participant ids.
+                HoldMode::Exclusive | HoldMode::Leader => (false, false),
+                HoldMode::Write => (false, true),
+                HoldMode::Read => (true, false),
+                HoldMode::Lease => {
+                    return Err(Error::Unsupported {
+                        backend: "postgres",
+                        feature: "semaphores",
+                    })
+                }
+            };
+            let hold = self.acquire_hold(target, shared, writer, wait).await?;
+            Ok(hold.map(|h| Arc::new(h) as _))
+        })
+    }
+
+    fn acquire_leases<'a>(
+        &'a self,
+        _target: &'a LockTarget,
+        _max_leases: u32,
+        _n: u32,
+        _wait: Wait,
+    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
+        Box::pin(async {
+            Err(Error::Unsupported {
+                backend: "postgres",
+                feature: "semaphores",
+            })
+        })
+    }
+
+    fn claim_run<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        at_least: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let ms = at_least.as_millis().min(i64::MAX as u128) as i64;
+            let path: &str = &target.path;
+            for _ in 0..=STALE_ID_RETRIES {
+                let claimed =
+                    async {
+                        let id = inner.id_of(&target.path).await?;
+                        let conn = inner.pool.any().await?;
+                        let due = conn
+                            .run(conn.client().query_typed(
+                                sql::RUN_DUE,
+                                &[(&id, Type::INT4), (&path, Type::TEXT)],
+                            ))
+                            .await?;
+                        let Some(due) = due.first().map(|r| r.get::<_, Option<bool>>(0)) else {
+                            return Ok(None);
+                        };
+                        if due != Some(true) {
+                            return Ok(Some(false));
+                        }
+                        conn.run(conn.client().query_typed(
+                            sql::RECORD_RUN,
+                            &[(&id, Type::INT4), (&path, Type::TEXT), (&ms, Type::INT8)],
+                        ))
+                        .await?;
+                        Ok(Some(true))
+                    };
+                match claimed.await.map_err(pg_error("record the job's run"))? {
+                    Some(run) => return Ok(run),
+                    None => inner.forget(path),
+                }
+            }
+            Err(Error::Config(format!(
+                "the row of {} in the table zklock_keys keeps changing; do not delete rows of zklock_keys while zklock runs",
+                target.key
+            )))
+        })
+    }
+
+    fn flush(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.inner.background.flush())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

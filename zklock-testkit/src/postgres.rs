@@ -1,0 +1,548 @@
+//! A real PostgreSQL for tests and demos: Debian's `postgresql` on a free loopback port with a
+//! throwaway data directory, run as an unprivileged user (PostgreSQL refuses to run as root);
+//! stopped (as in a crash), restarted, paused (SIGSTOP) and resumed like
+//! [`RedisServer`](crate::RedisServer).
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::ports::{self, PortLease};
+use crate::process::Supervised;
+use crate::workdir;
+
+/// How long a fresh server gets to accept connections.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Ports tried before giving up (a port claimed by no test may still be taken by another program).
+const PORT_ATTEMPTS: usize = 5;
+
+/// A PostgreSQL server (`postgres`) on a free loopback port with a temporary data directory.
+///
+/// `initdb` makes a cluster with `trust` authentication for the superuser `postgres`, listening
+/// on 127.0.0.1 only, with `fsync=off` unless [`start_durable`](Self::start_durable) is used.
+/// When the tests run as root, the server runs as the `postgres` user of Debian's package (or
+/// `nobody`), which owns the data directory. Dropping it kills the server (every backend
+/// with it) and removes the directory; so does the death of the test process (a watchdog
+/// kills the server's process group then).
+///
+/// The binaries are those of `$ZKLOCK_POSTGRES_BIN` if set, else of the newest
+/// `/usr/lib/postgresql/<version>/bin` (Debian's `postgresql` package, which `scripts/setup`
+/// installs).
+///
+/// # Examples
+///
+/// ```no_run
+/// use zklock_testkit::PostgresServer;
+///
+/// let pg = PostgresServer::start()?;
+/// println!("PostgreSQL at {}", pg.url()); // postgres://postgres@127.0.0.1:PORT/postgres
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct PostgresServer {
+    process: Option<Supervised>,
+    lease: PortLease,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    durable: bool,
+}
+
+impl PostgresServer {
+    /// Makes a cluster and starts a server on it, with `fsync=off` (fast; a crash of the
+    /// machine would lose data, a crash of the server does not), and waits until it accepts
+    /// connections.
+    ///
+    /// # Errors
+    ///
+    /// When the binaries are missing, `initdb` fails, or the server exits or stays silent during
+    /// startup (the error carries the end of its log).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// assert!(pg.url().starts_with("postgres://postgres@127.0.0.1:"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start() -> io::Result<PostgresServer> {
+        Self::start_with(false)
+    }
+
+    /// As [`start`](Self::start), with `fsync` on, as production servers run (for benchmarks).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start_durable()?;
+    /// # let _ = pg;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_durable() -> io::Result<PostgresServer> {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> io::Result<PostgresServer> {
+        let bin = bin_dir()?;
+        let dir = workdir::create("postgres")?;
+        let user = run_as()?;
+        if let Some((uid, gid)) = user {
+            chown(dir.path(), uid, gid)?;
+        }
+        let initdb = run_command(
+            Command::new(bin.join("initdb"))
+                .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C"])
+                .arg("--no-sync")
+                .arg("-D")
+                .arg(dir.path().join("data")),
+            user,
+        )
+        .output()
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot run {} ({e}); install Debian's postgresql package (scripts/setup does)",
+                    bin.join("initdb").display()
+                ),
+            )
+        })?;
+        if !initdb.status.success() {
+            return Err(io::Error::other(format!(
+                "initdb failed ({}): {}{}",
+                initdb.status,
+                String::from_utf8_lossy(&initdb.stdout),
+                String::from_utf8_lossy(&initdb.stderr)
+            )));
+        }
+        let mut last_err = None;
+        let mut dir = Some(dir);
+        for _ in 0..PORT_ATTEMPTS {
+            let lease = ports::reserve(1)?.remove(0);
+            let mut server = PostgresServer {
+                process: None,
+                lease,
+                dir: dir.take().expect("kept"),
+                bin: bin.clone(),
+                durable,
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                    last_err = Some(e);
+                    dir = Some(std::mem::replace(&mut server.dir, tempfile::tempdir()?));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("could not start postgres")))
+    }
+
+    /// The port it listens on (127.0.0.1).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// assert!(pg.port() > 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn port(&self) -> u16 {
+        self.lease.port()
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`, for a PostgreSQL client or
+    /// `LockManager::connect`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// let url = pg.url();
+    /// # let _ = url;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port())
+    }
+
+    /// The server's log file.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// let log = std::fs::read_to_string(pg.log_path())?;
+    /// # let _ = log;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("postgres.log")
+    }
+
+    /// The postmaster's process id, while it runs.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// assert!(pg.pid().is_some());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(Supervised::id)
+    }
+
+    /// Runs `sql` with `psql` as the superuser and returns its output (unaligned, tuples only),
+    /// e.g. to end a session with `pg_terminate_backend`.
+    ///
+    /// # Errors
+    ///
+    /// When `psql` cannot run or the statement fails (with psql's message).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// assert_eq!(pg.psql("SELECT 1 + 1")?.trim(), "2");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn psql(&self, sql: &str) -> io::Result<String> {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
+            .arg(self.url())
+            .arg("-c")
+            .arg(sql)
+            .stdin(Stdio::null())
+            .output()?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(io::Error::other(format!(
+                "psql failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
+    }
+
+    /// Kills the server and every backend (SIGKILL to its process group), as in a crash:
+    /// connections break and every session's locks are gone. The data stays; a
+    /// [`restart`](Self::restart) recovers it. Does nothing when already stopped.
+    ///
+    /// # Errors
+    ///
+    /// When the processes cannot be killed or reaped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut pg = zklock_testkit::PostgresServer::start()?;
+    /// pg.stop()?;
+    /// pg.restart()?; // same port, same data
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn stop(&mut self) -> io::Result<()> {
+        let Some(mut postmaster) = self.process.take() else {
+            return Ok(());
+        };
+        // Each backend leads a session of its own (PostgreSQL's children call setsid), so a
+        // signal to the postmaster's process group misses them: freeze the postmaster (no new
+        // children), kill its children, then it.
+        let _ = signal(postmaster.id(), libc::SIGSTOP);
+        for child in children(postmaster.id()) {
+            let _ = signal(child, libc::SIGKILL);
+        }
+        postmaster.kill()
+    }
+
+    /// Starts the server again on the same port and data (stopping it first if it runs), and
+    /// waits until it accepts connections.
+    ///
+    /// # Errors
+    ///
+    /// When the server does not start within the startup timeout, with the tail of its log.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut pg = zklock_testkit::PostgresServer::start()?;
+    /// let port = pg.port();
+    /// pg.restart()?;
+    /// assert_eq!(pg.port(), port);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.stop()?;
+        self.spawn()
+    }
+
+    /// Freezes the server and every backend with SIGSTOP: connections stay open but nothing
+    /// answers, as in a long pause or a partition.
+    ///
+    /// # Errors
+    ///
+    /// When the server is stopped or `kill -STOP` fails.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// pg.pause()?;
+    /// pg.resume()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn pause(&self) -> io::Result<()> {
+        // The postmaster first (no new children), then every backend (each in a session of
+        // its own, out of the postmaster's process group).
+        let postmaster = self.running()?;
+        postmaster.pause()?;
+        for child in children(postmaster.id()) {
+            signal(child, libc::SIGSTOP)?;
+        }
+        Ok(())
+    }
+
+    /// Lets a [`pause`](Self::pause)d server run again (SIGCONT).
+    ///
+    /// # Errors
+    ///
+    /// When the server is stopped or `kill -CONT` fails.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// pg.pause()?;
+    /// pg.resume()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn resume(&self) -> io::Result<()> {
+        let postmaster = self.running()?;
+        for child in children(postmaster.id()) {
+            signal(child, libc::SIGCONT)?;
+        }
+        postmaster.resume()
+    }
+
+    fn running(&self) -> io::Result<&Supervised> {
+        self.process
+            .as_ref()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "postgres is stopped"))
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let log = self.log_path();
+        let _ = std::fs::remove_file(&log);
+        let user = run_as()?;
+        // The log file is opened here, as root: hand it to the server's user.
+        let file = std::fs::File::create(&log)?;
+        if let Some((uid, gid)) = user {
+            chown(&log, uid, gid)?;
+        }
+        let mut cmd = run_command(
+            Command::new(self.bin.join("postgres"))
+                .arg("-D")
+                .arg(self.dir.path().join("data"))
+                .arg("-p")
+                .arg(self.port().to_string())
+                .args(["-c", "listen_addresses=127.0.0.1"])
+                .arg("-c")
+                .arg(format!(
+                    "unix_socket_directories={}",
+                    self.dir.path().display()
+                ))
+                .args(["-c", "max_connections=200", "-c", "shared_buffers=16MB"])
+                .args([
+                    "-c",
+                    if self.durable {
+                        "fsync=on"
+                    } else {
+                        "fsync=off"
+                    },
+                ]),
+            user,
+        );
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        let process = Supervised::spawn(&mut cmd, true).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot run {} ({e}); install Debian's postgresql package (scripts/setup does)",
+                    self.bin.join("postgres").display()
+                ),
+            )
+        })?;
+        self.process = Some(process);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> io::Result<()> {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            let process = self.process.as_mut().expect("spawned");
+            if let Some(status) = process.try_wait()? {
+                let tail = self.log_tail();
+                self.process = None;
+                let kind = if tail.contains("Address already in use") {
+                    io::ErrorKind::AddrInUse
+                } else {
+                    io::ErrorKind::Other
+                };
+                return Err(io::Error::new(
+                    kind,
+                    format!("postgres exited during startup ({status}); its log:\n{tail}"),
+                ));
+            }
+            let ready = Command::new(self.bin.join("pg_isready"))
+                .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg(self.port().to_string())
+                .status()?;
+            if ready.success() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let tail = self.log_tail();
+                let _ = self.stop();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "postgres did not accept connections on port {} within {STARTUP_TIMEOUT:?}; its log:\n{tail}",
+                        self.port()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let child: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid ...: comm may hold spaces and parentheses.
+            let ppid: u32 = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
+}
+
+fn signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill(2) has no memory effects.
+    if unsafe { libc::kill(pid as libc::pid_t, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The directory of PostgreSQL's server binaries.
+fn bin_dir() -> io::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("ZKLOCK_POSTGRES_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let newest = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version: u32 = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .max();
+    newest.map(|(_, bin)| bin).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "no PostgreSQL server under /usr/lib/postgresql/<version>/bin; install Debian's \
+             postgresql package (scripts/setup does) or set ZKLOCK_POSTGRES_BIN",
+        )
+    })
+}
+
+/// The user the server runs as when the tests run as root: `postgres` (Debian's package makes
+/// it), else `nobody`. `None` when not root (the server runs as the caller).
+fn run_as() -> io::Result<Option<(u32, u32)>> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    for name in ["postgres", "nobody"] {
+        let c = CString::new(name).expect("no NUL");
+        // SAFETY: a valid C string; the result is read at once, before any other getpw call
+        // of this thread.
+        let pw = unsafe { libc::getpwnam(c.as_ptr()) };
+        if !pw.is_null() {
+            // SAFETY: non-null, as returned by getpwnam.
+            let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+            return Ok(Some((uid, gid)));
+        }
+    }
+    Err(io::Error::other(
+        "running as root, and there is no postgres or nobody user to run PostgreSQL as",
+    ))
+}
+
+/// `cmd`, run as `user` (uid, gid) through `setpriv` when given.
+fn run_command(cmd: &mut Command, user: Option<(u32, u32)>) -> Command {
+    let Some((uid, gid)) = user else {
+        let mut c = Command::new(cmd.get_program());
+        c.args(cmd.get_args());
+        return c;
+    };
+    let mut c = Command::new("setpriv");
+    c.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg("--clear-groups")
+        .arg("--")
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    // HOME of root is not the server's.
+    c.env("HOME", "/tmp");
+    c
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::other("a NUL in a path"))?;
+    // SAFETY: a valid C string.
+    if unsafe { libc::chown(c.as_ptr(), uid, gid) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
