@@ -29,10 +29,10 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinHandle;
-use zklock_testkit::RedisServer;
 use zklock::{
     current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
 };
+use zklock_testkit::RedisServer;
 
 /// How long one behaviour may take on any backend before it counts as a hang.
 const BOUND: Duration = Duration::from_secs(120);

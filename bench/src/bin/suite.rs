@@ -906,7 +906,11 @@ fn render(
         "{}; ZooKeeper {server_version}; suite took {:.0} s{}.\n",
         machine(),
         took.as_secs_f64(),
-        if quick { " (--quick: sizes too small to mean anything)" } else { "" }
+        if quick {
+            " (--quick: sizes too small to mean anything)"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         md,

@@ -149,6 +149,12 @@ fn outcome_name(o: Outcome) -> &'static str {
     }
 }
 
+/// A row of the load's figures: its name and how a mode's report fills its cell.
+type LoadRow = (&'static str, fn(&ModeReport) -> String);
+
+/// A row of the pause scenario: its name and how a pause report fills its cell.
+type PauseRow = (&'static str, fn(&PauseReport) -> String);
+
 /// One row of the table: its name and the cell of each mode's column.
 struct Row {
     name: &'static str,
@@ -165,7 +171,7 @@ fn pause_rows(results: &DemoResults) -> Vec<Row> {
         mode.backend()
             .and_then(|b| results.pauses.iter().find(|p| p.backend == b))
     };
-    let rows: [(&'static str, fn(&PauseReport) -> String); 6] = [
+    let rows: [PauseRow; 6] = [
         ("pause: holder frozen", |p| {
             format!("{:.1} s", p.paused_for.as_secs_f64())
         }),
@@ -209,7 +215,7 @@ fn pause_rows(results: &DemoResults) -> Vec<Row> {
 pub fn render(results: &DemoResults) -> String {
     let mut out = String::new();
     if !results.modes.is_empty() {
-        let load: [(&'static str, fn(&ModeReport) -> String); 12] = [
+        let load: [LoadRow; 12] = [
             ("instances", |r| r.instances.to_string()),
             ("initial stock", |r| r.initial.to_string()),
             ("orders placed", |r| r.orders.to_string()),

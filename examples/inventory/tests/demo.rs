@@ -38,8 +38,8 @@ fn num(fields: &HashMap<String, String>, key: &str) -> i64 {
 }
 
 #[test]
-fn small_demo_sells_exactly_the_stock_with_the_lock_and_fences_the_paused_holder_on_every_backend(
-) {
+fn small_demo_sells_exactly_the_stock_with_the_lock_and_fences_the_paused_holder_on_every_backend()
+{
     let started = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_zklock-inventory"))
         .args(["demo", "--no-progress", "--pause"])
@@ -57,7 +57,8 @@ fn small_demo_sells_exactly_the_stock_with_the_lock_and_fences_the_paused_holder
     // The last lines are the machine-readable summaries of the locked runs, one per backend.
     let last: Vec<&str> = stdout.lines().rev().take(2).collect();
     assert!(
-        last.iter().all(|l| l.starts_with("inventory: mode=lock backend=")),
+        last.iter()
+            .all(|l| l.starts_with("inventory: mode=lock backend=")),
         "last lines: {last:?}"
     );
     assert!(last[0].contains(" backend=redis "), "{last:?}");
