@@ -1,15 +1,20 @@
 //! One behaviour suite, run against every backend.
 //!
 //! Each behaviour is written once, as an async fn of the backend it runs on, against managers
-//! made by an [`Env`]; the `both!` macro instantiates it for ZooKeeper (a real server from the
-//! test kit, one session per "process") and for the in-memory backend (clones of one in-memory
-//! manager, which share its lock table), so the tests read `mutex_excludes::zookeeper` and
-//! `mutex_excludes::memory`. Behaviours that need distinct contenders at the backend run their
-//! scenario twice: with the local queue (tasks of a process queue behind one hold) and without
-//! it (`local_queue(false)`: every acquire is a contender of its own).
+//! made by an [`Env`]; the `every_backend!` macro instantiates it for ZooKeeper (a real server
+//! from the test kit, one session per "process"), for Redis (a real `redis-server` from the
+//! test kit, one manager with its own connections per "process") and for the in-memory backend
+//! (clones of one in-memory manager, which share its lock table), so the tests read
+//! `mutex_excludes::zookeeper`, `mutex_excludes::redis` and `mutex_excludes::memory`.
+//! Behaviours that need distinct contenders at the backend run their scenario twice: with the
+//! local queue (tasks of a process queue behind one hold) and without it
+//! (`local_queue(false)`: every acquire is a contender of its own).
 //!
-//! What the in-memory backend leaves out on purpose (inspection, revocation, the ZooKeeper
-//! client) is checked to fail with `Error::Unsupported` naming the backend.
+//! What a backend leaves out on purpose (inspection and revocation off ZooKeeper, the
+//! ZooKeeper client, `lose` off memory) is checked to fail with `Error::Unsupported` naming the
+//! backend. Where "a hold is lost" comes from differs: the session expired on ZooKeeper, the
+//! lock's key deleted behind the holder's back on Redis (as a failover to a replica that never
+//! got it would), `lose` in memory.
 
 mod common;
 
@@ -27,12 +32,14 @@ use tokio::task::JoinHandle;
 use zklock::{
     current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
 };
+use zklock_testkit::RedisServer;
 
-/// How long one behaviour may take on either backend before it counts as a hang.
+/// How long one behaviour may take on any backend before it counts as a hang.
 const BOUND: Duration = Duration::from_secs(120);
 
-/// Instantiates each behaviour for both backends: `name::zookeeper` and `name::memory`.
-macro_rules! both {
+/// Instantiates each behaviour for every backend: `name::zookeeper`, `name::redis` and
+/// `name::memory`.
+macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
             use super::*;
@@ -45,6 +52,13 @@ macro_rules! both {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                tokio::time::timeout(BOUND, super::$name(Backend::Redis))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on Redis"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn memory() {
                 tokio::time::timeout(BOUND, super::$name(Backend::Memory))
                     .await
@@ -54,7 +68,7 @@ macro_rules! both {
     )*};
 }
 
-both!(
+every_backend!(
     mutex_excludes,
     fencing_tokens_increase,
     lock_timeout_leaves_nothing,
@@ -74,8 +88,13 @@ both!(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
     Zookeeper,
+    Redis,
     Memory,
 }
+
+/// The lease of the Redis managers: long enough that a busy 2-core machine never misses a
+/// renewal (every lease/3), short enough that a lost hold shows within a second.
+const REDIS_LEASE: Duration = Duration::from_secs(3);
 
 /// Whether tasks of one process queue behind one backend hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +111,7 @@ const QUEUES: [Queue; 2] = [Queue::Local, Queue::Strict];
 struct Env {
     backend: Backend,
     zk: Option<ZkServer>,
+    redis: Option<RedisServer>,
     /// Memory: one manager per queue mode; its clones share its lock table.
     local: Option<LockManager>,
     strict: Option<LockManager>,
@@ -103,12 +123,21 @@ impl Env {
             Backend::Zookeeper => Env {
                 backend,
                 zk: Some(server()),
+                redis: None,
+                local: None,
+                strict: None,
+            },
+            Backend::Redis => Env {
+                backend,
+                zk: None,
+                redis: Some(RedisServer::start().expect("start redis-server (test kit)")),
                 local: None,
                 strict: None,
             },
             Backend::Memory => Env {
                 backend,
                 zk: None,
+                redis: None,
                 local: Some(LockManager::in_memory()),
                 strict: Some(LockManager::in_memory_with(
                     LockManager::builder("memory").local_queue(false),
@@ -125,10 +154,30 @@ impl Env {
         self.zk.as_ref().expect("a ZooKeeper env").connect_string()
     }
 
-    /// The manager of one more process: a session of its own on ZooKeeper, a clone of the
-    /// shared in-memory manager (of that queue mode) in memory.
+    fn redis_url(&self) -> String {
+        self.redis.as_ref().expect("a Redis env").url()
+    }
+
+    /// A plain Redis connection, to look at and tamper with the backend's keys.
+    async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.redis_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test Redis")
+    }
+
+    /// The manager of one more process: a session of its own on ZooKeeper, a manager with
+    /// connections of its own on Redis, a clone of the shared in-memory manager (of that queue
+    /// mode) in memory.
     async fn process(&self, queue: Queue) -> LockManager {
         match self.backend {
+            Backend::Redis => LockManager::builder(self.redis_url())
+                .lease(REDIS_LEASE)
+                .local_queue(queue == Queue::Local)
+                .connect()
+                .await
+                .expect("connect to the test Redis"),
             Backend::Zookeeper => LockManager::builder(self.connect())
                 .session_timeout(Duration::from_secs(4))
                 .local_queue(queue == Queue::Local)
@@ -151,24 +200,83 @@ impl Env {
     }
 
     /// After every background release of `managers`: the contender nodes left under `path` on
-    /// ZooKeeper. Memory has no nodes to list (the behaviours check it with a try that must
-    /// succeed at once).
+    /// ZooKeeper; on Redis, the holder keys (exclusive key, shared set, writer's intent) of
+    /// the lock at `path` that still exist (a semaphore's `.../leases` and `.../locks` are one
+    /// lock there; the fencing counter stays by design). Memory has nothing to list (the
+    /// behaviours check it with a try that must succeed at once).
     async fn left_behind(&self, managers: &[LockManager], path: &str) -> Vec<String> {
         for m in managers {
             m.flush().await;
         }
-        if self.is_zk() {
-            children(&managers[0], path).await
-        } else {
-            vec![]
+        match self.backend {
+            Backend::Zookeeper => children(&managers[0], path).await,
+            Backend::Redis => {
+                let lock = path
+                    .strip_suffix("/leases")
+                    .or_else(|| path.strip_suffix("/locks"))
+                    .unwrap_or(path);
+                let mut conn = self.redis_conn().await;
+                let mut left = vec![];
+                for kind in ["lock", "shared", "intent"] {
+                    let name = format!("zklock:{kind}:{lock}");
+                    let exists: bool = redis::cmd("EXISTS")
+                        .arg(&name)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    if exists {
+                        left.push(name);
+                    }
+                }
+                left
+            }
+            Backend::Memory => vec![],
         }
     }
 
-    /// Makes `m`'s holds of `key` lost: `lose` in memory, the session expired on ZooKeeper.
+    /// Makes `m`'s holds of `key` lost: `lose` in memory, the session expired on ZooKeeper,
+    /// the lock's key deleted on Redis (the holder's next renewal, within lease/3, finds it
+    /// gone).
     async fn lose(&self, m: &LockManager, key: &str) {
         match self.backend {
             Backend::Memory => m.lose(key, LossReason::SessionExpired).unwrap(),
             Backend::Zookeeper => expire_session(m, &self.connect()).await,
+            Backend::Redis => {
+                let name = format!("zklock:lock:{}", m.path_of(key).unwrap());
+                let deleted: i64 = redis::cmd("DEL")
+                    .arg(&name)
+                    .query_async(&mut self.redis_conn().await)
+                    .await
+                    .unwrap();
+                assert_eq!(deleted, 1, "{name} was not held");
+            }
+        }
+    }
+
+    /// On Redis, waits (bounded) until a writer waits for the read/write lock at `path`: its
+    /// intent key, which keeps new readers out, exists. Elsewhere a queued writer is visible
+    /// from its first poll (memory) or its node (ZooKeeper) already.
+    async fn until_writer_waits(&self, path: &str) {
+        if self.backend != Backend::Redis {
+            return;
+        }
+        let name = format!("zklock:intent:{path}");
+        let mut conn = self.redis_conn().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(&name)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if exists {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no writer's intent at {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -176,6 +284,10 @@ impl Env {
     fn loss_reason_ok(&self, reason: LossReason) -> bool {
         match self.backend {
             Backend::Memory => reason == LossReason::SessionExpired,
+            Backend::Redis => matches!(
+                reason,
+                LossReason::NodeDeleted | LossReason::LeaseExpired | LossReason::Disconnected
+            ),
             Backend::Zookeeper => matches!(
                 reason,
                 LossReason::SessionExpired | LossReason::Disconnected | LossReason::NodeDeleted
@@ -183,8 +295,9 @@ impl Env {
         }
     }
 
-    /// Spawns the acquire `fut` and returns once it waits: its first poll queues it on either
-    /// backend (in memory the queue entry is made in that poll); on ZooKeeper, also once
+    /// Spawns the acquire `fut` and returns once it waits: its first poll queues it on every
+    /// backend (in memory the queue entry is made in that poll, on Redis its first attempt is
+    /// sent in it); on ZooKeeper, also once
     /// `path` (as `observer` lists it) has `nodes` contender nodes.
     async fn spawn_queued<F>(
         &self,
@@ -350,7 +463,7 @@ async fn fencing_tokens_increase(backend: Backend) {
         let tokens = tokens.lock().unwrap().clone();
         assert_eq!(tokens.len(), 2 * 3 * 5);
         assert_increasing(&tokens);
-        if queue == Queue::Local && !env.is_zk() {
+        if queue == Queue::Local && env.backend == Backend::Memory {
             assert!(
                 tokens.iter().any(|t| t.local() > 0),
                 "six tasks on one local queue: some grants were local handoffs: {tokens:?}"
@@ -862,6 +975,7 @@ async fn downgrade_keeps_queued_writer_out(backend: Backend) {
             "the queued writer got in during the downgraded hold ({queue:?})"
         );
         assert!(r.is_held());
+        env.until_writer_waits(&path).await;
         // A new reader queues behind the queued writer (FIFO), it does not join.
         assert!(c.rwlock(&key).unwrap().try_read().await.unwrap().is_none());
         r.release().await.unwrap();
@@ -1307,13 +1421,65 @@ async fn attribute_locks_on_either_manager(backend: Backend) {
 // ---------------------------------------------------------------------------------------------
 // What differs on purpose
 
-/// ZooKeeper-only features fail in memory with `Error::Unsupported` naming the backend (and
-/// `zk_client()` panics); the memory-only `lose` fails on ZooKeeper the same way.
+/// ZooKeeper-only features fail in memory and on Redis with `Error::Unsupported` naming the
+/// backend (and `zk_client()` panics); the memory-only `lose` fails on ZooKeeper and Redis
+/// the same way.
 async fn backend_specific_features(backend: Backend) {
     let env = Env::start(backend);
     let m = env.process(Queue::Local).await;
     let debug = format!("{m:?}");
     match backend {
+        Backend::Redis => {
+            assert!(debug.contains("redis"), "{debug}");
+            let errors = [
+                m.inspect("k").await.unwrap_err(),
+                m.inspect_path("/some/lock").await.unwrap_err(),
+                m.list("k").await.unwrap_err(),
+                m.revoke("k").await.unwrap_err(),
+                m.revoke_path("/some/lock").await.unwrap_err(),
+                m.lose("k", LossReason::SessionExpired).unwrap_err(),
+            ];
+            for err in errors {
+                assert!(
+                    matches!(
+                        err,
+                        Error::Unsupported {
+                            backend: "redis",
+                            ..
+                        }
+                    ),
+                    "{err:?}"
+                );
+                assert!(err.to_string().contains("redis"), "{err}");
+            }
+            let client = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.zk_client()));
+            assert!(client.is_err(), "zk_client() panics on Redis");
+            assert_eq!(m.negotiated_session_timeout(), Duration::ZERO);
+
+            // What Redis has instead: the hold is a key that names its holder, and the token
+            // is the lock's fence counter.
+            let held = m.lock("k").await.unwrap();
+            let path = m.path_of("k").unwrap();
+            assert_eq!(held.node_path(), format!("zklock:lock:{path}"));
+            let mut conn = env.redis_conn().await;
+            let holder: String = redis::cmd("GET")
+                .arg(held.node_path())
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(holder.contains(" pid="), "{holder}");
+            let fence: i64 = redis::cmd("GET")
+                .arg(format!("zklock:fence:{path}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(held.fencing_token().zxid(), fence);
+            held.release().await.unwrap();
+            assert_eq!(
+                env.left_behind(std::slice::from_ref(&m), &path).await,
+                Vec::<String>::new()
+            );
+        }
         Backend::Memory => {
             assert!(debug.contains("memory"), "{debug}");
             let errors = [

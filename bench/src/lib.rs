@@ -1,6 +1,7 @@
 //! # zklock-bench
 //!
-//! Benchmarks of zklock's mutex beside the peers it is measured against, on one real ZooKeeper:
+//! Benchmarks of zklock's mutex beside the peers it is measured against, on one real ZooKeeper
+//! or (a `redis://` connect string) one real Redis:
 //!
 //! - `zklock`: the project's recipe ([`zklock_core::LockManager`]).
 //! - `floor`: a bare create of an EPHEMERAL_SEQUENTIAL node and its delete, with no recipe around
@@ -11,6 +12,12 @@
 //!   baseline (every release wakes every waiter).
 //!
 //! Curator and kazoo run from `../shared/peers/run` with the same workloads and output line.
+//!
+//! On Redis: `zklock` (its Redis backend), `floor` (`SET key id NX PX ttl`, released by a Lua
+//! compare-and-`DEL`; on a taken key it asks again at once) and `rslock` (the `rslock` crate's
+//! Redlock, on the one server). Their lines carry `backend=redis` and the server's
+//! `commands_per_cycle` (from `INFO stats`: every command any client sent, watchdog renewals
+//! and retries included).
 //!
 //! Workloads (see [`Workload`]): `uncontended`, `contended`, `keys`, `inproc`, `drain`, and the
 //! memory probes `mem-waiters` and `mem-keys`. Each run prints one line of `key=value` fields,
@@ -119,6 +126,8 @@ pub enum Peer {
     Zkclient,
     /// One fixed ephemeral node that every waiter watches: the herd baseline.
     Naive,
+    /// The `rslock` crate's Redlock on one Redis server (Redis only).
+    Rslock,
 }
 
 impl Peer {
@@ -133,6 +142,7 @@ impl Peer {
             Peer::Floor => "floor",
             Peer::Zkclient => "zkclient",
             Peer::Naive => "naive",
+            Peer::Rslock => "rslock",
         }
     }
 }
@@ -152,9 +162,10 @@ impl FromStr for Peer {
             "floor" => Peer::Floor,
             "zkclient" => Peer::Zkclient,
             "naive" => Peer::Naive,
+            "rslock" => Peer::Rslock,
             other => {
                 return Err(format!(
-                    "unknown peer {other:?}: zklock | floor | zkclient | naive"
+                    "unknown peer {other:?}: zklock | floor | zkclient | naive | rslock"
                 ))
             }
         })
@@ -164,7 +175,7 @@ impl FromStr for Peer {
 /// One benchmark run.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// ZooKeeper connect string (`host:port[,host:port...]`).
+    /// ZooKeeper connect string (`host:port[,host:port...]`), or a Redis URL (`redis://...`).
     pub connect: String,
     /// What to run.
     pub workload: Workload,
@@ -250,6 +261,9 @@ pub async fn run(options: &Options) -> Result<Report> {
         Workload::Uncontended | Workload::Contended | Workload::Keys | Workload::Inproc => {
             ops::run(options).await
         }
+        other if peer::is_redis(&options.connect) => Err(BenchError(format!(
+            "{other} runs on ZooKeeper only; on Redis: uncontended, contended, keys, inproc"
+        ))),
         Workload::Drain => drain::run(options).await,
         Workload::MemWaiters | Workload::MemKeys => memory::run(options).await,
     }

@@ -16,7 +16,8 @@ use zklock_bench::{Options, Peer, Workload};
 #[derive(Parser, Debug)]
 #[command(name = "zklock-bench", version)]
 struct Cli {
-    /// ZooKeeper connect string, host:port[,host:port...].
+    /// ZooKeeper connect string, host:port[,host:port...]; or a Redis URL, redis://host:port/
+    /// (peers zklock, floor, rslock).
     #[arg(long, env = "ZKLOCK_CONNECT")]
     connect: String,
     /// uncontended | contended | keys | inproc | drain | mem-waiters | mem-keys
@@ -32,8 +33,9 @@ struct Cli {
     /// Keys of the `keys` workload.
     #[arg(long, default_value_t = 64)]
     keys: usize,
-    /// zklock | floor (bare create + delete) | zkclient (zookeeper-client's Client::lock) |
-    /// naive (every waiter watches one fixed node).
+    /// zklock | floor (bare create + delete; on Redis: SET NX PX + compare-and-DEL) |
+    /// zkclient (zookeeper-client's Client::lock) | naive (every waiter watches one fixed
+    /// node) | rslock (Redis only: the rslock crate's Redlock).
     #[arg(long, default_value = "zklock")]
     peer: Peer,
     /// zklock: give every task its own znode instead of queueing the tasks of this process

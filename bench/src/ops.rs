@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use crate::peer::{Contender, Setup};
+use crate::peer::{is_redis, redis_connection, Contender, Setup};
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
 
 /// Counts moments when two holders of one key overlap (CuratorBench's `violations`).
@@ -44,8 +44,22 @@ pub(crate) fn zk_stats(contenders: &[Arc<Contender>]) -> (u64, u64) {
         })
 }
 
+/// Redis' count of the commands it has processed (`INFO stats`), from a connection of its own.
+async fn redis_commands(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(conn)
+        .await
+        .map_err(|e| BenchError(format!("redis INFO: {e}")))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| BenchError("no total_commands_processed in INFO stats".into()))
+}
+
 pub(crate) async fn run(options: &Options) -> Result<Report> {
     let workload = options.workload;
+    let redis = is_redis(&options.connect);
     let keys = if workload == Workload::Keys {
         options.keys.max(1)
     } else {
@@ -72,6 +86,15 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         c.flush().await;
     }
 
+    let mut redis_admin = match redis {
+        true => Some(redis_connection(&options.connect).await?),
+        false => None,
+    };
+    let commands_before = match &mut redis_admin {
+        Some(conn) => redis_commands(conn).await?,
+        None => 0,
+    };
+    let attempts_before = setup.attempts.load(Ordering::SeqCst);
     let (requests_before, events_before) = zk_stats(&contenders);
     let naive_before = (
         setup.naive.requests.load(Ordering::SeqCst),
@@ -117,6 +140,11 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         c.flush().await;
     }
     let (requests_after, events_after) = zk_stats(&contenders);
+    // Less the first INFO itself, counted once it had run.
+    let commands = match &mut redis_admin {
+        Some(conn) => (redis_commands(conn).await? - commands_before).saturating_sub(1),
+        None => 0,
+    };
 
     let n = latencies.len().max(1) as f64;
     let mut report = Report::new();
@@ -129,6 +157,23 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     }
     if workload == Workload::Keys {
         report.push("keys", keys);
+    }
+    if redis {
+        report.push("backend", "redis");
+        report.push("commands_per_cycle", format!("{:.2}", commands as f64 / n));
+        match options.peer {
+            Peer::Zklock => report.push("local_queue", local_queue_field(options)),
+            Peer::Floor => report.push(
+                "set_nx_per_cycle",
+                format!(
+                    "{:.2}",
+                    (setup.attempts.load(Ordering::SeqCst) - attempts_before) as f64 / n
+                ),
+            ),
+            _ => {}
+        }
+        drop(contenders);
+        return Ok(report);
     }
     match options.peer {
         Peer::Zklock => {
@@ -152,7 +197,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             report.push("events_per_release", format!("{:.2}", events as f64 / n));
         }
         Peer::Floor => report.push("requests_per_cycle", "2.00"),
-        Peer::Zkclient => {}
+        Peer::Zkclient | Peer::Rslock => {}
     }
     drop(contenders);
     setup.cleanup().await;

@@ -1,7 +1,15 @@
 //! The lock implementations measured, behind one acquire/release interface.
+//!
+//! On ZooKeeper: zklock, the floor, zookeeper-client's recipe, the naive herd. On Redis (a
+//! `redis://` connect string): zklock, the floor (`SET key id NX PX ttl` and a Lua
+//! compare-and-`DEL`, retried at once while the key is taken: no recipe, no waiting), and
+//! rslock (Redlock on the one server).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
 
 use zklock_core::{LockManager, Mutex};
 use zookeeper_client::{Acls, Client, CreateMode, CreateOptions, LockOptions, LockPrefix};
@@ -25,11 +33,38 @@ pub(crate) struct NaiveCounters {
     pub(crate) watching: AtomicU64,
 }
 
+/// The lease (Redis) of zklock's holds and the TTL of the floor's and rslock's keys: zklock's
+/// default lease.
+pub(crate) const REDIS_TTL: Duration = zklock_core::DEFAULT_LEASE;
+
+/// The floor's release: delete the key only if it still holds our id.
+const COMPARE_AND_DELETE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// Whether `connect` names a Redis server.
+pub(crate) fn is_redis(connect: &str) -> bool {
+    connect.starts_with("redis://") || connect.starts_with("redis+unix://")
+}
+
+/// Opens a plain multiplexed Redis connection.
+pub(crate) async fn redis_connection(url: &str) -> Result<MultiplexedConnection> {
+    let client = redis::Client::open(url).map_err(|e| BenchError(format!("redis: {e}")))?;
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| BenchError(format!("redis: {e}")))
+}
+
 /// Opens a zklock manager with the run's options under `namespace`.
 pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result<LockManager> {
     let builder = LockManager::builder(options.connect.clone())
         .namespace(namespace)
-        .session_timeout(options.session_timeout);
+        .session_timeout(options.session_timeout)
+        .lease(REDIS_TTL);
     Ok(builder.local_queue(options.local_queue).connect().await?)
 }
 
@@ -83,6 +118,20 @@ pub(crate) enum Contender {
         nodes: Vec<String>,
         counters: Arc<NaiveCounters>,
     },
+    /// The floor on Redis: one connection, its own holder id.
+    RedisFloor {
+        conn: MultiplexedConnection,
+        keys: Vec<String>,
+        id: String,
+        release: redis::Script,
+        /// `SET NX` sent (one per acquire when uncontended).
+        attempts: Arc<AtomicU64>,
+    },
+    /// rslock's manager on the one Redis server.
+    Rslock {
+        manager: rslock::LockManager,
+        keys: Vec<String>,
+    },
 }
 
 /// What a peer's run shares between its sessions: where its keys live.
@@ -92,6 +141,8 @@ pub(crate) struct Setup {
     pub(crate) naive: Arc<NaiveCounters>,
     /// A session to prepare and clean up the paths (not the zklock peer's).
     admin: Option<Client>,
+    /// Redis: the floor's `SET NX` attempts, over every connection.
+    pub(crate) attempts: Arc<AtomicU64>,
 }
 
 impl Setup {
@@ -100,6 +151,7 @@ impl Setup {
         let peer = options.peer;
         let root = crate::run_root(peer);
         let admin = match peer {
+            _ if is_redis(&options.connect) => None,
             Peer::Zklock => None,
             _ => Some(raw_client(options).await?),
         };
@@ -113,12 +165,41 @@ impl Setup {
             root,
             naive: Arc::default(),
             admin,
+            attempts: Arc::default(),
         })
     }
 
     /// Opens one session with handles for `keys` keys (plus the warm-up key).
     pub(crate) async fn contender(&self, options: &Options, keys: usize) -> Result<Contender> {
         let all = 0..=keys;
+        if is_redis(&options.connect) {
+            let keys: Vec<String> = all.map(|k| format!("bench:{}:k{k}", self.root)).collect();
+            return Ok(match self.peer {
+                Peer::Zklock => {
+                    let manager = zklock_manager(options, &self.root).await?;
+                    let mutexes = (0..keys.len())
+                        .map(|k| manager.mutex(&format!("k{k}")))
+                        .collect::<zklock_core::Result<_>>()?;
+                    Contender::Zklock { manager, mutexes }
+                }
+                Peer::Floor => Contender::RedisFloor {
+                    conn: redis_connection(&options.connect).await?,
+                    keys,
+                    id: uuid::Uuid::new_v4().to_string(),
+                    release: redis::Script::new(COMPARE_AND_DELETE),
+                    attempts: self.attempts.clone(),
+                },
+                Peer::Rslock => Contender::Rslock {
+                    manager: rslock::LockManager::new(vec![options.connect.clone()]),
+                    keys,
+                },
+                other => {
+                    return Err(BenchError(format!(
+                        "{other} runs on ZooKeeper only; on Redis: zklock, floor, rslock"
+                    )))
+                }
+            });
+        }
         Ok(match self.peer {
             Peer::Zklock => {
                 let manager = zklock_manager(options, &self.root).await?;
@@ -145,6 +226,11 @@ impl Setup {
                 nodes: all.map(|k| format!("{}/k{k}/lock", self.root)).collect(),
                 counters: self.naive.clone(),
             },
+            Peer::Rslock => {
+                return Err(BenchError(
+                    "rslock runs on Redis only: give a redis:// URL".into(),
+                ))
+            }
         })
     }
 
@@ -161,6 +247,14 @@ impl Setup {
 pub(crate) enum Held<'a> {
     Zklock(zklock_core::LockGuard),
     Node(&'a Client, String),
+    /// The floor's key on Redis, with the id it holds.
+    RedisKey {
+        conn: MultiplexedConnection,
+        script: &'a redis::Script,
+        key: &'a str,
+        id: &'a str,
+    },
+    Rslock(&'a rslock::LockManager, rslock::Lock),
 }
 
 impl Held<'_> {
@@ -169,6 +263,28 @@ impl Held<'_> {
         match self {
             Held::Zklock(guard) => Ok(guard.release().await?),
             Held::Node(client, path) => Ok(client.delete(&path, None).await?),
+            Held::RedisKey {
+                mut conn,
+                script,
+                key,
+                id,
+            } => {
+                let deleted: i64 = script
+                    .key(key)
+                    .arg(id)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| BenchError(format!("redis: {e}")))?;
+                if deleted == 1 {
+                    Ok(())
+                } else {
+                    Err(BenchError(format!("the floor's key {key} was gone")))
+                }
+            }
+            Held::Rslock(manager, lock) => {
+                manager.unlock(&lock).await;
+                Ok(())
+            }
         }
     }
 }
@@ -196,6 +312,44 @@ impl Contender {
                 // leaks its path string only (it borrows the client).
                 std::mem::forget(lock);
                 Ok(Held::Node(client, path))
+            }
+            Contender::RedisFloor {
+                conn,
+                keys,
+                id,
+                release,
+                attempts,
+            } => {
+                let mut conn = conn.clone();
+                loop {
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&keys[k])
+                        .arg(id)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(REDIS_TTL.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| BenchError(format!("redis: {e}")))?;
+                    if set.is_some() {
+                        return Ok(Held::RedisKey {
+                            conn,
+                            script: release,
+                            key: &keys[k],
+                            id,
+                        });
+                    }
+                    // Taken: ask again at once (the least a client can do; no recipe).
+                    tokio::task::yield_now().await;
+                }
+            }
+            Contender::Rslock { manager, keys } => {
+                let lock = manager
+                    .acquire_no_guard(keys[k].as_bytes(), REDIS_TTL)
+                    .await
+                    .map_err(|e| BenchError(format!("rslock: {e}")))?;
+                Ok(Held::Rslock(manager, lock))
             }
             Contender::Naive {
                 client,
@@ -243,6 +397,7 @@ impl Contender {
             Contender::Floor { client, .. }
             | Contender::Zkclient { client, .. }
             | Contender::Naive { client, .. } => Some(client),
+            Contender::RedisFloor { .. } | Contender::Rslock { .. } => None,
         }
     }
 
@@ -253,6 +408,9 @@ impl Contender {
             Contender::Floor { prefixes, .. } => Ok(parent(&prefixes[k]).to_string()),
             Contender::Zkclient { dirs, .. } => Ok(dirs[k].clone()),
             Contender::Naive { nodes, .. } => Ok(parent(&nodes[k]).to_string()),
+            Contender::RedisFloor { .. } | Contender::Rslock { .. } => {
+                Err(BenchError("no lock path on Redis".into()))
+            }
         }
     }
 

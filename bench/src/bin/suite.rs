@@ -1,8 +1,10 @@
 //! `zklock-bench-suite`: every workload for zklock and its peers, side by side on one ZooKeeper,
-//! printed as markdown with zklock's ratio to each peer and the targets of issue 6.
+//! printed as markdown with zklock's ratio to each peer and the targets of issue 6; then
+//! zklock's Redis backend beside rslock and a bare `SET NX PX` floor on one Redis, with the
+//! targets of issue 13.
 //!
 //! ```text
-//! zklock-bench-suite [--connect HOSTS] [--quick] [--out FILE]
+//! zklock-bench-suite [--connect HOSTS] [--quick] [--out FILE] [--only zookeeper|redis]
 //! ```
 //!
 //! Without `--connect` it starts one ZooKeeper through the test kit (a real server on a free
@@ -44,7 +46,24 @@ struct Cli {
     /// running `zklock-bench` and `peers/run` by hand).
     #[arg(long)]
     serve: bool,
+    /// Run one backend's section only: `zookeeper` or `redis`.
+    #[arg(long)]
+    only: Option<Section>,
 }
+
+/// A section of the suite: the backend its rows run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    Zookeeper,
+    Redis,
+}
+
+/// The columns of the Redis table, in order: (column key, heading).
+const REDIS_COLUMNS: [(&str, &str); 3] = [
+    ("zklock", "zklock (Redis)"),
+    ("floor", "floor: SET NX PX + Lua DEL"),
+    ("rslock", "rslock (Redlock, 1 server)"),
+];
 
 /// The columns of the main table, in order: (column key, heading).
 const COLUMNS: [(&str, &str); 6] = [
@@ -92,6 +111,8 @@ struct Row {
 enum Target {
     /// At least `curator`x Curator, and (if set) at least `floor`x the floor.
     Ratios { curator: f64, floor: Option<f64> },
+    /// Redis: at least `rslock`x rslock, and (if set) at least `floor`x the floor.
+    Redis { rslock: f64, floor: Option<f64> },
 }
 
 struct Sizes {
@@ -105,6 +126,52 @@ struct Sizes {
     memory: usize,
     /// Also the slow probes that no target needs (zklock's memory with the local queue off).
     extended: bool,
+    /// Redis rows: cycles of the uncontended run, and of each of the 8 contended workers.
+    redis_uncontended: usize,
+    redis_contended: usize,
+}
+
+/// The Redis rows: zklock, the floor and rslock, uncontended and contended.
+fn redis_rows(sizes: &Sizes) -> Vec<Row> {
+    let ours = |peer| Runner::Ours {
+        peer,
+        no_queue: false,
+    };
+    let cells = || {
+        vec![
+            ("zklock", ours("zklock")),
+            ("floor", ours("floor")),
+            ("rslock", ours("rslock")),
+        ]
+    };
+    vec![
+        Row {
+            title: "uncontended (1 connection, 1 key)".into(),
+            workload: "uncontended",
+            workers: 1,
+            cycles: sizes.redis_uncontended,
+            keys: 1,
+            metric: Metric::Ops,
+            cells: cells(),
+            target: Some(Target::Redis {
+                rslock: 1.5,
+                floor: Some(0.85),
+            }),
+        },
+        Row {
+            title: "contended (8 connections, 1 key)".into(),
+            workload: "contended",
+            workers: 8,
+            cycles: sizes.redis_contended,
+            keys: 1,
+            metric: Metric::Ops,
+            cells: cells(),
+            target: Some(Target::Redis {
+                rslock: 1.5,
+                floor: None,
+            }),
+        },
+    ]
 }
 
 fn rows(sizes: &Sizes) -> Vec<Row> {
@@ -453,6 +520,8 @@ fn suite(cli: &Cli) -> Result<String, String> {
             herd: 10,
             memory: 100,
             extended: cli.extended,
+            redis_uncontended: 50,
+            redis_contended: 5,
         }
     } else {
         Sizes {
@@ -465,8 +534,25 @@ fn suite(cli: &Cli) -> Result<String, String> {
             herd: 200,
             memory: 10_000,
             extended: cli.extended,
+            redis_uncontended: 20_000,
+            redis_contended: 500,
         }
     };
+    let mut markdown = String::new();
+    if cli.only != Some(Section::Redis) {
+        markdown.push_str(&zookeeper_section(cli, &sizes, started)?);
+    }
+    if cli.only != Some(Section::Zookeeper) {
+        if !markdown.is_empty() {
+            markdown.push_str("\n## Redis\n\n");
+        }
+        markdown.push_str(&redis_section(cli, &sizes)?);
+    }
+    Ok(markdown)
+}
+
+/// The ZooKeeper rows, on the test kit's ZooKeeper (or `--connect`'s).
+fn zookeeper_section(cli: &Cli, sizes: &Sizes, started: Instant) -> Result<String, String> {
     let server = match &cli.connect {
         Some(_) => None,
         None => {
@@ -505,7 +591,7 @@ fn suite(cli: &Cli) -> Result<String, String> {
         timeout: Duration::from_secs(cli.run_timeout),
         scratch,
     };
-    let rows = rows(&sizes);
+    let rows = rows(sizes);
 
     // Warm the server's JIT with a throwaway run, so that the first row is not penalized.
     let warm = Row {
@@ -526,8 +612,21 @@ fn suite(cli: &Cli) -> Result<String, String> {
         },
     );
 
+    let results = run_rows(&mut env, &rows);
+    drop(server);
+    Ok(render(
+        &rows,
+        &results,
+        &server_version,
+        started.elapsed(),
+        cli.quick,
+    ))
+}
+
+/// Runs every cell of `rows`, one at a time, printing each line to stderr.
+fn run_rows(env: &mut Env, rows: &[Row]) -> Vec<BTreeMap<&'static str, Outcome>> {
     let mut results: Vec<BTreeMap<&'static str, Outcome>> = Vec::new();
-    for row in &rows {
+    for row in rows {
         let mut cells = BTreeMap::new();
         for (column, runner) in &row.cells {
             if matches!(runner, Runner::CuratorMem) && env.java_classes.is_none() {
@@ -551,14 +650,143 @@ fn suite(cli: &Cli) -> Result<String, String> {
         }
         results.push(cells);
     }
+    results
+}
+
+/// The Redis rows, on a redis-server of the test kit (no persistence: the ZooKeeper rows'
+/// server fsyncs, Redis' default `appendfsync everysec` would not be in the cycle either).
+fn redis_section(cli: &Cli, sizes: &Sizes) -> Result<String, String> {
+    let started = Instant::now();
+    eprintln!("starting redis-server (test kit)");
+    let server = zklock_testkit::RedisServer::start()
+        .map_err(|e| format!("cannot start redis-server: {e}"))?;
+    let version = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(str::to_string))
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let bench = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("zklock-bench");
+    let mut env = Env {
+        connect: server.url(),
+        bench,
+        peers_run: PathBuf::new(),
+        java_classes: None,
+        timeout: Duration::from_secs(cli.run_timeout),
+        scratch: tempfile::tempdir().map_err(|e| e.to_string())?,
+    };
+    let rows = redis_rows(sizes);
+    let results = run_rows(&mut env, &rows);
     drop(server);
-    Ok(render(
+    Ok(render_redis(
         &rows,
         &results,
-        &server_version,
+        &version,
         started.elapsed(),
         cli.quick,
     ))
+}
+
+/// The Redis table: zklock beside the floor and rslock, with the targets, the latencies, the
+/// server's commands per cycle, and every output line.
+fn render_redis(
+    rows: &[Row],
+    results: &[BTreeMap<&'static str, Outcome>],
+    version: &str,
+    took: Duration,
+    quick: bool,
+) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{}; Redis {version} (test kit: no persistence); section took {:.0} s{}.\n",
+        machine(),
+        took.as_secs_f64(),
+        if quick {
+            " (--quick: sizes too small to mean anything)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        md,
+        "Throughput (acquire + release per second). In parentheses: zklock's ratio to that peer.\n"
+    );
+    md.push_str("| workload |");
+    for (_, heading) in REDIS_COLUMNS {
+        let _ = write!(md, " {heading} |");
+    }
+    md.push_str(" target | |\n|---|");
+    for _ in REDIS_COLUMNS {
+        md.push_str("---|");
+    }
+    md.push_str("---|---|\n");
+    for (row, cells) in rows.iter().zip(results) {
+        let ours = cells
+            .get("zklock")
+            .and_then(|o| o.as_ref().ok())
+            .and_then(|r| figure(row.metric, r));
+        let _ = write!(md, "| {} |", row.title);
+        for (column, _) in REDIS_COLUMNS {
+            let text = match (column, cells.get(column)) {
+                ("zklock", Some(Ok(_))) => {
+                    ours.map_or("?".into(), |v| format!("**{}**", show(row.metric, v)))
+                }
+                ("zklock", other) => cell_text(row.metric, None, other),
+                (_, other) => cell_text(row.metric, ours, other),
+            };
+            let _ = write!(md, " {text} |");
+        }
+        let (target, met) = verdict(row, cells);
+        let _ = writeln!(md, " {target} | {met} |");
+    }
+    md.push_str("\nLatency of one acquire + release, p50 / p99 in µs; and the commands the server processed per cycle (all clients, from `INFO stats`):\n\n| workload |");
+    for (_, heading) in REDIS_COLUMNS {
+        let _ = write!(md, " {heading} |");
+    }
+    md.push_str("\n|---|");
+    for _ in REDIS_COLUMNS {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    for (row, cells) in rows.iter().zip(results) {
+        let _ = write!(md, "| {} |", row.title);
+        for (column, _) in REDIS_COLUMNS {
+            let text = match cells.get(column) {
+                Some(Ok(r)) => format!(
+                    "{} / {} µs, {} cmd",
+                    r.get("p50_us").unwrap_or("?"),
+                    r.get("p99_us").unwrap_or("?"),
+                    r.get("commands_per_cycle").unwrap_or("?")
+                ),
+                Some(Err(_)) => "—".into(),
+                None => "n/a".into(),
+            };
+            let _ = write!(md, " {text} |");
+        }
+        md.push('\n');
+    }
+    md.push_str("\nEvery run's output line:\n\n```text\n");
+    for (row, cells) in rows.iter().zip(results) {
+        for (column, outcome) in cells {
+            match outcome {
+                Ok(r) => {
+                    let _ = writeln!(md, "{r}");
+                }
+                Err(e) => {
+                    let _ = writeln!(md, "# {} / {column}: {e}", row.title);
+                }
+            }
+        }
+    }
+    md.push_str("```\n");
+    md
 }
 
 /// A peer's outcome on an earlier row with the same workload and sizes (for rows that vary only
@@ -621,14 +849,32 @@ fn cell_text(metric: Metric, ours: Option<f64>, outcome: Option<&Outcome>) -> St
 }
 
 fn verdict(row: &Row, cells: &BTreeMap<&str, Outcome>) -> (String, String) {
-    let Some(Target::Ratios { curator, floor }) = row.target else {
-        return (String::new(), String::new());
-    };
     let value = |c: &str| {
         cells
             .get(c)
             .and_then(|o| o.as_ref().ok())
             .and_then(|r| figure(row.metric, r))
+    };
+    let (curator, floor) = match row.target {
+        None => return (String::new(), String::new()),
+        Some(Target::Ratios { curator, floor }) => (curator, floor),
+        Some(Target::Redis { rslock, floor }) => {
+            let mut text = format!("≥ {rslock}× rslock");
+            if let Some(f) = floor {
+                text.push_str(&format!(", ≥ {f}× floor"));
+            }
+            let Some(ours) = value("zklock") else {
+                return (text, "no figure".into());
+            };
+            let Some(theirs) = value("rslock") else {
+                return (text, "no rslock figure".into());
+            };
+            let mut met = ours / theirs >= rslock;
+            if let Some(f) = floor {
+                met &= value("floor").is_some_and(|fl| ours / fl >= f);
+            }
+            return (text, if met { "met" } else { "**missed**" }.into());
+        }
     };
     let mut text = format!("≥ {curator}× Curator");
     if let Some(f) = floor {
@@ -655,6 +901,28 @@ fn render(
     quick: bool,
 ) -> String {
     let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{}; ZooKeeper {server_version}; suite took {:.0} s{}.\n",
+        machine(),
+        took.as_secs_f64(),
+        if quick {
+            " (--quick: sizes too small to mean anything)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        md,
+        "Throughput (acquire + release per second; drain: handoffs per second; memory: peak RSS). \
+         In parentheses: zklock's ratio to that peer (for memory: the peer's peak over zklock's).\n"
+    );
+    render_zookeeper_tables(&mut md, rows, results);
+    md
+}
+
+/// `Machine: N CPUs (model), M GiB memory; date`.
+fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -683,17 +951,15 @@ fn render(
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let _ = writeln!(
-        md,
-        "Machine: {nproc} CPUs ({cpu}), {mem_gb:.1} GiB memory; {date}; ZooKeeper {server_version}; suite took {:.0} s{}.\n",
-        took.as_secs_f64(),
-        if quick { " (--quick: sizes too small to mean anything)" } else { "" }
-    );
-    let _ = writeln!(
-        md,
-        "Throughput (acquire + release per second; drain: handoffs per second; memory: peak RSS). \
-         In parentheses: zklock's ratio to that peer (for memory: the peer's peak over zklock's).\n"
-    );
+    format!("Machine: {nproc} CPUs ({cpu}), {mem_gb:.1} GiB memory; {date}")
+}
+
+/// The ZooKeeper section's tables.
+fn render_zookeeper_tables(
+    md: &mut String,
+    rows: &[Row],
+    results: &[BTreeMap<&'static str, Outcome>],
+) {
     md.push_str("| workload |");
     for (_, heading) in COLUMNS {
         let _ = write!(md, " {heading} |");
@@ -880,5 +1146,4 @@ fn render(
         }
     }
     md.push_str("```\n");
-    md
 }

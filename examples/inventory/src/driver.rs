@@ -1,7 +1,8 @@
 //! The load driver: starts instances of the service as separate processes, sends them many
 //! concurrent orders for a few SKUs (demand well above stock), and measures what was sold;
-//! once without locks and once with them. The pause scenario freezes a lock holder past its
-//! session timeout to show its stale write refused by the fence.
+//! once without locks and once with the lock on each lock service. The pause scenario, run on
+//! each lock service, freezes a lock holder past its session timeout or lease to show whether
+//! the next holder gets in, and the stale write refused by the fence.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::Rng;
 
+use crate::backends::{LockBackend, LockService};
 use crate::instances::{self, Instance, InstanceConfig};
 use crate::report::{ModeReport, PauseReport};
 use crate::service::{release_key, OrderRequest, OrderResponse, Outcome, HOLDING_EVENTS};
@@ -20,13 +22,13 @@ use crate::store::Store;
 /// An error of the driver, as text for the user.
 pub type DemoError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Whether the instances lock.
+/// Whether the instances lock, and on which lock service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Started with `--no-lock`: read, check and write with nothing around them.
     NoLock,
-    /// Each order under `sku_{sku}` in ZooKeeper, its write fenced in Redis.
-    Lock,
+    /// Each order under the lock `sku_{sku}` on this backend, its write fenced in the store.
+    Lock(LockBackend),
 }
 
 impl Mode {
@@ -34,28 +36,59 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::NoLock => "nolock",
-            Mode::Lock => "lock",
+            Mode::Lock(_) => "lock",
         }
     }
 
-    /// The title in the tables.
-    pub fn title(self) -> &'static str {
+    /// The lock backend, if the mode locks.
+    pub fn backend(self) -> Option<LockBackend> {
         match self {
-            Mode::NoLock => "without lock",
-            Mode::Lock => "with lock",
+            Mode::NoLock => None,
+            Mode::Lock(b) => Some(b),
+        }
+    }
+
+    /// The title in the table and in progress lines.
+    pub fn title(self) -> String {
+        match self {
+            Mode::NoLock => "without lock".into(),
+            Mode::Lock(b) => format!("lock on {}", b.title()),
+        }
+    }
+
+    /// Where its instances' logs go (under the demo's log directory).
+    fn log_dir(self) -> String {
+        match self {
+            Mode::NoLock => "nolock".into(),
+            Mode::Lock(b) => format!("lock-{}", b.name()),
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    /// `nolock`, or a lock backend's name (`zk`, `redis`).
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "nolock" | "no-lock" => Ok(Mode::NoLock),
+            other => other
+                .parse::<LockBackend>()
+                .map(Mode::Lock)
+                .map_err(|e| format!("{e}, or nolock")),
         }
     }
 }
 
 /// What the demo runs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DemoOptions {
     /// The executable with the `serve` subcommand (normally this one).
     pub exe: PathBuf,
     /// Redis URL.
     pub redis: String,
-    /// ZooKeeper connect string.
-    pub zk: String,
+    /// The lock services, one per backend of the `Lock` modes.
+    pub locks: Vec<LockService>,
     /// Instances (processes) of the service per mode.
     pub instances: u32,
     /// Concurrent clients.
@@ -68,11 +101,11 @@ pub struct DemoOptions {
     pub demand: f64,
     /// Simulated work between read and write.
     pub work: Duration,
-    /// Session timeout of the instances.
+    /// Session timeout (ZooKeeper) and lease (Redis) of the instances' locks.
     pub session_timeout: Duration,
     /// The modes to run, in order.
     pub modes: Vec<Mode>,
-    /// Run the pause scenario after the `lock` mode.
+    /// Run the pause scenario after each `Lock` mode.
     pub pause: bool,
     /// Draw a progress bar (when stderr is a terminal).
     pub progress: bool,
@@ -85,8 +118,8 @@ pub struct DemoOptions {
 pub struct DemoResults {
     /// One report per mode, in the order run.
     pub modes: Vec<ModeReport>,
-    /// The pause scenario, if run.
-    pub pause: Option<PauseReport>,
+    /// The pause scenario, once per lock backend, if run.
+    pub pauses: Vec<PauseReport>,
 }
 
 /// The SKU names: `100`, `101`, ...; the lock keys are then `sku_100`, ...
@@ -109,17 +142,29 @@ pub async fn run(options: &DemoOptions) -> Result<DemoResults, DemoError> {
         .build()?;
     let mut results = DemoResults {
         modes: Vec::new(),
-        pause: None,
+        pauses: Vec::new(),
     };
     for &mode in &options.modes {
+        let lock = match mode.backend() {
+            None => None,
+            Some(backend) => Some(
+                options
+                    .locks
+                    .iter()
+                    .find(|l| l.backend == backend)
+                    .ok_or_else(|| format!("no lock service for {backend}"))?
+                    .connect
+                    .clone(),
+            ),
+        };
         let config = InstanceConfig {
             exe: options.exe.clone(),
             redis: options.redis.clone(),
-            zk: (mode == Mode::Lock).then(|| options.zk.clone()),
+            lock,
             session_timeout: options.session_timeout,
             work: options.work,
-            debug_hold: mode == Mode::Lock && options.pause,
-            log_dir: options.log_dir.join(mode.name()),
+            debug_hold: mode.backend().is_some() && options.pause,
+            log_dir: options.log_dir.join(mode.log_dir()),
         };
         std::fs::create_dir_all(&config.log_dir)?;
         let skus = sku_names(options.skus);
@@ -129,19 +174,19 @@ pub async fn run(options: &DemoOptions) -> Result<DemoResults, DemoError> {
             "{}: starting {} instances of the service{}",
             mode.title(),
             options.instances,
-            if mode == Mode::Lock {
-                " (locking in ZooKeeper)"
-            } else {
-                " (--no-lock)"
+            match mode.backend() {
+                Some(b) => format!(" (locking on {})", b.title()),
+                None => " (--no-lock)".into(),
             }
         );
         let instances = instances::start_all(&config, options.instances).await?;
         let outcome = async {
             let report = load(options, mode, &http, &store, &instances, &skus).await?;
-            let pause = if mode == Mode::Lock && options.pause {
-                Some(pause_scenario(options, &http, &store, &instances).await?)
-            } else {
-                None
+            let pause = match mode.backend() {
+                Some(backend) if options.pause => {
+                    Some(pause_scenario(options, backend, &http, &store, &instances).await?)
+                }
+                _ => None,
             };
             Ok::<_, DemoError>((report, pause))
         }
@@ -151,9 +196,7 @@ pub async fn run(options: &DemoOptions) -> Result<DemoResults, DemoError> {
         }
         let (report, pause) = outcome?;
         results.modes.push(report);
-        if pause.is_some() {
-            results.pause = pause;
-        }
+        results.pauses.extend(pause);
     }
     Ok(results)
 }
@@ -329,10 +372,12 @@ impl Drop for Frozen {
 
 /// Instance 1 takes the lock of [`PAUSE_SKU`] (stock 1) and reads the stock; it is then
 /// frozen (SIGSTOP) while instance 2 orders the same SKU. Instance 2 gets the lock only once
-/// instance 1's session has expired, and sells the unit. Instance 1 is then thawed (SIGCONT)
-/// and writes what it computed from its stale read, with its old token: the store must refuse it.
+/// instance 1's session has expired (ZooKeeper) or its lease has run out (Redis), and sells
+/// the unit. Instance 1 is then thawed (SIGCONT) and writes what it computed from its stale
+/// read, with its old token: the store must refuse it.
 async fn pause_scenario(
     options: &DemoOptions,
+    backend: LockBackend,
     http: &reqwest::Client,
     store: &Store,
     instances: &[Instance],
@@ -341,7 +386,7 @@ async fn pause_scenario(
         return Err("the pause scenario needs at least 2 instances".into());
     };
     println!(
-        "pause scenario: instance {} holds the lock of sku_{PAUSE_SKU} (stock 1), then gets SIGSTOP",
+        "pause scenario on {backend}: instance {} holds the lock of sku_{PAUSE_SKU} (stock 1), then gets SIGSTOP",
         holder.number
     );
     store.add(&[(PAUSE_SKU.to_string(), 1)]).await?;
@@ -371,7 +416,8 @@ async fn pause_scenario(
     let frozen = Frozen::freeze(holder.pid())?;
     let paused_at = Instant::now();
 
-    // Another instance orders the same SKU: it waits for the lock until the session expires.
+    // Another instance orders the same SKU: it waits for the lock until the session expires
+    // or the lease runs out.
     let taker_answer = order(http, taker.addr, PAUSE_SKU, "pause-taker", false).await?;
     let paused_for = paused_at.elapsed();
     drop(frozen); // SIGCONT: the holder goes on where it stopped, believing it holds the lock.
@@ -385,6 +431,7 @@ async fn pause_scenario(
     let sold = store.sold(PAUSE_SKU).await?;
     let left = store.stock(PAUSE_SKU).await?.unwrap_or(0);
     let report = PauseReport {
+        backend,
         sku: PAUSE_SKU.to_string(),
         session_timeout: options.session_timeout,
         holder: holder.number,

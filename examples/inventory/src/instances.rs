@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 /// The line a `serve` process prints on stdout once it accepts connections.
 pub const LISTENING: &str = "listening on ";
 
-/// How long an instance gets to start (connect to ZooKeeper and Redis, bind).
+/// How long an instance gets to start (connect to the lock service and Redis, bind).
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How to start instances.
@@ -22,9 +22,10 @@ pub struct InstanceConfig {
     pub exe: PathBuf,
     /// Redis URL.
     pub redis: String,
-    /// ZooKeeper connect string; `None` runs the instances without locks.
-    pub zk: Option<String>,
-    /// Session timeout asked of ZooKeeper.
+    /// The lock service's connect string (ZooKeeper's `host:port,...` or `redis://...`);
+    /// `None` runs the instances without locks.
+    pub lock: Option<String>,
+    /// Session timeout asked of ZooKeeper, lease asked of Redis.
     pub session_timeout: Duration,
     /// Simulated work between read and write.
     pub work: Duration,
@@ -129,8 +130,8 @@ pub fn start(
             .arg(humantime::format_duration(config.session_timeout).to_string())
             .arg("--work")
             .arg(humantime::format_duration(config.work).to_string());
-        match &config.zk {
-            Some(zk) => cmd.arg("--zk").arg(zk),
+        match &config.lock {
+            Some(lock) => cmd.arg("--lock").arg(lock),
             None => cmd.arg("--no-lock"),
         };
         if config.debug_hold {

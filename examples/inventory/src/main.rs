@@ -1,5 +1,5 @@
 //! `zklock-inventory serve` runs one instance of the inventory service;
-//! `zklock-inventory demo` runs the whole anti-oversell demo.
+//! `zklock-inventory demo` runs the whole anti-oversell demo, on every lock backend.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use zklock::LockManager;
+use zklock_inventory::backends::{LockBackend, LockService};
 use zklock_inventory::driver::{self, DemoOptions, Mode};
 use zklock_inventory::instances::LISTENING;
 use zklock_inventory::report;
@@ -15,7 +16,8 @@ use zklock_inventory::service::{self, AppState, Config};
 use zklock_inventory::store::Store;
 use zklock_testkit::RedisServer;
 
-/// An inventory service that does not oversell, on ZooKeeper locks and Redis; and its demo.
+/// An inventory service that does not oversell, on zklock's locks (ZooKeeper or Redis) and
+/// stock in Redis; and its demo.
 #[derive(Parser, Debug)]
 #[command(name = "zklock-inventory", version)]
 struct Cli {
@@ -27,7 +29,8 @@ struct Cli {
 enum Command {
     /// Run one instance of the service.
     Serve(ServeArgs),
-    /// Run the demo: several instances, many clients, without and with the lock.
+    /// Run the demo: several instances, many clients, without the lock and with it on each
+    /// lock backend.
     Demo(DemoArgs),
 }
 
@@ -43,16 +46,23 @@ struct ServeArgs {
         default_value = "redis://127.0.0.1:6379/"
     )]
     redis: String,
-    /// ZooKeeper connect string.
-    #[arg(long, env = "ZKLOCK_CONNECT", default_value = "127.0.0.1:2181")]
-    zk: String,
+    /// The lock service: a ZooKeeper connect string (`host:port,...`) or a Redis URL
+    /// (`redis://host:port/`).
+    #[arg(
+        long,
+        alias = "zk",
+        env = "ZKLOCK_CONNECT",
+        default_value = "127.0.0.1:2181"
+    )]
+    lock: String,
     /// Take no lock (and so no fencing): shows the oversell.
     #[arg(long)]
     no_lock: bool,
     /// This instance's number, reported in answers.
     #[arg(long, default_value_t = 1)]
     instance: u32,
-    /// ZooKeeper session timeout.
+    /// ZooKeeper session timeout, or Redis lease: how long a frozen or cut-off instance keeps
+    /// its locks.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     session_timeout: Duration,
     /// Simulated work (pricing, payment) between reading and writing the stock.
@@ -84,13 +94,16 @@ struct DemoArgs {
     /// has none: the separate Redis round trips alone let orders overlap.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     work: Duration,
-    /// ZooKeeper session timeout of the instances (the pause scenario waits this long).
+    /// ZooKeeper session timeout and Redis lease of the instances (the pause scenario waits
+    /// this long).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     session_timeout: Duration,
-    /// Also run the pause scenario: a lock holder frozen past its session timeout.
+    /// Also run the pause scenario on each lock backend: a lock holder frozen past its
+    /// session timeout or lease.
     #[arg(long)]
     pause: bool,
-    /// Modes to run, in order: `nolock`, `lock`.
+    /// Modes to run, in order: `nolock`, a lock backend (`zk`, `redis`), or `lock` for
+    /// every lock backend.
     #[arg(long, value_delimiter = ',', default_value = "nolock,lock")]
     modes: Vec<String>,
     /// No progress bar.
@@ -123,8 +136,11 @@ fn serve(args: ServeArgs) -> Result<ExitCode, BoxError> {
         let manager = if args.no_lock {
             None
         } else {
-            let manager = LockManager::builder(args.zk.as_str())
+            // Each backend takes the option it has: ZooKeeper the session timeout, Redis the
+            // lease.
+            let manager = LockManager::builder(args.lock.as_str())
                 .session_timeout(args.session_timeout)
+                .lease(args.session_timeout)
                 .connect()
                 .await?;
             Some(manager)
@@ -142,7 +158,11 @@ fn serve(args: ServeArgs) -> Result<ExitCode, BoxError> {
             "instance {}: {}, redis {}, {LISTENING}{addr}",
             args.instance,
             match &manager {
-                Some(_) => format!("locking in ZooKeeper at {}", args.zk),
+                Some(_) => format!(
+                    "locking on {} at {}",
+                    LockBackend::of_connect_string(&args.lock),
+                    args.lock
+                ),
                 None => "no lock".to_string(),
             },
             args.redis
@@ -170,43 +190,56 @@ async fn shutdown_signal() {
 }
 
 fn demo(args: DemoArgs) -> Result<ExitCode, BoxError> {
-    let modes = args
-        .modes
-        .iter()
-        .map(|m| match m.as_str() {
-            "nolock" | "no-lock" => Ok(Mode::NoLock),
-            "lock" => Ok(Mode::Lock),
-            other => Err(format!("unknown mode {other:?}: use nolock, lock")),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut modes = Vec::new();
+    for m in &args.modes {
+        if m == "lock" {
+            modes.extend(LockBackend::ALL.map(Mode::Lock));
+        } else {
+            modes.push(m.parse::<Mode>()?);
+        }
+    }
     if args.pause && args.instances < 2 {
         return Err("the pause scenario needs --instances 2 or more".into());
     }
     if args.instances == 0 || args.clients == 0 || args.skus == 0 || args.stock <= 0 {
         return Err("instances, clients, skus and stock must be positive".into());
     }
-    let (_zk, connect) = match std::env::var("ZKLOCK_CONNECT") {
-        Ok(connect) if !connect.trim().is_empty() => {
-            println!("ZooKeeper: {connect} (from ZKLOCK_CONNECT)");
-            (None, connect)
+    // One lock service per backend the modes lock on: ZKLOCK_CONNECT's, for the backend it
+    // names, else a throwaway server.
+    let given = std::env::var("ZKLOCK_CONNECT")
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+        .map(LockService::external);
+    let mut locks: Vec<LockService> = Vec::new();
+    if let Some(given) = given
+        .into_iter()
+        .find(|g| modes.contains(&Mode::Lock(g.backend)))
+    {
+        println!(
+            "locks on {}: {} (from ZKLOCK_CONNECT)",
+            given.backend, given.connect
+        );
+        locks.push(given);
+    }
+    for mode in &modes {
+        let Some(backend) = mode.backend() else {
+            continue;
+        };
+        if locks.iter().all(|l| l.backend != backend) {
+            let service = LockService::start(backend)?;
+            println!("locks on {backend}: started on {}", service.connect);
+            locks.push(service);
         }
-        _ => {
-            let server = zklock_testkit::ZkServer::start()
-                .map_err(|e| format!("starting ZooKeeper: {e}"))?;
-            let connect = server.connect_string();
-            println!("ZooKeeper: started on {connect}");
-            (Some(server), connect)
-        }
-    };
+    }
     let redis = RedisServer::start().map_err(|e| format!("starting redis-server: {e}"))?;
-    println!("Redis: started on {}", redis.url());
+    println!("stock in Redis: started on {}", redis.url());
     let logs = tempfile::Builder::new()
         .prefix("zklock-inventory-logs-")
         .tempdir()?;
     let options = DemoOptions {
         exe: std::env::current_exe()?,
         redis: redis.url(),
-        zk: connect,
+        locks,
         instances: args.instances,
         clients: args.clients,
         skus: args.skus,
@@ -222,7 +255,7 @@ fn demo(args: DemoArgs) -> Result<ExitCode, BoxError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    // On Ctrl-C the driver is dropped (its instances are killed), then Redis and ZooKeeper stop.
+    // On Ctrl-C the driver is dropped (its instances are killed), then the servers stop.
     let results = runtime.block_on(async {
         tokio::select! {
             results = driver::run(&options) => results,
@@ -234,9 +267,9 @@ fn demo(args: DemoArgs) -> Result<ExitCode, BoxError> {
     let locked_ok = results
         .modes
         .iter()
-        .filter(|r| r.mode == Mode::Lock)
+        .filter(|r| r.mode != Mode::NoLock)
         .all(|r| r.oversold == 0);
-    let pause_ok = results.pause.as_ref().is_none_or(|p| p.stale_rejected());
+    let pause_ok = results.pauses.iter().all(|p| p.stale_rejected());
     Ok(if locked_ok && pause_ok {
         ExitCode::SUCCESS
     } else {

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use crate::backends::LockBackend;
 use crate::driver::{DemoResults, Mode};
 use crate::service::Outcome;
 
@@ -50,11 +51,16 @@ impl ModeReport {
         }
     }
 
-    /// `inventory: mode=lock initial=N sold=N left=N oversold=N orders=N instances=N`.
+    /// `inventory: mode=lock backend=zk initial=N sold=N left=N oversold=N orders=N
+    /// instances=N` (no `backend=` for `mode=nolock`).
     pub fn machine_line(&self) -> String {
         format!(
-            "inventory: mode={} initial={} sold={} left={} oversold={} orders={} instances={}",
+            "inventory: mode={}{} initial={} sold={} left={} oversold={} orders={} instances={}",
             self.mode.name(),
+            self.mode
+                .backend()
+                .map(|b| format!(" backend={}", b.name()))
+                .unwrap_or_default(),
             self.initial,
             self.sold,
             self.left,
@@ -68,9 +74,11 @@ impl ModeReport {
 /// What the pause scenario saw.
 #[derive(Debug, Clone)]
 pub struct PauseReport {
+    /// The lock backend it ran on.
+    pub backend: LockBackend,
     /// The SKU (stock 1).
     pub sku: String,
-    /// The session timeout the instances asked for.
+    /// The session timeout (ZooKeeper) or lease (Redis) the instances asked for.
     pub session_timeout: Duration,
     /// The instance frozen while holding the lock.
     pub holder: u32,
@@ -108,11 +116,18 @@ impl PauseReport {
         self.stale_outcome == Outcome::Fenced
     }
 
-    /// `inventory-pause: stale_write=rejected ...`.
+    /// Whether the next holder got the lock (and sold) while the holder was frozen.
+    pub fn next_holder_got_in(&self) -> bool {
+        self.taker_outcome == Outcome::Sold
+    }
+
+    /// `inventory-pause: backend=zk stale_write=rejected ...`.
     pub fn machine_line(&self) -> String {
         format!(
-            "inventory-pause: stale_write={} paused_ms={} session_timeout_ms={} stale_token={} winner_token={} sold={} left={} oversold={}",
+            "inventory-pause: backend={} stale_write={} next_holder={} paused_ms={} session_timeout_ms={} stale_token={} winner_token={} sold={} left={} oversold={}",
+            self.backend.name(),
             if self.stale_rejected() { "rejected" } else { outcome_name(self.stale_outcome) },
+            outcome_name(self.taker_outcome),
             self.paused_for.as_millis(),
             self.session_timeout.as_millis(),
             self.holder_token,
@@ -134,19 +149,73 @@ fn outcome_name(o: Outcome) -> &'static str {
     }
 }
 
-/// One cell of a mode's column.
-type Cell = fn(&ModeReport) -> String;
+/// A row of the load's figures: its name and how a mode's report fills its cell.
+type LoadRow = (&'static str, fn(&ModeReport) -> String);
+
+/// A row of the pause scenario: its name and how a pause report fills its cell.
+type PauseRow = (&'static str, fn(&PauseReport) -> String);
+
+/// One row of the table: its name and the cell of each mode's column.
+struct Row {
+    name: &'static str,
+    cells: Vec<String>,
+}
 
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// The tables: one column per mode, then the pause scenario; then the machine-readable lines,
-/// the `lock` mode's last.
+/// The rows of the pause scenario, a cell per mode (`-` where it did not run).
+fn pause_rows(results: &DemoResults) -> Vec<Row> {
+    let pause_of = |mode: Mode| {
+        mode.backend()
+            .and_then(|b| results.pauses.iter().find(|p| p.backend == b))
+    };
+    let rows: [PauseRow; 6] = [
+        ("pause: holder frozen", |p| {
+            format!("{:.1} s", p.paused_for.as_secs_f64())
+        }),
+        ("pause: next holder", |p| {
+            if p.next_holder_got_in() {
+                format!("got in, {:.1} s", p.paused_for.as_secs_f64())
+            } else {
+                outcome_name(p.taker_outcome).to_string()
+            }
+        }),
+        ("pause: stale token", |p| p.holder_token.clone()),
+        ("pause: next token", |p| p.taker_token.clone()),
+        ("pause: stale write", |p| {
+            if p.stale_rejected() {
+                "REJECTED by fence".to_string()
+            } else {
+                match &p.stale_error {
+                    Some(_) => format!("{} (error)", outcome_name(p.stale_outcome)),
+                    None => outcome_name(p.stale_outcome).to_string(),
+                }
+            }
+        }),
+        ("pause: oversold", |p| p.oversold.to_string()),
+    ];
+    rows.into_iter()
+        .map(|(name, cell)| Row {
+            name,
+            cells: results
+                .modes
+                .iter()
+                .map(|r| pause_of(r.mode).map_or_else(|| "-".to_string(), cell))
+                .collect(),
+        })
+        .collect()
+}
+
+/// The comparison table (one column per mode: without lock, then the lock on each backend;
+/// the load's figures, then the pause scenario's), its notes, and then the machine-readable
+/// lines: the `nolock` mode's, the pause scenario's, and last the `lock` modes', one per
+/// backend.
 pub fn render(results: &DemoResults) -> String {
     let mut out = String::new();
     if !results.modes.is_empty() {
-        let rows: Vec<(&str, Cell)> = vec![
+        let load: [LoadRow; 12] = [
             ("instances", |r| r.instances.to_string()),
             ("initial stock", |r| r.initial.to_string()),
             ("orders placed", |r| r.orders.to_string()),
@@ -160,17 +229,35 @@ pub fn render(results: &DemoResults) -> String {
             ("latency p50", |r| ms(r.p50)),
             ("latency p99", |r| ms(r.p99)),
         ];
-        let width = 16;
-        let _ = write!(out, "\n{:<22}", "");
+        let mut rows: Vec<Row> = load
+            .into_iter()
+            .map(|(name, cell)| Row {
+                name,
+                cells: results.modes.iter().map(cell).collect(),
+            })
+            .collect();
+        if !results.pauses.is_empty() {
+            rows.extend(pause_rows(results));
+        }
+        let label = 22;
+        let width = results
+            .modes
+            .iter()
+            .map(|r| r.mode.title().len())
+            .chain(rows.iter().flat_map(|r| r.cells.iter().map(String::len)))
+            .max()
+            .unwrap_or(0)
+            + 2;
+        let _ = write!(out, "\n{:<label$}", "");
         for r in &results.modes {
             let _ = write!(out, "{:>width$}", r.mode.title());
         }
         let _ = writeln!(out);
-        let _ = writeln!(out, "{}", "-".repeat(22 + width * results.modes.len()));
-        for (name, cell) in &rows {
-            let _ = write!(out, "{name:<22}");
-            for r in &results.modes {
-                let _ = write!(out, "{:>width$}", cell(r));
+        let _ = writeln!(out, "{}", "-".repeat(label + width * results.modes.len()));
+        for row in &rows {
+            let _ = write!(out, "{:<label$}", row.name);
+            for cell in &row.cells {
+                let _ = write!(out, "{cell:>width$}");
             }
             let _ = writeln!(out);
         }
@@ -193,72 +280,45 @@ pub fn render(results: &DemoResults) -> String {
             }
         }
     }
-    if let Some(p) = &results.pause {
+    if let Some(p) = results.pauses.first() {
         let _ = writeln!(
             out,
-            "\npause scenario (with lock, sku {}, stock {}, session timeout {:?})",
-            p.sku, p.initial, p.session_timeout
-        );
-        let _ = writeln!(out, "{}", "-".repeat(86));
-        let _ = writeln!(
-            out,
-            "{:<10}{:<44}{:>14}  result",
-            "instance", "step", "token"
+            "\npause scenario (per backend, sku {}, stock {}): instance {} takes the lock, reads the stock and is frozen",
+            p.sku, p.initial, p.holder
         );
         let _ = writeln!(
             out,
-            "{:<10}{:<44}{:>14}  frozen {:.1} s",
-            p.holder,
-            "took the lock, read stock, SIGSTOP",
-            p.holder_token,
-            p.paused_for.as_secs_f64()
+            "(SIGSTOP) past its session timeout or lease ({:?}); instance {} orders the same sku; then instance {} is thawed",
+            p.session_timeout, p.taker, p.holder
         );
         let _ = writeln!(
             out,
-            "{:<10}{:<44}{:>14}  {}",
-            p.taker,
-            "took over once the session expired",
-            p.taker_token,
-            outcome_name(p.taker_outcome)
+            "(SIGCONT) and writes the stock it read less one, with its old fencing token."
         );
-        let stale_result = match (p.stale_outcome, &p.store_token) {
-            (Outcome::Fenced, Some(last)) => format!("REJECTED by the fence (store has {last})"),
-            (o, _) => match &p.stale_error {
-                Some(e) => format!("{} ({e})", outcome_name(o)),
-                None => outcome_name(o).to_string(),
-            },
-        };
-        let _ = writeln!(
-            out,
-            "{:<10}{:<44}{:>14}  {}",
-            p.holder,
-            format!(
-                "SIGCONT, wrote stock {} - 1",
-                p.stale_stock_read
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "?".into())
-            ),
-            p.holder_token,
-            stale_result
-        );
-        let _ = writeln!(
-            out,
-            "sold {} of {}, left {}, oversold {}, stale writes rejected {}",
-            p.sold,
-            p.initial,
-            p.left,
-            p.oversold,
-            u32::from(p.stale_rejected())
-        );
+        for p in &results.pauses {
+            if let (Outcome::Fenced, Some(last)) = (p.stale_outcome, &p.store_token) {
+                let _ = writeln!(
+                    out,
+                    "{}: the stale write (stock {} - 1, token {}) was REJECTED by the fence: the store had token {last}",
+                    p.backend,
+                    p.stale_stock_read
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "?".into()),
+                    p.holder_token
+                );
+            } else if let Some(e) = &p.stale_error {
+                let _ = writeln!(out, "{}: the stale order failed: {e}", p.backend);
+            }
+        }
     }
     let _ = writeln!(out);
-    for r in results.modes.iter().filter(|r| r.mode != Mode::Lock) {
+    for r in results.modes.iter().filter(|r| r.mode == Mode::NoLock) {
         let _ = writeln!(out, "{}", r.machine_line());
     }
-    if let Some(p) = &results.pause {
+    for p in &results.pauses {
         let _ = writeln!(out, "{}", p.machine_line());
     }
-    for r in results.modes.iter().filter(|r| r.mode == Mode::Lock) {
+    for r in results.modes.iter().filter(|r| r.mode != Mode::NoLock) {
         let _ = writeln!(out, "{}", r.machine_line());
     }
     out

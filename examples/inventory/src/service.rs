@@ -111,7 +111,8 @@ pub struct OrderResponse {
     pub instance: u32,
     /// The stock read before the write, if it was read.
     pub stock_read: Option<i64>,
-    /// The fencing token of the lock the order ran under (`zxid` or `zxid.local`).
+    /// The fencing token of the lock the order ran under (`zxid` or `zxid.local` on ZooKeeper,
+    /// the fence counter on Redis).
     pub token: Option<String>,
     /// For a fenced order: the newer token the store had already accepted.
     pub store_token: Option<String>,
@@ -228,8 +229,8 @@ async fn place_order(
     .into_response()
 }
 
-/// The order under the SKU's lock (`sku_{sku}` in ZooKeeper, held across the read, the check
-/// and the write). The write carries the lock's fencing token, so a holder that lost the lock
+/// The order under the SKU's lock (`sku_{sku}` on the lock service, held across the read, the
+/// check and the write). The write carries the lock's fencing token, so a holder that lost the lock
 /// while it was paused cannot overwrite what the next holder wrote. `on_lost = "continue"`: the
 /// body runs to its end even if the hold is lost meanwhile, since the store's fence, not the
 /// process's belief, is what refuses a stale write (a process frozen by SIGSTOP or a long GC

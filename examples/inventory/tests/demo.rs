@@ -1,8 +1,10 @@
 //! The anti-oversell demo, small: real ZooKeeper, real Redis, instances as real processes.
 //!
-//! - With the lock nothing is oversold, and since demand exceeds stock, all stock is sold.
-//! - In the pause scenario, the holder frozen past its session timeout has its stale write
-//!   refused by the fence in Redis.
+//! - With the lock, on ZooKeeper and on Redis, nothing is oversold, and since demand exceeds
+//!   stock, all stock is sold.
+//! - In the pause scenario, on each backend, the next holder gets in while the holder is
+//!   frozen past its session timeout or lease, and the holder's stale write is refused by the
+//!   fence in the store.
 //! - The fence itself: the Lua script orders tokens by (zxid, local) exactly, also where a
 //!   double could not tell two zxids apart.
 
@@ -14,13 +16,14 @@ use zklock::FencingToken;
 use zklock_inventory::store::{Store, WriteOutcome};
 use zklock_testkit::RedisServer;
 
-/// Parses `prefix key=value key=value ...` lines of the demo's output.
-fn machine_line(stdout: &str, prefix: &str, mode: Option<&str>) -> HashMap<String, String> {
+/// Parses the `prefix key=value key=value ...` line of the demo's output that contains
+/// `with` (e.g. ` mode=lock backend=zk `).
+fn machine_line(stdout: &str, prefix: &str, with: &str) -> HashMap<String, String> {
     let line = stdout
         .lines()
         .filter(|l| l.starts_with(prefix))
-        .find(|l| mode.is_none_or(|m| l.contains(&format!(" mode={m} "))))
-        .unwrap_or_else(|| panic!("no {prefix:?} line (mode {mode:?}) in:\n{stdout}"));
+        .find(|l| l.contains(with))
+        .unwrap_or_else(|| panic!("no {prefix:?} line with {with:?} in:\n{stdout}"));
     line[prefix.len()..]
         .split_whitespace()
         .filter_map(|kv| kv.split_once('='))
@@ -35,7 +38,8 @@ fn num(fields: &HashMap<String, String>, key: &str) -> i64 {
 }
 
 #[test]
-fn small_demo_sells_exactly_the_stock_with_the_lock_and_fences_the_paused_holder() {
+fn small_demo_sells_exactly_the_stock_with_the_lock_and_fences_the_paused_holder_on_every_backend()
+{
     let started = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_zklock-inventory"))
         .args(["demo", "--no-progress", "--pause"])
@@ -50,34 +54,44 @@ fn small_demo_sells_exactly_the_stock_with_the_lock_and_fences_the_paused_holder
     eprintln!("demo took {:.1} s", started.elapsed().as_secs_f64());
     assert!(output.status.success(), "demo failed: {}", output.status);
 
-    // The last line is the machine-readable summary of the locked run.
-    let last = stdout.lines().last().unwrap_or_default();
+    // The last lines are the machine-readable summaries of the locked runs, one per backend.
+    let last: Vec<&str> = stdout.lines().rev().take(2).collect();
     assert!(
-        last.starts_with("inventory: mode=lock "),
-        "last line: {last}"
+        last.iter()
+            .all(|l| l.starts_with("inventory: mode=lock backend=")),
+        "last lines: {last:?}"
     );
+    assert!(last[0].contains(" backend=redis "), "{last:?}");
+    assert!(last[1].contains(" backend=zk "), "{last:?}");
 
-    let lock = machine_line(&stdout, "inventory: ", Some("lock"));
-    assert_eq!(num(&lock, "instances"), 3);
-    assert_eq!(num(&lock, "initial"), 60);
-    assert!(num(&lock, "orders") > num(&lock, "initial"), "{lock:?}");
-    assert_eq!(num(&lock, "oversold"), 0, "{lock:?}");
-    assert_eq!(num(&lock, "sold"), num(&lock, "initial"), "{lock:?}");
-    assert_eq!(num(&lock, "left"), 0, "{lock:?}");
-
-    // Without the lock the same run reports its figures too (how much it oversells varies).
-    let nolock = machine_line(&stdout, "inventory: ", Some("nolock"));
+    let nolock = machine_line(&stdout, "inventory: ", " mode=nolock ");
     assert_eq!(num(&nolock, "initial"), 60);
-    assert_eq!(num(&nolock, "orders"), num(&lock, "orders"));
+    for backend in ["zk", "redis"] {
+        let lock = machine_line(
+            &stdout,
+            "inventory: ",
+            &format!(" mode=lock backend={backend} "),
+        );
+        assert_eq!(num(&lock, "instances"), 3);
+        assert_eq!(num(&lock, "initial"), 60);
+        assert!(num(&lock, "orders") > num(&lock, "initial"), "{lock:?}");
+        assert_eq!(num(&lock, "oversold"), 0, "{lock:?}");
+        assert_eq!(num(&lock, "sold"), num(&lock, "initial"), "{lock:?}");
+        assert_eq!(num(&lock, "left"), 0, "{lock:?}");
+        // Without the lock the same run reports its figures too (how much it oversells
+        // varies).
+        assert_eq!(num(&nolock, "orders"), num(&lock, "orders"));
 
-    let pause = machine_line(&stdout, "inventory-pause: ", None);
-    assert_eq!(pause["stale_write"], "rejected", "{pause:?}");
-    assert_eq!(num(&pause, "sold"), 1, "{pause:?}");
-    assert_eq!(num(&pause, "oversold"), 0, "{pause:?}");
-    assert!(
-        num(&pause, "winner_token") > num(&pause, "stale_token"),
-        "{pause:?}"
-    );
+        let pause = machine_line(&stdout, "inventory-pause: ", &format!("backend={backend} "));
+        assert_eq!(pause["stale_write"], "rejected", "{pause:?}");
+        assert_eq!(pause["next_holder"], "sold", "{pause:?}");
+        assert_eq!(num(&pause, "sold"), 1, "{pause:?}");
+        assert_eq!(num(&pause, "oversold"), 0, "{pause:?}");
+        assert!(
+            num(&pause, "winner_token") > num(&pause, "stale_token"),
+            "{pause:?}"
+        );
+    }
     assert!(stdout.contains("REJECTED by the fence"), "{stdout}");
 }
 

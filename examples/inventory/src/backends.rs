@@ -1,0 +1,171 @@
+//! The lock services the demo compares, and how it starts each one.
+//!
+//! The service itself knows none of them: it hands its `--lock` connect string to
+//! [`LockManager::builder`](zklock::LockManager::builder), which picks the backend from it (a
+//! ZooKeeper connect string, `redis://...`). Adding a backend to the demo is this file only:
+//! a variant of [`LockBackend`], its entries in [`LockBackend::ALL`] and the `match`es below
+//! (its name, its title, what its holds expire by), and how [`LockService::start`] starts a
+//! throwaway server for it through the test kit.
+
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+
+use zklock_testkit::{RedisServer, ZkServer};
+
+/// A lock service the demo runs the inventory service on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LockBackend {
+    /// Apache ZooKeeper: a hold lives as long as the instance's session.
+    Zookeeper,
+    /// Redis: a hold is a lease that the instance's watchdog renews.
+    Redis,
+}
+
+impl LockBackend {
+    /// Every backend, in the order the demo runs them (and the table shows them).
+    pub const ALL: [LockBackend; 2] = [LockBackend::Zookeeper, LockBackend::Redis];
+
+    /// The name in `--modes` and in the machine-readable lines (`backend=zk`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LockBackend::Zookeeper => "zk",
+            LockBackend::Redis => "redis",
+        }
+    }
+
+    /// The title in the table.
+    pub fn title(self) -> &'static str {
+        match self {
+            LockBackend::Zookeeper => "ZooKeeper",
+            LockBackend::Redis => "Redis",
+        }
+    }
+
+    /// What a frozen holder's hold runs out by; the pause scenario freezes it past this.
+    pub fn expiry(self) -> &'static str {
+        match self {
+            LockBackend::Zookeeper => "session timeout",
+            LockBackend::Redis => "lease",
+        }
+    }
+
+    /// The backend a connect string names (`redis://...` or a ZooKeeper `host:port,...`),
+    /// as [`LockManager::builder`](zklock::LockManager::builder) reads it.
+    pub fn of_connect_string(connect: &str) -> LockBackend {
+        let lower = connect.trim().to_ascii_lowercase();
+        if ["redis://", "rediss://", "redis+unix://", "unix://"]
+            .iter()
+            .any(|scheme| lower.starts_with(scheme))
+        {
+            LockBackend::Redis
+        } else {
+            LockBackend::Zookeeper
+        }
+    }
+}
+
+impl fmt::Display for LockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.title())
+    }
+}
+
+impl FromStr for LockBackend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<LockBackend, String> {
+        LockBackend::ALL
+            .into_iter()
+            .find(|b| b.name() == s || (s == "zookeeper" && *b == LockBackend::Zookeeper))
+            .ok_or_else(|| {
+                let names: Vec<_> = LockBackend::ALL.iter().map(|b| b.name()).collect();
+                format!("unknown lock backend {s:?}: {}", names.join(", "))
+            })
+    }
+}
+
+/// A server of one lock service, started by the test kit (stopped on drop), or one given.
+pub enum Server {
+    /// A throwaway ZooKeeper.
+    Zookeeper(ZkServer),
+    /// A throwaway redis-server (a server of its own, not the one holding the stock).
+    Redis(RedisServer),
+    /// A running service the user named (`ZKLOCK_CONNECT`).
+    External,
+}
+
+/// A lock service the demo runs on: its backend and the connect string the instances get.
+pub struct LockService {
+    /// Which backend.
+    pub backend: LockBackend,
+    /// What the instances pass to `LockManager::builder`.
+    pub connect: String,
+    /// Where it came from; the server stops when this is dropped.
+    pub server: Server,
+}
+
+impl LockService {
+    /// Starts a throwaway server of `backend` on a free loopback port.
+    ///
+    /// # Errors
+    /// When the server cannot be started (the error names it).
+    pub fn start(backend: LockBackend) -> io::Result<LockService> {
+        let (connect, server) = match backend {
+            LockBackend::Zookeeper => {
+                let server = ZkServer::start()
+                    .map_err(|e| io::Error::other(format!("starting ZooKeeper: {e}")))?;
+                (server.connect_string(), Server::Zookeeper(server))
+            }
+            LockBackend::Redis => {
+                let server = RedisServer::start()
+                    .map_err(|e| io::Error::other(format!("starting redis-server: {e}")))?;
+                (server.url(), Server::Redis(server))
+            }
+        };
+        Ok(LockService {
+            backend,
+            connect,
+            server,
+        })
+    }
+
+    /// A running service at `connect` (its backend read from the string).
+    pub fn external(connect: String) -> LockService {
+        LockService {
+            backend: LockBackend::of_connect_string(&connect),
+            connect,
+            server: Server::External,
+        }
+    }
+}
+
+impl fmt::Debug for LockService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockService")
+            .field("backend", &self.backend)
+            .field("connect", &self.connect)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_connect_strings_name_their_backend() {
+        for b in LockBackend::ALL {
+            assert_eq!(b.name().parse::<LockBackend>(), Ok(b));
+        }
+        assert_eq!(
+            LockBackend::of_connect_string("redis://127.0.0.1:6379/"),
+            LockBackend::Redis
+        );
+        assert_eq!(
+            LockBackend::of_connect_string("127.0.0.1:2181,127.0.0.1:2182/app"),
+            LockBackend::Zookeeper
+        );
+        assert!("etcd".parse::<LockBackend>().is_err());
+    }
+}
