@@ -174,7 +174,12 @@ fn fleet(connect: &str, duration: Duration) -> Report {
     let mut first: Option<i64> = None;
     for line in rx {
         let fields: Vec<&str> = line.splitn(4, ' ').collect();
-        let at = |i: usize| fields.get(i).and_then(|f| f.parse::<i64>().ok()).unwrap_or(0);
+        let at = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
         let (what, instance) = (fields[0], fields.get(1).copied().unwrap_or("?"));
         let shown = if what == "ran" { at(3) } else { at(2) };
         let since = shown - *first.get_or_insert(shown);
@@ -204,7 +209,9 @@ fn fleet(connect: &str, duration: Duration) -> Report {
     for mut child in children {
         let status = child.wait().expect("wait for an instance");
         if !status.success() {
-            report.errors.push(format!("an instance exited with {status}"));
+            report
+                .errors
+                .push(format!("an instance exited with {status}"));
         }
     }
     report

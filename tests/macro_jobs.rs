@@ -86,7 +86,10 @@ async fn at_least_skips_calls_on_other_sessions_within_the_window() {
     drop(a);
     // The job's lock is free; its window is not.
     assert_eq!(report(&b).await.unwrap(), Ran::Skipped);
-    assert!(started.elapsed() < Duration::from_secs(2), "too slow to check");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "too slow to check"
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while report(&b).await.unwrap() == Ran::Skipped {
         assert!(Instant::now() < deadline, "the job never ran again");

@@ -27,6 +27,9 @@ fn main() {
         "three instances every second: some skip: {report:?}"
     );
     // Every instance fired on every tick: a run or a skip each time.
-    assert!(report.runs.len() + report.skips.len() >= 3 * 5, "{report:?}");
+    assert!(
+        report.runs.len() + report.skips.len() >= 3 * 5,
+        "{report:?}"
+    );
     println!("scheduled_job_example: ok");
 }

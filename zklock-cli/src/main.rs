@@ -27,8 +27,7 @@ use std::pin::Pin;
 use std::cell::{Cell, RefCell};
 
 use zklock_core::{
-    Contender, Error, FencingToken, Key, Lease, LockGuard, LockInfo, LockManager, LossReason,
-    Ran,
+    Contender, Error, FencingToken, Key, Lease, LockGuard, LockInfo, LockManager, LossReason, Ran,
 };
 
 /// Exit code: bad usage, bad key or bad option.
@@ -225,7 +224,9 @@ impl ExecArgs {
         }
         for (flag, value) in [("--at-least", self.at_least), ("--at-most", self.at_most)] {
             if value == Some(Duration::ZERO) {
-                return Err(format!("{flag} 0 is no bound: give a duration longer than zero, or leave it out"));
+                return Err(format!(
+                    "{flag} 0 is no bound: give a duration longer than zero, or leave it out"
+                ));
             }
         }
         Ok(())
@@ -397,9 +398,10 @@ async fn exec_job(manager: &LockManager, args: &ExecArgs) -> u8 {
         job = job.at_most(at_most);
     }
 
-    // The body spawns CMD once the job is this host's, and waits for it. It leaves the child
-    // here, so that CMD can still be stopped and reaped after the job has dropped the body
-    // (past --at-most, or on a lost lock); `pid` tells the signal forwarding below.
+    // The body spawns CMD once the job is this host's, and waits for it. However the body
+    // ends, the child comes back here (`Running`), so that CMD can still be stopped and reaped
+    // after the job has dropped the body (past --at-most, or on a lost lock); `pid` tells the
+    // signal forwarding below.
     let child: RefCell<Option<tokio::process::Child>> = RefCell::new(None);
     let pid: Cell<Option<libc::pid_t>> = Cell::new(None);
     let body = async {
@@ -412,10 +414,13 @@ async fn exec_job(manager: &LockManager, args: &ExecArgs) -> u8 {
             // Its own process group: a run stopped past --at-most stops all that CMD started.
             .process_group(0)
             .spawn();
-        let mut slot = child.borrow_mut();
-        let running = slot.insert(spawned.map_err(|e| (program, e))?);
-        pid.set(running.id().map(|p| -(p as libc::pid_t)));
-        Ok(running.wait().await)
+        let mut running = Running {
+            child: Some(spawned.map_err(|e| (program, e))?),
+            slot: &child,
+        };
+        let cmd = running.child.as_mut().expect("set above");
+        pid.set(cmd.id().map(|p| -(p as libc::pid_t)));
+        Ok(cmd.wait().await)
     };
     let mut term = signal(libc::SIGTERM);
     let mut int = signal(libc::SIGINT);
@@ -440,7 +445,7 @@ async fn exec_job(manager: &LockManager, args: &ExecArgs) -> u8 {
             },
         }
     };
-    // The body, and its hold on `child`, end with the run.
+    // The body ends with the run, and gives the child back.
     drop(run);
     match outcome {
         Ok(Ran::Ran(Ok(status))) => exit_code(status),
@@ -469,11 +474,29 @@ async fn exec_job(manager: &LockManager, args: &ExecArgs) -> u8 {
             };
             let running = child.borrow_mut().take();
             if let Some(running) = running {
-                stop(running, pid.get(), args.kill_after.unwrap_or(DEFAULT_KILL_AFTER)).await;
+                stop(
+                    running,
+                    pid.get(),
+                    args.kill_after.unwrap_or(DEFAULT_KILL_AFTER),
+                )
+                .await;
             }
             code
         }
         Err(e) => fail(&e),
+    }
+}
+
+/// A job's CMD while its body waits for it: when the body ends or is dropped, the child goes
+/// back to `slot`.
+struct Running<'a> {
+    child: Option<tokio::process::Child>,
+    slot: &'a RefCell<Option<tokio::process::Child>>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        *self.slot.borrow_mut() = self.child.take();
     }
 }
 

@@ -75,7 +75,12 @@ fn concurrent_execs_with_skip_if_locked_run_the_command_once() {
         String::from_utf8_lossy(&ran.stderr)
     );
     let runs = lines(&log);
-    assert_eq!(runs.len(), 1, "the command ran {} times: {runs:?}", runs.len());
+    assert_eq!(
+        runs.len(),
+        1,
+        "the command ran {} times: {runs:?}",
+        runs.len()
+    );
     // It ran under the job's lock, with its token.
     let fields: Vec<&str> = runs[0].split(' ').collect();
     assert!(fields[1].parse::<i64>().unwrap() > 0, "{runs:?}");
@@ -157,7 +162,10 @@ fn at_least_holds_across_the_runners_exit() {
     assert_eq!(second.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("skipped report"), "{stderr}");
     assert_eq!(lines(&log), ["first"], "ran again within --at-least");
-    assert!(started.elapsed() < window, "the test was too slow to check the window");
+    assert!(
+        started.elapsed() < window,
+        "the test was too slow to check the window"
+    );
 
     // After the window, a run runs.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -217,7 +225,10 @@ fn at_most_stops_a_long_command_and_exits_124() {
     assert_eq!(out.status.code(), Some(124), "{stderr}");
     assert!(stderr.contains("ran past --at-most 1s"), "{stderr}");
     assert!(stderr.contains("SIGKILL"), "{stderr}");
-    assert!(took >= Duration::from_millis(1500), "stopped after {took:?}");
+    assert!(
+        took >= Duration::from_millis(1500),
+        "stopped after {took:?}"
+    );
     // What the command started is stopped too (its process group got the signals).
     let sleep: u32 = std::fs::read_to_string(&pidfile)
         .unwrap()
@@ -231,7 +242,15 @@ fn at_most_stops_a_long_command_and_exits_124() {
     }
     // The job was given up: the next run runs at once.
     let next = zklock(&zk.connect_string())
-        .args(["exec", "stuck", "--skip-if-locked", "--", "sh", "-c", "exit 5"])
+        .args([
+            "exec",
+            "stuck",
+            "--skip-if-locked",
+            "--",
+            "sh",
+            "-c",
+            "exit 5",
+        ])
         .output()
         .unwrap();
     assert_eq!(
@@ -251,8 +270,14 @@ fn misused_job_options_exit_64_before_connecting() {
         (&["--at-most", "1m"], "--timeout DUR"),
         (&["--skipped-exit-code", "3"], "option of a job run"),
         (&["--kill-after", "1s"], "option of a job run"),
-        (&["--skip-if-locked", "--at-least", "0s"], "longer than zero"),
-        (&["--skip-if-locked", "--timeout", "1s"], "cannot be used with"),
+        (
+            &["--skip-if-locked", "--at-least", "0s"],
+            "longer than zero",
+        ),
+        (
+            &["--skip-if-locked", "--timeout", "1s"],
+            "cannot be used with",
+        ),
         (&["--skip-if-locked", "--read"], "cannot be used with"),
         (&["--skip-if-locked", "--at-most", "soon"], "invalid value"),
     ];

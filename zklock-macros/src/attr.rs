@@ -126,7 +126,10 @@ impl Args {
             ));
         }
         if self.skip_if_locked.is_none() && self.timeout.is_none() {
-            for (name, span) in [("at_least", self.spans.at_least), ("at_most", self.spans.at_most)] {
+            for (name, span) in [
+                ("at_least", self.spans.at_least),
+                ("at_most", self.spans.at_most),
+            ] {
                 if let Some(span) = span {
                     errors.push(syn::Error::new(
                         span,
@@ -135,7 +138,8 @@ impl Args {
                 }
             }
         }
-        if let (Some(mode @ (Mode::Read | Mode::Write)), Some(span)) = (self.mode, self.spans.mode) {
+        if let (Some(mode @ (Mode::Read | Mode::Write)), Some(span)) = (self.mode, self.spans.mode)
+        {
             let mode = if mode == Mode::Read { "read" } else { "write" };
             errors.push(syn::Error::new(
                 span,
@@ -393,12 +397,25 @@ mod tests {
 
     #[test]
     fn job_options() {
-        let args = parse(quote::quote!("k", skip_if_locked, at_least = "30s", at_most = "10m")).unwrap();
+        let args = parse(quote::quote!(
+            "k",
+            skip_if_locked,
+            at_least = "30s",
+            at_most = "10m"
+        ))
+        .unwrap();
         assert!(args.is_job());
         assert!(args.skip_if_locked.is_some());
         assert_eq!(args.at_least, Some(30_000));
         assert_eq!(args.at_most, Some(600_000));
-        let args = parse(quote::quote!("k", timeout = "5s", at_least = "1m", mode = "exclusive", on_lost = "abort")).unwrap();
+        let args = parse(quote::quote!(
+            "k",
+            timeout = "5s",
+            at_least = "1m",
+            mode = "exclusive",
+            on_lost = "abort"
+        ))
+        .unwrap();
         assert!(args.is_job());
         assert!(!parse(quote::quote!("k", timeout = "5s")).unwrap().is_job());
     }
@@ -412,9 +429,13 @@ mod tests {
         assert!(err(quote::quote!("k", at_least = "30s")).contains("makes this fn a job"));
         assert!(err(quote::quote!("k", at_most = "1m")).contains("makes this fn a job"));
         assert!(err(quote::quote!("k", skip_if_locked, mode = "read")).contains("exclusive lock"));
-        assert!(err(quote::quote!("k", skip_if_locked, on_lost = "continue")).contains("is stopped"));
+        assert!(
+            err(quote::quote!("k", skip_if_locked, on_lost = "continue")).contains("is stopped")
+        );
         assert!(err(quote::quote!("k", skip_if_locked, at_least = "0s")).contains("is zero"));
-        assert!(err(quote::quote!("k", skip_if_locked, at_most = "5 min")).contains("invalid at_most"));
+        assert!(
+            err(quote::quote!("k", skip_if_locked, at_most = "5 min")).contains("invalid at_most")
+        );
         assert!(err(quote::quote!("k", skip_if_locked, at_most = 5)).contains("at_most = \"30s\""));
     }
 }

@@ -166,7 +166,12 @@ fn result_type(sig: &Signature) -> syn::Result<&Type> {
         }
     }
     if let Type::Path(path) = inner {
-        if path.path.segments.last().is_some_and(|last| last.ident == "Ran") {
+        if path
+            .path
+            .segments
+            .last()
+            .is_some_and(|last| last.ident == "Ran")
+        {
             return Err(syn::Error::new_spanned(
                 ty,
                 "a call of a job returns the lock's errors too: write `Result<zklock::Ran<T>, E>` where E: From<zklock::Error>",
