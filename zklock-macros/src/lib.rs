@@ -222,7 +222,8 @@ use proc_macro::TokenStream;
 /// Backends: on ZooKeeper, every option; `at_least` is kept in a persistent run record beside
 /// the job's lock path, measured by the server's clock (the record's mtime), so instances with
 /// skewed clocks and processes that exit do not shorten it. On Redis, every option; the window
-/// is measured by the server's `TIME`. In memory (`LockManager::in_memory`, for unit tests),
+/// is measured by the server's `TIME`. On PostgreSQL, every option; the window is a column of
+/// the key table, measured by the server's clock. In memory (`LockManager::in_memory`, for unit tests),
 /// every option, measured by the process's clock and kept only while the manager lives.
 /// `skip_if_locked` and `at_most` rest on the lock alone; `at_least` needs the backend's run
 /// record, and a backend without one refuses it with `Error::Unsupported` naming itself.
