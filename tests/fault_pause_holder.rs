@@ -379,7 +379,13 @@ async fn run(zk: &ZkServer, variant: &str) -> Outcome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holder_overlaps_the_next_one_and_only_fencing_saves_the_shared_state() {
     let zk = server();
-    for variant in ["unfenced", "token", "multi", "leader-unfenced", "leader-token"] {
+    for variant in [
+        "unfenced",
+        "token",
+        "multi",
+        "leader-unfenced",
+        "leader-token",
+    ] {
         let o = run(&zk, variant).await;
         // The lock behaved: the overlap is the window the SIGSTOP opened, tokens increased.
         o.report.assert_ok();
