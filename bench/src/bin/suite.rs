@@ -904,7 +904,12 @@ fn verdict(row: &Row, cells: &BTreeMap<&str, Outcome>) -> (String, String) {
             return match value("zklock") {
                 Some(kb) => (
                     text,
-                    if kb / 1024.0 <= mb { "met" } else { "**missed**" }.into(),
+                    if kb / 1024.0 <= mb {
+                        "met"
+                    } else {
+                        "**missed**"
+                    }
+                    .into(),
                 ),
                 None => (text, "no figure".into()),
             };
