@@ -498,7 +498,7 @@ fn gen_function(args: &Args, func: ItemFn, ret: &Type, key: Key) -> TokenStream 
 
 /// `Duration::from_secs(n)` for whole seconds, else `Duration::from_millis(n)`.
 fn duration(millis: u64) -> TokenStream {
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         let secs = proc_macro2::Literal::u64_unsuffixed(millis / 1000);
         quote!(::core::time::Duration::from_secs(#secs))
     } else {
