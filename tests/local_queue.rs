@@ -162,3 +162,143 @@ async fn try_lock_sees_a_local_holder_without_a_round_trip() {
     assert_eq!(m.stats().requests, before, "answered from the local table");
     drop(g);
 }
+
+/// Hands `key`'s lock on from task to task of `m` up to `n` times, each next task queued
+/// before the holder lets go. Stops early when the next task got a node of its own (the node
+/// was let go): returns the last guard and how many handoffs kept the node.
+async fn hand_on(
+    m: &zklock::LockManager,
+    key: &str,
+    mut g: zklock::LockGuard,
+    n: usize,
+) -> (zklock::LockGuard, usize) {
+    for i in 0..n {
+        let next = m.lock(key);
+        tokio::pin!(next);
+        assert!(
+            futures::poll!(&mut next).is_pending(),
+            "the next task queues behind the holder"
+        );
+        let node = g.node_path().to_string();
+        drop(g);
+        g = tokio::time::timeout(Duration::from_secs(20), next)
+            .await
+            .expect("the local queue stalled")
+            .unwrap();
+        if g.node_path() != node {
+            return (g, i);
+        }
+    }
+    (g, n)
+}
+
+/// The node's creation zxid, read on the server.
+async fn czxid(m: &zklock::LockManager, node: &str) -> i64 {
+    let (_, stat) = m.zk_client().get_data(node).await.unwrap();
+    stat.czxid
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_other_contenders_local_handoffs_keep_the_node_then_a_waiter_gets_in_within_the_bound(
+) {
+    const BOUND: usize = 32; // the default max_local_handoffs
+    let zk = server();
+    let m = manager(&zk.connect_string()).await;
+    let other = manager(&zk.connect_string()).await;
+    let path = m.path_of("kept").unwrap();
+    let g = m.lock("kept").await.unwrap();
+    let node = g.node_path().to_string();
+    let created = czxid(&m, &node).await;
+    assert_eq!(g.fencing_token().zxid(), created);
+    let before = m.stats().requests;
+
+    // (a) Nobody else wants the key: far more handoffs than the bound, one node.
+    let (g, kept) = hand_on(&m, "kept", g, 10 * BOUND).await;
+    assert_eq!(
+        kept,
+        10 * BOUND,
+        "the node was let go with no other contender"
+    );
+    assert_eq!(g.node_path(), node);
+    assert_eq!(g.fencing_token().zxid(), created);
+    assert_eq!(g.fencing_token().local() as usize, 10 * BOUND);
+    assert_eq!(czxid(&m, &node).await, created, "the same node throughout");
+    assert_eq!(children(&m, &path).await.len(), 1);
+    // One listing of the lock path (with its children watch) for the whole run.
+    let requests = m.stats().requests - before;
+    assert!(
+        requests <= 1,
+        "{requests} requests for {} handoffs",
+        10 * BOUND
+    );
+
+    // (b) Another process queues: the node goes within the bound's handoffs.
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            let g = other.lock("kept").await.unwrap();
+            let token = g.fencing_token();
+            g.release().await.unwrap();
+            token
+        }
+    });
+    // Listed on `m`'s own session: its children watch has fired by the time this answers.
+    until_children(&m, &path, 2).await;
+    let (g, after) = hand_on(&m, "kept", g, 10 * BOUND).await;
+    assert!(
+        after <= BOUND,
+        "{after} local handoffs after another process queued"
+    );
+    let theirs = waiter.await.unwrap();
+    assert!(theirs.zxid() > created);
+    assert!(
+        g.fencing_token() > theirs,
+        "our next node queued behind theirs"
+    );
+    assert_ne!(g.node_path(), node);
+    drop(g);
+    m.flush().await;
+    other.flush().await;
+    assert!(children(&m, &path).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_waiter_gets_in_within_the_bound_of_local_handoffs() {
+    const BOUND: usize = 32;
+    let zk = server();
+    let m = manager(&zk.connect_string()).await;
+    let path = m.path_of("mixed").unwrap();
+    let g = m.lock("mixed").await.unwrap();
+    let node = g.node_path().to_string();
+    // A few handoffs first: the children watch is set and nobody else waits.
+    let (g, kept) = hand_on(&m, "mixed", g, 5).await;
+    assert_eq!(kept, 5);
+    let mut curator =
+        zklock_testkit::CuratorHold::spawn(&zk.connect_string(), &path, "mutex", 50, 1).unwrap();
+    // The JVM may take a while to start (or to be installed on a first run).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    while children(&m, &path).await.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Curator never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (g, after) = hand_on(&m, "mixed", g, 10 * BOUND).await;
+    assert!(
+        after <= BOUND,
+        "{after} local handoffs after Curator queued"
+    );
+    assert_ne!(g.node_path(), node, "the node was let go for Curator");
+    let (event, acquired_at) = tokio::task::spawn_blocking(move || {
+        let e = curator.next_event(Duration::from_secs(10)).unwrap();
+        (e, curator)
+    })
+    .await
+    .map(|((event, at), _)| (event, at))
+    .unwrap();
+    assert_eq!(event, "acquired");
+    assert!(acquired_at <= zklock_testkit::now_epoch_ms());
+    drop(g);
+    m.flush().await;
+}

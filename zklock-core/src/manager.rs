@@ -246,8 +246,11 @@ impl Builder {
         self
     }
 
-    /// How many local handoffs one node may serve before it is released so that other
-    /// processes get their turn (default 32; 0 hands nothing on locally).
+    /// How many local handoffs one node may serve, once another contender waits for the key,
+    /// before it is released so that the other gets its turn (default 32; 0 hands nothing on
+    /// locally). While no other contender waits, the node serves any number of local handoffs
+    /// (ZooKeeper: a children watch on the lock path tells when one appears; any doubt, such as
+    /// a watch not answered yet, counts as a contender).
     ///
     /// ```
     /// let b = zklock_core::LockManager::builder("h:2181").max_local_handoffs(8);

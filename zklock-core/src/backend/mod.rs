@@ -86,6 +86,14 @@ pub(crate) trait BackendHold: Send + Sync + 'static {
     /// waits for before it takes over a hold handed on to it), or once it is lost.
     fn confirmed(&self) -> BoxFuture<'_, ()>;
 
+    /// Whether another contender (another process, or another manager) may be waiting for
+    /// this hold's lock: what the local queue's bound on handoffs applies to. `true` when in
+    /// doubt, as here by default. The ZooKeeper hold learns it from a children watch set on
+    /// the first call; [`confirmed`](Self::confirmed) waits for that watch's first answer.
+    fn others_waiting(&self) -> bool {
+        true
+    }
+
     /// Releases the hold and waits for the backend's answer. Cancel safe: dropping the future
     /// before the answer leaves the release to the background.
     fn release(&self) -> BoxFuture<'_, Result<()>>;

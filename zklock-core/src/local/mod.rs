@@ -1,7 +1,8 @@
 //! The in-process lock table: one contender znode per process per key. Tasks of this process
 //! queue here, in FIFO order, behind the process's node; a release hands the node to the next
-//! of them without a ZooKeeper round trip, for at most a bounded run of handoffs, after which
-//! the node is let go so that other processes get their turn.
+//! of them without a ZooKeeper round trip. While another contender waits for the key (or may:
+//! when in doubt), at most a bounded run of handoffs follows, after which the node is let go so
+//! that it gets its turn; while none does, the node is kept.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
@@ -26,7 +27,7 @@ use crate::types::token::FencingToken;
 pub(crate) struct LocalConfig {
     /// Tasks of this process queue behind one backend hold per key.
     pub(crate) local_queue: bool,
-    /// Local handoffs of one hold before it is let go for other processes.
+    /// Local handoffs of one hold, once another contender waits, before it is let go.
     pub(crate) max_local_handoffs: u32,
 }
 
@@ -195,7 +196,8 @@ impl LocalLock {
     }
 
     /// Ends the hold of `node` given at `turn`: hands it to the next live waiter when the run of
-    /// handoffs allows and the hold is intact; otherwise passes the baton on and returns the
+    /// handoffs allows (no other contender waits, or the bound is not reached) and the hold is
+    /// intact; otherwise passes the baton on and returns the
     /// node, which the caller deletes. A turn already superseded (its hold was lost and the
     /// queue moved on without it) only returns the node.
     fn release(
@@ -207,9 +209,16 @@ impl LocalLock {
         if state.turn != turn {
             return Some(node);
         }
-        if node.loss_reason().is_none() {
+        if node.loss_reason().is_none() && self.max_handoffs > 0 {
             // The taker confirms the hold (`BackendHold::confirmed`) before it relies on it.
-            while state.handoffs < self.max_handoffs {
+            while !state.queue.is_empty() {
+                // The bound holds while another contender waits, or may wait (when in doubt);
+                // asking on the first handoff starts the backend's watch for one. The token's
+                // local part bounds every run.
+                let others = node.others_waiting();
+                if (others && state.handoffs >= self.max_handoffs) || state.handoffs == u32::MAX {
+                    break;
+                }
                 let Some(tx) = state.queue.pop_front() else {
                     break;
                 };

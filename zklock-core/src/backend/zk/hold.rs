@@ -27,6 +27,28 @@ enum NodeState {
     Lost(LossReason),
 }
 
+/// What a hold knows of other contenders for its lock (see [`Hold::others_waiting`]).
+enum Others {
+    /// Nobody asked yet.
+    Unasked,
+    /// The listing that sets the children watch is in flight.
+    Listing,
+    /// The listing showed no other contender; the children watch it set completes on any
+    /// change of the lock path's children (a new contender, or any doubt: the session ended).
+    None(
+        std::pin::Pin<Box<dyn std::future::Future<Output = zookeeper_client::WatchedEvent> + Send>>,
+    ),
+    /// Another contender exists or existed, or the listing failed: the bound applies.
+    Maybe,
+}
+
+/// A hold's knowledge of other contenders, shared with the task that lists them.
+struct Contenders {
+    others: std::sync::Mutex<Others>,
+    /// Bumped when the listing has answered (what [`Hold::confirmed`] waits for).
+    listed: watch::Sender<()>,
+}
+
 /// The signals that end a hold: its session's health (an epoch that moves on with every loss),
 /// the watch on its node, and whether it was void from the start.
 #[derive(Clone)]
@@ -98,6 +120,7 @@ pub(crate) struct Hold {
     monitor: std::sync::OnceLock<AbortHandle>,
     /// The delete was confirmed, or handed to a background task: nothing more to do on drop.
     released: AtomicBool,
+    contenders: Arc<Contenders>,
     _ticket: DirTicket,
 }
 
@@ -146,6 +169,10 @@ impl Hold {
             revocation,
             monitor: std::sync::OnceLock::new(),
             released: AtomicBool::new(false),
+            contenders: Arc::new(Contenders {
+                others: std::sync::Mutex::new(Others::Unasked),
+                listed: watch::channel(()).0,
+            }),
             _ticket: ticket,
         };
         if eager {
@@ -177,20 +204,88 @@ impl Hold {
     /// Waits until the watch on the node has answered once, so that [`loss_reason`]
     /// (Self::loss_reason) then knows whether the node still exists: what a local task checks
     /// before it takes over a node handed on to it. Ends early when the hold is lost.
+    /// The same holds for the listing of other contenders, once [`others_waiting`]
+    /// (Self::others_waiting) started it.
     pub(crate) async fn confirmed(&self) {
         self.watch();
         let mut state = self.node_state.subscribe();
+        let mut listed = self.contenders.listed.subscribe();
         let mut health = self.loss.health.clone();
         loop {
-            if self.loss_reason().is_some() || *state.borrow_and_update() != NodeState::Unconfirmed
-            {
+            if self.loss_reason().is_some() {
+                return;
+            }
+            let listing = matches!(*self.contenders.others.lock().unwrap(), Others::Listing);
+            if *state.borrow_and_update() != NodeState::Unconfirmed && !listing {
                 return;
             }
             tokio::select! {
                 changed = state.changed() => if changed.is_err() { return },
+                changed = listed.changed() => if changed.is_err() { return },
                 changed = health.changed() => if changed.is_err() { return },
             }
         }
+    }
+
+    /// Whether another contender may be waiting for this lock: `true` unless a listing of the
+    /// lock path, made on this hold's session, showed no other node and the children watch it
+    /// set has not fired since. The first call starts that listing (one request) and answers
+    /// `true`, as does any doubt. A watch's event reaches the client before the answer to any
+    /// later request of its session, and is seen here without waiting.
+    pub(crate) fn others_waiting(&self) -> bool {
+        if self.released.load(Ordering::SeqCst) || self.loss_reason().is_some() {
+            return true;
+        }
+        let mut others = self.contenders.others.lock().unwrap();
+        match &mut *others {
+            Others::Unasked => {
+                *others = Others::Listing;
+                drop(others);
+                self.list_contenders();
+                true
+            }
+            Others::Listing | Others::Maybe => true,
+            Others::None(changed) => {
+                // A watcher whose session task went away without a word panics when polled:
+                // that too is doubt.
+                let fired = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    futures::FutureExt::now_or_never(changed.as_mut()).is_some()
+                }));
+                if fired.unwrap_or(true) {
+                    *others = Others::Maybe;
+                    true
+                } else {
+                    false
+                }
+            }
+        }
+    }
+
+    /// Lists the lock path's children and watches them (see [`others_waiting`]
+    /// (Self::others_waiting)).
+    fn list_contenders(&self) {
+        let Some((parent, name)) = self.node.rsplit_once('/') else {
+            *self.contenders.others.lock().unwrap() = Others::Maybe;
+            return;
+        };
+        let (parent, name) = (parent.to_string(), name.to_string());
+        let client = self.session.client.clone();
+        let contenders = self.contenders.clone();
+        self.inner.count(1);
+        self.inner.runtime.spawn(async move {
+            let next = match client.list_and_watch_children(&parent).await {
+                Ok((children, watcher)) if children.iter().all(|c| *c == name) => {
+                    Others::None(Box::pin(watcher.changed()))
+                }
+                _ => Others::Maybe,
+            };
+            let mut others = contenders.others.lock().unwrap();
+            if matches!(*others, Others::Listing) {
+                *others = next;
+            }
+            drop(others);
+            contenders.listed.send_replace(());
+        });
     }
 
     /// What tells of this hold's loss, apart from the hold (it keeps the node alive).
@@ -349,6 +444,10 @@ impl BackendHold for Hold {
 
     fn loss(&self) -> LossSignal {
         Arc::new(self.loss_watch())
+    }
+
+    fn others_waiting(&self) -> bool {
+        Hold::others_waiting(self)
     }
 
     fn confirmed(&self) -> BoxFuture<'_, ()> {
