@@ -9,7 +9,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::keys::Keys;
-use super::{scripts, Inner, Pending};
+use super::{scripts, Inner, Pending, Undo};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
@@ -18,7 +18,9 @@ use crate::types::token::FencingToken;
 /// Which key a hold lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Side {
-    /// The exclusive key (a mutex or a writer).
+    /// The exclusive key of a mutex (or a leader latch), whose waiters queue.
+    Mutex,
+    /// The exclusive key of a writer.
     Exclusive,
     /// A member of the shared set (a reader or a semaphore lease).
     Shared,
@@ -186,8 +188,19 @@ impl RedisHold {
 
     fn location(&self) -> &str {
         match self.side {
-            Side::Exclusive => &self.keys.exclusive,
+            Side::Mutex | Side::Exclusive => &self.keys.exclusive,
             Side::Shared => &self.keys.shared,
+        }
+    }
+
+    /// What releasing this hold deletes.
+    fn undo(&self) -> Undo {
+        match self.side {
+            Side::Mutex => Undo::Mutex {
+                id: self.id.clone(),
+                member: String::new(),
+            },
+            Side::Exclusive | Side::Shared => Undo::Any(vec![self.id.clone()]),
         }
     }
 
@@ -216,10 +229,7 @@ impl RedisHold {
         self.watchdog.abort();
         // Retried until the lease could have run out: the key is gone by then anyway.
         let until = self.state.borrow().deadline;
-        let deleted = self
-            .inner
-            .delete(&self.keys, std::slice::from_ref(&self.id), until)
-            .await;
+        let deleted = self.inner.delete(&self.keys, &self.undo(), until).await;
         self.released.store(true, Ordering::SeqCst);
         let lost_now = self.loss_reason();
         self.end();
@@ -243,9 +253,9 @@ impl Drop for RedisHold {
         if !self.released.swap(true, Ordering::SeqCst) {
             let until = self.state.borrow().deadline;
             self.end();
-            let (inner, keys, id) = (self.inner.clone(), self.keys.clone(), self.id.clone());
+            let (inner, keys, undo) = (self.inner.clone(), self.keys.clone(), self.undo());
             self.inner.background.spawn(&self.inner.runtime, async move {
-                if let Err(e) = inner.delete(&keys, &[id], until).await {
+                if let Err(e) = inner.delete(&keys, &undo, until).await {
                     tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not release a Redis lock; it ends when its lease runs out");
                 }
             });
@@ -266,7 +276,7 @@ async fn watchdog(
     mut last_sent: Instant,
 ) {
     let (script, key): (&Script, &str) = match side {
-        Side::Exclusive => (&*scripts::RENEW_EXCLUSIVE, &keys.exclusive),
+        Side::Mutex | Side::Exclusive => (&*scripts::RENEW_EXCLUSIVE, &keys.exclusive),
         Side::Shared => (&*scripts::RENEW_SHARED, &keys.shared),
     };
     let lease_ms = inner.lease_ms();
@@ -351,7 +361,11 @@ impl BackendHold for RedisHold {
             let inner = &self.inner;
             let read_id = inner.new_id();
             // Until the answer is in, the read hold may exist: undone if this ends otherwise.
-            let mut pending = Pending::new(inner.clone(), self.keys.clone(), vec![read_id.clone()]);
+            let mut pending = Pending::new(
+                inner.clone(),
+                self.keys.clone(),
+                Undo::Any(vec![read_id.clone()]),
+            );
             pending.armed = true;
             let sent = Instant::now();
             let keys = &self.keys;

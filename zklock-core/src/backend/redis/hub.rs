@@ -1,6 +1,8 @@
-//! Wake-ups for waiters: one pub/sub connection per backend, subscribed to the channel of
-//! every lock some local acquire waits for. A release publishes on its lock's channel; the
-//! hub wakes that lock's local listeners.
+//! Wake-ups for waiters: one pub/sub connection per backend, subscribed to the process's own
+//! channel `zklock:notify:<hub id>` (a mutex release tells the first waiting process there,
+//! naming the lock) and to the channel of every read/write lock or semaphore some local
+//! acquire waits for (their releases publish on the lock's channel). The hub wakes that lock's
+//! local listeners.
 //!
 //! A waiter subscribes before its next attempt, so a release after that attempt is never
 //! missed while the connection lives. When the pub/sub connection breaks, every listener is
@@ -17,6 +19,8 @@ use redis::aio::{PubSubSink, PubSubStream};
 use redis::Client;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::keys::NOTIFY_PREFIX;
+
 /// The longest a waiter sleeps between attempts while the hub has no live subscription.
 pub(crate) const UNSUBSCRIBED_POLL: Duration = Duration::from_millis(500);
 /// The first pause before reconnecting a broken pub/sub connection; doubled up to
@@ -26,18 +30,24 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
 struct Channel {
     listeners: usize,
+    /// Subscribed on Redis by its own name (a broadcast channel); a mutex's listeners are
+    /// woken through the hub's own channel instead.
+    subscribed: bool,
     /// Counts wake-ups of this channel.
     wake: watch::Sender<u64>,
 }
 
 enum Request {
-    /// Subscribe to a channel (again: subscribing twice is harmless) and say whether it took.
-    Subscribe(String, oneshot::Sender<bool>),
+    /// Subscribe to a channel (again: subscribing twice is harmless), or (`None`) only make
+    /// sure the connection is up (it listens on the hub's own channel), and say whether it took.
+    Subscribe(Option<String>, oneshot::Sender<bool>),
     /// A channel lost its last listener: unsubscribe unless someone listens again by now.
     Unsubscribe(String),
 }
 
 struct Shared {
+    /// The hub's own channel, `zklock:notify:<hub id>`.
+    notify: String,
     channels: StdMutex<HashMap<String, Channel>>,
     requests: mpsc::UnboundedSender<Request>,
     /// The pub/sub connection is up and subscribed to every channel with listeners.
@@ -57,8 +67,18 @@ impl Shared {
         }
     }
 
+    /// What a (new) pub/sub connection subscribes to: the hub's own channel, and every
+    /// broadcast channel with listeners.
     fn listened(&self) -> Vec<String> {
-        self.channels.lock().unwrap().keys().cloned().collect()
+        let channels = self.channels.lock().unwrap();
+        std::iter::once(self.notify.clone())
+            .chain(
+                channels
+                    .iter()
+                    .filter(|(_, c)| c.subscribed)
+                    .map(|(name, _)| name.clone()),
+            )
+            .collect()
     }
 }
 
@@ -66,6 +86,8 @@ impl Shared {
 /// dropped (its request channel closes then).
 pub(crate) struct Hub {
     shared: Arc<Shared>,
+    /// Names this process's channel; the first word of its mutex queue members.
+    pub(crate) id: String,
 }
 
 impl Hub {
@@ -75,27 +97,32 @@ impl Hub {
         runtime: &tokio::runtime::Handle,
     ) -> Hub {
         let (tx, rx) = mpsc::unbounded_channel();
+        let id = uuid::Uuid::new_v4().to_string();
         let shared = Arc::new(Shared {
+            notify: format!("{NOTIFY_PREFIX}{id}"),
             channels: StdMutex::new(HashMap::new()),
             requests: tx,
             live: AtomicBool::new(false),
         });
         runtime.spawn(run(client, timeout, Arc::downgrade(&shared), rx));
-        Hub { shared }
+        Hub { shared, id }
     }
 
     /// Starts listening on `channel` and waits (at most `timeout`) until the subscription is
-    /// confirmed: releases published from then on wake the listener.
-    pub(crate) async fn listen(&self, channel: &str, timeout: Duration) -> Listener {
+    /// confirmed: releases published from then on wake the listener. `direct`: the wake-ups
+    /// come through the hub's own channel (a mutex's queue), not by subscribing to `channel`.
+    pub(crate) async fn listen(&self, channel: &str, direct: bool, timeout: Duration) -> Listener {
         let wake = {
             let mut channels = self.shared.channels.lock().unwrap();
             let entry = channels
                 .entry(channel.to_string())
                 .or_insert_with(|| Channel {
                     listeners: 0,
+                    subscribed: false,
                     wake: watch::channel(0).0,
                 });
             entry.listeners += 1;
+            entry.subscribed |= !direct;
             entry.wake.subscribe()
         };
         // From here a cancelled listen stops listening.
@@ -108,7 +135,10 @@ impl Hub {
         if self
             .shared
             .requests
-            .send(Request::Subscribe(channel.to_string(), tx))
+            .send(Request::Subscribe(
+                (!direct).then(|| channel.to_string()),
+                tx,
+            ))
             .is_ok()
         {
             let _ = tokio::time::timeout(timeout, rx).await;
@@ -146,15 +176,17 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         let mut channels = self.shared.channels.lock().unwrap();
-        let last = match channels.get_mut(&self.channel) {
+        let (last, subscribed) = match channels.get_mut(&self.channel) {
             Some(c) => {
                 c.listeners -= 1;
-                c.listeners == 0
+                (c.listeners == 0, c.subscribed)
             }
-            None => false,
+            None => (false, false),
         };
         if last {
             channels.remove(&self.channel);
+        }
+        if last && subscribed {
             drop(channels);
             let _ = self
                 .shared
@@ -193,12 +225,14 @@ async fn run(
                         if conn.is_none() {
                             conn = connect(&client, timeout, &hub).await;
                         }
-                        let ok = match &mut conn {
+                        let ok = match (&mut conn, channel) {
                             // A fresh connection subscribed to every listened channel already.
-                            Some((sink, _)) => {
+                            (Some((sink, _)), Some(channel)) => {
                                 matches!(tokio::time::timeout(timeout, sink.subscribe(&channel)).await, Ok(Ok(())))
                             }
-                            None => false,
+                            // The hub's own channel: subscribed with the connection.
+                            (Some(_), None) => true,
+                            (None, _) => false,
                         };
                         if !ok && conn.is_some() {
                             conn = None;
@@ -222,6 +256,11 @@ async fn run(
             message = next_message => {
                 let Some(hub) = shared.upgrade() else { return };
                 match message {
+                    Some(message) if message.get_channel_name() == hub.notify => {
+                        if let Ok(channel) = message.get_payload::<String>() {
+                            hub.wake(&channel);
+                        }
+                    }
                     Some(message) => hub.wake(message.get_channel_name()),
                     None => {
                         tracing::debug!("zklock: the Redis pub/sub connection broke; waiters poll until it is back");
@@ -250,10 +289,7 @@ async fn connect(
 ) -> Option<(PubSubSink, PubSubStream)> {
     let opened = tokio::time::timeout(timeout, async {
         let (mut sink, stream) = client.get_async_pubsub().await?.split();
-        let channels = hub.listened();
-        if !channels.is_empty() {
-            sink.subscribe(&channels).await?;
-        }
+        sink.subscribe(&hub.listened()).await?;
         Ok::<_, redis::RedisError>((sink, stream))
     })
     .await;

@@ -9,17 +9,27 @@
 //!   moment a renewal fails or is refused, or when the lease could have run out: at the send
 //!   time of the last confirmed renewal plus the lease less a [`margin`](Inner::margin), so
 //!   before the server lets anyone else in.
-//! - Waiters do not poll: they listen on the lock's pub/sub channel `zklock:wake:<path>`, which
-//!   every release publishes to, and otherwise wake when the current lease could run out
-//!   (its `PTTL`). See [`hub`].
+//! - Waiters do not poll. A mutex's waiting processes queue in `zklock:queue:<path>`; a release
+//!   tells only the first live one, on that process's own channel. Readers, writers and
+//!   semaphore leases listen on the lock's channel `zklock:wake:<path>`, which their releases
+//!   publish to. Either way a waiter also wakes when the lease in its way could run out (its
+//!   `PTTL`), and a queued one every [`waiter TTL`](waiter_ttl)/3 to stay alive in the queue.
+//!   See [`hub`].
 //! - Releases and undos are compare-and-delete scripts: they delete only what carries the
 //!   holder's id. A dropped acquire whose request may have been applied is undone in the
 //!   background; [`flush`](Backend::flush) waits for it.
 //!
-//! No order among waiting processes is kept: a release wakes every process waiting for the
-//! lock (one task each: the local queue keeps the others asleep), and the first to ask gets
-//! it. A waiting writer makes new readers wait (writers are not starved by readers): it leaves
-//! an intent key, renewed every lease/3 while it waits.
+//! Order: a mutex (and a leader latch) goes to waiting processes first come, first served: by
+//! the server time of their first refused attempt; a process that asks while others wait joins
+//! the back of the queue, even when the key happens to be free. A waiter whose process died or
+//! was cut off drops out once its liveness (a [`waiter TTL`](waiter_ttl), refreshed by every
+//! attempt) runs out, so it holds the others up for at most that long. Within a process, the
+//! local queue keeps tasks in order, with one task per process waiting on Redis.
+//!
+//! Readers, writers and semaphore leases keep no order among processes: a release wakes every
+//! process waiting for the lock, and the first to ask gets it. A waiting writer makes new
+//! readers wait (writers are not starved by readers): it leaves an intent key, renewed every
+//! lease/3 while it waits.
 
 mod conn;
 mod hold;
@@ -51,6 +61,25 @@ const RETRY_MIN: Duration = Duration::from_millis(20);
 const RETRY_MAX: Duration = Duration::from_secs(1);
 /// The shortest lease accepted: renewals go out every lease/3.
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(100);
+/// The longest a queued mutex waiter stays in the queue without refreshing its liveness.
+const MAX_WAITER_TTL: Duration = Duration::from_secs(1);
+
+/// How long a queued mutex waiter stays alive in the queue without an attempt: lease/3, at
+/// most [`MAX_WAITER_TTL`]. A waiter attempts again every third of it, so a crashed or cut-off
+/// waiter holds up the processes behind it for at most about 4/3 of it.
+pub(crate) fn waiter_ttl(lease: Duration) -> Duration {
+    (lease / 3).min(MAX_WAITER_TTL)
+}
+
+/// What a release or an undo deletes.
+#[derive(Debug, Clone)]
+pub(crate) enum Undo {
+    /// A mutex hold of `id`, and (unless empty) the queue `member` of a waiter.
+    Mutex { id: String, member: String },
+    /// Whatever carries one of these ids: the exclusive key (a writer's), a writer's intent,
+    /// shared-set members.
+    Any(Vec<String>),
+}
 
 /// What the Redis backend is configured with (its part of [`Builder`](crate::Builder)).
 #[derive(Debug, Clone)]
@@ -76,6 +105,8 @@ pub(crate) struct Inner {
     pub(crate) background: Arc<Background>,
     /// `host=<host> pid=<pid>[ id=<identity>]`, after each holder's uuid.
     holder_tag: String,
+    /// See [`waiter_ttl`].
+    waiter_ttl: Duration,
 }
 
 impl Inner {
@@ -103,12 +134,12 @@ impl Inner {
         sent + self.lease - self.margin
     }
 
-    /// Deletes what carries one of `ids` in `keys` and wakes waiters; retried on connection
-    /// trouble until `until`. Whether something was deleted.
+    /// Deletes what `undo` names in `keys` and wakes waiters; retried on connection trouble
+    /// until `until`. Whether something was deleted.
     pub(crate) async fn delete(
         &self,
         keys: &Keys,
-        ids: &[String],
+        undo: &Undo,
         until: Instant,
     ) -> redis::RedisResult<bool> {
         let mut pause = RETRY_MIN;
@@ -116,12 +147,26 @@ impl Inner {
             let freed = self
                 .conn
                 .run(Some(self.conn.reply_timeout), |mut c| {
-                    let mut invocation = scripts::RELEASE.key(&keys.exclusive);
-                    invocation
-                        .key(&keys.shared)
-                        .key(&keys.intent)
-                        .arg(&keys.channel)
-                        .arg(ids);
+                    let invocation = match undo {
+                        Undo::Mutex { id, member } => {
+                            let mut i = scripts::RELEASE_MUTEX.key(&keys.exclusive);
+                            i.key(&keys.queue)
+                                .key(&keys.alive)
+                                .arg(id)
+                                .arg(member)
+                                .arg(keys::NOTIFY_PREFIX)
+                                .arg(&keys.channel);
+                            i
+                        }
+                        Undo::Any(ids) => {
+                            let mut i = scripts::RELEASE.key(&keys.exclusive);
+                            i.key(&keys.shared)
+                                .key(&keys.intent)
+                                .arg(&keys.channel)
+                                .arg(ids);
+                            i
+                        }
+                    };
                     async move { invocation.invoke_async::<i64>(&mut c).await }
                 })
                 .await;
@@ -140,8 +185,10 @@ impl Inner {
 /// What an acquire asks for.
 #[derive(Debug, Clone, Copy)]
 enum Ask {
-    /// The exclusive key; `readers_exclude` for a writer.
-    Exclusive { readers_exclude: bool },
+    /// The exclusive key, for a mutex or a leader latch: queued first come, first served.
+    Mutex,
+    /// The exclusive key, for a writer: readers exclude it too.
+    Write,
     /// A read hold.
     Read,
     /// Leases of a semaphore with `max` leases.
@@ -161,16 +208,16 @@ enum Attempt {
 pub(crate) struct Pending {
     inner: Arc<Inner>,
     keys: Arc<Keys>,
-    ids: Vec<String>,
+    undo: Option<Undo>,
     pub(crate) armed: bool,
 }
 
 impl Pending {
-    pub(crate) fn new(inner: Arc<Inner>, keys: Arc<Keys>, ids: Vec<String>) -> Pending {
+    pub(crate) fn new(inner: Arc<Inner>, keys: Arc<Keys>, undo: Undo) -> Pending {
         Pending {
             inner,
             keys,
-            ids,
+            undo: Some(undo),
             armed: false,
         }
     }
@@ -181,13 +228,13 @@ impl Drop for Pending {
         if !self.armed {
             return;
         }
+        let Some(undo) = self.undo.take() else { return };
         let inner = self.inner.clone();
         let keys = self.keys.clone();
-        let ids = std::mem::take(&mut self.ids);
         // Whatever the request left expires with its lease anyway.
         let until = Instant::now() + inner.lease;
         self.inner.background.spawn(&self.inner.runtime, async move {
-            if let Err(e) = inner.delete(&keys, &ids, until).await {
+            if let Err(e) = inner.delete(&keys, &undo, until).await {
                 tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not undo an acquire on Redis; what it left ends when its lease runs out");
             }
         });
@@ -235,26 +282,50 @@ impl RedisBackend {
                 runtime,
                 background: Arc::default(),
                 holder_tag,
+                waiter_ttl: waiter_ttl(config.lease),
             }),
         })
     }
 
-    /// One attempt of `ask` for `ids` on `keys`.
-    async fn attempt(&self, keys: &Keys, ask: Ask, ids: &[String]) -> redis::RedisResult<Attempt> {
+    /// One attempt of `ask` for `ids` on `keys`; a mutex waiter queues as `member` unless
+    /// `queue` is false (a try).
+    async fn attempt(
+        &self,
+        keys: &Keys,
+        ask: Ask,
+        ids: &[String],
+        member: &str,
+        queue: bool,
+    ) -> redis::RedisResult<Attempt> {
         let inner = &self.inner;
         let lease = inner.lease_ms();
         let reply: Vec<i64> = inner
             .conn
             .run(Some(inner.conn.reply_timeout), |mut c| {
                 let invocation = match ask {
-                    Ask::Exclusive { readers_exclude } => {
+                    Ask::Mutex => {
+                        let mut i = scripts::ACQUIRE_MUTEX.key(&keys.exclusive);
+                        i.key(&keys.fence)
+                            .key(&keys.queue)
+                            .key(&keys.alive)
+                            .arg(&ids[0])
+                            .arg(lease)
+                            .arg(member)
+                            .arg(if queue {
+                                inner.waiter_ttl.as_millis() as u64
+                            } else {
+                                0
+                            });
+                        i
+                    }
+                    Ask::Write => {
                         let mut i = scripts::ACQUIRE_EXCLUSIVE.key(&keys.exclusive);
                         i.key(&keys.shared)
                             .key(&keys.fence)
                             .key(&keys.intent)
                             .arg(&ids[0])
                             .arg(lease)
-                            .arg(if readers_exclude { "1" } else { "0" });
+                            .arg("1");
                         i
                     }
                     Ask::Read => {
@@ -293,7 +364,23 @@ impl RedisBackend {
         let inner = &self.inner;
         let keys = Arc::new(Keys::new(&target.path));
         let ids: Vec<String> = (0..n.max(1)).map(|_| inner.new_id()).collect();
-        let mut pending = Pending::new(inner.clone(), keys.clone(), ids.clone());
+        let mutex = matches!(ask, Ask::Mutex);
+        // A mutex waiter's place in the queue: `<hub id> <holder id>`.
+        let member = if mutex {
+            format!("{} {}", inner.hub.id, ids[0])
+        } else {
+            String::new()
+        };
+        let undo = if mutex {
+            Undo::Mutex {
+                id: ids[0].clone(),
+                member: member.clone(),
+            }
+        } else {
+            Undo::Any(ids.clone())
+        };
+        let mut pending = Pending::new(inner.clone(), keys.clone(), undo);
+        let queue = !matches!(wait, Wait::Never);
         let mut listener: Option<Listener> = None;
         let mut pause = RETRY_MIN;
         loop {
@@ -302,12 +389,13 @@ impl RedisBackend {
             }
             pending.armed = true;
             let sent = Instant::now();
-            match self.attempt(&keys, ask, &ids).await {
+            match self.attempt(&keys, ask, &ids, &member, queue).await {
                 Ok(Attempt::Granted(last)) => {
                     pending.armed = false;
                     let first = last - i64::from(n.max(1)) + 1;
                     let side = match ask {
-                        Ask::Exclusive { .. } => Side::Exclusive,
+                        Ask::Mutex => Side::Mutex,
+                        Ask::Write => Side::Exclusive,
                         Ask::Read | Ask::Leases { .. } => Side::Shared,
                     };
                     let holds = ids
@@ -329,13 +417,9 @@ impl RedisBackend {
                 }
                 Ok(Attempt::Taken(free_in)) => {
                     pause = RETRY_MIN;
-                    // Nothing of ours is left, but a waiting writer's intent.
-                    pending.armed = matches!(
-                        ask,
-                        Ask::Exclusive {
-                            readers_exclude: true
-                        }
-                    );
+                    // Nothing of ours is left, but a waiting writer's intent or a queued
+                    // mutex waiter's place.
+                    pending.armed = matches!(ask, Ask::Write) || (mutex && queue);
                     if matches!(wait, Wait::Never) {
                         return Ok(None);
                     }
@@ -344,7 +428,7 @@ impl RedisBackend {
                         listener = Some(
                             inner
                                 .hub
-                                .listen(&keys.channel, inner.conn.reply_timeout)
+                                .listen(&keys.channel, mutex, inner.conn.reply_timeout)
                                 .await,
                         );
                         continue;
@@ -352,13 +436,14 @@ impl RedisBackend {
                     // Woken by a release, or when the lease in the way could run out (a
                     // millisecond late, so that the server has let it go). A writer behind
                     // readers comes back every lease/3 to renew its intent.
+                    // A queued mutex waiter comes back every waiter TTL/3 to stay alive in the
+                    // queue (and to get in if the release's word to it was lost).
                     let mut fallback =
                         free_in.map_or(inner.lease, |d| d + Duration::from_millis(1));
-                    if let Ask::Exclusive {
-                        readers_exclude: true,
-                    } = ask
-                    {
-                        fallback = fallback.min(inner.lease / 3);
+                    match ask {
+                        Ask::Write => fallback = fallback.min(inner.lease / 3),
+                        Ask::Mutex => fallback = fallback.min(inner.waiter_ttl / 3),
+                        Ask::Read | Ask::Leases { .. } => {}
                     }
                     listener.wait(fallback).await;
                 }
@@ -392,12 +477,8 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let ask = match mode {
                 // A leader latch is exclusive; Redis keeps no participant ids.
-                HoldMode::Exclusive | HoldMode::Leader => Ask::Exclusive {
-                    readers_exclude: false,
-                },
-                HoldMode::Write => Ask::Exclusive {
-                    readers_exclude: true,
-                },
+                HoldMode::Exclusive | HoldMode::Leader => Ask::Mutex,
+                HoldMode::Write => Ask::Write,
                 HoldMode::Read => Ask::Read,
                 HoldMode::Lease => {
                     return Err(Error::Unsupported {

@@ -51,6 +51,105 @@ end
     };
 }
 
+/// Shared Lua of the mutex queue: the first waiter still alive, pruning dead ones.
+macro_rules! queue_lua {
+    ($body:expr) => {
+        lua!(concat!(
+            r#"
+local function live_head(queue, alive)
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if not head then
+    return nil
+  end
+  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now_ms())
+  if #dead > 0 then
+    redis.call('ZREM', queue, unpack(dead))
+    redis.call('ZREM', alive, unpack(dead))
+    head = redis.call('ZRANGE', queue, 0, 0)[1]
+  end
+  return head
+end
+"#,
+            $body
+        ))
+    };
+}
+
+/// Takes a mutex (or a leader latch's key), first come first served among the processes
+/// that wait.
+///
+/// KEYS: exclusive, fence, queue, alive. ARGV: holder id, lease ms, the waiter's queue member
+/// (`<hub id> <holder id>`), waiter TTL ms (`0`: a try, which never queues). Returns
+/// `{1, token}` when granted, else `{0, ms}` (the key's `PTTL`: `-2` when it is free but a
+/// live waiter is ahead).
+///
+/// A free key goes to the head of the queue (the live member with the lowest enqueue time),
+/// or to anyone while the queue is empty. A refused waiter joins the queue (keeping its place
+/// if already in it) and refreshes its liveness for one waiter TTL; members whose liveness
+/// ran out are pruned when the queue is looked at, so a crashed waiter holds up the others
+/// for at most one TTL. Both sets expire with their newest waiter's liveness.
+pub(crate) static ACQUIRE_MUTEX: Lazy<Script> = Lazy::new(|| {
+    Script::new(queue_lua!(
+        r#"
+local head = live_head(KEYS[3], KEYS[4])
+if not head or head == ARGV[3] then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    if head then
+      redis.call('ZREM', KEYS[3], ARGV[3])
+      redis.call('ZREM', KEYS[4], ARGV[3])
+    end
+    return {1, next_tokens(KEYS[2], 1)}
+  end
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('ZREM', KEYS[3], ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  return {1, next_tokens(KEYS[2], 1)}
+end
+if ARGV[4] ~= '0' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', KEYS[3], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[3])
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[3])
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
+end
+return {0, redis.call('PTTL', KEYS[1])}
+"#
+    ))
+});
+
+/// Releases a mutex hold, or undoes a mutex acquire (its hold and its place in the queue):
+/// deletes only what carries the given holder id or queue member. When that freed something
+/// and the key is free, the first live waiter (only it) is told, on its hub's channel
+/// (`<notify prefix><hub id>`, message: the lock's wake channel).
+///
+/// KEYS: exclusive, queue, alive. ARGV: holder id, queue member (`''`: none), notify prefix,
+/// wake channel. Returns 1 when something was freed, else 0.
+pub(crate) static RELEASE_MUTEX: Lazy<Script> = Lazy::new(|| {
+    Script::new(queue_lua!(
+        r#"
+local freed = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  freed = 1
+end
+if ARGV[2] ~= '' and redis.call('ZREM', KEYS[2], ARGV[2]) == 1 then
+  redis.call('ZREM', KEYS[3], ARGV[2])
+  freed = 1
+end
+if freed == 1 then
+  local head = live_head(KEYS[2], KEYS[3])
+  if head and redis.call('EXISTS', KEYS[1]) == 0 then
+    redis.call('PUBLISH', ARGV[3] .. string.match(head, '^(%S+)'), ARGV[4])
+  end
+end
+return freed
+"#
+    ))
+});
+
 /// Takes the exclusive key (a mutex or a writer).
 ///
 /// KEYS: exclusive, shared, fence, intent. ARGV: holder id, lease ms, `1` when shared holders
