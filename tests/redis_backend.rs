@@ -891,7 +891,11 @@ async fn waiting_processes_get_a_mutex_in_the_order_they_asked() {
     }
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
     holder.flush().await;
-    assert!(leftovers(&url).await.is_empty(), "{:?}", leftovers(&url).await);
+    assert!(
+        leftovers(&url).await.is_empty(),
+        "{:?}",
+        leftovers(&url).await
+    );
 }
 
 /// A queued waiter that stops answering (its connections go silent through a proxy, as a
@@ -931,7 +935,10 @@ async fn a_silent_waiter_at_the_head_of_the_queue_does_not_block_the_next() {
         .await
         .expect("the next waiter gets in once the silent one dropped out")
         .unwrap();
-    eprintln!("the next waiter got in {:?} after the release", got - released);
+    eprintln!(
+        "the next waiter got in {:?} after the release",
+        got - released
+    );
     // The silent one is out of the queue, and does not hold the key.
     assert_eq!(queue(&url, "silent").await.len(), 0);
     drop(g);
@@ -955,7 +962,9 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
     let (holder, quitter, patient) = (f().await, f().await, f().await);
     let held = holder.lock("quit").await.unwrap();
     let quit = tokio::spawn(async move {
-        let r = quitter.lock_timeout("quit", Duration::from_millis(300)).await;
+        let r = quitter
+            .lock_timeout("quit", Duration::from_millis(300))
+            .await;
         quitter.flush().await;
         r.map(|_| ())
     });
@@ -967,14 +976,22 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
     });
     queued(&url, "quit", 2).await;
     assert!(quit.await.unwrap().is_err(), "the lock is held: a timeout");
-    assert_eq!(queue(&url, "quit").await.len(), 1, "only the patient one waits");
+    assert_eq!(
+        queue(&url, "quit").await.len(),
+        1,
+        "only the patient one waits"
+    );
     held.release().await.unwrap();
     tokio::time::timeout(Duration::from_millis(500), wait)
         .await
         .expect("the release wakes the patient waiter")
         .unwrap();
     holder.flush().await;
-    assert!(leftovers(&url).await.is_empty(), "{:?}", leftovers(&url).await);
+    assert!(
+        leftovers(&url).await.is_empty(),
+        "{:?}",
+        leftovers(&url).await
+    );
 }
 
 /// A try never queues, and is refused while others wait even if the key is free for a moment.

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use redis::Script;
 use tokio::sync::{watch, Mutex as AsyncMutex};
@@ -143,7 +144,9 @@ pub(crate) struct RedisHold {
 }
 
 impl RedisHold {
-    /// The hold of `id`, granted by a request sent at `sent`; starts its watchdog.
+    /// The hold of `id`, granted for `lease` (the backend's, or a hand-over's short first
+    /// lease) by a request sent at `sent` (or applied after it); starts its watchdog.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         inner: Arc<Inner>,
         keys: Arc<Keys>,
@@ -152,9 +155,10 @@ impl RedisHold {
         key: Arc<str>,
         token: FencingToken,
         sent: Instant,
+        lease: Duration,
     ) -> RedisHold {
         let (state, _) = watch::channel(HoldState {
-            deadline: inner.deadline(sent),
+            deadline: Inner::deadline_for(sent, lease),
             lost: None,
             released: false,
         });
@@ -169,7 +173,7 @@ impl RedisHold {
                 id.clone(),
                 state.clone(),
                 ops.clone(),
-                sent,
+                sent + lease / 3,
             ))
             .abort_handle();
         RedisHold {
@@ -263,9 +267,9 @@ impl Drop for RedisHold {
     }
 }
 
-/// Renews the hold every lease/3 (from the send time of the last renewal) while it lives, and
-/// makes it lost the moment a renewal fails or is refused, or when the lease could have run
-/// out before a renewal was confirmed.
+/// Renews the hold at `first` and then every lease/3 (from the send time of the last renewal)
+/// while it lives, and makes it lost the moment a renewal fails or is refused, or when the
+/// lease could have run out before a renewal was confirmed.
 async fn watchdog(
     inner: Arc<Inner>,
     keys: Arc<Keys>,
@@ -273,15 +277,16 @@ async fn watchdog(
     id: String,
     state: Arc<watch::Sender<HoldState>>,
     ops: Arc<AsyncMutex<()>>,
-    mut last_sent: Instant,
+    first: Instant,
 ) {
     let (script, key): (&Script, &str) = match side {
         Side::Mutex | Side::Exclusive => (&*scripts::RENEW_EXCLUSIVE, &keys.exclusive),
         Side::Shared => (&*scripts::RENEW_SHARED, &keys.shared),
     };
     let lease_ms = inner.lease_ms();
+    let mut next = first;
     loop {
-        tokio::time::sleep_until(last_sent + inner.lease / 3).await;
+        tokio::time::sleep_until(next).await;
         let _turn = ops.lock().await;
         let (deadline, done) = {
             let s = state.borrow();
@@ -303,7 +308,7 @@ async fn watchdog(
         match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Ok(1)) => {
                 extend(&state, inner.deadline(sent));
-                last_sent = sent;
+                next = sent + inner.lease / 3;
             }
             Ok(Ok(_)) => return lose(&state, LossReason::NodeDeleted, key),
             Ok(Err(e)) => {
@@ -403,6 +408,7 @@ impl BackendHold for RedisHold {
                 target.key.clone(),
                 self.token,
                 sent,
+                inner.lease,
             );
             Ok(Downgraded {
                 read: Arc::new(read),

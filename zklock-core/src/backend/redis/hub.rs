@@ -35,6 +35,9 @@ struct Channel {
     subscribed: bool,
     /// Counts wake-ups of this channel.
     wake: watch::Sender<u64>,
+    /// Mutex holds a release handed to this process's waiters: holder id -> token. Taken by
+    /// the waiter of that id; dropped with the channel's last listener.
+    grants: HashMap<String, i64>,
 }
 
 enum Request {
@@ -65,6 +68,23 @@ impl Shared {
         if let Some(channel) = self.channels.lock().unwrap().get(name) {
             channel.wake.send_modify(|n| *n += 1);
         }
+    }
+
+    /// A message on the hub's own channel: `<wake channel>\n<token>\n<holder id>`, a mutex
+    /// handed to that holder (see `scripts::RELEASE_MUTEX`); or a bare wake channel.
+    fn notified(&self, payload: &str) {
+        let mut parts = payload.splitn(3, '\n');
+        let name = parts.next().unwrap_or_default();
+        let mut channels = self.channels.lock().unwrap();
+        let Some(channel) = channels.get_mut(name) else {
+            return;
+        };
+        if let (Some(token), Some(id)) = (parts.next(), parts.next()) {
+            if let Ok(token) = token.parse() {
+                channel.grants.insert(id.to_string(), token);
+            }
+        }
+        channel.wake.send_modify(|n| *n += 1);
     }
 
     /// What a (new) pub/sub connection subscribes to: the hub's own channel, and every
@@ -111,7 +131,41 @@ impl Hub {
     /// Starts listening on `channel` and waits (at most `timeout`) until the subscription is
     /// confirmed: releases published from then on wake the listener. `direct`: the wake-ups
     /// come through the hub's own channel (a mutex's queue), not by subscribing to `channel`.
-    pub(crate) async fn listen(&self, channel: &str, direct: bool, timeout: Duration) -> Listener {
+    ///
+    /// `id`: the holder id of a mutex waiter, to which a release may hand the lock (see
+    /// [`Listener::take_grant`]).
+    pub(crate) async fn listen(
+        &self,
+        channel: &str,
+        direct: bool,
+        id: Option<&str>,
+        timeout: Duration,
+    ) -> Listener {
+        let listener = self.register(channel, direct, id);
+        let (tx, rx) = oneshot::channel();
+        let subscribe = (!direct).then(|| channel.to_string());
+        if self
+            .shared
+            .requests
+            .send(Request::Subscribe(subscribe, tx))
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(timeout, rx).await;
+        }
+        listener
+    }
+
+    /// A mutex waiter's listener (woken through the hub's own channel), at once and without a
+    /// word to the hub's task, if the hub's connection is live (so its own channel is
+    /// subscribed); else `None` (then [`listen`](Self::listen)).
+    pub(crate) fn listen_direct_now(&self, channel: &str, id: &str) -> Option<Listener> {
+        // Registered before looking: a connection that breaks from here wakes it.
+        let listener = self.register(channel, true, Some(id));
+        self.shared.live.load(Ordering::SeqCst).then_some(listener)
+    }
+
+    /// Registers a listener of `channel` (cancelling it, by drop, stops listening).
+    fn register(&self, channel: &str, direct: bool, id: Option<&str>) -> Listener {
         let wake = {
             let mut channels = self.shared.channels.lock().unwrap();
             let entry = channels
@@ -120,30 +174,18 @@ impl Hub {
                     listeners: 0,
                     subscribed: false,
                     wake: watch::channel(0).0,
+                    grants: HashMap::new(),
                 });
             entry.listeners += 1;
             entry.subscribed |= !direct;
             entry.wake.subscribe()
         };
-        // From here a cancelled listen stops listening.
-        let listener = Listener {
+        Listener {
             shared: self.shared.clone(),
             channel: channel.to_string(),
             wake,
-        };
-        let (tx, rx) = oneshot::channel();
-        if self
-            .shared
-            .requests
-            .send(Request::Subscribe(
-                (!direct).then(|| channel.to_string()),
-                tx,
-            ))
-            .is_ok()
-        {
-            let _ = tokio::time::timeout(timeout, rx).await;
+            id: id.map(str::to_string),
         }
-        listener
     }
 }
 
@@ -152,9 +194,18 @@ pub(crate) struct Listener {
     shared: Arc<Shared>,
     channel: String,
     wake: watch::Receiver<u64>,
+    /// The mutex waiter's holder id, if a release may hand it the lock.
+    id: Option<String>,
 }
 
 impl Listener {
+    /// The token of the mutex hold a release handed to this waiter, if one did (once).
+    pub(crate) fn take_grant(&self) -> Option<i64> {
+        let id = self.id.as_ref()?;
+        let mut channels = self.shared.channels.lock().unwrap();
+        channels.get_mut(&self.channel)?.grants.remove(id)
+    }
+
     /// Marks every wake-up so far as seen: call it before an attempt, then
     /// [`wait`](Self::wait) wakes for any release after it.
     pub(crate) fn mark(&mut self) {
@@ -178,6 +229,9 @@ impl Drop for Listener {
         let mut channels = self.shared.channels.lock().unwrap();
         let (last, subscribed) = match channels.get_mut(&self.channel) {
             Some(c) => {
+                if let Some(id) = &self.id {
+                    c.grants.remove(id);
+                }
                 c.listeners -= 1;
                 (c.listeners == 0, c.subscribed)
             }
@@ -257,8 +311,8 @@ async fn run(
                 let Some(hub) = shared.upgrade() else { return };
                 match message {
                     Some(message) if message.get_channel_name() == hub.notify => {
-                        if let Ok(channel) = message.get_payload::<String>() {
-                            hub.wake(&channel);
+                        if let Ok(payload) = message.get_payload::<String>() {
+                            hub.notified(&payload);
                         }
                     }
                     Some(message) => hub.wake(message.get_channel_name()),

@@ -1,8 +1,8 @@
 //! The Redis backend (feature `redis`): leases in one Redis server, renewed while held.
 //!
 //! - A mutex (or a writer) is the key `zklock:lock:<path>`, taken with `SET key id NX PX
-//!   lease` in a Lua script that also `INCR`s the lock's fence counter (floored at the
-//!   server's time in µs, see [`scripts`]): the fencing token.
+//!   lease` in a Lua script that also advances the lock's fence counter (to the server's
+//!   time in µs, see [`scripts`]): the fencing token.
 //!   Readers and semaphore leases are members of the sorted set `zklock:shared:<path>`, scored
 //!   by the end of their lease. See [`keys`] and [`scripts`].
 //! - A watchdog renews each hold (compare and `PEXPIRE`) every lease/3, and makes it lost the
@@ -10,7 +10,7 @@
 //!   time of the last confirmed renewal plus the lease less a [`margin`](Inner::margin), so
 //!   before the server lets anyone else in.
 //! - Waiters do not poll. A mutex's waiting processes queue in `zklock:queue:<path>`; a release
-//!   tells only the first live one, on that process's own channel. Readers, writers and
+//!   reserves the key for the first live one and tells only it, on that process's own channel. Readers, writers and
 //!   semaphore leases listen on the lock's channel `zklock:wake:<path>`, which their releases
 //!   publish to. Either way a waiter also wakes when the lease in its way could run out (its
 //!   `PTTL`), and a queued one every [`waiter TTL`](waiter_ttl)/3 to stay alive in the queue.
@@ -21,9 +21,11 @@
 //!
 //! Order: a mutex (and a leader latch) goes to waiting processes first come, first served: by
 //! the server time of their first refused attempt; a process that asks while others wait joins
-//! the back of the queue, even when the key happens to be free. A waiter whose process died or
-//! was cut off drops out once its liveness (a [`waiter TTL`](waiter_ttl), refreshed by every
-//! attempt) runs out, so it holds the others up for at most that long. Within a process, the
+//! the back of the queue (a release hands the key on, reserved, to the first waiter). A waiter
+//! whose process died or was cut off drops out once its liveness (a [`waiter
+//! TTL`](waiter_ttl), refreshed by every attempt) runs out, and a reservation for it ends after
+//! one TTL, so it holds the others up for about that long at most; after a reservation ran
+//! out, whoever asks first gets the key. Within a process, the
 //! local queue keeps tasks in order, with one task per process waiting on Redis.
 //!
 //! Readers, writers and semaphore leases keep no order among processes: a release wakes every
@@ -134,6 +136,11 @@ impl Inner {
         sent + self.lease - self.margin
     }
 
+    /// [`deadline`](Self::deadline) for a lease of `lease` (a hand-over's short first lease).
+    pub(crate) fn deadline_for(sent: Instant, lease: Duration) -> Instant {
+        sent + lease - Self::margin(lease)
+    }
+
     /// Deletes what `undo` names in `keys` and wakes waiters; retried on connection trouble
     /// until `until`. Whether something was deleted.
     pub(crate) async fn delete(
@@ -152,10 +159,12 @@ impl Inner {
                             let mut i = scripts::RELEASE_MUTEX.key(&keys.exclusive);
                             i.key(&keys.queue)
                                 .key(&keys.alive)
+                                .key(&keys.fence)
                                 .arg(id)
                                 .arg(member)
                                 .arg(keys::NOTIFY_PREFIX)
-                                .arg(&keys.channel);
+                                .arg(&keys.channel)
+                                .arg(self.waiter_ttl.as_millis() as u64);
                             i
                         }
                         Undo::Any(ids) => {
@@ -296,6 +305,7 @@ impl RedisBackend {
         ids: &[String],
         member: &str,
         queue: bool,
+        queued: bool,
     ) -> redis::RedisResult<Attempt> {
         let inner = &self.inner;
         let lease = inner.lease_ms();
@@ -315,7 +325,8 @@ impl RedisBackend {
                                 inner.waiter_ttl.as_millis() as u64
                             } else {
                                 0
-                            });
+                            })
+                            .arg(if queued { "1" } else { "0" });
                         i
                     }
                     Ask::Write => {
@@ -381,15 +392,23 @@ impl RedisBackend {
         };
         let mut pending = Pending::new(inner.clone(), keys.clone(), undo);
         let queue = !matches!(wait, Wait::Never);
-        let mut listener: Option<Listener> = None;
+        // A queued mutex waiter listens from its first attempt on when that costs nothing (the
+        // hub is live), so that a refused first attempt need not be repeated.
+        let mut listener: Option<Listener> = if mutex && queue {
+            inner.hub.listen_direct_now(&keys.channel, &ids[0])
+        } else {
+            None
+        };
         let mut pause = RETRY_MIN;
+        // Whether an attempt queued this mutex waiter (or may have: its reply was lost).
+        let mut queued = false;
         loop {
             if let Some(l) = &mut listener {
                 l.mark();
             }
             pending.armed = true;
             let sent = Instant::now();
-            match self.attempt(&keys, ask, &ids, &member, queue).await {
+            match self.attempt(&keys, ask, &ids, &member, queue, queued).await {
                 Ok(Attempt::Granted(last)) => {
                     pending.armed = false;
                     let first = last - i64::from(n.max(1)) + 1;
@@ -410,6 +429,7 @@ impl RedisBackend {
                                 target.key.clone(),
                                 FencingToken::new(token, 0),
                                 sent,
+                                inner.lease,
                             )
                         })
                         .collect();
@@ -417,6 +437,7 @@ impl RedisBackend {
                 }
                 Ok(Attempt::Taken(free_in)) => {
                     pause = RETRY_MIN;
+                    queued = mutex && queue;
                     // Nothing of ours is left, but a waiting writer's intent or a queued
                     // mutex waiter's place.
                     pending.armed = matches!(ask, Ask::Write) || (mutex && queue);
@@ -428,7 +449,12 @@ impl RedisBackend {
                         listener = Some(
                             inner
                                 .hub
-                                .listen(&keys.channel, mutex, inner.conn.reply_timeout)
+                                .listen(
+                                    &keys.channel,
+                                    mutex,
+                                    mutex.then_some(ids[0].as_str()),
+                                    inner.conn.reply_timeout,
+                                )
                                 .await,
                         );
                         continue;
@@ -446,8 +472,30 @@ impl RedisBackend {
                         Ask::Read | Ask::Leases { .. } => {}
                     }
                     listener.wait(fallback).await;
+                    // Handed the lock by a release? It did so after this refused attempt was
+                    // applied (an attempt applied after it would have found the key ours), so
+                    // the short first lease the release gave runs from after `sent` at the
+                    // earliest. Too little of it left: the next attempt renews it instead.
+                    if let Some(token) = listener.take_grant() {
+                        let deadline = Inner::deadline_for(sent, inner.waiter_ttl);
+                        if deadline > Instant::now() + inner.waiter_ttl / 4 {
+                            pending.armed = false;
+                            let hold = RedisHold::new(
+                                inner.clone(),
+                                keys.clone(),
+                                Side::Mutex,
+                                ids[0].clone(),
+                                target.key.clone(),
+                                FencingToken::new(token, 0),
+                                sent,
+                                inner.waiter_ttl,
+                            );
+                            return Ok(Some(vec![hold]));
+                        }
+                    }
                 }
                 Err(e) if transient(&e) => {
+                    queued = mutex && queue;
                     tracing::debug!(key = %target.key, error = %e, "zklock: a Redis acquire attempt failed; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
