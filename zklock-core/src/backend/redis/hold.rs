@@ -1,15 +1,15 @@
-//! A granted Redis hold: its lease, the watchdog that renews it, its loss, its release.
+//! A granted Redis hold: its lease (renewed by the backend's [`watchdog`](super::watchdog)),
+//! its loss, its release.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Script;
 use tokio::sync::{watch, Mutex as AsyncMutex};
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::keys::Keys;
+use super::watchdog::Renewal;
 use super::{scripts, Inner, Pending, Undo};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
@@ -29,18 +29,18 @@ pub(crate) enum Side {
 
 /// What a hold's loss is computed from.
 #[derive(Debug, Clone, Copy)]
-struct HoldState {
+pub(crate) struct HoldState {
     /// When the lease could run out: the send time of the last confirmed grant or renewal,
     /// plus the lease, minus a margin (see `Inner::margin`).
-    deadline: Instant,
+    pub(crate) deadline: Instant,
     /// Set once the hold is lost; never cleared.
-    lost: Option<LossReason>,
+    pub(crate) lost: Option<LossReason>,
     /// The hold ended (released or downgraded): its deadline no longer matters.
-    released: bool,
+    pub(crate) released: bool,
 }
 
 impl HoldState {
-    fn reason_at(&self, now: Instant) -> Option<LossReason> {
+    pub(crate) fn reason_at(&self, now: Instant) -> Option<LossReason> {
         if self.lost.is_some() {
             self.lost
         } else if !self.released && now >= self.deadline {
@@ -61,7 +61,7 @@ fn reason(state: &watch::Receiver<HoldState>) -> Option<LossReason> {
 /// Moves the deadline on after a renewal sent at `sent` was confirmed, unless the hold was
 /// already lost (its deadline passed before the confirmation came: someone may have seen it
 /// lost, and a loss is final).
-fn extend(state: &watch::Sender<HoldState>, deadline: Instant) {
+pub(crate) fn extend(state: &watch::Sender<HoldState>, deadline: Instant) {
     state.send_if_modified(|s| {
         if s.lost.is_some() || s.released {
             return false;
@@ -76,7 +76,7 @@ fn extend(state: &watch::Sender<HoldState>, deadline: Instant) {
 }
 
 /// Makes the hold lost with `reason`, unless it is already lost or ended.
-fn lose(state: &watch::Sender<HoldState>, reason: LossReason, location: &str) {
+pub(crate) fn lose(state: &watch::Sender<HoldState>, reason: LossReason, location: &str) {
     state.send_if_modified(|s| {
         if s.released || s.lost.is_some() {
             return false;
@@ -138,7 +138,8 @@ pub(crate) struct RedisHold {
     /// Renewals and a downgrade take turns: a downgrade never races a renewal of the key it
     /// deletes.
     ops: Arc<AsyncMutex<()>>,
-    watchdog: AbortHandle,
+    /// Its entry in the backend's watchdog.
+    renewal: u64,
     /// The release was confirmed or handed to the background: nothing to do on drop.
     released: AtomicBool,
 }
@@ -164,18 +165,14 @@ impl RedisHold {
         });
         let state = Arc::new(state);
         let ops = Arc::new(AsyncMutex::new(()));
-        let watchdog = inner
-            .runtime
-            .spawn(watchdog(
-                inner.clone(),
-                keys.clone(),
-                side,
-                id.clone(),
-                state.clone(),
-                ops.clone(),
-                sent + lease / 3,
-            ))
-            .abort_handle();
+        let renewal = inner.watchdog.add(Renewal::new(
+            keys.clone(),
+            side,
+            id.clone(),
+            state.clone(),
+            ops.clone(),
+            sent + lease / 3,
+        ));
         RedisHold {
             inner,
             keys,
@@ -185,7 +182,7 @@ impl RedisHold {
             token,
             state,
             ops,
-            watchdog,
+            renewal,
             released: AtomicBool::new(false),
         }
     }
@@ -214,7 +211,7 @@ impl RedisHold {
 
     /// Ends the hold locally: no more renewals, and its deadline no longer matters.
     fn end(&self) {
-        self.watchdog.abort();
+        self.inner.watchdog.remove(self.renewal);
         self.state.send_modify(|s| s.released = true);
     }
 
@@ -230,7 +227,7 @@ impl RedisHold {
             return Ok(());
         }
         let lost_before = self.loss_reason();
-        self.watchdog.abort();
+        self.inner.watchdog.remove(self.renewal);
         // Retried until the lease could have run out: the key is gone by then anyway.
         let until = self.state.borrow().deadline;
         let deleted = self.inner.delete(&self.keys, &self.undo(), until).await;
@@ -263,59 +260,6 @@ impl Drop for RedisHold {
                     tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not release a Redis lock; it ends when its lease runs out");
                 }
             });
-        }
-    }
-}
-
-/// Renews the hold at `first` and then every lease/3 (from the send time of the last renewal)
-/// while it lives, and makes it lost the moment a renewal fails or is refused, or when the
-/// lease could have run out before a renewal was confirmed.
-async fn watchdog(
-    inner: Arc<Inner>,
-    keys: Arc<Keys>,
-    side: Side,
-    id: String,
-    state: Arc<watch::Sender<HoldState>>,
-    ops: Arc<AsyncMutex<()>>,
-    first: Instant,
-) {
-    let (script, key): (&Script, &str) = match side {
-        Side::Mutex | Side::Exclusive => (&*scripts::RENEW_EXCLUSIVE, &keys.exclusive),
-        Side::Shared => (&*scripts::RENEW_SHARED, &keys.shared),
-    };
-    let lease_ms = inner.lease_ms();
-    let mut next = first;
-    loop {
-        tokio::time::sleep_until(next).await;
-        let _turn = ops.lock().await;
-        let (deadline, done) = {
-            let s = state.borrow();
-            (
-                s.deadline,
-                s.released || s.reason_at(Instant::now()).is_some(),
-            )
-        };
-        if done {
-            lose(&state, LossReason::LeaseExpired, key);
-            return;
-        }
-        let sent = Instant::now();
-        let renewal = inner.conn.run(None, |mut c| {
-            let mut invocation = script.key(key);
-            invocation.arg(&id).arg(lease_ms);
-            async move { invocation.invoke_async::<i64>(&mut c).await }
-        });
-        match tokio::time::timeout_at(deadline, renewal).await {
-            Ok(Ok(1)) => {
-                extend(&state, inner.deadline(sent));
-                next = sent + inner.lease / 3;
-            }
-            Ok(Ok(_)) => return lose(&state, LossReason::NodeDeleted, key),
-            Ok(Err(e)) => {
-                tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal failed");
-                return lose(&state, LossReason::Disconnected, key);
-            }
-            Err(_) => return lose(&state, LossReason::LeaseExpired, key),
         }
     }
 }

@@ -5,7 +5,7 @@
 //!   time in µs, see [`scripts`]): the fencing token.
 //!   Readers and semaphore leases are members of the sorted set `zklock:shared:<path>`, scored
 //!   by the end of their lease. See [`keys`] and [`scripts`].
-//! - A watchdog renews each hold (compare and `PEXPIRE`) every lease/3, and makes it lost the
+//! - One watchdog per backend renews each hold (compare and `PEXPIRE`) every lease/3, and makes it lost the
 //!   moment a renewal fails or is refused, or when the lease could have run out: at the send
 //!   time of the last confirmed renewal plus the lease less a [`margin`](Inner::margin), so
 //!   before the server lets anyone else in.
@@ -38,6 +38,7 @@ mod hold;
 mod hub;
 mod keys;
 mod scripts;
+mod watchdog;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -109,6 +110,8 @@ pub(crate) struct Inner {
     holder_tag: String,
     /// See [`waiter_ttl`].
     waiter_ttl: Duration,
+    /// Renews every hold's lease.
+    watchdog: watchdog::Watchdog,
 }
 
 impl Inner {
@@ -282,18 +285,22 @@ impl RedisBackend {
             holder_tag.push_str(" id=");
             holder_tag.push_str(id);
         }
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                conn,
-                hub,
-                lease: config.lease,
-                margin: Inner::margin(config.lease),
-                runtime,
-                background: Arc::default(),
-                holder_tag,
-                waiter_ttl: waiter_ttl(config.lease),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            conn,
+            hub,
+            lease: config.lease,
+            margin: Inner::margin(config.lease),
+            runtime,
+            background: Arc::default(),
+            holder_tag,
+            waiter_ttl: waiter_ttl(config.lease),
+            watchdog: watchdog::Watchdog::default(),
+        });
+        inner.runtime.spawn(watchdog::run(
+            Arc::downgrade(&inner),
+            watchdog::Watchdog::tick(config.lease),
+        ));
+        Ok(RedisBackend { inner })
     }
 
     /// One attempt of `ask` for `ids` on `keys`; a mutex waiter queues as `member` unless
