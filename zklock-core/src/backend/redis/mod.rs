@@ -41,9 +41,11 @@ mod scripts;
 mod watchdog;
 
 use std::any::Any;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
@@ -112,6 +114,10 @@ pub(crate) struct Inner {
     waiter_ttl: Duration,
     /// Renews every hold's lease.
     watchdog: watchdog::Watchdog,
+    /// Undos of dropped acquires under way, per lock (its exclusive key's name): a later
+    /// acquire of the lock in this process waits for them, so that it never finds what an
+    /// acquire it gave up on left (a place in a mutex's queue, a hand-over to it, an intent).
+    undos: StdMutex<HashMap<String, watch::Sender<usize>>>,
 }
 
 impl Inner {
@@ -119,6 +125,33 @@ impl Inner {
     /// hold (`GET zklock:lock:<path>` shows who holds it).
     pub(crate) fn new_id(&self) -> String {
         format!("{} {}", uuid::Uuid::new_v4(), self.holder_tag)
+    }
+
+    fn undos_started(&self, lock: &str) {
+        self.undos
+            .lock()
+            .unwrap()
+            .entry(lock.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .send_modify(|n| *n += 1);
+    }
+
+    fn undo_done(&self, lock: &str) {
+        let mut undos = self.undos.lock().unwrap();
+        if let Some(count) = undos.get(lock) {
+            count.send_modify(|n| *n -= 1);
+            if *count.borrow() == 0 {
+                undos.remove(lock);
+            }
+        }
+    }
+
+    /// Waits until no undo of an acquire of `lock` by this process is under way.
+    async fn undos_finished(&self, lock: &str) {
+        let pending = self.undos.lock().unwrap().get(lock).map(|c| c.subscribe());
+        if let Some(mut pending) = pending {
+            let _ = pending.wait_for(|n| *n == 0).await;
+        }
     }
 
     pub(crate) fn lease_ms(&self) -> u64 {
@@ -245,10 +278,12 @@ impl Drop for Pending {
         let keys = self.keys.clone();
         // Whatever the request left expires with its lease anyway.
         let until = Instant::now() + inner.lease;
+        inner.undos_started(&keys.exclusive);
         self.inner.background.spawn(&self.inner.runtime, async move {
             if let Err(e) = inner.delete(&keys, &undo, until).await {
                 tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not undo an acquire on Redis; what it left ends when its lease runs out");
             }
+            inner.undo_done(&keys.exclusive);
         });
     }
 }
@@ -295,6 +330,7 @@ impl RedisBackend {
             holder_tag,
             waiter_ttl: waiter_ttl(config.lease),
             watchdog: watchdog::Watchdog::default(),
+            undos: StdMutex::default(),
         });
         inner.runtime.spawn(watchdog::run(
             Arc::downgrade(&inner),
@@ -381,6 +417,7 @@ impl RedisBackend {
     ) -> Result<Option<Vec<RedisHold>>> {
         let inner = &self.inner;
         let keys = Arc::new(Keys::new(&target.path));
+        inner.undos_finished(&keys.exclusive).await;
         let ids: Vec<String> = (0..n.max(1)).map(|_| inner.new_id()).collect();
         let mutex = matches!(ask, Ask::Mutex);
         // A mutex waiter's place in the queue: `<hub id> <holder id>`.
