@@ -835,3 +835,176 @@ async fn multi_lock_in_opposite_orders() {
         t.await.unwrap();
     }
 }
+
+/// The members of a mutex's waiting queue on Redis, first first.
+async fn queue(url: &str, key: &str) -> Vec<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("ZRANGE")
+        .arg(format!("zklock:queue:/zklock/locks/{key}"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut con)
+        .await
+        .unwrap()
+}
+
+/// Waits until `n` processes wait in `key`'s queue.
+async fn queued(url: &str, key: &str, n: usize) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while queue(url, key).await.len() < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} waiters never queued for {key}"));
+}
+
+/// Processes waiting for a mutex get it in the order they asked (their first refused
+/// attempt), one release waking the next: three managers queue behind a holder, one at a
+/// time, and get in in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_processes_get_a_mutex_in_the_order_they_asked() {
+    let redis = server();
+    let url = redis.url();
+    let f = factory(url.clone(), LEASE);
+    let holder = f().await;
+    let held = holder.lock("fifo").await.unwrap();
+    let order: Arc<std::sync::Mutex<Vec<usize>>> = Arc::default();
+    let mut tasks = vec![];
+    for i in 0..3 {
+        let (m, order) = (f().await, order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock("fifo").await.unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+            m.flush().await;
+        }));
+        queued(&url, "fifo", i + 1).await;
+    }
+    held.release().await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(LEASE, t)
+            .await
+            .expect("every waiter gets in")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+    holder.flush().await;
+    assert!(
+        leftovers(&url).await.is_empty(),
+        "{:?}",
+        leftovers(&url).await
+    );
+}
+
+/// A queued waiter that stops answering (its connections go silent through a proxy, as a
+/// crashed or frozen process's would) does not hold up the processes behind it for longer
+/// than its liveness in the queue (the waiter TTL: lease/3, here 1 s): the release's word to
+/// it is lost, and the next waiter gets in on its own refresh once the silent one has dropped
+/// out, long before any lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_waiter_at_the_head_of_the_queue_does_not_block_the_next() {
+    let redis = server();
+    let url = redis.url();
+    let proxy = Proxy::start(&format!("127.0.0.1:{}", redis.port())).unwrap();
+    let f = factory(url.clone(), LEASE);
+    let holder = f().await;
+    let held = holder.lock("silent").await.unwrap();
+    let silent = LockManager::builder(format!("redis://{}/", proxy.connect_string()))
+        .lease(LEASE)
+        .connect()
+        .await
+        .unwrap();
+    let silent_task = tokio::spawn(async move {
+        let g = silent.lock("silent").await;
+        (g, silent)
+    });
+    queued(&url, "silent", 1).await;
+    let next = f().await;
+    let next_task = tokio::spawn(async move {
+        let g = next.lock("silent").await.unwrap();
+        (std::time::Instant::now(), g)
+    });
+    queued(&url, "silent", 2).await;
+    proxy.blackhole();
+    let released = std::time::Instant::now();
+    held.release().await.unwrap();
+    let waiter_ttl = LEASE / 3;
+    let (got, g) = tokio::time::timeout(waiter_ttl * 2 + SLACK, next_task)
+        .await
+        .expect("the next waiter gets in once the silent one dropped out")
+        .unwrap();
+    eprintln!(
+        "the next waiter got in {:?} after the release",
+        got - released
+    );
+    // The silent one is out of the queue, and does not hold the key.
+    assert_eq!(queue(&url, "silent").await.len(), 0);
+    drop(g);
+    // Back in touch, it queues again and gets in.
+    proxy.heal();
+    let (g, silent) = tokio::time::timeout(LEASE * 3, silent_task)
+        .await
+        .expect("the silent waiter gets in once healed")
+        .unwrap();
+    g.unwrap().release().await.unwrap();
+    silent.flush().await;
+}
+
+/// A queued waiter that gives up (its timeout ends) leaves the queue, and a waiter behind it
+/// is woken by the next release as if it had never been there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_queue() {
+    let redis = server();
+    let url = redis.url();
+    let f = factory(url.clone(), LEASE);
+    let (holder, quitter, patient) = (f().await, f().await, f().await);
+    let held = holder.lock("quit").await.unwrap();
+    let quit = tokio::spawn(async move {
+        let r = quitter
+            .lock_timeout("quit", Duration::from_millis(300))
+            .await;
+        quitter.flush().await;
+        r.map(|_| ())
+    });
+    queued(&url, "quit", 1).await;
+    let wait = tokio::spawn(async move {
+        let g = patient.lock("quit").await.unwrap();
+        drop(g);
+        patient.flush().await;
+    });
+    queued(&url, "quit", 2).await;
+    assert!(quit.await.unwrap().is_err(), "the lock is held: a timeout");
+    assert_eq!(
+        queue(&url, "quit").await.len(),
+        1,
+        "only the patient one waits"
+    );
+    held.release().await.unwrap();
+    tokio::time::timeout(Duration::from_millis(500), wait)
+        .await
+        .expect("the release wakes the patient waiter")
+        .unwrap();
+    holder.flush().await;
+    assert!(
+        leftovers(&url).await.is_empty(),
+        "{:?}",
+        leftovers(&url).await
+    );
+}
+
+/// A try never queues, and is refused while others wait even if the key is free for a moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_never_queues() {
+    let redis = server();
+    let url = redis.url();
+    let f = factory(url.clone(), LEASE);
+    let (a, b) = (f().await, f().await);
+    let held = a.lock("try").await.unwrap();
+    assert!(b.try_lock("try").await.unwrap().is_none());
+    assert!(queue(&url, "try").await.is_empty());
+    drop(held);
+    a.flush().await;
+    assert!(b.try_lock("try").await.unwrap().is_some());
+}

@@ -1,15 +1,16 @@
-//! A granted Redis hold: its lease, the watchdog that renews it, its loss, its release.
+//! A granted Redis hold: its lease (renewed by the backend's [`watchdog`](super::watchdog)),
+//! its loss, its release.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use redis::Script;
 use tokio::sync::{watch, Mutex as AsyncMutex};
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::keys::Keys;
-use super::{scripts, Inner, Pending};
+use super::watchdog::Renewal;
+use super::{scripts, Inner, Pending, Undo};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
@@ -18,7 +19,9 @@ use crate::types::token::FencingToken;
 /// Which key a hold lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Side {
-    /// The exclusive key (a mutex or a writer).
+    /// The exclusive key of a mutex (or a leader latch), whose waiters queue.
+    Mutex,
+    /// The exclusive key of a writer.
     Exclusive,
     /// A member of the shared set (a reader or a semaphore lease).
     Shared,
@@ -26,18 +29,18 @@ pub(crate) enum Side {
 
 /// What a hold's loss is computed from.
 #[derive(Debug, Clone, Copy)]
-struct HoldState {
+pub(crate) struct HoldState {
     /// When the lease could run out: the send time of the last confirmed grant or renewal,
     /// plus the lease, minus a margin (see `Inner::margin`).
-    deadline: Instant,
+    pub(crate) deadline: Instant,
     /// Set once the hold is lost; never cleared.
-    lost: Option<LossReason>,
+    pub(crate) lost: Option<LossReason>,
     /// The hold ended (released or downgraded): its deadline no longer matters.
-    released: bool,
+    pub(crate) released: bool,
 }
 
 impl HoldState {
-    fn reason_at(&self, now: Instant) -> Option<LossReason> {
+    pub(crate) fn reason_at(&self, now: Instant) -> Option<LossReason> {
         if self.lost.is_some() {
             self.lost
         } else if !self.released && now >= self.deadline {
@@ -58,7 +61,7 @@ fn reason(state: &watch::Receiver<HoldState>) -> Option<LossReason> {
 /// Moves the deadline on after a renewal sent at `sent` was confirmed, unless the hold was
 /// already lost (its deadline passed before the confirmation came: someone may have seen it
 /// lost, and a loss is final).
-fn extend(state: &watch::Sender<HoldState>, deadline: Instant) {
+pub(crate) fn extend(state: &watch::Sender<HoldState>, deadline: Instant) {
     state.send_if_modified(|s| {
         if s.lost.is_some() || s.released {
             return false;
@@ -73,7 +76,7 @@ fn extend(state: &watch::Sender<HoldState>, deadline: Instant) {
 }
 
 /// Makes the hold lost with `reason`, unless it is already lost or ended.
-fn lose(state: &watch::Sender<HoldState>, reason: LossReason, location: &str) {
+pub(crate) fn lose(state: &watch::Sender<HoldState>, reason: LossReason, location: &str) {
     state.send_if_modified(|s| {
         if s.released || s.lost.is_some() {
             return false;
@@ -135,13 +138,16 @@ pub(crate) struct RedisHold {
     /// Renewals and a downgrade take turns: a downgrade never races a renewal of the key it
     /// deletes.
     ops: Arc<AsyncMutex<()>>,
-    watchdog: AbortHandle,
+    /// Its entry in the backend's watchdog.
+    renewal: u64,
     /// The release was confirmed or handed to the background: nothing to do on drop.
     released: AtomicBool,
 }
 
 impl RedisHold {
-    /// The hold of `id`, granted by a request sent at `sent`; starts its watchdog.
+    /// The hold of `id`, granted for `lease` (the backend's, or a hand-over's short first
+    /// lease) by a request sent at `sent` (or applied after it); starts its watchdog.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         inner: Arc<Inner>,
         keys: Arc<Keys>,
@@ -150,26 +156,23 @@ impl RedisHold {
         key: Arc<str>,
         token: FencingToken,
         sent: Instant,
+        lease: Duration,
     ) -> RedisHold {
         let (state, _) = watch::channel(HoldState {
-            deadline: inner.deadline(sent),
+            deadline: Inner::deadline_for(sent, lease),
             lost: None,
             released: false,
         });
         let state = Arc::new(state);
         let ops = Arc::new(AsyncMutex::new(()));
-        let watchdog = inner
-            .runtime
-            .spawn(watchdog(
-                inner.clone(),
-                keys.clone(),
-                side,
-                id.clone(),
-                state.clone(),
-                ops.clone(),
-                sent,
-            ))
-            .abort_handle();
+        let renewal = inner.watchdog.add(Renewal::new(
+            keys.clone(),
+            side,
+            id.clone(),
+            state.clone(),
+            ops.clone(),
+            sent + lease / 3,
+        ));
         RedisHold {
             inner,
             keys,
@@ -179,15 +182,26 @@ impl RedisHold {
             token,
             state,
             ops,
-            watchdog,
+            renewal,
             released: AtomicBool::new(false),
         }
     }
 
     fn location(&self) -> &str {
         match self.side {
-            Side::Exclusive => &self.keys.exclusive,
+            Side::Mutex | Side::Exclusive => &self.keys.exclusive,
             Side::Shared => &self.keys.shared,
+        }
+    }
+
+    /// What releasing this hold deletes.
+    fn undo(&self) -> Undo {
+        match self.side {
+            Side::Mutex => Undo::Mutex {
+                id: self.id.clone(),
+                member: String::new(),
+            },
+            Side::Exclusive | Side::Shared => Undo::Any(vec![self.id.clone()]),
         }
     }
 
@@ -197,7 +211,7 @@ impl RedisHold {
 
     /// Ends the hold locally: no more renewals, and its deadline no longer matters.
     fn end(&self) {
-        self.watchdog.abort();
+        self.inner.watchdog.remove(self.renewal);
         self.state.send_modify(|s| s.released = true);
     }
 
@@ -213,13 +227,10 @@ impl RedisHold {
             return Ok(());
         }
         let lost_before = self.loss_reason();
-        self.watchdog.abort();
+        self.inner.watchdog.remove(self.renewal);
         // Retried until the lease could have run out: the key is gone by then anyway.
         let until = self.state.borrow().deadline;
-        let deleted = self
-            .inner
-            .delete(&self.keys, std::slice::from_ref(&self.id), until)
-            .await;
+        let deleted = self.inner.delete(&self.keys, &self.undo(), until).await;
         self.released.store(true, Ordering::SeqCst);
         let lost_now = self.loss_reason();
         self.end();
@@ -243,64 +254,12 @@ impl Drop for RedisHold {
         if !self.released.swap(true, Ordering::SeqCst) {
             let until = self.state.borrow().deadline;
             self.end();
-            let (inner, keys, id) = (self.inner.clone(), self.keys.clone(), self.id.clone());
+            let (inner, keys, undo) = (self.inner.clone(), self.keys.clone(), self.undo());
             self.inner.background.spawn(&self.inner.runtime, async move {
-                if let Err(e) = inner.delete(&keys, &[id], until).await {
+                if let Err(e) = inner.delete(&keys, &undo, until).await {
                     tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not release a Redis lock; it ends when its lease runs out");
                 }
             });
-        }
-    }
-}
-
-/// Renews the hold every lease/3 (from the send time of the last renewal) while it lives, and
-/// makes it lost the moment a renewal fails or is refused, or when the lease could have run
-/// out before a renewal was confirmed.
-async fn watchdog(
-    inner: Arc<Inner>,
-    keys: Arc<Keys>,
-    side: Side,
-    id: String,
-    state: Arc<watch::Sender<HoldState>>,
-    ops: Arc<AsyncMutex<()>>,
-    mut last_sent: Instant,
-) {
-    let (script, key): (&Script, &str) = match side {
-        Side::Exclusive => (&*scripts::RENEW_EXCLUSIVE, &keys.exclusive),
-        Side::Shared => (&*scripts::RENEW_SHARED, &keys.shared),
-    };
-    let lease_ms = inner.lease_ms();
-    loop {
-        tokio::time::sleep_until(last_sent + inner.lease / 3).await;
-        let _turn = ops.lock().await;
-        let (deadline, done) = {
-            let s = state.borrow();
-            (
-                s.deadline,
-                s.released || s.reason_at(Instant::now()).is_some(),
-            )
-        };
-        if done {
-            lose(&state, LossReason::LeaseExpired, key);
-            return;
-        }
-        let sent = Instant::now();
-        let renewal = inner.conn.run(None, |mut c| {
-            let mut invocation = script.key(key);
-            invocation.arg(&id).arg(lease_ms);
-            async move { invocation.invoke_async::<i64>(&mut c).await }
-        });
-        match tokio::time::timeout_at(deadline, renewal).await {
-            Ok(Ok(1)) => {
-                extend(&state, inner.deadline(sent));
-                last_sent = sent;
-            }
-            Ok(Ok(_)) => return lose(&state, LossReason::NodeDeleted, key),
-            Ok(Err(e)) => {
-                tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal failed");
-                return lose(&state, LossReason::Disconnected, key);
-            }
-            Err(_) => return lose(&state, LossReason::LeaseExpired, key),
         }
     }
 }
@@ -351,7 +310,11 @@ impl BackendHold for RedisHold {
             let inner = &self.inner;
             let read_id = inner.new_id();
             // Until the answer is in, the read hold may exist: undone if this ends otherwise.
-            let mut pending = Pending::new(inner.clone(), self.keys.clone(), vec![read_id.clone()]);
+            let mut pending = Pending::new(
+                inner.clone(),
+                self.keys.clone(),
+                Undo::Any(vec![read_id.clone()]),
+            );
             pending.armed = true;
             let sent = Instant::now();
             let keys = &self.keys;
@@ -389,6 +352,7 @@ impl BackendHold for RedisHold {
                 target.key.clone(),
                 self.token,
                 sent,
+                inner.lease,
             );
             Ok(Downgraded {
                 read: Arc::new(read),

@@ -1,6 +1,8 @@
-//! Wake-ups for waiters: one pub/sub connection per backend, subscribed to the channel of
-//! every lock some local acquire waits for. A release publishes on its lock's channel; the
-//! hub wakes that lock's local listeners.
+//! Wake-ups for waiters: one pub/sub connection per backend, subscribed to the process's own
+//! channel `zklock:notify:<hub id>` (a mutex release tells the first waiting process there,
+//! naming the lock) and to the channel of every read/write lock or semaphore some local
+//! acquire waits for (their releases publish on the lock's channel). The hub wakes that lock's
+//! local listeners.
 //!
 //! A waiter subscribes before its next attempt, so a release after that attempt is never
 //! missed while the connection lives. When the pub/sub connection breaks, every listener is
@@ -17,6 +19,8 @@ use redis::aio::{PubSubSink, PubSubStream};
 use redis::Client;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::keys::NOTIFY_PREFIX;
+
 /// The longest a waiter sleeps between attempts while the hub has no live subscription.
 pub(crate) const UNSUBSCRIBED_POLL: Duration = Duration::from_millis(500);
 /// The first pause before reconnecting a broken pub/sub connection; doubled up to
@@ -26,18 +30,27 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
 struct Channel {
     listeners: usize,
+    /// Subscribed on Redis by its own name (a broadcast channel); a mutex's listeners are
+    /// woken through the hub's own channel instead.
+    subscribed: bool,
     /// Counts wake-ups of this channel.
     wake: watch::Sender<u64>,
+    /// Mutex holds a release handed to this process's waiters: holder id -> token. Taken by
+    /// the waiter of that id; dropped with the channel's last listener.
+    grants: HashMap<String, i64>,
 }
 
 enum Request {
-    /// Subscribe to a channel (again: subscribing twice is harmless) and say whether it took.
-    Subscribe(String, oneshot::Sender<bool>),
+    /// Subscribe to a channel (again: subscribing twice is harmless), or (`None`) only make
+    /// sure the connection is up (it listens on the hub's own channel), and say whether it took.
+    Subscribe(Option<String>, oneshot::Sender<bool>),
     /// A channel lost its last listener: unsubscribe unless someone listens again by now.
     Unsubscribe(String),
 }
 
 struct Shared {
+    /// The hub's own channel, `zklock:notify:<hub id>`.
+    notify: String,
     channels: StdMutex<HashMap<String, Channel>>,
     requests: mpsc::UnboundedSender<Request>,
     /// The pub/sub connection is up and subscribed to every channel with listeners.
@@ -57,8 +70,35 @@ impl Shared {
         }
     }
 
+    /// A message on the hub's own channel: `<wake channel>\n<token>\n<holder id>`, a mutex
+    /// handed to that holder (see `scripts::RELEASE_MUTEX`); or a bare wake channel.
+    fn notified(&self, payload: &str) {
+        let mut parts = payload.splitn(3, '\n');
+        let name = parts.next().unwrap_or_default();
+        let mut channels = self.channels.lock().unwrap();
+        let Some(channel) = channels.get_mut(name) else {
+            return;
+        };
+        if let (Some(token), Some(id)) = (parts.next(), parts.next()) {
+            if let Ok(token) = token.parse() {
+                channel.grants.insert(id.to_string(), token);
+            }
+        }
+        channel.wake.send_modify(|n| *n += 1);
+    }
+
+    /// What a (new) pub/sub connection subscribes to: the hub's own channel, and every
+    /// broadcast channel with listeners.
     fn listened(&self) -> Vec<String> {
-        self.channels.lock().unwrap().keys().cloned().collect()
+        let channels = self.channels.lock().unwrap();
+        std::iter::once(self.notify.clone())
+            .chain(
+                channels
+                    .iter()
+                    .filter(|(_, c)| c.subscribed)
+                    .map(|(name, _)| name.clone()),
+            )
+            .collect()
     }
 }
 
@@ -66,6 +106,8 @@ impl Shared {
 /// dropped (its request channel closes then).
 pub(crate) struct Hub {
     shared: Arc<Shared>,
+    /// Names this process's channel; the first word of its mutex queue members.
+    pub(crate) id: String,
 }
 
 impl Hub {
@@ -75,45 +117,75 @@ impl Hub {
         runtime: &tokio::runtime::Handle,
     ) -> Hub {
         let (tx, rx) = mpsc::unbounded_channel();
+        let id = uuid::Uuid::new_v4().to_string();
         let shared = Arc::new(Shared {
+            notify: format!("{NOTIFY_PREFIX}{id}"),
             channels: StdMutex::new(HashMap::new()),
             requests: tx,
             live: AtomicBool::new(false),
         });
         runtime.spawn(run(client, timeout, Arc::downgrade(&shared), rx));
-        Hub { shared }
+        Hub { shared, id }
     }
 
     /// Starts listening on `channel` and waits (at most `timeout`) until the subscription is
-    /// confirmed: releases published from then on wake the listener.
-    pub(crate) async fn listen(&self, channel: &str, timeout: Duration) -> Listener {
+    /// confirmed: releases published from then on wake the listener. `direct`: the wake-ups
+    /// come through the hub's own channel (a mutex's queue), not by subscribing to `channel`.
+    ///
+    /// `id`: the holder id of a mutex waiter, to which a release may hand the lock (see
+    /// [`Listener::take_grant`]).
+    pub(crate) async fn listen(
+        &self,
+        channel: &str,
+        direct: bool,
+        id: Option<&str>,
+        timeout: Duration,
+    ) -> Listener {
+        let listener = self.register(channel, direct, id);
+        let (tx, rx) = oneshot::channel();
+        let subscribe = (!direct).then(|| channel.to_string());
+        if self
+            .shared
+            .requests
+            .send(Request::Subscribe(subscribe, tx))
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(timeout, rx).await;
+        }
+        listener
+    }
+
+    /// A mutex waiter's listener (woken through the hub's own channel), at once and without a
+    /// word to the hub's task, if the hub's connection is live (so its own channel is
+    /// subscribed); else `None` (then [`listen`](Self::listen)).
+    pub(crate) fn listen_direct_now(&self, channel: &str, id: &str) -> Option<Listener> {
+        // Registered before looking: a connection that breaks from here wakes it.
+        let listener = self.register(channel, true, Some(id));
+        self.shared.live.load(Ordering::SeqCst).then_some(listener)
+    }
+
+    /// Registers a listener of `channel` (cancelling it, by drop, stops listening).
+    fn register(&self, channel: &str, direct: bool, id: Option<&str>) -> Listener {
         let wake = {
             let mut channels = self.shared.channels.lock().unwrap();
             let entry = channels
                 .entry(channel.to_string())
                 .or_insert_with(|| Channel {
                     listeners: 0,
+                    subscribed: false,
                     wake: watch::channel(0).0,
+                    grants: HashMap::new(),
                 });
             entry.listeners += 1;
+            entry.subscribed |= !direct;
             entry.wake.subscribe()
         };
-        // From here a cancelled listen stops listening.
-        let listener = Listener {
+        Listener {
             shared: self.shared.clone(),
             channel: channel.to_string(),
             wake,
-        };
-        let (tx, rx) = oneshot::channel();
-        if self
-            .shared
-            .requests
-            .send(Request::Subscribe(channel.to_string(), tx))
-            .is_ok()
-        {
-            let _ = tokio::time::timeout(timeout, rx).await;
+            id: id.map(str::to_string),
         }
-        listener
     }
 }
 
@@ -122,9 +194,18 @@ pub(crate) struct Listener {
     shared: Arc<Shared>,
     channel: String,
     wake: watch::Receiver<u64>,
+    /// The mutex waiter's holder id, if a release may hand it the lock.
+    id: Option<String>,
 }
 
 impl Listener {
+    /// The token of the mutex hold a release handed to this waiter, if one did (once).
+    pub(crate) fn take_grant(&self) -> Option<i64> {
+        let id = self.id.as_ref()?;
+        let mut channels = self.shared.channels.lock().unwrap();
+        channels.get_mut(&self.channel)?.grants.remove(id)
+    }
+
     /// Marks every wake-up so far as seen: call it before an attempt, then
     /// [`wait`](Self::wait) wakes for any release after it.
     pub(crate) fn mark(&mut self) {
@@ -146,15 +227,20 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         let mut channels = self.shared.channels.lock().unwrap();
-        let last = match channels.get_mut(&self.channel) {
+        let (last, subscribed) = match channels.get_mut(&self.channel) {
             Some(c) => {
+                if let Some(id) = &self.id {
+                    c.grants.remove(id);
+                }
                 c.listeners -= 1;
-                c.listeners == 0
+                (c.listeners == 0, c.subscribed)
             }
-            None => false,
+            None => (false, false),
         };
         if last {
             channels.remove(&self.channel);
+        }
+        if last && subscribed {
             drop(channels);
             let _ = self
                 .shared
@@ -193,12 +279,14 @@ async fn run(
                         if conn.is_none() {
                             conn = connect(&client, timeout, &hub).await;
                         }
-                        let ok = match &mut conn {
+                        let ok = match (&mut conn, channel) {
                             // A fresh connection subscribed to every listened channel already.
-                            Some((sink, _)) => {
+                            (Some((sink, _)), Some(channel)) => {
                                 matches!(tokio::time::timeout(timeout, sink.subscribe(&channel)).await, Ok(Ok(())))
                             }
-                            None => false,
+                            // The hub's own channel: subscribed with the connection.
+                            (Some(_), None) => true,
+                            (None, _) => false,
                         };
                         if !ok && conn.is_some() {
                             conn = None;
@@ -222,6 +310,11 @@ async fn run(
             message = next_message => {
                 let Some(hub) = shared.upgrade() else { return };
                 match message {
+                    Some(message) if message.get_channel_name() == hub.notify => {
+                        if let Ok(payload) = message.get_payload::<String>() {
+                            hub.notified(&payload);
+                        }
+                    }
                     Some(message) => hub.wake(message.get_channel_name()),
                     None => {
                         tracing::debug!("zklock: the Redis pub/sub connection broke; waiters poll until it is back");
@@ -250,10 +343,7 @@ async fn connect(
 ) -> Option<(PubSubSink, PubSubStream)> {
     let opened = tokio::time::timeout(timeout, async {
         let (mut sink, stream) = client.get_async_pubsub().await?.split();
-        let channels = hub.listened();
-        if !channels.is_empty() {
-            sink.subscribe(&channels).await?;
-        }
+        sink.subscribe(&hub.listened()).await?;
         Ok::<_, redis::RedisError>((sink, stream))
     })
     .await;

@@ -11,13 +11,21 @@
 //! | `zklock:shared:<path>` | sorted set | shared holders (readers, semaphore leases): holder id -> lease end (server ms) |
 //! | `zklock:intent:<path>` | string, `PX` lease | a writer waits: new readers queue behind it |
 //! | `zklock:fence:<path>` | integer, no expiry | the fencing counter, `INCR`ed per grant; kept for ever |
-//! | `zklock:wake:<path>` | pub/sub channel | a release publishes here; waiters listen |
+//! | `zklock:wake:<path>` | pub/sub channel | readers, writers, leases: a release publishes here; waiters listen |
+//! | `zklock:queue:<path>` | sorted set | a mutex's waiting processes: queue member -> enqueue time (server µs) |
+//! | `zklock:alive:<path>` | sorted set | the same members -> end of their liveness (server ms) |
+//! | `zklock:notify:<hub id>` | pub/sub channel | one process's wake-ups: a mutex release tells the first waiter here |
+//!
+//! A queue member is `<hub id> <holder id>`: the hub id (a uuid per backend instance) names the
+//! channel that wakes that process.
 //!
 //! Each kind has one Redis type whatever the recipe, so recipes that share a raw path never
 //! meet a `WRONGTYPE` error.
 
 /// The prefix of every key and channel of the Redis backend.
 pub(crate) const PREFIX: &str = "zklock:";
+/// The prefix of a process's own wake-up channel, `zklock:notify:<hub id>`.
+pub(crate) const NOTIFY_PREFIX: &str = "zklock:notify:";
 
 /// The names of one lock path's keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +35,10 @@ pub(crate) struct Keys {
     pub(crate) intent: String,
     pub(crate) fence: String,
     pub(crate) channel: String,
+    /// A mutex's waiting processes, in order.
+    pub(crate) queue: String,
+    /// The liveness of the queue's members.
+    pub(crate) alive: String,
     /// A job's `at_least` window: no run may start before this server time (ms).
     pub(crate) run: String,
 }
@@ -40,6 +52,8 @@ impl Keys {
             intent: name("intent"),
             fence: name("fence"),
             channel: name("wake"),
+            queue: name("queue"),
+            alive: name("alive"),
             run: name("run"),
         }
     }
@@ -72,7 +86,15 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for p in paths {
             let k = Keys::new(p);
-            for name in [k.exclusive, k.shared, k.intent, k.fence, k.channel] {
+            for name in [
+                k.exclusive,
+                k.shared,
+                k.intent,
+                k.fence,
+                k.channel,
+                k.queue,
+                k.alive,
+            ] {
                 assert!(seen.insert(name.clone()), "{name} twice");
             }
         }

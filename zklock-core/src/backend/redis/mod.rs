@@ -1,36 +1,51 @@
 //! The Redis backend (feature `redis`): leases in one Redis server, renewed while held.
 //!
 //! - A mutex (or a writer) is the key `zklock:lock:<path>`, taken with `SET key id NX PX
-//!   lease` in a Lua script that also `INCR`s the lock's fence counter (floored at the
-//!   server's time in µs, see [`scripts`]): the fencing token.
+//!   lease` in a Lua script that also advances the lock's fence counter (to the server's
+//!   time in µs, see [`scripts`]): the fencing token.
 //!   Readers and semaphore leases are members of the sorted set `zklock:shared:<path>`, scored
 //!   by the end of their lease. See [`keys`] and [`scripts`].
-//! - A watchdog renews each hold (compare and `PEXPIRE`) every lease/3, and makes it lost the
+//! - One watchdog per backend renews each hold (compare and `PEXPIRE`) every lease/3, and makes it lost the
 //!   moment a renewal fails or is refused, or when the lease could have run out: at the send
 //!   time of the last confirmed renewal plus the lease less a [`margin`](Inner::margin), so
 //!   before the server lets anyone else in.
-//! - Waiters do not poll: they listen on the lock's pub/sub channel `zklock:wake:<path>`, which
-//!   every release publishes to, and otherwise wake when the current lease could run out
-//!   (its `PTTL`). See [`hub`].
+//! - Waiters do not poll. A mutex's waiting processes queue in `zklock:queue:<path>`; a release
+//!   reserves the key for the first live one and tells only it, on that process's own channel. Readers, writers and
+//!   semaphore leases listen on the lock's channel `zklock:wake:<path>`, which their releases
+//!   publish to. Either way a waiter also wakes when the lease in its way could run out (its
+//!   `PTTL`), and a queued one every [`waiter TTL`](waiter_ttl)/3 to stay alive in the queue.
+//!   See [`hub`].
 //! - Releases and undos are compare-and-delete scripts: they delete only what carries the
 //!   holder's id. A dropped acquire whose request may have been applied is undone in the
 //!   background; [`flush`](Backend::flush) waits for it.
 //!
-//! No order among waiting processes is kept: a release wakes every process waiting for the
-//! lock (one task each: the local queue keeps the others asleep), and the first to ask gets
-//! it. A waiting writer makes new readers wait (writers are not starved by readers): it leaves
-//! an intent key, renewed every lease/3 while it waits.
+//! Order: a mutex (and a leader latch) goes to waiting processes first come, first served: by
+//! the server time of their first refused attempt; a process that asks while others wait joins
+//! the back of the queue (a release hands the key on, reserved, to the first waiter). A waiter
+//! whose process died or was cut off drops out once its liveness (a [`waiter
+//! TTL`](waiter_ttl), refreshed by every attempt) runs out, and a reservation for it ends after
+//! one TTL, so it holds the others up for about that long at most; after a reservation ran
+//! out, whoever asks first gets the key. Within a process, the
+//! local queue keeps tasks in order, with one task per process waiting on Redis.
+//!
+//! Readers, writers and semaphore leases keep no order among processes: a release wakes every
+//! process waiting for the lock, and the first to ask gets it. A waiting writer makes new
+//! readers wait (writers are not starved by readers): it leaves an intent key, renewed every
+//! lease/3 while it waits.
 
 mod conn;
 mod hold;
 mod hub;
 mod keys;
 mod scripts;
+mod watchdog;
 
 use std::any::Any;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
@@ -51,6 +66,25 @@ const RETRY_MIN: Duration = Duration::from_millis(20);
 const RETRY_MAX: Duration = Duration::from_secs(1);
 /// The shortest lease accepted: renewals go out every lease/3.
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(100);
+/// The longest a queued mutex waiter stays in the queue without refreshing its liveness.
+const MAX_WAITER_TTL: Duration = Duration::from_secs(1);
+
+/// How long a queued mutex waiter stays alive in the queue without an attempt: lease/3, at
+/// most [`MAX_WAITER_TTL`]. A waiter attempts again every third of it, so a crashed or cut-off
+/// waiter holds up the processes behind it for at most about 4/3 of it.
+pub(crate) fn waiter_ttl(lease: Duration) -> Duration {
+    (lease / 3).min(MAX_WAITER_TTL)
+}
+
+/// What a release or an undo deletes.
+#[derive(Debug, Clone)]
+pub(crate) enum Undo {
+    /// A mutex hold of `id`, and (unless empty) the queue `member` of a waiter.
+    Mutex { id: String, member: String },
+    /// Whatever carries one of these ids: the exclusive key (a writer's), a writer's intent,
+    /// shared-set members.
+    Any(Vec<String>),
+}
 
 /// What the Redis backend is configured with (its part of [`Builder`](crate::Builder)).
 #[derive(Debug, Clone)]
@@ -76,6 +110,14 @@ pub(crate) struct Inner {
     pub(crate) background: Arc<Background>,
     /// `host=<host> pid=<pid>[ id=<identity>]`, after each holder's uuid.
     holder_tag: String,
+    /// See [`waiter_ttl`].
+    waiter_ttl: Duration,
+    /// Renews every hold's lease.
+    watchdog: watchdog::Watchdog,
+    /// Undos of dropped acquires under way, per lock (its exclusive key's name): a later
+    /// acquire of the lock in this process waits for them, so that it never finds what an
+    /// acquire it gave up on left (a place in a mutex's queue, a hand-over to it, an intent).
+    undos: StdMutex<HashMap<String, watch::Sender<usize>>>,
 }
 
 impl Inner {
@@ -83,6 +125,33 @@ impl Inner {
     /// hold (`GET zklock:lock:<path>` shows who holds it).
     pub(crate) fn new_id(&self) -> String {
         format!("{} {}", uuid::Uuid::new_v4(), self.holder_tag)
+    }
+
+    fn undos_started(&self, lock: &str) {
+        self.undos
+            .lock()
+            .unwrap()
+            .entry(lock.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .send_modify(|n| *n += 1);
+    }
+
+    fn undo_done(&self, lock: &str) {
+        let mut undos = self.undos.lock().unwrap();
+        if let Some(count) = undos.get(lock) {
+            count.send_modify(|n| *n -= 1);
+            if *count.borrow() == 0 {
+                undos.remove(lock);
+            }
+        }
+    }
+
+    /// Waits until no undo of an acquire of `lock` by this process is under way.
+    async fn undos_finished(&self, lock: &str) {
+        let pending = self.undos.lock().unwrap().get(lock).map(|c| c.subscribe());
+        if let Some(mut pending) = pending {
+            let _ = pending.wait_for(|n| *n == 0).await;
+        }
     }
 
     pub(crate) fn lease_ms(&self) -> u64 {
@@ -103,12 +172,17 @@ impl Inner {
         sent + self.lease - self.margin
     }
 
-    /// Deletes what carries one of `ids` in `keys` and wakes waiters; retried on connection
-    /// trouble until `until`. Whether something was deleted.
+    /// [`deadline`](Self::deadline) for a lease of `lease` (a hand-over's short first lease).
+    pub(crate) fn deadline_for(sent: Instant, lease: Duration) -> Instant {
+        sent + lease - Self::margin(lease)
+    }
+
+    /// Deletes what `undo` names in `keys` and wakes waiters; retried on connection trouble
+    /// until `until`. Whether something was deleted.
     pub(crate) async fn delete(
         &self,
         keys: &Keys,
-        ids: &[String],
+        undo: &Undo,
         until: Instant,
     ) -> redis::RedisResult<bool> {
         let mut pause = RETRY_MIN;
@@ -116,12 +190,28 @@ impl Inner {
             let freed = self
                 .conn
                 .run(Some(self.conn.reply_timeout), |mut c| {
-                    let mut invocation = scripts::RELEASE.key(&keys.exclusive);
-                    invocation
-                        .key(&keys.shared)
-                        .key(&keys.intent)
-                        .arg(&keys.channel)
-                        .arg(ids);
+                    let invocation = match undo {
+                        Undo::Mutex { id, member } => {
+                            let mut i = scripts::RELEASE_MUTEX.key(&keys.exclusive);
+                            i.key(&keys.queue)
+                                .key(&keys.alive)
+                                .key(&keys.fence)
+                                .arg(id)
+                                .arg(member)
+                                .arg(keys::NOTIFY_PREFIX)
+                                .arg(&keys.channel)
+                                .arg(self.waiter_ttl.as_millis() as u64);
+                            i
+                        }
+                        Undo::Any(ids) => {
+                            let mut i = scripts::RELEASE.key(&keys.exclusive);
+                            i.key(&keys.shared)
+                                .key(&keys.intent)
+                                .arg(&keys.channel)
+                                .arg(ids);
+                            i
+                        }
+                    };
                     async move { invocation.invoke_async::<i64>(&mut c).await }
                 })
                 .await;
@@ -140,8 +230,10 @@ impl Inner {
 /// What an acquire asks for.
 #[derive(Debug, Clone, Copy)]
 enum Ask {
-    /// The exclusive key; `readers_exclude` for a writer.
-    Exclusive { readers_exclude: bool },
+    /// The exclusive key, for a mutex or a leader latch: queued first come, first served.
+    Mutex,
+    /// The exclusive key, for a writer: readers exclude it too.
+    Write,
     /// A read hold.
     Read,
     /// Leases of a semaphore with `max` leases.
@@ -161,16 +253,16 @@ enum Attempt {
 pub(crate) struct Pending {
     inner: Arc<Inner>,
     keys: Arc<Keys>,
-    ids: Vec<String>,
+    undo: Option<Undo>,
     pub(crate) armed: bool,
 }
 
 impl Pending {
-    pub(crate) fn new(inner: Arc<Inner>, keys: Arc<Keys>, ids: Vec<String>) -> Pending {
+    pub(crate) fn new(inner: Arc<Inner>, keys: Arc<Keys>, undo: Undo) -> Pending {
         Pending {
             inner,
             keys,
-            ids,
+            undo: Some(undo),
             armed: false,
         }
     }
@@ -181,15 +273,17 @@ impl Drop for Pending {
         if !self.armed {
             return;
         }
+        let Some(undo) = self.undo.take() else { return };
         let inner = self.inner.clone();
         let keys = self.keys.clone();
-        let ids = std::mem::take(&mut self.ids);
         // Whatever the request left expires with its lease anyway.
         let until = Instant::now() + inner.lease;
+        inner.undos_started(&keys.exclusive);
         self.inner.background.spawn(&self.inner.runtime, async move {
-            if let Err(e) = inner.delete(&keys, &ids, until).await {
+            if let Err(e) = inner.delete(&keys, &undo, until).await {
                 tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not undo an acquire on Redis; what it left ends when its lease runs out");
             }
+            inner.undo_done(&keys.exclusive);
         });
     }
 }
@@ -226,35 +320,66 @@ impl RedisBackend {
             holder_tag.push_str(" id=");
             holder_tag.push_str(id);
         }
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                conn,
-                hub,
-                lease: config.lease,
-                margin: Inner::margin(config.lease),
-                runtime,
-                background: Arc::default(),
-                holder_tag,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            conn,
+            hub,
+            lease: config.lease,
+            margin: Inner::margin(config.lease),
+            runtime,
+            background: Arc::default(),
+            holder_tag,
+            waiter_ttl: waiter_ttl(config.lease),
+            watchdog: watchdog::Watchdog::default(),
+            undos: StdMutex::default(),
+        });
+        inner.runtime.spawn(watchdog::run(
+            Arc::downgrade(&inner),
+            watchdog::Watchdog::tick(config.lease),
+        ));
+        Ok(RedisBackend { inner })
     }
 
-    /// One attempt of `ask` for `ids` on `keys`.
-    async fn attempt(&self, keys: &Keys, ask: Ask, ids: &[String]) -> redis::RedisResult<Attempt> {
+    /// One attempt of `ask` for `ids` on `keys`; a mutex waiter queues as `member` unless
+    /// `queue` is false (a try).
+    async fn attempt(
+        &self,
+        keys: &Keys,
+        ask: Ask,
+        ids: &[String],
+        member: &str,
+        queue: bool,
+        queued: bool,
+    ) -> redis::RedisResult<Attempt> {
         let inner = &self.inner;
         let lease = inner.lease_ms();
         let reply: Vec<i64> = inner
             .conn
             .run(Some(inner.conn.reply_timeout), |mut c| {
                 let invocation = match ask {
-                    Ask::Exclusive { readers_exclude } => {
+                    Ask::Mutex => {
+                        let mut i = scripts::ACQUIRE_MUTEX.key(&keys.exclusive);
+                        i.key(&keys.fence)
+                            .key(&keys.queue)
+                            .key(&keys.alive)
+                            .arg(&ids[0])
+                            .arg(lease)
+                            .arg(member)
+                            .arg(if queue {
+                                inner.waiter_ttl.as_millis() as u64
+                            } else {
+                                0
+                            })
+                            .arg(if queued { "1" } else { "0" });
+                        i
+                    }
+                    Ask::Write => {
                         let mut i = scripts::ACQUIRE_EXCLUSIVE.key(&keys.exclusive);
                         i.key(&keys.shared)
                             .key(&keys.fence)
                             .key(&keys.intent)
                             .arg(&ids[0])
                             .arg(lease)
-                            .arg(if readers_exclude { "1" } else { "0" });
+                            .arg("1");
                         i
                     }
                     Ask::Read => {
@@ -292,22 +417,48 @@ impl RedisBackend {
     ) -> Result<Option<Vec<RedisHold>>> {
         let inner = &self.inner;
         let keys = Arc::new(Keys::new(&target.path));
+        inner.undos_finished(&keys.exclusive).await;
         let ids: Vec<String> = (0..n.max(1)).map(|_| inner.new_id()).collect();
-        let mut pending = Pending::new(inner.clone(), keys.clone(), ids.clone());
-        let mut listener: Option<Listener> = None;
+        let mutex = matches!(ask, Ask::Mutex);
+        // A mutex waiter's place in the queue: `<hub id> <holder id>`.
+        let member = if mutex {
+            format!("{} {}", inner.hub.id, ids[0])
+        } else {
+            String::new()
+        };
+        let undo = if mutex {
+            Undo::Mutex {
+                id: ids[0].clone(),
+                member: member.clone(),
+            }
+        } else {
+            Undo::Any(ids.clone())
+        };
+        let mut pending = Pending::new(inner.clone(), keys.clone(), undo);
+        let queue = !matches!(wait, Wait::Never);
+        // A queued mutex waiter listens from its first attempt on when that costs nothing (the
+        // hub is live), so that a refused first attempt need not be repeated.
+        let mut listener: Option<Listener> = if mutex && queue {
+            inner.hub.listen_direct_now(&keys.channel, &ids[0])
+        } else {
+            None
+        };
         let mut pause = RETRY_MIN;
+        // Whether an attempt queued this mutex waiter (or may have: its reply was lost).
+        let mut queued = false;
         loop {
             if let Some(l) = &mut listener {
                 l.mark();
             }
             pending.armed = true;
             let sent = Instant::now();
-            match self.attempt(&keys, ask, &ids).await {
+            match self.attempt(&keys, ask, &ids, &member, queue, queued).await {
                 Ok(Attempt::Granted(last)) => {
                     pending.armed = false;
                     let first = last - i64::from(n.max(1)) + 1;
                     let side = match ask {
-                        Ask::Exclusive { .. } => Side::Exclusive,
+                        Ask::Mutex => Side::Mutex,
+                        Ask::Write => Side::Exclusive,
                         Ask::Read | Ask::Leases { .. } => Side::Shared,
                     };
                     let holds = ids
@@ -322,6 +473,7 @@ impl RedisBackend {
                                 target.key.clone(),
                                 FencingToken::new(token, 0),
                                 sent,
+                                inner.lease,
                             )
                         })
                         .collect();
@@ -329,13 +481,10 @@ impl RedisBackend {
                 }
                 Ok(Attempt::Taken(free_in)) => {
                     pause = RETRY_MIN;
-                    // Nothing of ours is left, but a waiting writer's intent.
-                    pending.armed = matches!(
-                        ask,
-                        Ask::Exclusive {
-                            readers_exclude: true
-                        }
-                    );
+                    queued = mutex && queue;
+                    // Nothing of ours is left, but a waiting writer's intent or a queued
+                    // mutex waiter's place.
+                    pending.armed = matches!(ask, Ask::Write) || (mutex && queue);
                     if matches!(wait, Wait::Never) {
                         return Ok(None);
                     }
@@ -344,7 +493,12 @@ impl RedisBackend {
                         listener = Some(
                             inner
                                 .hub
-                                .listen(&keys.channel, inner.conn.reply_timeout)
+                                .listen(
+                                    &keys.channel,
+                                    mutex,
+                                    mutex.then_some(ids[0].as_str()),
+                                    inner.conn.reply_timeout,
+                                )
                                 .await,
                         );
                         continue;
@@ -352,17 +506,40 @@ impl RedisBackend {
                     // Woken by a release, or when the lease in the way could run out (a
                     // millisecond late, so that the server has let it go). A writer behind
                     // readers comes back every lease/3 to renew its intent.
+                    // A queued mutex waiter comes back every waiter TTL/3 to stay alive in the
+                    // queue (and to get in if the release's word to it was lost).
                     let mut fallback =
                         free_in.map_or(inner.lease, |d| d + Duration::from_millis(1));
-                    if let Ask::Exclusive {
-                        readers_exclude: true,
-                    } = ask
-                    {
-                        fallback = fallback.min(inner.lease / 3);
+                    match ask {
+                        Ask::Write => fallback = fallback.min(inner.lease / 3),
+                        Ask::Mutex => fallback = fallback.min(inner.waiter_ttl / 3),
+                        Ask::Read | Ask::Leases { .. } => {}
                     }
                     listener.wait(fallback).await;
+                    // Handed the lock by a release? It did so after this refused attempt was
+                    // applied (an attempt applied after it would have found the key ours), so
+                    // the short first lease the release gave runs from after `sent` at the
+                    // earliest. Too little of it left: the next attempt renews it instead.
+                    if let Some(token) = listener.take_grant() {
+                        let deadline = Inner::deadline_for(sent, inner.waiter_ttl);
+                        if deadline > Instant::now() + inner.waiter_ttl / 4 {
+                            pending.armed = false;
+                            let hold = RedisHold::new(
+                                inner.clone(),
+                                keys.clone(),
+                                Side::Mutex,
+                                ids[0].clone(),
+                                target.key.clone(),
+                                FencingToken::new(token, 0),
+                                sent,
+                                inner.waiter_ttl,
+                            );
+                            return Ok(Some(vec![hold]));
+                        }
+                    }
                 }
                 Err(e) if transient(&e) => {
+                    queued = mutex && queue;
                     tracing::debug!(key = %target.key, error = %e, "zklock: a Redis acquire attempt failed; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
@@ -392,12 +569,8 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let ask = match mode {
                 // A leader latch is exclusive; Redis keeps no participant ids.
-                HoldMode::Exclusive | HoldMode::Leader => Ask::Exclusive {
-                    readers_exclude: false,
-                },
-                HoldMode::Write => Ask::Exclusive {
-                    readers_exclude: true,
-                },
+                HoldMode::Exclusive | HoldMode::Leader => Ask::Mutex,
+                HoldMode::Write => Ask::Write,
                 HoldMode::Read => Ask::Read,
                 HoldMode::Lease => {
                     return Err(Error::Unsupported {

@@ -6,12 +6,13 @@
 //! Lease ends in the sorted set are server times in ms (`TIME`); expired members are pruned by
 //! every script that counts them.
 //!
-//! Tokens come from the lock's fence counter, `INCR`ed per grant and floored at the server's
-//! time in microseconds: if the counter is ever lost (a restart without persistence, a
+//! Tokens come from the lock's fence counter: each grant's tokens are the server's time in
+//! microseconds (`TIME`), or the counter's last value + 1 if that is larger (the clock went
+//! back, or two grants in one µs), written with one `SET … GET` (Redis ≥ 6.2) that also reads
+//! the value before. So if the counter is ever lost (a restart without persistence, a
 //! failover to a replica that had not received it, an eviction), the next token still exceeds
-//! every token handed out before, as long as the server's clock has not gone back. (A grant
-//! takes far longer than a microsecond, so the counter never runs ahead of the clock by
-//! itself.)
+//! every token handed out before, as long as the server's clock has not gone back; and while
+//! it is kept, tokens increase whatever the clock does.
 
 use once_cell::sync::Lazy;
 use redis::Script;
@@ -31,11 +32,12 @@ local function prune(set, now)
 end
 local function next_tokens(fence, n)
   local t = redis.call('TIME')
-  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2]) + n - 1
-  local last = redis.call('INCRBY', fence, n)
-  if last < floor then
-    redis.call('SET', fence, string.format('%d', floor))
-    last = floor
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = now + n - 1
+  local before = tonumber(redis.call('SET', fence, string.format('%d', last), 'GET'))
+  if before and before >= now then
+    last = before + n
+    redis.call('SET', fence, string.format('%d', last))
   end
   return last
 end
@@ -50,6 +52,121 @@ end
         )
     };
 }
+
+/// Shared Lua of the mutex queue: the first waiter still alive (pruning dead ones), and
+/// handing a freed key to it.
+macro_rules! queue_lua {
+    ($body:expr) => {
+        lua!(concat!(
+            r#"
+local function live_head(queue, alive)
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if not head then
+    return nil
+  end
+  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now_ms())
+  if #dead > 0 then
+    redis.call('ZREM', queue, unpack(dead))
+    redis.call('ZREM', alive, unpack(dead))
+    head = redis.call('ZRANGE', queue, 0, 0)[1]
+  end
+  return head
+end
+local function hand_on(key, queue, alive, fence, prefix, channel, ttl)
+  local head = live_head(queue, alive)
+  if not head then
+    redis.call('DEL', key)
+    return
+  end
+  local space = string.find(head, ' ', 1, true)
+  local id = string.sub(head, space + 1)
+  redis.call('SET', key, id, 'PX', ttl)
+  redis.call('ZREM', queue, head)
+  redis.call('ZREM', alive, head)
+  local token = next_tokens(fence, 1)
+  redis.call('PUBLISH', prefix .. string.sub(head, 1, space - 1),
+    channel .. '\n' .. string.format('%d', token) .. '\n' .. id)
+end
+"#,
+            $body
+        ))
+    };
+}
+
+/// Takes a mutex (or a leader latch's key), first come first served among the processes
+/// that wait.
+///
+/// KEYS: exclusive, fence, queue, alive. ARGV: holder id, lease ms, the waiter's queue member
+/// (`<hub id> <holder id>`), waiter TTL ms (`0`: a try, which never queues), `1` if an
+/// earlier attempt of this acquire queued it (else `0`: nothing to take out of the queue). Returns
+/// `{1, token}` when granted, else `{0, ms}`: the key's `PTTL`.
+///
+/// A release that finds live waiters does not free the key: it hands it to the first of them
+/// (see [`RELEASE_MUTEX`]). So the key is free only while nobody waits, and a process that
+/// asks while others wait is refused and joins the back of the queue (keeping its place if
+/// already in it, and refreshing its liveness for one waiter TTL). An attempt that finds the
+/// key already its own (a hand-over whose message it missed, a retry whose reply was lost)
+/// renews it for a whole lease with a fresh token. Members whose liveness ran out are pruned
+/// when the queue is looked at. Both sets expire with their newest waiter's liveness.
+/// Uncontended, this is `SET NX` and the token: no queue is looked at. The key is free while
+/// others wait only after a holder (or a waiter it was handed to) died and its lease ran out:
+/// then whoever asks first gets it.
+pub(crate) static ACQUIRE_MUTEX: Lazy<Script> = Lazy::new(|| {
+    Script::new(queue_lua!(
+        r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[5] == '1' then
+    redis.call('ZREM', KEYS[3], ARGV[3])
+    redis.call('ZREM', KEYS[4], ARGV[3])
+  end
+  return {1, next_tokens(KEYS[2], 1)}
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('ZREM', KEYS[3], ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  return {1, next_tokens(KEYS[2], 1)}
+end
+if ARGV[4] ~= '0' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', KEYS[3], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[3])
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[3])
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
+end
+return {0, redis.call('PTTL', KEYS[1])}
+"#
+    ))
+});
+
+/// Releases a mutex hold, or undoes a mutex acquire (its hold, its place in the queue):
+/// touches only what carries the given holder id or queue member. With nobody waiting, the
+/// key is deleted. Otherwise it is handed to the first live waiter: set to that waiter's
+/// holder id for one waiter TTL, with a fresh token, and only that process is told, on its
+/// hub's channel (`<notify prefix><hub id>`), with the message `<wake channel>\n<token>\n<holder
+/// id>`. The waiter holds the lock from there without another request (its watchdog renews
+/// the short first lease to a whole one). If it has died, the key is free again after one
+/// waiter TTL, and the waiters behind it get in on their next refresh.
+///
+/// KEYS: exclusive, queue, alive, fence. ARGV: holder id, queue member (`''`: none), notify
+/// prefix, wake channel, waiter TTL ms. Returns 1 when something was freed, else 0.
+pub(crate) static RELEASE_MUTEX: Lazy<Script> = Lazy::new(|| {
+    Script::new(queue_lua!(
+        r#"
+local freed = 0
+if ARGV[2] ~= '' and redis.call('ZREM', KEYS[2], ARGV[2]) == 1 then
+  redis.call('ZREM', KEYS[3], ARGV[2])
+  freed = 1
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5])
+  freed = 1
+end
+return freed
+"#
+    ))
+});
 
 /// Takes the exclusive key (a mutex or a writer).
 ///
