@@ -1008,3 +1008,51 @@ async fn a_try_never_queues() {
     a.flush().await;
     assert!(b.try_lock("try").await.unwrap().is_some());
 }
+
+/// A hand-over's word that arrives late — after the short lease it gave ran out and someone
+/// else took the key — must not make the waiter a second holder: a hand-over counts only if
+/// its token exceeds the lock's last token when the waiter was last refused. The late word is
+/// forged here (a `PUBLISH` on the waiter's own channel, with an old token), as a pub/sub
+/// connection that lagged would deliver it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_hand_over_does_not_make_a_second_holder() {
+    let redis = server();
+    let url = redis.url();
+    let f = factory(url.clone(), LEASE);
+    let (holder, waiter) = (f().await, f().await);
+    let held = holder.lock("late").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let g = waiter.lock("late").await.unwrap();
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        waiter.flush().await;
+        token
+    });
+    queued(&url, "late", 1).await;
+    let member = queue(&url, "late").await.remove(0);
+    let (hub, id) = member.split_once(' ').expect("<hub id> <holder id>");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let receivers: i64 = redis::cmd("PUBLISH")
+        .arg(format!("zklock:notify:{hub}"))
+        .arg(format!("zklock:wake:/zklock/locks/late\n1\n{id}"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(receivers, 1, "the waiter's process listens on its channel");
+    // Woken, it must try again and be refused (the key is held), not take the stale word.
+    tokio::time::sleep(LEASE / 3).await;
+    assert!(
+        !waiting.is_finished(),
+        "a late hand-over made a second holder"
+    );
+    assert!(held.is_held());
+    let held_token = held.fencing_token();
+    held.release().await.unwrap();
+    let token = tokio::time::timeout(LEASE, waiting)
+        .await
+        .expect("the waiter gets in after the release")
+        .unwrap();
+    assert!(token > held_token);
+    holder.flush().await;
+}

@@ -244,8 +244,10 @@ enum Ask {
 enum Attempt {
     /// Granted, with the last token handed out.
     Granted(i64),
-    /// Taken: how long until it may be free (`None`: no expiry to wait for).
-    Taken(Option<Duration>),
+    /// Taken: how long until it may be free (`None`: no expiry to wait for), and (a mutex) the
+    /// lock's last token when the attempt was refused: a hand-over announced with a token no
+    /// larger was made before the refusal, and is void.
+    Taken(Option<Duration>, i64),
 }
 
 /// The ids of an acquire (or downgrade) whose request may have been applied: undone in the
@@ -400,10 +402,13 @@ impl RedisBackend {
                 async move { invocation.invoke_async(&mut c).await }
             })
             .await?;
+        let fence = reply.get(2).copied().unwrap_or(0);
         Ok(match reply.as_slice() {
-            [1, token] => Attempt::Granted(*token),
-            [_, ms] if *ms >= 0 => Attempt::Taken(Some(Duration::from_millis(*ms as u64))),
-            _ => Attempt::Taken(None),
+            [1, token, ..] => Attempt::Granted(*token),
+            [_, ms, ..] if *ms >= 0 => {
+                Attempt::Taken(Some(Duration::from_millis(*ms as u64)), fence)
+            }
+            _ => Attempt::Taken(None, fence),
         })
     }
 
@@ -479,7 +484,7 @@ impl RedisBackend {
                         .collect();
                     return Ok(Some(holds));
                 }
-                Ok(Attempt::Taken(free_in)) => {
+                Ok(Attempt::Taken(free_in, refused_at)) => {
                     pause = RETRY_MIN;
                     queued = mutex && queue;
                     // Nothing of ours is left, but a waiting writer's intent or a queued
@@ -516,11 +521,13 @@ impl RedisBackend {
                         Ask::Read | Ask::Leases { .. } => {}
                     }
                     listener.wait(fallback).await;
-                    // Handed the lock by a release? It did so after this refused attempt was
-                    // applied (an attempt applied after it would have found the key ours), so
-                    // the short first lease the release gave runs from after `sent` at the
+                    // Handed the lock by a release? Only a hand-over made after this refused
+                    // attempt was applied counts: its token is larger than the lock's last
+                    // token at the refusal (`refused_at`). An older one (its word delayed
+                    // past its short lease, which then ran out and someone else took the key)
+                    // is void. So the short first lease runs from after `sent` at the
                     // earliest. Too little of it left: the next attempt renews it instead.
-                    if let Some(token) = listener.take_grant() {
+                    if let Some(token) = listener.take_grant().filter(|t| *t > refused_at) {
                         let deadline = Inner::deadline_for(sent, inner.waiter_ttl);
                         if deadline > Instant::now() + inner.waiter_ttl / 4 {
                             pending.armed = false;

@@ -99,7 +99,8 @@ end
 /// KEYS: exclusive, fence, queue, alive. ARGV: holder id, lease ms, the waiter's queue member
 /// (`<hub id> <holder id>`), waiter TTL ms (`0`: a try, which never queues), `1` if an
 /// earlier attempt of this acquire queued it (else `0`: nothing to take out of the queue). Returns
-/// `{1, token}` when granted, else `{0, ms}`: the key's `PTTL`.
+/// `{1, token}` when granted, else `{0, ms, last token}`: the key's `PTTL` and the fence's
+/// value, which a hand-over to this waiter made after this refusal exceeds.
 ///
 /// A release that finds live waiters does not free the key: it hands it to the first of them
 /// (see [`RELEASE_MUTEX`]). So the key is free only while nobody waits, and a process that
@@ -135,7 +136,7 @@ if ARGV[4] ~= '0' then
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2])) or 0}
 "#
     ))
 });
