@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::LocalTurn;
 use crate::backend::{BackendHold, LockTarget};
+use crate::metrics::{HoldMeter, Labels, Recipe};
 use crate::types::error::Result;
 use crate::types::loss::LossReason;
 use crate::types::mode::HoldMode;
@@ -23,6 +24,10 @@ pub(crate) struct Grant {
     pub(crate) path: Arc<str>,
     local: Option<LocalTurn>,
     since: std::time::Instant,
+    /// The metrics' labels of this hold (a local handoff gives them to the next holder).
+    labels: Labels,
+    /// Counts this hold in the metrics until it ends.
+    meter: HoldMeter,
     /// Guards on this grant (re-entries included).
     pub(crate) guards: std::sync::atomic::AtomicUsize,
 }
@@ -35,8 +40,11 @@ impl Grant {
         mode: HoldMode,
         path: Arc<str>,
         local: Option<LocalTurn>,
+        labels: &Labels,
     ) -> Grant {
         Grant {
+            meter: labels.hold(),
+            labels: labels.clone(),
             node: Some(node),
             extra: None,
             token,
@@ -65,8 +73,10 @@ impl Grant {
         self.extra = Some(node);
     }
 
-    /// Takes the node out without releasing it (used when a handoff found no taker).
+    /// Takes the node out without releasing it (used when a handoff found no taker: the hold
+    /// never started, and its metrics say so).
     pub(crate) fn defuse(mut self) -> Arc<dyn BackendHold> {
+        self.meter.discard();
         self.extra = None;
         self.local = None;
         self.node
@@ -89,8 +99,9 @@ impl Grant {
             .take()
             .expect("a grant has its node until it ends");
         let extra = self.extra.take();
+        self.meter.end(node.loss_known());
         let to_delete = match self.local.take() {
-            Some(local) => local.release(node),
+            Some(local) => local.release(node, &self.labels),
             None => Some(node),
         };
         let mut result = Ok(());
@@ -109,9 +120,10 @@ impl Drop for Grant {
         if let Some(node) = self.node.take() {
             let held_ms = self.since.elapsed().as_millis() as u64;
             tracing::debug!(path = %self.path, token = %self.token, held_ms, "zklock: released");
+            self.meter.end(node.loss_known());
             match self.local.take() {
                 // The returned node (if any) is deleted by its own Drop.
-                Some(local) => drop(local.release(node)),
+                Some(local) => drop(local.release(node, &self.labels)),
                 None => drop(node),
             }
         }
@@ -133,12 +145,16 @@ impl Grant {
         let path = self.path.clone();
         let table = self.table;
         let local = self.local_lock();
-        let write = self.defuse();
+        let labels = self.labels.with_recipe(Recipe::Read);
+        labels.backend_grants(1);
+        let mut write = self;
+        write.meter.end(None);
+        let write = write.defuse();
         let write = match local {
             Some(local) => local.give_up(write),
             None => write,
         };
-        let mut grant = Grant::new(table, down.read, token, HoldMode::Read, path, None);
+        let mut grant = Grant::new(table, down.read, token, HoldMode::Read, path, None, &labels);
         if down.keep_write {
             grant.keep(write);
         } else {
