@@ -255,6 +255,17 @@ impl Lease {
         self.hold().loss_reason().is_none()
     }
 
+    /// Why the lease was lost, or `None` while it is held.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// assert_eq!(m.semaphore("s", 2)?.acquire().await?.loss_reason(), None);
+    /// # Ok(()) }
+    /// ```
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.hold().loss_reason()
+    }
+
     /// Completes when the lease is lost, with the reason.
     ///
     /// ```no_run
