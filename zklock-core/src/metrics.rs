@@ -36,12 +36,22 @@
 //! ```ignore
 //! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 //!
-//! PrometheusBuilder::new()
-//!     .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), zklock::metrics::SECONDS_BUCKETS)?
-//!     .with_http_listener(([0, 0, 0, 0], 9000))
-//!     .install()?; // serves GET /metrics
+//! let handle = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(Matcher::Prefix("zklock_".into()), zklock::metrics::SECONDS_BUCKETS)?
+//!     .install_recorder()?;
 //! zklock::metrics::describe();
 //! let manager = zklock::LockManager::connect("zk1:2181").await?;
+//! // ... and answer GET /metrics with handle.render()
+//! ```
+//!
+//! Capturing them in a test, with `metrics-util`'s `DebuggingRecorder` for this thread only:
+//!
+//! ```ignore
+//! let recorder = metrics_util::debugging::DebuggingRecorder::new();
+//! let snapshotter = recorder.snapshotter();
+//! let _local = metrics::set_default_local_recorder(&recorder);
+//! drop(zklock::LockManager::in_memory().lock("k").await?);
+//! // snapshotter.snapshot(): zklock_acquires_total{recipe="mutex",backend="memory",outcome="ok"} 1, ...
 //! ```
 
 use std::sync::Arc;

@@ -1346,10 +1346,10 @@ pub fn check(events: &[Event]) -> Report {
                     later: h.clone(),
                 });
             }
-            if max_any.map_or(true, |m| h.token > m.token) {
+            if max_any.is_none_or(|m| h.token > m.token) {
                 max_any = Some(h);
             }
-            if h.mode == Mode::Exclusive && max_exclusive.map_or(true, |m| h.token > m.token) {
+            if h.mode == Mode::Exclusive && max_exclusive.is_none_or(|m| h.token > m.token) {
                 max_exclusive = Some(h);
             }
         }

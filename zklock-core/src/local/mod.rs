@@ -83,7 +83,7 @@ impl LocalTable {
         });
         table.locks.insert(key, Arc::downgrade(&lock));
         table.inserts += 1;
-        if table.inserts % 256 == 0 {
+        if table.inserts.is_multiple_of(256) {
             table.locks.retain(|_, w| w.strong_count() > 0);
         }
         lock

@@ -352,7 +352,7 @@ async fn random_cancellations_never_stall_the_queue_nor_break_exclusion() {
                     max.fetch_max(now, Ordering::SeqCst);
                     tokio::task::yield_now().await;
                     inside.fetch_sub(1, Ordering::SeqCst);
-                    if seed % 2 == 0 {
+                    if seed.is_multiple_of(2) {
                         grant.release().await.unwrap();
                     } else {
                         drop(grant);
