@@ -369,6 +369,59 @@ async fn the_key_label_is_opt_in_and_can_be_a_prefix() {
 }
 
 #[tokio::test]
+async fn a_job_stopped_at_its_hold_limit_counts_as_a_hold_lost_for_it() {
+    let recorder = DebuggingRecorder::new();
+    let mut captured = Captured::new(recorder.snapshotter());
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let m = LockManager::in_memory();
+
+    let job = m.job("nightly").unwrap().at_most(Duration::from_millis(20));
+    let err = job.run(std::future::pending::<()>()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            zklock::Error::LockLost {
+                reason: LossReason::HoldLimit,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A job takes its lock with a try: it never counts as a waiter.
+    let table = captured.table();
+    let job_rows: BTreeMap<_, _> = table
+        .into_iter()
+        .filter(|(name, _)| name.contains("recipe=job"))
+        .collect();
+    assert_eq!(
+        job_rows,
+        expected(&[
+            (
+                "zklock_acquires_total{recipe=job,backend=memory,outcome=ok}",
+                "1"
+            ),
+            (
+                "zklock_acquire_wait_seconds{recipe=job,backend=memory}",
+                "1 samples"
+            ),
+            (
+                "zklock_backend_grants_total{recipe=job,backend=memory}",
+                "1"
+            ),
+            (
+                "zklock_hold_seconds{recipe=job,backend=memory}",
+                "1 samples"
+            ),
+            (
+                "zklock_holds_lost_total{recipe=job,backend=memory,reason=hold_limit}",
+                "1"
+            ),
+            ("zklock_holds{recipe=job,backend=memory}", "0"),
+        ])
+    );
+}
+
+#[tokio::test]
 async fn without_a_recorder_nothing_is_emitted_and_locks_work() {
     // The facade's no-op: nothing to capture, and the locks behave the same.
     let recorder = DebuggingRecorder::new();

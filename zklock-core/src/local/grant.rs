@@ -28,6 +28,9 @@ pub(crate) struct Grant {
     labels: Labels,
     /// Counts this hold in the metrics until it ends.
     meter: HoldMeter,
+    /// Why the layers above ended the hold though the backend still held it (a job's
+    /// `at_most`): what the metrics count it lost for.
+    ended_by: std::sync::OnceLock<LossReason>,
     /// Guards on this grant (re-entries included).
     pub(crate) guards: std::sync::atomic::AtomicUsize,
 }
@@ -44,6 +47,7 @@ impl Grant {
     ) -> Grant {
         Grant {
             meter: labels.hold(),
+            ended_by: std::sync::OnceLock::new(),
             labels: labels.clone(),
             node: Some(node),
             extra: None,
@@ -84,6 +88,18 @@ impl Grant {
             .expect("a grant has its node until it ends")
     }
 
+    /// The layers above end this hold for `reason` though the backend still holds it (a job's
+    /// `at_most`): its metrics count it lost for that reason.
+    pub(crate) fn end_for(&self, reason: LossReason) {
+        let _ = self.ended_by.set(reason);
+    }
+
+    /// How the hold ended, for its metrics: lost as the backend knows it, or as the layers
+    /// above ended it.
+    fn ended_lost(&self, node: &Arc<dyn BackendHold>) -> Option<LossReason> {
+        node.loss_known().or_else(|| self.ended_by.get().copied())
+    }
+
     pub(crate) fn loss_reason(&self) -> Option<LossReason> {
         self.hold().loss_reason()
     }
@@ -99,7 +115,8 @@ impl Grant {
             .take()
             .expect("a grant has its node until it ends");
         let extra = self.extra.take();
-        self.meter.end(node.loss_known());
+        let lost = self.ended_lost(&node);
+        self.meter.end(lost);
         let to_delete = match self.local.take() {
             Some(local) => local.release(node, &self.labels),
             None => Some(node),
@@ -120,7 +137,8 @@ impl Drop for Grant {
         if let Some(node) = self.node.take() {
             let held_ms = self.since.elapsed().as_millis() as u64;
             tracing::debug!(path = %self.path, token = %self.token, held_ms, "zklock: released");
-            self.meter.end(node.loss_known());
+            let lost = self.ended_lost(&node);
+            self.meter.end(lost);
             match self.local.take() {
                 // The returned node (if any) is deleted by its own Drop.
                 Some(local) => drop(local.release(node, &self.labels)),

@@ -204,6 +204,7 @@ impl Target {
         }) = &result
         {
             tracing::warn!(%key, ?at_most, "zklock: the body ran past its hold limit and was stopped");
+            guard.grant().end_for(LossReason::HoldLimit);
         }
         drop(guard);
         result
