@@ -40,6 +40,13 @@
 //!     .set_buckets_for_metric(Matcher::Prefix("zklock_".into()), zklock::metrics::SECONDS_BUCKETS)?
 //!     .install_recorder()?;
 //! zklock::metrics::describe();
+//! let upkeep = handle.clone();
+//! tokio::spawn(async move {
+//!     loop {
+//!         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+//!         upkeep.run_upkeep();
+//!     }
+//! });
 //! let manager = zklock::LockManager::connect("zk1:2181").await?;
 //! // ... and answer GET /metrics with handle.render()
 //! ```
