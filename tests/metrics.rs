@@ -422,6 +422,47 @@ async fn a_job_stopped_at_its_hold_limit_counts_as_a_hold_lost_for_it() {
 }
 
 #[tokio::test]
+async fn a_prometheus_scrape_shows_them_with_help_and_buckets() {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Prefix("zklock_".into()),
+            zklock::metrics::SECONDS_BUCKETS,
+        )
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    zklock::metrics::describe();
+    let m = LockManager::in_memory();
+
+    let guard = m.lock("sku_1").await.unwrap();
+    assert!(m.try_lock("sku_1").await.unwrap().is_none());
+    m.lose("sku_1", LossReason::SessionExpired).unwrap();
+    drop(guard);
+
+    let scrape = handle.render();
+    for line in [
+        "# HELP zklock_acquires_total Lock acquires that ended, by outcome (ok, timeout, error, skipped)",
+        "# TYPE zklock_acquires_total counter",
+        r#"zklock_acquires_total{recipe="mutex",backend="memory",outcome="ok"} 1"#,
+        r#"zklock_acquires_total{recipe="mutex",backend="memory",outcome="skipped"} 1"#,
+        r#"zklock_holds_lost_total{recipe="mutex",backend="memory",reason="session_expired"} 1"#,
+        r#"zklock_backend_grants_total{recipe="mutex",backend="memory"} 1"#,
+        r#"zklock_holds{recipe="mutex",backend="memory"} 0"#,
+        "# TYPE zklock_acquire_wait_seconds histogram",
+        r#"zklock_acquire_wait_seconds_bucket{recipe="mutex",backend="memory",le="+Inf"} 1"#,
+        r#"zklock_acquire_wait_seconds_count{recipe="mutex",backend="memory"} 1"#,
+        r#"zklock_hold_seconds_count{recipe="mutex",backend="memory"} 1"#,
+    ] {
+        assert!(
+            scrape.lines().any(|l| l == line),
+            "missing {line:?} in:\n{scrape}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn without_a_recorder_nothing_is_emitted_and_locks_work() {
     // The facade's no-op: nothing to capture, and the locks behave the same.
     let recorder = DebuggingRecorder::new();
