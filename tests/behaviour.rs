@@ -3,18 +3,21 @@
 //! Each behaviour is written once, as an async fn of the backend it runs on, against managers
 //! made by an [`Env`]; the `every_backend!` macro instantiates it for ZooKeeper (a real server
 //! from the test kit, one session per "process"), for Redis (a real `redis-server` from the
-//! test kit, one manager with its own connections per "process") and for the in-memory backend
-//! (clones of one in-memory manager, which share its lock table), so the tests read
-//! `mutex_excludes::zookeeper`, `mutex_excludes::redis` and `mutex_excludes::memory`.
+//! test kit, one manager with its own connections per "process"), for PostgreSQL (a real
+//! PostgreSQL from the test kit, one manager with its own connections per "process") and for
+//! the in-memory backend (clones of one in-memory manager, which share its lock table), so the
+//! tests read `mutex_excludes::zookeeper`, `mutex_excludes::redis`,
+//! `mutex_excludes::postgres` and `mutex_excludes::memory`.
 //! Behaviours that need distinct contenders at the backend run their scenario twice: with the
 //! local queue (tasks of a process queue behind one hold) and without it
 //! (`local_queue(false)`: every acquire is a contender of its own).
 //!
 //! What a backend leaves out on purpose (inspection and revocation off ZooKeeper, the
-//! ZooKeeper client, `lose` off memory) is checked to fail with `Error::Unsupported` naming the
-//! backend. Where "a hold is lost" comes from differs: the session expired on ZooKeeper, the
-//! lock's key deleted behind the holder's back on Redis (as a failover to a replica that never
-//! got it would), `lose` in memory.
+//! ZooKeeper client, `lose` off memory, semaphores on PostgreSQL) is checked to fail with
+//! `Error::Unsupported` naming the backend. Where "a hold is lost" comes from differs: the
+//! session expired on ZooKeeper, the lock's key deleted behind the holder's back on Redis (as a
+//! failover to a replica that never got it would), the holding session ended by the server on
+//! PostgreSQL (`pg_terminate_backend`), `lose` in memory.
 
 mod common;
 
@@ -29,16 +32,17 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinHandle;
+use tokio_postgres::NoTls;
 use zklock::{
     current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
 };
-use zklock_testkit::RedisServer;
+use zklock_testkit::{PostgresServer, RedisServer};
 
 /// How long one behaviour may take on any backend before it counts as a hang.
 const BOUND: Duration = Duration::from_secs(120);
 
-/// Instantiates each behaviour for every backend: `name::zookeeper`, `name::redis` and
-/// `name::memory`.
+/// Instantiates each behaviour for every backend: `name::zookeeper`, `name::redis`,
+/// `name::postgres` and `name::memory`.
 macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -56,6 +60,13 @@ macro_rules! every_backend {
                 tokio::time::timeout(BOUND, super::$name(Backend::Redis))
                     .await
                     .expect(concat!(stringify!($name), " hung on Redis"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                tokio::time::timeout(BOUND, super::$name(Backend::Postgres))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on PostgreSQL"));
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,12 +100,22 @@ every_backend!(
 enum Backend {
     Zookeeper,
     Redis,
+    Postgres,
     Memory,
 }
 
 /// The lease of the Redis managers: long enough that a busy 2-core machine never misses a
 /// renewal (every lease/3), short enough that a lost hold shows within a second.
 const REDIS_LEASE: Duration = Duration::from_secs(3);
+
+/// The lease of the PostgreSQL managers (their sessions' `idle_session_timeout`), for the same
+/// reasons.
+const PG_LEASE: Duration = Duration::from_secs(3);
+
+/// The classes (first keys) of zklock's advisory locks, as `pg_locks.classid` shows them: the
+/// lock itself (`zkLK`) and a waiting writer's intent (`zkIN`).
+const PG_LOCK_CLASS: i64 = 0x7A6B_4C4B;
+const PG_INTENT_CLASS: i64 = 0x7A6B_494E;
 
 /// Whether tasks of one process queue behind one backend hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +133,7 @@ struct Env {
     backend: Backend,
     zk: Option<ZkServer>,
     redis: Option<RedisServer>,
+    pg: Option<PostgresServer>,
     /// Memory: one manager per queue mode; its clones share its lock table.
     local: Option<LockManager>,
     strict: Option<LockManager>,
@@ -124,6 +146,7 @@ impl Env {
                 backend,
                 zk: Some(server()),
                 redis: None,
+                pg: None,
                 local: None,
                 strict: None,
             },
@@ -131,6 +154,15 @@ impl Env {
                 backend,
                 zk: None,
                 redis: Some(RedisServer::start().expect("start redis-server (test kit)")),
+                pg: None,
+                local: None,
+                strict: None,
+            },
+            Backend::Postgres => Env {
+                backend,
+                zk: None,
+                redis: None,
+                pg: Some(PostgresServer::start().expect("start postgres (test kit)")),
                 local: None,
                 strict: None,
             },
@@ -138,6 +170,7 @@ impl Env {
                 backend,
                 zk: None,
                 redis: None,
+                pg: None,
                 local: Some(LockManager::in_memory()),
                 strict: Some(LockManager::in_memory_with(
                     LockManager::builder("memory").local_queue(false),
@@ -167,8 +200,43 @@ impl Env {
             .expect("connect to the test Redis")
     }
 
+    fn pg_url(&self) -> String {
+        self.pg.as_ref().expect("a PostgreSQL env").url()
+    }
+
+    /// A plain PostgreSQL client, to look at the server's locks and end sessions.
+    async fn pg_client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.pg_url(), NoTls)
+            .await
+            .expect("connect to the test PostgreSQL");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// zklock's granted advisory locks (the lock and a writer's intent) of the lock at `path`
+    /// on PostgreSQL: `(class, mode, pid)`; none while the path has no id yet.
+    async fn pg_locks(
+        &self,
+        client: &tokio_postgres::Client,
+        path: &str,
+    ) -> Vec<(i64, String, i32)> {
+        client
+            .query(
+                "SELECT l.classid::bigint, l.mode, l.pid FROM pg_locks l \
+                 JOIN zklock_keys k ON l.objid::bigint = k.id \
+                 WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
+                 AND l.classid::bigint IN ($1, $2) AND k.path = $3",
+                &[&PG_LOCK_CLASS, &PG_INTENT_CLASS, &path],
+            )
+            .await
+            .expect("query pg_locks")
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
     /// The manager of one more process: a session of its own on ZooKeeper, a manager with
-    /// connections of its own on Redis, a clone of the shared in-memory manager (of that queue
+    /// connections of its own on Redis and PostgreSQL, a clone of the shared in-memory manager (of that queue
     /// mode) in memory.
     async fn process(&self, queue: Queue) -> LockManager {
         match self.backend {
@@ -178,6 +246,12 @@ impl Env {
                 .connect()
                 .await
                 .expect("connect to the test Redis"),
+            Backend::Postgres => LockManager::builder(self.pg_url())
+                .lease(PG_LEASE)
+                .local_queue(queue == Queue::Local)
+                .connect()
+                .await
+                .expect("connect to the test PostgreSQL"),
             Backend::Zookeeper => LockManager::builder(self.connect())
                 .session_timeout(Duration::from_secs(4))
                 .local_queue(queue == Queue::Local)
@@ -202,7 +276,9 @@ impl Env {
     /// After every background release of `managers`: the contender nodes left under `path` on
     /// ZooKeeper; on Redis, the holder keys (exclusive key, shared set, writer's intent) of
     /// the lock at `path` that still exist (a semaphore's `.../leases` and `.../locks` are one
-    /// lock there; the fencing counter stays by design). Memory has nothing to list (the
+    /// lock there; the fencing counter stays by design); on PostgreSQL, the advisory locks (the
+    /// lock, a writer's intent) of the path's id that a session still holds (the key table's
+    /// row stays by design). Memory has nothing to list (the
     /// behaviours check it with a try that must succeed at once).
     async fn left_behind(&self, managers: &[LockManager], path: &str) -> Vec<String> {
         for m in managers {
@@ -230,13 +306,24 @@ impl Env {
                 }
                 left
             }
+            Backend::Postgres => {
+                let client = self.pg_client().await;
+                self.pg_locks(&client, path)
+                    .await
+                    .into_iter()
+                    .map(|(class, mode, pid)| {
+                        format!("advisory lock ({class},id of {path}) {mode} by pid {pid}")
+                    })
+                    .collect()
+            }
             Backend::Memory => vec![],
         }
     }
 
     /// Makes `m`'s holds of `key` lost: `lose` in memory, the session expired on ZooKeeper,
     /// the lock's key deleted on Redis (the holder's next renewal, within lease/3, finds it
-    /// gone).
+    /// gone), the holding session ended by the server on PostgreSQL (`pg_terminate_backend`:
+    /// every hold on that connection is lost with it).
     async fn lose(&self, m: &LockManager, key: &str) {
         match self.backend {
             Backend::Memory => m.lose(key, LossReason::SessionExpired).unwrap(),
@@ -250,25 +337,59 @@ impl Env {
                     .unwrap();
                 assert_eq!(deleted, 1, "{name} was not held");
             }
+            Backend::Postgres => {
+                let path = m.path_of(key).unwrap();
+                let client = self.pg_client().await;
+                let locks = self.pg_locks(&client, &path).await;
+                let [(_, _, pid)] = locks.as_slice() else {
+                    panic!("{path} is not held by one session: {locks:?}")
+                };
+                let terminated: bool = client
+                    .query_one("SELECT pg_terminate_backend($1)", &[pid])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert!(
+                    terminated,
+                    "the holding session {pid} of {path} was not ended"
+                );
+            }
         }
     }
 
-    /// On Redis, waits (bounded) until a writer waits for the read/write lock at `path`: its
-    /// intent key, which keeps new readers out, exists. Elsewhere a queued writer is visible
-    /// from its first poll (memory) or its node (ZooKeeper) already.
+    /// On Redis and PostgreSQL, waits (bounded) until a writer waits for the read/write lock at
+    /// `path`: its intent (a key on Redis, an advisory lock of the intent class on PostgreSQL),
+    /// which keeps new readers out, exists. Elsewhere a queued writer is visible from its first
+    /// poll (memory) or its node (ZooKeeper) already.
     async fn until_writer_waits(&self, path: &str) {
-        if self.backend != Backend::Redis {
-            return;
-        }
-        let name = format!("zklock:intent:{path}");
-        let mut conn = self.redis_conn().await;
+        let name = match self.backend {
+            Backend::Redis => format!("zklock:intent:{path}"),
+            Backend::Postgres => format!("the intent lock of {path}"),
+            Backend::Zookeeper | Backend::Memory => return,
+        };
+        let mut conn = match self.backend {
+            Backend::Redis => Some(self.redis_conn().await),
+            _ => None,
+        };
+        let client = match self.backend {
+            Backend::Postgres => Some(self.pg_client().await),
+            _ => None,
+        };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(&name)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            let exists = match (&mut conn, &client) {
+                (Some(conn), _) => redis::cmd("EXISTS")
+                    .arg(&name)
+                    .query_async::<bool>(conn)
+                    .await
+                    .unwrap(),
+                (None, Some(client)) => self
+                    .pg_locks(client, path)
+                    .await
+                    .iter()
+                    .any(|(class, _, _)| *class == PG_INTENT_CLASS),
+                (None, None) => unreachable!("a Redis or PostgreSQL env"),
+            };
             if exists {
                 return;
             }
@@ -288,6 +409,9 @@ impl Env {
                 reason,
                 LossReason::NodeDeleted | LossReason::LeaseExpired | LossReason::Disconnected
             ),
+            Backend::Postgres => {
+                matches!(reason, LossReason::Disconnected | LossReason::LeaseExpired)
+            }
             Backend::Zookeeper => matches!(
                 reason,
                 LossReason::SessionExpired | LossReason::Disconnected | LossReason::NodeDeleted
@@ -297,7 +421,7 @@ impl Env {
 
     /// Spawns the acquire `fut` and returns once it waits: its first poll queues it on every
     /// backend (in memory the queue entry is made in that poll, on Redis its first attempt is
-    /// sent in it); on ZooKeeper, also once
+    /// sent in it, on PostgreSQL its key lookup or first attempt); on ZooKeeper, also once
     /// `path` (as `observer` lists it) has `nodes` contender nodes.
     async fn spawn_queued<F>(
         &self,
@@ -1000,6 +1124,9 @@ async fn downgrade_keeps_queued_writer_out(backend: Backend) {
 /// A semaphore of N admits at most N at once, across processes, and nothing is left.
 async fn semaphore_admits_at_most_n(backend: Backend) {
     let env = Env::start(backend);
+    if backend == Backend::Postgres {
+        return semaphores_are_refused(&env).await;
+    }
     let managers = env.processes(3, Queue::Local).await;
     let overlap = Arc::new(Overlap::default());
     let mut tasks = vec![];
@@ -1044,6 +1171,9 @@ async fn semaphore_admits_at_most_n(backend: Backend) {
 /// of overlapping counts never deadlock.
 async fn acquire_many_is_all_or_none(backend: Backend) {
     let env = Env::start(backend);
+    if backend == Backend::Postgres {
+        return semaphores_are_refused(&env).await;
+    }
     let managers = env.processes(2, Queue::Local).await;
     let (a, b) = (&managers[0], &managers[1]);
     let (sa, sb) = (a.semaphore("s", 3).unwrap(), b.semaphore("s", 3).unwrap());
@@ -1129,6 +1259,47 @@ async fn acquire_many_is_all_or_none(backend: Backend) {
         Vec::<String>::new()
     );
     assert_eq!(sa.acquire_many(3).await.unwrap().len(), 3);
+}
+
+/// `err` is `Error::Unsupported` naming `backend`, in the variant and in the message.
+fn assert_unsupported(err: &Error, backend: &str) {
+    assert!(
+        matches!(err, Error::Unsupported { backend: b, .. } if *b == backend),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(backend), "{err}");
+}
+
+/// Semaphores do not fit advisory locks: on PostgreSQL every way to take leases is refused
+/// with `Error::Unsupported` naming the backend, and the refusal takes nothing (a mutex of
+/// the same name is free at once).
+async fn semaphores_are_refused(env: &Env) {
+    let m = env.process(Queue::Local).await;
+    let sem = m.semaphore("slots", 2).unwrap();
+    let errors = [
+        sem.acquire().await.map(drop).unwrap_err(),
+        sem.try_acquire().await.map(drop).unwrap_err(),
+        sem.acquire_timeout(Duration::from_millis(100))
+            .await
+            .map(drop)
+            .unwrap_err(),
+        sem.acquire_many(2).await.map(drop).unwrap_err(),
+        sem.acquire_many_timeout(2, Duration::from_millis(100))
+            .await
+            .map(drop)
+            .unwrap_err(),
+    ];
+    for err in &errors {
+        assert_unsupported(err, "postgres");
+    }
+    let path = format!("{}/%SEM/slots", m.namespace());
+    for under in ["leases", "locks"] {
+        assert_eq!(
+            env.left_behind(std::slice::from_ref(&m), &format!("{path}/{under}"))
+                .await,
+            Vec::<String>::new()
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1421,9 +1592,9 @@ async fn attribute_locks_on_either_manager(backend: Backend) {
 // ---------------------------------------------------------------------------------------------
 // What differs on purpose
 
-/// ZooKeeper-only features fail in memory and on Redis with `Error::Unsupported` naming the
-/// backend (and `zk_client()` panics); the memory-only `lose` fails on ZooKeeper and Redis
-/// the same way.
+/// ZooKeeper-only features fail in memory, on Redis and on PostgreSQL with
+/// `Error::Unsupported` naming the backend (and `zk_client()` panics); the memory-only `lose`
+/// fails on ZooKeeper, Redis and PostgreSQL the same way, and so does revocation on PostgreSQL.
 async fn backend_specific_features(backend: Backend) {
     let env = Env::start(backend);
     let m = env.process(Queue::Local).await;
@@ -1474,6 +1645,66 @@ async fn backend_specific_features(backend: Backend) {
                 .await
                 .unwrap();
             assert_eq!(held.fencing_token().zxid(), fence);
+            held.release().await.unwrap();
+            assert_eq!(
+                env.left_behind(std::slice::from_ref(&m), &path).await,
+                Vec::<String>::new()
+            );
+        }
+        Backend::Postgres => {
+            assert!(debug.contains("postgres"), "{debug}");
+            let errors = [
+                m.inspect("k").await.unwrap_err(),
+                m.inspect_path("/some/lock").await.unwrap_err(),
+                m.list("k").await.unwrap_err(),
+                m.revoke("k").await.unwrap_err(),
+                m.revoke_path("/some/lock").await.unwrap_err(),
+                m.lose("k", LossReason::SessionExpired).unwrap_err(),
+                LockManager::builder(env.pg_url())
+                    .revocable(true)
+                    .connect()
+                    .await
+                    .unwrap_err(),
+            ];
+            for err in &errors {
+                assert_unsupported(err, "postgres");
+            }
+            let client = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.zk_client()));
+            assert!(client.is_err(), "zk_client() panics on PostgreSQL");
+            assert_eq!(m.negotiated_session_timeout(), Duration::ZERO);
+
+            // What PostgreSQL has instead: the hold is an advisory lock on a session that names
+            // its process, and the token is the key row's fence.
+            let held = m.lock("k").await.unwrap();
+            let path = m.path_of("k").unwrap();
+            let look = env.pg_client().await;
+            let row = look
+                .query_one(
+                    "SELECT id::bigint, fence FROM zklock_keys WHERE path = $1",
+                    &[&path],
+                )
+                .await
+                .unwrap();
+            let (id, fence): (i64, i64) = (row.get(0), row.get(1));
+            assert_eq!(
+                held.node_path(),
+                format!("{path} (advisory lock {PG_LOCK_CLASS},{id})")
+            );
+            assert_eq!(held.fencing_token().zxid(), fence);
+            let locks = env.pg_locks(&look, &path).await;
+            let [(PG_LOCK_CLASS, mode, pid)] = locks.as_slice() else {
+                panic!("one advisory lock of {path}: {locks:?}")
+            };
+            assert_eq!(mode, "ExclusiveLock");
+            let application: String = look
+                .query_one(
+                    "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+                    &[pid],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert!(application.contains(" pid="), "{application}");
             held.release().await.unwrap();
             assert_eq!(
                 env.left_behind(std::slice::from_ref(&m), &path).await,

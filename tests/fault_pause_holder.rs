@@ -130,9 +130,18 @@ fn pause_worker_process() {
             .connect(&connect)
             .await
             .unwrap();
+        // `leader-<fence>`: the holder is a leader (Curator's LeaderLatch) fenced by its epoch.
+        let (fence, leader) = match variant.strip_prefix("leader-") {
+            Some(fence) => (fence.to_string(), true),
+            None => (variant.clone(), false),
+        };
         rec.acquire_invoked(&key, Mode::Exclusive);
-        let guard = m.lock(&key).await.unwrap();
-        let token = guard.fencing_token().as_u128();
+        let held = if leader {
+            Held::Leader(m.leader_latch(&key, &name).unwrap().lead().await.unwrap())
+        } else {
+            Held::Lock(m.lock(&key).await.unwrap())
+        };
+        let token = held.token();
         rec.acquire_ok(&key, Mode::Exclusive, token);
         let (value, _) = decode(&store.get_data(&store_path).await.unwrap().0);
         if pause {
@@ -147,10 +156,10 @@ fn pause_worker_process() {
         let outcome = write(
             &store,
             &store_path,
-            &variant,
+            &fence,
             value + 1,
             token,
-            guard.node_path(),
+            held.node_path(),
         )
         .await;
         fs::write(
@@ -162,12 +171,42 @@ fn pause_worker_process() {
         )
         .unwrap();
         rec.release_invoked(&key);
-        match guard.release().await {
+        match held.release().await {
             Ok(()) => rec.release_ok(&key),
             Err(e) => rec.release_failed(&key, e),
         }
         m.flush().await;
     });
+}
+
+/// What a worker holds: a lock, or the leadership of an election.
+enum Held {
+    Lock(zklock::LockGuard),
+    Leader(zklock::Leadership),
+}
+
+impl Held {
+    fn token(&self) -> u128 {
+        match self {
+            Held::Lock(guard) => guard.fencing_token().as_u128(),
+            Held::Leader(leadership) => leadership.epoch().as_u128(),
+        }
+    }
+
+    /// The lock node, for the `multi` fence (locks only).
+    fn node_path(&self) -> &str {
+        match self {
+            Held::Lock(guard) => guard.node_path(),
+            Held::Leader(_) => "",
+        }
+    }
+
+    async fn release(self) -> zklock::Result<()> {
+        match self {
+            Held::Lock(guard) => guard.release().await,
+            Held::Leader(leadership) => leadership.leave().await,
+        }
+    }
 }
 
 /// A worker process, killed if still running when dropped.
@@ -340,7 +379,13 @@ async fn run(zk: &ZkServer, variant: &str) -> Outcome {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holder_overlaps_the_next_one_and_only_fencing_saves_the_shared_state() {
     let zk = server();
-    for variant in ["unfenced", "token", "multi"] {
+    for variant in [
+        "unfenced",
+        "token",
+        "multi",
+        "leader-unfenced",
+        "leader-token",
+    ] {
         let o = run(&zk, variant).await;
         // The lock behaved: the overlap is the window the SIGSTOP opened, tokens increased.
         o.report.assert_ok();
@@ -350,7 +395,7 @@ async fn a_paused_holder_overlaps_the_next_one_and_only_fencing_saves_the_shared
         assert_eq!(overlap.second.worker, "second");
         assert!(overlap.second.token > overlap.first.token);
         assert_eq!(o.second, "ok");
-        if variant == "unfenced" {
+        if variant.ends_with("unfenced") {
             // Both increments were acknowledged, and one of them is lost.
             assert_eq!(o.first, "ok", "the unfenced write goes through");
             assert_eq!(o.value, 1, "a lost update, as Jepsen expects of any lock");

@@ -19,6 +19,11 @@
 //! `commands_per_cycle` (from `INFO stats`: every command any client sent, watchdog renewals
 //! and retries included).
 //!
+//! On PostgreSQL (a `postgres://` connect string): `zklock` (its PostgreSQL backend) and `floor`
+//! (`pg_advisory_lock` + `pg_advisory_unlock` on a plain client), uncontended and contended;
+//! their lines carry `backend=postgres` and the WAL written per cycle (see the `postgres`
+//! module).
+//!
 //! Workloads (see [`Workload`]): `uncontended`, `contended`, `keys`, `inproc`, `drain`, and the
 //! memory probes `mem-waiters` and `mem-keys`. Each run prints one line of `key=value` fields,
 //! the format of the peers' benches ([`Report`], [`parse_line`]).
@@ -41,6 +46,7 @@ mod drain;
 mod memory;
 mod ops;
 mod peer;
+mod postgres;
 mod report;
 
 use std::fmt;
@@ -256,6 +262,9 @@ pub type Result<T, E = BenchError> = std::result::Result<T, E>;
 pub async fn run(options: &Options) -> Result<Report> {
     if options.workers == 0 {
         return Err(BenchError("--workers must be at least 1".into()));
+    }
+    if postgres::is_postgres(&options.connect) {
+        return postgres::run(options).await;
     }
     match options.workload {
         Workload::Uncontended | Workload::Contended | Workload::Keys | Workload::Inproc => {

@@ -17,7 +17,8 @@ use zklock_bench::{Options, Peer, Workload};
 #[command(name = "zklock-bench", version)]
 struct Cli {
     /// ZooKeeper connect string, host:port[,host:port...]; or a Redis URL, redis://host:port/
-    /// (peers zklock, floor, rslock).
+    /// (peers zklock, floor, rslock); or a PostgreSQL URL, postgres://user@host:port/db (peers
+    /// zklock, floor; workloads uncontended, contended).
     #[arg(long, env = "ZKLOCK_CONNECT")]
     connect: String,
     /// uncontended | contended | keys | inproc | drain | mem-waiters | mem-keys

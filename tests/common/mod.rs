@@ -80,14 +80,16 @@ pub async fn until_children(m: &LockManager, path: &str, n: usize) {
 /// Expires `m`'s session from the server side, as Curator's KillSession did: a second handle
 /// with the same session id and password, then closed.
 pub async fn expire_session(m: &LockManager, connect: &str) {
+    use zookeeper_client::SessionState;
     let original = m.zk_client();
     let session = original.session().clone();
-    let mut last = None;
-    let mut seen = Vec::new();
-    // A second handle attaches to the session and closes it. The original handle, kicked off by
-    // the twin, may win the connection back before the twin's close goes out: then the session
-    // lives on, so wait until the original handle itself sees the expiry and try again if not.
-    for _ in 0..10 {
+    let mut attempts = Vec::new();
+    // A second handle attaches to the session (the server drops the original's connection) and
+    // closes it. The original, kicked off, reconnects at once and may win the session back
+    // before the twin's close goes out: then the session lives on. So follow the original's
+    // states from before the twin attaches: `Expired` is done, connected again is another try.
+    for _ in 0..50 {
+        let mut states = original.state_watcher();
         let twin = zookeeper_client::Client::connector()
             .with_session(session.clone())
             .with_session_timeout(Duration::from_secs(4))
@@ -98,22 +100,28 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
             Ok(twin) => drop(twin),
             Err(zookeeper_client::Error::SessionExpired) => {}
             Err(e) => {
-                last = Some(e);
+                attempts.push(format!("twin: {e}"));
                 continue;
             }
         }
-        let mut states = original.state_watcher();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            if original.state() == zookeeper_client::SessionState::Expired {
+            if original.state() == SessionState::Expired {
                 return;
             }
             match tokio::time::timeout_at(deadline, states.changed()).await {
-                Ok(state) => seen.push(state),
-                Err(_) => break,
+                Ok(SessionState::Expired) => return,
+                Ok(SessionState::SyncConnected | SessionState::ConnectedReadOnly) => {
+                    attempts.push("won back".into());
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    attempts.push(format!("still {:?}", original.state()));
+                    break;
+                }
             }
         }
-        last = None;
     }
-    panic!("could not expire the session (a second handle: {last:?}; the original saw {seen:?})");
+    panic!("could not expire the session: {attempts:?}");
 }

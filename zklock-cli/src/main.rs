@@ -3,6 +3,8 @@
 //! ```text
 //! zklock [--connect HOSTS|REDIS_URL|POSTGRES_URL] [--namespace NS] [--session-timeout DUR] \
 //!        exec (KEY | --path ZNODE_PATH) [--timeout DUR] -- CMD [ARGS...]
+//! zklock exec (KEY | --path ZNODE_PATH) --skip-if-locked [--at-least DUR] [--at-most DUR] \
+//!        [--skipped-exit-code N] [--kill-after DUR] -- CMD [ARGS...]
 //! zklock elect (NAME | --path ZNODE_PATH) [--id ID] [--kill-after DUR] -- CMD [ARGS...]
 //! zklock ls [PREFIX] | status KEY | revoke KEY
 //! zklock top [PREFIX] [--interval DUR] [--once | --iterations N]
@@ -15,8 +17,9 @@
 //!
 //! Exit codes of `exec`: CMD's own code when it ran (128+N when a signal N ended it);
 //! 64 bad usage or key; 69 ZooKeeper unreachable or the session failed; 75 timed out waiting
-//! for the lock; 76 the lock was lost while CMD ran (CMD got SIGTERM); 126 CMD could not run;
-//! 127 CMD not found.
+//! for the lock; 76 the lock was lost while CMD ran (CMD got SIGTERM); 124 a job's CMD ran past
+//! `--at-most` and was stopped; 126 CMD could not run; 127 CMD not found. A skipped job exits 0
+//! (or `--skipped-exit-code`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,8 +28,10 @@ use clap::{Args, Parser, Subcommand};
 use std::future::Future;
 use std::pin::Pin;
 
+use std::cell::{Cell, RefCell};
+
 use zklock_core::{
-    Contender, Error, FencingToken, Lease, LockGuard, LockInfo, LockManager, LossReason,
+    Contender, Error, FencingToken, Key, Lease, LockGuard, LockInfo, LockManager, LossReason, Ran,
 };
 
 /// Exit code: bad usage, bad key or bad option.
@@ -37,6 +42,9 @@ const EXIT_UNAVAILABLE: u8 = 69;
 const EXIT_TIMEOUT: u8 = 75;
 /// Exit code: the hold was lost while CMD ran; CMD was sent SIGTERM.
 const EXIT_LOST: u8 = 76;
+/// Exit code: a job's CMD ran past `--at-most` and was stopped (SIGTERM, then SIGKILL), as
+/// timeout(1) exits.
+const EXIT_AT_MOST: u8 = 124;
 /// Exit code: CMD exists but could not be executed.
 const EXIT_CANNOT_RUN: u8 = 126;
 /// Exit code: CMD was not found.
@@ -49,6 +57,7 @@ EXIT CODES (exec, elect):
   69   ZooKeeper unreachable, or the session failed before CMD ran
   75   timed out waiting for the lock (--timeout)
   76   the lock (or leadership) was lost while CMD ran; CMD was sent SIGTERM
+  124  a job's CMD ran past --at-most; it was sent SIGTERM, then SIGKILL after --kill-after
   126  CMD could not be executed
   127  CMD not found";
 
@@ -79,6 +88,13 @@ enum Command {
     ///
     /// CMD gets ZKLOCK_FENCING_TOKEN (strictly increasing across holders: pass it to the store
     /// you write to) and ZKLOCK_LOCK_PATH in its environment.
+    ///
+    /// With --skip-if-locked, --at-least or --at-most, KEY is a scheduled job (a cron entry
+    /// that every host runs, and one runs at a time): the lock of the job KEY, apart from the
+    /// plain lock KEY, shared with `LockManager::job(KEY)` and #[distributed_lock(KEY,
+    /// skip_if_locked)]. A skipped run prints one line on stderr and exits 0, or
+    /// --skipped-exit-code. Works on ZooKeeper and Redis; --at-least is measured by the
+    /// server's clock.
     #[command(after_help = EXIT_CODES)]
     Exec(ExecArgs),
     /// List locks that have holders or waiters: key, kind, holders, waiters, age, token.
@@ -162,7 +178,8 @@ struct ExecArgs {
     /// Lock a raw znode path instead of a key, e.g. a path that Curator services also lock
     #[arg(long, value_name = "ZNODE_PATH")]
     path: Option<String>,
-    /// Give up waiting after this long (exit 75); default: wait forever
+    /// Give up waiting after this long (exit 75; a job run skips instead); default: wait
+    /// forever
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<Duration>,
     /// Take the read side of a read/write lock (shared with other readers)
@@ -174,9 +191,69 @@ struct ExecArgs {
     /// Take one lease of a semaphore with N leases (at most N commands run at once)
     #[arg(long, value_name = "N", conflicts_with_all = ["read", "write"])]
     semaphore: Option<u32>,
+    /// Job: skip the run (do not wait) when another host holds KEY or ran it within its
+    /// --at-least window
+    #[arg(long, conflicts_with_all = ["timeout", "read", "write", "semaphore"])]
+    skip_if_locked: bool,
+    /// Job: no other run starts within this long of this run's start, even after this one
+    /// ended (by the server's clock), e.g. 30s
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with_all = ["read", "write", "semaphore"])]
+    at_least: Option<Duration>,
+    /// Job: stop CMD if it still runs after this long (SIGTERM to its process group, SIGKILL
+    /// after --kill-after) and exit 124, e.g. 10m
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with_all = ["read", "write", "semaphore"])]
+    at_most: Option<Duration>,
+    /// Job: the exit code of a skipped run (default 0, so that cron stays quiet)
+    #[arg(long, value_name = "N")]
+    skipped_exit_code: Option<u8>,
+    /// Job: how long CMD gets to stop after SIGTERM (past --at-most or on a lost lock) before
+    /// SIGKILL
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    kill_after: Option<Duration>,
     /// The command to run, after `--`
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
+}
+
+impl ExecArgs {
+    /// Whether KEY runs as a scheduled job.
+    fn is_job(&self) -> bool {
+        self.skip_if_locked || self.at_least.is_some() || self.at_most.is_some()
+    }
+
+    /// The rules for job options that clap cannot say, as one message for the user.
+    fn check_job(&self) -> Result<(), String> {
+        if !self.is_job() {
+            let stray = [
+                ("--skipped-exit-code", self.skipped_exit_code.is_some()),
+                ("--kill-after", self.kill_after.is_some()),
+            ];
+            if let Some((flag, _)) = stray.iter().find(|(_, given)| *given) {
+                return Err(format!(
+                    "{flag} is an option of a job run: add --skip-if-locked (or --at-least/--at-most with --timeout)"
+                ));
+            }
+            return Ok(());
+        }
+        if !self.skip_if_locked && self.timeout.is_none() {
+            let flag = if self.at_least.is_some() {
+                "--at-least"
+            } else {
+                "--at-most"
+            };
+            return Err(format!(
+                "{flag} makes this a job run: say what it does when another host holds it, with --skip-if-locked (skip at once) or --timeout DUR (wait that long, then skip)"
+            ));
+        }
+        for (flag, value) in [("--at-least", self.at_least), ("--at-most", self.at_most)] {
+            if value == Some(Duration::ZERO) {
+                return Err(format!(
+                    "{flag} 0 is no bound: give a duration longer than zero, or leave it out"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -229,6 +306,10 @@ fn fail(err: &Error) -> u8 {
 }
 
 async fn exec(cli: &Cli, args: &ExecArgs) -> u8 {
+    if let Err(msg) = args.check_job() {
+        eprintln!("zklock: {msg}");
+        return EXIT_USAGE;
+    }
     let manager = match connect(cli).await {
         Ok(m) => m,
         Err(e) => return fail(&e),
@@ -249,6 +330,9 @@ async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
 }
 
 async fn exec_with(manager: &LockManager, args: &ExecArgs) -> u8 {
+    if args.is_job() {
+        return exec_job(manager, args).await;
+    }
     let (lock_path, acquire) = match start_acquire(manager, args) {
         Ok(started) => started,
         Err(e) => return fail(&e),
@@ -311,6 +395,150 @@ async fn exec_with(manager: &LockManager, args: &ExecArgs) -> u8 {
         return EXIT_LOST;
     }
     exit_code(status)
+}
+
+/// `exec` of a scheduled job: [`Job::run`](zklock_core::Job::run) runs CMD, or skips.
+async fn exec_job(manager: &LockManager, args: &ExecArgs) -> u8 {
+    let started = match (&args.key, &args.path) {
+        (Some(key), _) => manager.job(key).and_then(|job| {
+            let path = format!("{}/%JOB/{}", manager.namespace(), Key::new(key)?.encoded());
+            Ok((job, path))
+        }),
+        (None, Some(path)) => manager.job_at_path(path).map(|job| (job, path.clone())),
+        (None, None) => unreachable!("clap requires KEY or --path"),
+    };
+    let (mut job, lock_path) = match started {
+        Ok(started) => started,
+        Err(e) => return fail(&e),
+    };
+    let name = args.key.as_deref().unwrap_or(&lock_path);
+    if let Some(timeout) = args.timeout {
+        job = job.wait(timeout);
+    }
+    if let Some(at_least) = args.at_least {
+        job = job.at_least(at_least);
+    }
+    if let Some(at_most) = args.at_most {
+        job = job.at_most(at_most);
+    }
+
+    // The body spawns CMD once the job is this host's, and waits for it. However the body
+    // ends, the child comes back here (`Running`), so that CMD can still be stopped and reaped
+    // after the job has dropped the body (past --at-most, or on a lost lock); `pid` tells the
+    // signal forwarding below.
+    let child: RefCell<Option<tokio::process::Child>> = RefCell::new(None);
+    let pid: Cell<Option<libc::pid_t>> = Cell::new(None);
+    let body = async {
+        let (program, rest) = args.command.split_first().expect("clap requires CMD");
+        let token = zklock_core::current_fencing_token().expect("a job's body runs in its frame");
+        let spawned = tokio::process::Command::new(program)
+            .args(rest)
+            .env("ZKLOCK_FENCING_TOKEN", token.to_string())
+            .env("ZKLOCK_LOCK_PATH", &lock_path)
+            // Its own process group: a run stopped past --at-most stops all that CMD started.
+            .process_group(0)
+            .spawn();
+        let mut running = Running {
+            child: Some(spawned.map_err(|e| (program, e))?),
+            slot: &child,
+        };
+        let cmd = running.child.as_mut().expect("set above");
+        pid.set(cmd.id().map(|p| -(p as libc::pid_t)));
+        Ok(cmd.wait().await)
+    };
+    let mut term = signal(libc::SIGTERM);
+    let mut int = signal(libc::SIGINT);
+    let mut hup = signal(libc::SIGHUP);
+    let mut run = Box::pin(job.run(body));
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut run => break outcome,
+            // Before CMD runs, a signal ends the wait (the job future is dropped: nothing is
+            // left behind); while it runs, it goes to CMD.
+            _ = term.recv() => match pid.get() {
+                Some(_) => forward(pid.get(), libc::SIGTERM),
+                None => return 128 + libc::SIGTERM as u8,
+            },
+            _ = int.recv() => match pid.get() {
+                Some(_) => forward(pid.get(), libc::SIGINT),
+                None => return 128 + libc::SIGINT as u8,
+            },
+            _ = hup.recv() => match pid.get() {
+                Some(_) => forward(pid.get(), libc::SIGHUP),
+                None => return 128 + libc::SIGHUP as u8,
+            },
+        }
+    };
+    // The body ends with the run, and gives the child back.
+    drop(run);
+    match outcome {
+        Ok(Ran::Ran(Ok(status))) => exit_code(status),
+        Ok(Ran::Ran(Err((program, e)))) => {
+            eprintln!("zklock: cannot run {program:?}: {e}");
+            if e.kind() == std::io::ErrorKind::NotFound {
+                EXIT_NOT_FOUND
+            } else {
+                EXIT_CANNOT_RUN
+            }
+        }
+        Ok(Ran::Skipped) => {
+            eprintln!("zklock: skipped {name}: another host runs it, or ran it within its --at-least window");
+            args.skipped_exit_code.unwrap_or(0)
+        }
+        Err(Error::LockLost { reason, .. }) => {
+            let code = if reason == LossReason::HoldLimit {
+                eprintln!(
+                    "zklock: the command ran past --at-most {}; stopping it",
+                    humantime::format_duration(args.at_most.unwrap_or_default())
+                );
+                EXIT_AT_MOST
+            } else {
+                eprintln!("zklock: lost the lock on {lock_path} while the command ran ({reason}); stopping it");
+                EXIT_LOST
+            };
+            let running = child.borrow_mut().take();
+            if let Some(running) = running {
+                stop(
+                    running,
+                    pid.get(),
+                    args.kill_after.unwrap_or(DEFAULT_KILL_AFTER),
+                )
+                .await;
+            }
+            code
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// A job's CMD while its body waits for it: when the body ends or is dropped, the child goes
+/// back to `slot`.
+struct Running<'a> {
+    child: Option<tokio::process::Child>,
+    slot: &'a RefCell<Option<tokio::process::Child>>,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        *self.slot.borrow_mut() = self.child.take();
+    }
+}
+
+/// How long a stopped command gets between SIGTERM and SIGKILL, unless `--kill-after` says.
+const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
+
+/// Stops a command's process group `pid`: SIGTERM, then SIGKILL if it still runs after
+/// `grace`; returns once it has exited.
+async fn stop(mut child: tokio::process::Child, pid: Option<libc::pid_t>, grace: Duration) {
+    forward(pid, libc::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        eprintln!(
+            "zklock: the command did not stop within {}; sending it SIGKILL",
+            humantime::format_duration(grace)
+        );
+        forward(pid, libc::SIGKILL);
+        let _ = child.wait().await;
+    }
 }
 
 async fn elect(cli: &Cli, args: &ElectArgs) -> u8 {

@@ -480,12 +480,12 @@ impl Labels {
         }
     }
 
-    /// Counts a hold from now until [`HoldMeter::end`] (or its drop).
-    pub(crate) fn hold(&self) -> HoldMeter {
+    /// Counts a hold granted at `since` until [`HoldMeter::end`] (or its drop).
+    pub(crate) fn hold(&self, since: Instant) -> HoldMeter {
         gauge(&HOLDS_KEYS, self.base(1), self.key.as_ref(), 1.0);
         HoldMeter {
             labels: Some(self.clone()),
-            since: Instant::now(),
+            since,
         }
     }
 }
@@ -512,12 +512,17 @@ pub(crate) struct HoldMeter {
 impl HoldMeter {
     /// The hold ended; `lost` tells whether it was lost and why. Only the first call counts.
     pub(crate) fn end(&mut self, lost: Option<LossReason>) {
+        self.end_after(lost, self.since.elapsed())
+    }
+
+    /// [`end`](Self::end), with the hold's time already measured (no second clock read).
+    pub(crate) fn end_after(&mut self, lost: Option<LossReason>, held: Duration) {
         let Some(l) = self.labels.take() else {
             return;
         };
         let key = l.key.as_ref();
         gauge(&HOLDS_KEYS, l.base(1), key, -1.0);
-        record(&HOLD_TIME_KEYS, l.base(1), key, self.since.elapsed());
+        record(&HOLD_TIME_KEYS, l.base(1), key, held);
         if let Some(reason) = lost {
             increment(
                 &HOLDS_LOST_KEYS,

@@ -8,6 +8,7 @@ use std::time::Duration;
 pub use std::format;
 
 use crate::manager::LockManager;
+pub use crate::recipe::job::Ran;
 pub use crate::types::error::Error;
 
 /// The lock mode of an annotated fn.
@@ -112,5 +113,80 @@ where
             .run_locked(key, options, body)
             .await
             .map_err(E::from)?
+    }
+}
+
+/// The job options of an annotated fn (`skip_if_locked`, `timeout`, `at_least`, `at_most`):
+/// the fn runs as [`LockManager::job`] with these settings.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JobOptions {
+    /// [`Job::wait`](crate::Job::wait): `None` skips at once (`skip_if_locked`).
+    pub wait: Option<Duration>,
+    /// [`Job::at_least`](crate::Job::at_least).
+    pub at_least: Option<Duration>,
+    /// [`Job::at_most`](crate::Job::at_most).
+    pub at_most: Option<Duration>,
+}
+
+impl JobOptions {
+    fn job(self, manager: &LockManager, key: &str, required: bool) -> Result<crate::Job, Error> {
+        let mut job = manager.job(key)?.required(required);
+        if let Some(wait) = self.wait {
+            job = job.wait(wait);
+        }
+        if let Some(at_least) = self.at_least {
+            job = job.at_least(at_least);
+        }
+        if let Some(at_most) = self.at_most {
+            job = job.at_most(at_most);
+        }
+        Ok(job)
+    }
+}
+
+/// Runs `body` as the job `key` for a fn that returns `Result<Ran<T>, E>`: the body's `Ok`
+/// value comes back as `Ran::Ran`, a skip as `Ok(Ran::Skipped)`.
+pub fn run_job<'a, T, E, F>(
+    manager: &'a LockManager,
+    key: &'a str,
+    options: JobOptions,
+    body: F,
+) -> impl Future<Output = Result<Ran<T>, E>> + 'a
+where
+    F: Future<Output = Result<T, E>> + 'a,
+    E: From<Error> + 'a,
+    T: 'a,
+{
+    let body = Box::pin(body);
+    async move {
+        let job = options.job(manager, key, false)?;
+        match job.run(body).await? {
+            Ran::Ran(result) => result.map(Ran::Ran),
+            Ran::Skipped => Ok(Ran::Skipped),
+        }
+    }
+}
+
+/// Runs `body` as the job `key` for a fn that returns `Result<T, E>`: a skip is
+/// `Err(Error::JobSkipped { .. }.into())`.
+pub fn run_required_job<'a, T, E, F>(
+    manager: &'a LockManager,
+    key: &'a str,
+    options: JobOptions,
+    body: F,
+) -> impl Future<Output = Result<T, E>> + 'a
+where
+    F: Future<Output = Result<T, E>> + 'a,
+    E: From<Error> + 'a,
+    T: 'a,
+{
+    let body = Box::pin(body);
+    async move {
+        let job = options.job(manager, key, true)?;
+        match job.run(body).await? {
+            Ran::Ran(result) => result,
+            // `required` makes a skip an error; this is the same error, should it ever return.
+            Ran::Skipped => Err(Error::JobSkipped { key: key.into() }.into()),
+        }
     }
 }

@@ -22,14 +22,50 @@ pub(crate) fn distributed_lock(attr: TokenStream, item: TokenStream) -> TokenStr
             return token_stream_with_error(item, err);
         }
     };
+    // What stands in for the fn beside an error.
+    let fallback = job_fallback(&func).unwrap_or(item);
     let args = match syn::parse2::<Args>(attr) {
         Ok(args) => args,
-        Err(err) => return token_stream_with_error(item, err),
+        Err(err) => return token_stream_with_error(fallback, err),
     };
     match expand(args, func) {
         Ok(tokens) => tokens,
-        Err(err) => token_stream_with_error(item, err),
+        Err(err) => token_stream_with_error(fallback, err),
     }
+}
+
+/// Beside an error, a job fn returning `Result<Ran<T>, E>` cannot be emitted unchanged: its
+/// body returns `Result<T, E>`, which would be one more error. It is emitted with its body in
+/// an `async` block typed as the body's own return type (so that the IDE still checks it), and
+/// a fn body that never runs: the compile fails on the error anyway.
+fn job_fallback(func: &ItemFn) -> Option<TokenStream> {
+    let ReturnType::Type(_, ret) = &func.sig.output else {
+        return None;
+    };
+    if func.sig.asyncness.is_none() || contains_impl_trait(ret) {
+        return None;
+    }
+    let body_ret = ran_body_type(ret)?;
+    let (outer, inner): (Vec<_>, Vec<_>) = func
+        .attrs
+        .iter()
+        .partition(|a| matches!(a.style, AttrStyle::Outer));
+    let (vis, sig, stmts) = (&func.vis, &func.sig, &func.block.stmts);
+    Some(quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            let _ = async move {
+                #[allow(unreachable_code, clippy::diverging_sub_expression)]
+                if false {
+                    let __zklock_fake_return: #body_ret = loop {};
+                    return __zklock_fake_return;
+                }
+                #(#stmts)*
+            };
+            ::core::unreachable!()
+        }
+    })
 }
 
 /// The first token of an item after its attributes: `struct`, `pub`, `fn`...
@@ -129,10 +165,64 @@ fn result_type(sig: &Signature) -> syn::Result<&Type> {
             return Ok(ty);
         }
     }
+    if let Type::Path(path) = inner {
+        if path
+            .path
+            .segments
+            .last()
+            .is_some_and(|last| last.ident == "Ran")
+        {
+            return Err(syn::Error::new_spanned(
+                ty,
+                "a call of a job returns the lock's errors too: write `Result<zklock::Ran<T>, E>` where E: From<zklock::Error>",
+            ));
+        }
+    }
     Err(syn::Error::new_spanned(
         ty,
         format!("#[distributed_lock] needs a return type of {NEED}"),
     ))
+}
+
+/// For a return type spelled `SomeResult<Ran<T>, ...>`, the same type with `T` in place of
+/// `Ran<T>`: what a job's body returns. `None` for any other return type.
+fn ran_body_type(ret: &Type) -> Option<Type> {
+    let mut inner = ret;
+    while let Type::Group(group) = inner {
+        inner = &group.elem;
+    }
+    let Type::Path(result) = inner else {
+        return None;
+    };
+    let mut body = result.clone();
+    let last = body.path.segments.last_mut()?;
+    let syn::PathArguments::AngleBracketed(args) = &mut last.arguments else {
+        return None;
+    };
+    let first = args.args.iter_mut().find_map(|arg| match arg {
+        syn::GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })?;
+    let Type::Path(ran) = &*first else {
+        return None;
+    };
+    let ran = ran.path.segments.last()?;
+    if ran.ident != "Ran" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(ran_args) = &ran.arguments else {
+        return None;
+    };
+    let mut types = ran_args.args.iter().filter_map(|arg| match arg {
+        syn::GenericArgument::Type(ty) => Some(ty.clone()),
+        _ => None,
+    });
+    let value = types.next()?;
+    if types.next().is_some() {
+        return None;
+    }
+    *first = value;
+    Some(Type::Path(body))
 }
 
 /// The names a fn's parameters bind (`id`, `order`, the names inside destructuring patterns).
@@ -270,6 +360,13 @@ fn gen_function(args: &Args, func: ItemFn, ret: &Type, key: Key) -> TokenStream 
     };
     let private = quote!(#krate::__private);
     let ret_span = ret.span();
+    // A job whose fn returns `Result<Ran<T>, E>`: its body returns `Result<T, E>`.
+    let ran_body = if args.is_job() {
+        ran_body_type(ret)
+    } else {
+        None
+    };
+    let body_ret = ran_body.as_ref().unwrap_or(ret);
     // The paths of the calls that need the fn's error type to convert zklock's errors, spanned
     // at the return type as a whole so that a missing `From` is blamed there.
     let private_at_ret = respan(private.clone(), ret_span);
@@ -305,13 +402,7 @@ fn gen_function(args: &Args, func: ItemFn, ret: &Type, key: Key) -> TokenStream 
         options.push(quote!(mode: #private::Mode::#mode));
     }
     if let Some(millis) = args.timeout {
-        let duration = if millis % 1000 == 0 {
-            let secs = proc_macro2::Literal::u64_unsuffixed(millis / 1000);
-            quote!(::core::time::Duration::from_secs(#secs))
-        } else {
-            let millis = proc_macro2::Literal::u64_unsuffixed(millis);
-            quote!(::core::time::Duration::from_millis(#millis))
-        };
+        let duration = duration(millis);
         options.push(quote!(timeout: ::core::option::Option::Some(#duration)));
     }
     if let Some(on_lost) = args.on_lost {
@@ -329,12 +420,31 @@ fn gen_function(args: &Args, func: ItemFn, ret: &Type, key: Key) -> TokenStream 
     } else {
         quote!(#private::Options { #(#options,)* ..#private::Options::new() })
     };
+    let job_options = {
+        let wait = match args.timeout {
+            Some(millis) => {
+                let duration = duration(millis);
+                quote!(::core::option::Option::Some(#duration))
+            }
+            None => quote!(::core::option::Option::None),
+        };
+        let window = |millis: Option<u64>| match millis {
+            Some(millis) => {
+                let duration = duration(millis);
+                quote!(::core::option::Option::Some(#duration))
+            }
+            None => quote!(::core::option::Option::None),
+        };
+        let (at_least, at_most) = (window(args.at_least), window(args.at_most));
+        quote!(#private::JobOptions { wait: #wait, at_least: #at_least, at_most: #at_most })
+    };
 
     // A return edge that never runs, typed as the fn's return type: the body's `?` and
     // `return` infer against it, and a mismatch is blamed on the signature (tracing does so).
-    let fake_return_edge = if contains_impl_trait(ret) {
+    let fake_return_edge = if contains_impl_trait(body_ret) {
         quote!()
     } else {
+        let ret = body_ret;
         quote_spanned! {ret_span=>
             #[allow(
                 unknown_lints,
@@ -359,8 +469,20 @@ fn gen_function(args: &Args, func: ItemFn, ret: &Type, key: Key) -> TokenStream 
     };
     // The call needs `E: From<zklock::Error>`: spanned at the return type, so that a missing
     // `From` is blamed on the signature.
-    let run = quote_spanned! {ret_span=>
-        #private_at_ret::run(&#manager_var, &#key_var, #options, #body).await
+    let run = if !args.is_job() {
+        quote_spanned! {ret_span=>
+            #private_at_ret::run(&#manager_var, &#key_var, #options, #body).await
+        }
+    } else if ran_body.is_some() {
+        // `Result<Ran<T>, E>`: a skip is `Ok(Ran::Skipped)`.
+        quote_spanned! {ret_span=>
+            #private_at_ret::run_job(&#manager_var, &#key_var, #job_options, #body).await
+        }
+    } else {
+        // Any other `Result<T, E>`: a skip is `Err(Error::JobSkipped { .. }.into())`.
+        quote_spanned! {ret_span=>
+            #private_at_ret::run_required_job(&#manager_var, &#key_var, #job_options, #body).await
+        }
     };
 
     quote! {
@@ -371,6 +493,17 @@ fn gen_function(args: &Args, func: ItemFn, ret: &Type, key: Key) -> TokenStream 
             let #manager_var = #manager;
             #run
         }
+    }
+}
+
+/// `Duration::from_secs(n)` for whole seconds, else `Duration::from_millis(n)`.
+fn duration(millis: u64) -> TokenStream {
+    if millis.is_multiple_of(1000) {
+        let secs = proc_macro2::Literal::u64_unsuffixed(millis / 1000);
+        quote!(::core::time::Duration::from_secs(#secs))
+    } else {
+        let millis = proc_macro2::Literal::u64_unsuffixed(millis);
+        quote!(::core::time::Duration::from_millis(#millis))
     }
 }
 

@@ -94,8 +94,12 @@ use proc_macro::TokenStream;
 /// | `manager` | the `LockManager` to use: a static (`LazyLock`/`once_cell` `Lazy`), a parameter or field (`LockManager`, `&LockManager`, `Arc<LockManager>`), or any expression giving one of those | the global manager, `zklock::global()` |
 /// | `on_lost` | `"abort"`: when the hold is lost while the body runs, the body is dropped at its next await and `Error::LockLost` is returned; `"continue"`: the body finishes and its result is returned | `"abort"` |
 /// | `crate` | the path of the zklock crate when Cargo.toml renames it, as in `"my_zklock"` | `"::zklock"` |
+/// | `skip_if_locked` | no value: the fn is a [scheduled job](#scheduled-jobs) that skips the call when another instance holds it | wait |
+/// | `at_least` | a job's window, a duration written as for `timeout`: no other run starts within that long of a run's start, even after it ended or its process exited | none |
+/// | `at_most` | a job's limit, a duration written as for `timeout`: a run still going after that long is stopped and its lock given up | none |
 ///
-/// A `timeout` that runs out returns `zklock::Error::Timeout`, and nothing is left behind.
+/// A `timeout` that runs out returns `zklock::Error::Timeout`, and nothing is left behind
+/// (in a job, it is a skip).
 ///
 /// ```no_run
 /// use std::sync::LazyLock;
@@ -165,6 +169,65 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
+/// # Scheduled jobs
+///
+/// Every instance's cron fires; one runs the job, the others skip it (ShedLock's purpose).
+/// With `skip_if_locked`, `at_least` or `at_most`, the fn runs as the job of its key,
+/// `LockManager::job(key)` with those
+/// settings (see `zklock::Job` for what each one guarantees): a lock of its own, apart from `manager.lock(key)` and from an annotated fn without job options on
+/// the same key, shared with every job of that name (`zklock exec KEY --skip-if-locked` too).
+///
+/// A call of a job either runs the body or is skipped, and the return type says how a skip
+/// comes back:
+///
+/// | return type | the body returns | a skip returns |
+/// | --- | --- | --- |
+/// | `Result<zklock::Ran<T>, E>` (or `zklock::Result<Ran<T>>`, `AppResult<Ran<T>>`...) | `Result<T, E>`; its `Ok(v)` comes back as `Ok(Ran::Ran(v))` | `Ok(Ran::Skipped)` |
+/// | any other `Result<T, E>` | `Result<T, E>` | `Err(zklock::Error::JobSkipped { .. }.into())` |
+///
+/// `at_least` and `at_most` need the call's choice when another instance holds the job:
+/// `skip_if_locked` (return at once) or `timeout = "5s"` (wait up to that long, then skip;
+/// never `Error::Timeout`). A job holds an exclusive lock and stops its body when the hold is
+/// lost, so `mode = "read"`/`"write"`, `on_lost = "continue"`, and `skip_if_locked` with
+/// `timeout` are compile errors, as is a zero `at_least` or `at_most`.
+///
+/// ```no_run
+/// use zklock::{distributed_lock, Error, Ran};
+///
+/// // Every instance calls this at 02:00: one sends the report, the others get `Ran::Skipped`.
+/// #[distributed_lock("nightly-report", skip_if_locked, at_least = "30s", at_most = "10m")]
+/// async fn nightly_report() -> Result<Ran<usize>, Error> {
+///     let sent = 42; // build and send the report
+///     Ok(sent)
+/// }
+///
+/// // The same job, where a skip is an error to the caller.
+/// #[distributed_lock("invoices", timeout = "2s", at_most = "5m")]
+/// async fn invoices() -> Result<u32, Error> {
+///     Ok(7)
+/// }
+///
+/// # async fn cron() -> Result<(), Error> {
+/// match nightly_report().await? {
+///     Ran::Ran(sent) => println!("sent {sent} reports"),
+///     Ran::Skipped => println!("another instance has it"),
+/// }
+/// match invoices().await {
+///     Err(Error::JobSkipped { .. }) => println!("another instance issued them"),
+///     other => println!("issued {:?}", other?),
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// Backends: on ZooKeeper, every option; `at_least` is kept in a persistent run record beside
+/// the job's lock path, measured by the server's clock (the record's mtime), so instances with
+/// skewed clocks and processes that exit do not shorten it. On Redis, every option; the window
+/// is measured by the server's `TIME`. On PostgreSQL, every option; the window is a column of
+/// the key table, measured by the server's clock. In memory (`LockManager::in_memory`, for unit tests),
+/// every option, measured by the process's clock and kept only while the manager lives.
+/// `skip_if_locked` and `at_most` rest on the lock alone; `at_least` needs the backend's run
+/// record, and a backend without one refuses it with `Error::Unsupported` naming itself.
+///
 /// # The fencing token
 ///
 /// Inside the body, `zklock::current_fencing_token()` returns the token of the innermost hold:
@@ -176,7 +239,10 @@ use proc_macro::TokenStream;
 /// Each points at the offending token: a fn that is not `async` (at `fn`), a return type that
 /// is not a `Result` (at the type), a placeholder that names no parameter or is malformed (at
 /// the template), an unknown or repeated option (at its name), a bad `mode`, `timeout`,
-/// `on_lost` or `crate` value (at the value). An error type without
+/// `on_lost`, `crate`, `at_least` or `at_most` value (at the value), a value given to
+/// `skip_if_locked` (at the value), and a job option with one it cannot go with (at the other
+/// option: `timeout`'s name, `mode`'s or `on_lost`'s value, or at `at_least`/`at_most` when
+/// neither `skip_if_locked` nor `timeout` says what a call does when the job is held). An error type without
 /// `From<zklock::Error>` is blamed on the return type, a placeholder value without `Display`
 /// on the template, and a `manager` that is not a manager on its expression. The fn itself is
 /// still emitted, so that no other errors follow from the missing fn.

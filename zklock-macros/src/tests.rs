@@ -115,3 +115,21 @@ fn a_renamed_crate_is_the_only_path_used() {
     assert!(out.contains("my_locks :: __private :: run"), "{out}");
     assert!(!out.contains("zklock ::"), "{out}");
 }
+
+#[test]
+fn a_job_fn_beside_an_error_keeps_its_body_typed_as_the_body() {
+    // Emitted unchanged, `Ok(1)` would not be a `Result<Ran<u64>, Error>`: a second error.
+    let item = quote::quote!(
+        async fn nightly() -> Result<zklock::Ran<u64>, Error> {
+            Ok(1)
+        }
+    );
+    let out = crate::expand::distributed_lock(quote::quote!("nightly", skip_if_locked = 1), item)
+        .to_string();
+    assert!(out.contains("takes no value"), "{out}");
+    assert!(
+        out.contains("let __zklock_fake_return : Result < u64 , Error >"),
+        "{out}"
+    );
+    assert!(out.contains("unreachable"), "{out}");
+}

@@ -1152,10 +1152,12 @@ enum State {
 /// `ReleaseInvoked`, `Lost` or `Crashed` after it. Then, for every key:
 ///
 /// - two conflicting holds (both exclusive, or one exclusive and one shared) must not overlap — unless a
-///   silent fault hit the first holder between its acquire and the second grant, which is reported as
-///   [`Report::unprotected`];
+///   silent fault hit the first holder between its acquire and the second grant, or hit the second
+///   holder while its acquire was in flight (and it was told of the loss later), which is reported
+///   as [`Report::unprotected`];
 /// - every hold's fencing token must be larger than that of every earlier hold it conflicts with
-///   (ordered by grant);
+///   (ordered by grant), except a hold granted while a silent fault hit its worker: the worker
+///   records such a grant after the fault, later than its real place in the server's order;
 /// - every hold must end.
 ///
 /// # Examples
@@ -1297,6 +1299,18 @@ pub fn check(events: &[Event]) -> Report {
         }
     }
 
+    // A hold granted while a silent fault was taking its worker's session away (the fault came
+    // between its acquire and its grant, and the worker was told of the loss later): the grant
+    // rests on what the server said before the fault, and the worker records it only after; its
+    // recorded start is later than its real place in the server's order.
+    let granted_in_fault = |h: &HoldSpan| {
+        matches!(h.end, HoldEnd::Lost(_))
+            && silent.get(h.worker.as_str()).is_some_and(|faults| {
+                faults
+                    .iter()
+                    .any(|(at, _)| *at >= h.invoked_ns && *at <= h.start_ns)
+            })
+    };
     let mut by_key: BTreeMap<&str, Vec<&HoldSpan>> = BTreeMap::new();
     for h in &holds {
         by_key.entry(h.key.as_str()).or_default().push(h);
@@ -1313,16 +1327,23 @@ pub fn check(events: &[Event]) -> Report {
                     continue;
                 }
                 let overlap_ns = first.end_or_max().min(second.end_or_max()) - second.start_ns;
-                let fault = silent.get(first.worker.as_str()).and_then(|faults| {
-                    faults
-                        .iter()
-                        .find(|(at, _)| *at >= first.invoked_ns && *at <= second.start_ns)
-                });
+                let fault = silent
+                    .get(first.worker.as_str())
+                    .and_then(|faults| {
+                        faults
+                            .iter()
+                            .find(|(at, _)| *at >= first.invoked_ns && *at <= second.start_ns)
+                    })
+                    .map(|(_, what)| what.to_string())
+                    .or_else(|| {
+                        granted_in_fault(second)
+                            .then(|| format!("{} (its acquire was in flight)", second.worker))
+                    });
                 let overlap = Overlap {
                     first: first.clone(),
                     second: second.clone(),
                     overlap_ns,
-                    silent_fault: fault.map(|(_, what)| what.to_string()),
+                    silent_fault: fault,
                 };
                 if overlap.silent_fault.is_some() {
                     report.unprotected.push(overlap);
@@ -1335,7 +1356,11 @@ pub fn check(events: &[Event]) -> Report {
         // Tokens: larger than every earlier conflicting hold's.
         let mut max_any: Option<&HoldSpan> = None;
         let mut max_exclusive: Option<&HoldSpan> = None;
-        for &h in spans.iter().filter(|h| h.token != NO_TOKEN) {
+        // A hold granted in a silent fault has no reliable place in this order (see above).
+        for &h in spans
+            .iter()
+            .filter(|h| h.token != NO_TOKEN && !granted_in_fault(h))
+        {
             let bound = match h.mode {
                 Mode::Exclusive => max_any,
                 Mode::Shared => max_exclusive,
@@ -1530,6 +1555,69 @@ mod tests {
             r.violations.as_slice(),
             [Violation::TokenNotIncreasing { .. }]
         ));
+    }
+
+    #[test]
+    fn a_grant_recorded_after_a_silent_fault_on_its_own_worker_is_unprotected() {
+        // b's acquire is in flight when its session is expired from another handle; a is granted
+        // after the expiry (token 7); b records the grant it had from before (token 5) only
+        // later, and is told of the loss at 40.
+        let fault = |at| {
+            ev(
+                at,
+                "b",
+                "",
+                Mode::Exclusive,
+                Op::Fault {
+                    what: "expired".into(),
+                    silent: true,
+                },
+            )
+        };
+        let mut e = vec![
+            ev(5, "b", "k", Mode::Exclusive, Op::AcquireInvoked),
+            fault(8),
+            ev(25, "b", "k", Mode::Exclusive, Op::AcquireOk { token: 5 }),
+            ev(
+                40,
+                "b",
+                "k",
+                Mode::Exclusive,
+                Op::Lost {
+                    reason: "expired".into(),
+                },
+            ),
+        ];
+        hold(&mut e, "a", Mode::Exclusive, 7, 20, 30);
+        let r = check(&e);
+        assert!(r.is_ok(), "{r}");
+        assert_eq!(r.unprotected.len(), 1);
+        // Not when b was not told (it released as if it had held all along) ...
+        let mut e = vec![
+            ev(5, "b", "k", Mode::Exclusive, Op::AcquireInvoked),
+            fault(8),
+            ev(25, "b", "k", Mode::Exclusive, Op::AcquireOk { token: 5 }),
+            ev(40, "b", "k", Mode::Exclusive, Op::ReleaseInvoked),
+        ];
+        hold(&mut e, "a", Mode::Exclusive, 7, 20, 30);
+        assert!(!check(&e).is_ok());
+        // ... nor when the fault came before b's acquire.
+        let mut e = vec![
+            fault(3),
+            ev(5, "b", "k", Mode::Exclusive, Op::AcquireInvoked),
+            ev(25, "b", "k", Mode::Exclusive, Op::AcquireOk { token: 5 }),
+            ev(
+                40,
+                "b",
+                "k",
+                Mode::Exclusive,
+                Op::Lost {
+                    reason: "expired".into(),
+                },
+            ),
+        ];
+        hold(&mut e, "a", Mode::Exclusive, 7, 20, 30);
+        assert!(!check(&e).is_ok());
     }
 
     #[test]

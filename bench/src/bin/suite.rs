@@ -1,10 +1,11 @@
 //! `zklock-bench-suite`: every workload for zklock and its peers, side by side on one ZooKeeper,
 //! printed as markdown with zklock's ratio to each peer and the targets of issue 6; then
 //! zklock's Redis backend beside rslock and a bare `SET NX PX` floor on one Redis, with the
-//! targets of issue 13.
+//! targets of issue 13; then zklock's PostgreSQL backend beside a bare `pg_advisory_lock`
+//! floor on a durable PostgreSQL, with the target of issue 14.
 //!
 //! ```text
-//! zklock-bench-suite [--connect HOSTS] [--quick] [--out FILE] [--only zookeeper|redis]
+//! zklock-bench-suite [--connect HOSTS] [--quick] [--out FILE] [--only zookeeper|redis|postgres]
 //! ```
 //!
 //! Without `--connect` it starts one ZooKeeper through the test kit (a real server on a free
@@ -21,6 +22,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use zklock_bench::{parse_line, Report};
+
+#[path = "suite/postgres.rs"]
+mod postgres;
 
 /// Runs every benchmark and prints the markdown tables.
 #[derive(Parser, Debug)]
@@ -46,7 +50,7 @@ struct Cli {
     /// running `zklock-bench` and `peers/run` by hand).
     #[arg(long)]
     serve: bool,
-    /// Run one backend's section only: `zookeeper` or `redis`.
+    /// Run one backend's section only: `zookeeper`, `redis` or `postgres`.
     #[arg(long)]
     only: Option<Section>,
 }
@@ -56,6 +60,7 @@ struct Cli {
 enum Section {
     Zookeeper,
     Redis,
+    Postgres,
 }
 
 /// The columns of the Redis table, in order: (column key, heading).
@@ -539,14 +544,21 @@ fn suite(cli: &Cli) -> Result<String, String> {
         }
     };
     let mut markdown = String::new();
-    if cli.only != Some(Section::Redis) {
+    let runs = |section| cli.only.is_none_or(|only| only == section);
+    if runs(Section::Zookeeper) {
         markdown.push_str(&zookeeper_section(cli, &sizes, started)?);
     }
-    if cli.only != Some(Section::Zookeeper) {
+    if runs(Section::Redis) {
         if !markdown.is_empty() {
             markdown.push_str("\n## Redis\n\n");
         }
         markdown.push_str(&redis_section(cli, &sizes)?);
+    }
+    if runs(Section::Postgres) {
+        if !markdown.is_empty() {
+            markdown.push_str("\n## PostgreSQL\n\n");
+        }
+        markdown.push_str(&postgres::section(cli)?);
     }
     Ok(markdown)
 }

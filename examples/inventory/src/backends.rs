@@ -2,7 +2,7 @@
 //!
 //! The service itself knows none of them: it hands its `--lock` connect string to
 //! [`LockManager::builder`](zklock::LockManager::builder), which picks the backend from it (a
-//! ZooKeeper connect string, `redis://...`). Adding a backend to the demo is this file only:
+//! ZooKeeper connect string, `redis://...`, `postgres://...`). Adding a backend to the demo is this file only:
 //! a variant of [`LockBackend`], its entries in [`LockBackend::ALL`] and the `match`es below
 //! (its name, its title, what its holds expire by), and how [`LockService::start`] starts a
 //! throwaway server for it through the test kit.
@@ -11,7 +11,7 @@ use std::fmt;
 use std::io;
 use std::str::FromStr;
 
-use zklock_testkit::{RedisServer, ZkServer};
+use zklock_testkit::{PostgresServer, RedisServer, ZkServer};
 
 /// A lock service the demo runs the inventory service on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -20,17 +20,26 @@ pub enum LockBackend {
     Zookeeper,
     /// Redis: a hold is a lease that the instance's watchdog renews.
     Redis,
+    /// PostgreSQL: a hold is a session-level advisory lock on a connection the instance owns,
+    /// ended by the server when the session stays idle past the lease
+    /// (`idle_session_timeout`).
+    Postgres,
 }
 
 impl LockBackend {
     /// Every backend, in the order the demo runs them (and the table shows them).
-    pub const ALL: [LockBackend; 2] = [LockBackend::Zookeeper, LockBackend::Redis];
+    pub const ALL: [LockBackend; 3] = [
+        LockBackend::Zookeeper,
+        LockBackend::Redis,
+        LockBackend::Postgres,
+    ];
 
     /// The name in `--modes` and in the machine-readable lines (`backend=zk`).
     pub fn name(self) -> &'static str {
         match self {
             LockBackend::Zookeeper => "zk",
             LockBackend::Redis => "redis",
+            LockBackend::Postgres => "postgres",
         }
     }
 
@@ -39,6 +48,7 @@ impl LockBackend {
         match self {
             LockBackend::Zookeeper => "ZooKeeper",
             LockBackend::Redis => "Redis",
+            LockBackend::Postgres => "PostgreSQL",
         }
     }
 
@@ -47,14 +57,20 @@ impl LockBackend {
         match self {
             LockBackend::Zookeeper => "session timeout",
             LockBackend::Redis => "lease",
+            LockBackend::Postgres => "lease (idle_session_timeout)",
         }
     }
 
-    /// The backend a connect string names (`redis://...` or a ZooKeeper `host:port,...`),
-    /// as [`LockManager::builder`](zklock::LockManager::builder) reads it.
+    /// The backend a connect string names (`redis://...`, `postgres://...` or a ZooKeeper
+    /// `host:port,...`), as [`LockManager::builder`](zklock::LockManager::builder) reads it.
     pub fn of_connect_string(connect: &str) -> LockBackend {
         let lower = connect.trim().to_ascii_lowercase();
-        if ["redis://", "rediss://", "redis+unix://", "unix://"]
+        if ["postgres://", "postgresql://"]
+            .iter()
+            .any(|scheme| lower.starts_with(scheme))
+        {
+            LockBackend::Postgres
+        } else if ["redis://", "rediss://", "redis+unix://", "unix://"]
             .iter()
             .any(|scheme| lower.starts_with(scheme))
         {
@@ -77,7 +93,11 @@ impl FromStr for LockBackend {
     fn from_str(s: &str) -> Result<LockBackend, String> {
         LockBackend::ALL
             .into_iter()
-            .find(|b| b.name() == s || (s == "zookeeper" && *b == LockBackend::Zookeeper))
+            .find(|b| {
+                b.name() == s
+                    || (s == "zookeeper" && *b == LockBackend::Zookeeper)
+                    || (s == "postgresql" && *b == LockBackend::Postgres)
+            })
             .ok_or_else(|| {
                 let names: Vec<_> = LockBackend::ALL.iter().map(|b| b.name()).collect();
                 format!("unknown lock backend {s:?}: {}", names.join(", "))
@@ -91,6 +111,8 @@ pub enum Server {
     Zookeeper(ZkServer),
     /// A throwaway redis-server (a server of its own, not the one holding the stock).
     Redis(RedisServer),
+    /// A throwaway PostgreSQL (its own data directory, run as an unprivileged user).
+    Postgres(PostgresServer),
     /// A running service the user named (`ZKLOCK_CONNECT`).
     External,
 }
@@ -121,6 +143,11 @@ impl LockService {
                 let server = RedisServer::start()
                     .map_err(|e| io::Error::other(format!("starting redis-server: {e}")))?;
                 (server.url(), Server::Redis(server))
+            }
+            LockBackend::Postgres => {
+                let server = PostgresServer::start()
+                    .map_err(|e| io::Error::other(format!("starting PostgreSQL: {e}")))?;
+                (server.url(), Server::Postgres(server))
             }
         };
         Ok(LockService {
@@ -165,6 +192,14 @@ mod tests {
         assert_eq!(
             LockBackend::of_connect_string("127.0.0.1:2181,127.0.0.1:2182/app"),
             LockBackend::Zookeeper
+        );
+        assert_eq!(
+            LockBackend::of_connect_string("postgres://zklock@127.0.0.1:5432/zklock"),
+            LockBackend::Postgres
+        );
+        assert_eq!(
+            "postgresql".parse::<LockBackend>(),
+            Ok(LockBackend::Postgres)
         );
         assert!("etcd".parse::<LockBackend>().is_err());
     }

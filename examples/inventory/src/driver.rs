@@ -68,7 +68,7 @@ impl Mode {
 impl std::str::FromStr for Mode {
     type Err = String;
 
-    /// `nolock`, or a lock backend's name (`zk`, `redis`).
+    /// `nolock`, or a lock backend's name (`zk`, `redis`, `postgres`).
     fn from_str(s: &str) -> Result<Mode, String> {
         match s {
             "nolock" | "no-lock" => Ok(Mode::NoLock),
@@ -101,7 +101,7 @@ pub struct DemoOptions {
     pub demand: f64,
     /// Simulated work between read and write.
     pub work: Duration,
-    /// Session timeout (ZooKeeper) and lease (Redis) of the instances' locks.
+    /// Session timeout (ZooKeeper) and lease (Redis, PostgreSQL) of the instances' locks.
     pub session_timeout: Duration,
     /// The modes to run, in order.
     pub modes: Vec<Mode>,
@@ -372,7 +372,8 @@ impl Drop for Frozen {
 
 /// Instance 1 takes the lock of [`PAUSE_SKU`] (stock 1) and reads the stock; it is then
 /// frozen (SIGSTOP) while instance 2 orders the same SKU. Instance 2 gets the lock only once
-/// instance 1's session has expired (ZooKeeper) or its lease has run out (Redis), and sells
+/// instance 1's session has expired (ZooKeeper) or its lease has run out (Redis; PostgreSQL,
+/// whose server ends the silent session by `idle_session_timeout`), and sells
 /// the unit. Instance 1 is then thawed (SIGCONT) and writes what it computed from its stale
 /// read, with its old token: the store must refuse it.
 async fn pause_scenario(

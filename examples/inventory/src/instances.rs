@@ -25,7 +25,7 @@ pub struct InstanceConfig {
     /// The lock service's connect string (ZooKeeper's `host:port,...` or `redis://...`);
     /// `None` runs the instances without locks.
     pub lock: Option<String>,
-    /// Session timeout asked of ZooKeeper, lease asked of Redis.
+    /// Session timeout asked of ZooKeeper, lease asked of Redis and PostgreSQL.
     pub session_timeout: Duration,
     /// Simulated work between read and write.
     pub work: Duration,

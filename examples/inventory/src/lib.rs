@@ -9,7 +9,7 @@
 //!   runs under the lock `sku_{sku}`, and its write carries the lock's fencing token, which a
 //!   Lua script in Redis checks ([`store`]): a holder that lost its lock while paused cannot
 //!   write stale stock.
-//! - [`backends`]: the lock services compared (ZooKeeper, Redis): the service takes a connect
+//! - [`backends`]: the lock services compared (ZooKeeper, Redis, PostgreSQL): the service takes a connect
 //!   string for any of them; the demo starts a throwaway server of each.
 //! - [`driver`]: starts several instances as separate processes, sends them many concurrent
 //!   orders for a few SKUs with demand well above stock, and reports per mode (without lock,
@@ -20,7 +20,7 @@
 //!   `redis-server` on a free loopback port, stopped on drop.
 //!
 //! The `zklock-inventory` executable has the subcommands `serve` (one instance) and `demo`
-//! (everything, with its own ZooKeeper and Redis servers); `scripts/demo` runs the latter.
+//! (everything, with its own ZooKeeper, Redis and PostgreSQL servers); `scripts/demo` runs the latter.
 #![warn(missing_docs)]
 
 pub mod backends;

@@ -16,7 +16,8 @@ use zklock_inventory::service::{self, AppState, Config};
 use zklock_inventory::store::Store;
 use zklock_testkit::RedisServer;
 
-/// An inventory service that does not oversell, on zklock's locks (ZooKeeper or Redis) and
+/// An inventory service that does not oversell, on zklock's locks (ZooKeeper, Redis or
+/// PostgreSQL) and
 /// stock in Redis; and its demo.
 #[derive(Parser, Debug)]
 #[command(name = "zklock-inventory", version)]
@@ -46,8 +47,8 @@ struct ServeArgs {
         default_value = "redis://127.0.0.1:6379/"
     )]
     redis: String,
-    /// The lock service: a ZooKeeper connect string (`host:port,...`) or a Redis URL
-    /// (`redis://host:port/`).
+    /// The lock service: a ZooKeeper connect string (`host:port,...`), a Redis URL
+    /// (`redis://host:port/`) or a PostgreSQL URL (`postgres://user@host:port/db`).
     #[arg(
         long,
         alias = "zk",
@@ -61,7 +62,7 @@ struct ServeArgs {
     /// This instance's number, reported in answers.
     #[arg(long, default_value_t = 1)]
     instance: u32,
-    /// ZooKeeper session timeout, or Redis lease: how long a frozen or cut-off instance keeps
+    /// ZooKeeper session timeout, or Redis and PostgreSQL lease: how long a frozen or cut-off instance keeps
     /// its locks.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     session_timeout: Duration,
@@ -94,7 +95,7 @@ struct DemoArgs {
     /// has none: the separate Redis round trips alone let orders overlap.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     work: Duration,
-    /// ZooKeeper session timeout and Redis lease of the instances (the pause scenario waits
+    /// ZooKeeper session timeout and Redis and PostgreSQL lease of the instances (the pause scenario waits
     /// this long).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     session_timeout: Duration,
@@ -102,7 +103,7 @@ struct DemoArgs {
     /// session timeout or lease.
     #[arg(long)]
     pause: bool,
-    /// Modes to run, in order: `nolock`, a lock backend (`zk`, `redis`), or `lock` for
+    /// Modes to run, in order: `nolock`, a lock backend (`zk`, `redis`, `postgres`), or `lock` for
     /// every lock backend.
     #[arg(long, value_delimiter = ',', default_value = "nolock,lock")]
     modes: Vec<String>,
@@ -136,8 +137,8 @@ fn serve(args: ServeArgs) -> Result<ExitCode, BoxError> {
         let manager = if args.no_lock {
             None
         } else {
-            // Each backend takes the option it has: ZooKeeper the session timeout, Redis the
-            // lease.
+            // Each backend takes the option it has: ZooKeeper the session timeout, Redis and
+            // PostgreSQL the lease.
             let manager = LockManager::builder(args.lock.as_str())
                 .session_timeout(args.session_timeout)
                 .lease(args.session_timeout)

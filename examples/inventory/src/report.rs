@@ -78,7 +78,7 @@ pub struct PauseReport {
     pub backend: LockBackend,
     /// The SKU (stock 1).
     pub sku: String,
-    /// The session timeout (ZooKeeper) or lease (Redis) the instances asked for.
+    /// The session timeout (ZooKeeper) or lease (Redis, PostgreSQL) the instances asked for.
     pub session_timeout: Duration,
     /// The instance frozen while holding the lock.
     pub holder: u32,

@@ -112,7 +112,7 @@ pub struct OrderResponse {
     /// The stock read before the write, if it was read.
     pub stock_read: Option<i64>,
     /// The fencing token of the lock the order ran under (`zxid` or `zxid.local` on ZooKeeper,
-    /// the fence counter on Redis).
+    /// the fence counter on Redis, the key row's fence on PostgreSQL).
     pub token: Option<String>,
     /// For a fenced order: the newer token the store had already accepted.
     pub store_token: Option<String>,

@@ -45,8 +45,9 @@ impl Grant {
         local: Option<LocalTurn>,
         labels: &Labels,
     ) -> Grant {
+        let since = std::time::Instant::now();
         Grant {
-            meter: labels.hold(),
+            meter: labels.hold(since),
             ended_by: std::sync::OnceLock::new(),
             labels: labels.clone(),
             node: Some(node),
@@ -56,7 +57,7 @@ impl Grant {
             table,
             path,
             local,
-            since: std::time::Instant::now(),
+            since,
             guards: Default::default(),
         }
     }
@@ -135,10 +136,11 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         if let Some(node) = self.node.take() {
-            let held_ms = self.since.elapsed().as_millis() as u64;
+            let held = self.since.elapsed();
+            let held_ms = held.as_millis() as u64;
             tracing::debug!(path = %self.path, token = %self.token, held_ms, "zklock: released");
             let lost = self.ended_lost(&node);
-            self.meter.end(lost);
+            self.meter.end_after(lost, held);
             match self.local.take() {
                 // The returned node (if any) is deleted by its own Drop.
                 Some(local) => drop(local.release(node, &self.labels)),

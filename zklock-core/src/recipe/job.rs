@@ -20,16 +20,19 @@ use crate::types::mode::HoldMode;
 /// - [`at_least`](Self::at_least): once a run starts, no other run starts within this long of
 ///   its start, even after it ended or its process exited. The window is kept on the server
 ///   (ZooKeeper: a persistent run record beside the lock path, stamped by the server's clock,
-///   so skewed instance clocks do not matter); in memory, by this process's clock.
+///   so skewed instance clocks do not matter; Redis: a key holding the window's end, by
+///   the server's clock; PostgreSQL: a column of the key table, by the server's clock); in
+///   memory, by this process's clock.
 /// - [`at_most`](Self::at_most): a run still going after this long is stopped (its body is
 ///   dropped at its next await point), reported as [`LossReason::HoldLimit`]
 ///   (crate::LossReason::HoldLimit), and the lock is given up. A run whose process freezes or
-///   dies loses its lock with its session (ZooKeeper) as any hold does.
+///   dies loses its lock with its session (ZooKeeper) or lease (Redis, PostgreSQL) as any hold
+///   does.
 /// - [`wait`](Self::wait): wait up to this long for the lock instead of skipping.
 /// - [`required`](Self::required): a skip is an error ([`Error::JobSkipped`]) rather than
 ///   [`Ran::Skipped`].
 ///
-/// All options work on ZooKeeper and in memory.
+/// All options work on every backend: ZooKeeper, Redis, PostgreSQL and in memory.
 ///
 /// # Examples
 ///

@@ -138,10 +138,11 @@ impl Target {
                 }),
             None => acquire.await,
         };
-        self.labels.acquired(Outcome::of(&grant), started.elapsed());
+        let waited = started.elapsed();
+        self.labels.acquired(Outcome::of(&grant), waited);
         let grant = grant?;
         if let Some(g) = &grant {
-            let waited_ms = started.elapsed().as_millis() as u64;
+            let waited_ms = waited.as_millis() as u64;
             tracing::debug!(key = %key, token = %g.token, waited_ms, "zklock: acquired");
         }
         Ok(grant.map(|g| LockGuard::new(g, key.clone())))

@@ -172,6 +172,7 @@ impl Semaphore {
             None => acquiring.await,
         };
         self.labels.acquired(Outcome::of(&holds), started.elapsed());
+        let granted = std::time::Instant::now();
         Ok(holds?.map(|holds| {
             self.labels.backend_grants(holds.len() as u64);
             holds
@@ -179,7 +180,7 @@ impl Semaphore {
                 .map(|hold| Lease {
                     hold: Some(hold),
                     key: key.clone(),
-                    meter: self.labels.hold(),
+                    meter: self.labels.hold(granted),
                 })
                 .collect()
         }))

@@ -127,7 +127,14 @@ pub(crate) async fn acquire_leases(
             Err(err) => return Err(Error::zk("list the leases", &leases, err)),
         };
     }
-    drop(gate);
+    // Given up before returning, not in the background: an acquirer that comes right after
+    // this one returned (a `try_acquire` above all) must find the gate free. Cancel safe: a
+    // drop here deletes the gate in the background, and the leases with it (the acquire did
+    // not complete). A failure means the gate's session ended: so did the leases, and their
+    // holds report it.
+    if let Err(err) = gate.release().await {
+        tracing::debug!(%key, %err, "semaphore gate release failed");
+    }
     Ok(Some(
         holds
             .into_iter()

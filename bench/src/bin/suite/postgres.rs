@@ -1,0 +1,218 @@
+//! The PostgreSQL section of the suite (`--only postgres`): zklock's PostgreSQL backend beside
+//! a bare `pg_advisory_lock` + `pg_advisory_unlock` floor on a plain client, uncontended and
+//! contended, on a durable server of the test kit (`fsync` on, as a production server runs:
+//! zklock's fencing token is a commit, and its cost is part of the figure).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::{figure, machine, run_rows, show, Cli, Env, Metric, Outcome, Row, Runner};
+
+/// The columns of the PostgreSQL table, in order: (column key, heading).
+const COLUMNS: [(&str, &str); 2] = [
+    ("zklock", "zklock (PostgreSQL)"),
+    ("floor", "floor: pg_advisory_lock + unlock"),
+];
+
+/// The target of issue 14, uncontended: at least this times the floor.
+const FLOOR_TARGET: f64 = 0.85;
+
+/// The rows: zklock and the floor, uncontended and contended.
+fn rows(quick: bool) -> Vec<Row> {
+    let (uncontended, contended) = if quick { (50, 5) } else { (3000, 150) };
+    let cells = || {
+        vec![
+            (
+                "zklock",
+                Runner::Ours {
+                    peer: "zklock",
+                    no_queue: false,
+                },
+            ),
+            (
+                "floor",
+                Runner::Ours {
+                    peer: "floor",
+                    no_queue: false,
+                },
+            ),
+        ]
+    };
+    vec![
+        Row {
+            title: "uncontended (1 connection, 1 key)".into(),
+            workload: "uncontended",
+            workers: 1,
+            cycles: uncontended,
+            keys: 1,
+            metric: Metric::Ops,
+            cells: cells(),
+            target: None,
+        },
+        Row {
+            title: "contended (8 managers / clients, 1 key)".into(),
+            workload: "contended",
+            workers: 8,
+            cycles: contended,
+            keys: 1,
+            metric: Metric::Ops,
+            cells: cells(),
+            target: None,
+        },
+    ]
+}
+
+/// The PostgreSQL rows, on a durable PostgreSQL of the test kit.
+pub(super) fn section(cli: &Cli) -> Result<String, String> {
+    let started = Instant::now();
+    eprintln!("starting PostgreSQL (test kit, durable: fsync on)");
+    let server = zklock_testkit::PostgresServer::start_durable()
+        .map_err(|e| format!("cannot start PostgreSQL: {e}"))?;
+    let version = server
+        .psql("SHOW server_version")
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let bench = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("zklock-bench");
+    let mut env = Env {
+        connect: server.url(),
+        bench,
+        peers_run: PathBuf::new(),
+        java_classes: None,
+        timeout: Duration::from_secs(cli.run_timeout),
+        scratch: tempfile::tempdir().map_err(|e| e.to_string())?,
+    };
+    let rows = rows(cli.quick);
+    let results = run_rows(&mut env, &rows);
+    drop(server);
+    Ok(render(
+        &rows,
+        &results,
+        &version,
+        started.elapsed(),
+        cli.quick,
+    ))
+}
+
+/// zklock's ratio to the floor on the uncontended row, and whether it meets the target.
+fn verdict(row: &Row, cells: &BTreeMap<&'static str, Outcome>) -> (String, String) {
+    if row.workload != "uncontended" {
+        return (String::new(), String::new());
+    }
+    let value = |c: &str| {
+        cells
+            .get(c)
+            .and_then(|o| o.as_ref().ok())
+            .and_then(|r| figure(row.metric, r))
+    };
+    let text = format!("≥ {FLOOR_TARGET}× floor");
+    match (value("zklock"), value("floor")) {
+        (Some(ours), Some(floor)) if ours / floor >= FLOOR_TARGET => (text, "met".into()),
+        (Some(_), Some(_)) => (text, "**missed**".into()),
+        _ => (text, "no figure".into()),
+    }
+}
+
+fn render(
+    rows: &[Row],
+    results: &[BTreeMap<&'static str, Outcome>],
+    version: &str,
+    took: Duration,
+    quick: bool,
+) -> String {
+    let mut md = String::new();
+    let disk = Command::new("sh")
+        .args(["-c", "df -T \"${TMPDIR:-/tmp}\" | awk 'NR==2 {print $2}'"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "{}; PostgreSQL {version} (test kit, durable: fsync on, synchronous_commit on; data directory on {}); section took {:.0} s{}.\n",
+        machine(),
+        if disk.is_empty() { "?" } else { &disk },
+        took.as_secs_f64(),
+        if quick {
+            " (--quick: sizes too small to mean anything)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        md,
+        "Throughput (acquire + release per second). In parentheses: zklock's ratio to the floor.\n"
+    );
+    md.push_str("| workload |");
+    for (_, heading) in COLUMNS {
+        let _ = write!(md, " {heading} |");
+    }
+    md.push_str(" target | |\n|---|");
+    for _ in COLUMNS {
+        md.push_str("---|");
+    }
+    md.push_str("---|---|\n");
+    for (row, cells) in rows.iter().zip(results) {
+        let ours = cells
+            .get("zklock")
+            .and_then(|o| o.as_ref().ok())
+            .and_then(|r| figure(row.metric, r));
+        let _ = write!(md, "| {} |", row.title);
+        for (column, _) in COLUMNS {
+            let text = match (column, cells.get(column)) {
+                ("zklock", Some(Ok(_))) => {
+                    ours.map_or("?".into(), |v| format!("**{}**", show(row.metric, v)))
+                }
+                ("zklock", other) => super::cell_text(row.metric, None, other),
+                (_, other) => super::cell_text(row.metric, ours, other),
+            };
+            let _ = write!(md, " {text} |");
+        }
+        let (target, met) = verdict(row, cells);
+        let _ = writeln!(md, " {target} | {met} |");
+    }
+    md.push_str("\nLatency of one acquire + release, p50 / p99 in µs; and the WAL the server wrote per cycle (`pg_current_wal_lsn()`):\n\n| workload |");
+    for (_, heading) in COLUMNS {
+        let _ = write!(md, " {heading} |");
+    }
+    md.push_str("\n|---|");
+    for _ in COLUMNS {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    for (row, cells) in rows.iter().zip(results) {
+        let _ = write!(md, "| {} |", row.title);
+        for (column, _) in COLUMNS {
+            let text = match cells.get(column) {
+                Some(Ok(r)) => format!(
+                    "{} / {} µs, {} B WAL",
+                    r.get("p50_us").unwrap_or("?"),
+                    r.get("p99_us").unwrap_or("?"),
+                    r.get("wal_bytes_per_cycle").unwrap_or("?")
+                ),
+                Some(Err(_)) => "—".into(),
+                None => "n/a".into(),
+            };
+            let _ = write!(md, " {text} |");
+        }
+        md.push('\n');
+    }
+    md.push_str("\nEvery run's output line:\n\n```text\n");
+    for (row, cells) in rows.iter().zip(results) {
+        for (column, outcome) in cells {
+            match outcome {
+                Ok(r) => {
+                    let _ = writeln!(md, "{r}");
+                }
+                Err(e) => {
+                    let _ = writeln!(md, "# {} / {column}: {e}", row.title);
+                }
+            }
+        }
+    }
+    md.push_str("```\n");
+    md
+}
