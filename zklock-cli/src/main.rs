@@ -6,6 +6,8 @@
 //! zklock exec (KEY | --path ZNODE_PATH) --skip-if-locked [--at-least DUR] [--at-most DUR] \
 //!        [--skipped-exit-code N] [--kill-after DUR] -- CMD [ARGS...]
 //! zklock elect (NAME | --path ZNODE_PATH) [--id ID] [--kill-after DUR] -- CMD [ARGS...]
+//! zklock ls [PREFIX] | status KEY | revoke KEY
+//! zklock top [PREFIX] [--interval DUR] [--once | --iterations N]
 //! ```
 //!
 //! `--connect redis://host:port[/db]` runs on the Redis backend: `exec` works the same (the
@@ -97,6 +99,9 @@ enum Command {
     Exec(ExecArgs),
     /// List locks that have holders or waiters: key, kind, holders, waiters, age, token.
     Ls(LsArgs),
+    /// The lock table refreshed live, like top(1): holders, waiters, the longest wait, how long
+    /// the lock has been held, and the holder's token; the locks waited for longest first.
+    Top(TopArgs),
     /// Show one lock in detail: every holder and waiter with who, since when, and token.
     Status(TargetArgs),
     /// Ask the holder(s) of a lock to let go (Curator's revocation). Holders that opted in
@@ -137,6 +142,22 @@ struct LsArgs {
     /// Only keys that start with this
     #[arg(default_value = "")]
     prefix: String,
+}
+
+#[derive(Args, Debug)]
+struct TopArgs {
+    /// Only keys that start with this
+    #[arg(default_value = "")]
+    prefix: String,
+    /// Time between refreshes
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Show the table this many times, then exit (default: until interrupted)
+    #[arg(long, short = 'n', value_name = "N")]
+    iterations: Option<u64>,
+    /// Show the table once and exit (as --iterations 1)
+    #[arg(long, conflicts_with = "iterations")]
+    once: bool,
 }
 
 #[derive(Args, Debug)]
@@ -267,6 +288,7 @@ async fn run(cli: Cli) -> u8 {
     match cli.command {
         Command::Exec(ref args) => exec(&cli, args).await,
         Command::Ls(ref args) => operate(&cli, |m| async move { ls(&m, &args.prefix).await }).await,
+        Command::Top(ref args) => operate(&cli, |m| async move { top(&m, args).await }).await,
         Command::Status(ref args) => operate(&cli, |m| async move { status(&m, args).await }).await,
         Command::Revoke(ref args) => operate(&cli, |m| async move { revoke(&m, args).await }).await,
         Command::Elect(ref args) => elect(&cli, args).await,
@@ -804,6 +826,129 @@ async fn ls(manager: &LockManager, prefix: &str) -> zklock_core::Result<u8> {
         );
     }
     Ok(0)
+}
+
+/// One line of `zklock top`.
+struct TopRow {
+    key: String,
+    kind: String,
+    holders: String,
+    waiters: usize,
+    /// How long the longest waiter has waited.
+    longest_wait: Option<Duration>,
+    /// How long the first holder has held it.
+    held: Option<Duration>,
+    token: String,
+}
+
+/// The lines of `zklock top` for `locks`: the longest wait first, then the longest hold.
+fn top_rows(locks: &[LockInfo]) -> Vec<TopRow> {
+    let mut rows: Vec<TopRow> = locks
+        .iter()
+        .map(|lock| {
+            let holders: Vec<String> = lock.holders.iter().map(|h| h.owner.to_string()).collect();
+            TopRow {
+                key: lock.key.clone(),
+                kind: lock.kind.to_string(),
+                holders: if holders.is_empty() {
+                    "-".into()
+                } else {
+                    holders.join(", ")
+                },
+                waiters: lock.waiters.len(),
+                longest_wait: lock.waiters.iter().map(Contender::age).max(),
+                held: lock.holders.iter().map(Contender::age).max(),
+                token: lock
+                    .holders
+                    .first()
+                    .map_or_else(|| "-".into(), |h| h.token.to_string()),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        (b.longest_wait, b.held)
+            .cmp(&(a.longest_wait, a.held))
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    rows
+}
+
+fn short(d: Option<Duration>) -> String {
+    let Some(d) = d else { return "-".into() };
+    let ms = d.as_millis();
+    match ms {
+        0..=9_999 => format!("{:.1}s", d.as_secs_f64()),
+        10_000..=119_999 => format!("{}s", ms / 1000),
+        120_000..=7_199_999 => format!("{}m", ms / 60_000),
+        _ => format!("{}h", ms / 3_600_000),
+    }
+}
+
+/// `zklock top`: the lock table every `--interval`, `--iterations` times (or until Ctrl-C).
+async fn top(manager: &LockManager, args: &TopArgs) -> zklock_core::Result<u8> {
+    use std::io::{IsTerminal, Write};
+    let frames = if args.once { Some(1) } else { args.iterations };
+    let terminal = std::io::stdout().is_terminal();
+    let mut int = signal(libc::SIGINT);
+    let mut shown = 0u64;
+    loop {
+        let locks = manager.list(&args.prefix).await?;
+        let rows = top_rows(&locks);
+        let mut out = String::new();
+        if terminal {
+            // Home and clear, as top(1) redraws.
+            out.push_str("\x1b[H\x1b[2J");
+        } else if shown > 0 {
+            out.push('\n');
+        }
+        let waiting: usize = rows.iter().map(|r| r.waiters).sum();
+        out.push_str(&format!(
+            "zklock top: {} locks, {} waiters under {}{} at {}\n",
+            rows.len(),
+            waiting,
+            manager.namespace(),
+            if args.prefix.is_empty() {
+                String::new()
+            } else {
+                format!(" (prefix {:?})", args.prefix)
+            },
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
+        ));
+        out.push_str(&format!(
+            "{:<32} {:<9} {:<36} {:>7} {:>12} {:>8} {:>14}\n",
+            "KEY", "KIND", "HOLDERS", "WAITERS", "LONGEST WAIT", "HELD", "TOKEN"
+        ));
+        for r in &rows {
+            out.push_str(&format!(
+                "{:<32} {:<9} {:<36} {:>7} {:>12} {:>8} {:>14}\n",
+                r.key,
+                r.kind,
+                r.holders,
+                r.waiters,
+                short(r.longest_wait),
+                short(r.held),
+                r.token
+            ));
+        }
+        let mut stdout = std::io::stdout().lock();
+        // A closed pipe (`zklock top | head`) ends the watch quietly.
+        if stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return Ok(0);
+        }
+        drop(stdout);
+        shown += 1;
+        if frames.is_some_and(|n| shown >= n) {
+            return Ok(0);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(args.interval) => {}
+            _ = int.recv() => return Ok(0),
+        }
+    }
 }
 
 async fn inspect_target(manager: &LockManager, args: &TargetArgs) -> zklock_core::Result<LockInfo> {

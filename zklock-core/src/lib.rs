@@ -32,6 +32,7 @@ mod guard;
 mod inspect;
 mod local;
 mod manager;
+pub mod metrics;
 mod multi;
 #[doc(hidden)]
 pub mod private;
@@ -45,6 +46,7 @@ pub use local::frame::current_fencing_token;
 pub use manager::{
     global, set_global, Builder, LockManager, StatsSnapshot, DEFAULT_LEASE, DEFAULT_NAMESPACE,
 };
+pub use metrics::KeyLabel;
 pub use multi::{LockSpec, MultiGuard};
 pub use recipe::job::{Job, Ran};
 pub use recipe::leader::{

@@ -17,6 +17,7 @@ use crate::backend::zk::{ZkBackend, ZkConfig};
 use crate::backend::Backend;
 use crate::guard::LockGuard;
 use crate::local::{LocalConfig, LocalTable};
+use crate::metrics::KeyLabel;
 use crate::recipe::job::Job;
 use crate::recipe::leader::LeaderLatch;
 use crate::recipe::mutex::Mutex;
@@ -80,6 +81,8 @@ pub struct Builder {
     pub(crate) watch_held_nodes: bool,
     pub(crate) try_timeout: Duration,
     pub(crate) identity: Option<String>,
+    /// Whether the metrics carry a `key` label.
+    pub(crate) metrics_key_label: KeyLabel,
     /// `user:password` for ZooKeeper's digest scheme; lock nodes are then protected by ACLs.
     digest: Option<String>,
     #[cfg(feature = "tls")]
@@ -156,6 +159,7 @@ impl Builder {
             watch_held_nodes: true,
             try_timeout: Duration::from_secs(2),
             identity: None,
+            metrics_key_label: KeyLabel::None,
             digest: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -350,6 +354,26 @@ impl Builder {
     /// ```
     pub fn identity(mut self, identity: impl Into<String>) -> Builder {
         self.identity = Some(identity.into());
+        self
+    }
+
+    /// Adds a `key` label to the per-lock metrics (see [`metrics`](crate::metrics)): none by
+    /// default ([`KeyLabel::None`]), the first N characters of the key
+    /// ([`KeyLabel::Prefix`]), or the whole key ([`KeyLabel::Full`]).
+    ///
+    /// Keys often come from requests (`user_{id}`): a label per key grows without bound and
+    /// can overwhelm a metrics store. Prefer a prefix that groups keys by kind, and keep
+    /// `Full` for a small, fixed set of keys. With a key label each emission builds its label
+    /// set (an allocation); without, the label sets are static.
+    ///
+    /// ```
+    /// use zklock_core::KeyLabel;
+    /// // "user_42" and "user_7" both count under key="user_"; "sku_9" under key="sku_9".
+    /// let b = zklock_core::LockManager::builder("h:2181").metrics_key_label(KeyLabel::Prefix(5));
+    /// # let _ = b;
+    /// ```
+    pub fn metrics_key_label(mut self, label: KeyLabel) -> Builder {
+        self.metrics_key_label = label;
         self
     }
 
@@ -1188,6 +1212,7 @@ impl LockManager {
                         max_local_handoffs: builder.max_local_handoffs,
                     },
                     try_timeout: builder.try_timeout,
+                    key_label: builder.metrics_key_label,
                 }),
                 namespace: builder.namespace.clone(),
                 connect: builder.connect.clone(),

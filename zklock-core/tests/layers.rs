@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first. Each module of `src/` belongs to one.
 const LAYERS: &[&[&str]] = &[
     &["types"],
+    &["metrics"],
     &["session"],
     &["backend"],
     &["local"],

@@ -79,6 +79,12 @@ pub(crate) trait BackendHold: Send + Sync + 'static {
     /// Why the hold is no longer certain, or `None` while it is held.
     fn loss_reason(&self) -> Option<LossReason>;
 
+    /// Why the hold is no longer certain, from what is known now, without starting anything
+    /// (no watch, no request): what metrics read when a hold ends.
+    fn loss_known(&self) -> Option<LossReason> {
+        self.loss_reason()
+    }
+
     /// The hold's loss signal, apart from the hold (watching it does not keep the hold alive).
     fn loss(&self) -> LossSignal;
 

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::LocalTurn;
 use crate::backend::{BackendHold, LockTarget};
+use crate::metrics::{HoldMeter, Labels, Recipe};
 use crate::types::error::Result;
 use crate::types::loss::LossReason;
 use crate::types::mode::HoldMode;
@@ -23,6 +24,13 @@ pub(crate) struct Grant {
     pub(crate) path: Arc<str>,
     local: Option<LocalTurn>,
     since: std::time::Instant,
+    /// The metrics' labels of this hold (a local handoff gives them to the next holder).
+    labels: Labels,
+    /// Counts this hold in the metrics until it ends.
+    meter: HoldMeter,
+    /// Why the layers above ended the hold though the backend still held it (a job's
+    /// `at_most`): what the metrics count it lost for.
+    ended_by: std::sync::OnceLock<LossReason>,
     /// Guards on this grant (re-entries included).
     pub(crate) guards: std::sync::atomic::AtomicUsize,
 }
@@ -35,8 +43,13 @@ impl Grant {
         mode: HoldMode,
         path: Arc<str>,
         local: Option<LocalTurn>,
+        labels: &Labels,
     ) -> Grant {
+        let since = std::time::Instant::now();
         Grant {
+            meter: labels.hold(since),
+            ended_by: std::sync::OnceLock::new(),
+            labels: labels.clone(),
             node: Some(node),
             extra: None,
             token,
@@ -44,7 +57,7 @@ impl Grant {
             table,
             path,
             local,
-            since: std::time::Instant::now(),
+            since,
             guards: Default::default(),
         }
     }
@@ -65,13 +78,27 @@ impl Grant {
         self.extra = Some(node);
     }
 
-    /// Takes the node out without releasing it (used when a handoff found no taker).
+    /// Takes the node out without releasing it (used when a handoff found no taker: the hold
+    /// never started, and its metrics say so).
     pub(crate) fn defuse(mut self) -> Arc<dyn BackendHold> {
+        self.meter.discard();
         self.extra = None;
         self.local = None;
         self.node
             .take()
             .expect("a grant has its node until it ends")
+    }
+
+    /// The layers above end this hold for `reason` though the backend still holds it (a job's
+    /// `at_most`): its metrics count it lost for that reason.
+    pub(crate) fn end_for(&self, reason: LossReason) {
+        let _ = self.ended_by.set(reason);
+    }
+
+    /// How the hold ended, for its metrics: lost as the backend knows it, or as the layers
+    /// above ended it.
+    fn ended_lost(&self, node: &Arc<dyn BackendHold>) -> Option<LossReason> {
+        node.loss_known().or_else(|| self.ended_by.get().copied())
     }
 
     pub(crate) fn loss_reason(&self) -> Option<LossReason> {
@@ -89,8 +116,10 @@ impl Grant {
             .take()
             .expect("a grant has its node until it ends");
         let extra = self.extra.take();
+        let lost = self.ended_lost(&node);
+        self.meter.end(lost);
         let to_delete = match self.local.take() {
-            Some(local) => local.release(node),
+            Some(local) => local.release(node, &self.labels),
             None => Some(node),
         };
         let mut result = Ok(());
@@ -107,11 +136,14 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         if let Some(node) = self.node.take() {
-            let held_ms = self.since.elapsed().as_millis() as u64;
+            let held = self.since.elapsed();
+            let held_ms = held.as_millis() as u64;
             tracing::debug!(path = %self.path, token = %self.token, held_ms, "zklock: released");
+            let lost = self.ended_lost(&node);
+            self.meter.end_after(lost, held);
             match self.local.take() {
                 // The returned node (if any) is deleted by its own Drop.
-                Some(local) => drop(local.release(node)),
+                Some(local) => drop(local.release(node, &self.labels)),
                 None => drop(node),
             }
         }
@@ -133,12 +165,16 @@ impl Grant {
         let path = self.path.clone();
         let table = self.table;
         let local = self.local_lock();
-        let write = self.defuse();
+        let labels = self.labels.with_recipe(Recipe::Read);
+        labels.backend_grants(1);
+        let mut write = self;
+        write.meter.end(None);
+        let write = write.defuse();
         let write = match local {
             Some(local) => local.give_up(write),
             None => write,
         };
-        let mut grant = Grant::new(table, down.read, token, HoldMode::Read, path, None);
+        let mut grant = Grant::new(table, down.read, token, HoldMode::Read, path, None, &labels);
         if down.keep_write {
             grant.keep(write);
         } else {

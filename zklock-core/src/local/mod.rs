@@ -17,6 +17,7 @@ mod tests;
 pub(crate) use grant::Grant;
 
 use crate::backend::{Backend, BackendHold, LockTarget};
+use crate::metrics::Labels;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossSignal;
 use crate::types::mode::{HoldMode, Wait};
@@ -155,9 +156,14 @@ pub(crate) struct LocalTurn {
 }
 
 impl LocalTurn {
-    /// Ends this turn's hold of `node`; see [`LocalLock::release`].
-    pub(crate) fn release(self, node: Arc<dyn BackendHold>) -> Option<Arc<dyn BackendHold>> {
-        self.lock.release(node, self.turn)
+    /// Ends this turn's hold of `node`; see [`LocalLock::release`]. A holder it is handed to
+    /// gets `labels` for its metrics.
+    pub(crate) fn release(
+        self,
+        node: Arc<dyn BackendHold>,
+        labels: &Labels,
+    ) -> Option<Arc<dyn BackendHold>> {
+        self.lock.release(node, self.turn, labels)
     }
 
     /// Lets go of `node` without handing it on locally (a downgrade): the next local waiter
@@ -204,6 +210,7 @@ impl LocalLock {
         self: &Arc<Self>,
         node: Arc<dyn BackendHold>,
         turn: u64,
+        labels: &Labels,
     ) -> Option<Arc<dyn BackendHold>> {
         let mut state = self.state();
         if state.turn != turn {
@@ -235,9 +242,11 @@ impl LocalLock {
                         lock: self.clone(),
                         turn: state.turn,
                     }),
+                    labels,
                 );
                 match tx.send(Wake::Granted(grant)) {
                     Ok(()) => {
+                        labels.local_handoff();
                         tracing::debug!(path = %self.path, %token, "zklock: handed off locally");
                         return None;
                     }
@@ -287,6 +296,8 @@ impl LocalLock {
 
 /// Acquires `target` in `mode` for one task: through the local queue when `config` has it on,
 /// else with a backend hold of its own. `Ok(None)` only for [`Wait::Never`] when it is taken.
+/// Counted in the metrics of `labels`: as a waiter while it waits (not a try), and each hold
+/// the backend grants.
 pub(crate) async fn acquire(
     backend: &dyn Backend,
     table: &LocalTable,
@@ -294,12 +305,15 @@ pub(crate) async fn acquire(
     target: &LockTarget,
     mode: HoldMode,
     wait: Wait,
+    labels: &Labels,
 ) -> Result<Option<Grant>> {
     let path = &target.path;
     let key = &target.key;
+    let _waiting = (!matches!(wait, Wait::Never)).then(|| labels.waiting());
     let grant = |hold: Arc<dyn BackendHold>, local: Option<LocalTurn>| {
+        labels.backend_grants(1);
         let token = hold.token();
-        Grant::new(table.id, hold, token, mode, path.clone(), local)
+        Grant::new(table.id, hold, token, mode, path.clone(), local, labels)
     };
     // Readers share at the backend already, and each participant of a leader latch stands
     // for itself: each takes its own hold.

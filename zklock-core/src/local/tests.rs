@@ -13,6 +13,7 @@ use std::time::Duration;
 use super::{acquire, Grant, LocalConfig, LocalTable};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::LockTarget;
+use crate::metrics::{KeyLabel, Labels, Recipe};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::{HoldMode, Wait};
@@ -51,8 +52,13 @@ fn lock<'a>(
         target,
         HoldMode::Exclusive,
         wait,
+        &LABELS,
     ))
 }
+
+/// The metrics' labels of [`PATH`]'s acquires.
+static LABELS: once_cell::sync::Lazy<Labels> =
+    once_cell::sync::Lazy::new(|| Labels::new(Recipe::Mutex, "memory", KeyLabel::None, "k"));
 
 /// Polls `fut` once: true while it is still pending (in the queue, or at the backend).
 async fn pends<F: Future + Unpin>(fut: &mut F) -> bool {

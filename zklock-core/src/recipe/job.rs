@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::{Core, OnLost, Target};
 use crate::backend::LockTarget;
+use crate::metrics::Recipe;
 use crate::types::error::{Error, Result};
 use crate::types::mode::HoldMode;
 
@@ -88,11 +89,12 @@ impl<T> Ran<T> {
 impl Job {
     pub(crate) fn new(core: Arc<Core>, path: Arc<str>, key: Arc<str>) -> Job {
         Job {
-            target: Target {
+            target: Target::new(
                 core,
-                lock: LockTarget::lock(key, path),
-                mode: HoldMode::Exclusive,
-            },
+                LockTarget::lock(key, path),
+                HoldMode::Exclusive,
+                Recipe::Job,
+            ),
             at_least: None,
             at_most: None,
             wait: None,

@@ -22,6 +22,7 @@ const REQUEUE_BACKOFF_MAX: Duration = Duration::from_secs(5);
 const REQUEUE_ATTEMPTS: u32 = 16;
 use crate::backend::LockTarget;
 use crate::guard::LockGuard;
+use crate::metrics::Recipe;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::HoldMode;
@@ -60,15 +61,16 @@ impl LeaderLatch {
         participant: Arc<str>,
     ) -> Self {
         LeaderLatch {
-            target: Target {
+            target: Target::new(
                 core,
-                lock: LockTarget {
+                LockTarget {
                     key,
                     path,
                     participant: Some(participant.clone()),
                 },
-                mode: HoldMode::Leader,
-            },
+                HoldMode::Leader,
+                Recipe::Leader,
+            ),
             participant,
         }
     }

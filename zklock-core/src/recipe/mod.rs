@@ -16,6 +16,7 @@ use crate::backend::{Backend, LockTarget};
 use crate::guard::LockGuard;
 use crate::local::frame::{self, Reentry};
 use crate::local::{self, LocalConfig, LocalTable};
+use crate::metrics::{KeyLabel, Labels, Outcome, Recipe};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::{HoldMode, Wait};
@@ -36,6 +37,8 @@ pub(crate) struct Core {
     pub(crate) local: LocalConfig,
     /// How long a `try_*` may take in all.
     pub(crate) try_timeout: Duration,
+    /// Whether the metrics carry a `key` label.
+    pub(crate) key_label: KeyLabel,
 }
 
 impl fmt::Debug for Core {
@@ -67,9 +70,22 @@ pub(crate) struct Target {
     pub(crate) core: Arc<Core>,
     pub(crate) lock: LockTarget,
     pub(crate) mode: HoldMode,
+    /// The labels of this lock's metrics, made once per handle.
+    pub(crate) labels: Labels,
 }
 
 impl Target {
+    /// The lock `lock` of `recipe`, taken in `mode`.
+    pub(crate) fn new(core: Arc<Core>, lock: LockTarget, mode: HoldMode, recipe: Recipe) -> Target {
+        let labels = Labels::new(recipe, core.backend.name(), core.key_label, &lock.key);
+        Target {
+            core,
+            lock,
+            mode,
+            labels,
+        }
+    }
+
     /// Waits for a guard (at most `timeout`): a re-entry when an enclosing frame holds the
     /// lock, else a real acquire.
     pub(crate) async fn acquire(&self, timeout: Option<Duration>) -> Result<LockGuard> {
@@ -105,23 +121,28 @@ impl Target {
             &self.lock,
             self.mode,
             wait,
+            &self.labels,
         );
         let acquire = tracing::Instrument::instrument(acquire, span);
         // A deadline is a deadline, connection trouble included: the whole acquire is cut off
         // then (cancel safe: nothing is left). A try waits for nobody, but still needs the
         // backend to answer: it gets the manager's `try_timeout`.
-        let grant =
-            match core.bound(wait) {
-                Some((deadline, waited)) => tokio::time::timeout_at(deadline, acquire)
-                    .await
-                    .map_err(|_| Error::Timeout {
+        let grant = match core.bound(wait) {
+            Some((deadline, waited)) => tokio::time::timeout_at(deadline, acquire)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
                         key: key.to_string(),
                         waited,
-                    })??,
-                None => acquire.await?,
-            };
+                    })
+                }),
+            None => acquire.await,
+        };
+        let waited = started.elapsed();
+        self.labels.acquired(Outcome::of(&grant), waited);
+        let grant = grant?;
         if let Some(g) = &grant {
-            let waited_ms = started.elapsed().as_millis() as u64;
+            let waited_ms = waited.as_millis() as u64;
             tracing::debug!(key = %key, token = %g.token, waited_ms, "zklock: acquired");
         }
         Ok(grant.map(|g| LockGuard::new(g, key.clone())))
@@ -184,6 +205,7 @@ impl Target {
         }) = &result
         {
             tracing::warn!(%key, ?at_most, "zklock: the body ran past its hold limit and was stopped");
+            guard.grant().end_for(LossReason::HoldLimit);
         }
         drop(guard);
         result

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::{Core, OnLost, Target};
 use crate::backend::LockTarget;
 use crate::guard::LockGuard;
+use crate::metrics::Recipe;
 use crate::types::error::Result;
 use crate::types::mode::HoldMode;
 
@@ -37,11 +38,12 @@ pub struct Mutex {
 impl Mutex {
     pub(crate) fn new(core: Arc<Core>, path: Arc<str>, key: Arc<str>) -> Mutex {
         Mutex {
-            target: Target {
+            target: Target::new(
                 core,
-                lock: LockTarget::lock(key, path),
-                mode: HoldMode::Exclusive,
-            },
+                LockTarget::lock(key, path),
+                HoldMode::Exclusive,
+                Recipe::Mutex,
+            ),
         }
     }
 

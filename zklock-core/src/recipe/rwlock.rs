@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::{Core, OnLost, Target};
 use crate::backend::LockTarget;
 use crate::guard::LockGuard;
+use crate::metrics::Recipe;
 use crate::types::error::Result;
 use crate::types::mode::HoldMode;
 
@@ -40,15 +41,9 @@ pub struct RwLock {
 
 impl RwLock {
     pub(crate) fn new(core: Arc<Core>, path: Arc<str>, key: Arc<str>) -> RwLock {
-        let read = Target {
-            core,
-            lock: LockTarget::lock(key, path),
-            mode: HoldMode::Read,
-        };
-        let write = Target {
-            mode: HoldMode::Write,
-            ..read.clone()
-        };
+        let lock = LockTarget::lock(key, path);
+        let read = Target::new(core.clone(), lock.clone(), HoldMode::Read, Recipe::Read);
+        let write = Target::new(core, lock, HoldMode::Write, Recipe::Write);
         RwLock { read, write }
     }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::Core;
 use crate::backend::{BackendHold, LockTarget};
+use crate::metrics::{HoldMeter, Labels, Outcome, Recipe};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::Wait;
@@ -34,6 +35,7 @@ pub struct Semaphore {
     core: Arc<Core>,
     target: LockTarget,
     max_leases: u32,
+    labels: Labels,
 }
 
 impl Semaphore {
@@ -48,10 +50,12 @@ impl Semaphore {
                 "the semaphore {key} needs at least one lease"
             )));
         }
+        let labels = Labels::new(Recipe::Semaphore, core.backend.name(), core.key_label, &key);
         Ok(Semaphore {
             core,
             target: LockTarget::lock(key, path.into()),
             max_leases,
+            labels,
         })
     }
 
@@ -150,6 +154,8 @@ impl Semaphore {
         }
         // A deadline is a deadline, connection trouble included; a try gets the manager's
         // try_timeout. Cancel safe: whatever was taken so far is dropped.
+        let started = std::time::Instant::now();
+        let _waiting = (!matches!(wait, Wait::Never)).then(|| self.labels.waiting());
         let acquiring = self
             .core
             .backend
@@ -157,18 +163,24 @@ impl Semaphore {
         let holds = match self.core.bound(wait) {
             Some((deadline, waited)) => tokio::time::timeout_at(deadline, acquiring)
                 .await
-                .map_err(|_| Error::Timeout {
-                    key: key.to_string(),
-                    waited,
-                })??,
-            None => acquiring.await?,
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
+                        key: key.to_string(),
+                        waited,
+                    })
+                }),
+            None => acquiring.await,
         };
-        Ok(holds.map(|holds| {
+        self.labels.acquired(Outcome::of(&holds), started.elapsed());
+        let granted = std::time::Instant::now();
+        Ok(holds?.map(|holds| {
+            self.labels.backend_grants(holds.len() as u64);
             holds
                 .into_iter()
                 .map(|hold| Lease {
                     hold: Some(hold),
                     key: key.clone(),
+                    meter: self.labels.hold(granted),
                 })
                 .collect()
         }))
@@ -200,6 +212,8 @@ fn one(leases: Vec<Lease>) -> Lease {
 pub struct Lease {
     hold: Option<Arc<dyn BackendHold>>,
     key: Arc<str>,
+    /// Counts this lease in the metrics until it ends.
+    meter: HoldMeter,
 }
 
 impl Lease {
@@ -242,6 +256,17 @@ impl Lease {
         self.hold().loss_reason().is_none()
     }
 
+    /// Why the lease was lost, or `None` while it is held.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// assert_eq!(m.semaphore("s", 2)?.acquire().await?.loss_reason(), None);
+    /// # Ok(()) }
+    /// ```
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.hold().loss_reason()
+    }
+
     /// Completes when the lease is lost, with the reason.
     ///
     /// ```no_run
@@ -266,7 +291,16 @@ impl Lease {
             .hold
             .take()
             .expect("a lease holds until it is consumed");
+        self.meter.end(hold.loss_known());
         hold.release().await
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(hold) = &self.hold {
+            self.meter.end(hold.loss_known());
+        }
     }
 }
 

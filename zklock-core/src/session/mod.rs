@@ -14,6 +14,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use zookeeper_client::{Client, SessionState};
 
+use crate::metrics;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 
@@ -388,6 +389,14 @@ async fn monitor_session(inner: Weak<SessionOwner>, client: Client) {
             return;
         };
         tracing::debug!(?state, "zookeeper session state");
+        metrics::session_state(match state {
+            SessionState::SyncConnected => metrics::SessionState::Connected,
+            SessionState::ConnectedReadOnly => metrics::SessionState::ReadOnly,
+            SessionState::Disconnected => metrics::SessionState::Disconnected,
+            SessionState::Expired => metrics::SessionState::Expired,
+            SessionState::Closed => metrics::SessionState::Closed,
+            SessionState::AuthFailed => metrics::SessionState::AuthFailed,
+        });
         match state {
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
                 grace_deadline = None;
@@ -412,8 +421,12 @@ async fn monitor_session(inner: Weak<SessionOwner>, client: Client) {
                 let mut backoff = Duration::from_millis(100);
                 let client = loop {
                     match open_session(&config).await {
-                        Ok(client) => break client,
+                        Ok(client) => {
+                            metrics::session_renewal(true);
+                            break client;
+                        }
                         Err(err) => {
+                            metrics::session_renewal(false);
                             tracing::warn!(%err, "could not renew the expired ZooKeeper session; retrying");
                             if inner.strong_count() == 0 {
                                 return;

@@ -11,6 +11,7 @@ use super::contender::{create_node, NodeKind, WRITE_NAME};
 use super::protocol::delete_in_background;
 use super::{DirTicket, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
+use crate::metrics::{self, BackendKind};
 use crate::session::{connection_lost, wait_reconnect, Health, Session};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
@@ -345,6 +346,7 @@ impl Hold {
                     if !wait_reconnect(&self.session.client).await {
                         return Err(lost(LossReason::SessionExpired));
                     }
+                    metrics::release_retry(BackendKind::Zk);
                 }
                 Err(err) => {
                     return Err(match self.loss_reason() {
@@ -439,6 +441,10 @@ impl BackendHold for Hold {
     /// Starts the node's watch if it is not running yet (first interest).
     fn loss_reason(&self) -> Option<LossReason> {
         self.watch();
+        Hold::loss_reason(self)
+    }
+
+    fn loss_known(&self) -> Option<LossReason> {
         Hold::loss_reason(self)
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::Inner;
 use crate::backend::LockTarget;
+use crate::metrics::{self, BackendKind};
 use crate::session::{connection_lost, is_terminal, wait_reconnect};
 use crate::types::error::{Error, Result};
 
@@ -127,6 +128,7 @@ pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: Str
                         return;
                     }
                     counter.count(1);
+                    metrics::release_retry(BackendKind::Zk);
                     result = client.delete(&path, None).await;
                 }
                 Err(err) if is_terminal(&err) => return,
