@@ -16,6 +16,7 @@ use rand::Rng;
 use crate::backends::{LockBackend, LockService};
 use crate::instances::{self, Instance, InstanceConfig};
 use crate::report::{ModeReport, PauseReport};
+use crate::scrape::LockMetrics;
 use crate::service::{release_key, OrderRequest, OrderResponse, Outcome, HOLDING_EVENTS};
 use crate::store::Store;
 
@@ -294,6 +295,23 @@ async fn load(
         left += store.stock(sku).await?.unwrap_or(0);
         oversold += (sold_sku - options.stock).max(0);
     }
+    // zklock's own view of the run, from every instance's /metrics.
+    let lock_metrics = if mode.backend().is_some() {
+        let mut m = LockMetrics::default();
+        for i in instances {
+            let text = http
+                .get(format!("http://{}/metrics", i.addr))
+                .send()
+                .await?
+                .error_for_status()?
+                .text()
+                .await?;
+            m.add_scrape(&text);
+        }
+        Some(m)
+    } else {
+        None
+    };
     let count = |o: Outcome| samples.iter().filter(|s| s.outcome == o).count() as u64;
     let mut latencies: Vec<Duration> = samples.iter().map(|s| s.latency).collect();
     latencies.sort();
@@ -312,6 +330,7 @@ async fn load(
         secs,
         p50: percentile(&latencies, 0.50),
         p99: percentile(&latencies, 0.99),
+        lock_metrics,
     };
     println!(
         "{}: {} orders in {:.1} s, {} sold of {} in stock",

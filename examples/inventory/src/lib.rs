@@ -27,5 +27,6 @@ pub mod backends;
 pub mod driver;
 pub mod instances;
 pub mod report;
+pub mod scrape;
 pub mod service;
 pub mod store;

@@ -134,6 +134,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, BoxError> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
+        service::install_metrics()?;
         let manager = if args.no_lock {
             None
         } else {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::backends::LockBackend;
 use crate::driver::{DemoResults, Mode};
+use crate::scrape::LockMetrics;
 use crate::service::Outcome;
 
 /// What one mode's run measured. `sold`, `left` and `oversold` come from the store itself;
@@ -39,6 +40,8 @@ pub struct ModeReport {
     pub p50: Duration,
     /// 99th percentile latency seen by the clients.
     pub p99: Duration,
+    /// zklock's own metrics, scraped from the instances' `/metrics` (modes with a lock).
+    pub lock_metrics: Option<LockMetrics>,
 }
 
 impl ModeReport {
@@ -49,6 +52,26 @@ impl ModeReport {
         } else {
             0.0
         }
+    }
+
+    /// `inventory-metrics: backend=zk acquires_ok=N acquires_timeout=N acquires_error=N
+    /// holds_lost=N local_handoffs=N backend_grants=N wait_p99_le_ms=X`: zklock's own metrics
+    /// as the instances' `/metrics` reported them (modes with a lock only).
+    pub fn metrics_line(&self) -> Option<String> {
+        let m = self.lock_metrics.as_ref()?;
+        let backend = self.mode.backend()?;
+        Some(format!(
+            "inventory-metrics: backend={} acquires_ok={} acquires_timeout={} acquires_error={} holds_lost={} local_handoffs={} backend_grants={} wait_p99_le_ms={}",
+            backend.name(),
+            m.acquires_ok,
+            m.acquires_timeout,
+            m.acquires_error,
+            m.holds_lost,
+            m.local_handoffs,
+            m.backend_grants,
+            m.wait_quantile(0.99)
+                .map_or_else(|| "-".to_string(), |le| (le * 1000.0).to_string()),
+        ))
     }
 
     /// `inventory: mode=lock backend=zk initial=N sold=N left=N oversold=N orders=N
@@ -152,6 +175,13 @@ fn outcome_name(o: Outcome) -> &'static str {
 /// A row of the load's figures: its name and how a mode's report fills its cell.
 type LoadRow = (&'static str, fn(&ModeReport) -> String);
 
+/// A cell from zklock's scraped metrics, `-` for a mode without them.
+fn metric(r: &ModeReport, cell: impl Fn(&LockMetrics) -> String) -> String {
+    r.lock_metrics
+        .as_ref()
+        .map_or_else(|| "-".to_string(), cell)
+}
+
 /// A row of the pause scenario: its name and how a pause report fills its cell.
 type PauseRow = (&'static str, fn(&PauseReport) -> String);
 
@@ -215,7 +245,7 @@ fn pause_rows(results: &DemoResults) -> Vec<Row> {
 pub fn render(results: &DemoResults) -> String {
     let mut out = String::new();
     if !results.modes.is_empty() {
-        let load: [LoadRow; 12] = [
+        let load: [LoadRow; 16] = [
             ("instances", |r| r.instances.to_string()),
             ("initial stock", |r| r.initial.to_string()),
             ("orders placed", |r| r.orders.to_string()),
@@ -228,6 +258,26 @@ pub fn render(results: &DemoResults) -> String {
             ("orders/s", |r| format!("{:.0}", r.rate())),
             ("latency p50", |r| ms(r.p50)),
             ("latency p99", |r| ms(r.p99)),
+            ("zklock: acquires", |r| {
+                metric(r, |m| {
+                    format!("{} ok, {} t/o", m.acquires_ok, m.acquires_timeout)
+                })
+            }),
+            ("zklock: wait p99", |r| {
+                metric(r, |m| match m.wait_quantile(0.99) {
+                    Some(le) if le.is_finite() => format!("<= {} ms", le * 1000.0),
+                    Some(_) => "> last bucket".into(),
+                    None => "-".into(),
+                })
+            }),
+            ("zklock: holds lost", |r| {
+                metric(r, |m| m.holds_lost.to_string())
+            }),
+            ("zklock: local/backend", |r| {
+                metric(r, |m| {
+                    format!("{} / {}", m.local_handoffs, m.backend_grants)
+                })
+            }),
         ];
         let mut rows: Vec<Row> = load
             .into_iter()
@@ -314,6 +364,11 @@ pub fn render(results: &DemoResults) -> String {
     let _ = writeln!(out);
     for r in results.modes.iter().filter(|r| r.mode == Mode::NoLock) {
         let _ = writeln!(out, "{}", r.machine_line());
+    }
+    for r in &results.modes {
+        if let Some(line) = r.metrics_line() {
+            let _ = writeln!(out, "{line}");
+        }
     }
     for p in &results.pauses {
         let _ = writeln!(out, "{}", p.machine_line());

@@ -6,12 +6,13 @@
 //! | `POST /skus/{sku}/orders` | place an order for one unit; body `{"order_id": "..."}` |
 //! | `GET /skus/{sku}` | the stock left |
 //! | `GET /health` | `ok` |
+//! | `GET /metrics` | zklock's metrics (`zklock_*`), Prometheus text format |
 //!
 //! An order answers `200` sold, `409` out of stock or fenced (a stale write refused by the
 //! store), `404` unknown SKU, `503` when the lock or the store failed; always with an
 //! [`OrderResponse`] body.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -19,6 +20,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
 use zklock::{distributed_lock, FencingToken, LockManager};
 
@@ -157,10 +159,57 @@ struct Sale {
     store_token: Option<FencingToken>,
 }
 
+/// The process's Prometheus recorder, once [`install_metrics`] ran.
+static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs a Prometheus recorder for this process (before any `LockManager` is built, so
+/// that every metric zklock emits is recorded), with zklock's histogram buckets and help
+/// texts, and keeps its histograms trimmed in the background. `GET /metrics` serves it.
+/// Must run inside a tokio runtime; a second call does nothing.
+///
+/// # Errors
+/// When another recorder is installed already.
+pub fn install_metrics() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    if METRICS.get().is_some() {
+        return Ok(());
+    }
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Prefix("zklock_".into()),
+            zklock::metrics::SECONDS_BUCKETS,
+        )?
+        .install_recorder()?;
+    zklock::metrics::describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    let _ = METRICS.set(handle);
+    Ok(())
+}
+
+async fn metrics() -> Response {
+    match METRICS.get() {
+        Some(handle) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4",
+            )],
+            handle.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "no metrics recorder installed").into_response(),
+    }
+}
+
 /// The routes of the service.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .route("/skus/{sku}", get(stock))
         .route("/skus/{sku}/orders", post(place_order))
         .with_state(state)
