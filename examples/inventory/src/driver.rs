@@ -298,7 +298,7 @@ async fn load(
     // zklock's own view of the run, from every instance's /metrics.
     let lock_metrics = if mode.backend().is_some() {
         let mut m = LockMetrics::default();
-        for i in instances {
+        for (n, i) in instances.iter().enumerate() {
             let text = http
                 .get(format!("http://{}/metrics", i.addr))
                 .send()
@@ -307,6 +307,12 @@ async fn load(
                 .text()
                 .await?;
             m.add_scrape(&text);
+            // Kept beside the instance's log, to read what an exporter would have served.
+            let kept = options
+                .log_dir
+                .join(mode.log_dir())
+                .join(format!("metrics-{n}.txt"));
+            std::fs::write(kept, &text)?;
         }
         Some(m)
     } else {

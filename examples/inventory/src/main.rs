@@ -110,6 +110,10 @@ struct DemoArgs {
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// Keep the instances' logs and their last `/metrics` scrapes (`<mode>/metrics-N.txt`)
+    /// after the demo, in a directory it prints, instead of deleting them.
+    #[arg(long)]
+    keep_logs: bool,
 }
 
 fn main() -> ExitCode {
@@ -266,6 +270,13 @@ fn demo(args: DemoArgs) -> Result<ExitCode, BoxError> {
     })?;
     drop(runtime);
     print!("{}", report::render(&results));
+    if args.keep_logs {
+        let kept = logs.keep();
+        eprintln!(
+            "instance logs and /metrics scrapes kept in {}",
+            kept.display()
+        );
+    }
     let locked_ok = results
         .modes
         .iter()
