@@ -101,6 +101,13 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
     let m = manager(&zk.connect_string()).await;
     let other = manager(&zk.connect_string()).await;
     let ops = manager(&zk.connect_string()).await;
+    // For a failure's message: which session is whose.
+    println!(
+        "sessions: m {:#x}, other {:#x}, ops {:#x}",
+        m.zk_client().session_id().0,
+        other.zk_client().session_id().0,
+        ops.zk_client().session_id().0
+    );
     let key = "handoff";
     let path = m.path_of(key).unwrap();
 

@@ -279,10 +279,21 @@ pub async fn assert_no_contenders(client: &zookeeper_client::Client, root: &str,
         if left.is_empty() {
             return;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "contender nodes left behind after {within:?}: {left:?}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            // Whose they are (session, creation zxid) tells which manager and which acquire
+            // left them.
+            let mut owners = Vec::new();
+            for node in &left {
+                match client.check_stat(node).await {
+                    Ok(Some(stat)) => owners.push(format!(
+                        "{node} (session {:#x}, czxid {:#x})",
+                        stat.ephemeral_owner, stat.czxid
+                    )),
+                    _ => owners.push(format!("{node} (gone by now)")),
+                }
+            }
+            panic!("contender nodes left behind after {within:?}: {owners:?}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
