@@ -177,6 +177,7 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
             );
             assert_first_in_line(&ops, &path, theirs.node_path(), "the other process").await;
             // A local handoff happens within the release, so a wrongly handed node shows at once.
+            let mut refused = false;
             match tokio::time::timeout(Duration::from_secs(2), &mut second).await {
                 Err(_) => {} // still waiting, as it must
                 Ok(joined) => match joined.unwrap() {
@@ -188,12 +189,17 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
                         theirs.node_path(),
                         theirs.fencing_token()
                     ),
-                    Err(e) => println!("the next local task was refused: {e}"),
+                    Err(e) => {
+                        println!("the next local task was refused: {e}");
+                        refused = true;
+                    }
                 },
             }
             let token = theirs.fencing_token();
             theirs.release().await.unwrap();
-            if !second.is_finished() {
+            // Awaited even if it finished already: its guard must be released, not left in
+            // the finished task's output (it would keep its node until the handle is dropped).
+            if !refused {
                 let mine = tokio::time::timeout(Duration::from_secs(10), second)
                     .await
                     .expect("the next local task gets the lock once the other process released")
