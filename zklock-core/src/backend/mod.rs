@@ -10,8 +10,6 @@
 //! tests; `redis` (feature `redis`) keeps leases in a Redis server; `postgres` (feature
 //! `postgres`) holds session-level advisory locks on connections it owns.
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
-pub(crate) mod background;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;

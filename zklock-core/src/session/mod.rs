@@ -5,12 +5,13 @@
 //! losses. Whatever is learned through a session (a hold, a granted floor, a listing) is
 //! stamped with it, and is void once it has ended: by construction, not by a check at each use.
 
+pub(crate) mod background;
+
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use zookeeper_client::{Client, SessionState};
 
@@ -259,8 +260,7 @@ pub(crate) struct SessionOwner {
     pub(crate) config: SessionConfig,
     pub(crate) health: watch::Sender<Health>,
     pub(crate) runtime: tokio::runtime::Handle,
-    background: AtomicUsize,
-    background_done: Notify,
+    background: Arc<background::Background>,
     monitor: StdMutex<Option<AbortHandle>>,
 }
 
@@ -295,8 +295,7 @@ impl SessionOwner {
             config,
             health,
             runtime: tokio::runtime::Handle::current(),
-            background: AtomicUsize::new(0),
-            background_done: Notify::new(),
+            background: Arc::default(),
             monitor: StdMutex::new(None),
         });
         let monitor = tokio::spawn(monitor_session(Arc::downgrade(&owner), client));
@@ -342,27 +341,17 @@ impl SessionOwner {
         self: &Arc<Self>,
         fut: impl Future<Output = ()> + Send + 'static,
     ) {
-        self.background.fetch_add(1, Ordering::SeqCst);
+        // The task keeps the owner (its session and monitor) alive until it ends.
         let owner = self.clone();
-        self.runtime.spawn(async move {
+        self.background.spawn(&self.runtime, async move {
             fut.await;
-            if owner.background.fetch_sub(1, Ordering::SeqCst) == 1 {
-                owner.background_done.notify_waiters();
-            }
+            drop(owner);
         });
     }
 
     /// Waits until every background task has finished.
     pub(crate) async fn flush(&self) {
-        loop {
-            let notified = self.background_done.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.background.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            notified.await;
-        }
+        self.background.flush().await;
     }
 }
 

@@ -48,8 +48,8 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-use super::background::Background;
 use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
+use crate::session::background::Background;
 use crate::types::error::{Error, PostgresError, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::{HoldMode, Wait};

@@ -8,7 +8,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
 use tokio::sync::Mutex as AsyncMutex;
 
-pub(crate) use crate::backend::background::Background;
+pub(crate) use crate::session::background::Background;
 
 /// A multiplexed connection and the generation it belongs to.
 struct Current {

@@ -1,5 +1,5 @@
-//! Background tasks of a backend (releases, undos of cancelled acquires), counted so that a
-//! flush can wait for them.
+//! Background tasks (releases, cleanups, undos of cancelled acquires), counted so that a flush
+//! can wait for them: the ZooKeeper session owner's, and the Redis and PostgreSQL backends'.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
