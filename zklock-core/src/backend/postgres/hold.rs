@@ -143,11 +143,7 @@ impl PgHold {
     fn unlock(&self) -> Option<oneshot::Receiver<Result<bool, PostgresError>>> {
         let reservation = self.reservation.lock().expect("not poisoned").take()?;
         let (tx, rx) = oneshot::channel();
-        let statement = if self.shared {
-            sql::RELEASE_SHARED
-        } else {
-            sql::RELEASE_EXCLUSIVE
-        };
+        let shared = self.shared;
         self.inner.background.spawn(&self.inner.runtime, async move {
             let conn = &reservation.conn;
             let id = reservation.id;
@@ -158,8 +154,11 @@ impl PgHold {
             } else {
                 let r = conn
                     .run(conn.client().query_typed(
-                        statement,
-                        &[(&id, tokio_postgres::types::Type::INT4)],
+                        sql::RELEASE,
+                        &[
+                            (&id, tokio_postgres::types::Type::INT4),
+                            (&shared, tokio_postgres::types::Type::BOOL),
+                        ],
                     ))
                     .await
                     .map(|rows| rows.first().is_some_and(|r| r.get::<_, bool>(0)));
@@ -274,8 +273,11 @@ impl BackendHold for PgHold {
                                 let conn = &reservation.conn;
                                 let undone = conn
                                     .run(conn.client().query_typed(
-                                        sql::RELEASE_SHARED,
-                                        &[(&id, tokio_postgres::types::Type::INT4)],
+                                        sql::RELEASE,
+                                        &[
+                                            (&id, tokio_postgres::types::Type::INT4),
+                                            (&true, tokio_postgres::types::Type::BOOL),
+                                        ],
                                     ))
                                     .await;
                                 if undone.is_err() {

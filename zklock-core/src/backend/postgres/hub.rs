@@ -1,59 +1,105 @@
-//! Waking waiters: one connection per backend `LISTEN`s on [`sql::CHANNEL`], which every
-//! release notifies with the lock id; a waiter sleeps until its id is notified (or its
-//! fallback pause passes: a holder whose session ended released without notifying).
+//! Waking waiters: one connection per backend `LISTEN`s on [`sql::CHANNEL`], which a release
+//! notifies with the lock id when someone waits for it; a waiter sleeps until its id is
+//! notified (or its fallback pause passes: a holder whose session ended released without
+//! notifying).
 //!
-//! Waiters hold no connection and no server resource while they wait. When the listening
-//! connection breaks, every waiter is woken (it may have missed a release) and the hub
-//! connects again.
+//! A release notifies only if some process registered a waiter for the id: the listening
+//! connection holds the shared lock `(WAIT_CLASS, id)` while any task of this backend waits
+//! for `id` (see the module docs of [`sql`]). A waiter has its registration confirmed before
+//! its next attempt ([`Listener::registered`]), so a release that follows that attempt sees it.
+//!
+//! Waiters hold no connection while they wait; the server keeps one lock per id waited for.
+//! When the listening connection breaks, its registrations end with it: the hub connects
+//! again, listens, registers every id still waited for, and only then wakes every waiter (each
+//! may have missed a release).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::watch;
-use tokio::task::AbortHandle;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio::sync::{mpsc, watch};
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio_postgres::types::Type;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use super::conn::ConnConfig;
 use super::sql;
 
-/// Per lock id, a counter bumped by each release notified.
-type Wakers = Arc<StdMutex<HashMap<i32, watch::Sender<u64>>>>;
+/// What the waiters of one lock id share.
+struct Entry {
+    /// A counter bumped by each release notified.
+    wake: watch::Sender<u64>,
+    /// Whether the listening connection holds the registration for the id.
+    registered: watch::Sender<bool>,
+}
+
+/// The ids waited for, and the hub task's orders: an id whose registration may need to change.
+struct Shared {
+    entries: StdMutex<HashMap<i32, Entry>>,
+    orders: mpsc::UnboundedSender<i32>,
+}
+
+impl Shared {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Entry>> {
+        self.entries.lock().expect("not poisoned")
+    }
+
+    /// Wakes the waiters of `id`, or of every id.
+    fn wake(&self, id: Option<i32>) {
+        let entries = self.entries();
+        match id {
+            Some(id) => {
+                if let Some(e) = entries.get(&id) {
+                    e.wake.send_modify(|n| *n += 1);
+                }
+            }
+            None => entries.values().for_each(|e| e.wake.send_modify(|n| *n += 1)),
+        }
+    }
+}
 
 /// The pause before connecting the listener again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 
 pub(crate) struct Hub {
-    wakers: Wakers,
+    shared: Arc<Shared>,
     task: AbortHandle,
 }
 
 impl Hub {
     /// Starts listening (in the background: waiters poll until it listens).
     pub(crate) fn start(cc: Arc<ConnConfig>) -> Hub {
-        let wakers = Wakers::default();
+        let (orders, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            entries: StdMutex::default(),
+            orders,
+        });
         let task = cc
             .runtime
-            .spawn(listen(cc.clone(), wakers.clone()))
+            .spawn(run(cc.clone(), shared.clone(), rx))
             .abort_handle();
-        Hub { wakers, task }
+        Hub { shared, task }
     }
 
-    /// Starts listening for releases of `id`.
+    /// Starts listening for releases of `id`, and registers this backend as waiting for it
+    /// (confirmed by [`Listener::registered`]).
     pub(crate) fn listen(&self, id: i32) -> Listener {
-        let rx = self
-            .wakers
-            .lock()
-            .expect("not poisoned")
-            .entry(id)
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
-        Listener {
-            rx,
+        let mut entries = self.shared.entries();
+        let entry = entries.entry(id).or_insert_with(|| Entry {
+            wake: watch::channel(0).0,
+            registered: watch::channel(false).0,
+        });
+        let listener = Listener {
+            wake: entry.wake.subscribe(),
+            registered: entry.registered.subscribe(),
             id,
-            wakers: self.wakers.clone(),
+            shared: self.shared.clone(),
+        };
+        if !*entry.registered.borrow() {
+            let _ = self.shared.orders.send(id);
         }
+        listener
     }
 }
 
@@ -63,59 +109,135 @@ impl Drop for Hub {
     }
 }
 
-fn wake(wakers: &Wakers, id: Option<i32>) {
-    let wakers = wakers.lock().expect("not poisoned");
-    match id {
-        Some(id) => {
-            if let Some(w) = wakers.get(&id) {
-                w.send_modify(|n| *n += 1);
-            }
-        }
-        None => wakers.values().for_each(|w| w.send_modify(|n| *n += 1)),
+/// The task that drives the listening connection: aborted (so the connection closed) with the
+/// hub's task.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
-/// Keeps a connection listening, and wakes waiters by the ids notified.
-async fn listen(cc: Arc<ConnConfig>, wakers: Wakers) {
+/// Keeps a connection listening and registered for the ids waited for; connects again when it
+/// breaks.
+async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<i32>) {
     loop {
         let connected = tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls)).await;
         if let Ok(Ok((client, mut connection))) = connected {
-            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-            let listen = format!("LISTEN {}", sql::CHANNEL);
-            let subscribe = client.batch_execute(&listen);
-            tokio::pin!(subscribe);
-            let mut listening = false;
-            loop {
-                tokio::select! {
-                    done = &mut subscribe, if !listening => match done {
-                        Ok(()) => {
-                            listening = true;
-                            // Releases before now were missed.
-                            wake(&wakers, None);
+            let notified = shared.clone();
+            let mut driver = AbortOnDrop(tokio::spawn(async move {
+                let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+                while let Some(message) = messages.next().await {
+                    match message {
+                        Ok(AsyncMessage::Notification(n)) => {
+                            notified.wake(n.payload().parse().ok());
                         }
+                        Ok(_) => {}
                         Err(_) => break,
-                    },
-                    message = messages.next() => match message {
-                        Some(Ok(AsyncMessage::Notification(n))) => {
-                            wake(&wakers, n.payload().parse().ok());
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(_)) | None => break,
-                    },
+                    }
                 }
+            }));
+            let open = session(&client, &cc, &shared, &mut orders, &mut driver.0).await;
+            drop(driver);
+            drop(client);
+            // The session's registrations ended with it; releases since were missed.
+            for e in shared.entries().values() {
+                e.registered.send_replace(false);
             }
-            tracing::debug!("zklock: the PostgreSQL listening connection ended; connecting again");
-            wake(&wakers, None);
+            shared.wake(None);
+            if !open {
+                return;
+            }
+            tracing::debug!(
+                "zklock: the PostgreSQL listening connection ended; connecting again"
+            );
         }
         tokio::time::sleep(RECONNECT_PAUSE).await;
     }
 }
 
+/// Serves one listening connection until it breaks (`true`) or the hub is dropped (`false`).
+async fn session(
+    client: &Client,
+    cc: &ConnConfig,
+    shared: &Shared,
+    orders: &mut mpsc::UnboundedReceiver<i32>,
+    driver: &mut JoinHandle<()>,
+) -> bool {
+    let listen = format!("LISTEN {}", sql::CHANNEL);
+    if !matches!(
+        tokio::time::timeout(cc.reply_timeout, client.batch_execute(&listen)).await,
+        Ok(Ok(()))
+    ) {
+        return true;
+    }
+    let mut held = HashSet::new();
+    let waited: Vec<i32> = shared.entries().keys().copied().collect();
+    for id in waited {
+        if !register(client, cc, shared, &mut held, id).await {
+            return true;
+        }
+    }
+    // Registered again: now wake everyone, who may have missed a release.
+    shared.wake(None);
+    loop {
+        tokio::select! {
+            _ = &mut *driver => return true,
+            order = orders.recv() => match order {
+                Some(id) => {
+                    if !register(client, cc, shared, &mut held, id).await {
+                        return true;
+                    }
+                }
+                None => return false,
+            },
+        }
+    }
+}
+
+/// Makes the connection's registration for `id` match whether anyone waits for it, and tells
+/// the waiters. `false` when the connection failed.
+async fn register(
+    client: &Client,
+    cc: &ConnConfig,
+    shared: &Shared,
+    held: &mut HashSet<i32>,
+    id: i32,
+) -> bool {
+    let wanted = shared.entries().contains_key(&id);
+    let statement = match (wanted, held.contains(&id)) {
+        (true, false) => Some(sql::WAIT),
+        (false, true) => Some(sql::UNWAIT),
+        _ => None,
+    };
+    if let Some(statement) = statement {
+        let done = tokio::time::timeout(
+            cc.reply_timeout,
+            client.query_typed(statement, &[(&id, Type::INT4)]),
+        )
+        .await;
+        if !matches!(done, Ok(Ok(_))) {
+            return false;
+        }
+        if wanted {
+            held.insert(id);
+        } else {
+            held.remove(&id);
+        }
+    }
+    if let Some(e) = shared.entries().get(&id) {
+        e.registered.send_replace(held.contains(&id));
+    }
+    true
+}
+
 /// A waiter's interest in one lock id's releases.
 pub(crate) struct Listener {
-    rx: watch::Receiver<u64>,
+    wake: watch::Receiver<u64>,
+    registered: watch::Receiver<bool>,
     id: i32,
-    wakers: Wakers,
+    shared: Arc<Shared>,
 }
 
 impl Listener {
@@ -124,26 +246,33 @@ impl Listener {
         self.id
     }
 
+    /// Waits, at most `within`, until releases of the id will be notified to this backend.
+    /// Past that (the listening connection is down), the waiter relies on its fallback poll.
+    pub(crate) async fn registered(&mut self, within: Duration) {
+        let _ = tokio::time::timeout(within, self.registered.wait_for(|r| *r)).await;
+    }
+
     /// Forgets the releases so far: call before each attempt.
     pub(crate) fn mark(&mut self) {
-        self.rx.borrow_and_update();
+        self.wake.borrow_and_update();
     }
 
     /// Waits for a release since the last [`mark`](Self::mark), at most `fallback`.
     pub(crate) async fn wait(&mut self, fallback: Duration) {
-        let _ = tokio::time::timeout(fallback, self.rx.changed()).await;
+        let _ = tokio::time::timeout(fallback, self.wake.changed()).await;
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        let mut wakers = self.wakers.lock().expect("not poisoned");
-        // This listener's receiver is the last one: nobody else waits for the id.
-        if wakers
+        let mut entries = self.shared.entries();
+        // This listener's receiver is the last one: nobody else here waits for the id.
+        if entries
             .get(&self.id)
-            .is_some_and(|w| w.receiver_count() <= 1)
+            .is_some_and(|e| e.wake.receiver_count() <= 1)
         {
-            wakers.remove(&self.id);
+            entries.remove(&self.id);
+            let _ = self.shared.orders.send(self.id);
         }
     }
 }

@@ -93,6 +93,8 @@ pub(crate) struct Inner {
     hub: Hub,
     /// Lock path -> id, as read from the key table; checked by every acquire.
     ids: StdMutex<HashMap<Arc<str>, i32>>,
+    /// The blocks of tokens this backend reserved, by lock id.
+    blocks: Arc<StdMutex<Blocks>>,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) background: Arc<Background>,
 }
@@ -220,6 +222,114 @@ impl Drop for Pending {
     }
 }
 
+/// The blocks of tokens this backend reserved (see the module docs of [`sql`]), by lock id:
+/// the block's tag, the next value to send, and whether an attempt with it is in flight.
+///
+/// Each block's values are sent by one attempt at a time, in order, so the server sees them
+/// in the order they were sent and two grants never share one: an attempt that finds the
+/// block in flight sends no tag (and so reserves a block of its own), and an attempt whose
+/// outcome is unknown (an error, or dropped before the answer) forgets the block, since the
+/// server may have granted its value.
+#[derive(Default)]
+struct Blocks(HashMap<i32, Block>);
+
+struct Block {
+    tag: i64,
+    next: i64,
+    in_flight: bool,
+}
+
+/// The most blocks remembered; past it, those not in flight are forgotten (it only costs a
+/// reservation).
+const MAX_BLOCKS: usize = 4096;
+
+/// An attempt's use of a block: what it sends, and what it makes of the answer. Dropped
+/// without [`settle`](Self::settle) (an error, or the attempt dropped), it forgets the block.
+struct BlockTicket {
+    blocks: Arc<StdMutex<Blocks>>,
+    id: i32,
+    /// The tag sent (0: none) and the value sent with it.
+    tag: i64,
+    next: i64,
+    /// The tag of the block the server reserves if this one does not do.
+    new_tag: i64,
+    settled: bool,
+}
+
+impl BlockTicket {
+    fn take(blocks: &Arc<StdMutex<Blocks>>, id: i32) -> BlockTicket {
+        let mut tag_next = (0, 0);
+        if let Some(b) = blocks.lock().expect("not poisoned").0.get_mut(&id) {
+            if !b.in_flight {
+                b.in_flight = true;
+                tag_next = (b.tag, b.next);
+            }
+        }
+        let new_tag = loop {
+            let t = uuid::Uuid::new_v4().as_u64_pair().0 as i64;
+            if t != 0 {
+                break t;
+            }
+        };
+        BlockTicket {
+            blocks: blocks.clone(),
+            id,
+            tag: tag_next.0,
+            next: tag_next.1,
+            new_tag,
+            settled: false,
+        }
+    }
+
+    /// The server answered: `granted` the token it granted, and whether it came from a block
+    /// just reserved (`fresh`).
+    fn settle(mut self, granted: Option<(i64, bool)>) {
+        self.settled = true;
+        let mut blocks = self.blocks.lock().expect("not poisoned");
+        match granted {
+            Some((token, true)) => {
+                if blocks.0.len() >= MAX_BLOCKS {
+                    blocks.0.retain(|_, b| b.in_flight);
+                }
+                blocks.0.insert(
+                    self.id,
+                    Block {
+                        tag: self.new_tag,
+                        next: token + 1,
+                        in_flight: false,
+                    },
+                );
+            }
+            other => {
+                if self.tag == 0 {
+                    return;
+                }
+                if let Some(b) = blocks.0.get_mut(&self.id) {
+                    // Still this attempt's block (a fresh reservation replaces it).
+                    if b.tag == self.tag && b.in_flight {
+                        b.in_flight = false;
+                        if let Some((token, false)) = other {
+                            b.next = token + 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for BlockTicket {
+    fn drop(&mut self) {
+        if self.settled || self.tag == 0 {
+            return;
+        }
+        let mut blocks = self.blocks.lock().expect("not poisoned");
+        if blocks.0.get(&self.id).is_some_and(|b| b.tag == self.tag) {
+            blocks.0.remove(&self.id);
+        }
+    }
+}
+
 /// What an attempt found.
 enum Attempt {
     /// Granted, with the token.
@@ -276,6 +386,7 @@ impl PostgresBackend {
             hub: Hub::start(cc),
             pool,
             ids: StdMutex::default(),
+            blocks: Arc::default(),
             runtime: tokio::runtime::Handle::current(),
             background: Arc::default(),
         });
@@ -294,24 +405,29 @@ impl PostgresBackend {
         path: &str,
         shared: bool,
     ) -> Result<Attempt, PostgresError> {
-        let statement = if shared {
-            sql::TRY_SHARED
-        } else {
-            sql::TRY_EXCLUSIVE
-        };
         let id = pending.id();
         let conn = pending.conn().clone();
+        let ticket = BlockTicket::take(&self.inner.blocks, id);
         pending.armed = true;
         let rows = conn
-            .run(
-                conn.client()
-                    .query_typed(statement, &[(&id, Type::INT4), (&path, Type::TEXT)]),
-            )
+            .run(conn.client().query_typed(
+                sql::TRY,
+                &[
+                    (&id, Type::INT4),
+                    (&path, Type::TEXT),
+                    (&shared, Type::BOOL),
+                    (&ticket.tag, Type::INT8),
+                    (&ticket.next, Type::INT8),
+                    (&ticket.new_tag, Type::INT8),
+                ],
+            ))
             .await?;
         let row = rows.first();
         let got = row.is_some_and(|r| r.get::<_, bool>(0));
-        let fence = row.and_then(|r| r.get::<_, Option<i64>>(1));
-        Ok(match (got, fence) {
+        let token = row.and_then(|r| r.get::<_, Option<i64>>(1));
+        let fresh = row.is_some_and(|r| r.get::<_, Option<bool>>(2) == Some(true));
+        ticket.settle(token.filter(|_| got).map(|t| (t, fresh)));
+        Ok(match (got, token) {
             (true, Some(token)) => Attempt::Granted(token),
             (true, None) => Attempt::Stale,
             (false, _) => {
@@ -434,8 +550,11 @@ impl PostgresBackend {
                         }
                     }
                     let Some(l) = &mut listener else {
-                        // Listen, then try again at once: a release may have come before.
-                        listener = Some(inner.hub.listen(p.id()));
+                        // Register as a waiter (so the next release notifies), then try
+                        // again at once: a release may have come before.
+                        let mut l = inner.hub.listen(p.id());
+                        l.registered(POLL_FALLBACK).await;
+                        listener = Some(l);
                         continue;
                     };
                     l.wait(POLL_FALLBACK).await;
