@@ -24,7 +24,8 @@ use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, NoTls, Statement};
 
 use super::sql;
 use crate::types::error::PostgresError;
@@ -86,9 +87,20 @@ impl ConnConfig {
     }
 }
 
+/// The statements of the hot path, prepared once per connection (no parsing or planning per
+/// acquire and release).
+pub(crate) struct Statements {
+    pub(crate) try_exclusive: Statement,
+    pub(crate) try_shared: Statement,
+    pub(crate) read_row: Statement,
+    pub(crate) reserve: Statement,
+    pub(crate) release: Statement,
+}
+
 /// One connection that holds advisory locks; see the module's docs.
 pub(crate) struct HoldConn {
     client: Client,
+    statements: tokio::sync::OnceCell<Statements>,
     state: Arc<watch::Sender<ConnState>>,
     /// Lock ids reserved on this connection by an acquire or a hold.
     ids: StdMutex<HashSet<i32>>,
@@ -125,12 +137,25 @@ impl HoldConn {
             .abort_handle();
         let conn = Arc::new(HoldConn {
             client,
+            statements: tokio::sync::OnceCell::new(),
             state,
             ids: StdMutex::default(),
             driver,
             liveness: StdMutex::default(),
             reply_timeout: cc.reply_timeout,
         });
+        // Each statement reads with a snapshot taken when it starts, whatever the server's
+        // default (a reservation must not fail to serialize with a job's record).
+        if let Err(e) = conn
+            .run(
+                conn.client
+                    .batch_execute("SET default_transaction_isolation = 'read committed'"),
+            )
+            .await
+        {
+            conn.kill(LossReason::Disconnected);
+            return Err(e);
+        }
         let set = format!("SET idle_session_timeout = {}", cc.lease.as_millis());
         match conn.run(conn.client.batch_execute(&set)).await {
             Ok(()) => {}
@@ -155,6 +180,31 @@ impl HoldConn {
     /// The client, for requests that go through [`run`](Self::run).
     pub(crate) fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The prepared statements, prepared on first use.
+    pub(crate) async fn statements(&self) -> Result<&Statements, PostgresError> {
+        self.statements
+            .get_or_try_init(|| {
+                let c = &self.client;
+                self.run(async move {
+                    let (try_exclusive, try_shared, read_row, reserve, release) = futures::try_join!(
+                        c.prepare_typed(sql::TRY_EXCLUSIVE, &[Type::INT4]),
+                        c.prepare_typed(sql::TRY_SHARED, &[Type::INT4]),
+                        c.prepare_typed(sql::READ_ROW, &[Type::INT4]),
+                        c.prepare_typed(sql::RESERVE, &[Type::INT4, Type::INT8, Type::TEXT]),
+                        c.prepare_typed(sql::RELEASE, &[Type::INT4, Type::BOOL]),
+                    )?;
+                    Ok(Statements {
+                        try_exclusive,
+                        try_shared,
+                        read_row,
+                        reserve,
+                        release,
+                    })
+                })
+            })
+            .await
     }
 
     /// Why the connection's holds are lost, if they are. The clock is read while the state is

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::conn::{ConnState, Reservation};
+use super::conn::{ConnState, HoldConn, Reservation};
 use super::{sql, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, PostgresError, Result};
@@ -72,6 +72,19 @@ impl Loss for PgLoss {
             }
         })
     }
+}
+
+/// Unlocks `id` (`shared`: a read hold) on `conn`, and wakes waiters if any: whether it was
+/// held.
+async fn release(conn: &HoldConn, id: i32, shared: bool) -> Result<bool, PostgresError> {
+    let statements = conn.statements().await?;
+    let rows = conn
+        .run(
+            conn.client()
+                .query(&statements.release, &[&id, &shared]),
+        )
+        .await?;
+    Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
 }
 
 /// One advisory lock held on a connection of the backend. Released when dropped (in the
@@ -152,16 +165,7 @@ impl PgHold {
                 conn.kill(crate::types::loss::LossReason::Disconnected);
                 Ok(true)
             } else {
-                let r = conn
-                    .run(conn.client().query_typed(
-                        sql::RELEASE,
-                        &[
-                            (&id, tokio_postgres::types::Type::INT4),
-                            (&shared, tokio_postgres::types::Type::BOOL),
-                        ],
-                    ))
-                    .await
-                    .map(|rows| rows.first().is_some_and(|r| r.get::<_, bool>(0)));
+                let r = release(conn, id, shared).await;
                 if let Err(e) = &r {
                     tracing::warn!(lock = id, error = %e, "zklock: could not release a PostgreSQL advisory lock; closing its connection, which releases it");
                     conn.kill(LossReason::Disconnected);
@@ -271,15 +275,7 @@ impl BackendHold for PgHold {
                             if let Err(Ok(reservation)) = tx.send(Ok(reservation)) {
                                 // The downgrade was dropped: nobody holds the read lock.
                                 let conn = &reservation.conn;
-                                let undone = conn
-                                    .run(conn.client().query_typed(
-                                        sql::RELEASE,
-                                        &[
-                                            (&id, tokio_postgres::types::Type::INT4),
-                                            (&true, tokio_postgres::types::Type::BOOL),
-                                        ],
-                                    ))
-                                    .await;
+                                let undone = release(conn, id, true).await;
                                 if undone.is_err() {
                                     conn.kill(LossReason::Disconnected);
                                 }

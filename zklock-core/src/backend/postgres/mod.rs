@@ -407,33 +407,56 @@ impl PostgresBackend {
     ) -> Result<Attempt, PostgresError> {
         let id = pending.id();
         let conn = pending.conn().clone();
+        let statements = conn.statements().await?;
         let ticket = BlockTicket::take(&self.inner.blocks, id);
         pending.armed = true;
-        let rows = conn
-            .run(conn.client().query_typed(
-                sql::TRY,
-                &[
-                    (&id, Type::INT4),
-                    (&path, Type::TEXT),
-                    (&shared, Type::BOOL),
-                    (&ticket.tag, Type::INT8),
-                    (&ticket.next, Type::INT8),
-                    (&ticket.new_tag, Type::INT8),
-                ],
-            ))
+        let attempt = if shared {
+            &statements.try_shared
+        } else {
+            &statements.try_exclusive
+        };
+        // Sent together; the row is read after the attempt (see the module docs of `sql`).
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+        let (got, row) = conn
+            .run(async {
+                futures::try_join!(
+                    conn.client().query(attempt, &params),
+                    conn.client().query(&statements.read_row, &params),
+                )
+            })
             .await?;
-        let row = rows.first();
-        let got = row.is_some_and(|r| r.get::<_, bool>(0));
-        let token = row.and_then(|r| r.get::<_, Option<i64>>(1));
-        let fresh = row.is_some_and(|r| r.get::<_, Option<bool>>(2) == Some(true));
-        ticket.settle(token.filter(|_| got).map(|t| (t, fresh)));
-        Ok(match (got, token) {
-            (true, Some(token)) => Attempt::Granted(token),
-            (true, None) => Attempt::Stale,
-            (false, _) => {
-                pending.armed = false;
-                Attempt::Taken
-            }
+        if !got.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            ticket.settle(None);
+            pending.armed = false;
+            return Ok(Attempt::Taken);
+        }
+        let row = row
+            .first()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1), r.get::<_, Option<i64>>(2)));
+        let Some((_, fence, block)) = row.filter(|r| r.0 == path) else {
+            ticket.settle(None);
+            return Ok(Attempt::Stale);
+        };
+        if ticket.tag != 0
+            && block == Some(ticket.tag)
+            && ticket.next <= fence
+            && ticket.next > fence - sql::BLOCK
+        {
+            let token = ticket.next;
+            ticket.settle(Some((token, false)));
+            return Ok(Attempt::Granted(token));
+        }
+        let reserved = conn
+            .run(
+                conn.client()
+                    .query(&statements.reserve, &[&id, &ticket.new_tag, &path]),
+            )
+            .await?;
+        let token = reserved.first().map(|r| r.get::<_, i64>(0));
+        ticket.settle(token.map(|t| (t, true)));
+        Ok(match token {
+            Some(token) => Attempt::Granted(token),
+            None => Attempt::Stale,
         })
     }
 

@@ -1,7 +1,9 @@
-//! The schema and the statements of the PostgreSQL backend. Each step of the protocol is one
-//! statement, so one round trip. Where the order of a statement's effects matters (take the
-//! lock, then read the row under it; unlock, then look for waiters), the step is a PL/pgSQL
-//! function whose statements run in order, each with a snapshot of its own.
+//! The schema and the statements of the PostgreSQL backend. Each statement is its own
+//! transaction, and so reads with a snapshot taken when it starts. Where the order of effects
+//! matters within one step, either the step is two statements sent together (one round trip:
+//! the server runs them in order, so the second one's snapshot is taken after the first one
+//! finished), or one statement whose order is forced by a `MATERIALIZED` CTE that the rest
+//! reads.
 //!
 //! ## The key table
 //!
@@ -27,17 +29,18 @@
 //! ## Tokens
 //!
 //! The fencing token comes from the row's `fence`, under the lock, in blocks of [`BLOCK`]
-//! values. An acquire that has no block of its own reserves one: it raises `fence` to
-//! `max(fence + 1, server time in µs) + BLOCK - 1` and records the block's random tag in the
-//! row, and that commit waits for the WAL flush (`synchronous_commit`) before the grant and its
-//! token (the block's first value) are reported, so a token never goes backwards across a
+//! values. An acquire that has no block of its own reserves one ([`RESERVE`]): it raises
+//! `fence` to `max(fence + 1, server time in µs) + BLOCK - 1` and records the block's random tag
+//! in the row; that commit waits for the WAL flush (`synchronous_commit`) before the grant and
+//! its token (the block's first value) are reported, so a token never goes backwards across a
 //! server crash. The next acquire of the same process, while the row still carries its block's
-//! tag (nobody reserved a block since), takes the block's next value and writes nothing: the
-//! row is read under the lock by a statement of its own, so with a snapshot taken after the
-//! lock was granted, which sees every block an earlier holder reserved. The backend sends each
-//! block's values in order, one attempt at a time (see `Blocks` in the backend), so two grants
-//! never share a token and a block's tokens only go up. A process that alternates with another
-//! reserves a block at each of its grants: one flush per handoff, as before.
+//! tag (nobody reserved a block since), takes the block's next value and writes nothing. The
+//! row is read by [`READ_ROW`], sent right behind the lock attempt: the server runs it after
+//! the lock was granted, with a snapshot of its own, which sees every block an earlier holder
+//! reserved (an earlier holder commits its reservation before it can release). The backend
+//! sends each block's values in order, one attempt at a time (see `Blocks` in the backend), so
+//! two grants never share a token and a block's tokens only go up. A process that alternates
+//! with another reserves a block at each of its grants: one flush per handoff, as before.
 //!
 //! The floor at the server's clock keeps tokens above every earlier one even if the table is
 //! ever dropped and re-created.
@@ -52,8 +55,7 @@
 //! writes no WAL; a notifying release commits asynchronously (a notification is not durable
 //! anyway, and a lost one costs a waiter its fallback poll, never a wrong grant).
 
-/// The values a reserved block of tokens spans (spelled as a literal in [`CREATE_SCHEMA`]).
-#[allow(dead_code)] // the statements spell it as a literal; the tests check it
+/// The values a reserved block of tokens spans (spelled as a literal in [`RESERVE`]).
 pub(crate) const BLOCK: i64 = 1 << 20;
 
 /// The class (first key) of every advisory lock zklock takes: `zkLK` in ASCII.
@@ -69,11 +71,11 @@ pub(crate) const WAIT_CLASS: i32 = 0x7A6B_5749;
 /// The channel every release notifies, with the lock id as payload.
 pub(crate) const CHANNEL: &str = "zklock_release";
 
-/// Creates the key table and this version's functions, once, even when many processes start at
-/// the same moment: `CREATE TABLE IF NOT EXISTS` alone can fail in a race on the catalog's
-/// unique index, so creators take turns on a transaction-level advisory lock (object id 0: no
-/// lock path has it). A table made by an earlier version gains the `block` column.
-pub(crate) const CREATE_SCHEMA: &str = r#"BEGIN;
+/// Creates the key table, once, even when many processes start at the same moment: `CREATE
+/// TABLE IF NOT EXISTS` alone can fail in a race on the catalog's unique index, so creators
+/// take turns on a transaction-level advisory lock (object id 0: no lock path has it). A table
+/// made by an earlier version gains the `block` column.
+pub(crate) const CREATE_SCHEMA: &str = "BEGIN;
 SELECT pg_advisory_xact_lock(2053852235, 0);
 CREATE TABLE IF NOT EXISTS zklock_keys (
     id serial PRIMARY KEY,
@@ -83,76 +85,12 @@ CREATE TABLE IF NOT EXISTS zklock_keys (
     block bigint
 );
 ALTER TABLE zklock_keys ADD COLUMN IF NOT EXISTS block bigint;
-CREATE OR REPLACE FUNCTION zklock_try_v2(lock_id integer, lock_path text, shared boolean,
-    tag bigint, next_token bigint, new_tag bigint,
-    OUT got boolean, OUT token bigint, OUT fresh boolean)
-LANGUAGE plpgsql VOLATILE AS $fn$
-DECLARE
-    row_path text;
-    row_fence bigint;
-    row_block bigint;
-BEGIN
-    fresh := false;
-    IF shared THEN
-        -- A waiting writer's intent refuses new readers. (No AND: SQL may evaluate both.)
-        got := false;
-        IF pg_try_advisory_xact_lock_shared(2053851470, lock_id) THEN
-            got := pg_try_advisory_lock_shared(2053852235, lock_id);
-        END IF;
-    ELSE
-        got := pg_try_advisory_lock(2053852235, lock_id);
-    END IF;
-    IF NOT got THEN
-        RETURN;
-    END IF;
-    -- A statement of its own, so a snapshot taken under the lock: it sees every block an
-    -- earlier holder reserved.
-    SELECT k.path, k.fence, k.block INTO row_path, row_fence, row_block
-        FROM zklock_keys k WHERE k.id = lock_id;
-    IF row_path IS DISTINCT FROM lock_path THEN
-        RETURN;
-    END IF;
-    IF tag <> 0 AND row_block = tag
-            AND next_token BETWEEN row_fence - 1048575 AND row_fence THEN
-        token := next_token;
-        RETURN;
-    END IF;
-    UPDATE zklock_keys SET
-        fence = GREATEST(fence + 1,
-            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) + 1048575,
-        block = new_tag
-        WHERE id = lock_id
-        RETURNING fence - 1048575 INTO token;
-    fresh := true;
-END
-$fn$;
-CREATE OR REPLACE FUNCTION zklock_release_v2(lock_id integer, shared boolean)
-RETURNS boolean
-LANGUAGE plpgsql VOLATILE AS $fn$
-DECLARE
-    held boolean;
-BEGIN
-    IF shared THEN
-        held := pg_advisory_unlock_shared(2053852235, lock_id);
-    ELSE
-        held := pg_advisory_unlock(2053852235, lock_id);
-    END IF;
-    -- A listening connection holds its share while someone waits: wake them. A notification
-    -- is not durable, so its commit need not wait for the disk.
-    IF NOT pg_try_advisory_xact_lock(2053854537, lock_id) THEN
-        PERFORM set_config('synchronous_commit', 'off', true);
-        PERFORM pg_notify('zklock_release', lock_id::text);
-    END IF;
-    RETURN held;
-END
-$fn$;
-COMMIT;"#;
+COMMIT;";
 
-/// Whether the key table and this version's functions are there (no lock, no write: a role
-/// that may not create them can still use what an administrator made).
-pub(crate) const SCHEMA_EXISTS: &str = "SELECT to_regclass('zklock_keys') IS NOT NULL \
-     AND to_regprocedure('zklock_try_v2(integer,text,boolean,bigint,bigint,bigint)') IS NOT NULL \
-     AND to_regprocedure('zklock_release_v2(integer,boolean)') IS NOT NULL";
+/// Whether the key table is there, as this version uses it (no lock, no write: a role that
+/// may not create it can still use one an administrator made).
+pub(crate) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+     WHERE attrelid = to_regclass('zklock_keys') AND attname = 'block' AND NOT attisdropped)";
 
 /// `$1` path -> id, if it has one.
 pub(crate) const FIND_ID: &str = "SELECT id FROM zklock_keys WHERE path = $1";
@@ -161,19 +99,37 @@ pub(crate) const FIND_ID: &str = "SELECT id FROM zklock_keys WHERE path = $1";
 pub(crate) const ADD_PATH: &str =
     "INSERT INTO zklock_keys (path) VALUES ($1) ON CONFLICT (path) DO NOTHING";
 
-/// One attempt (`$1` id, `$2` path, `$3` shared, `$4` the caller's block tag or 0, `$5` its
-/// next token, `$6` a new tag): `(got, token, fresh)`. `got` without a token: the lock is held
-/// but the row no longer names the path (unlock and look the id up again). `fresh`: a block
-/// tagged `$6` was reserved and starts at `token`. Readers take a shared lock, and only while
-/// no writer waits (a writer's intent, `(INTENT_CLASS, id)`, refuses their shared check).
-pub(crate) const TRY: &str = "SELECT got, token, fresh FROM zklock_try_v2($1, $2, $3, $4, $5, $6)";
+/// A mutex's or a writer's attempt at the lock of `$1` id: `true` when taken.
+pub(crate) const TRY_EXCLUSIVE: &str = "SELECT pg_try_advisory_lock(2053852235, $1)";
+
+/// A reader's attempt: shared, and only while no writer waits (a writer's intent,
+/// `(INTENT_CLASS, id)`, refuses the reader's shared check; `CASE` evaluates the lock only
+/// after the check passed).
+pub(crate) const TRY_SHARED: &str = "SELECT CASE WHEN \
+     pg_try_advisory_xact_lock_shared(2053851470, $1) \
+     THEN pg_try_advisory_lock_shared(2053852235, $1) ELSE false END";
+
+/// The row of `$1` id: `(path, fence, block)`. Sent right behind an attempt (see the module's
+/// docs): what it reads is only used when the attempt took the lock.
+pub(crate) const READ_ROW: &str = "SELECT path, fence, block FROM zklock_keys WHERE id = $1";
+
+/// Reserves a block of tokens tagged `$2` for `$1` id, under the lock, while its row names
+/// `$3` path: the block's first value, or no row (the row no longer names the path).
+pub(crate) const RESERVE: &str = "UPDATE zklock_keys SET \
+     fence = GREATEST(fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
+     + 1048575, block = $2 WHERE id = $1 AND path = $3 RETURNING fence - 1048575";
 
 /// A waiting writer's intent: `true` when this session took it (one writer's is enough).
 pub(crate) const TAKE_INTENT: &str = "SELECT pg_try_advisory_lock(2053851470, $1)";
 
-/// Releases a hold (`$1` id, `$2` shared) and wakes waiters, if any wait: `true` when it was
-/// held.
-pub(crate) const RELEASE: &str = "SELECT zklock_release_v2($1, $2)";
+/// Releases a hold (`$1` id, `$2` shared), then wakes waiters if any wait (see the module's
+/// docs): `(held, notified)`.
+pub(crate) const RELEASE: &str = "WITH u AS MATERIALIZED (SELECT CASE WHEN $2 \
+     THEN pg_advisory_unlock_shared(2053852235, $1) \
+     ELSE pg_advisory_unlock(2053852235, $1) END AS held) \
+     SELECT u.held, CASE WHEN pg_try_advisory_xact_lock(2053854537, $1) THEN false \
+     ELSE (set_config('synchronous_commit', 'off', true) \
+     || pg_notify('zklock_release', $1::text)::text) IS NOT NULL END FROM u";
 
 /// Registers this process's waiters for `$1` (on the listening connection).
 pub(crate) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053854537, $1)";
@@ -224,15 +180,22 @@ mod tests {
         assert_eq!(INTENT_CLASS, 2053851470);
         assert_eq!(WAIT_CLASS, 2053854537);
         assert_eq!(BLOCK - 1, 1048575);
-        assert!(CREATE_SCHEMA.contains(&(BLOCK - 1).to_string()));
-        for s in [CREATE_SCHEMA, UNDO, DOWNGRADE] {
+        assert_eq!(RESERVE.matches(&(BLOCK - 1).to_string()).count(), 2);
+        for s in [
+            CREATE_SCHEMA,
+            TRY_EXCLUSIVE,
+            TRY_SHARED,
+            RELEASE,
+            UNDO,
+            DOWNGRADE,
+        ] {
             assert!(s.contains(&LOCK_CLASS.to_string()), "{s}");
             assert!(s.contains(CHANNEL) || !s.contains("pg_notify"), "{s}");
         }
-        for s in [CREATE_SCHEMA, TAKE_INTENT, DROP_INTENT, UNDO] {
+        for s in [TRY_SHARED, TAKE_INTENT, DROP_INTENT, UNDO] {
             assert!(s.contains(&INTENT_CLASS.to_string()), "{s}");
         }
-        for s in [CREATE_SCHEMA, WAIT, UNWAIT] {
+        for s in [RELEASE, WAIT, UNWAIT] {
             assert!(s.contains(&WAIT_CLASS.to_string()), "{s}");
         }
     }
