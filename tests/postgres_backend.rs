@@ -712,3 +712,198 @@ async fn a_silent_server_makes_the_holder_lost_by_its_lease() {
     assert!(second.is_held());
     second.release().await.unwrap();
 }
+
+/// The class of a waiter's registration (`zkWI`), as `pg_locks.classid` shows it.
+const WAIT_CLASS: i64 = 0x7A6B_5749;
+
+/// The registrations of waiters on the server: `(objid, pid)`.
+async fn registrations(client: &tokio_postgres::Client) -> Vec<(i64, i32)> {
+    client
+        .query(
+            "SELECT objid::bigint, pid FROM pg_locks \
+             WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 AND granted",
+            &[&WAIT_CLASS],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Polls `check` every 20 ms until it holds, for at most 10 s.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        if std::time::Instant::now() >= until {
+            panic!("never: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The key row's `(fence, block)`.
+async fn fence_and_block(client: &tokio_postgres::Client, path: &str) -> (i64, Option<i64>) {
+    let row = client
+        .query_one(
+            "SELECT fence, block FROM zklock_keys WHERE path = $1",
+            &[&path],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// A process takes its next tokens from the block it reserved, writing nothing, while nobody
+/// else reserved one; once another process has held the key (and so reserved a block), the
+/// first process's block is stale and it reserves a new one above: tokens keep increasing in
+/// the order of the holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_of_tokens_is_used_only_while_it_is_the_last_reserved() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let look = admin(&pg.url()).await;
+    let path = a.path_of("blk").unwrap();
+    let mut tokens = vec![];
+    let g = a.lock("blk").await.unwrap();
+    tokens.push(g.fencing_token());
+    g.release().await.unwrap();
+    let reserved = fence_and_block(&look, &path).await;
+    for _ in 0..5 {
+        let g = a.lock("blk").await.unwrap();
+        tokens.push(g.fencing_token());
+        g.release().await.unwrap();
+        assert_eq!(
+            fence_and_block(&look, &path).await,
+            reserved,
+            "a re-acquire from its own block writes nothing"
+        );
+    }
+    for pair in tokens.windows(2) {
+        assert_eq!(pair[1].zxid(), pair[0].zxid() + 1, "{tokens:?}");
+    }
+
+    let g = b.lock("blk").await.unwrap();
+    let by_b = g.fencing_token();
+    g.release().await.unwrap();
+    let after_b = fence_and_block(&look, &path).await;
+    assert!(after_b.0 > reserved.0 && after_b.1 != reserved.1);
+    assert!(by_b > *tokens.last().unwrap());
+
+    // a still remembers its block; the row says it is no longer the last one reserved.
+    let g = a.lock("blk").await.unwrap();
+    let again = g.fencing_token();
+    g.release().await.unwrap();
+    assert!(again > by_b, "{again} after {by_b}");
+    let after_a = fence_and_block(&look, &path).await;
+    assert!(after_a.0 > after_b.0 && after_a.1 != after_b.1 && after_a.1 != reserved.1);
+}
+
+/// A release notifies only while another process waits: many cycles with nobody waiting send
+/// no notification; a waiting manager's registration shows in `pg_locks`, the release that
+/// follows wakes it at once, and the registration goes with the last waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_notifies_only_when_someone_waits() {
+    use futures::StreamExt;
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let look = admin(&pg.url()).await;
+    let (listen, mut connection) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
+    let notified = Arc::new(AtomicUsize::new(0));
+    let count = notified.clone();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if matches!(m, tokio_postgres::AsyncMessage::Notification(_)) {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    listen.batch_execute("LISTEN zklock_release").await.unwrap();
+
+    for _ in 0..20 {
+        a.lock("quiet").await.unwrap().release().await.unwrap();
+    }
+    // A notification sent would arrive before this round trip's answer on the listening
+    // connection; wait a little more anyway.
+    listen.batch_execute("SELECT 1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(notified.load(Ordering::SeqCst), 0, "nobody waited");
+    assert!(registrations(&look).await.is_empty());
+
+    let held_by_a = a.lock("quiet").await.unwrap();
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = b2.lock("quiet").await.unwrap();
+        (guard, std::time::Instant::now())
+    });
+    let id = id_of(&look, &a.path_of("quiet").unwrap()).await;
+    eventually("b's registration", || async {
+        registrations(&look).await.iter().any(|r| r.0 == id)
+    })
+    .await;
+    let released = std::time::Instant::now();
+    held_by_a.release().await.unwrap();
+    let (guard, got) = waiter.await.unwrap();
+    let after = got.duration_since(released);
+    assert!(after < Duration::from_millis(300), "woken after {after:?}");
+    eventually("the notification", || async {
+        notified.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    eventually("no registration once nobody waits", || async {
+        registrations(&look).await.is_empty()
+    })
+    .await;
+    guard.release().await.unwrap();
+    assert!(held(&look).await.is_empty());
+}
+
+/// The listening connection killed while a task waits: the hub connects again and registers
+/// the waiter again, so the next release still wakes it at once (not by the fallback poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_listening_connection_registers_its_waiters_again() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let look = admin(&pg.url()).await;
+    let held_by_a = a.lock("relisten").await.unwrap();
+    let b2 = b.clone();
+    let waiter = tokio::spawn(async move {
+        let guard = b2.lock("relisten").await.unwrap();
+        (guard, std::time::Instant::now())
+    });
+    let id = id_of(&look, &a.path_of("relisten").unwrap()).await;
+    eventually("b's registration", || async {
+        registrations(&look).await.iter().any(|r| r.0 == id)
+    })
+    .await;
+    let pid = registrations(&look)
+        .await
+        .iter()
+        .find(|r| r.0 == id)
+        .map(|r| r.1)
+        .unwrap();
+    look.execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    eventually("b registered again on a new connection", || async {
+        registrations(&look)
+            .await
+            .iter()
+            .any(|r| r.0 == id && r.1 != pid)
+    })
+    .await;
+    // The waiter was woken by the reconnection and went back to waiting, registered.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = std::time::Instant::now();
+    held_by_a.release().await.unwrap();
+    let (guard, got) = waiter.await.unwrap();
+    let after = got.duration_since(released);
+    assert!(after < Duration::from_millis(300), "woken after {after:?}");
+    guard.release().await.unwrap();
+    assert!(held(&look).await.is_empty());
+}

@@ -1,7 +1,7 @@
 //! The PostgreSQL section of the suite (`--only postgres`): zklock's PostgreSQL backend beside
 //! a bare `pg_advisory_lock` + `pg_advisory_unlock` floor on a plain client, uncontended and
 //! contended, on a durable server of the test kit (`fsync` on, as a production server runs:
-//! zklock's fencing token is a commit, and its cost is part of the figure).
+//! a reservation of zklock's tokens is a commit, and its cost is part of the figure).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,7 +22,7 @@ const FLOOR_TARGET: f64 = 0.85;
 
 /// The rows: zklock and the floor, uncontended and contended.
 fn rows(quick: bool) -> Vec<Row> {
-    let (uncontended, contended) = if quick { (50, 5) } else { (3000, 150) };
+    let (uncontended, contended) = if quick { (50, 5) } else { (20000, 400) };
     let cells = || {
         vec![
             (

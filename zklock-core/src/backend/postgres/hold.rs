@@ -79,10 +79,7 @@ impl Loss for PgLoss {
 async fn release(conn: &HoldConn, id: i32, shared: bool) -> Result<bool, PostgresError> {
     let statements = conn.statements().await?;
     let rows = conn
-        .run(
-            conn.client()
-                .query(&statements.release, &[&id, &shared]),
-        )
+        .run(conn.client().query(&statements.release, &[&id, &shared]))
         .await?;
     Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
 }

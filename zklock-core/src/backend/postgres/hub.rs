@@ -54,7 +54,9 @@ impl Shared {
                     e.wake.send_modify(|n| *n += 1);
                 }
             }
-            None => entries.values().for_each(|e| e.wake.send_modify(|n| *n += 1)),
+            None => entries
+                .values()
+                .for_each(|e| e.wake.send_modify(|n| *n += 1)),
         }
     }
 }
@@ -149,9 +151,7 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
             if !open {
                 return;
             }
-            tracing::debug!(
-                "zklock: the PostgreSQL listening connection ended; connecting again"
-            );
+            tracing::debug!("zklock: the PostgreSQL listening connection ended; connecting again");
         }
         tokio::time::sleep(RECONNECT_PAUSE).await;
     }

@@ -430,9 +430,13 @@ impl PostgresBackend {
             pending.armed = false;
             return Ok(Attempt::Taken);
         }
-        let row = row
-            .first()
-            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1), r.get::<_, Option<i64>>(2)));
+        let row = row.first().map(|r| {
+            (
+                r.get::<_, String>(0),
+                r.get::<_, i64>(1),
+                r.get::<_, Option<i64>>(2),
+            )
+        });
         let Some((_, fence, block)) = row.filter(|r| r.0 == path) else {
             ticket.settle(None);
             return Ok(Attempt::Stale);

@@ -127,15 +127,15 @@ pub(crate) const TAKE_INTENT: &str = "SELECT pg_try_advisory_lock(2053851470, $1
 pub(crate) const RELEASE: &str = "WITH u AS MATERIALIZED (SELECT CASE WHEN $2 \
      THEN pg_advisory_unlock_shared(2053852235, $1) \
      ELSE pg_advisory_unlock(2053852235, $1) END AS held) \
-     SELECT u.held, CASE WHEN pg_try_advisory_xact_lock(2053854537, $1) THEN false \
+     SELECT u.held, CASE WHEN pg_try_advisory_xact_lock(2053855049, $1) THEN false \
      ELSE (set_config('synchronous_commit', 'off', true) \
      || pg_notify('zklock_release', $1::text)::text) IS NOT NULL END FROM u";
 
 /// Registers this process's waiters for `$1` (on the listening connection).
-pub(crate) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053854537, $1)";
+pub(crate) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053855049, $1)";
 
 /// Ends a registration of [`WAIT`].
-pub(crate) const UNWAIT: &str = "SELECT pg_advisory_unlock_shared(2053854537, $1)";
+pub(crate) const UNWAIT: &str = "SELECT pg_advisory_unlock_shared(2053855049, $1)";
 
 /// Undoes whatever an acquire that ended without a hold may have left on its connection: the
 /// lock (`$2`: shared), the intent (`$3`), and wakes waiters (readers held back by the intent).
@@ -178,7 +178,7 @@ mod tests {
     fn constants_match_the_literals() {
         assert_eq!(LOCK_CLASS, 2053852235);
         assert_eq!(INTENT_CLASS, 2053851470);
-        assert_eq!(WAIT_CLASS, 2053854537);
+        assert_eq!(WAIT_CLASS, 2053855049);
         assert_eq!(BLOCK - 1, 1048575);
         assert_eq!(RESERVE.matches(&(BLOCK - 1).to_string()).count(), 2);
         for s in [
