@@ -92,7 +92,11 @@ async fn another_process_gets_a_lingering_key_at_once_not_after_the_linger() {
         "waited {waited:?} for a lingering node (linger {LONG:?})"
     );
     assert!(theirs.fencing_token() > mine);
-    assert_eq!(children(&other, &path).await.len(), 1, "the lingering node went");
+    assert_eq!(
+        children(&other, &path).await.len(),
+        1,
+        "the lingering node went"
+    );
     // The lingering process now queues behind the other like anyone.
     assert!(m.try_lock("wanted").await.unwrap().is_none(), "two holders");
     let waiter = {
@@ -101,7 +105,10 @@ async fn another_process_gets_a_lingering_key_at_once_not_after_the_linger() {
     };
     until_children(&other, &path, 2).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!waiter.is_finished(), "got the lock while the other held it");
+    assert!(
+        !waiter.is_finished(),
+        "got the lock while the other held it"
+    );
     let last = theirs.fencing_token();
     theirs.release().await.unwrap();
     let g = tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -155,7 +162,10 @@ async fn a_curator_waiter_gets_a_lingering_key_at_once() {
         waited < 5_000,
         "Curator waited {waited} ms for a lingering node (linger {LONG:?})"
     );
-    assert!(!children(&m, &path).await.iter().any(|k| node.ends_with(k.as_str())));
+    assert!(!children(&m, &path)
+        .await
+        .iter()
+        .any(|k| node.ends_with(k.as_str())));
     m.flush().await;
 }
 
@@ -186,7 +196,15 @@ async fn fault_a_lingering_node_whose_session_expired_is_never_taken_again() {
         let m = m.clone();
         tokio::spawn(async move { m.lock("expiring").await.unwrap() })
     };
-    until_children(&other, &path, 2).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while children(&other, &path).await.len() < 2 {
+        assert!(
+            !waiter.is_finished(),
+            "two holders: the expired lingering node was taken again"
+        );
+        assert!(tokio::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !waiter.is_finished(),
@@ -282,7 +300,10 @@ async fn read_locks_and_semaphores_do_not_linger_write_locks_do() {
     let rw = m.rwlock("shelf").unwrap();
     drop(rw.read().await.unwrap());
     m.flush().await;
-    assert!(children(&m, rw.path()).await.is_empty(), "a read lock lingered");
+    assert!(
+        children(&m, rw.path()).await.is_empty(),
+        "a read lock lingered"
+    );
     let sem = m.semaphore("pool", 2).unwrap();
     let lease = sem.acquire().await.unwrap();
     let lease_path = lease.node_path().to_string();
@@ -290,7 +311,10 @@ async fn read_locks_and_semaphores_do_not_linger_write_locks_do() {
     m.flush().await;
     let sem_path = lease_path.rsplit_once("/leases/").unwrap().0.to_string();
     assert!(
-        tree(&m, &sem_path).await.iter().all(|p| !p.contains("lease-")),
+        tree(&m, &sem_path)
+            .await
+            .iter()
+            .all(|p| !p.contains("lease-")),
         "a lease lingered"
     );
     let w = rw.write().await.unwrap();
@@ -298,7 +322,11 @@ async fn read_locks_and_semaphores_do_not_linger_write_locks_do() {
     drop(w);
     let w = rw.write().await.unwrap();
     assert!(w.fencing_token() > token);
-    assert_eq!(w.fencing_token().zxid(), token.zxid(), "the write node lingered");
+    assert_eq!(
+        w.fencing_token().zxid(),
+        token.zxid(),
+        "the write node lingered"
+    );
     drop(w);
     // A reader of the same lock is another contender: the writer's node goes at once.
     let started = Instant::now();
@@ -315,7 +343,11 @@ async fn in_memory_a_lingering_key_is_taken_again_and_given_up_for_another_conte
     let first = m.lock("unit").await.unwrap().fencing_token();
     let again = m.lock("unit").await.unwrap().fencing_token();
     assert!(again > first);
-    assert_eq!(again.zxid(), first.zxid(), "taken again without the backend");
+    assert_eq!(
+        again.zxid(),
+        first.zxid(),
+        "taken again without the backend"
+    );
     assert_eq!(again.local(), 1);
     // Lost while lingering (as a session expiry would): not taken again.
     m.lose("unit", zklock::LossReason::SessionExpired).unwrap();
