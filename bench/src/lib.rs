@@ -24,8 +24,8 @@
 //! their lines carry `backend=postgres` and the WAL written per cycle (see the `postgres`
 //! module).
 //!
-//! Workloads (see [`Workload`]): `uncontended`, `contended`, `keys`, `inproc`, `drain`, and the
-//! memory probes `mem-waiters` and `mem-keys`. Each run prints one line of `key=value` fields,
+//! Workloads (see [`Workload`]): `uncontended`, `contended`, `keys`, `inproc`, `drain`, the
+//! linger's `reacquire` and `handover`, and the memory probes `mem-waiters` and `mem-keys`. Each run prints one line of `key=value` fields,
 //! the format of the peers' benches ([`Report`], [`parse_line`]).
 //!
 //! ```no_run
@@ -43,6 +43,7 @@
 #![warn(missing_docs)]
 
 mod drain;
+mod linger;
 mod memory;
 mod ops;
 mod peer;
@@ -73,6 +74,13 @@ pub enum Workload {
     MemWaiters,
     /// Peak RSS of one process holding `workers` distinct keys.
     MemKeys,
+    /// One session re-acquiring one key, with zklock's linger on ([`Options::linger`]); the
+    /// other peers run it as `uncontended`.
+    Reacquire,
+    /// zklock only: the wait of a second session's acquire while the first session's node
+    /// lingers, beside a normal handoff's wait (from the holder's release to the waiter's
+    /// grant) and an acquire of a free key, each `cycles` times.
+    Handover,
 }
 
 impl Workload {
@@ -90,6 +98,8 @@ impl Workload {
             Workload::Drain => "drain",
             Workload::MemWaiters => "mem-waiters",
             Workload::MemKeys => "mem-keys",
+            Workload::Reacquire => "reacquire",
+            Workload::Handover => "handover",
         }
     }
 }
@@ -112,6 +122,8 @@ impl FromStr for Workload {
             "drain" => Workload::Drain,
             "mem-waiters" => Workload::MemWaiters,
             "mem-keys" => Workload::MemKeys,
+            "reacquire" => Workload::Reacquire,
+            "handover" => Workload::Handover,
             other => {
                 return Err(format!(
                     "unknown workload {other:?}: uncontended | contended | keys | inproc | drain | mem-waiters | mem-keys"
@@ -200,6 +212,9 @@ pub struct Options {
     pub warmup: usize,
     /// Session timeout of every session the run opens.
     pub session_timeout: Duration,
+    /// zklock only: the manager's linger ([`zklock_core::Builder::linger`]); 1 s for the
+    /// `reacquire` and `handover` workloads, else zero.
+    pub linger: Duration,
 }
 
 impl Options {
@@ -221,6 +236,10 @@ impl Options {
             local_queue: true,
             warmup: 200,
             session_timeout: Duration::from_secs(30),
+            linger: match workload {
+                Workload::Reacquire | Workload::Handover => Duration::from_secs(1),
+                _ => Duration::ZERO,
+            },
         }
     }
 }
@@ -267,13 +286,16 @@ pub async fn run(options: &Options) -> Result<Report> {
         return postgres::run(options).await;
     }
     match options.workload {
-        Workload::Uncontended | Workload::Contended | Workload::Keys | Workload::Inproc => {
-            ops::run(options).await
-        }
+        Workload::Uncontended
+        | Workload::Contended
+        | Workload::Keys
+        | Workload::Inproc
+        | Workload::Reacquire => ops::run(options).await,
         other if peer::is_redis(&options.connect) => Err(BenchError(format!(
             "{other} runs on ZooKeeper only; on Redis: uncontended, contended, keys, inproc"
         ))),
         Workload::Drain => drain::run(options).await,
+        Workload::Handover => linger::handover(options).await,
         Workload::MemWaiters | Workload::MemKeys => memory::run(options).await,
     }
 }

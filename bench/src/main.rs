@@ -21,7 +21,8 @@ struct Cli {
     /// zklock, floor; workloads uncontended, contended).
     #[arg(long, env = "ZKLOCK_CONNECT")]
     connect: String,
-    /// uncontended | contended | keys | inproc | drain | mem-waiters | mem-keys
+    /// uncontended | contended | keys | inproc | drain | reacquire | handover | mem-waiters |
+    /// mem-keys
     #[arg(long)]
     workload: Workload,
     /// Sessions (uncontended, contended, keys), tasks on one session (inproc), waiters (drain),
@@ -49,6 +50,9 @@ struct Cli {
     /// Session timeout, in seconds, of every session opened.
     #[arg(long, default_value_t = 30)]
     session_timeout: u64,
+    /// zklock: the manager's linger in ms (default: 1000 for reacquire and handover, else 0).
+    #[arg(long)]
+    linger_ms: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -61,6 +65,9 @@ fn main() -> ExitCode {
     options.local_queue = !cli.no_local_queue;
     options.warmup = cli.warmup;
     options.session_timeout = Duration::from_secs(cli.session_timeout);
+    if let Some(ms) = cli.linger_ms {
+        options.linger = Duration::from_millis(ms);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

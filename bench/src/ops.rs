@@ -186,6 +186,9 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
                 format!("{:.2}", (events_after - events_before) as f64 / n),
             );
             report.push("local_queue", local_queue_field(options));
+            if !options.linger.is_zero() {
+                report.push("linger_ms", options.linger.as_millis());
+            }
         }
         Peer::Naive => {
             let requests = setup.naive.requests.load(Ordering::SeqCst) - naive_before.0;

@@ -65,7 +65,11 @@ pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result
         .namespace(namespace)
         .session_timeout(options.session_timeout)
         .lease(REDIS_TTL);
-    Ok(builder.local_queue(options.local_queue).connect().await?)
+    Ok(builder
+        .local_queue(options.local_queue)
+        .linger(options.linger)
+        .connect()
+        .await?)
 }
 
 /// Opens a bare zookeeper-client session.

@@ -122,6 +122,19 @@ pub struct Contender {
     pub token: FencingToken,
     /// The ZooKeeper session that owns it.
     pub session: i64,
+    /// This manager keeps the node after its last local release with no task holding it
+    /// ([`Builder::linger`](crate::Builder::linger)): it is given up as soon as another
+    /// contender appears. Only the manager that keeps it knows; elsewhere it reads `false`.
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// for h in m.inspect("k").await?.holders {
+    ///     let state = if h.lingering { "lingering" } else { "held" };
+    ///     println!("{} {state}", h.node);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub lingering: bool,
 }
 
 impl Contender {
@@ -281,6 +294,7 @@ impl LockManager {
     /// one pipelined round trip.
     async fn contenders(&self, dir: &str, kind: NodeKind) -> Result<Vec<Contender>> {
         let client = self.zk_backend("inspection")?.session().client();
+        let table = &self.inner.core.table;
         let mut names = match client.list_children(dir).await {
             Ok(names) => names,
             Err(zookeeper_client::Error::NoNode) => return Ok(vec![]),
@@ -296,11 +310,12 @@ impl LockManager {
             match read.await {
                 Ok((data, stat)) => out.push(Contender {
                     mode: mode_of(&name),
-                    node: name,
                     owner: Owner::parse(&data),
                     since: UNIX_EPOCH + Duration::from_millis(stat.ctime.max(0) as u64),
                     token: FencingToken::new(stat.czxid, 0),
                     session: stat.ephemeral_owner,
+                    lingering: table.is_lingering(&format!("{dir}/{name}")),
+                    node: name,
                 }),
                 // Gone between the listing and the read: it no longer contends.
                 Err(zookeeper_client::Error::NoNode) => {}

@@ -77,6 +77,7 @@ pub struct Builder {
     renew_session: bool,
     pub(crate) local_queue: bool,
     pub(crate) max_local_handoffs: u32,
+    pub(crate) linger: Duration,
     pub(crate) revocable: bool,
     pub(crate) watch_held_nodes: bool,
     pub(crate) try_timeout: Duration,
@@ -155,6 +156,7 @@ impl Builder {
             renew_session: true,
             local_queue: true,
             max_local_handoffs: 32,
+            linger: Duration::ZERO,
             revocable: false,
             watch_held_nodes: true,
             try_timeout: Duration::from_secs(2),
@@ -262,6 +264,42 @@ impl Builder {
     /// ```
     pub fn max_local_handoffs(mut self, n: u32) -> Builder {
         self.max_local_handoffs = n;
+        self
+    }
+
+    /// How long this process keeps the node of a mutex or write lock after its last local
+    /// release, while no other contender wants the key (default zero: not at all). Taking the
+    /// key again within the linger costs no request: it is a local handoff, with a fencing
+    /// token above the last one. The node is given up when the linger runs out, as soon as
+    /// another contender appears (on ZooKeeper a children watch on the lock path tells; Curator
+    /// clients included), when the hold is lost, and on [`LockManager::flush`] or the
+    /// manager's drop. Needs the local queue ([`local_queue`](Self::local_queue)).
+    ///
+    /// The trade-off: a process that takes one key over and over saves a create and a delete
+    /// (two commits) per cycle, and the first other process that wants the key pays about one
+    /// notification more than a normal handoff. Meanwhile the node stays in the lock path: a
+    /// lingering node looks held to tools in other processes (`zklock ls`), while
+    /// [`LockManager::inspect`] in this process marks it [`lingering`](crate::Contender::lingering).
+    /// Backends that cannot tell when another contender appears (PostgreSQL, Redis) never
+    /// linger. Read locks, semaphores and leader latches do not linger.
+    ///
+    /// ```no_run
+    /// # async fn run() -> zklock_core::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let m = zklock_core::LockManager::builder("127.0.0.1:2181")
+    ///     .linger(Duration::from_millis(200))
+    ///     .connect()
+    ///     .await?;
+    /// let first = m.lock("report").await?;
+    /// let token = first.fencing_token();
+    /// drop(first); // the node lingers
+    /// let again = m.lock("report").await?; // no request to ZooKeeper
+    /// assert!(again.fencing_token() > token);
+    /// # Ok(()) }
+    /// ```
+    pub fn linger(mut self, linger: Duration) -> Builder {
+        self.linger = linger;
         self
     }
 
@@ -1056,6 +1094,7 @@ impl LockManager {
 
     /// Waits until every background release and cleanup of this manager has finished: call it
     /// before shutting down, or before checking from elsewhere that nothing is left behind.
+    /// Lingering nodes ([`Builder::linger`]) are given up first.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
@@ -1064,6 +1103,7 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub async fn flush(&self) {
+        self.inner.core.table.end_lingering();
         self.inner.core.backend.flush().await
     }
 
@@ -1210,6 +1250,7 @@ impl LockManager {
                     local: LocalConfig {
                         local_queue: builder.local_queue,
                         max_local_handoffs: builder.max_local_handoffs,
+                        linger: builder.linger,
                     },
                     try_timeout: builder.try_timeout,
                     key_label: builder.metrics_key_label,

@@ -132,6 +132,8 @@ enum Target {
     PeakMb { mb: f64 },
     /// Redis: at least `rslock`x rslock, and (if set) at least `floor`x the floor.
     Redis { rslock: f64, floor: Option<f64> },
+    /// At least `floor`x the floor (the linger's re-acquire).
+    Floor { floor: f64 },
 }
 
 struct Sizes {
@@ -145,6 +147,8 @@ struct Sizes {
     memory: usize,
     /// Also the slow probes that no target needs (zklock's memory with the local queue off).
     extended: bool,
+    /// Samples of the `handover` run (each three acquires).
+    handover: usize,
     /// Redis rows: cycles of the uncontended run, and of each of the 8 contended workers.
     redis_uncontended: usize,
     redis_contended: usize,
@@ -279,6 +283,18 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
                 floor: None,
                 zkclient: None,
             }),
+        },
+        Row {
+            title: "reacquire (1 session, 1 key, linger 1 s)".into(),
+            workload: "reacquire",
+            workers: 1,
+            cycles: sizes.uncontended,
+            keys: 1,
+            metric: Metric::Ops,
+            // The peers have no linger: they run it as `uncontended`.
+            cells: vec![("zklock", zk.clone()), ("floor", ours("floor"))],
+            // Issue 16: re-acquire without a round trip.
+            target: Some(Target::Floor { floor: 10.0 }),
         },
     ];
     rows.push(Row {
@@ -542,6 +558,7 @@ fn suite(cli: &Cli) -> Result<String, String> {
     let sizes = if cli.quick {
         Sizes {
             uncontended: 50,
+            handover: 5,
             contended: 10,
             keys: 10,
             inproc: 2,
@@ -556,6 +573,7 @@ fn suite(cli: &Cli) -> Result<String, String> {
     } else {
         Sizes {
             uncontended: 2000,
+            handover: 100,
             contended: 250,
             keys: 250,
             inproc: 40,
@@ -654,14 +672,81 @@ fn zookeeper_section(cli: &Cli, sizes: &Sizes, started: Instant) -> Result<Strin
     );
 
     let results = run_rows(&mut env, &rows);
+    let handover = Row {
+        title: "first other process on a lingering key".into(),
+        workload: "handover",
+        workers: 1,
+        cycles: sizes.handover,
+        keys: 1,
+        metric: Metric::Ops,
+        cells: vec![],
+        target: None,
+    };
+    let zk = Runner::Ours {
+        peer: "zklock",
+        no_queue: false,
+    };
+    let t0 = Instant::now();
+    let handover = env.run(&handover, &zk);
+    match &handover {
+        Ok(report) => eprintln!("[{:>5.1}s] {report}", t0.elapsed().as_secs_f64()),
+        Err(e) => eprintln!(
+            "[{:>5.1}s] handover: FAILED {e}",
+            t0.elapsed().as_secs_f64()
+        ),
+    }
     drop(server);
-    Ok(render(
+    let mut md = render(
         &rows,
         &results,
         &server_version,
         started.elapsed(),
         cli.quick,
-    ))
+    );
+    render_handover(&mut md, &handover);
+    Ok(md)
+}
+
+/// The linger's cost to the first other process (issue 16: its wait ≤ 1.5× a normal
+/// handoff's).
+fn render_handover(md: &mut String, outcome: &Outcome) {
+    let _ = writeln!(
+        md,
+        "\nThe linger's cost to the first other process (`handover`: a second session's \
+         acquire while the first session's node lingers, from its call to its grant; a normal \
+         handoff's wait, from the holder's release call to the queued waiter's grant; an \
+         acquire of a free key), p50 / p99 in µs:\n"
+    );
+    md.push_str("| lingering key: wait | normal handoff: wait | free key: acquire | target | |\n");
+    md.push_str("|---|---|---|---|---|\n");
+    let report = match outcome {
+        Ok(report) => report,
+        Err(e) => {
+            let _ = writeln!(md, "| failed: {e} | | | ≤ 1.5× a handoff | no figure |");
+            return;
+        }
+    };
+    let pair = |name: &str| {
+        format!(
+            "{} / {}",
+            report.get(&format!("{name}_p50_us")).unwrap_or("?"),
+            report.get(&format!("{name}_p99_us")).unwrap_or("?")
+        )
+    };
+    let ratio = report.number("wait_ratio");
+    let met = match ratio {
+        Some(r) if r <= 1.5 => format!("met (×{r:.2})"),
+        Some(r) => format!("**missed** (×{r:.2})"),
+        None => "no figure".into(),
+    };
+    let _ = writeln!(
+        md,
+        "| {} | {} | {} (lingering ×{}) | ≤ 1.5× a handoff | {met} |",
+        pair("linger_wait"),
+        pair("handoff_wait"),
+        pair("free_acquire"),
+        report.get("free_ratio").unwrap_or("?"),
+    );
 }
 
 /// How the test kit's server writes its log.
@@ -925,6 +1010,14 @@ fn verdict(row: &Row, cells: &BTreeMap<&str, Outcome>) -> (String, String) {
                     .into(),
                 ),
                 None => (text, "no figure".into()),
+            };
+        }
+        Some(Target::Floor { floor }) => {
+            let text = format!("≥ {floor}× floor");
+            return match (value("zklock"), value("floor")) {
+                (Some(ours), Some(fl)) if ours / fl >= floor => (text, "met".into()),
+                (Some(ours), Some(fl)) => (text, format!("**missed** (×{:.2} floor)", ours / fl)),
+                _ => (text, "no figure".into()),
             };
         }
         Some(Target::Redis { rslock, floor }) => {

@@ -33,6 +33,9 @@ struct Lock {
     entries: Vec<Entry>,
     /// The semaphore's size, for lease entries.
     max_leases: u32,
+    /// Woken when an entry joins (what a lingering hold watches for, see
+    /// [`BackendHold::others_appeared`]).
+    arrivals: Arc<tokio::sync::Notify>,
 }
 
 impl Lock {
@@ -81,6 +84,23 @@ struct Shared {
 impl Shared {
     fn locks(&self) -> MutexGuard<'_, HashMap<Arc<str>, Lock>> {
         self.locks.lock().unwrap()
+    }
+
+    /// What wakes the watchers of arrivals on `path` (a fresh one if the lock is gone: its
+    /// holds are lost anyway).
+    fn arrivals(&self, path: &Arc<str>) -> Arc<tokio::sync::Notify> {
+        self.locks()
+            .get(path)
+            .map(|lock| lock.arrivals.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether `path` has an entry other than `id`, or no longer has `id` (it was lost).
+    fn others(&self, path: &Arc<str>, id: u64) -> bool {
+        match self.locks().get(path) {
+            Some(lock) => lock.entries.iter().any(|e| e.id != id) || lock.position(id).is_none(),
+            None => true,
+        }
     }
 
     /// Removes entry `id` of `path` (or one unit of it) and grants whom that lets in.
@@ -171,6 +191,7 @@ impl MemoryBackend {
                 loss: loss.clone(),
             });
             lock.grant();
+            lock.arrivals.notify_waiters();
             lock.entries[lock.position(id).expect("just pushed")].granted
         };
         // From here on, an acquire that ends without a hold takes its entry out.
@@ -206,9 +227,11 @@ impl MemoryBackend {
         loss: Arc<watch::Sender<Option<LossReason>>>,
     ) -> Arc<dyn BackendHold> {
         let token = self.shared.next_token.fetch_add(1, Ordering::SeqCst);
+        let arrivals = self.shared.arrivals(&target.path);
         Arc::new(MemoryHold {
             shared: self.shared.clone(),
             path: target.path.clone(),
+            arrivals,
             id,
             token: FencingToken::new(token, 0),
             loss: loss.subscribe(),
@@ -308,6 +331,8 @@ impl Backend for MemoryBackend {
 struct MemoryHold {
     shared: Arc<Shared>,
     path: Arc<str>,
+    /// Wakes on a new entry on the lock (see [`BackendHold::others_appeared`]).
+    arrivals: Arc<tokio::sync::Notify>,
     id: u64,
     token: FencingToken,
     loss: watch::Receiver<Option<LossReason>>,
@@ -373,6 +398,23 @@ impl BackendHold for MemoryHold {
         Box::pin(async {})
     }
 
+    /// When another entry joins the lock (or this one was lost).
+    fn others_appeared(&self) -> BoxFuture<'static, ()> {
+        let (shared, path, id) = (self.shared.clone(), self.path.clone(), self.id);
+        let arrivals = self.arrivals.clone();
+        Box::pin(async move {
+            loop {
+                let arrived = arrivals.notified();
+                tokio::pin!(arrived);
+                arrived.as_mut().enable();
+                if shared.others(&path, id) {
+                    return;
+                }
+                arrived.await;
+            }
+        })
+    }
+
     fn release(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             if let Some(reason) = self.loss_reason() {
@@ -431,6 +473,7 @@ impl BackendHold for MemoryHold {
             let read = Arc::new(MemoryHold {
                 shared: self.shared.clone(),
                 path: self.path.clone(),
+                arrivals: self.arrivals.clone(),
                 id,
                 token: FencingToken::new(token, 0),
                 loss: loss.subscribe(),

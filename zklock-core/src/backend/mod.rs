@@ -98,6 +98,25 @@ pub(crate) trait BackendHold: Send + Sync + 'static {
         true
     }
 
+    /// Completes once another contender may be waiting for this hold's lock: what ends a
+    /// lingering hold (see the local table's linger) at once. Completes at once when in doubt,
+    /// as here by default, so that a backend that cannot tell never lingers. The ZooKeeper
+    /// hold waits for its children watch (starting the listing if nobody asked yet); the
+    /// in-memory hold for another entry on its lock. It may also complete when the hold is
+    /// lost; callers watch [`loss`](Self::loss) as well.
+    fn others_appeared(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
+    /// Whether the hold may be granted again by this process with no request (a lingering
+    /// hold taken again): it is held, and nothing known says otherwise. By default, while
+    /// [`loss_reason`](Self::loss_reason) is `None`; ZooKeeper also wants its session
+    /// connected now (under a disconnect grace a hold already granted is kept, but no new
+    /// grant is made on a connection that could not hear of the session's expiry).
+    fn can_regrant(&self) -> bool {
+        self.loss_reason().is_none()
+    }
+
     /// Releases the hold and waits for the backend's answer. Cancel safe: dropping the future
     /// before the answer leaves the release to the background.
     fn release(&self) -> BoxFuture<'_, Result<()>>;

@@ -219,7 +219,8 @@ impl LockGuard {
     }
 
     /// Releases the lock and waits until ZooKeeper confirms it (or until it is handed to a
-    /// waiting task of this process). Ends only this hold when it was re-entered.
+    /// waiting task of this process, or kept lingering: see
+    /// [`Builder::linger`](crate::Builder::linger)). Ends only this hold when it was re-entered.
     ///
     /// # Errors
     /// [`Error::LockLost`] when the node was already gone because the hold was lost;

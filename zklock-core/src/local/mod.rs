@@ -3,6 +3,13 @@
 //! of them without a ZooKeeper round trip. While another contender waits for the key (or may:
 //! when in doubt), at most a bounded run of handoffs follows, after which the node is let go so
 //! that it gets its turn; while none does, the node is kept.
+//!
+//! With a linger ([`LocalConfig::linger`]), the node of an exclusive hold is kept after the
+//! last local release too, while no other contender exists: a later acquire of the key by this
+//! process takes it with no request at all (a local handoff, its token extended). A task per
+//! lingering node gives it up when the linger runs out, another contender appears
+//! ([`BackendHold::others_appeared`]) or the hold is lost, whichever comes first; so do
+//! [`LocalTable::end_lingering`] (the manager's flush) and the table's drop.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
@@ -30,6 +37,9 @@ pub(crate) struct LocalConfig {
     pub(crate) local_queue: bool,
     /// Local handoffs of one hold, once another contender waits, before it is let go.
     pub(crate) max_local_handoffs: u32,
+    /// How long the node of an exclusive hold (mutex, write) is kept after its last local
+    /// release while no other contender exists; zero: not at all.
+    pub(crate) linger: std::time::Duration,
 }
 
 /// The local locks of one manager, by lock path and mode.
@@ -62,7 +72,35 @@ impl LocalTable {
         self.id
     }
 
-    fn entry(&self, path: &Arc<str>, mode: HoldMode, max_handoffs: u32) -> Arc<LocalLock> {
+    /// Gives up every lingering node of this table now (released in the background).
+    pub(crate) fn end_lingering(&self) {
+        let locks: Vec<_> = {
+            let table = self.map.lock().unwrap();
+            table.locks.values().filter_map(Weak::upgrade).collect()
+        };
+        for lock in locks {
+            let lingering = lock.state().lingering.take();
+            // Dropped with the table's and the lock's state unlocked.
+            drop(lingering);
+        }
+    }
+
+    /// Whether this table keeps the node at `location` (see [`BackendHold::location`])
+    /// lingering: held by this process for no task.
+    pub(crate) fn is_lingering(&self, location: &str) -> bool {
+        let locks: Vec<_> = {
+            let table = self.map.lock().unwrap();
+            table.locks.values().filter_map(Weak::upgrade).collect()
+        };
+        locks.iter().any(|lock| {
+            lock.state()
+                .lingering
+                .as_ref()
+                .is_some_and(|l| l.node.location() == location)
+        })
+    }
+
+    fn entry(&self, path: &Arc<str>, mode: HoldMode, config: LocalConfig) -> Arc<LocalLock> {
         let mut table = self.map.lock().unwrap();
         let key = (path.clone(), mode);
         if let Some(live) = table.locks.get(&key).and_then(Weak::upgrade) {
@@ -72,7 +110,11 @@ impl LocalTable {
             table: self.id,
             path: path.clone(),
             mode,
-            max_handoffs,
+            max_handoffs: config.max_local_handoffs,
+            linger: match mode {
+                HoldMode::Exclusive | HoldMode::Write => config.linger,
+                _ => std::time::Duration::ZERO,
+            },
             holder_changed: tokio::sync::Notify::new(),
             state: StdMutex::new(State {
                 busy: false,
@@ -80,6 +122,7 @@ impl LocalTable {
                 turn: 0,
                 holder: None,
                 queue: VecDeque::new(),
+                lingering: None,
             }),
         });
         table.locks.insert(key, Arc::downgrade(&lock));
@@ -91,12 +134,21 @@ impl LocalTable {
     }
 }
 
+impl Drop for LocalTable {
+    /// The manager is gone: so are its lingering nodes.
+    fn drop(&mut self) {
+        self.end_lingering();
+    }
+}
+
 /// One key's local queue.
 pub(crate) struct LocalLock {
     table: u64,
     path: Arc<str>,
     mode: HoldMode,
     max_handoffs: u32,
+    /// See [`LocalConfig::linger`]; zero for the modes that do not linger.
+    linger: std::time::Duration,
     state: StdMutex<State>,
     /// Woken when a local task starts holding a node (queued tasks then watch its loss).
     holder_changed: tokio::sync::Notify,
@@ -114,6 +166,26 @@ struct State {
     /// watch it, so that a lost hold kept by user code does not keep them waiting for ever.
     holder: Option<LossSignal>,
     queue: VecDeque<oneshot::Sender<Wake>>,
+    /// The node kept after the last local release (only while `busy` is false).
+    lingering: Option<Lingering>,
+}
+
+/// A node kept after its last local release, for the next local acquire to take with no
+/// request.
+struct Lingering {
+    node: Arc<dyn BackendHold>,
+    /// Dropped when the node is taken again or given up: ends the task that watches it.
+    _stop: oneshot::Sender<()>,
+}
+
+/// What an acquire found in the local lock.
+enum Turn {
+    /// A lingering node, taken again.
+    Lingered(Grant),
+    /// The duty to acquire a node (the baton of this turn).
+    Drive(u64),
+    /// A place in the queue.
+    Queued(oneshot::Receiver<Wake>),
 }
 
 /// What a queued task is woken with.
@@ -255,8 +327,100 @@ impl LocalLock {
                 }
             }
         }
+        if state.queue.is_empty() && self.linger_on_release(&mut state, &node) {
+            return None;
+        }
         self.pass_baton(&mut state);
         Some(node)
+    }
+
+    /// Keeps `node`, whose last local holder lets go with nobody queued, lingering if the
+    /// linger is on, the hold intact, no other contender known, the token's local part not
+    /// used up, and a runtime at hand for the task that gives it up. Returns whether it did.
+    fn linger_on_release(self: &Arc<Self>, state: &mut State, node: &Arc<dyn BackendHold>) -> bool {
+        if self.linger.is_zero() || state.handoffs == u32::MAX || node.loss_reason().is_some() {
+            return false;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let mut appeared = node.others_appeared();
+        if futures::FutureExt::now_or_never(appeared.as_mut()).is_some() {
+            // Another contender waits (or the backend cannot tell): it gets the node now.
+            return false;
+        }
+        state.busy = false;
+        state.holder = None;
+        state.turn += 1;
+        let (stop, stopped) = oneshot::channel();
+        state.lingering = Some(Lingering {
+            node: node.clone(),
+            _stop: stop,
+        });
+        let (lock, turn, linger, loss) = (self.clone(), state.turn, self.linger, node.loss());
+        runtime.spawn(async move {
+            tokio::select! {
+                // Taken again, or given up by the table.
+                _ = stopped => return,
+                _ = tokio::time::sleep(linger) => {}
+                _ = appeared => {}
+                _ = loss.lost() => {}
+            }
+            lock.end_lingering(turn);
+        });
+        tracing::debug!(path = %self.path, "zklock: the node lingers");
+        true
+    }
+
+    /// Gives up the node lingering since `turn`, if it still does.
+    fn end_lingering(&self, turn: u64) {
+        let mut state = self.state();
+        let lingering = if state.turn == turn {
+            state.lingering.take()
+        } else {
+            None
+        };
+        drop(state);
+        if lingering.is_some() {
+            tracing::debug!(path = %self.path, "zklock: a lingering node is given up");
+        }
+    }
+
+    /// Takes the lingering node, if any, for a new local holder: a local handoff, with no
+    /// request. A node that can no longer be granted ([`BackendHold::can_regrant`]) is given
+    /// up instead (returned in `Err`, for the caller to drop once `state` is unlocked).
+    fn take_lingering(
+        self: &Arc<Self>,
+        state: &mut State,
+        labels: &Labels,
+    ) -> std::result::Result<Option<Grant>, Lingering> {
+        let Some(lingering) = state.lingering.take() else {
+            return Ok(None);
+        };
+        let node = lingering.node.clone();
+        if state.handoffs == u32::MAX || !node.can_regrant() {
+            return Err(lingering);
+        }
+        state.busy = true;
+        state.handoffs += 1;
+        state.turn += 1;
+        state.holder = Some(node.loss());
+        let token = FencingToken::new(node.token().zxid(), state.handoffs);
+        let grant = Grant::new(
+            self.table,
+            node,
+            token,
+            self.mode,
+            self.path.clone(),
+            Some(LocalTurn {
+                lock: self.clone(),
+                turn: state.turn,
+            }),
+            labels,
+        );
+        labels.local_handoff();
+        tracing::debug!(path = %self.path, %token, "zklock: took the lingering node again");
+        Ok(Some(grant))
     }
 
     /// The current turn and how its holder's loss shows, if a local task holds a node.
@@ -323,8 +487,9 @@ pub(crate) async fn acquire(
             .await?
             .map(|hold| grant(hold, None)));
     }
-    let lock = table.entry(path, mode, config.max_local_handoffs);
+    let lock = table.entry(path, mode, config);
     let baton = loop {
+        let mut stale = None;
         let receiver = {
             let mut state = lock.state();
             if state.busy && lock.holder_lost(&state) {
@@ -333,23 +498,41 @@ pub(crate) async fn acquire(
                 lock.pass_baton(&mut state);
             }
             if !state.busy {
-                state.busy = true;
-                Err(state.turn)
+                match lock.take_lingering(&mut state, labels) {
+                    Ok(Some(grant)) => Turn::Lingered(grant),
+                    taken => {
+                        stale = taken.err();
+                        state.busy = true;
+                        Turn::Drive(state.turn)
+                    }
+                }
             } else if matches!(wait, Wait::Never) {
                 return Ok(None);
             } else {
                 let (tx, rx) = oneshot::channel();
                 state.queue.push_back(tx);
-                Ok(rx)
+                Turn::Queued(rx)
             }
         };
+        // A lingering node that could not be taken again is released in the background.
+        drop(stale);
         let rx = match receiver {
-            Ok(rx) => rx,
-            Err(turn) => {
+            Turn::Queued(rx) => rx,
+            Turn::Drive(turn) => {
                 break Baton {
                     lock: Some(lock.clone()),
                     turn,
                 }
+            }
+            Turn::Lingered(grant) => {
+                lock.holder_changed.notify_waiters();
+                grant.hold().confirmed().await;
+                if grant.loss_reason().is_none() {
+                    return Ok(Some(grant));
+                }
+                // Lost meanwhile: dropping it passes the lock on; try again.
+                drop(grant);
+                continue;
             }
         };
         let woken = match wait {

@@ -29,6 +29,7 @@ fn queued(max_local_handoffs: u32) -> LocalConfig {
     LocalConfig {
         local_queue: true,
         max_local_handoffs,
+        linger: Duration::ZERO,
     }
 }
 

@@ -36,12 +36,15 @@ enum Others {
     Listing,
     /// The listing showed no other contender; the children watch it set completes on any
     /// change of the lock path's children (a new contender, or any doubt: the session ended).
-    None(
-        std::pin::Pin<Box<dyn std::future::Future<Output = zookeeper_client::WatchedEvent> + Send>>,
-    ),
+    /// Shared: [`Hold::others_waiting`] polls it in passing, a lingering hold's task awaits it.
+    None(Fired),
     /// Another contender exists or existed, or the listing failed: the bound applies.
     Maybe,
 }
+
+/// A children watch's event, shared between its pollers; a watcher whose session task went
+/// away without a word (it panics when polled) counts as fired.
+type Fired = futures::future::Shared<BoxFuture<'static, ()>>;
 
 /// A hold's knowledge of other contenders, shared with the task that lists them.
 struct Contenders {
@@ -247,12 +250,7 @@ impl Hold {
             }
             Others::Listing | Others::Maybe => true,
             Others::None(changed) => {
-                // A watcher whose session task went away without a word panics when polled:
-                // that too is doubt.
-                let fired = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    futures::FutureExt::now_or_never(changed.as_mut()).is_some()
-                }));
-                if fired.unwrap_or(true) {
+                if futures::FutureExt::now_or_never(changed.clone()).is_some() {
                     *others = Others::Maybe;
                     true
                 } else {
@@ -260,6 +258,43 @@ impl Hold {
                 }
             }
         }
+    }
+
+    /// Completes once another contender may be waiting (see [`others_waiting`]
+    /// (Self::others_waiting)): at once if one is known or in doubt, else when the listing
+    /// shows one or the children watch fires. Starts the listing if nobody asked yet.
+    pub(crate) fn others_appeared(&self) -> BoxFuture<'static, ()> {
+        if self.released.load(Ordering::SeqCst) || self.loss_reason().is_some() {
+            return Box::pin(std::future::ready(()));
+        }
+        let contenders = self.contenders.clone();
+        // Subscribed before the state is read: a listing that answers after the read is seen.
+        let mut listed = contenders.listed.subscribe();
+        {
+            let mut others = contenders.others.lock().unwrap();
+            if matches!(*others, Others::Unasked) {
+                *others = Others::Listing;
+                drop(others);
+                self.list_contenders();
+            }
+        }
+        Box::pin(async move {
+            loop {
+                let fired = match &*contenders.others.lock().unwrap() {
+                    Others::Listing => None,
+                    Others::None(fired) => Some(fired.clone()),
+                    Others::Unasked | Others::Maybe => return,
+                };
+                match fired {
+                    Some(fired) => return fired.await,
+                    None => {
+                        if listed.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        })
     }
 
     /// Lists the lock path's children and watches them (see [`others_waiting`]
@@ -276,7 +311,15 @@ impl Hold {
         self.inner.runtime.spawn(async move {
             let next = match client.list_and_watch_children(&parent).await {
                 Ok((children, watcher)) if children.iter().all(|c| *c == name) => {
-                    Others::None(Box::pin(watcher.changed()))
+                    use futures::FutureExt;
+                    // A watcher whose session task went away without a word panics when
+                    // polled: that too is doubt.
+                    let fired: BoxFuture<'static, ()> = Box::pin(
+                        std::panic::AssertUnwindSafe(watcher.changed())
+                            .catch_unwind()
+                            .map(|_| ()),
+                    );
+                    Others::None(fired.shared())
                 }
                 _ => Others::Maybe,
             };
@@ -454,6 +497,20 @@ impl BackendHold for Hold {
 
     fn others_waiting(&self) -> bool {
         Hold::others_waiting(self)
+    }
+
+    fn others_appeared(&self) -> BoxFuture<'static, ()> {
+        Hold::others_appeared(self)
+    }
+
+    /// Held, and the session connected now: a new grant is not made on a connection that
+    /// could not hear of the session's expiry (a disconnect grace keeps holds already granted).
+    fn can_regrant(&self) -> bool {
+        BackendHold::loss_reason(self).is_none()
+            && matches!(
+                self.session.client.state(),
+                zookeeper_client::SessionState::SyncConnected
+            )
     }
 
     fn confirmed(&self) -> BoxFuture<'_, ()> {
