@@ -84,6 +84,49 @@ async fn release(conn: &HoldConn, id: i32, shared: bool) -> Result<bool, Postgre
     Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
 }
 
+/// Unlocks the id of `reservation` on its connection (unless the connection is lost: then the
+/// server released it). Whether the lock was held; an error closes the connection, which
+/// releases it. The caller gives the reservation back after.
+async fn unlock_on(reservation: &Reservation, shared: bool) -> Result<bool, PostgresError> {
+    let conn = &reservation.conn;
+    let id = reservation.id;
+    if conn.reason().is_some() {
+        // The session is gone, or may be: the server released what it held.
+        conn.kill(LossReason::Disconnected);
+        return Ok(true);
+    }
+    let r = release(conn, id, shared).await;
+    if let Err(e) = &r {
+        tracing::warn!(lock = id, error = %e, "zklock: could not release a PostgreSQL advisory lock; closing its connection, which releases it");
+        conn.kill(LossReason::Disconnected);
+    }
+    r
+}
+
+/// A release running in its caller's task. Dropped before it finished (the caller's future
+/// was dropped), it unlocks again in the background and only then gives the reservation back:
+/// the first unlock may not have been sent, and unlocking a lock the session no longer holds
+/// only draws a warning from the server. The reservation keeps any other acquire of the id off
+/// the connection meanwhile.
+struct Unlocking {
+    reservation: Option<Reservation>,
+    shared: bool,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Unlocking {
+    fn drop(&mut self) {
+        if let Some(reservation) = self.reservation.take() {
+            let shared = self.shared;
+            self.inner
+                .background
+                .spawn(&self.inner.runtime, async move {
+                    let _ = unlock_on(&reservation, shared).await;
+                });
+        }
+    }
+}
+
 /// One advisory lock held on a connection of the backend. Released when dropped (in the
 /// background) or by [`release`](BackendHold::release).
 pub(crate) struct PgHold {
@@ -148,39 +191,34 @@ impl PgHold {
     }
 
     /// Unlocks on the hold's connection and gives the reservation back, in a task of its own
-    /// (so that dropping the caller's future cannot leave the lock held on a connection whose
-    /// id was given back). Whether the lock was held; an error closes the connection.
-    fn unlock(&self) -> Option<oneshot::Receiver<Result<bool, PostgresError>>> {
-        let reservation = self.reservation.lock().expect("not poisoned").take()?;
-        let (tx, rx) = oneshot::channel();
+    /// (the hold is dropped). Whether the lock was held; an error closes the connection.
+    fn unlock(&self) -> bool {
+        let Some(reservation) = self.reservation.lock().expect("not poisoned").take() else {
+            return false;
+        };
         let shared = self.shared;
-        self.inner.background.spawn(&self.inner.runtime, async move {
-            let conn = &reservation.conn;
-            let id = reservation.id;
-            let result = if conn.reason().is_some() {
-                // The session is gone, or may be: the server released what it held.
-                conn.kill(crate::types::loss::LossReason::Disconnected);
-                Ok(true)
-            } else {
-                let r = release(conn, id, shared).await;
-                if let Err(e) = &r {
-                    tracing::warn!(lock = id, error = %e, "zklock: could not release a PostgreSQL advisory lock; closing its connection, which releases it");
-                    conn.kill(LossReason::Disconnected);
-                }
-                r
-            };
-            drop(reservation);
-            let _ = tx.send(result);
-        });
-        Some(rx)
+        self.inner
+            .background
+            .spawn(&self.inner.runtime, async move {
+                let _ = unlock_on(&reservation, shared).await;
+            });
+        true
     }
 
     async fn release(&self) -> Result<()> {
         let lost_before = self.loss_reason();
-        let Some(done) = self.unlock() else {
+        let Some(reservation) = self.reservation.lock().expect("not poisoned").take() else {
             return Ok(());
         };
-        let result = done.await.unwrap_or(Ok(true));
+        // In the caller's task (no hop to another); if this is dropped half way, the rest is
+        // left to the background.
+        let mut unlocking = Unlocking {
+            reservation: Some(reservation),
+            shared: self.shared,
+            inner: self.inner.clone(),
+        };
+        let result = unlock_on(unlocking.reservation.as_ref().expect("set"), self.shared).await;
+        unlocking.reservation = None;
         let lost_now = self.loss_reason();
         self.end(lost_before);
         match (lost_before, result) {
@@ -203,7 +241,7 @@ impl PgHold {
 impl Drop for PgHold {
     fn drop(&mut self) {
         let lost = self.loss_reason();
-        if self.unlock().is_some() {
+        if self.unlock() {
             self.end(lost);
         }
     }
