@@ -907,3 +907,68 @@ async fn a_killed_listening_connection_registers_its_waiters_again() {
     guard.release().await.unwrap();
     assert!(held(&look).await.is_empty());
 }
+
+/// What the backend's reading of the key row under the lock relies on, checked on the real
+/// server: a statement whose snapshot predates a committed update of a row sees the old
+/// version with its `xmax` set, never unset. (An attempt takes its snapshot before the lock;
+/// when the version it read has `xmax` set, it reads the row again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_version_read_before_a_committed_update_shows_its_xmax() {
+    let pg = server();
+    let m = manager(&pg.url()).await;
+    m.lock("xmax").await.unwrap().release().await.unwrap();
+    let path = m.path_of("xmax").unwrap();
+    let (mut reader, updater) = (admin(&pg.url()).await, admin(&pg.url()).await);
+    let latest = "SELECT xmax::text = '0', fence FROM zklock_keys WHERE path = $1";
+    let t = reader
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .unwrap();
+    let before = t.query_one(latest, &[&path]).await.unwrap();
+    assert!(before.get::<_, bool>(0), "no update yet");
+    updater
+        .execute(
+            "UPDATE zklock_keys SET fence = fence + 1 WHERE path = $1",
+            &[&path],
+        )
+        .await
+        .unwrap();
+    let after = t.query_one(latest, &[&path]).await.unwrap();
+    assert_eq!(
+        after.get::<_, i64>(1),
+        before.get::<_, i64>(1),
+        "the old version"
+    );
+    assert!(!after.get::<_, bool>(0), "the old version shows its xmax");
+    t.rollback().await.unwrap();
+}
+
+/// An update of the key row in progress (a job's record, an administrator) while a process
+/// re-acquires from its block: the version the attempt reads is not the latest, so it reads
+/// the row again, and is granted the block's next token without waiting for the update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_of_the_key_row_in_progress_does_not_hold_up_a_reacquire() {
+    let pg = server();
+    let m = manager(&pg.url()).await;
+    let g = m.lock("busy-row").await.unwrap();
+    let first = g.fencing_token();
+    g.release().await.unwrap();
+    let path = m.path_of("busy-row").unwrap();
+    let mut updater = admin(&pg.url()).await;
+    let t = updater.transaction().await.unwrap();
+    t.execute(
+        "UPDATE zklock_keys SET run_after = now() WHERE path = $1",
+        &[&path],
+    )
+    .await
+    .unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(2), m.lock("busy-row"))
+        .await
+        .expect("not held up by the row's update")
+        .unwrap();
+    assert_eq!(g.fencing_token().zxid(), first.zxid() + 1);
+    g.release().await.unwrap();
+    t.rollback().await.unwrap();
+}

@@ -251,7 +251,7 @@ struct BlockTicket {
     /// The tag sent (0: none) and the value sent with it.
     tag: i64,
     next: i64,
-    /// The tag of the block the server reserves if this one does not do.
+    /// The tag of the block this attempt reserves, if it does (set just before).
     new_tag: i64,
     settled: bool,
 }
@@ -265,18 +265,12 @@ impl BlockTicket {
                 tag_next = (b.tag, b.next);
             }
         }
-        let new_tag = loop {
-            let t = uuid::Uuid::new_v4().as_u64_pair().0 as i64;
-            if t != 0 {
-                break t;
-            }
-        };
         BlockTicket {
             blocks: blocks.clone(),
             id,
             tag: tag_next.0,
             next: tag_next.1,
-            new_tag,
+            new_tag: 0,
             settled: false,
         }
     }
@@ -408,36 +402,47 @@ impl PostgresBackend {
         let id = pending.id();
         let conn = pending.conn().clone();
         let statements = conn.statements().await?;
-        let ticket = BlockTicket::take(&self.inner.blocks, id);
+        let mut ticket = BlockTicket::take(&self.inner.blocks, id);
         pending.armed = true;
         let attempt = if shared {
             &statements.try_shared
         } else {
             &statements.try_exclusive
         };
-        // Sent together; the row is read after the attempt (see the module docs of `sql`).
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
-        let (got, row) = conn
-            .run(async {
-                futures::try_join!(
-                    conn.client().query(attempt, &params),
-                    conn.client().query(&statements.read_row, &params),
-                )
-            })
-            .await?;
-        if !got.first().is_some_and(|r| r.get::<_, bool>(0)) {
+        let rows = conn.run(conn.client().query(attempt, &[&id])).await?;
+        let row = rows.first();
+        if !row.is_some_and(|r| r.get::<_, bool>(0)) {
             ticket.settle(None);
             pending.armed = false;
             return Ok(Attempt::Taken);
         }
-        let row = row.first().map(|r| {
-            (
-                r.get::<_, String>(0),
-                r.get::<_, i64>(1),
-                r.get::<_, Option<i64>>(2),
-            )
+        let mut seen = row.and_then(|r| {
+            let latest = r.get::<_, Option<bool>>(4) == Some(true);
+            r.get::<_, Option<String>>(1).map(|path| {
+                (
+                    path,
+                    r.get::<_, Option<i64>>(2).unwrap_or(0),
+                    r.get::<_, Option<i64>>(3),
+                    latest,
+                )
+            })
         });
-        let Some((_, fence, block)) = row.filter(|r| r.0 == path) else {
+        if !seen.as_ref().is_some_and(|s| s.3) {
+            // The version read may predate a reservation (see the module docs of `sql`): read
+            // the row again with a snapshot taken now, under the lock.
+            let rows = conn
+                .run(conn.client().query(&statements.read_row, &[&id]))
+                .await?;
+            seen = rows.first().map(|r| {
+                (
+                    r.get::<_, String>(0),
+                    r.get::<_, i64>(1),
+                    r.get::<_, Option<i64>>(2),
+                    true,
+                )
+            });
+        }
+        let Some((_, fence, block, _)) = seen.filter(|r| r.0 == path) else {
             ticket.settle(None);
             return Ok(Attempt::Stale);
         };
@@ -450,6 +455,12 @@ impl PostgresBackend {
             ticket.settle(Some((token, false)));
             return Ok(Attempt::Granted(token));
         }
+        ticket.new_tag = loop {
+            let t = uuid::Uuid::new_v4().as_u64_pair().0 as i64;
+            if t != 0 {
+                break t;
+            }
+        };
         let reserved = conn
             .run(
                 conn.client()

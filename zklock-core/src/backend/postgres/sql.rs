@@ -34,13 +34,23 @@
 //! in the row; that commit waits for the WAL flush (`synchronous_commit`) before the grant and
 //! its token (the block's first value) are reported, so a token never goes backwards across a
 //! server crash. The next acquire of the same process, while the row still carries its block's
-//! tag (nobody reserved a block since), takes the block's next value and writes nothing. The
-//! row is read by [`READ_ROW`], sent right behind the lock attempt: the server runs it after
-//! the lock was granted, with a snapshot of its own, which sees every block an earlier holder
-//! reserved (an earlier holder commits its reservation before it can release). The backend
-//! sends each block's values in order, one attempt at a time (see `Blocks` in the backend), so
-//! two grants never share a token and a block's tokens only go up. A process that alternates
-//! with another reserves a block at each of its grants: one flush per handoff, as before.
+//! tag (nobody reserved a block since), takes the block's next value and writes nothing.
+//!
+//! Reading the row under the lock: the attempt ([`TRY_EXCLUSIVE`]) takes the lock in a
+//! `MATERIALIZED` CTE and then reads the row in a `LATERAL` subquery that depends on it, so
+//! the read comes after the lock. But the statement's snapshot was taken before the lock: a
+//! holder that reserved a block, committed and released in between would be missed. So the
+//! attempt also reads whether its version of the row is the latest, by the version's `xmax`
+//! (set on a row version as soon as an update of it starts, and never unset by a commit): unset
+//! means no update of the row has begun, so the version read carries every reservation. When
+//! it is set (someone updated the row: a reservation, a job's record, an aborted update), the
+//! row is read again by [`READ_ROW`], a statement of its own whose snapshot is taken after the
+//! lock was granted. An earlier holder commits its reservation before it can release.
+//!
+//! The backend sends each block's values in order, one attempt at a time (see `Blocks` in the
+//! backend), so two grants never share a token and a block's tokens only go up. A process that
+//! alternates with another reserves a block at each of its grants: one flush per handoff, as
+//! before.
 //!
 //! The floor at the server's clock keeps tokens above every earlier one even if the table is
 //! ever dropped and re-created.
@@ -99,18 +109,37 @@ pub(crate) const FIND_ID: &str = "SELECT id FROM zklock_keys WHERE path = $1";
 pub(crate) const ADD_PATH: &str =
     "INSERT INTO zklock_keys (path) VALUES ($1) ON CONFLICT (path) DO NOTHING";
 
-/// A mutex's or a writer's attempt at the lock of `$1` id: `true` when taken.
-pub(crate) const TRY_EXCLUSIVE: &str = "SELECT pg_try_advisory_lock(2053852235, $1)";
+/// The row of `$1` as an attempt reads it once it took the lock: its path, fence and block,
+/// and whether the version read is the row's latest (its `xmax` is unset: no update of it has
+/// started, so no reservation committed since the statement's snapshot was taken; see the
+/// module's docs).
+macro_rules! read_row_under_lock {
+    () => {
+        "SELECT l.got, r.path, r.fence, r.block, r.latest FROM l LEFT JOIN LATERAL \
+         (SELECT k.path, k.fence, k.block, k.xmax::text = '0' AS latest FROM zklock_keys k \
+         WHERE l.got AND k.id = $1) r ON true"
+    };
+}
 
-/// A reader's attempt: shared, and only while no writer waits (a writer's intent,
-/// `(INTENT_CLASS, id)`, refuses the reader's shared check; `CASE` evaluates the lock only
-/// after the check passed).
-pub(crate) const TRY_SHARED: &str = "SELECT CASE WHEN \
+/// A mutex's or a writer's attempt at the lock of `$1` id, and its row read once taken:
+/// `(got, path, fence, block, latest)`.
+pub(crate) const TRY_EXCLUSIVE: &str = concat!(
+    "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(2053852235, $1) AS got) ",
+    read_row_under_lock!()
+);
+
+/// A reader's attempt, as [`TRY_EXCLUSIVE`] but shared, and only while no writer waits (a
+/// writer's intent, `(INTENT_CLASS, id)`, refuses the reader's shared check; `CASE` evaluates
+/// the lock only after the check passed).
+pub(crate) const TRY_SHARED: &str = concat!(
+    "WITH l AS MATERIALIZED (SELECT CASE WHEN \
      pg_try_advisory_xact_lock_shared(2053851470, $1) \
-     THEN pg_try_advisory_lock_shared(2053852235, $1) ELSE false END";
+     THEN pg_try_advisory_lock_shared(2053852235, $1) ELSE false END AS got) ",
+    read_row_under_lock!()
+);
 
-/// The row of `$1` id: `(path, fence, block)`. Sent right behind an attempt (see the module's
-/// docs): what it reads is only used when the attempt took the lock.
+/// The row of `$1` id, `(path, fence, block)`, read with a snapshot of its own: what an
+/// attempt reads again when the version it read under the lock may not be the latest.
 pub(crate) const READ_ROW: &str = "SELECT path, fence, block FROM zklock_keys WHERE id = $1";
 
 /// Reserves a block of tokens tagged `$2` for `$1` id, under the lock, while its row names
