@@ -1138,7 +1138,9 @@ async fn semaphore_admits_at_most_n(backend: Backend) {
                     let lease = sem.acquire().await.unwrap();
                     assert!(lease.is_held());
                     overlap.enter(1);
-                    tokio::time::sleep(Duration::from_millis(3 + i as u64)).await;
+                    // Long enough that a second lease is granted while the first is held,
+                    // even on a loaded machine where an acquire takes several round trips.
+                    tokio::time::sleep(Duration::from_millis(30 + i as u64)).await;
                     overlap.leave(1);
                     lease.release().await.unwrap();
                 }
@@ -1149,7 +1151,12 @@ async fn semaphore_admits_at_most_n(backend: Backend) {
         t.await.unwrap();
     }
     assert_eq!(overlap.entries(), 3 * 3 * 4);
-    assert_eq!(overlap.max(), 2, "the semaphore admits two and never three");
+    assert!(
+        overlap.max() <= 2,
+        "the semaphore admitted {}",
+        overlap.max()
+    );
+    assert_eq!(overlap.max(), 2, "the semaphore admits two at once");
     let path = format!("{}/%SEM/slots", managers[0].namespace());
     assert_eq!(
         env.left_behind(&managers, &format!("{path}/leases")).await,

@@ -972,3 +972,56 @@ async fn an_update_of_the_key_row_in_progress_does_not_hold_up_a_reacquire() {
     g.release().await.unwrap();
     t.rollback().await.unwrap();
 }
+
+/// The linger on PostgreSQL: after its last release a manager keeps the advisory lock, takes it
+/// again as a local handoff (the token's local part goes up), gives it up at once when another
+/// process starts waiting (its registration is notified to every process), and on `flush`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_lock_is_taken_again_and_given_up_when_another_process_waits() {
+    let pg = server();
+    let a = LockManager::builder(pg.url())
+        .lease(LEASE)
+        .linger(Duration::from_secs(30))
+        .connect()
+        .await
+        .unwrap();
+    let b = manager(&pg.url()).await;
+    let look = admin(&pg.url()).await;
+    let first = a.lock("lg").await.unwrap();
+    let t1 = first.fencing_token();
+    first.release().await.unwrap();
+    a.flush().await;
+    assert!(
+        held(&look).await.is_empty(),
+        "flush gives up a lingering lock"
+    );
+
+    let g = a.lock("lg").await.unwrap();
+    let t2 = g.fencing_token();
+    g.release().await.unwrap();
+    assert_eq!(held(&look).await.len(), 1, "the lock lingers");
+    let g = a.lock("lg").await.unwrap();
+    let t3 = g.fencing_token();
+    assert_eq!(t3.zxid(), t2.zxid(), "taken again with no request");
+    assert!(t1 < t2 && t2 < t3, "{t1} {t2} {t3}");
+    g.release().await.unwrap();
+    assert_eq!(held(&look).await.len(), 1, "the lock lingers");
+
+    // Another process waits: it gets the key long before the linger runs out.
+    let started = std::time::Instant::now();
+    let by_b = tokio::time::timeout(Duration::from_secs(5), b.lock("lg"))
+        .await
+        .expect("the lingering lock was given up")
+        .unwrap();
+    assert!(by_b.fencing_token() > t3);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    let t4 = by_b.fencing_token();
+    by_b.release().await.unwrap();
+    let g = a.lock("lg").await.unwrap();
+    assert!(g.fencing_token() > t4);
+    drop(g);
+    a.flush().await;
+    b.flush().await;
+    assert!(held(&look).await.is_empty());
+}

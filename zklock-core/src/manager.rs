@@ -280,8 +280,9 @@ impl Builder {
     /// notification more than a normal handoff. Meanwhile the node stays in the lock path: a
     /// lingering node looks held to tools in other processes (`zklock ls`), while
     /// [`LockManager::inspect`] in this process marks it [`lingering`](crate::Contender::lingering).
-    /// Backends that cannot tell when another contender appears (PostgreSQL, Redis) never
-    /// linger. Read locks, semaphores and leader latches do not linger.
+    /// A backend that cannot tell when another contender appears (Redis) never lingers;
+    /// PostgreSQL can (a process that starts waiting notifies every process). Read locks,
+    /// semaphores and leader latches do not linger.
     ///
     /// ```no_run
     /// # async fn run() -> zklock_core::Result<()> {

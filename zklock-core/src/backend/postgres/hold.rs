@@ -7,6 +7,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::conn::{ConnState, HoldConn, Reservation};
+use super::hub::WaiterWatch;
 use super::{sql, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, PostgresError, Result};
@@ -141,6 +142,9 @@ pub(crate) struct PgHold {
     reservation: Arc<StdMutex<Option<Reservation>>>,
     conn_state: watch::Receiver<ConnState>,
     ended: watch::Sender<Ended>,
+    /// Whether a waiter was registered at the grant, and the watch for waiters registering
+    /// since (none: unknown, so others may be waiting).
+    waiters: Option<(bool, WaiterWatch)>,
 }
 
 impl PgHold {
@@ -167,7 +171,15 @@ impl PgHold {
             reservation: Arc::new(StdMutex::new(Some(reservation))),
             conn_state,
             ended: watch::channel(Ended::default()).0,
+            waiters: None,
         }
+    }
+
+    /// Sets what the hold knows of other contenders: whether one waited at the grant, and the
+    /// watch started before it.
+    pub(crate) fn watching(mut self, waiting: bool, waiters: WaiterWatch) -> PgHold {
+        self.waiters = Some((waiting, waiters));
+        self
     }
 
     fn loss_reason(&self) -> Option<LossReason> {
@@ -266,6 +278,23 @@ impl BackendHold for PgHold {
             conn: self.conn_state.clone(),
             ended: self.ended.subscribe(),
         })
+    }
+
+    /// Whether another process registered as a waiter for the lock since before the grant
+    /// (or the listening connection missed some: in doubt, yes).
+    fn others_waiting(&self) -> bool {
+        self.waiters
+            .as_ref()
+            .is_none_or(|(at_grant, watch)| *at_grant || watch.appeared())
+    }
+
+    /// Completes when another process registers as a waiter (see
+    /// [`others_waiting`](Self::others_waiting)), or at once if one may have.
+    fn others_appeared(&self) -> BoxFuture<'static, ()> {
+        match &self.waiters {
+            Some((false, watch)) => watch.wait(),
+            _ => Box::pin(std::future::ready(())),
+        }
     }
 
     /// Nothing to wait for: the hold's state is its connection's, known here.

@@ -25,6 +25,7 @@ use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use super::conn::ConnConfig;
 use super::sql;
+use crate::backend::BoxFuture;
 
 /// What the waiters of one lock id share.
 struct Entry {
@@ -38,11 +39,24 @@ struct Entry {
 struct Shared {
     entries: StdMutex<HashMap<i32, Entry>>,
     orders: mpsc::UnboundedSender<i32>,
+    /// Per lock id held here, a counter bumped by each registration of a waiter notified (by
+    /// any process): what tells a holder that another contender appeared.
+    appeared: StdMutex<HashMap<i32, watch::Sender<u64>>>,
+    /// Bumped each time the listening connection starts or stops listening; odd while it
+    /// listens. A holder that saw it change may have missed a registration.
+    listening: watch::Sender<u64>,
 }
 
 impl Shared {
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Entry>> {
         self.entries.lock().expect("not poisoned")
+    }
+
+    /// Tells the holders of `id` that a waiter registered.
+    fn appeared(&self, id: i32) {
+        if let Some(a) = self.appeared.lock().expect("not poisoned").get(&id) {
+            a.send_modify(|n| *n += 1);
+        }
     }
 
     /// Wakes the waiters of `id`, or of every id.
@@ -76,6 +90,8 @@ impl Hub {
         let shared = Arc::new(Shared {
             entries: StdMutex::default(),
             orders,
+            appeared: StdMutex::default(),
+            listening: watch::channel(0).0,
         });
         let task = cc
             .runtime
@@ -102,6 +118,76 @@ impl Hub {
             let _ = self.shared.orders.send(id);
         }
         listener
+    }
+}
+
+impl Hub {
+    /// Starts watching for waiters of `id` registering (in any process): call before the
+    /// attempt that may take the lock, so none registering after it is missed.
+    pub(crate) fn watch_waiters(&self, id: i32) -> WaiterWatch {
+        let appeared = self
+            .shared
+            .appeared
+            .lock()
+            .expect("not poisoned")
+            .entry(id)
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        let listening = self.shared.listening.subscribe();
+        let listened = *listening.borrow() % 2 == 1;
+        WaiterWatch {
+            appeared,
+            listening,
+            listened,
+            id,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// A holder's watch for other contenders of its lock id: see [`Hub::watch_waiters`].
+pub(crate) struct WaiterWatch {
+    appeared: watch::Receiver<u64>,
+    listening: watch::Receiver<u64>,
+    /// The listening connection listened when the watch started.
+    listened: bool,
+    id: i32,
+    shared: Arc<Shared>,
+}
+
+impl WaiterWatch {
+    /// Whether a waiter may have registered since the watch started: one did, or the
+    /// listening connection did not listen all along (when in doubt, yes).
+    pub(crate) fn appeared(&self) -> bool {
+        !self.listened
+            || self.appeared.has_changed().unwrap_or(true)
+            || self.listening.has_changed().unwrap_or(true)
+    }
+
+    /// Completes once [`appeared`](Self::appeared) is true.
+    pub(crate) fn wait(&self) -> BoxFuture<'static, ()> {
+        if self.appeared() {
+            return Box::pin(std::future::ready(()));
+        }
+        let (mut appeared, mut listening) = (self.appeared.clone(), self.listening.clone());
+        Box::pin(async move {
+            tokio::select! {
+                _ = appeared.changed() => {}
+                _ = listening.changed() => {}
+            }
+        })
+    }
+}
+
+impl Drop for WaiterWatch {
+    fn drop(&mut self) {
+        let mut appeared = self.shared.appeared.lock().expect("not poisoned");
+        if appeared
+            .get(&self.id)
+            .is_some_and(|a| a.receiver_count() <= 1)
+        {
+            appeared.remove(&self.id);
+        }
     }
 }
 
@@ -132,6 +218,11 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
                 while let Some(message) = messages.next().await {
                     match message {
+                        Ok(AsyncMessage::Notification(n)) if n.channel() == sql::WAIT_CHANNEL => {
+                            if let Ok(id) = n.payload().parse() {
+                                notified.appeared(id);
+                            }
+                        }
                         Ok(AsyncMessage::Notification(n)) => {
                             notified.wake(n.payload().parse().ok());
                         }
@@ -143,6 +234,8 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
             let open = session(&client, &cc, &shared, &mut orders, &mut driver.0).await;
             drop(driver);
             drop(client);
+            // Not listening: holders can no longer tell whether someone waits.
+            shared.listening.send_modify(|n| *n += *n % 2);
             // The session's registrations ended with it; releases since were missed.
             for e in shared.entries().values() {
                 e.registered.send_replace(false);
@@ -165,7 +258,7 @@ async fn session(
     orders: &mut mpsc::UnboundedReceiver<i32>,
     driver: &mut JoinHandle<()>,
 ) -> bool {
-    let listen = format!("LISTEN {}", sql::CHANNEL);
+    let listen = format!("LISTEN {}; LISTEN {}", sql::CHANNEL, sql::WAIT_CHANNEL);
     if !matches!(
         tokio::time::timeout(cc.reply_timeout, client.batch_execute(&listen)).await,
         Ok(Ok(()))
@@ -181,6 +274,7 @@ async fn session(
     }
     // Registered again: now wake everyone, who may have missed a release.
     shared.wake(None);
+    shared.listening.send_modify(|n| *n += 1 - *n % 2);
     loop {
         tokio::select! {
             _ = &mut *driver => return true,

@@ -56,7 +56,7 @@ use crate::types::mode::{HoldMode, Wait};
 use crate::types::token::FencingToken;
 use conn::{ConnConfig, HoldConn, Pool, Reservation};
 use hold::PgHold;
-use hub::{Hub, Listener};
+use hub::{Hub, Listener, WaiterWatch};
 
 /// The longest any single request waits for its reply; shorter when the lease is.
 const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -326,8 +326,9 @@ impl Drop for BlockTicket {
 
 /// What an attempt found.
 enum Attempt {
-    /// Granted, with the token.
-    Granted(i64),
+    /// Granted, with the token, whether a waiter was registered then, and the watch for
+    /// waiters registering since.
+    Granted(i64, bool, WaiterWatch),
     /// The lock is held on the session, but the key table's row no longer names the path.
     Stale,
     Taken,
@@ -403,6 +404,8 @@ impl PostgresBackend {
         let conn = pending.conn().clone();
         let statements = conn.statements().await?;
         let mut ticket = BlockTicket::take(&self.inner.blocks, id);
+        // Before the attempt: a waiter registering after it is not missed.
+        let waiters = self.inner.hub.watch_waiters(id);
         pending.armed = true;
         let attempt = if shared {
             &statements.try_shared
@@ -416,6 +419,7 @@ impl PostgresBackend {
             pending.armed = false;
             return Ok(Attempt::Taken);
         }
+        let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(5) != Some(false));
         let mut seen = row.and_then(|r| {
             let latest = r.get::<_, Option<bool>>(4) == Some(true);
             r.get::<_, Option<String>>(1).map(|path| {
@@ -453,7 +457,7 @@ impl PostgresBackend {
         {
             let token = ticket.next;
             ticket.settle(Some((token, false)));
-            return Ok(Attempt::Granted(token));
+            return Ok(Attempt::Granted(token, waiting, waiters));
         }
         ticket.new_tag = loop {
             let t = uuid::Uuid::new_v4().as_u64_pair().0 as i64;
@@ -470,7 +474,7 @@ impl PostgresBackend {
         let token = reserved.first().map(|r| r.get::<_, i64>(0));
         ticket.settle(token.map(|t| (t, true)));
         Ok(match token {
-            Some(token) => Attempt::Granted(token),
+            Some(token) => Attempt::Granted(token, waiting, waiters),
             None => Attempt::Stale,
         })
     }
@@ -529,7 +533,7 @@ impl PostgresBackend {
                 l.mark();
             }
             match self.attempt(p, &target.path, shared).await {
-                Ok(Attempt::Granted(token)) => {
+                Ok(Attempt::Granted(token, waiting, waiters)) => {
                     let mut p = pending.take().expect("reserved");
                     if p.intent {
                         let conn = p.conn().clone();
@@ -545,13 +549,16 @@ impl PostgresBackend {
                     }
                     p.armed = false;
                     let reservation = p.reservation.take().expect("reserved");
-                    return Ok(Some(PgHold::new(
-                        inner.clone(),
-                        target,
-                        reservation,
-                        shared,
-                        FencingToken::new(token, 0),
-                    )));
+                    return Ok(Some(
+                        PgHold::new(
+                            inner.clone(),
+                            target,
+                            reservation,
+                            shared,
+                            FencingToken::new(token, 0),
+                        )
+                        .watching(waiting, waiters),
+                    ));
                 }
                 Ok(Attempt::Stale) => {
                     // Undone and given back in the background; look the id up again.

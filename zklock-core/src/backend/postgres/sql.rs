@@ -64,6 +64,12 @@
 //! follows that attempt sees it. Locks take no transaction id, so a release with nobody waiting
 //! writes no WAL; a notifying release commits asynchronously (a notification is not durable
 //! anyway, and a lost one costs a waiter its fallback poll, never a wrong grant).
+//!
+//! Holders learn of waiters the same way: an attempt that takes the lock also reads whether a
+//! waiter is registered, and a process that registers notifies [`WAIT_CHANNEL`], which every
+//! process's listening connection hears. That tells a holder whether another contender
+//! appeared (when the listening connection was down meanwhile: in doubt, yes): what bounds the
+//! local queue's handoffs and ends a linger.
 
 /// The values a reserved block of tokens spans (spelled as a literal in [`RESERVE`]).
 pub(crate) const BLOCK: i64 = 1 << 20;
@@ -80,6 +86,9 @@ pub(crate) const INTENT_CLASS: i32 = 0x7A6B_494E;
 pub(crate) const WAIT_CLASS: i32 = 0x7A6B_5749;
 /// The channel every release notifies, with the lock id as payload.
 pub(crate) const CHANNEL: &str = "zklock_release";
+/// The channel a process notifies when it starts waiting for a lock id (the payload): a holder
+/// learns that another contender appeared (what ends a linger, and bounds local handoffs).
+pub(crate) const WAIT_CHANNEL: &str = "zklock_wait";
 
 /// Creates the key table, once, even when many processes start at the same moment: `CREATE
 /// TABLE IF NOT EXISTS` alone can fail in a race on the catalog's unique index, so creators
@@ -110,13 +119,15 @@ pub(crate) const ADD_PATH: &str =
     "INSERT INTO zklock_keys (path) VALUES ($1) ON CONFLICT (path) DO NOTHING";
 
 /// The row of `$1` as an attempt reads it once it took the lock: its path, fence and block,
+/// whether a waiter is registered for the lock now (see "Waking waiters" in the module's docs),
 /// and whether the version read is the row's latest (its `xmax` is unset: no update of it has
 /// started, so no reservation committed since the statement's snapshot was taken; see the
 /// module's docs).
 macro_rules! read_row_under_lock {
     () => {
-        "SELECT l.got, r.path, r.fence, r.block, r.latest FROM l LEFT JOIN LATERAL \
-         (SELECT k.path, k.fence, k.block, k.xmax::text = '0' AS latest FROM zklock_keys k \
+        "SELECT l.got, r.path, r.fence, r.block, r.latest, r.waiting FROM l LEFT JOIN LATERAL \
+         (SELECT k.path, k.fence, k.block, k.xmax::text = '0' AS latest, \
+         NOT pg_try_advisory_xact_lock(2053855049, $1) AS waiting FROM zklock_keys k \
          WHERE l.got AND k.id = $1) r ON true"
     };
 }
@@ -160,8 +171,10 @@ pub(crate) const RELEASE: &str = "WITH u AS MATERIALIZED (SELECT CASE WHEN $2 \
      ELSE (set_config('synchronous_commit', 'off', true) \
      || pg_notify('zklock_release', $1::text)::text) IS NOT NULL END FROM u";
 
-/// Registers this process's waiters for `$1` (on the listening connection).
-pub(crate) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053855049, $1)";
+/// Registers this process's waiters for `$1` (on the listening connection), and tells the
+/// holders (a lingering one gives the lock up; see [`WAIT_CHANNEL`]).
+pub(crate) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053855049, $1), \
+     set_config('synchronous_commit', 'off', true), pg_notify('zklock_wait', $1::text)";
 
 /// Ends a registration of [`WAIT`].
 pub(crate) const UNWAIT: &str = "SELECT pg_advisory_unlock_shared(2053855049, $1)";
@@ -224,6 +237,7 @@ mod tests {
         for s in [TRY_SHARED, TAKE_INTENT, DROP_INTENT, UNDO] {
             assert!(s.contains(&INTENT_CLASS.to_string()), "{s}");
         }
+        assert!(WAIT.contains(WAIT_CHANNEL));
         for s in [RELEASE, WAIT, UNWAIT] {
             assert!(s.contains(&WAIT_CLASS.to_string()), "{s}");
         }
