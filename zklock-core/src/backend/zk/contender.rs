@@ -143,6 +143,7 @@ pub(crate) async fn create_node(
             node,
             FencingToken::new(created.czxid, 0),
             ticket,
+            None,
         ),
         created.children,
     ))
@@ -160,6 +161,8 @@ struct Created {
     czxid: i64,
     children: Vec<String>,
     incarnation: Incarnation,
+    /// The children watch the listing set (none when the listing was retried).
+    watcher: Option<zookeeper_client::OneshotWatcher>,
 }
 
 struct Contend<'a> {
@@ -185,6 +188,11 @@ impl Contend<'_> {
         let czxid = created.czxid;
         let me = self.kind.sort_key(&name).to_string();
         let mut incarnation = created.incarnation;
+        // The listing's children watch, kept only if that listing showed our node alone and
+        // granted it (dropped as soon as the acquire waits or lists again).
+        let mut alone = created
+            .watcher
+            .filter(|_| created.children.iter().all(|c| *c == name));
         let mut queue = self.queue(created.children, &name, &pending.protect)?;
         self.remove_strays(&mut queue);
         // Set when a blocker went: the rest of the window may have gone too (in a FIFO drain it
@@ -196,6 +204,7 @@ impl Contend<'_> {
                 queue.prune_below(&floor);
             }
             if stale && queue.below.len() > 1 {
+                alone = None;
                 stale = false;
                 let checks: Vec<_> = queue
                     .below
@@ -224,6 +233,7 @@ impl Contend<'_> {
             }
             let Some(blocker) = queue.next_blocker() else {
                 if queue.hidden {
+                    alone = None;
                     let listing = self.list().await?;
                     incarnation = listing.incarnation;
                     queue = self.queue(listing.children, &name, &pending.protect)?;
@@ -232,6 +242,7 @@ impl Contend<'_> {
                 }
                 break;
             };
+            alone = None;
             if matches!(wait, Wait::Never) {
                 pending.cancel_now();
                 return Ok(None);
@@ -297,6 +308,7 @@ impl Contend<'_> {
             node,
             FencingToken::new(czxid, 0),
             ticket,
+            alone,
         )))
     }
 
@@ -331,7 +343,9 @@ impl Contend<'_> {
         for _ in 0..PATH_VANISHED_RETRIES {
             // Both requests are sent here, in this order: the listing sees the new node.
             let create = client.create(&prefix, self.data, contender_options(inner));
-            let list = client.get_children(self.path);
+            // With a children watch: a contender granted on this listing watches its node
+            // through it (see `Hold::new`), with no request of its own.
+            let list = client.get_and_watch_children(self.path);
             pending.sent = true;
             inner.count(2);
             let (created, listed) = futures::join!(create, list);
@@ -339,15 +353,18 @@ impl Contend<'_> {
                 Ok((stat, seq)) => {
                     let name = format!("{}{}{seq}", pending.protect, self.kind.lock_name());
                     pending.node = Some(format!("{}/{name}", self.path));
-                    let listing = match listed {
-                        Ok((children, parent)) => self.listing(children, &parent),
-                        Err(_) => self.list().await?,
+                    let (listing, watcher) = match listed {
+                        Ok((children, parent, watcher)) => {
+                            (self.listing(children, &parent), Some(watcher))
+                        }
+                        Err(_) => (self.list().await?, None),
                     };
                     return Ok(Created {
                         name,
                         czxid: stat.czxid,
                         children: listing.children,
                         incarnation: listing.incarnation,
+                        watcher,
                     });
                 }
                 Err(zookeeper_client::Error::NoNode) => {
@@ -419,6 +436,7 @@ impl Contend<'_> {
                 czxid: stat.czxid,
                 children: listing.children,
                 incarnation: listing.incarnation,
+                watcher: None,
             })),
             Ok(None) => {
                 pending.node = None;

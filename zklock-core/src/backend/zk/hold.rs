@@ -120,8 +120,11 @@ pub(crate) struct Hold {
     loss: LossWatch,
     node_state: Arc<watch::Sender<NodeState>>,
     revocation: Arc<Revocation>,
-    /// The watch on the node, started at the grant or on first interest (see [`Hold::watch`]).
-    monitor: std::sync::OnceLock<AbortHandle>,
+    /// The task that watches the node, started at the grant or on first interest (see
+    /// [`Hold::watch`]).
+    monitor: std::sync::Mutex<Option<AbortHandle>>,
+    /// The monitor watches the node's data (not only the lock path's children).
+    data_watched: AtomicBool,
     /// The delete was confirmed, or handed to a background task: nothing more to do on drop.
     released: AtomicBool,
     contenders: Arc<Contenders>,
@@ -131,6 +134,13 @@ pub(crate) struct Hold {
 impl Hold {
     /// Builds the hold of `node`, created on `session` (the session captured when the acquire
     /// started, not the manager's current one), and starts watching the node if configured.
+    ///
+    /// `alone` is the children watch of the listing that showed this node alone in the lock
+    /// path and granted it. The node is then watched through it: any change of the lock path's
+    /// children (this node deleted, another contender queued, the session's end) fires it, and
+    /// only then is the node's data watched (a request); meanwhile the node is as confirmed as
+    /// by a data watch set and not fired, and no other contender waits. A contender that is
+    /// alone and never contended for so pays no request for its watch.
     pub(crate) fn new(
         inner: Arc<Inner>,
         session: Session,
@@ -138,6 +148,7 @@ impl Hold {
         node: String,
         token: FencingToken,
         ticket: DirTicket,
+        alone: Option<zookeeper_client::OneshotWatcher>,
     ) -> Hold {
         let health = inner.session.health.subscribe();
         let (epoch, born_lost) = {
@@ -151,12 +162,29 @@ impl Hold {
                 (h.epoch, None)
             }
         };
-        let (node_state, _) = watch::channel(NodeState::Unconfirmed);
         let revocation = Arc::new(Revocation::default());
         revocation
             .revocable
             .store(inner.config.revocable, Ordering::SeqCst);
         let eager = inner.config.watch_held_nodes;
+        // A revocable hold watches the data from the start (a revoke request changes no child).
+        let alone = alone.filter(|_| eager && !inner.config.revocable && born_lost.is_none());
+        let fired: Option<Fired> = alone.map(|watcher| {
+            use futures::FutureExt;
+            // A watcher whose session task went away without a word panics when polled: that
+            // too is doubt.
+            let fired: BoxFuture<'static, ()> = Box::pin(
+                std::panic::AssertUnwindSafe(watcher.changed())
+                    .catch_unwind()
+                    .map(|_| ()),
+            );
+            fired.shared()
+        });
+        let (node_state, _) = watch::channel(if fired.is_some() {
+            NodeState::Watched
+        } else {
+            NodeState::Unconfirmed
+        });
         let hold = Hold {
             inner,
             session,
@@ -171,16 +199,45 @@ impl Hold {
             },
             node_state: Arc::new(node_state),
             revocation,
-            monitor: std::sync::OnceLock::new(),
+            monitor: std::sync::Mutex::new(None),
+            data_watched: AtomicBool::new(false),
             released: AtomicBool::new(false),
             contenders: Arc::new(Contenders {
-                others: std::sync::Mutex::new(Others::Unasked),
+                others: std::sync::Mutex::new(match &fired {
+                    Some(fired) => Others::None(fired.clone()),
+                    None => Others::Unasked,
+                }),
                 listed: watch::channel(()).0,
             }),
             _ticket: ticket,
         };
-        if eager {
-            hold.watch();
+        match fired {
+            Some(fired) => {
+                let (client, node, state, revocation) = (
+                    hold.session.client.clone(),
+                    hold.node.clone(),
+                    hold.node_state.clone(),
+                    hold.revocation.clone(),
+                );
+                let count = hold.inner.clone();
+                let monitor = hold.inner.runtime.spawn(async move {
+                    fired.await;
+                    // Something changed in the lock path: not confirmed until the data watch
+                    // answers.
+                    state.send_if_modified(|s| {
+                        let was = *s == NodeState::Watched;
+                        if was {
+                            *s = NodeState::Unconfirmed;
+                        }
+                        was
+                    });
+                    count.count(1);
+                    watch_node(client, node, state, revocation).await
+                });
+                *hold.monitor.lock().unwrap() = Some(monitor.abort_handle());
+            }
+            None if eager => hold.watch(),
+            None => {}
         }
         hold
     }
@@ -190,19 +247,35 @@ impl Hold {
     /// (`watch_held_nodes(false)`), then on first interest (`lost()`, `is_held()`,
     /// `make_revocable()`, `with_lock`'s abort-on-loss, a local handoff).
     pub(crate) fn watch(&self) {
+        self.start_watch(false);
+    }
+
+    /// Starts watching the node's data (once), in place of a watch through the lock path's
+    /// children: what a revoke request needs.
+    fn watch_data(&self) {
+        self.start_watch(true);
+    }
+
+    fn start_watch(&self, data: bool) {
         if self.released.load(Ordering::SeqCst) || self.loss.born_lost.is_some() {
             return;
         }
-        self.monitor.get_or_init(|| {
-            self.inner.count(1);
-            let watching = watch_node(
-                self.session.client.clone(),
-                self.node.clone(),
-                self.node_state.clone(),
-                self.revocation.clone(),
-            );
-            self.inner.runtime.spawn(watching).abort_handle()
-        });
+        let mut monitor = self.monitor.lock().unwrap();
+        if let Some(current) = monitor.as_ref() {
+            if !data || self.data_watched.load(Ordering::SeqCst) {
+                return;
+            }
+            current.abort();
+        }
+        self.data_watched.store(true, Ordering::SeqCst);
+        self.inner.count(1);
+        let watching = watch_node(
+            self.session.client.clone(),
+            self.node.clone(),
+            self.node_state.clone(),
+            self.revocation.clone(),
+        );
+        *monitor = Some(self.inner.runtime.spawn(watching).abort_handle());
     }
 
     /// Waits until the watch on the node has answered once, so that [`loss_reason`]
@@ -339,7 +412,7 @@ impl Hold {
     }
 
     fn stop_watching(&self) {
-        if let Some(monitor) = self.monitor.get() {
+        if let Some(monitor) = self.monitor.lock().unwrap().as_ref() {
             monitor.abort();
         }
     }
@@ -347,7 +420,7 @@ impl Hold {
     /// Opts in to revocation: a revoke request (already made or to come) becomes a loss.
     pub(crate) fn make_revocable(&self) {
         self.revocation.revocable.store(true, Ordering::SeqCst);
-        self.watch();
+        self.watch_data();
         if self.revocation.requested.load(Ordering::SeqCst) {
             self.node_state
                 .send_replace(NodeState::Lost(LossReason::Revoked));
