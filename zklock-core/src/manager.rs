@@ -353,10 +353,13 @@ impl Builder {
     ///
     /// The watch is what tells a holder that someone else deleted its node (an operator, a
     /// revocation): with it, [`is_held`](crate::LockGuard::is_held) turns false as soon as
-    /// this process has heard of the deletion. It costs one read request per hold, sent at the
-    /// grant without waiting for it. Turned off, the watch starts on first interest (`lost()`,
-    /// `is_held()`, `make_revocable()`, a `with_lock` body that aborts on loss), so the first
-    /// `is_held()` after a deletion may still answer `true`. Session loss is noticed either way.
+    /// this process has heard of the deletion. A hold granted on the listing that followed its
+    /// create, with no other node in the lock path, is watched through that listing's children
+    /// watch at no cost, and costs one read request (the node's data watch) only once the lock
+    /// path's children change; any other hold costs that read at the grant, sent without
+    /// waiting for it. Turned off, the watch starts on first interest (`lost()`, `is_held()`,
+    /// `make_revocable()`, a `with_lock` body that aborts on loss), so the first `is_held()`
+    /// after a deletion may still answer `true`. Session loss is noticed either way.
     ///
     /// ```
     /// // Fewer requests, at the price of a later notice of a deleted node.
