@@ -24,7 +24,12 @@ async fn an_uncontended_cycle_costs_three_requests() {
         g.release().await.unwrap();
     }
     let requests = m.stats().requests - before;
-    assert_eq!(requests, 60, "create, listing and delete, 20 times");
+    // Create, listing and delete, 20 times; a held node's data watch would make it 80. A
+    // loaded machine may drop a connection now and then, and a retried request counts too.
+    assert!(
+        (60..=70).contains(&requests),
+        "{requests} requests for 20 uncontended cycles"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
