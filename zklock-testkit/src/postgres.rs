@@ -256,10 +256,16 @@ impl PostgresServer {
         // signal to the postmaster's process group misses them: freeze the postmaster (no new
         // children), kill its children, then it.
         let _ = signal(postmaster.id(), libc::SIGSTOP);
-        for child in children(postmaster.id()) {
-            let _ = signal(child, libc::SIGKILL);
+        let backends = children(postmaster.id());
+        for child in &backends {
+            let _ = signal(*child, libc::SIGKILL);
         }
-        postmaster.kill()
+        postmaster.kill()?;
+        // A killed backend lets go of the server's shared memory only once it has exited; a
+        // server started on the same data before then refuses to start ("pre-existing shared
+        // memory block is still in use").
+        wait_gone(&backends, Duration::from_secs(10));
+        Ok(())
     }
 
     /// Starts the server again on the same port and data (stopping it first if it runs), and
@@ -458,6 +464,24 @@ fn children(pid: u32) -> Vec<u32> {
             (ppid == pid).then_some(child)
         })
         .collect()
+}
+
+/// Waits, at most `within`, until none of `pids` runs any more (gone, or a zombie: it has
+/// exited and released its memory, and only waits to be reaped by its new parent).
+fn wait_gone(pids: &[u32], within: Duration) {
+    let until = std::time::Instant::now() + within;
+    let running = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X"))
+        })
+    };
+    while pids.iter().any(running) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
