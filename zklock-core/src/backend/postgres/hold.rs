@@ -104,10 +104,10 @@ async fn unlock_on(reservation: &Reservation, shared: bool) -> Result<bool, Post
     r
 }
 
-/// A release running in its caller's task. Dropped before it finished (the caller's future
-/// was dropped), it unlocks again in the background and only then gives the reservation back:
-/// the first unlock may not have been sent, and unlocking a lock the session no longer holds
-/// only draws a warning from the server. The reservation keeps any other acquire of the id off
+/// An unlock not yet known to be done. Dropped before it finished (a hold dropped, or the
+/// caller's release future dropped), it unlocks in the background and only then gives the
+/// reservation back: an unlock begun in the caller's task may not have been sent, and unlocking
+/// a lock the session no longer holds only draws a warning from the server. The reservation keeps any other acquire of the id off
 /// the connection meanwhile.
 struct Unlocking {
     reservation: Option<Reservation>,
@@ -208,12 +208,12 @@ impl PgHold {
         let Some(reservation) = self.reservation.lock().expect("not poisoned").take() else {
             return false;
         };
-        let shared = self.shared;
-        self.inner
-            .background
-            .spawn(&self.inner.runtime, async move {
-                let _ = unlock_on(&reservation, shared).await;
-            });
+        // Dropped unfinished: the unlock goes to the background.
+        drop(Unlocking {
+            reservation: Some(reservation),
+            shared: self.shared,
+            inner: self.inner.clone(),
+        });
         true
     }
 

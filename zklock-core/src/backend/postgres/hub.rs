@@ -231,7 +231,7 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
                     }
                 }
             }));
-            let open = session(&client, &cc, &shared, &mut orders, &mut driver.0).await;
+            session(&client, &cc, &shared, &mut orders, &mut driver.0).await;
             drop(driver);
             drop(client);
             // Not listening: holders can no longer tell whether someone waits.
@@ -241,35 +241,33 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
                 e.registered.send_replace(false);
             }
             shared.wake(None);
-            if !open {
-                return;
-            }
             tracing::debug!("zklock: the PostgreSQL listening connection ended; connecting again");
         }
         tokio::time::sleep(RECONNECT_PAUSE).await;
     }
 }
 
-/// Serves one listening connection until it breaks (`true`) or the hub is dropped (`false`).
+/// Serves one listening connection until it breaks. (The hub's task owns a sender of `orders`
+/// through `shared`, so they never end while it runs.)
 async fn session(
     client: &Client,
     cc: &ConnConfig,
     shared: &Shared,
     orders: &mut mpsc::UnboundedReceiver<i32>,
     driver: &mut JoinHandle<()>,
-) -> bool {
+) {
     let listen = format!("LISTEN {}; LISTEN {}", sql::CHANNEL, sql::WAIT_CHANNEL);
     if !matches!(
         tokio::time::timeout(cc.reply_timeout, client.batch_execute(&listen)).await,
         Ok(Ok(()))
     ) {
-        return true;
+        return;
     }
     let mut held = HashSet::new();
     let waited: Vec<i32> = shared.entries().keys().copied().collect();
     for id in waited {
         if !register(client, cc, shared, &mut held, id).await {
-            return true;
+            return;
         }
     }
     // Registered again: now wake everyone, who may have missed a release.
@@ -277,14 +275,14 @@ async fn session(
     shared.listening.send_modify(|n| *n += 1 - *n % 2);
     loop {
         tokio::select! {
-            _ = &mut *driver => return true,
+            _ = &mut *driver => return,
             order = orders.recv() => match order {
                 Some(id) => {
                     if !register(client, cc, shared, &mut held, id).await {
-                        return true;
+                        return;
                     }
                 }
-                None => return false,
+                None => return,
             },
         }
     }

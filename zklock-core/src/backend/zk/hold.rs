@@ -46,6 +46,19 @@ enum Others {
 /// away without a word (it panics when polled) counts as fired.
 type Fired = futures::future::Shared<BoxFuture<'static, ()>>;
 
+/// A children watch's event as a [`Fired`].
+fn fired(watcher: zookeeper_client::OneshotWatcher) -> Fired {
+    use futures::FutureExt;
+    // A watcher whose session task went away without a word panics when polled: that too is
+    // doubt.
+    let fired: BoxFuture<'static, ()> = Box::pin(
+        std::panic::AssertUnwindSafe(watcher.changed())
+            .catch_unwind()
+            .map(|_| ()),
+    );
+    fired.shared()
+}
+
 /// A hold's knowledge of other contenders, shared with the task that lists them.
 struct Contenders {
     others: std::sync::Mutex<Others>,
@@ -169,17 +182,7 @@ impl Hold {
         let eager = inner.config.watch_held_nodes;
         // A revocable hold watches the data from the start (a revoke request changes no child).
         let alone = alone.filter(|_| eager && !inner.config.revocable && born_lost.is_none());
-        let fired: Option<Fired> = alone.map(|watcher| {
-            use futures::FutureExt;
-            // A watcher whose session task went away without a word panics when polled: that
-            // too is doubt.
-            let fired: BoxFuture<'static, ()> = Box::pin(
-                std::panic::AssertUnwindSafe(watcher.changed())
-                    .catch_unwind()
-                    .map(|_| ()),
-            );
-            fired.shared()
-        });
+        let fired = alone.map(fired);
         let (node_state, _) = watch::channel(if fired.is_some() {
             NodeState::Watched
         } else {
@@ -384,15 +387,7 @@ impl Hold {
         self.inner.runtime.spawn(async move {
             let next = match client.list_and_watch_children(&parent).await {
                 Ok((children, watcher)) if children.iter().all(|c| *c == name) => {
-                    use futures::FutureExt;
-                    // A watcher whose session task went away without a word panics when
-                    // polled: that too is doubt.
-                    let fired: BoxFuture<'static, ()> = Box::pin(
-                        std::panic::AssertUnwindSafe(watcher.changed())
-                            .catch_unwind()
-                            .map(|_| ()),
-                    );
-                    Others::None(fired.shared())
+                    Others::None(fired(watcher))
                 }
                 _ => Others::Maybe,
             };
