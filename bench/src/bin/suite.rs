@@ -853,12 +853,52 @@ fn render_redis(
         md,
         "Throughput (acquire + release per second). In parentheses: zklock's ratio to that peer.\n"
     );
+    backend_tables(
+        &mut md,
+        rows,
+        results,
+        &BackendTables {
+            columns: &REDIS_COLUMNS,
+            verdict,
+            per_cycle:
+                "the commands the server processed per cycle (all clients, from `INFO stats`)",
+            per_cycle_field: "commands_per_cycle",
+            per_cycle_unit: "cmd",
+            lines: "Every run's output line:",
+        },
+    );
+    md
+}
+
+/// What differs between the sections that put zklock's backend beside peers on a server of
+/// its own (Redis, PostgreSQL): see [`backend_tables`].
+struct BackendTables<'a> {
+    /// (column key, heading), in order; `zklock` is the one the others are compared with.
+    columns: &'a [(&'static str, &'static str)],
+    /// A row's target and whether it is met.
+    verdict: fn(&Row, &BTreeMap<&'static str, Outcome>) -> (String, String),
+    /// What the latency table's third figure is, and its field and unit in a report line.
+    per_cycle: &'a str,
+    per_cycle_field: &'a str,
+    per_cycle_unit: &'a str,
+    /// The heading of the report lines.
+    lines: &'a str,
+}
+
+/// Writes such a section's tables: throughput with targets, latency with a figure per cycle,
+/// and the report lines.
+fn backend_tables(
+    md: &mut String,
+    rows: &[Row],
+    results: &[BTreeMap<&'static str, Outcome>],
+    t: &BackendTables,
+) {
     md.push_str("| workload |");
-    for (_, heading) in REDIS_COLUMNS {
+    for (_, heading) in t.columns {
         let _ = write!(md, " {heading} |");
     }
     md.push_str(" target | |\n|---|");
-    for _ in REDIS_COLUMNS {
+    for _ in t.columns {
         md.push_str("---|");
     }
     md.push_str("---|---|\n");
@@ -868,8 +908,8 @@ fn render_redis(
             .and_then(|o| o.as_ref().ok())
             .and_then(|r| figure(row.metric, r));
         let _ = write!(md, "| {} |", row.title);
-        for (column, _) in REDIS_COLUMNS {
-            let text = match (column, cells.get(column)) {
+        for (column, _) in t.columns {
+            let text = match (*column, cells.get(column)) {
                 ("zklock", Some(Ok(_))) => {
                     ours.map_or("?".into(), |v| format!("**{}**", show(row.metric, v)))
                 }
@@ -878,27 +918,32 @@ fn render_redis(
             };
             let _ = write!(md, " {text} |");
         }
-        let (target, met) = verdict(row, cells);
+        let (target, met) = (t.verdict)(row, cells);
         let _ = writeln!(md, " {target} | {met} |");
     }
-    md.push_str("\nLatency of one acquire + release, p50 / p99 in µs; and the commands the server processed per cycle (all clients, from `INFO stats`):\n\n| workload |");
-    for (_, heading) in REDIS_COLUMNS {
+    let _ = write!(
+        md,
+        "\nLatency of one acquire + release, p50 / p99 in µs; and {}:\n\n| workload |",
+        t.per_cycle
+    );
+    for (_, heading) in t.columns {
         let _ = write!(md, " {heading} |");
     }
     md.push_str("\n|---|");
-    for _ in REDIS_COLUMNS {
+    for _ in t.columns {
         md.push_str("---|");
     }
     md.push('\n');
     for (row, cells) in rows.iter().zip(results) {
         let _ = write!(md, "| {} |", row.title);
-        for (column, _) in REDIS_COLUMNS {
+        for (column, _) in t.columns {
             let text = match cells.get(column) {
                 Some(Ok(r)) => format!(
-                    "{} / {} µs, {} cmd",
+                    "{} / {} µs, {} {}",
                     r.get("p50_us").unwrap_or("?"),
                     r.get("p99_us").unwrap_or("?"),
-                    r.get("commands_per_cycle").unwrap_or("?")
+                    r.get(t.per_cycle_field).unwrap_or("?"),
+                    t.per_cycle_unit
                 ),
                 Some(Err(_)) => "—".into(),
                 None => "n/a".into(),
@@ -907,7 +952,7 @@ fn render_redis(
         }
         md.push('\n');
     }
-    md.push_str("\nEvery run's output line:\n\n```text\n");
+    let _ = write!(md, "\n{}\n\n```text\n", t.lines);
     for (row, cells) in rows.iter().zip(results) {
         for (column, outcome) in cells {
             match outcome {
@@ -921,7 +966,6 @@ fn render_redis(
         }
     }
     md.push_str("```\n");
-    md
 }
 
 /// A peer's outcome on an earlier row with the same workload and sizes (for rows that vary only

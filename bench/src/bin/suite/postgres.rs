@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{figure, machine, run_rows, show, Cli, Env, Metric, Outcome, Row, Runner};
+use super::{figure, machine, run_rows, Cli, Env, Metric, Outcome, Row, Runner};
 
 /// The columns of the PostgreSQL table, in order: (column key, heading).
 const COLUMNS: [(&str, &str); 2] = [
@@ -191,75 +191,18 @@ fn render(
         md,
         "Throughput (acquire + release per second), each cell the median of {rounds} runs, the peers taking turns. In parentheses: zklock's ratio to the floor.\n"
     );
-    md.push_str("| workload |");
-    for (_, heading) in COLUMNS {
-        let _ = write!(md, " {heading} |");
-    }
-    md.push_str(" target | |\n|---|");
-    for _ in COLUMNS {
-        md.push_str("---|");
-    }
-    md.push_str("---|---|\n");
-    for (row, cells) in rows.iter().zip(results) {
-        let ours = cells
-            .get("zklock")
-            .and_then(|o| o.as_ref().ok())
-            .and_then(|r| figure(row.metric, r));
-        let _ = write!(md, "| {} |", row.title);
-        for (column, _) in COLUMNS {
-            let text = match (column, cells.get(column)) {
-                ("zklock", Some(Ok(_))) => {
-                    ours.map_or("?".into(), |v| format!("**{}**", show(row.metric, v)))
-                }
-                ("zklock", other) => super::cell_text(row.metric, None, other),
-                (_, other) => super::cell_text(row.metric, ours, other),
-            };
-            let _ = write!(md, " {text} |");
-        }
-        let (target, met) = verdict(row, cells);
-        let _ = writeln!(md, " {target} | {met} |");
-    }
-    md.push_str("\nLatency of one acquire + release, p50 / p99 in µs; and the WAL the server wrote per cycle (`pg_current_wal_lsn()`):\n\n| workload |");
-    for (_, heading) in COLUMNS {
-        let _ = write!(md, " {heading} |");
-    }
-    md.push_str("\n|---|");
-    for _ in COLUMNS {
-        md.push_str("---|");
-    }
-    md.push('\n');
-    for (row, cells) in rows.iter().zip(results) {
-        let _ = write!(md, "| {} |", row.title);
-        for (column, _) in COLUMNS {
-            let text = match cells.get(column) {
-                Some(Ok(r)) => format!(
-                    "{} / {} µs, {} B WAL",
-                    r.get("p50_us").unwrap_or("?"),
-                    r.get("p99_us").unwrap_or("?"),
-                    r.get("wal_bytes_per_cycle").unwrap_or("?")
-                ),
-                Some(Err(_)) => "—".into(),
-                None => "n/a".into(),
-            };
-            let _ = write!(md, " {text} |");
-        }
-        md.push('\n');
-    }
-    md.push_str(
-        "\nThe median run's output line of each cell (every run's is on stderr):\n\n```text\n",
+    super::backend_tables(
+        &mut md,
+        rows,
+        results,
+        &super::BackendTables {
+            columns: &COLUMNS,
+            verdict,
+            per_cycle: "the WAL the server wrote per cycle (`pg_current_wal_lsn()`)",
+            per_cycle_field: "wal_bytes_per_cycle",
+            per_cycle_unit: "B WAL",
+            lines: "The median run's output line of each cell (every run's is on stderr):",
+        },
     );
-    for (row, cells) in rows.iter().zip(results) {
-        for (column, outcome) in cells {
-            match outcome {
-                Ok(r) => {
-                    let _ = writeln!(md, "{r}");
-                }
-                Err(e) => {
-                    let _ = writeln!(md, "# {} / {column}: {e}", row.title);
-                }
-            }
-        }
-    }
-    md.push_str("```\n");
     md
 }
