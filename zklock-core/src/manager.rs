@@ -632,7 +632,10 @@ impl Builder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct StatsSnapshot {
-    /// Watch events received by waiters on their predecessor node (a herd shows up here).
+    /// Watch events received by waiters from the contender nodes ahead of them. A ZooKeeper
+    /// waiter watches each node in its window (the nearest 8 below it), so that the last one's
+    /// deletion is its grant with no request after it: a release is seen by at most 8 waiters,
+    /// however long the queue. A herd (every waiter woken by every change) shows up here.
     pub predecessor_events: u64,
     /// Requests the recipes sent to ZooKeeper.
     pub requests: u64,

@@ -20,8 +20,10 @@ use crate::types::loss::LossReason;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
 
-/// How many of the nearest lower blockers an exclusive waiter remembers from its listing. When
-/// its predecessor goes, the next one is taken from this window instead of listing again.
+/// How many of the nearest lower blockers an exclusive waiter remembers from its listing, and
+/// watches: the last one's deletion is its grant, with no listing or check after it. Only when
+/// more nodes sorted below the window does the waiter list again once the window is empty.
+/// (A reader watches this many of its lowest lower writers at a time.)
 const WINDOW: usize = 8;
 
 /// What kind of contender node, and so which nodes block it.
@@ -195,45 +197,19 @@ impl Contend<'_> {
             .filter(|_| created.children.iter().all(|c| *c == name));
         let mut queue = self.queue(created.children, &name, &pending.protect)?;
         self.remove_strays(&mut queue);
-        // Set when a blocker went: the rest of the window may have gone too (in a FIFO drain it
-        // always has), so it is checked in one pipelined round instead of one node at a time.
-        let mut stale = false;
+        // Every blocker in the window is watched (one pipelined round), so the deletion of the
+        // last one is the grant: no request after the predecessor goes, whether the nodes below
+        // it were granted, gave up or died with their sessions (each shows as its deletion).
+        let mut watches = Watches::default();
         loop {
             // Only what was learned on this very incarnation of the path, through this session.
             if let Some(floor) = ticket.granted_floor(incarnation) {
                 queue.prune_below(&floor);
             }
-            if stale && queue.below.len() > 1 {
-                alone = None;
-                stale = false;
-                let checks: Vec<_> = queue
-                    .below
-                    .iter()
-                    .map(|n| client.check_stat(&format!("{}/{n}", self.path)))
-                    .collect();
-                inner.count(checks.len() as u64);
-                let results = futures::future::join_all(checks).await;
-                let mut failed = None;
-                let mut alive = Vec::with_capacity(queue.below.len());
-                for (node, result) in queue.below.drain(..).zip(results) {
-                    match result {
-                        Ok(None) => {}
-                        Ok(Some(_)) => alive.push(node),
-                        Err(err) => {
-                            alive.push(node);
-                            failed = Some(err);
-                        }
-                    }
-                }
-                queue.below = alive;
-                if let Some(err) = failed {
-                    self.retry_or_fail("check the contenders", err).await?;
-                }
-                continue;
-            }
-            let Some(blocker) = queue.next_blocker() else {
+            if queue.below.is_empty() {
                 if queue.hidden {
                     alone = None;
+                    watches = Watches::default();
                     let listing = self.list().await?;
                     incarnation = listing.incarnation;
                     queue = self.queue(listing.children, &name, &pending.protect)?;
@@ -241,30 +217,44 @@ impl Contend<'_> {
                     continue;
                 }
                 break;
-            };
+            }
             alone = None;
             if matches!(wait, Wait::Never) {
                 pending.cancel_now();
                 return Ok(None);
             }
-            let blocker_path = format!("{}/{blocker}", self.path);
-            inner.count(1);
-            let watcher = match client.check_and_watch_stat(&blocker_path).await {
-                Ok((None, _)) => {
-                    queue.remove_blocker();
-                    stale = true;
-                    continue;
+            let unwatched: Vec<String> = queue
+                .to_watch()
+                .iter()
+                .filter(|n| !watches.names.contains(*n))
+                .cloned()
+                .collect();
+            if !unwatched.is_empty() {
+                let requests: Vec<_> = unwatched
+                    .iter()
+                    .map(|n| client.check_and_watch_stat(&format!("{}/{n}", self.path)))
+                    .collect();
+                inner.count(requests.len() as u64);
+                let results = futures::future::join_all(requests).await;
+                let mut failed = None;
+                for (node, result) in unwatched.into_iter().zip(results) {
+                    match result {
+                        Ok((None, _)) => queue.remove(&node),
+                        Ok((Some(_), watcher)) => watches.add(node, watcher),
+                        Err(err) => failed = Some(err),
+                    }
                 }
-                Ok((Some(_), watcher)) => watcher,
-                Err(err) => {
-                    self.retry_or_fail("watch the predecessor", err).await?;
-                    continue;
+                if let Some(err) = failed {
+                    self.retry_or_fail("watch the contenders ahead", err)
+                        .await?;
                 }
-            };
-            let event = match wait {
+                continue;
+            }
+            let next = watches.next();
+            let (node, event) = match wait {
                 Wait::Until(deadline, waited) => {
-                    match tokio::time::timeout_at(deadline, watcher.changed()).await {
-                        Ok(event) => event,
+                    match tokio::time::timeout_at(deadline, next).await {
+                        Ok(fired) => fired,
                         Err(_) => {
                             pending.cancel_now();
                             return Err(Error::Timeout {
@@ -274,17 +264,14 @@ impl Contend<'_> {
                         }
                     }
                 }
-                _ => watcher.changed().await,
+                _ => next.await,
             };
             inner
                 .stats
                 .predecessor_events
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match event.event_type {
-                EventType::NodeDeleted => {
-                    queue.remove_blocker();
-                    stale = true;
-                }
+                EventType::NodeDeleted => queue.remove(&node),
                 EventType::Session => {
                     // The session ended while waiting: our node went with it.
                     return Err(match event.session_state {
@@ -292,7 +279,8 @@ impl Contend<'_> {
                         _ => Error::Closed,
                     });
                 }
-                // Data changed (e.g. a Curator revocation request): look again.
+                // Data changed (e.g. a Curator revocation request): the watch is spent; the
+                // next round sets it again.
                 _ => {}
             }
         }
@@ -537,11 +525,43 @@ impl Drop for Pending {
     }
 }
 
+/// The watches a waiter has set on the blockers in its window, each answering with the node it
+/// was set on.
+#[derive(Default)]
+struct Watches {
+    names: std::collections::HashSet<String>,
+    fired: futures::stream::FuturesUnordered<
+        futures::future::BoxFuture<'static, (String, zookeeper_client::WatchedEvent)>,
+    >,
+}
+
+impl Watches {
+    fn add(&mut self, node: String, watcher: zookeeper_client::OneshotWatcher) {
+        use futures::FutureExt;
+        self.names.insert(node.clone());
+        self.fired
+            .push(async move { (node, watcher.changed().await) }.boxed());
+    }
+
+    /// The next watch to fire, and the node it was set on (which is then no longer watched).
+    /// Pends forever when nothing is watched: the caller only waits with a blocker watched.
+    async fn next(&mut self) -> (String, zookeeper_client::WatchedEvent) {
+        use futures::StreamExt;
+        match self.fired.next().await {
+            Some((node, event)) => {
+                self.names.remove(&node);
+                (node, event)
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// The lower contenders that block a waiter.
 struct Queue {
     kind: NodeKind,
-    /// Blockers in ascending order. Exclusive kinds keep the nearest [`WINDOW`] lower nodes and
-    /// wait on the nearest; readers keep every lower writer and wait on the lowest.
+    /// Blockers in ascending order. Exclusive kinds keep the nearest [`WINDOW`] lower nodes;
+    /// readers keep every lower writer. See [`Queue::to_watch`].
     below: Vec<String>,
     /// More blockers sort below the window.
     hidden: bool,
@@ -618,21 +638,19 @@ impl Queue {
         })
     }
 
-    fn next_blocker(&self) -> Option<&str> {
+    /// The blockers to watch: all of an exclusive waiter's window (its nearest lower nodes); a
+    /// reader's lowest [`WINDOW`] lower writers (the next ones are watched as these go).
+    fn to_watch(&self) -> &[String] {
         if self.kind.exclusive() {
-            self.below.last()
+            &self.below
         } else {
-            self.below.first()
+            &self.below[..self.below.len().min(WINDOW)]
         }
-        .map(String::as_str)
     }
 
-    fn remove_blocker(&mut self) {
-        if self.kind.exclusive() {
-            self.below.pop();
-        } else if !self.below.is_empty() {
-            self.below.remove(0);
-        }
+    /// `node` is gone.
+    fn remove(&mut self, node: &str) {
+        self.below.retain(|n| n != node);
     }
 
     /// Forgets every node sorting below `granted`, the highest node this process was granted an
@@ -703,9 +721,26 @@ mod tests {
             "_c_1-",
         )
         .unwrap();
-        assert!(q.next_blocker().is_none());
+        assert!(q.to_watch().is_empty());
         let q = Queue::new(NodeKind::Write, kids, "_c_5-__WRIT__0000000005", "_c_5-").unwrap();
-        assert_eq!(q.next_blocker(), Some("_c_4-__READ__0000000004"));
+        // A writer watches every lower node (here all four).
+        assert_eq!(q.to_watch().len(), 4);
+        assert_eq!(q.to_watch().last().unwrap(), "_c_4-__READ__0000000004");
+    }
+
+    #[test]
+    fn a_reader_behind_many_writers_watches_the_lowest_window_first() {
+        let mut kids: Vec<String> = (0..12)
+            .map(|i| format!("_c_{i}-__WRIT__{:010}", i + 1))
+            .collect();
+        kids.push("_c_me-__READ__0000000013".to_string());
+        let mut q = Queue::new(NodeKind::Read, kids, "_c_me-__READ__0000000013", "_c_me-").unwrap();
+        assert_eq!(q.to_watch().len(), WINDOW);
+        assert!(q.to_watch()[0].ends_with("0000000001"));
+        // As the lowest go, the next ones come into view.
+        q.remove("_c_0-__WRIT__0000000001");
+        assert_eq!(q.to_watch().len(), WINDOW);
+        assert!(q.to_watch()[WINDOW - 1].ends_with("0000000009"));
     }
 
     fn mutex_nodes(seqs: &[&str]) -> Vec<String> {

@@ -1,0 +1,291 @@
+//! The confirm-free handoff: a ZooKeeper waiter watches every contender node ahead of it in its
+//! window, so the deletion of the last one is its grant, with no request after it. These tests
+//! make the nodes ahead go in the ways that are not a grant (a waiter that gives up, a session
+//! that dies, a Curator client in the queue) and check that the waiter behind still waits for
+//! the holder, then gets the lock with a larger token.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use tokio::task::JoinHandle;
+use zklock::{FencingToken, LockManager};
+
+/// A waiter on `key` in its own task: once it holds, it records when (`granted`, epoch ms),
+/// keeps the guard until `release` fires, and returns its token.
+struct Waiter {
+    manager: LockManager,
+    granted: Arc<AtomicU64>,
+    task: JoinHandle<zklock::Result<FencingToken>>,
+    release: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Waiter {
+    async fn queue(connect: &str, key: &'static str) -> Waiter {
+        let manager = manager(connect).await;
+        let granted = Arc::new(AtomicU64::new(0));
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let task = {
+            let (manager, granted) = (manager.clone(), granted.clone());
+            tokio::spawn(async move {
+                let guard = manager.lock(key).await?;
+                granted.store(zklock_testkit::now_epoch_ms(), Ordering::SeqCst);
+                let token = guard.fencing_token();
+                let _ = released.await;
+                guard.release().await?;
+                Ok(token)
+            })
+        };
+        Waiter {
+            manager,
+            granted,
+            task,
+            release: Some(release),
+        }
+    }
+
+    /// Waits (bounded) until this waiter has sent `n` requests: its create and listing, then
+    /// one watch per node ahead. Used to order the test's steps, never to assume.
+    async fn until_requests(&self, n: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while self.manager.stats().requests < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiter sent {} requests, never {n}",
+                self.manager.stats().requests
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits (bounded) until this waiter has received `n` watch events from the nodes ahead.
+    async fn until_events(&self, n: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while self.manager.stats().predecessor_events < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiter got {} events, never {n}",
+                self.manager.stats().predecessor_events
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn granted(&self) -> bool {
+        self.granted.load(Ordering::SeqCst) != 0
+    }
+
+    /// Waits (bounded) for the grant and returns when it was (epoch ms).
+    async fn until_granted(&self) -> u64 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !self.granted() {
+            assert!(
+                !self.task.is_finished(),
+                "the waiter's acquire ended without a grant"
+            );
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiter was never granted"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.granted.load(Ordering::SeqCst)
+    }
+
+    async fn release(mut self) -> FencingToken {
+        let _ = self.release.take().unwrap().send(());
+        self.task.await.unwrap().unwrap()
+    }
+}
+
+/// Gives the waiter time to act wrongly on what it just learned: it would be granted within a
+/// few milliseconds of its event. (A wrong grant can only be missed on a stalled machine, never
+/// reported when there is none.)
+async fn still_waiting(w: &Waiter, why: &str) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!w.granted(), "granted while the holder holds: {why}");
+    assert!(!w.task.is_finished(), "the acquire ended: {why}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_ahead_that_gives_up_does_not_hand_the_lock_on() {
+    let zk = server();
+    let connect = zk.connect_string();
+    let holder = manager(&connect).await;
+    let path = holder.path_of("gives-up").unwrap();
+    let held = holder.lock("gives-up").await.unwrap();
+
+    let ahead = Waiter::queue(&connect, "gives-up").await;
+    until_children(&holder, &path, 2).await;
+    let behind = Waiter::queue(&connect, "gives-up").await;
+    until_children(&holder, &path, 3).await;
+    // Create, listing, and a watch on each of the two nodes ahead.
+    behind.until_requests(4).await;
+
+    // The waiter ahead gives up (its acquire is cancelled): its node goes, and the waiter
+    // behind sees that deletion. It must go on waiting for the holder.
+    ahead.task.abort();
+    until_children(&holder, &path, 2).await;
+    behind.until_events(1).await;
+    still_waiting(&behind, "the waiter ahead gave up").await;
+
+    let first = held.fencing_token();
+    held.release().await.unwrap();
+    behind.until_granted().await;
+    let token = behind.release().await;
+    assert!(token > first, "{token} after {first}");
+    holder.flush().await;
+    assert!(children(&holder, &path).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_ahead_whose_session_dies_does_not_hand_the_lock_on() {
+    let zk = server();
+    let connect = zk.connect_string();
+    let holder = manager(&connect).await;
+    let path = holder.path_of("dies").unwrap();
+    let held = holder.lock("dies").await.unwrap();
+
+    let ahead = Waiter::queue(&connect, "dies").await;
+    until_children(&holder, &path, 2).await;
+    let behind = Waiter::queue(&connect, "dies").await;
+    until_children(&holder, &path, 3).await;
+    behind.until_requests(4).await;
+
+    // The session of the waiter ahead expires: the server deletes its node.
+    expire_session(&ahead.manager, &connect).await;
+    until_children(&holder, &path, 2).await;
+    behind.until_events(1).await;
+    still_waiting(&behind, "the session of the waiter ahead died").await;
+    match ahead.task.await.unwrap() {
+        Err(zklock::Error::SessionExpired) => {}
+        other => panic!("the waiter whose session expired: {other:?}"),
+    }
+
+    let first = held.fencing_token();
+    held.release().await.unwrap();
+    behind.until_granted().await;
+    let token = behind.release().await;
+    assert!(token > first, "{token} after {first}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_session_dies_hands_the_lock_to_the_first_waiter_only() {
+    let zk = server();
+    let connect = zk.connect_string();
+    let holder = manager(&connect).await;
+    let observer = manager(&connect).await;
+    let path = holder.path_of("holder-dies").unwrap();
+    let held = holder.lock("holder-dies").await.unwrap();
+    let first_token = held.fencing_token();
+
+    let first = Waiter::queue(&connect, "holder-dies").await;
+    until_children(&observer, &path, 2).await;
+    let second = Waiter::queue(&connect, "holder-dies").await;
+    until_children(&observer, &path, 3).await;
+    second.until_requests(4).await;
+
+    expire_session(&holder, &connect).await;
+    drop(held);
+    first.until_granted().await;
+    // The second waiter saw the holder's node go too; the first waiter's is still there.
+    second.until_events(1).await;
+    still_waiting(&second, "the first waiter holds").await;
+
+    let token = first.release().await;
+    assert!(token > first_token);
+    second.until_granted().await;
+    assert!(second.release().await > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_after_the_nodes_ahead_went_in_order_sends_no_request() {
+    let zk = server();
+    let connect = zk.connect_string();
+    let holder = manager(&connect).await;
+    let path = holder.path_of("in-order").unwrap();
+    let held = holder.lock("in-order").await.unwrap();
+
+    let mut ahead = vec![];
+    for i in 0..3 {
+        ahead.push(Waiter::queue(&connect, "in-order").await);
+        until_children(&holder, &path, i + 2).await;
+    }
+    let last = Waiter::queue(&connect, "in-order").await;
+    until_children(&holder, &path, 5).await;
+    // Create, listing, and one watch on each of the four nodes ahead.
+    last.until_requests(6).await;
+    let watching = last.manager.stats().requests;
+
+    held.release().await.unwrap();
+    let mut token = FencingToken::new(0, 0);
+    for w in ahead {
+        w.until_granted().await;
+        assert!(!last.granted());
+        let next = w.release().await;
+        assert!(next > token);
+        token = next;
+    }
+    last.until_granted().await;
+    // The grant itself cost nothing: the only request since the watches is the hold's own
+    // node watch (started at the grant).
+    let sent = last.manager.stats().requests - watching;
+    assert!(
+        sent <= 1,
+        "{sent} requests between the watches and the grant"
+    );
+    assert_eq!(last.manager.stats().predecessor_events, 4);
+    assert!(last.release().await > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_waiter_in_the_queue_is_waited_for() {
+    let zk = server();
+    let connect = zk.connect_string();
+    let holder = manager(&connect).await;
+    let path = holder.path_of("curator").unwrap();
+    let held = holder.lock("curator").await.unwrap();
+
+    // Curator queues behind the holder and, once it has the lock, holds it for 400 ms.
+    let mut curator = zklock_testkit::CuratorHold::spawn(&connect, &path, "mutex", 400, 1).unwrap();
+    // The JVM may take minutes to start on a first run (Curator may be installed then).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    while children(&holder, &path).await.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Curator never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let behind = Waiter::queue(&connect, "curator").await;
+    until_children(&holder, &path, 3).await;
+    behind.until_requests(4).await;
+
+    held.release().await.unwrap();
+    let (curator, acquired, released) = tokio::task::spawn_blocking(move || {
+        let acquired = curator.next_event(Duration::from_secs(30)).unwrap();
+        let released = curator.next_event(Duration::from_secs(30)).unwrap();
+        (curator, acquired, released)
+    })
+    .await
+    .unwrap();
+    assert_eq!(acquired.0, "acquired");
+    assert_eq!(released.0, "released");
+    let granted_at = behind.until_granted().await;
+    assert!(
+        granted_at >= released.1,
+        "zklock granted at {granted_at}, Curator released at {}",
+        released.1
+    );
+    // Both of the nodes ahead (the holder's, Curator's) were seen going.
+    assert_eq!(behind.manager.stats().predecessor_events, 2);
+    behind.release().await;
+    assert!(tokio::task::spawn_blocking(move || curator.wait())
+        .await
+        .unwrap()
+        .unwrap()
+        .success());
+}
