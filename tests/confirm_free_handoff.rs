@@ -14,6 +14,9 @@ use common::*;
 use tokio::task::JoinHandle;
 use zklock::{FencingToken, LockManager};
 
+/// How long any step may take on a loaded machine.
+const LONG: Duration = Duration::from_secs(30);
+
 /// A waiter on `key` in its own task: once it holds, it records when (`granted`, epoch ms),
 /// keeps the guard until `release` fires, and returns its token.
 struct Waiter {
@@ -48,30 +51,19 @@ impl Waiter {
     }
 
     /// Waits (bounded) until this waiter has sent `n` requests: its create and listing, then
-    /// one watch per node ahead. Used to order the test's steps, never to assume.
+    /// one watch per node ahead.
     async fn until_requests(&self, n: u64) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while self.manager.stats().requests < n {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the waiter sent {} requests, never {n}",
-                self.manager.stats().requests
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let what = format!("the waiter to send {n} requests");
+        eventually(&what, LONG, || async { self.manager.stats().requests >= n }).await;
     }
 
     /// Waits (bounded) until this waiter has received `n` watch events from the nodes ahead.
     async fn until_events(&self, n: u64) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while self.manager.stats().predecessor_events < n {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the waiter got {} events, never {n}",
-                self.manager.stats().predecessor_events
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let what = format!("the waiter to get {n} events from the nodes ahead");
+        eventually(&what, LONG, || async {
+            self.manager.stats().predecessor_events >= n
+        })
+        .await;
     }
 
     fn granted(&self) -> bool {
@@ -80,18 +72,14 @@ impl Waiter {
 
     /// Waits (bounded) for the grant and returns when it was (epoch ms).
     async fn until_granted(&self) -> u64 {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !self.granted() {
+        eventually("the waiter's grant", LONG, || async {
             assert!(
-                !self.task.is_finished(),
+                self.granted() || !self.task.is_finished(),
                 "the waiter's acquire ended without a grant"
             );
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the waiter was never granted"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            self.granted()
+        })
+        .await;
         self.granted.load(Ordering::SeqCst)
     }
 

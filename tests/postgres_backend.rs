@@ -7,6 +7,8 @@
 //! Every check looks at the server itself where it can: `pg_locks` for what is held, the key
 //! table for ids and tokens.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +19,8 @@ use zklock::{
     current_fencing_token, distributed_lock, Error, FencingToken, LockManager, LossReason,
 };
 use zklock_testkit::PostgresServer;
+
+use common::eventually;
 
 /// The lease most tests run with: long enough that a busy 2-core machine never misses a
 /// liveness check, short enough for loss tests to be quick.
@@ -731,21 +735,6 @@ async fn registrations(client: &tokio_postgres::Client) -> Vec<(i64, i32)> {
         .collect()
 }
 
-/// Polls `check` every 20 ms until it holds, for at most 10 s.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        if std::time::Instant::now() >= until {
-            panic!("never: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The key row's `(fence, block)`.
 async fn fence_and_block(client: &tokio_postgres::Client, path: &str) -> (i64, Option<i64>) {
     let row = client
@@ -842,7 +831,7 @@ async fn a_release_notifies_only_when_someone_waits() {
         (guard, std::time::Instant::now())
     });
     let id = id_of(&look, &a.path_of("quiet").unwrap()).await;
-    eventually("b's registration", || async {
+    eventually("b's registration", Duration::from_secs(10), || async {
         registrations(&look).await.iter().any(|r| r.0 == id)
     })
     .await;
@@ -851,13 +840,15 @@ async fn a_release_notifies_only_when_someone_waits() {
     let (guard, got) = waiter.await.unwrap();
     let after = got.duration_since(released);
     assert!(after < Duration::from_millis(300), "woken after {after:?}");
-    eventually("the notification", || async {
+    eventually("the notification", Duration::from_secs(10), || async {
         notified.load(Ordering::SeqCst) >= 1
     })
     .await;
-    eventually("no registration once nobody waits", || async {
-        registrations(&look).await.is_empty()
-    })
+    eventually(
+        "no registration once nobody waits",
+        Duration::from_secs(10),
+        || async { registrations(&look).await.is_empty() },
+    )
     .await;
     guard.release().await.unwrap();
     assert!(held(&look).await.is_empty());
@@ -877,7 +868,7 @@ async fn a_killed_listening_connection_registers_its_waiters_again() {
         (guard, std::time::Instant::now())
     });
     let id = id_of(&look, &a.path_of("relisten").unwrap()).await;
-    eventually("b's registration", || async {
+    eventually("b's registration", Duration::from_secs(10), || async {
         registrations(&look).await.iter().any(|r| r.0 == id)
     })
     .await;
@@ -890,12 +881,16 @@ async fn a_killed_listening_connection_registers_its_waiters_again() {
     look.execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .unwrap();
-    eventually("b registered again on a new connection", || async {
-        registrations(&look)
-            .await
-            .iter()
-            .any(|r| r.0 == id && r.1 != pid)
-    })
+    eventually(
+        "b registered again on a new connection",
+        Duration::from_secs(10),
+        || async {
+            registrations(&look)
+                .await
+                .iter()
+                .any(|r| r.0 == id && r.1 != pid)
+        },
+    )
     .await;
     // The waiter was woken by the reconnection and went back to waiting, registered.
     tokio::time::sleep(Duration::from_millis(100)).await;

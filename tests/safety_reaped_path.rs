@@ -43,22 +43,6 @@ async fn manager_local_queue(connect: &str, local_queue: bool) -> LockManager {
         .expect("connect to the test server")
 }
 
-/// Polls `cond` every 10 ms until it holds; fails after [`WITHIN`].
-async fn until<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + WITHIN;
-    while !cond().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {WITHIN:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// The `%010d` sequence at the end of a contender node's name.
 fn seq(node: &str) -> i64 {
     let digits = &node[node.len().saturating_sub(10)..];
@@ -345,7 +329,7 @@ async fn mutex_with_local_queue_lets_the_next_acquire_in_while_a_lost_guard_is_k
 
     case.m2_hold.release().await.unwrap();
     let (direct, path) = (&case.direct, &case.path);
-    until("m2's node to be gone", move || async move {
+    eventually("m2's node to be gone", WITHIN, move || async move {
         children(direct, path).await.is_empty()
     })
     .await;
@@ -492,8 +476,9 @@ async fn semaphore_gate_and_leases_never_double_grant_on_a_recreated_path() {
         async move { s2.acquire().await }
     });
     let (d, l, ls) = (&direct, &locks, &leases);
-    until(
+    eventually(
         "m2's waiter to hold the gate of the new path",
+        WITHIN,
         move || async move {
             let gate = children(d, l).await;
             gate.len() == 1 && seq(&gate[0]) < m1_gate_seq && children(d, ls).await.len() == 2
@@ -589,9 +574,11 @@ async fn mutex_with_local_queue_waiter_behind_a_released_lost_guard_never_joins_
         // The kept guard is lost, so it holds the local queue up no more: the waiter takes a
         // node of its own on the renewed session, which queues behind m2's holder.
         let (direct, path) = (&case.direct, &case.path);
-        until("the waiter's node behind m2's", move || async move {
-            children(direct, path).await.len() == 2
-        })
+        eventually(
+            "the waiter's node behind m2's",
+            WITHIN,
+            move || async move { children(direct, path).await.len() == 2 },
+        )
         .await;
         assert!(
             !waiter.is_finished(),

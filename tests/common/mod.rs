@@ -125,3 +125,20 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
     }
     panic!("could not expire the session: {attempts:?}");
 }
+
+/// Polls `cond` every 20 ms until it holds; fails, naming `what`, after `within`. Used to
+/// order a test's steps, never to assume one happened.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

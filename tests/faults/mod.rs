@@ -330,22 +330,6 @@ where
     }
 }
 
-/// Waits (bounded) for `cond`, polling.
-pub async fn eventually<F, Fut>(what: &str, within: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    while !cond().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Counts the disconnections of `m`'s current session from now on (to prove a fault reached it).
 pub fn count_disconnections(m: &LockManager) -> Arc<AtomicU64> {
     let count = Arc::new(AtomicU64::new(0));
