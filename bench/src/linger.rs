@@ -60,7 +60,7 @@ pub(crate) async fn handover(options: &Options) -> Result<Report> {
         while client.list_children(&path).await.map_or(0, |c| c.len()) < 2 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        // The waiter lists and watches its predecessor after its create.
+        // The waiter lists and watches the nodes ahead of it after its create.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let t0 = Instant::now();
         held.release().await?;

@@ -1299,7 +1299,7 @@ fn render_zookeeper_tables(
     }
 
     // What zklock's recipe costs per cycle, from the manager's counters.
-    md.push_str("\nzklock's recipe per cycle (per handoff for drain), from `LockManager::stats()`:\n\n| workload | requests | predecessor watch events |\n|---|---|---|\n");
+    md.push_str("\nzklock's recipe per cycle (per handoff for drain), from `LockManager::stats()`:\n\n| workload | requests | watch events from the nodes ahead |\n|---|---|---|\n");
     for (row, cells) in rows.iter().zip(results) {
         if let Some(Ok(r)) = cells.get("zklock") {
             let (req, ev) = match row.metric {
