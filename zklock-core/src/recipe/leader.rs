@@ -1,8 +1,9 @@
 //! Leader election: Curator's `LeaderLatch` recipe. Every participant of an election has a
 //! contender node `_c_<uuid>-latch-<seq>` under the election's path, with its participant id as
-//! the node's data; the lowest node leads. A participant that is not leader waits on its
-//! predecessor only (no herd), and a leader whose hold is lost (its session expired, its node
-//! was deleted) is told, exactly as a guard is.
+//! the node's data; the lowest node leads. A participant that is not leader watches the nearest
+//! 8 nodes ahead of it (never all of them: no herd), and leads when the last of them is gone; a
+//! leader whose hold is lost (its session expired, its node was deleted) is told, exactly as a
+//! guard is.
 
 use std::fmt;
 use std::future::Future;

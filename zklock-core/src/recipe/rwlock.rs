@@ -1,6 +1,7 @@
 //! The read/write lock: Curator's `InterProcessReadWriteLock` recipe. Readers share, a writer
 //! excludes everyone, FIFO between them; a reader waits only on writers ahead of it, a writer
-//! only on its predecessor.
+//! on every node ahead of it (on ZooKeeper it watches the nearest 8, so the last one's deletion
+//! is its grant, with no request after it).
 
 use std::future::Future;
 use std::sync::Arc;
