@@ -50,11 +50,27 @@ impl Waiter {
         }
     }
 
-    /// Waits (bounded) until this waiter has sent `n` requests: its create and listing, then
-    /// one watch per node ahead.
-    async fn until_requests(&self, n: u64) {
-        let what = format!("the waiter to send {n} requests");
-        eventually(&what, LONG, || async { self.manager.stats().requests >= n }).await;
+    /// Waits (bounded) until the server holds exactly `n` watches of this waiter's session on
+    /// nodes under `path` (the lock path's contenders), as its `wchc` answer lists them: so a
+    /// step that follows cannot race the waiter's watch requests.
+    async fn until_watching(&self, zk: &ZkServer, path: &str, n: usize) {
+        let session = self.manager.zk_client().session().id().to_string();
+        let prefix = format!("{path}/");
+        let what = format!("{n} watches of session {session} under {path}");
+        eventually(&what, LONG, || {
+            let listed = zk.four_letter("wchc").unwrap_or_default();
+            let (session, prefix) = (&session, &prefix);
+            async move {
+                let mut lines = listed.lines().skip_while(|l| l.trim() != session.as_str());
+                lines.next();
+                let watched = lines
+                    .take_while(|l| l.starts_with(char::is_whitespace))
+                    .filter(|l| l.trim().starts_with(prefix.as_str()))
+                    .count();
+                watched == n
+            }
+        })
+        .await;
     }
 
     /// Waits (bounded) until this waiter has received `n` watch events from the nodes ahead.
@@ -110,8 +126,8 @@ async fn a_waiter_ahead_that_gives_up_does_not_hand_the_lock_on() {
     until_children(&holder, &path, 2).await;
     let behind = Waiter::queue(&connect, "gives-up").await;
     until_children(&holder, &path, 3).await;
-    // Create, listing, and a watch on each of the two nodes ahead.
-    behind.until_requests(4).await;
+    // A watch on each of the two nodes ahead, set on the server.
+    behind.until_watching(&zk, &path, 2).await;
 
     // The waiter ahead gives up (its acquire is cancelled): its node goes, and the waiter
     // behind sees that deletion. It must go on waiting for the holder.
@@ -141,7 +157,7 @@ async fn a_waiter_ahead_whose_session_dies_does_not_hand_the_lock_on() {
     until_children(&holder, &path, 2).await;
     let behind = Waiter::queue(&connect, "dies").await;
     until_children(&holder, &path, 3).await;
-    behind.until_requests(4).await;
+    behind.until_watching(&zk, &path, 2).await;
 
     // The session of the waiter ahead expires: the server deletes its node.
     expire_session(&ahead.manager, &connect).await;
@@ -174,7 +190,7 @@ async fn a_holder_whose_session_dies_hands_the_lock_to_the_first_waiter_only() {
     until_children(&observer, &path, 2).await;
     let second = Waiter::queue(&connect, "holder-dies").await;
     until_children(&observer, &path, 3).await;
-    second.until_requests(4).await;
+    second.until_watching(&zk, &path, 2).await;
 
     expire_session(&holder, &connect).await;
     drop(held);
@@ -204,8 +220,8 @@ async fn a_grant_after_the_nodes_ahead_went_in_order_sends_no_request() {
     }
     let last = Waiter::queue(&connect, "in-order").await;
     until_children(&holder, &path, 5).await;
-    // Create, listing, and one watch on each of the four nodes ahead.
-    last.until_requests(6).await;
+    // A watch on each of the four nodes ahead, set on the server.
+    last.until_watching(&zk, &path, 4).await;
     let watching = last.manager.stats().requests;
 
     held.release().await.unwrap();
@@ -250,7 +266,7 @@ async fn a_curator_waiter_in_the_queue_is_waited_for() {
     }
     let behind = Waiter::queue(&connect, "curator").await;
     until_children(&holder, &path, 3).await;
-    behind.until_requests(4).await;
+    behind.until_watching(&zk, &path, 2).await;
 
     held.release().await.unwrap();
     let (curator, acquired, released) = tokio::task::spawn_blocking(move || {
@@ -276,4 +292,46 @@ async fn a_curator_waiter_in_the_queue_is_waited_for() {
         .unwrap()
         .unwrap()
         .success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_long_queue_whose_nearest_gives_up_keeps_waiting() {
+    let zk = server();
+    let connect = zk.connect_string();
+    let holder = manager(&connect).await;
+    let path = holder.path_of("long").unwrap();
+    let held = holder.lock("long").await.unwrap();
+
+    // Nine waiters, each in a process (manager) of its own, then the one under test: ten nodes
+    // ahead of it, more than its window of eight. It watches only its nearest.
+    let mut ahead = vec![];
+    for i in 0..9 {
+        ahead.push(Waiter::queue(&connect, "long").await);
+        until_children(&holder, &path, i + 2).await;
+    }
+    let behind = Waiter::queue(&connect, "long").await;
+    until_children(&holder, &path, 11).await;
+    behind.until_watching(&zk, &path, 1).await;
+
+    // Its nearest gives up: it then watches the rest of its window, and waits on.
+    ahead.pop().unwrap().task.abort();
+    until_children(&holder, &path, 10).await;
+    behind.until_events(1).await;
+    still_waiting(&behind, "its nearest gave up, nine nodes are still ahead").await;
+    // The second round: a watch on each of the seven nodes left in its window.
+    behind.until_watching(&zk, &path, 7).await;
+
+    let mut token = held.fencing_token();
+    held.release().await.unwrap();
+    for w in ahead {
+        w.until_granted().await;
+        assert!(!behind.granted(), "granted while a waiter ahead holds");
+        let next = w.release().await;
+        assert!(next > token);
+        token = next;
+    }
+    behind.until_granted().await;
+    assert!(behind.release().await > token);
+    holder.flush().await;
+    assert!(children(&holder, &path).await.is_empty());
 }

@@ -200,6 +200,7 @@ impl Contend<'_> {
         // Every blocker in the window is watched (one pipelined round), so the deletion of the
         // last one is the grant: no request after the predecessor goes, whether the nodes below
         // it were granted, gave up or died with their sessions (each shows as its deletion).
+        // Behind a longer queue, only the nearest is watched until it goes (see `to_watch`).
         let mut watches = Watches::default();
         loop {
             // Only what was learned on this very incarnation of the path, through this session.
@@ -271,7 +272,10 @@ impl Contend<'_> {
                 .predecessor_events
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match event.event_type {
-                EventType::NodeDeleted => queue.remove(&node),
+                EventType::NodeDeleted => {
+                    queue.remove(&node);
+                    queue.near = true;
+                }
                 EventType::Session => {
                     // The session ended while waiting: our node went with it.
                     return Err(match event.session_state {
@@ -565,6 +569,11 @@ struct Queue {
     below: Vec<String>,
     /// More blockers sort below the window.
     hidden: bool,
+    /// The queue ahead is short, or its nearest node has gone: every node in the window is
+    /// watched. Until then a waiter behind a longer queue watches only its nearest blocker: the
+    /// others go first (every such deletion would be an event for nothing), and when the
+    /// nearest goes one pipelined round of watches finds which of them are left.
+    near: bool,
     /// Sort key of the lowest node in the window when it was built; hidden nodes sort below it.
     floor: String,
     /// Other nodes of our own (same protected prefix), to delete.
@@ -601,6 +610,7 @@ impl Queue {
                 kind,
                 below,
                 hidden: false,
+                near: true,
                 floor: String::new(),
                 strays,
             });
@@ -633,16 +643,23 @@ impl Queue {
             kind,
             below,
             hidden,
+            near: !hidden,
             floor,
             strays,
         })
     }
 
-    /// The blockers to watch: all of an exclusive waiter's window (its nearest lower nodes); a
-    /// reader's lowest [`WINDOW`] lower writers (the next ones are watched as these go).
+    /// The blockers to watch: all of an exclusive waiter's window (its nearest lower nodes), or
+    /// only the nearest while more sort below the window and none has gone (see
+    /// [`near`](Queue::near)); a reader's lowest [`WINDOW`] lower writers (the next ones are
+    /// watched as these go).
     fn to_watch(&self) -> &[String] {
         if self.kind.exclusive() {
-            &self.below
+            if self.near {
+                &self.below
+            } else {
+                &self.below[self.below.len().saturating_sub(1)..]
+            }
         } else {
             &self.below[..self.below.len().min(WINDOW)]
         }
