@@ -1,17 +1,14 @@
 //! `zklock exec` against a real server: exit codes, the fencing token, exclusion between
 //! processes, timeouts, a lost hold, and a holder killed with SIGKILL.
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::*;
 use zklock_core::LockManager;
 use zklock_testkit::ZkServer;
-
-fn zklock(connect: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zklock"));
-    c.args(["--connect", connect]);
-    c
-}
 
 async fn children(m: &LockManager, path: &str) -> Vec<String> {
     m.zk_client().list_children(path).await.unwrap_or_default()
@@ -31,68 +28,15 @@ async fn until_children(m: &LockManager, path: &str, n: usize) {
 #[test]
 fn runs_the_command_with_the_token_and_returns_its_exit_code() {
     let zk = ZkServer::start().unwrap();
-    let out = zklock(&zk.connect_string())
-        .args([
-            "--session-timeout",
-            "3s",
-            "exec",
-            "job/1",
-            "--",
-            "sh",
-            "-c",
-            "echo $ZKLOCK_FENCING_TOKEN $ZKLOCK_LOCK_PATH; exit 7",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let (token, path) = stdout.trim().split_once(' ').unwrap();
-    assert!(token.parse::<i64>().unwrap() > 0, "{stdout}");
+    let (token, path) = exec_token_and_path(&zk.connect_string(), &["--session-timeout", "3s"]);
+    assert!(token > 0, "{token}");
     assert_eq!(path, "/zklock/locks/job%2F1");
 }
 
 #[test]
 fn concurrent_execs_never_overlap() {
     let zk = ZkServer::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let flag = dir.path().join("held");
-    let log = dir.path().join("log");
-    // mkdir is atomic: a second holder inside the critical section would fail it (exit 99).
-    let script = format!(
-        "mkdir {f} || exit 99; echo $ZKLOCK_FENCING_TOKEN >> {l}; sleep 0.2; rmdir {f}",
-        f = flag.display(),
-        l = log.display()
-    );
-    let children: Vec<_> = (0..4)
-        .map(|_| {
-            zklock(&zk.connect_string())
-                .args(["exec", "shared", "--", "sh", "-c", &script])
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for mut c in children {
-        assert_eq!(
-            c.wait().unwrap().code(),
-            Some(0),
-            "two holders at once (or a failure)"
-        );
-    }
-    let tokens: Vec<i64> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(tokens.len(), 4);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens must increase: {tokens:?}"
-    );
+    concurrent_exec_tokens(&zk.connect_string());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,88 +2,31 @@
 //! fencing token, concurrent execs exclude each other, a timeout exits 75, a holder paused past
 //! its lease exits 76, and the operator commands say they are unsupported.
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
+mod common;
 
+use common::*;
 use zklock_testkit::RedisServer;
-
-fn zklock(url: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zklock"));
-    c.args(["--connect", url]);
-    c
-}
 
 #[test]
 fn runs_the_command_with_the_token_and_returns_its_exit_code() {
     let redis = RedisServer::start().unwrap();
-    let out = zklock(&redis.url())
-        .args([
-            "exec",
-            "job/1",
-            "--",
-            "sh",
-            "-c",
-            "echo $ZKLOCK_FENCING_TOKEN $ZKLOCK_LOCK_PATH; exit 7",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let (token, path) = stdout.trim().split_once(' ').unwrap();
+    let (token, path) = exec_token_and_path(&redis.url(), &[]);
     // The fence counter starts at the server's time in µs.
-    assert!(
-        token.parse::<i64>().unwrap() > 1_600_000_000_000_000,
-        "{stdout}"
-    );
+    assert!(token > 1_600_000_000_000_000, "{token}");
     assert_eq!(path, "/zklock/locks/job%2F1");
 }
 
 #[test]
 fn concurrent_execs_never_overlap_and_tokens_increase() {
     let redis = RedisServer::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let flag = dir.path().join("held");
-    let log = dir.path().join("log");
-    // mkdir is atomic: a second holder inside the critical section would fail it (exit 99).
-    let script = format!(
-        "mkdir {f} || exit 99; echo $ZKLOCK_FENCING_TOKEN >> {l}; sleep 0.2; rmdir {f}",
-        f = flag.display(),
-        l = log.display()
-    );
-    let children: Vec<_> = (0..4)
-        .map(|_| {
-            zklock(&redis.url())
-                .args(["exec", "shared", "--", "sh", "-c", &script])
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for mut c in children {
-        assert_eq!(c.wait().unwrap().code(), Some(0), "two holders at once");
-    }
-    let tokens: Vec<i64> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(tokens.len(), 4);
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    concurrent_exec_tokens(&redis.url());
 }
 
 #[test]
 fn timeout_exits_75_and_a_lost_lease_exits_76() {
     let redis = RedisServer::start().unwrap();
-    let holder = zklock(&redis.url())
-        .args(["exec", "busy", "--", "sleep", "60"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let dir = tempfile::tempdir().unwrap();
+    let holder = spawn_holder(&redis.url(), &[], "busy", dir.path());
     let out = zklock(&redis.url())
         .args(["exec", "busy", "--timeout", "300ms", "--", "true"])
         .output()
@@ -94,27 +37,19 @@ fn timeout_exits_75_and_a_lost_lease_exits_76() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-
-    // The server stops answering past the holder's 1 s lease: the holder loses the lock, sends
-    // its command SIGTERM and exits 76.
     // SIGTERM: zklock forwards it to its command and exits.
     // SAFETY: kill(2) on a child we spawned and have not reaped; no memory effects.
     unsafe { libc::kill(holder.id() as libc::pid_t, libc::SIGTERM) };
     holder.wait_with_output().unwrap();
-    let holder = zklock(&redis.url())
-        .args([
-            "--session-timeout",
-            "1s",
-            "exec",
-            "paused",
-            "--",
-            "sleep",
-            "60",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+
+    // The server stops answering past the holder's 1 s lease: the holder loses the lock, sends
+    // its command SIGTERM and exits 76.
+    let holder = spawn_holder(
+        &redis.url(),
+        &["--session-timeout", "1s"],
+        "paused",
+        dir.path(),
+    );
     redis.pause().unwrap();
     let out = holder.wait_with_output().unwrap();
     redis.resume().unwrap();
@@ -130,13 +65,5 @@ fn timeout_exits_75_and_a_lost_lease_exits_76() {
 #[test]
 fn operator_commands_are_unsupported_on_redis() {
     let redis = RedisServer::start().unwrap();
-    for args in [&["ls"][..], &["status", "k"], &["revoke", "k"]] {
-        let out = zklock(&redis.url()).args(args).output().unwrap();
-        assert_eq!(out.status.code(), Some(69), "{args:?}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains("redis backend does not support"),
-            "{stderr}"
-        );
-    }
+    operator_commands_are_unsupported(&redis.url(), "redis");
 }

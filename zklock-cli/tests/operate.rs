@@ -1,17 +1,14 @@
 //! The operator's side of `zklock`: ls, status, revoke, and exec with --read, --write and
 //! --semaphore, against a real server.
 
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::zklock;
 use zklock_core::{LockManager, LossReason};
 use zklock_testkit::ZkServer;
-
-fn zklock(connect: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zklock"));
-    c.args(["--connect", connect]);
-    c
-}
 
 fn run(connect: &str, args: &[&str]) -> (i32, String, String) {
     let out = zklock(connect).args(args).output().unwrap();
