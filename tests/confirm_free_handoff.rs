@@ -99,6 +99,17 @@ impl Waiter {
         self.granted.load(Ordering::SeqCst)
     }
 
+    /// Waits (bounded) until the acquire fails or is granted; a grant fails the test, else the
+    /// acquire's error is returned.
+    async fn outcome(self) -> zklock::Result<FencingToken> {
+        eventually("the waiter to fail or be granted", LONG, || async {
+            self.granted() || self.task.is_finished()
+        })
+        .await;
+        assert!(!self.granted(), "granted: its node was deleted");
+        self.task.await.unwrap()
+    }
+
     async fn release(mut self) -> FencingToken {
         let _ = self.release.take().unwrap().send(());
         self.task.await.unwrap().unwrap()
@@ -126,8 +137,8 @@ async fn a_waiter_ahead_that_gives_up_does_not_hand_the_lock_on() {
     until_children(&holder, &path, 2).await;
     let behind = Waiter::queue(&connect, "gives-up").await;
     until_children(&holder, &path, 3).await;
-    // A watch on each of the two nodes ahead, set on the server.
-    behind.until_watching(&zk, &path, 2).await;
+    // A watch on each of the two nodes ahead and one on its own node, set on the server.
+    behind.until_watching(&zk, &path, 3).await;
 
     // The waiter ahead gives up (its acquire is cancelled): its node goes, and the waiter
     // behind sees that deletion. It must go on waiting for the holder.
@@ -157,7 +168,7 @@ async fn a_waiter_ahead_whose_session_dies_does_not_hand_the_lock_on() {
     until_children(&holder, &path, 2).await;
     let behind = Waiter::queue(&connect, "dies").await;
     until_children(&holder, &path, 3).await;
-    behind.until_watching(&zk, &path, 2).await;
+    behind.until_watching(&zk, &path, 3).await;
 
     // The session of the waiter ahead expires: the server deletes its node.
     expire_session(&ahead.manager, &connect).await;
@@ -190,7 +201,7 @@ async fn a_holder_whose_session_dies_hands_the_lock_to_the_first_waiter_only() {
     until_children(&observer, &path, 2).await;
     let second = Waiter::queue(&connect, "holder-dies").await;
     until_children(&observer, &path, 3).await;
-    second.until_watching(&zk, &path, 2).await;
+    second.until_watching(&zk, &path, 3).await;
 
     expire_session(&holder, &connect).await;
     drop(held);
@@ -220,8 +231,8 @@ async fn a_grant_after_the_nodes_ahead_went_in_order_sends_no_request() {
     }
     let last = Waiter::queue(&connect, "in-order").await;
     until_children(&holder, &path, 5).await;
-    // A watch on each of the four nodes ahead, set on the server.
-    last.until_watching(&zk, &path, 4).await;
+    // A watch on each of the four nodes ahead and one on its own node, set on the server.
+    last.until_watching(&zk, &path, 5).await;
     let watching = last.manager.stats().requests;
 
     held.release().await.unwrap();
@@ -234,13 +245,10 @@ async fn a_grant_after_the_nodes_ahead_went_in_order_sends_no_request() {
         token = next;
     }
     last.until_granted().await;
-    // The grant itself cost nothing: the only request since the watches is the hold's own
-    // node watch (started at the grant).
+    // The grant itself cost nothing: no request since the watches (the hold's node watch is
+    // the one the waiter set on its own node).
     let sent = last.manager.stats().requests - watching;
-    assert!(
-        sent <= 1,
-        "{sent} requests between the watches and the grant"
-    );
+    assert_eq!(sent, 0, "{sent} requests between the watches and the grant");
     assert_eq!(last.manager.stats().predecessor_events, 4);
     assert!(last.release().await > token);
 }
@@ -266,7 +274,7 @@ async fn a_curator_waiter_in_the_queue_is_waited_for() {
     }
     let behind = Waiter::queue(&connect, "curator").await;
     until_children(&holder, &path, 3).await;
-    behind.until_watching(&zk, &path, 2).await;
+    behind.until_watching(&zk, &path, 3).await;
 
     held.release().await.unwrap();
     let (curator, acquired, released) = tokio::task::spawn_blocking(move || {
@@ -311,15 +319,16 @@ async fn a_waiter_behind_a_long_queue_whose_nearest_gives_up_keeps_waiting() {
     }
     let behind = Waiter::queue(&connect, "long").await;
     until_children(&holder, &path, 11).await;
-    behind.until_watching(&zk, &path, 1).await;
+    behind.until_watching(&zk, &path, 2).await;
 
     // Its nearest gives up: it then watches the rest of its window, and waits on.
     ahead.pop().unwrap().task.abort();
     until_children(&holder, &path, 10).await;
     behind.until_events(1).await;
     still_waiting(&behind, "its nearest gave up, nine nodes are still ahead").await;
-    // The second round: a watch on each of the seven nodes left in its window.
-    behind.until_watching(&zk, &path, 7).await;
+    // The second round: a watch on each of the seven nodes left in its window (and the one
+    // on its own node).
+    behind.until_watching(&zk, &path, 8).await;
 
     let mut token = held.fencing_token();
     held.release().await.unwrap();
@@ -334,4 +343,74 @@ async fn a_waiter_behind_a_long_queue_whose_nearest_gives_up_keeps_waiting() {
     assert!(behind.release().await > token);
     holder.flush().await;
     assert!(children(&holder, &path).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_node_is_deleted_while_it_waits_is_told_and_never_granted() {
+    let zk = server();
+    let connect = zk.connect_string();
+    let holder = manager(&connect).await;
+    let path = holder.path_of("deleted").unwrap();
+    let held = holder.lock("deleted").await.unwrap();
+    let waiter = Waiter::queue(&connect, "deleted").await;
+    until_children(&holder, &path, 2).await;
+    // A watch on the holder's node, and one on its own node.
+    waiter.until_watching(&zk, &path, 2).await;
+
+    // Someone else (an operator) deletes the waiting node.
+    let own = children(&holder, &path)
+        .await
+        .into_iter()
+        .find(|c| !held.node_path().ends_with(c.as_str()))
+        .unwrap();
+    holder
+        .zk_client()
+        .delete(&format!("{path}/{own}"), None)
+        .await
+        .unwrap();
+    // And the holder lets go: a waiter that did not see its own node go would now be granted.
+    held.release().await.unwrap();
+    match waiter.outcome().await {
+        Err(zklock::Error::LockLost {
+            reason: zklock::LossReason::NodeDeleted,
+            ..
+        }) => {}
+        other => panic!("a waiter whose node was deleted: {other:?}"),
+    }
+    holder.flush().await;
+    assert!(children(&holder, &path).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_deleted_just_before_its_grant_is_never_granted() {
+    let zk = server();
+    let connect = zk.connect_string();
+    let holder = manager(&connect).await;
+    let path = holder.path_of("just-before").unwrap();
+    let held = holder.lock("just-before").await.unwrap();
+    let waiter = Waiter::queue(&connect, "just-before").await;
+    until_children(&holder, &path, 2).await;
+    waiter.until_watching(&zk, &path, 2).await;
+
+    // The waiting node and then the holder's go in one transaction: the waiter hears of both
+    // at once, its own node's deletion first. It must not take the lock.
+    let own = children(&holder, &path)
+        .await
+        .into_iter()
+        .find(|c| !held.node_path().ends_with(c.as_str()))
+        .unwrap();
+    let client = holder.zk_client();
+    let mut multi = client.new_multi_writer();
+    multi.add_delete(&format!("{path}/{own}"), None).unwrap();
+    multi.add_delete(held.node_path(), None).unwrap();
+    multi.commit().await.unwrap();
+    match waiter.outcome().await {
+        Err(zklock::Error::LockLost {
+            reason: zklock::LossReason::NodeDeleted,
+            ..
+        }) => {}
+        other => panic!("a waiter whose node was deleted: {other:?}"),
+    }
+    drop(held);
+    holder.flush().await;
 }

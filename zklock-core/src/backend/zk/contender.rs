@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use zookeeper_client::{Client, EventType};
 
-use super::hold::Hold;
+use super::hold::{Given, Hold, NodeWatch, REVOKE_MESSAGE};
 use super::protocol::{
     contender_options, delete_by_prefix_in_background, delete_in_background, ensure_parents,
     PATH_VANISHED_RETRIES,
@@ -145,7 +145,7 @@ pub(crate) async fn create_node(
             node,
             FencingToken::new(created.czxid, 0),
             ticket,
-            None,
+            Given::Nothing,
         ),
         created.children,
     ))
@@ -202,6 +202,12 @@ impl Contend<'_> {
         // it were granted, gave up or died with their sessions (each shows as its deletion).
         // Behind a longer queue, only the nearest is watched until it goes (see `to_watch`).
         let mut watches = Watches::default();
+        // The same round watches our own node's data: its deletion while we wait (by someone
+        // else) ends the acquire instead of granting a node that is gone, and the watch is
+        // handed to the hold. Spent once it reported a data change: the hold reads the data.
+        let own_path = format!("{}/{name}", self.path);
+        let mut own: Option<NodeWatch> = None;
+        let mut own_spent = false;
         loop {
             // Only what was learned on this very incarnation of the path, through this session.
             if let Some(floor) = ticket.granted_floor(incarnation) {
@@ -230,14 +236,33 @@ impl Contend<'_> {
                 .filter(|n| !watches.names.contains(*n))
                 .cloned()
                 .collect();
-            if !unwatched.is_empty() {
+            let watch_own = own.is_none() && !own_spent;
+            if !unwatched.is_empty() || watch_own {
                 let requests: Vec<_> = unwatched
                     .iter()
                     .map(|n| client.check_and_watch_stat(&format!("{}/{n}", self.path)))
                     .collect();
-                inner.count(requests.len() as u64);
-                let results = futures::future::join_all(requests).await;
+                inner.count(requests.len() as u64 + u64::from(watch_own));
+                let own_request = async {
+                    match watch_own {
+                        true => Some(client.get_and_watch_data(&own_path).await),
+                        false => None,
+                    }
+                };
+                let (results, own_result) =
+                    futures::join!(futures::future::join_all(requests), own_request);
                 let mut failed = None;
+                match own_result {
+                    Some(Ok((data, _, watcher))) => {
+                        own = Some(NodeWatch {
+                            fired: Box::pin(watcher.changed()),
+                            revoke_requested: data == REVOKE_MESSAGE,
+                        })
+                    }
+                    Some(Err(zookeeper_client::Error::NoNode)) => return Err(self.deleted(pending)),
+                    Some(Err(err)) => failed = Some(err),
+                    None => {}
+                }
                 for (node, result) in unwatched.into_iter().zip(results) {
                     match result {
                         Ok((None, _)) => queue.remove(&node),
@@ -251,7 +276,19 @@ impl Contend<'_> {
                 }
                 continue;
             }
-            let next = watches.next();
+            let next = async {
+                match own.as_mut() {
+                    Some(own) => tokio::select! {
+                        biased;
+                        event = &mut own.fired => (None, event),
+                        (node, event) = watches.next() => (Some(node), event),
+                    },
+                    None => {
+                        let (node, event) = watches.next().await;
+                        (Some(node), event)
+                    }
+                }
+            };
             let (node, event) = match wait {
                 Wait::Until(deadline, waited) => {
                     match tokio::time::timeout_at(deadline, next).await {
@@ -267,6 +304,18 @@ impl Contend<'_> {
                 }
                 _ => next.await,
             };
+            let Some(node) = node else {
+                // Our own node's watch.
+                match event.event_type {
+                    EventType::NodeDeleted => return Err(self.deleted(pending)),
+                    EventType::Session => return Err(session_ended(&event)),
+                    _ => {
+                        own = None;
+                        own_spent = true;
+                    }
+                }
+                continue;
+            };
             inner
                 .stats
                 .predecessor_events
@@ -276,16 +325,23 @@ impl Contend<'_> {
                     queue.remove(&node);
                     queue.near = true;
                 }
-                EventType::Session => {
-                    // The session ended while waiting: our node went with it.
-                    return Err(match event.session_state {
-                        zookeeper_client::SessionState::Expired => Error::SessionExpired,
-                        _ => Error::Closed,
-                    });
-                }
+                // The session ended while waiting: our node went with it.
+                EventType::Session => return Err(session_ended(&event)),
                 // Data changed (e.g. a Curator revocation request): the watch is spent; the
                 // next round sets it again.
                 _ => {}
+            }
+        }
+        // Our node's deletion may have been told before the last blocker's, and not looked
+        // at yet (both were ready together): it is in its watch's channel by now.
+        if let Some(watch) = own.as_mut() {
+            use futures::FutureExt;
+            if let Some(event) = (&mut watch.fired).now_or_never() {
+                match event.event_type {
+                    EventType::NodeDeleted => return Err(self.deleted(pending)),
+                    EventType::Session => return Err(session_ended(&event)),
+                    _ => own = None,
+                }
             }
         }
         if self.kind.exclusive() {
@@ -300,8 +356,23 @@ impl Contend<'_> {
             node,
             FencingToken::new(czxid, 0),
             ticket,
-            alone,
+            match (alone, own) {
+                (Some(alone), _) => Given::Alone(alone),
+                (None, Some(own)) => Given::Node(own),
+                (None, None) => Given::Nothing,
+            },
         )))
+    }
+
+    /// Our node was deleted while we waited (by someone else: the end of the session shows as
+    /// such): the acquire ends, and nothing is left to clean up.
+    fn deleted(&self, mut pending: Pending) -> Error {
+        pending.disarm();
+        tracing::warn!(key = %self.key, "our waiting node was deleted by someone else");
+        Error::LockLost {
+            key: self.key.to_string(),
+            reason: LossReason::NodeDeleted,
+        }
     }
 
     /// The blockers of our node `name` in a listing; our node missing from it means it was
@@ -686,6 +757,14 @@ impl Queue {
         if self.hidden && granted >= self.floor.as_str() {
             self.hidden = false;
         }
+    }
+}
+
+/// The error of an acquire whose session ended while it waited.
+fn session_ended(event: &zookeeper_client::WatchedEvent) -> Error {
+    match event.session_state {
+        zookeeper_client::SessionState::Expired => Error::SessionExpired,
+        _ => Error::Closed,
     }
 }
 

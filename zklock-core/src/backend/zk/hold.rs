@@ -46,6 +46,26 @@ enum Others {
 /// away without a word (it panics when polled) counts as fired.
 type Fired = futures::future::Shared<BoxFuture<'static, ()>>;
 
+/// The data watch a waiter set on its own node while it waited (one request in the round that
+/// watched the nodes ahead of it), handed to the hold it became: the node is then watched with
+/// no request at the grant.
+pub(crate) struct NodeWatch {
+    /// The watch's event: the node deleted, its data changed, or the session's end.
+    pub(crate) fired: BoxFuture<'static, zookeeper_client::WatchedEvent>,
+    /// The node's data was a revoke request when the watch was set.
+    pub(crate) revoke_requested: bool,
+}
+
+/// What watches a new hold's node with no request of its own.
+pub(crate) enum Given {
+    /// Nothing: the hold watches its node's data (one request), unless the manager opted out.
+    Nothing,
+    /// The children watch of the listing that showed the node alone and granted it.
+    Alone(zookeeper_client::OneshotWatcher),
+    /// The data watch the waiter set on its own node while it waited.
+    Node(NodeWatch),
+}
+
 /// A children watch's event as a [`Fired`].
 fn fired(watcher: zookeeper_client::OneshotWatcher) -> Fired {
     use futures::FutureExt;
@@ -148,12 +168,15 @@ impl Hold {
     /// Builds the hold of `node`, created on `session` (the session captured when the acquire
     /// started, not the manager's current one), and starts watching the node if configured.
     ///
-    /// `alone` is the children watch of the listing that showed this node alone in the lock
-    /// path and granted it. The node is then watched through it: any change of the lock path's
-    /// children (this node deleted, another contender queued, the session's end) fires it, and
-    /// only then is the node's data watched (a request); meanwhile the node is as confirmed as
-    /// by a data watch set and not fired, and no other contender waits. A contender that is
-    /// alone and never contended for so pays no request for its watch.
+    /// `given` is a watch the acquire already set, so that the grant sends no request:
+    /// - [`Given::Alone`], the children watch of the listing that showed this node alone in the
+    ///   lock path and granted it. The node is then watched through it: any change of the lock
+    ///   path's children (this node deleted, another contender queued, the session's end) fires
+    ///   it, and only then is the node's data watched (a request); meanwhile the node is as
+    ///   confirmed as by a data watch set and not fired, and no other contender waits. A
+    ///   contender that is alone and never contended for so pays no request for its watch.
+    /// - [`Given::Node`], the data watch the waiter set on its node while it waited: the hold's
+    ///   data watch, set early. A data change (a revoke request?) has the hold read the data.
     pub(crate) fn new(
         inner: Arc<Inner>,
         session: Session,
@@ -161,7 +184,7 @@ impl Hold {
         node: String,
         token: FencingToken,
         ticket: DirTicket,
-        alone: Option<zookeeper_client::OneshotWatcher>,
+        given: Given,
     ) -> Hold {
         let health = inner.session.health.subscribe();
         let (epoch, born_lost) = {
@@ -181,9 +204,17 @@ impl Hold {
             .store(inner.config.revocable, Ordering::SeqCst);
         let eager = inner.config.watch_held_nodes;
         // A revocable hold watches the data from the start (a revoke request changes no child).
-        let alone = alone.filter(|_| eager && !inner.config.revocable && born_lost.is_none());
-        let fired = alone.map(fired);
-        let (node_state, _) = watch::channel(if fired.is_some() {
+        // Likewise the data watch set while waiting: a revocable hold reads the data again.
+        let usable = eager && !inner.config.revocable && born_lost.is_none();
+        let (fired, node_watch) = match given {
+            Given::Alone(watcher) if usable => (Some(fired(watcher)), None),
+            Given::Node(watch) if usable => (None, Some(watch)),
+            _ => (None, None),
+        };
+        if node_watch.as_ref().is_some_and(|w| w.revoke_requested) {
+            revocation.requested.store(true, Ordering::SeqCst);
+        }
+        let (node_state, _) = watch::channel(if fired.is_some() || node_watch.is_some() {
             NodeState::Watched
         } else {
             NodeState::Unconfirmed
@@ -239,8 +270,33 @@ impl Hold {
                 });
                 *hold.monitor.lock().unwrap() = Some(monitor.abort_handle());
             }
-            None if eager => hold.watch(),
-            None => {}
+            None => match node_watch {
+                Some(node_watch) => {
+                    let (client, node, state, revocation) = (
+                        hold.session.client.clone(),
+                        hold.node.clone(),
+                        hold.node_state.clone(),
+                        hold.revocation.clone(),
+                    );
+                    let count = hold.inner.clone();
+                    let monitor = hold.inner.runtime.spawn(async move {
+                        let event = node_watch.fired.await;
+                        match event.event_type {
+                            EventType::NodeDeleted => node_gone(&node, &state),
+                            // Session trouble is reported through the manager's health.
+                            EventType::Session => {}
+                            // The data changed (a revoke request?): read it, and watch on.
+                            _ => {
+                                count.count(1);
+                                watch_node(client, node, state, revocation).await
+                            }
+                        }
+                    });
+                    *hold.monitor.lock().unwrap() = Some(monitor.abort_handle());
+                }
+                None if eager => hold.watch(),
+                None => {}
+            },
         }
         hold
     }
@@ -491,6 +547,12 @@ pub(crate) struct Revocation {
     pub(crate) requested: AtomicBool,
 }
 
+/// A held node was deleted by someone else: the hold is lost.
+fn node_gone(node: &str, state: &watch::Sender<NodeState>) {
+    tracing::warn!(%node, "lock node deleted by someone else");
+    state.send_replace(NodeState::Lost(LossReason::NodeDeleted));
+}
+
 /// Watches a held node: deletion by someone else is a loss, and so is a revoke request once
 /// the holder opted in.
 async fn watch_node(
@@ -499,10 +561,7 @@ async fn watch_node(
     state: Arc<watch::Sender<NodeState>>,
     revocation: Arc<Revocation>,
 ) {
-    let gone = |state: &watch::Sender<NodeState>| {
-        tracing::warn!(%node, "lock node deleted by someone else");
-        state.send_replace(NodeState::Lost(LossReason::NodeDeleted));
-    };
+    let gone = |state: &watch::Sender<NodeState>| node_gone(&node, state);
     loop {
         match client.get_and_watch_data(&node).await {
             Err(zookeeper_client::Error::NoNode) => return gone(&state),
