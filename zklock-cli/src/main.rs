@@ -17,7 +17,8 @@
 //!
 //! Exit codes of `exec`: CMD's own code when it ran (128+N when a signal N ended it);
 //! 64 bad usage or key; 69 ZooKeeper unreachable or the session failed; 75 timed out waiting
-//! for the lock; 76 the lock was lost while CMD ran (CMD got SIGTERM); 124 a job's CMD ran past
+//! for the lock; 76 the lock was lost while CMD ran (CMD got SIGTERM), or the waiting node was
+//! deleted by someone else before CMD ran; 124 a job's CMD ran past
 //! `--at-most` and was stopped; 126 CMD could not run; 127 CMD not found. A skipped job exits 0
 //! (or `--skipped-exit-code`).
 
@@ -56,7 +57,8 @@ EXIT CODES (exec, elect):
   64   bad usage, invalid key or option
   69   ZooKeeper unreachable, or the session failed before CMD ran
   75   timed out waiting for the lock (--timeout)
-  76   the lock (or leadership) was lost while CMD ran; CMD was sent SIGTERM
+  76   the lock (or leadership) was lost while CMD ran; CMD was sent SIGTERM (or the
+       waiting node was deleted by someone else, and CMD never ran)
   124  a job's CMD ran past --at-most; it was sent SIGTERM, then SIGKILL after --kill-after
   126  CMD could not be executed
   127  CMD not found";
@@ -300,7 +302,7 @@ fn fail(err: &Error) -> u8 {
     match err {
         Error::InvalidKey { .. } | Error::Config(_) | Error::InvalidArgument(_) => EXIT_USAGE,
         Error::Timeout { .. } => EXIT_TIMEOUT,
-        Error::LockLost { .. } => EXIT_LOST,
+        Error::LockLost { .. } | Error::Dequeued { .. } => EXIT_LOST,
         _ => EXIT_UNAVAILABLE,
     }
 }

@@ -59,6 +59,21 @@ pub enum Error {
         reason: crate::types::loss::LossReason,
     },
 
+    /// The acquire's waiting node was deleted by someone else (an operator or a tool, or the
+    /// session closed by another handle) before the lock was granted: nothing is held and no
+    /// node is left. Acquire again if the work should still happen.
+    ///
+    /// ```
+    /// let err = zklock_core::Error::Dequeued { key: "order_42".into() };
+    /// assert!(err.is_retryable());
+    /// assert!(err.to_string().contains("nothing is held"));
+    /// ```
+    #[error("the waiting node for the lock on {key} was deleted by someone else before the lock was granted; nothing is held: acquire again if the work should still happen")]
+    Dequeued {
+        /// The key (or raw path) of the lock.
+        key: String,
+    },
+
     /// Waiting for the lock took longer than the given timeout; nothing is held and no node is left.
     #[error(
         "timed out after {waited:?} waiting for the lock on {key}: another process holds it, or ZooKeeper did not answer in time; nothing is held and no node is left"
@@ -425,6 +440,7 @@ impl Error {
             Error::ConnectionLoss { .. }
             | Error::SessionExpired
             | Error::Timeout { .. }
+            | Error::Dequeued { .. }
             | Error::Unreachable { .. } => true,
             #[cfg(feature = "redis")]
             Error::Redis { source, .. } => source.is_transient(),

@@ -16,7 +16,6 @@ use super::protocol::{
 use super::{Incarnation, Inner};
 use crate::session::{connection_lost, Session};
 use crate::types::error::{Error, Result};
-use crate::types::loss::LossReason;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
 
@@ -369,18 +368,16 @@ impl Contend<'_> {
     fn deleted(&self, mut pending: Pending) -> Error {
         pending.disarm();
         tracing::warn!(key = %self.key, "our waiting node was deleted by someone else");
-        Error::LockLost {
+        Error::Dequeued {
             key: self.key.to_string(),
-            reason: LossReason::NodeDeleted,
         }
     }
 
     /// The blockers of our node `name` in a listing; our node missing from it means it was
     /// deleted (by someone else, or with its session).
     fn queue(&self, children: Vec<String>, name: &str, protect: &str) -> Result<Queue> {
-        Queue::new(self.kind, children, name, protect).ok_or_else(|| Error::LockLost {
+        Queue::new(self.kind, children, name, protect).ok_or_else(|| Error::Dequeued {
             key: self.key.to_string(),
-            reason: LossReason::NodeDeleted,
         })
     }
 
