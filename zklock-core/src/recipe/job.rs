@@ -24,8 +24,8 @@ use crate::types::mode::HoldMode;
 ///   the server's clock; PostgreSQL: a column of the key table, by the server's clock); in
 ///   memory, by this process's clock.
 /// - [`at_most`](Self::at_most): a run still going after this long is stopped (its body is
-///   dropped at its next await point), reported as [`LossReason::HoldLimit`]
-///   (crate::LossReason::HoldLimit), and the lock is given up. A run whose process freezes or
+///   dropped at its next await point), reported as
+///   [`LossReason::HoldLimit`](crate::LossReason::HoldLimit), and the lock is given up. A run whose process freezes or
 ///   dies loses its lock with its session (ZooKeeper) or lease (Redis, PostgreSQL) as any hold
 ///   does.
 /// - [`wait`](Self::wait): wait up to this long for the lock instead of skipping.

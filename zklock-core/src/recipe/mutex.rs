@@ -13,7 +13,7 @@ use crate::types::error::Result;
 use crate::types::mode::HoldMode;
 
 /// An exclusive lock on one key, shared across processes: a cheap handle (`Clone`) made by
-/// [`LockManager::mutex`] or [`LockManager::mutex_at_path`].
+/// [`LockManager::mutex`](crate::LockManager::mutex) or [`LockManager::mutex_at_path`](crate::LockManager::mutex_at_path).
 ///
 /// Contenders are ephemeral sequential znodes `_c_<uuid>-lock-<seq>` under the lock path, as
 /// Apache Curator's `InterProcessMutex` writes them, so a Curator client locking the same path
@@ -124,7 +124,7 @@ impl Mutex {
         self.target.acquire(Some(timeout)).await
     }
 
-    /// Runs `body` under the lock and releases it afterwards; see [`LockManager::with_lock`].
+    /// Runs `body` under the lock and releases it afterwards; see [`LockManager::with_lock`](crate::LockManager::with_lock).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future releases the lock or removes the waiting node.

@@ -15,7 +15,7 @@ use crate::types::error::Result;
 use crate::types::mode::HoldMode;
 
 /// A read/write lock on one key, shared across processes: a cheap handle (`Clone`) made by
-/// [`LockManager::rwlock`] or [`LockManager::rwlock_at_path`].
+/// [`LockManager::rwlock`](crate::LockManager::rwlock) or [`LockManager::rwlock_at_path`](crate::LockManager::rwlock_at_path).
 ///
 /// Contenders are `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>` under one path, as
 /// Apache Curator's `InterProcessReadWriteLock` writes them: Curator readers and zklock

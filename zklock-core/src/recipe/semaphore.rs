@@ -14,7 +14,7 @@ use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
 
 /// A semaphore with N leases shared across processes: a cheap handle (`Clone`) made by
-/// [`LockManager::semaphore`] or [`LockManager::semaphore_at_path`].
+/// [`LockManager::semaphore`](crate::LockManager::semaphore) or [`LockManager::semaphore_at_path`](crate::LockManager::semaphore_at_path).
 ///
 /// Laid out as Curator's `InterProcessSemaphoreV2` (`<path>/locks/` and `<path>/leases/`), so
 /// Curator clients using the same path and the same number of leases share the count.
