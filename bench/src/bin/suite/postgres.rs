@@ -187,9 +187,13 @@ fn render(
             ""
         }
     );
+    let each_cell = match rounds {
+        1 => "each cell one run".to_string(),
+        n => format!("each cell the median of {n} runs, the peers taking turns"),
+    };
     let _ = writeln!(
         md,
-        "Throughput (acquire + release per second), each cell the median of {rounds} runs, the peers taking turns. In parentheses: zklock's ratio to the floor.\n"
+        "Throughput (acquire + release per second), {each_cell}. In parentheses: zklock's ratio to the floor.\n"
     );
     super::backend_tables(
         &mut md,
@@ -201,7 +205,11 @@ fn render(
             per_cycle: "the WAL the server wrote per cycle (`pg_current_wal_lsn()`)",
             per_cycle_field: "wal_bytes_per_cycle",
             per_cycle_unit: "B WAL",
-            lines: "The median run's output line of each cell (every run's is on stderr):",
+            lines: if rounds == 1 {
+                "Every run's output line:"
+            } else {
+                "The median run's output line of each cell (every run's is on stderr):"
+            },
         },
     );
     md
