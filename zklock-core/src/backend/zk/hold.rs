@@ -1,5 +1,6 @@
 //! A granted contender node: its session, its watch, its loss, its release.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -245,16 +246,10 @@ impl Hold {
             }),
             _ticket: ticket,
         };
-        match fired {
-            Some(fired) => {
-                let (client, node, state, revocation) = (
-                    hold.session.client.clone(),
-                    hold.node.clone(),
-                    hold.node_state.clone(),
-                    hold.revocation.clone(),
-                );
-                let count = hold.inner.clone();
-                let monitor = hold.inner.runtime.spawn(async move {
+        match (fired, node_watch) {
+            (Some(fired), _) => {
+                let state = hold.node_state.clone();
+                hold.monitor_after(async move {
                     fired.await;
                     // Something changed in the lock path: not confirmed until the data watch
                     // answers.
@@ -265,40 +260,49 @@ impl Hold {
                         }
                         was
                     });
-                    count.count(1);
-                    watch_node(client, node, state, revocation).await
+                    true
                 });
-                *hold.monitor.lock().unwrap() = Some(monitor.abort_handle());
             }
-            None => match node_watch {
-                Some(node_watch) => {
-                    let (client, node, state, revocation) = (
-                        hold.session.client.clone(),
-                        hold.node.clone(),
-                        hold.node_state.clone(),
-                        hold.revocation.clone(),
-                    );
-                    let count = hold.inner.clone();
-                    let monitor = hold.inner.runtime.spawn(async move {
-                        let event = node_watch.fired.await;
-                        match event.event_type {
-                            EventType::NodeDeleted => node_gone(&node, &state),
-                            // Session trouble is reported through the manager's health.
-                            EventType::Session => {}
-                            // The data changed (a revoke request?): read it, and watch on.
-                            _ => {
-                                count.count(1);
-                                watch_node(client, node, state, revocation).await
-                            }
+            (None, Some(node_watch)) => {
+                let (node, state) = (hold.node.clone(), hold.node_state.clone());
+                hold.monitor_after(async move {
+                    let event = node_watch.fired.await;
+                    match event.event_type {
+                        EventType::NodeDeleted => {
+                            node_gone(&node, &state);
+                            false
                         }
-                    });
-                    *hold.monitor.lock().unwrap() = Some(monitor.abort_handle());
-                }
-                None if eager => hold.watch(),
-                None => {}
-            },
+                        // Session trouble is reported through the manager's health.
+                        EventType::Session => false,
+                        // The data changed (a revoke request?): read it, and watch on.
+                        _ => true,
+                    }
+                });
+            }
+            (None, None) if eager => hold.watch(),
+            (None, None) => {}
         }
         hold
+    }
+
+    /// Starts the monitor of a node already watched without a request: `first` answers with
+    /// that watch's event, and unless it settled the matter (`false`), the node's data is
+    /// watched from then on (a request).
+    fn monitor_after(&self, first: impl Future<Output = bool> + Send + 'static) {
+        let (client, node, state, revocation) = (
+            self.session.client.clone(),
+            self.node.clone(),
+            self.node_state.clone(),
+            self.revocation.clone(),
+        );
+        let count = self.inner.clone();
+        let monitor = self.inner.runtime.spawn(async move {
+            if first.await {
+                count.count(1);
+                watch_node(client, node, state, revocation).await
+            }
+        });
+        *self.monitor.lock().unwrap() = Some(monitor.abort_handle());
     }
 
     /// Starts watching the node (once): its deletion by someone else, or a revoke request,
