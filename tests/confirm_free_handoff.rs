@@ -347,66 +347,79 @@ async fn a_waiter_behind_a_long_queue_whose_nearest_gives_up_keeps_waiting() {
     assert!(children(&holder, &path).await.is_empty());
 }
 
+/// A holder of `key`, and one waiter queued behind it in a process of its own, watching the
+/// holder's node and its own (as the server shows).
+struct OneWaiter {
+    holder: LockManager,
+    path: String,
+    held: zklock::LockGuard,
+    waiter: Waiter,
+    /// The full path of the waiter's node.
+    waiting_node: String,
+}
+
+impl OneWaiter {
+    async fn queue(zk: &ZkServer, key: &'static str) -> OneWaiter {
+        let connect = zk.connect_string();
+        let holder = manager(&connect).await;
+        let path = holder.path_of(key).unwrap();
+        let held = holder.lock(key).await.unwrap();
+        let waiter = Waiter::queue(&connect, key).await;
+        until_children(&holder, &path, 2).await;
+        // A watch on the holder's node, and one on its own node.
+        waiter.until_watching(zk, &path, 2).await;
+        let own = children(&holder, &path)
+            .await
+            .into_iter()
+            .find(|c| !held.node_path().ends_with(c.as_str()))
+            .unwrap();
+        OneWaiter {
+            waiting_node: format!("{path}/{own}"),
+            holder,
+            path,
+            held,
+            waiter,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_node_is_deleted_while_it_waits_is_told_and_never_granted() {
     let zk = server();
-    let connect = zk.connect_string();
-    let holder = manager(&connect).await;
-    let path = holder.path_of("deleted").unwrap();
-    let held = holder.lock("deleted").await.unwrap();
-    let waiter = Waiter::queue(&connect, "deleted").await;
-    until_children(&holder, &path, 2).await;
-    // A watch on the holder's node, and one on its own node.
-    waiter.until_watching(&zk, &path, 2).await;
+    let q = OneWaiter::queue(&zk, "deleted").await;
 
     // Someone else (an operator) deletes the waiting node.
-    let own = children(&holder, &path)
-        .await
-        .into_iter()
-        .find(|c| !held.node_path().ends_with(c.as_str()))
-        .unwrap();
-    holder
+    q.holder
         .zk_client()
-        .delete(&format!("{path}/{own}"), None)
+        .delete(&q.waiting_node, None)
         .await
         .unwrap();
     // And the holder lets go: a waiter that did not see its own node go would now be granted.
-    held.release().await.unwrap();
-    match waiter.outcome().await {
+    q.held.release().await.unwrap();
+    match q.waiter.outcome().await {
         Err(zklock::Error::Dequeued { key }) => assert_eq!(key, "deleted"),
         other => panic!("a waiter whose node was deleted: {other:?}"),
     }
-    holder.flush().await;
-    assert!(children(&holder, &path).await.is_empty());
+    q.holder.flush().await;
+    assert!(children(&q.holder, &q.path).await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_deleted_just_before_its_grant_is_never_granted() {
     let zk = server();
-    let connect = zk.connect_string();
-    let holder = manager(&connect).await;
-    let path = holder.path_of("just-before").unwrap();
-    let held = holder.lock("just-before").await.unwrap();
-    let waiter = Waiter::queue(&connect, "just-before").await;
-    until_children(&holder, &path, 2).await;
-    waiter.until_watching(&zk, &path, 2).await;
+    let q = OneWaiter::queue(&zk, "just-before").await;
 
     // The waiting node and then the holder's go in one transaction: the waiter hears of both
     // at once, its own node's deletion first. It must not take the lock.
-    let own = children(&holder, &path)
-        .await
-        .into_iter()
-        .find(|c| !held.node_path().ends_with(c.as_str()))
-        .unwrap();
-    let client = holder.zk_client();
+    let client = q.holder.zk_client();
     let mut multi = client.new_multi_writer();
-    multi.add_delete(&format!("{path}/{own}"), None).unwrap();
-    multi.add_delete(held.node_path(), None).unwrap();
+    multi.add_delete(&q.waiting_node, None).unwrap();
+    multi.add_delete(q.held.node_path(), None).unwrap();
     multi.commit().await.unwrap();
-    match waiter.outcome().await {
+    match q.waiter.outcome().await {
         Err(zklock::Error::Dequeued { key }) => assert_eq!(key, "just-before"),
         other => panic!("a waiter whose node was deleted: {other:?}"),
     }
-    drop(held);
-    holder.flush().await;
+    drop(q.held);
+    q.holder.flush().await;
 }
