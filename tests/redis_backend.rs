@@ -1,7 +1,8 @@
 //! The Redis backend against a real `redis-server` (the test kit's, on a free port): exclusion
 //! across managers, strictly increasing tokens, timeouts and tries, cancel safety, reentrancy,
 //! `#[distributed_lock]`, read/write locks, semaphores, FIFO within a process, and a hold that
-//! can no longer renew being reported lost before anyone else gets in.
+//! can no longer renew being reported lost before anyone else gets in; and the linger of a
+//! mutex (kept after its last release, given up when another process wants it).
 //!
 //! The behaviours are backend-agnostic functions in `behaviour`, each taking a [`Factory`] of
 //! managers that share one lock service, so that a shared suite can run them on ZooKeeper and
@@ -1055,4 +1056,211 @@ async fn a_late_hand_over_does_not_make_a_second_holder() {
         .unwrap();
     assert!(token > held_token);
     holder.flush().await;
+}
+
+/// A manager that keeps a mutex lingering for 30 s after its last release: far longer than
+/// any test below waits, so a newcomer that gets in did so because the linger was given up.
+async fn lingering(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .lease(LEASE)
+        .linger(Duration::from_secs(30))
+        .connect()
+        .await
+        .expect("connect to the test Redis")
+}
+
+/// Who holds `key`'s mutex on Redis (the key's value: a holder id), if anyone.
+async fn holder_of(url: &str, key: &str) -> Option<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("GET")
+        .arg(format!("zklock:lock:/zklock/locks/{key}"))
+        .query_async(&mut con)
+        .await
+        .unwrap()
+}
+
+/// The server's `MONITOR` stream (every command it runs, those of scripts included), and a
+/// wait for the first line that contains all of `parts`.
+struct Monitor(std::pin::Pin<Box<dyn futures::Stream<Item = String> + Send>>);
+
+impl Monitor {
+    async fn start(url: &str) -> Monitor {
+        let client = redis::Client::open(url).unwrap();
+        let monitor = client.get_async_monitor().await.unwrap();
+        Monitor(Box::pin(monitor.into_on_message::<String>()))
+    }
+
+    async fn until(&mut self, what: &str, parts: &[&str]) {
+        use futures::StreamExt;
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(line) = self.0.next().await {
+                if parts.iter().all(|p| line.contains(p)) {
+                    return;
+                }
+            }
+            panic!("the MONITOR stream ended before {what}");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("never saw {what}"));
+    }
+
+    /// Until a lingering hold of `key` has looked at its queue (`scripts::OTHERS_QUEUED`, whose
+    /// `ZRANGE` of the queue no uncontended acquire or release runs): from then on, only the
+    /// first waiter's word can tell it someone wants the key.
+    async fn until_checked(&mut self, key: &str) {
+        let queue = format!("\"ZRANGE\" \"zklock:queue:/zklock/locks/{key}\" \"0\" \"0\"");
+        self.until(
+            "the lingering hold's look at its queue",
+            &["[0 lua]", &queue],
+        )
+        .await;
+    }
+}
+
+/// The linger on Redis: after its last release a manager keeps the mutex key, takes it again
+/// as a local handoff (no request: the token's server part stays, its local part goes up), and
+/// gives it up at once when another process queues for it (the first waiter's word, sent by
+/// its refused attempt to the holder's hub), long before the linger runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_mutex_is_taken_again_and_given_up_when_another_process_queues() {
+    let redis = server();
+    let url = redis.url();
+    let mut monitor = Monitor::start(&url).await;
+    let a = lingering(&url).await;
+    let b = factory(url.clone(), LEASE)().await;
+    let first = a.lock("lg").await.unwrap();
+    let t1 = first.fencing_token();
+    first.release().await.unwrap();
+    monitor.until_checked("lg").await;
+    let kept = holder_of(&url, "lg").await.expect("the key lingers");
+    assert!(kept.contains(" hub="), "{kept}");
+
+    let g = a.lock("lg").await.unwrap();
+    let t2 = g.fencing_token();
+    assert_eq!(t2.zxid(), t1.zxid(), "taken again with no request");
+    assert!(t2 > t1, "{t1} {t2}");
+    g.release().await.unwrap();
+    assert_eq!(holder_of(&url, "lg").await, Some(kept), "the key lingers");
+
+    let started = std::time::Instant::now();
+    let by_b = tokio::time::timeout(Duration::from_secs(5), b.lock("lg"))
+        .await
+        .expect("the lingering key was given up")
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert!(by_b.fencing_token() > t2);
+    let t3 = by_b.fencing_token();
+    by_b.release().await.unwrap();
+    let g = a.lock("lg").await.unwrap();
+    assert!(g.fencing_token() > t3);
+    drop(g);
+    a.flush().await;
+    b.flush().await;
+    assert!(
+        leftovers(&url).await.is_empty(),
+        "{:?}",
+        leftovers(&url).await
+    );
+}
+
+/// A process already queued when the hold first lingers sent its word before anyone listened
+/// (it is lost): the hold's one look at the queue finds it, and the key goes to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_queued_before_the_linger_gets_the_key() {
+    let redis = server();
+    let url = redis.url();
+    let a = lingering(&url).await;
+    let b = factory(url.clone(), LEASE)().await;
+    let held = a.lock("early").await.unwrap();
+    let t1 = held.fencing_token();
+    let waiting = tokio::spawn(async move {
+        let g = b.lock("early").await.unwrap();
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        b.flush().await;
+        token
+    });
+    queued(&url, "early", 1).await;
+    // Released with a waiter on Redis and none in this process: it lingers only until its
+    // look at the queue answers.
+    drop(held);
+    let token = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the queued waiter gets the key")
+        .unwrap();
+    assert!(token > t1);
+    a.flush().await;
+    assert!(
+        leftovers(&url).await.is_empty(),
+        "{:?}",
+        leftovers(&url).await
+    );
+}
+
+/// A try from another process is refused while the key lingers, and tells the holder: the key
+/// is given up, and a later try gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_from_another_process_ends_the_linger() {
+    let redis = server();
+    let url = redis.url();
+    let mut monitor = Monitor::start(&url).await;
+    let a = lingering(&url).await;
+    let b = factory(url.clone(), LEASE)().await;
+    a.lock("tried").await.unwrap().release().await.unwrap();
+    monitor.until_checked("tried").await;
+    assert!(b.try_lock("tried").await.unwrap().is_none(), "it lingers");
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let g = loop {
+        if let Some(g) = b.try_lock("tried").await.unwrap() {
+            break g;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a try did not end the linger"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    drop(g);
+    b.flush().await;
+    a.flush().await;
+    assert!(
+        leftovers(&url).await.is_empty(),
+        "{:?}",
+        leftovers(&url).await
+    );
+}
+
+/// The connection that would carry the first waiter's word breaks while a key lingers (the
+/// server closes every pub/sub client): a word may have been lost, so the key is given up at
+/// once instead of being kept until the linger runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_mutex_is_given_up_when_its_pubsub_connection_breaks() {
+    let redis = server();
+    let url = redis.url();
+    let mut monitor = Monitor::start(&url).await;
+    let a = lingering(&url).await;
+    a.lock("cut").await.unwrap().release().await.unwrap();
+    monitor.until_checked("cut").await;
+    assert!(holder_of(&url, "cut").await.is_some(), "it lingers");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "the manager's hub is the one pub/sub client");
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while holder_of(&url, "cut").await.is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still lingering after its pub/sub connection broke"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.flush().await;
 }

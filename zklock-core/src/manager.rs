@@ -280,9 +280,10 @@ impl Builder {
     /// notification more than a normal handoff. Meanwhile the node stays in the lock path: a
     /// lingering node looks held to tools in other processes (`zklock ls`), while
     /// [`LockManager::inspect`] in this process marks it [`lingering`](crate::Contender::lingering).
-    /// A backend that cannot tell when another contender appears (Redis) never lingers;
-    /// PostgreSQL can (a process that starts waiting notifies every process). Read locks,
-    /// semaphores and leader latches do not linger.
+    /// PostgreSQL lingers too (a process that starts waiting notifies every process), and
+    /// Redis for mutexes (the first process to queue for a key, or to try it, tells the
+    /// holder's process; a Redis write lock, which keeps no queue, never lingers). Read
+    /// locks, semaphores and leader latches do not linger.
     ///
     /// ```no_run
     /// # async fn run() -> zklock_core::Result<()> {

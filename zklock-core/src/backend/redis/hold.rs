@@ -2,10 +2,11 @@
 //! its loss, its release.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use tokio::sync::{watch, Mutex as AsyncMutex};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::keys::Keys;
@@ -123,6 +124,78 @@ impl Loss for RedisLoss {
     }
 }
 
+/// What a mutex hold knows of other processes that want its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Others {
+    /// Nobody asked yet, or the check is under way.
+    Unknown,
+    /// The hold's process listens for the word of a first waiter (see
+    /// `scripts::ACQUIRE_MUTEX`), and the queue held no live waiter after it started to.
+    Nobody,
+    /// Another process waits or tried, or may have: the listening connection broke, or could
+    /// not be opened, or the check failed.
+    Maybe,
+}
+
+/// A mutex hold's watch for other processes: started by the first question (a lingering
+/// release, a local handoff), then kept for the hold's life, so a hold taken again and again
+/// within its linger asks nothing more.
+struct OthersWatch {
+    state: watch::Sender<Others>,
+    /// The task that listens; aborted when the hold ends.
+    task: StdMutex<Option<AbortHandle>>,
+    started: AtomicBool,
+}
+
+impl OthersWatch {
+    fn new() -> OthersWatch {
+        OthersWatch {
+            state: watch::channel(Others::Unknown).0,
+            task: StdMutex::new(None),
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the watch unless it is started: listen on the hub for the first waiter's word,
+    /// then look at the queue once (one request); then wait for the word, or any doubt.
+    fn start(&self, inner: &Arc<Inner>, keys: &Arc<Keys>, hold: &watch::Sender<HoldState>) {
+        if hold.borrow().released || self.started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let runtime = inner.runtime.clone();
+        let (inner, keys, state) = (inner.clone(), keys.clone(), self.state.clone());
+        let task = runtime.spawn(async move {
+            let verdict = async {
+                let mut listener = inner
+                    .hub
+                    .listen_live(&keys.queue, inner.conn.reply_timeout)
+                    .await?;
+                if inner.others_queued(&keys).await.ok()? || listener.woken() {
+                    return None;
+                }
+                state.send_replace(Others::Nobody);
+                listener.wake_up().await;
+                None::<()>
+            };
+            verdict.await;
+            state.send_replace(Others::Maybe);
+        });
+        *self.task.lock().expect("not poisoned") = Some(task.abort_handle());
+        // The hold may have ended while the task started: its end stops nothing yet.
+        if hold.borrow().released {
+            self.stop();
+        }
+    }
+
+    /// The hold ended: stop listening, and let whoever waits for a verdict go.
+    fn stop(&self) {
+        if let Some(task) = self.task.lock().expect("not poisoned").take() {
+            task.abort();
+        }
+        self.state.send_replace(Others::Maybe);
+    }
+}
+
 /// One granted hold on Redis: a key or a set member carrying this hold's id, with a lease
 /// that a watchdog renews every lease/3 while the hold lives. Released when dropped (in the
 /// background) or by [`release`](BackendHold::release).
@@ -142,6 +215,9 @@ pub(crate) struct RedisHold {
     renewal: u64,
     /// The release was confirmed or handed to the background: nothing to do on drop.
     released: AtomicBool,
+    /// A mutex hold's watch for other processes that want the lock (`None` for the other
+    /// sides, which never tell: others may always be waiting).
+    others: Option<OthersWatch>,
 }
 
 impl RedisHold {
@@ -184,6 +260,7 @@ impl RedisHold {
             ops,
             renewal,
             released: AtomicBool::new(false),
+            others: (side == Side::Mutex).then(OthersWatch::new),
         }
     }
 
@@ -209,10 +286,21 @@ impl RedisHold {
         reason(&self.state.subscribe())
     }
 
-    /// Ends the hold locally: no more renewals, and its deadline no longer matters.
+    /// Ends the hold locally: no more renewals, its deadline no longer matters, and nothing
+    /// watches for other processes.
     fn end(&self) {
         self.inner.watchdog.remove(self.renewal);
         self.state.send_modify(|s| s.released = true);
+        if let Some(others) = &self.others {
+            others.stop();
+        }
+    }
+
+    /// The watch for other processes, started if it is not (not for an ended hold).
+    fn others(&self) -> Option<&OthersWatch> {
+        let others = self.others.as_ref()?;
+        others.start(&self.inner, &self.keys, &self.state);
+        Some(others)
     }
 
     fn lost_error(&self, reason: LossReason) -> Error {
@@ -286,6 +374,29 @@ impl BackendHold for RedisHold {
     /// deleted by someone else shows at the next renewal (within lease/3).
     fn confirmed(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
+    }
+
+    /// A mutex hold: whether another process queued for the lock, or tried it, since the
+    /// hold's watch started (the first call starts it, and answers yes until it is set up:
+    /// one request). Other holds: always, as they cannot tell.
+    fn others_waiting(&self) -> bool {
+        self.others()
+            .is_none_or(|o| *o.state.borrow() != Others::Nobody)
+    }
+
+    /// Completes once [`others_waiting`](Self::others_waiting) may be true: for a mutex hold,
+    /// when another process queues or tries, or the hub's connection breaks; at once for the
+    /// others. What ends a lingering mutex hold.
+    fn others_appeared(&self) -> BoxFuture<'static, ()> {
+        match self.others() {
+            Some(o) => {
+                let mut state = o.state.subscribe();
+                Box::pin(async move {
+                    let _ = state.wait_for(|s| *s == Others::Maybe).await;
+                })
+            }
+            None => Box::pin(std::future::ready(())),
+        }
     }
 
     fn release(&self) -> BoxFuture<'_, Result<()>> {

@@ -8,6 +8,9 @@
 //! missed while the connection lives. When the pub/sub connection breaks, every listener is
 //! woken (it may have missed a release), and the hub reconnects and subscribes again while
 //! anyone listens; meanwhile waiters fall back to polling at [`UNSUBSCRIBED_POLL`].
+//!
+//! A mutex hold that may linger listens the same way, for the word that another process
+//! queued for its lock (see `RedisHold::others_waiting`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,7 +74,9 @@ impl Shared {
     }
 
     /// A message on the hub's own channel: `<wake channel>\n<token>\n<holder id>`, a mutex
-    /// handed to that holder (see `scripts::RELEASE_MUTEX`); or a bare wake channel.
+    /// handed to that holder (see `scripts::RELEASE_MUTEX`); or a bare channel name: a mutex's
+    /// queue name, when a first waiter queues for a lock this process holds (see
+    /// `scripts::ACQUIRE_MUTEX`), which wakes that hold's listener if it has one.
     fn notified(&self, payload: &str) {
         let mut parts = payload.splitn(3, '\n');
         let name = parts.next().unwrap_or_default();
@@ -164,6 +169,26 @@ impl Hub {
         self.shared.live.load(Ordering::SeqCst).then_some(listener)
     }
 
+    /// Listens for wake-ups of `channel` that come through the hub's own channel (the word a
+    /// first waiter sends a mutex's holder, see `scripts::ACQUIRE_MUTEX`), once the hub's
+    /// connection is up (waiting at most `timeout` for it). Every wake-up before the
+    /// connection was known to be live is marked seen; `None` if it is not live. From then on
+    /// a message for `channel`, or any break of the connection (which may have lost one),
+    /// wakes the listener.
+    pub(crate) async fn listen_live(&self, channel: &str, timeout: Duration) -> Option<Listener> {
+        let mut listener = self.register(channel, true, None);
+        let (tx, rx) = oneshot::channel();
+        self.shared
+            .requests
+            .send(Request::Subscribe(None, tx))
+            .ok()?;
+        let took = matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)));
+        // After the connection's own wake-up: a break from here on wakes the listener again,
+        // and one before shows in `live`.
+        listener.mark();
+        (took && self.shared.live.load(Ordering::SeqCst)).then_some(listener)
+    }
+
     /// Registers a listener of `channel` (cancelling it, by drop, stops listening).
     fn register(&self, channel: &str, direct: bool, id: Option<&str>) -> Listener {
         let wake = {
@@ -210,6 +235,16 @@ impl Listener {
     /// [`wait`](Self::wait) wakes for any release after it.
     pub(crate) fn mark(&mut self) {
         self.wake.borrow_and_update();
+    }
+
+    /// Whether a wake-up came since the last [`mark`](Self::mark).
+    pub(crate) fn woken(&self) -> bool {
+        self.wake.has_changed().unwrap_or(true)
+    }
+
+    /// Waits for a wake-up since the last [`mark`](Self::mark), however long it takes.
+    pub(crate) async fn wake_up(&mut self) {
+        let _ = self.wake.changed().await;
     }
 
     /// Waits for a wake-up since the last [`mark`](Self::mark), or `fallback`, whichever

@@ -108,7 +108,7 @@ pub(crate) struct Inner {
     margin: Duration,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) background: Arc<Background>,
-    /// `host=<host> pid=<pid>[ id=<identity>]`, after each holder's uuid.
+    /// `host=<host> pid=<pid> hub=<hub id>[ id=<identity>]`, after each holder's uuid.
     holder_tag: String,
     /// See [`waiter_ttl`].
     waiter_ttl: Duration,
@@ -121,10 +121,25 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    /// A fresh holder id: `<uuid-v4> host=<host> pid=<pid>[ id=<identity>]`, what the keys
-    /// hold (`GET zklock:lock:<path>` shows who holds it).
+    /// A fresh holder id: `<uuid-v4> host=<host> pid=<pid> hub=<hub id>[ id=<identity>]`,
+    /// what the keys hold (`GET zklock:lock:<path>` shows who holds it). The hub id names the
+    /// channel on which a first waiter tells the holder's process it wants the lock.
     pub(crate) fn new_id(&self) -> String {
         format!("{} {}", uuid::Uuid::new_v4(), self.holder_tag)
+    }
+
+    /// Whether the mutex of `keys` has a live waiter in its queue (see
+    /// [`scripts::OTHERS_QUEUED`]).
+    pub(crate) async fn others_queued(&self, keys: &Keys) -> redis::RedisResult<bool> {
+        let n = self
+            .conn
+            .run(Some(self.conn.reply_timeout), |mut c| {
+                let mut invocation = scripts::OTHERS_QUEUED.key(&keys.queue);
+                invocation.key(&keys.alive);
+                async move { invocation.invoke_async::<i64>(&mut c).await }
+            })
+            .await?;
+        Ok(n == 1)
     }
 
     fn undos_started(&self, lock: &str) {
@@ -318,7 +333,7 @@ impl RedisBackend {
         })?;
         let runtime = tokio::runtime::Handle::current();
         let hub = Hub::start(client, reply_timeout, &runtime);
-        let mut holder_tag = HOST_PID.clone();
+        let mut holder_tag = format!("{} hub={}", *HOST_PID, hub.id);
         if let Some(id) = &config.identity {
             holder_tag.push_str(" id=");
             holder_tag.push_str(id);
@@ -372,7 +387,8 @@ impl RedisBackend {
                             } else {
                                 0
                             })
-                            .arg(if queued { "1" } else { "0" });
+                            .arg(if queued { "1" } else { "0" })
+                            .arg(keys::NOTIFY_PREFIX);
                         i
                     }
                     Ask::Write => {

@@ -98,9 +98,10 @@ end
 ///
 /// KEYS: exclusive, fence, queue, alive. ARGV: holder id, lease ms, the waiter's queue member
 /// (`<hub id> <holder id>`), waiter TTL ms (`0`: a try, which never queues), `1` if an
-/// earlier attempt of this acquire queued it (else `0`: nothing to take out of the queue). Returns
-/// `{1, token}` when granted, else `{0, ms, last token}`: the key's `PTTL` and the fence's
-/// value, which a hand-over to this waiter made after this refusal exceeds.
+/// earlier attempt of this acquire queued it (else `0`: nothing to take out of the queue),
+/// notify prefix. Returns `{1, token}` when granted, else `{0, ms, last token}`: the key's
+/// `PTTL` and the fence's value, which a hand-over to this waiter made after this refusal
+/// exceeds.
 ///
 /// A release that finds live waiters does not free the key: it hands it to the first of them
 /// (see [`RELEASE_MUTEX`]). So the key is free only while nobody waits, and a process that
@@ -112,6 +113,13 @@ end
 /// Uncontended, this is `SET NX` and the token: no queue is looked at. The key is free while
 /// others wait only after a holder (or a waiter it was handed to) died and its lease ran out:
 /// then whoever asks first gets it.
+///
+/// A refused attempt that leaves the queue holding no other member (the first waiter to
+/// queue, or a try while nobody queues) tells the holder's process that someone wants the
+/// lock: the queue key's name, published on the hub channel named in the holder's id
+/// (` hub=<hub id>`). That is what ends a lingering hold at once (see [`OTHERS_QUEUED`]);
+/// later waiters find the queue already holding someone, which the holder was told of, or
+/// has seen.
 pub(crate) static ACQUIRE_MUTEX: Lazy<Script> = Lazy::new(|| {
     Script::new(queue_lua!(
         r#"
@@ -122,21 +130,48 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   return {1, next_tokens(KEYS[2], 1)}
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('ZREM', KEYS[3], ARGV[3])
   redis.call('ZREM', KEYS[4], ARGV[3])
   return {1, next_tokens(KEYS[2], 1)}
 end
+local alone
 if ARGV[4] ~= '0' then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZADD', KEYS[3], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[3])
+  local added = redis.call('ZADD', KEYS[3], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[3])
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[3])
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
+  alone = added == 1 and redis.call('ZCARD', KEYS[3]) == 1
+else
+  alone = redis.call('ZCARD', KEYS[3]) == 0
+end
+if alone and holder then
+  local hub = string.match(holder, ' hub=(%S+)')
+  if hub then
+    redis.call('PUBLISH', ARGV[6] .. hub, KEYS[3])
+  end
 end
 return {0, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2])) or 0}
+"#
+    ))
+});
+
+/// Whether a mutex's queue holds a live waiter (pruning dead ones): what a hold that may
+/// linger asks once, after its process listens for the word [`ACQUIRE_MUTEX`] sends when
+/// the first waiter queues. Between the two, no waiter goes unseen.
+///
+/// KEYS: queue, alive. Returns 1 or 0.
+pub(crate) static OTHERS_QUEUED: Lazy<Script> = Lazy::new(|| {
+    Script::new(queue_lua!(
+        r#"
+if live_head(KEYS[1], KEYS[2]) then
+  return 1
+end
+return 0
 "#
     ))
 });
