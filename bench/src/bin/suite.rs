@@ -154,7 +154,8 @@ struct Sizes {
     redis_contended: usize,
 }
 
-/// The Redis rows: zklock, the floor and rslock, uncontended and contended.
+/// The Redis rows: zklock, the floor and rslock, uncontended and contended; and the linger's
+/// re-acquire.
 fn redis_rows(sizes: &Sizes) -> Vec<Row> {
     let ours = |peer| Runner::Ours {
         peer,
@@ -193,6 +194,18 @@ fn redis_rows(sizes: &Sizes) -> Vec<Row> {
                 rslock: 1.5,
                 floor: None,
             }),
+        },
+        Row {
+            title: "reacquire (1 connection, 1 key, linger 1 s)".into(),
+            workload: "reacquire",
+            workers: 1,
+            cycles: sizes.redis_uncontended,
+            keys: 1,
+            metric: Metric::Ops,
+            // The peers have no linger: they run it as `uncontended`.
+            cells: cells(),
+            // As on ZooKeeper (issue 16): re-acquire without a round trip.
+            target: Some(Target::Floor { floor: 10.0 }),
         },
     ]
 }
