@@ -623,6 +623,20 @@ async fn what_does_not_fit_is_refused() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("digest_auth"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("put PostgreSQL credentials in the URL (postgres://user:password@host/db)"),
+        "{err}"
+    );
+    let err = LockManager::builder(pg.url())
+        .lease(Duration::from_millis(10))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(text) if text.contains("liveness checks go out every lease/3")),
+        "{err}"
+    );
     let err = LockManager::builder("postgres://nobody:secret@127.0.0.1:1/db")
         .connect_timeout(Duration::from_secs(1))
         .connect()

@@ -617,6 +617,20 @@ async fn zookeeper_only_features_are_refused() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("no effect on Redis") && text.contains("redis://user:password@host:6379"),
+        "says where Redis credentials go: {text}"
+    );
+    let err = LockManager::builder(redis.url())
+        .lease(Duration::from_millis(10))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(text) if text.contains("give at least 100ms")),
+        "{err}"
+    );
     assert!(format!("{m:?}").contains("redis"));
 }
 

@@ -106,6 +106,23 @@ const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[cfg(feature = "postgres")]
 const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What [`Builder::check_lease_backend`] says of one lease backend.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+struct LeaseBackend {
+    /// As messages name it.
+    name: &'static str,
+    /// As [`Error::Unsupported`] names it.
+    id: &'static str,
+    /// A URL that carries credentials.
+    credentials: &'static str,
+    /// What to do instead of `Builder::tls`.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: &'static str,
+    min_lease: Duration,
+    /// What goes out every lease/3 to keep a hold.
+    renewals: &'static str,
+}
+
 /// Whether `connect` names a PostgreSQL server (`postgres://`, `postgresql://`).
 fn is_postgres_url(connect: &str) -> bool {
     let lower = connect.trim_start().to_ascii_lowercase();
@@ -507,39 +524,52 @@ impl Builder {
         ))
     }
 
-    /// Connects the Redis backend.
-    #[cfg(feature = "redis")]
-    async fn connect_redis(self) -> Result<LockManager> {
+    /// Refuses what a lease backend (Redis, PostgreSQL) cannot do: ZooKeeper's options, and a
+    /// lease too short for its renewals.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    fn check_lease_backend(&self, b: &LeaseBackend) -> Result<()> {
         let zookeeper_only = |option: &str, instead: &str| {
             Error::Config(format!(
-                "{option} is a ZooKeeper option and has no effect on Redis; {instead}"
+                "{option} is a ZooKeeper option and has no effect on {}; {instead}",
+                b.name
             ))
         };
         if self.digest.is_some() {
             return Err(zookeeper_only(
                 "digest_auth",
-                "put Redis credentials in the URL (redis://user:password@host:6379)",
+                &format!("put {} credentials in the URL ({})", b.name, b.credentials),
             ));
         }
         #[cfg(feature = "tls")]
         if self.tls.is_some() {
-            return Err(zookeeper_only(
-                "tls",
-                "TLS to Redis (rediss://) is not built in; use a TLS tunnel",
-            ));
+            return Err(zookeeper_only("tls", b.tls));
         }
         if self.revocable {
             return Err(Error::Unsupported {
-                backend: "redis",
+                backend: b.id,
                 feature: "revocation (Builder::revocable)",
             });
         }
-        if self.lease < MIN_LEASE {
+        if self.lease < b.min_lease {
             return Err(Error::Config(format!(
-                "the lease is {:?}; give at least {MIN_LEASE:?} (renewals go out every lease/3)",
-                self.lease
+                "the lease is {:?}; give at least {:?} ({} go out every lease/3)",
+                self.lease, b.min_lease, b.renewals
             )));
         }
+        Ok(())
+    }
+
+    /// Connects the Redis backend.
+    #[cfg(feature = "redis")]
+    async fn connect_redis(self) -> Result<LockManager> {
+        self.check_lease_backend(&LeaseBackend {
+            name: "Redis",
+            id: "redis",
+            credentials: "redis://user:password@host:6379",
+            tls: "TLS to Redis (rediss://) is not built in; use a TLS tunnel",
+            min_lease: MIN_LEASE,
+            renewals: "renewals",
+        })?;
         let backend = RedisBackend::connect(RedisConfig {
             url: self.connect.clone(),
             lease: self.lease,
@@ -555,37 +585,14 @@ impl Builder {
     /// Connects the PostgreSQL backend.
     #[cfg(feature = "postgres")]
     async fn connect_postgres(self) -> Result<LockManager> {
-        let zookeeper_only = |option: &str, instead: &str| {
-            Error::Config(format!(
-                "{option} is a ZooKeeper option and has no effect on PostgreSQL; {instead}"
-            ))
-        };
-        if self.digest.is_some() {
-            return Err(zookeeper_only(
-                "digest_auth",
-                "put PostgreSQL credentials in the URL (postgres://user:password@host/db)",
-            ));
-        }
-        #[cfg(feature = "tls")]
-        if self.tls.is_some() {
-            return Err(zookeeper_only(
-                "tls",
-                "TLS to PostgreSQL is not built in; use a TLS tunnel",
-            ));
-        }
-        if self.revocable {
-            return Err(Error::Unsupported {
-                backend: "postgres",
-                feature: "revocation (Builder::revocable)",
-            });
-        }
-        if self.lease < postgres::MIN_LEASE {
-            return Err(Error::Config(format!(
-                "the lease is {:?}; give at least {:?} (liveness checks go out every lease/3)",
-                self.lease,
-                postgres::MIN_LEASE
-            )));
-        }
+        self.check_lease_backend(&LeaseBackend {
+            name: "PostgreSQL",
+            id: "postgres",
+            credentials: "postgres://user:password@host/db",
+            tls: "TLS to PostgreSQL is not built in; use a TLS tunnel",
+            min_lease: postgres::MIN_LEASE,
+            renewals: "liveness checks",
+        })?;
         let backend = PostgresBackend::connect(PostgresConfig {
             url: self.connect.clone(),
             lease: self.lease,
