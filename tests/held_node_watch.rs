@@ -32,6 +32,43 @@ async fn an_uncontended_cycle_costs_three_requests() {
     );
 }
 
+/// With `watch_held_nodes(false)` a grant that nobody asks about costs no watch request (the
+/// local queue used to start one at every grant, which made the opt-out cost a request more
+/// than the default); the first interest (`lost()`) starts the watch, and a deleted node is
+/// then a loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_held_nodes_unwatched_a_grant_costs_no_watch_until_asked() {
+    let zk = server();
+    let m = zklock::LockManager::builder(zk.connect_string())
+        .session_timeout(Duration::from_secs(4))
+        .watch_held_nodes(false)
+        .connect()
+        .await
+        .unwrap();
+    let ops = manager(&zk.connect_string()).await;
+    m.lock("lazy").await.unwrap().release().await.unwrap();
+    let before = m.stats().requests;
+    for _ in 0..20 {
+        m.lock("lazy").await.unwrap().release().await.unwrap();
+    }
+    let requests = m.stats().requests - before;
+    // Create, listing and delete, 20 times; a watch per grant would make it 80.
+    assert!(
+        (60..=70).contains(&requests),
+        "{requests} requests for 20 uncontended cycles"
+    );
+    let held = m.lock("lazy").await.unwrap();
+    ops.zk_client()
+        .delete(held.node_path(), None)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("lost() starts the watch, which finds the node gone");
+    assert_eq!(reason, LossReason::NodeDeleted);
+    assert!(!held.is_held());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_deleted_while_alone_is_a_loss() {
     let zk = server();

@@ -374,13 +374,16 @@ impl Builder {
     /// this process has heard of the deletion. A hold granted on the listing that followed its
     /// create, with no other node in the lock path, is watched through that listing's children
     /// watch at no cost, and costs one read request (the node's data watch) only once the lock
-    /// path's children change; any other hold costs that read at the grant, sent without
-    /// waiting for it. Turned off, the watch starts on first interest (`lost()`, `is_held()`,
-    /// `make_revocable()`, a `with_lock` body that aborts on loss), so the first `is_held()`
-    /// after a deletion may still answer `true`. Session loss is noticed either way.
+    /// path's children change; a hold granted after waiting takes over the data watch its
+    /// waiter set on its own node, also at no cost. Either way each grant starts a task that
+    /// waits for the watch. Turned off, a grant starts no task and sends no watch request
+    /// until first interest (`lost()`, `is_held()`, `make_revocable()`, a `with_lock` body
+    /// that aborts on loss, a local handoff of the node), so the first `is_held()` after a
+    /// deletion may still answer `true`. Session loss is noticed either way. (Measured on an
+    /// uncontended cycle, turning it off saved no time: see BENCHMARKS.md.)
     ///
     /// ```
-    /// // Fewer requests, at the price of a later notice of a deleted node.
+    /// // No watch task per grant, at the price of a later notice of a deleted node.
     /// let b = zklock_core::LockManager::builder("h:2181").watch_held_nodes(false);
     /// # let _ = b;
     /// ```

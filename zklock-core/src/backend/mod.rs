@@ -86,6 +86,14 @@ pub(crate) trait BackendHold: Send + Sync + 'static {
     /// The hold's loss signal, apart from the hold (watching it does not keep the hold alive).
     fn loss(&self) -> LossSignal;
 
+    /// The same signal, taken without showing interest: what the local table keeps of each
+    /// holder. It shows a loss once something watches the hold (always, unless a ZooKeeper
+    /// manager opted out of watching held nodes; then the first interest starts the watch).
+    /// By default [`loss`](Self::loss).
+    fn loss_unwatched(&self) -> LossSignal {
+        self.loss()
+    }
+
     /// Completes once the backend has confirmed that the hold still exists (what a local task
     /// waits for before it takes over a hold handed on to it), or once it is lost.
     fn confirmed(&self) -> BoxFuture<'_, ()>;

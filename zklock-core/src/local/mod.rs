@@ -288,7 +288,10 @@ impl LocalLock {
         if state.turn != turn {
             return Some(node);
         }
-        if node.loss_reason().is_none() && self.max_handoffs > 0 {
+        // Asked only when a local task waits: a backend may start a watch to answer
+        // (ZooKeeper with `watch_held_nodes(false)`), which a node about to be deleted does
+        // not need.
+        if self.max_handoffs > 0 && !state.queue.is_empty() && node.loss_reason().is_none() {
             // The taker confirms the hold (`BackendHold::confirmed`) before it relies on it.
             while !state.queue.is_empty() {
                 // The bound holds while another contender waits, or may wait (when in doubt);
@@ -404,7 +407,7 @@ impl LocalLock {
         state.busy = true;
         state.handoffs += 1;
         state.turn += 1;
-        state.holder = Some(node.loss());
+        state.holder = Some(node.loss_unwatched());
         let token = FencingToken::new(node.token().zxid(), state.handoffs);
         let grant = Grant::new(
             self.table,
@@ -448,7 +451,7 @@ impl LocalLock {
     fn hold(self: &Arc<Self>, turn: u64, hold: &Arc<dyn BackendHold>) -> LocalTurn {
         let mut state = self.state();
         state.handoffs = 0;
-        state.holder = Some(hold.loss());
+        state.holder = Some(hold.loss_unwatched());
         drop(state);
         self.holder_changed.notify_waiters();
         LocalTurn {

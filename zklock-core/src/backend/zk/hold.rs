@@ -626,6 +626,12 @@ impl BackendHold for Hold {
         Arc::new(self.loss_watch())
     }
 
+    /// Starts no watch: with `watch_held_nodes(false)`, a grant that nobody asks about costs
+    /// no request and no task.
+    fn loss_unwatched(&self) -> LossSignal {
+        Arc::new(self.loss.clone())
+    }
+
     fn others_waiting(&self) -> bool {
         Hold::others_waiting(self)
     }
