@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use zklock::LockManager;
+use zklock::{FencingToken, LockManager};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -19,6 +19,18 @@ async fn lingering_manager(connect: &str, linger: Duration) -> LockManager {
         .connect()
         .await
         .expect("connect to the test server")
+}
+
+/// Takes `key` twice and lets go, so that its node lingers (the first release starts the
+/// listing of other contenders, the second finds it answered): the node and the last token.
+async fn linger_node(m: &LockManager, key: &str) -> (String, FencingToken) {
+    drop(m.lock(key).await.unwrap());
+    let g = m.lock(key).await.unwrap();
+    let node = g.node_path().to_string();
+    let token = g.fencing_token();
+    drop(g);
+    assert!(lingers(m, key, &node).await, "{node} lingers");
+    (node, token)
 }
 
 /// Whether `m` reports the node `node` of `key` as lingering.
@@ -73,14 +85,7 @@ async fn another_process_gets_a_lingering_key_at_once_not_after_the_linger() {
     let m = lingering_manager(&zk.connect_string(), LONG).await;
     let other = manager(&zk.connect_string()).await;
     let path = m.path_of("wanted").unwrap();
-    for _ in 0..3 {
-        drop(m.lock("wanted").await.unwrap());
-    }
-    let g = m.lock("wanted").await.unwrap();
-    let node = g.node_path().to_string();
-    let mine = g.fencing_token();
-    drop(g);
-    assert!(lingers(&m, "wanted", &node).await);
+    let (node, mine) = linger_node(&m, "wanted").await;
     let started = Instant::now();
     let theirs = other
         .lock_timeout("wanted", Duration::from_secs(10))
@@ -128,11 +133,7 @@ async fn a_curator_waiter_gets_a_lingering_key_at_once() {
     let zk = server();
     let m = lingering_manager(&zk.connect_string(), LONG).await;
     let path = m.path_of("jvm").unwrap();
-    for _ in 0..3 {
-        drop(m.lock("jvm").await.unwrap());
-    }
-    let node = m.lock("jvm").await.unwrap().node_path().to_string();
-    assert!(lingers(&m, "jvm", &node).await);
+    let (node, _) = linger_node(&m, "jvm").await;
     let mut curator =
         zklock_testkit::CuratorHold::spawn(&zk.connect_string(), &path, "mutex", 50, 1).unwrap();
     // The JVM may take a while to start (or to be installed on a first run): the wait counts
@@ -175,12 +176,7 @@ async fn fault_a_lingering_node_whose_session_expired_is_never_taken_again() {
     let m = lingering_manager(&zk.connect_string(), LONG).await;
     let other = manager(&zk.connect_string()).await;
     let path = m.path_of("expiring").unwrap();
-    drop(m.lock("expiring").await.unwrap());
-    let g = m.lock("expiring").await.unwrap();
-    let node = g.node_path().to_string();
-    let mine = g.fencing_token();
-    drop(g);
-    assert!(lingers(&m, "expiring", &node).await);
+    let (node, mine) = linger_node(&m, "expiring").await;
     expire_session(&m, &zk.connect_string()).await;
     // The server deleted the node with its session: the other process gets the lock.
     let theirs = other
@@ -191,21 +187,24 @@ async fn fault_a_lingering_node_whose_session_expired_is_never_taken_again() {
     let kids = children(&other, &path).await;
     assert_eq!(kids.len(), 1, "{kids:?}");
     assert!(!node.ends_with(&kids[0]), "the expired node is gone");
-    // The first process must not take its old node again: it waits for the other holder.
+    // The first process must not take its old node again: it queues a node of its own
+    // (taking the old one again would send no create) and waits for the other holder.
     let waiter = {
         let m = m.clone();
         tokio::spawn(async move { m.lock("expiring").await.unwrap() })
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while children(&other, &path).await.len() < 2 {
-        assert!(
-            !waiter.is_finished(),
-            "two holders: the expired lingering node was taken again"
-        );
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually(
+        "the first process to queue a new node",
+        Duration::from_secs(10),
+        || async {
+            assert!(
+                !waiter.is_finished(),
+                "two holders: the expired lingering node was taken again"
+            );
+            children(&other, &path).await.len() >= 2
+        },
+    )
+    .await;
     assert!(
         !waiter.is_finished(),
         "two holders: the expired lingering node was taken again"
@@ -234,28 +233,23 @@ async fn a_lingering_node_deleted_by_someone_else_is_not_taken_again() {
     let m = lingering_manager(&zk.connect_string(), LONG).await;
     let admin = manager(&zk.connect_string()).await;
     let path = m.path_of("deleted").unwrap();
-    drop(m.lock("deleted").await.unwrap());
-    let g = m.lock("deleted").await.unwrap();
-    let node = g.node_path().to_string();
-    let mine = g.fencing_token();
-    drop(g);
-    assert!(lingers(&m, "deleted", &node).await);
+    let (node, mine) = linger_node(&m, "deleted").await;
     admin.zk_client().delete(&node, None).await.unwrap();
     // The node's watch tells `m` (its event comes before the answer to a later request of the
-    // same session); give the watch task a moment to act on it.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while m
-        .inspect("deleted")
-        .await
-        .unwrap()
-        .holders
-        .iter()
-        .any(|h| h.lingering)
-    {
-        assert!(tokio::time::Instant::now() < deadline, "still lingering");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // same session), which gives the node up.
+    eventually(
+        "the deleted node to stop lingering",
+        Duration::from_secs(5),
+        || async {
+            !m.inspect("deleted")
+                .await
+                .unwrap()
+                .holders
+                .iter()
+                .any(|h| h.lingering)
+        },
+    )
+    .await;
     let g = m.lock("deleted").await.unwrap();
     assert_ne!(g.node_path(), node, "a deleted node was taken again");
     assert!(g.fencing_token() > mine);
@@ -274,23 +268,25 @@ async fn a_lingering_node_is_given_up_when_the_linger_runs_out_and_on_drop() {
     let path = m.path_of("brief").unwrap();
     drop(m.lock("brief").await.unwrap());
     assert_eq!(children(&watcher, &path).await.len(), 1, "it lingers");
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    m.flush().await;
-    assert!(children(&watcher, &path).await.is_empty(), "left behind");
+    // No flush: the linger's own end gives the node up.
+    eventually(
+        "the 300 ms linger to run out",
+        Duration::from_secs(5),
+        || async { children(&watcher, &path).await.is_empty() },
+    )
+    .await;
 
     // The manager's drop gives a lingering node up (no flush).
     let m = lingering_manager(&zk.connect_string(), LONG).await;
     drop(m.lock("brief").await.unwrap());
     assert_eq!(children(&watcher, &path).await.len(), 1, "it lingers");
     drop(m);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !children(&watcher, &path).await.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a dropped manager left its lingering node"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "a dropped manager to give up its lingering node",
+        Duration::from_secs(10),
+        || async { children(&watcher, &path).await.is_empty() },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
