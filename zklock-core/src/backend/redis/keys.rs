@@ -14,10 +14,11 @@
 //! | `zklock:wake:<path>` | pub/sub channel | readers, writers, leases: a release publishes here; waiters listen |
 //! | `zklock:queue:<path>` | sorted set | a mutex's waiting processes: queue member -> enqueue time (server µs) |
 //! | `zklock:alive:<path>` | sorted set | the same members -> end of their liveness (server ms) |
-//! | `zklock:notify:<hub id>` | pub/sub channel | one process's wake-ups: a mutex release tells the first waiter here |
+//! | `zklock:notify:<hub id>` | pub/sub channel | one process's wake-ups: a mutex release tells the first waiter here; the first waiter to queue tells the holder |
 //!
 //! A queue member is `<hub id> <holder id>`: the hub id (a uuid per backend instance) names the
-//! channel that wakes that process.
+//! channel that wakes that process. A holder id carries its process's hub id too (` hub=<hub
+//! id>`), so that a waiter can tell the holder it wants the lock.
 //!
 //! Each kind has one Redis type whatever the recipe, so recipes that share a raw path never
 //! meet a `WRONGTYPE` error.
