@@ -11,6 +11,20 @@ use std::time::Duration;
 use common::*;
 use zklock::LossReason;
 
+/// Deletes `held`'s node through `ops` (as an operator would), and checks that the hold says
+/// it is lost, because its node was deleted.
+async fn delete_and_see_it_lost(ops: &zklock::LockManager, held: &zklock::LockGuard) {
+    ops.zk_client()
+        .delete(held.node_path(), None)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("lost() fires");
+    assert_eq!(reason, LossReason::NodeDeleted);
+    assert!(!held.is_held());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_cycle_costs_three_requests() {
     let zk = server();
@@ -58,15 +72,8 @@ async fn with_held_nodes_unwatched_a_grant_costs_no_watch_until_asked() {
         "{requests} requests for 20 uncontended cycles"
     );
     let held = m.lock("lazy").await.unwrap();
-    ops.zk_client()
-        .delete(held.node_path(), None)
-        .await
-        .unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
-        .await
-        .expect("lost() starts the watch, which finds the node gone");
-    assert_eq!(reason, LossReason::NodeDeleted);
-    assert!(!held.is_held());
+    // `lost()` starts the watch, which finds the node gone.
+    delete_and_see_it_lost(&ops, &held).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,15 +83,7 @@ async fn a_node_deleted_while_alone_is_a_loss() {
     let ops = manager(&zk.connect_string()).await;
     a.lock("alone").await.unwrap().release().await.unwrap();
     let held = a.lock("alone").await.unwrap();
-    ops.zk_client()
-        .delete(held.node_path(), None)
-        .await
-        .unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
-        .await
-        .expect("lost() fires");
-    assert_eq!(reason, LossReason::NodeDeleted);
-    assert!(!held.is_held());
+    delete_and_see_it_lost(&ops, &held).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

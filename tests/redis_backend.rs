@@ -466,6 +466,15 @@ async fn our_keys(url: &str) -> Vec<String> {
     keys
 }
 
+/// Flushes `managers` (their background releases and undos done), then checks that nothing
+/// of the Redis backend is left on `url` but the fencing counters.
+async fn nothing_left(url: &str, managers: &[&LockManager]) {
+    for m in managers {
+        m.flush().await;
+    }
+    assert_eq!(leftovers(url).await, Vec::<String>::new());
+}
+
 /// Keys other than the fencing counters, which are kept for ever by design.
 async fn leftovers(url: &str) -> Vec<String> {
     our_keys(url)
@@ -905,12 +914,7 @@ async fn waiting_processes_get_a_mutex_in_the_order_they_asked() {
             .unwrap();
     }
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
-    holder.flush().await;
-    assert!(
-        leftovers(&url).await.is_empty(),
-        "{:?}",
-        leftovers(&url).await
-    );
+    nothing_left(&url, &[&holder]).await;
 }
 
 /// A queued waiter that stops answering (its connections go silent through a proxy, as a
@@ -1001,12 +1005,7 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
         .await
         .expect("the release wakes the patient waiter")
         .unwrap();
-    holder.flush().await;
-    assert!(
-        leftovers(&url).await.is_empty(),
-        "{:?}",
-        leftovers(&url).await
-    );
+    nothing_left(&url, &[&holder]).await;
 }
 
 /// A try never queues, and is refused while others wait even if the key is free for a moment.
@@ -1170,13 +1169,7 @@ async fn a_lingering_mutex_is_taken_again_and_given_up_when_another_process_queu
     let g = a.lock("lg").await.unwrap();
     assert!(g.fencing_token() > t3);
     drop(g);
-    a.flush().await;
-    b.flush().await;
-    assert!(
-        leftovers(&url).await.is_empty(),
-        "{:?}",
-        leftovers(&url).await
-    );
+    nothing_left(&url, &[&a, &b]).await;
 }
 
 /// A process already queued when the hold first lingers sent its word before anyone listened
@@ -1205,12 +1198,7 @@ async fn a_waiter_queued_before_the_linger_gets_the_key() {
         .expect("the queued waiter gets the key")
         .unwrap();
     assert!(token > t1);
-    a.flush().await;
-    assert!(
-        leftovers(&url).await.is_empty(),
-        "{:?}",
-        leftovers(&url).await
-    );
+    nothing_left(&url, &[&a]).await;
 }
 
 /// A try from another process is refused while the key lingers, and tells the holder: the key
@@ -1237,13 +1225,7 @@ async fn a_try_from_another_process_ends_the_linger() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     drop(g);
-    b.flush().await;
-    a.flush().await;
-    assert!(
-        leftovers(&url).await.is_empty(),
-        "{:?}",
-        leftovers(&url).await
-    );
+    nothing_left(&url, &[&b, &a]).await;
 }
 
 /// The connection that would carry the first waiter's word breaks while a key lingers (the
