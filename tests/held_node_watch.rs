@@ -100,20 +100,14 @@ async fn a_node_deleted_after_another_contender_queued_is_a_loss() {
     });
     until_children(&a, &a.path_of("queued").unwrap(), 2).await;
     // The holder's children watch fired: it now watches its node's data (one request).
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while a.stats().requests == before {
-        assert!(std::time::Instant::now() < until, "no data watch set");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        "the holder's data watch",
+        Duration::from_secs(10),
+        || async { a.stats().requests > before },
+    )
+    .await;
     assert!(held.is_held());
-    ops.zk_client()
-        .delete(held.node_path(), None)
-        .await
-        .unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
-        .await
-        .expect("lost() fires");
-    assert_eq!(reason, LossReason::NodeDeleted);
+    delete_and_see_it_lost(&ops, &held).await;
     let next = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
         .expect("the waiter gets in")
