@@ -173,7 +173,14 @@ impl OthersWatch {
                 if inner.others_queued(&keys).await.ok()? || listener.woken() {
                     return None;
                 }
-                state.send_replace(Others::Nobody);
+                // Unless the hold's end said Maybe meanwhile (an abort lands at an await).
+                state.send_if_modified(|s| {
+                    let unknown = *s == Others::Unknown;
+                    if unknown {
+                        *s = Others::Nobody;
+                    }
+                    unknown
+                });
                 listener.wake_up().await;
                 None::<()>
             };
