@@ -374,7 +374,8 @@ impl Builder {
     /// this process has heard of the deletion. A hold granted on the listing that followed its
     /// create, with no other node in the lock path, is watched through that listing's children
     /// watch at no cost, and costs one read request (the node's data watch) only once the lock
-    /// path's children change; a hold granted after waiting takes over the data watch its
+    /// path's children change (so its own deletion shows after that read); a hold granted
+    /// after waiting takes over the data watch its
     /// waiter set on its own node, also at no cost. Either way each grant starts a task that
     /// waits for the watch. Turned off, a grant starts no task and sends no watch request
     /// until first interest (`lost()`, `is_held()`, `make_revocable()`, a `with_lock` body

@@ -106,8 +106,12 @@ impl LockGuard {
     ///
     /// It answers from what this process has heard: the node is watched from the grant (see
     /// [`Builder::watch_held_nodes`](crate::Builder::watch_held_nodes)), so once any later answer
-    /// from ZooKeeper has reached this process, a deletion before it has been seen too. A hold
-    /// whose session ended is lost for good, whatever session the manager has now.
+    /// from ZooKeeper has reached this process, a deletion before it has been seen too, even if
+    /// the task that watches has not run yet. One exception: a node granted while alone in its
+    /// lock path is watched through the path's children, which tells that the path changed but
+    /// not which node; its deletion shows one read later. (A local handoff of such a node waits
+    /// for that read.) A hold whose session ended is lost for good, whatever session the
+    /// manager has now.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {

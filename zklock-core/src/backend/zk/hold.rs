@@ -80,6 +80,58 @@ fn fired(watcher: zookeeper_client::OneshotWatcher) -> Fired {
     fired.shared()
 }
 
+/// A data watch's event type, shared between the monitor that waits for it and the
+/// synchronous checks that look whether it came.
+type DataEvent = futures::future::Shared<BoxFuture<'static, EventType>>;
+
+/// A data watch's event as a [`DataEvent`].
+fn data_event(fired: BoxFuture<'static, zookeeper_client::WatchedEvent>) -> DataEvent {
+    use futures::FutureExt;
+    let event: BoxFuture<'static, EventType> = Box::pin(fired.map(|e| e.event_type));
+    event.shared()
+}
+
+/// The watch on the held node that the monitor waits on, as the synchronous checks see it:
+/// an event the client has received counts at once, even before the monitor (a task, which
+/// may run after the caller) has acted on it. So `is_held()` never lags what this process has
+/// heard of a deletion, and a local handoff never goes ahead on a change still unread.
+#[derive(Default)]
+struct Heard(std::sync::Mutex<Option<Pending>>);
+
+enum Pending {
+    /// The children watch of the listing that granted the node alone.
+    Children(Fired),
+    /// A data watch on the node.
+    Data(DataEvent),
+}
+
+impl Heard {
+    fn set(&self, pending: Option<Pending>) {
+        *self.0.lock().unwrap() = pending;
+    }
+
+    /// The data watch reported the node's deletion.
+    fn deleted(&self) -> bool {
+        use futures::FutureExt;
+        match &*self.0.lock().unwrap() {
+            Some(Pending::Data(event)) => {
+                event.clone().now_or_never() == Some(EventType::NodeDeleted)
+            }
+            _ => false,
+        }
+    }
+
+    /// The children watch fired and the monitor has not acted on it yet: whether the node is
+    /// still there is not known until its data is read.
+    fn children_changed(&self) -> bool {
+        use futures::FutureExt;
+        match &*self.0.lock().unwrap() {
+            Some(Pending::Children(fired)) => fired.clone().now_or_never().is_some(),
+            _ => false,
+        }
+    }
+}
+
 /// A hold's knowledge of other contenders, shared with the task that lists them.
 struct Contenders {
     others: std::sync::Mutex<Others>,
@@ -97,6 +149,8 @@ pub(crate) struct LossWatch {
     born_lost: Option<LossReason>,
     node: watch::Receiver<NodeState>,
     health: watch::Receiver<Health>,
+    /// The event the monitor waits on, seen as soon as the client has it.
+    heard: Arc<Heard>,
 }
 
 impl Loss for LossWatch {
@@ -116,6 +170,9 @@ impl LossWatch {
         }
         if let NodeState::Lost(reason) = *self.node.borrow() {
             return Some(reason);
+        }
+        if self.heard.deleted() {
+            return Some(LossReason::NodeDeleted);
         }
         let h = self.health.borrow();
         if h.epoch != self.epoch {
@@ -215,7 +272,15 @@ impl Hold {
         if node_watch.as_ref().is_some_and(|w| w.revoke_requested) {
             revocation.requested.store(true, Ordering::SeqCst);
         }
-        let (node_state, _) = watch::channel(if fired.is_some() || node_watch.is_some() {
+        let heard = Arc::new(Heard::default());
+        let node_event = node_watch.map(|w| data_event(w.fired));
+        if let Some(fired) = &fired {
+            heard.set(Some(Pending::Children(fired.clone())));
+        }
+        if let Some(event) = &node_event {
+            heard.set(Some(Pending::Data(event.clone())));
+        }
+        let (node_state, _) = watch::channel(if fired.is_some() || node_event.is_some() {
             NodeState::Watched
         } else {
             NodeState::Unconfirmed
@@ -231,6 +296,7 @@ impl Hold {
                 born_lost,
                 node: node_state.subscribe(),
                 health,
+                heard,
             },
             node_state: Arc::new(node_state),
             revocation,
@@ -246,13 +312,14 @@ impl Hold {
             }),
             _ticket: ticket,
         };
-        match (fired, node_watch) {
+        match (fired, node_event) {
             (Some(fired), _) => {
-                let state = hold.node_state.clone();
+                let (state, heard) = (hold.node_state.clone(), hold.loss.heard.clone());
                 hold.monitor_after(async move {
                     fired.await;
                     // Something changed in the lock path: not confirmed until the data watch
-                    // answers.
+                    // answers. (Unconfirmed first, then the change is no longer pending: a
+                    // local handoff waits throughout.)
                     state.send_if_modified(|s| {
                         let was = *s == NodeState::Watched;
                         if was {
@@ -260,14 +327,14 @@ impl Hold {
                         }
                         was
                     });
+                    heard.set(None);
                     true
                 });
             }
-            (None, Some(node_watch)) => {
+            (None, Some(event)) => {
                 let (node, state) = (hold.node.clone(), hold.node_state.clone());
                 hold.monitor_after(async move {
-                    let event = node_watch.fired.await;
-                    match event.event_type {
+                    match event.await {
                         EventType::NodeDeleted => {
                             node_gone(&node, &state);
                             false
@@ -289,17 +356,18 @@ impl Hold {
     /// that watch's event, and unless it settled the matter (`false`), the node's data is
     /// watched from then on (a request).
     fn monitor_after(&self, first: impl Future<Output = bool> + Send + 'static) {
-        let (client, node, state, revocation) = (
+        let (client, node, state, revocation, heard) = (
             self.session.client.clone(),
             self.node.clone(),
             self.node_state.clone(),
             self.revocation.clone(),
+            self.loss.heard.clone(),
         );
         let count = self.inner.clone();
         let monitor = self.inner.runtime.spawn(async move {
             if first.await {
                 count.count(1);
-                watch_node(client, node, state, revocation).await
+                watch_node(client, node, state, revocation, heard).await
             }
         });
         *self.monitor.lock().unwrap() = Some(monitor.abort_handle());
@@ -329,6 +397,16 @@ impl Hold {
                 return;
             }
             current.abort();
+            // Its watch is replaced by the data watch below (an unread change of the lock
+            // path's children included: the read finds whatever it was).
+            self.loss.heard.set(None);
+            self.node_state.send_if_modified(|s| {
+                let was = *s == NodeState::Watched;
+                if was {
+                    *s = NodeState::Unconfirmed;
+                }
+                was
+            });
         }
         self.data_watched.store(true, Ordering::SeqCst);
         self.inner.count(1);
@@ -337,6 +415,7 @@ impl Hold {
             self.node.clone(),
             self.node_state.clone(),
             self.revocation.clone(),
+            self.loss.heard.clone(),
         );
         *monitor = Some(self.inner.runtime.spawn(watching).abort_handle());
     }
@@ -356,7 +435,10 @@ impl Hold {
                 return;
             }
             let listing = matches!(*self.contenders.others.lock().unwrap(), Others::Listing);
-            if *state.borrow_and_update() != NodeState::Unconfirmed && !listing {
+            // A change of the lock path's children that the client has received, and the
+            // monitor not yet acted on, may be this node's deletion: wait for its read.
+            let unread = self.loss.heard.children_changed();
+            if *state.borrow_and_update() != NodeState::Unconfirmed && !listing && !unread {
                 return;
             }
             tokio::select! {
@@ -470,6 +552,8 @@ impl Hold {
         if let Some(monitor) = self.monitor.lock().unwrap().as_ref() {
             monitor.abort();
         }
+        // This process deletes the node now: that deletion is not a loss.
+        self.loss.heard.set(None);
     }
 
     /// Opts in to revocation: a revoke request (already made or to come) becomes a loss.
@@ -564,12 +648,15 @@ async fn watch_node(
     node: String,
     state: Arc<watch::Sender<NodeState>>,
     revocation: Arc<Revocation>,
+    heard: Arc<Heard>,
 ) {
     let gone = |state: &watch::Sender<NodeState>| node_gone(&node, state);
     loop {
         match client.get_and_watch_data(&node).await {
             Err(zookeeper_client::Error::NoNode) => return gone(&state),
             Ok((data, _, watcher)) => {
+                let event = data_event(Box::pin(watcher.changed()));
+                heard.set(Some(Pending::Data(event.clone())));
                 if data == REVOKE_MESSAGE {
                     revocation.requested.store(true, Ordering::SeqCst);
                     if revocation.revocable.load(Ordering::SeqCst) {
@@ -585,8 +672,7 @@ async fn watch_node(
                     }
                     first
                 });
-                let event = watcher.changed().await;
-                match event.event_type {
+                match event.await {
                     EventType::NodeDeleted => return gone(&state),
                     // Session trouble is reported through the manager's health.
                     EventType::Session => return,
@@ -701,5 +787,66 @@ impl BackendHold for Hold {
                 keep_write,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    fn event(ready: Option<EventType>) -> DataEvent {
+        let fut: BoxFuture<'static, EventType> = match ready {
+            Some(t) => Box::pin(async move { t }),
+            None => Box::pin(std::future::pending()),
+        };
+        fut.shared()
+    }
+
+    fn fired(ready: bool) -> Fired {
+        let fut: BoxFuture<'static, ()> = if ready {
+            Box::pin(async {})
+        } else {
+            Box::pin(std::future::pending())
+        };
+        fut.shared()
+    }
+
+    /// A deletion the client has delivered counts before any task has polled the watch.
+    #[test]
+    fn a_delivered_deletion_counts_before_the_monitor_runs() {
+        let heard = Heard::default();
+        assert!(!heard.deleted(), "nothing watched");
+        heard.set(Some(Pending::Data(event(None))));
+        assert!(!heard.deleted(), "nothing delivered");
+        heard.set(Some(Pending::Data(event(Some(EventType::NodeDataChanged)))));
+        assert!(
+            !heard.deleted(),
+            "a data change (a revoke request?) is read first"
+        );
+        heard.set(Some(Pending::Data(event(Some(EventType::NodeDeleted)))));
+        assert!(heard.deleted());
+        assert!(heard.deleted(), "and stays so");
+        // The holder's own release clears it: its own deletion is no loss.
+        heard.set(None);
+        assert!(!heard.deleted());
+    }
+
+    /// A delivered change of the lock path's children is unread until the monitor reads the
+    /// node: not a loss, but no local handoff may go ahead on it.
+    #[test]
+    fn a_delivered_change_of_the_children_is_pending_until_read() {
+        let heard = Heard::default();
+        heard.set(Some(Pending::Children(fired(false))));
+        assert!(!heard.children_changed());
+        heard.set(Some(Pending::Children(fired(true))));
+        assert!(heard.children_changed());
+        assert!(
+            !heard.deleted(),
+            "the children watch cannot say which node went"
+        );
+        heard.set(None);
+        assert!(!heard.children_changed());
     }
 }
