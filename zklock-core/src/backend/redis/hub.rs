@@ -147,17 +147,25 @@ impl Hub {
         timeout: Duration,
     ) -> Listener {
         let listener = self.register(channel, direct, id);
+        self.subscribe((!direct).then(|| channel.to_string()), timeout)
+            .await;
+        listener
+    }
+
+    /// Asks the hub's task to subscribe to `channel` (`None`: only to have the connection up,
+    /// which listens on the hub's own channel), and waits at most `timeout` for it: whether it
+    /// took.
+    async fn subscribe(&self, channel: Option<String>, timeout: Duration) -> bool {
         let (tx, rx) = oneshot::channel();
-        let subscribe = (!direct).then(|| channel.to_string());
         if self
             .shared
             .requests
-            .send(Request::Subscribe(subscribe, tx))
-            .is_ok()
+            .send(Request::Subscribe(channel, tx))
+            .is_err()
         {
-            let _ = tokio::time::timeout(timeout, rx).await;
+            return false;
         }
-        listener
+        matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)))
     }
 
     /// A mutex waiter's listener (woken through the hub's own channel), at once and without a
@@ -177,12 +185,7 @@ impl Hub {
     /// wakes the listener.
     pub(crate) async fn listen_live(&self, channel: &str, timeout: Duration) -> Option<Listener> {
         let mut listener = self.register(channel, true, None);
-        let (tx, rx) = oneshot::channel();
-        self.shared
-            .requests
-            .send(Request::Subscribe(None, tx))
-            .ok()?;
-        let took = matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)));
+        let took = self.subscribe(None, timeout).await;
         // After the connection's own wake-up: a break from here on wakes the listener again,
         // and one before shows in `live`.
         listener.mark();

@@ -258,7 +258,9 @@ impl Contend<'_> {
                             revoke_requested: data == REVOKE_MESSAGE,
                         })
                     }
-                    Some(Err(zookeeper_client::Error::NoNode)) => return Err(self.deleted(pending)),
+                    Some(Err(zookeeper_client::Error::NoNode)) => {
+                        return Err(self.deleted(&mut pending))
+                    }
                     Some(Err(err)) => failed = Some(err),
                     None => {}
                 }
@@ -305,14 +307,9 @@ impl Contend<'_> {
             };
             let Some(node) = node else {
                 // Our own node's watch.
-                match event.event_type {
-                    EventType::NodeDeleted => return Err(self.deleted(pending)),
-                    EventType::Session => return Err(session_ended(&event)),
-                    _ => {
-                        own = None;
-                        own_spent = true;
-                    }
-                }
+                self.own_event(&event, &mut pending)?;
+                own = None;
+                own_spent = true;
                 continue;
             };
             inner
@@ -336,11 +333,8 @@ impl Contend<'_> {
         if let Some(watch) = own.as_mut() {
             use futures::FutureExt;
             if let Some(event) = (&mut watch.fired).now_or_never() {
-                match event.event_type {
-                    EventType::NodeDeleted => return Err(self.deleted(pending)),
-                    EventType::Session => return Err(session_ended(&event)),
-                    _ => own = None,
-                }
+                self.own_event(&event, &mut pending)?;
+                own = None;
             }
         }
         if self.kind.exclusive() {
@@ -365,11 +359,25 @@ impl Contend<'_> {
 
     /// Our node was deleted while we waited (by someone else: the end of the session shows as
     /// such): the acquire ends, and nothing is left to clean up.
-    fn deleted(&self, mut pending: Pending) -> Error {
+    fn deleted(&self, pending: &mut Pending) -> Error {
         pending.disarm();
         tracing::warn!(key = %self.key, "our waiting node was deleted by someone else");
         Error::Dequeued {
             key: self.key.to_string(),
+        }
+    }
+
+    /// What an event of our own node's watch means while we wait: its deletion, or the end of
+    /// the session, ends the acquire; a data change (a revoke request?) only spends the watch.
+    fn own_event(
+        &self,
+        event: &zookeeper_client::WatchedEvent,
+        pending: &mut Pending,
+    ) -> Result<()> {
+        match event.event_type {
+            EventType::NodeDeleted => Err(self.deleted(pending)),
+            EventType::Session => Err(session_ended(event)),
+            _ => Ok(()),
         }
     }
 

@@ -320,31 +320,14 @@ impl Hold {
                     // Something changed in the lock path: not confirmed until the data watch
                     // answers. (Unconfirmed first, then the change is no longer pending: a
                     // local handoff waits throughout.)
-                    state.send_if_modified(|s| {
-                        let was = *s == NodeState::Watched;
-                        if was {
-                            *s = NodeState::Unconfirmed;
-                        }
-                        was
-                    });
+                    unconfirm(&state);
                     heard.set(None);
                     true
                 });
             }
             (None, Some(event)) => {
                 let (node, state) = (hold.node.clone(), hold.node_state.clone());
-                hold.monitor_after(async move {
-                    match event.await {
-                        EventType::NodeDeleted => {
-                            node_gone(&node, &state);
-                            false
-                        }
-                        // Session trouble is reported through the manager's health.
-                        EventType::Session => false,
-                        // The data changed (a revoke request?): read it, and watch on.
-                        _ => true,
-                    }
-                });
+                hold.monitor_after(async move { watch_on(event.await, &node, &state) });
             }
             (None, None) if eager => hold.watch(),
             (None, None) => {}
@@ -400,13 +383,7 @@ impl Hold {
             // Its watch is replaced by the data watch below (an unread change of the lock
             // path's children included: the read finds whatever it was).
             self.loss.heard.set(None);
-            self.node_state.send_if_modified(|s| {
-                let was = *s == NodeState::Watched;
-                if was {
-                    *s = NodeState::Unconfirmed;
-                }
-                was
-            });
+            unconfirm(&self.node_state);
         }
         self.data_watched.store(true, Ordering::SeqCst);
         self.inner.count(1);
@@ -641,6 +618,32 @@ fn node_gone(node: &str, state: &watch::Sender<NodeState>) {
     state.send_replace(NodeState::Lost(LossReason::NodeDeleted));
 }
 
+/// A watched node's state is in doubt until its data is read again (a watch that may have
+/// missed its deletion was replaced, or the lock path's children changed).
+fn unconfirm(state: &watch::Sender<NodeState>) {
+    state.send_if_modified(|s| {
+        let was = *s == NodeState::Watched;
+        if was {
+            *s = NodeState::Unconfirmed;
+        }
+        was
+    });
+}
+
+/// Acts on an event of the held node's data watch; whether to read and watch the data again.
+fn watch_on(event: EventType, node: &str, state: &watch::Sender<NodeState>) -> bool {
+    match event {
+        EventType::NodeDeleted => {
+            node_gone(node, state);
+            false
+        }
+        // Session trouble is reported through the manager's health.
+        EventType::Session => false,
+        // The data changed (a revoke request?): read it, and watch on.
+        _ => true,
+    }
+}
+
 /// Watches a held node: deletion by someone else is a loss, and so is a revoke request once
 /// the holder opted in.
 async fn watch_node(
@@ -650,10 +653,9 @@ async fn watch_node(
     revocation: Arc<Revocation>,
     heard: Arc<Heard>,
 ) {
-    let gone = |state: &watch::Sender<NodeState>| node_gone(&node, state);
     loop {
         match client.get_and_watch_data(&node).await {
-            Err(zookeeper_client::Error::NoNode) => return gone(&state),
+            Err(zookeeper_client::Error::NoNode) => return node_gone(&node, &state),
             Ok((data, _, watcher)) => {
                 let event = data_event(Box::pin(watcher.changed()));
                 heard.set(Some(Pending::Data(event.clone())));
@@ -672,11 +674,8 @@ async fn watch_node(
                     }
                     first
                 });
-                match event.await {
-                    EventType::NodeDeleted => return gone(&state),
-                    // Session trouble is reported through the manager's health.
-                    EventType::Session => return,
-                    _ => continue,
+                if !watch_on(event.await, &node, &state) {
+                    return;
                 }
             }
             Err(err) if connection_lost(&err) => {
