@@ -11,20 +11,6 @@ use std::time::Duration;
 use common::*;
 use zklock::LossReason;
 
-/// Deletes `held`'s node through `ops` (as an operator would), and checks that the hold says
-/// it is lost, because its node was deleted.
-async fn delete_and_see_it_lost(ops: &zklock::LockManager, held: &zklock::LockGuard) {
-    ops.zk_client()
-        .delete(held.node_path(), None)
-        .await
-        .unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
-        .await
-        .expect("lost() fires");
-    assert_eq!(reason, LossReason::NodeDeleted);
-    assert!(!held.is_held());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_cycle_costs_three_requests() {
     let zk = server();

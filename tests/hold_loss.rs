@@ -63,15 +63,7 @@ async fn deleting_the_node_fires_lost() {
     let a = manager(&zk.connect_string()).await;
     let ops = manager(&zk.connect_string()).await;
     let held = a.lock("del").await.unwrap();
-    ops.zk_client()
-        .delete(held.node_path(), None)
-        .await
-        .unwrap();
-    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
-        .await
-        .unwrap();
-    assert_eq!(reason, LossReason::NodeDeleted);
-    assert!(!held.is_held());
+    delete_and_see_it_lost(&ops, &held).await;
     assert_eq!(held.loss_reason(), Some(LossReason::NodeDeleted));
 }
 

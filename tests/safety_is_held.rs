@@ -95,12 +95,7 @@ async fn a_node_granted_alone_is_lost_after_the_read_its_deletion_sets_off() {
     let m = manager(&zk.connect_string()).await;
     let ops = manager(&zk.connect_string()).await;
     let guard = m.lock("alone").await.unwrap();
-    delete_behind_its_back(&m, &ops, guard.node_path()).await;
-    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("the read finds the node gone");
-    assert_eq!(reason, zklock::LossReason::NodeDeleted);
-    assert!(!guard.is_held());
+    delete_and_see_it_lost(&ops, &guard).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,6 +126,20 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
     panic!("could not expire the session: {attempts:?}");
 }
 
+/// Deletes `held`'s node through `ops` (as an operator would), and checks that the hold says
+/// it is lost, because its node was deleted.
+pub async fn delete_and_see_it_lost(ops: &LockManager, held: &zklock::LockGuard) {
+    ops.zk_client()
+        .delete(held.node_path(), None)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("lost() fires");
+    assert_eq!(reason, zklock::LossReason::NodeDeleted);
+    assert!(!held.is_held());
+}
+
 /// Polls `cond` every 20 ms until it holds; fails, naming `what`, after `within`. Used to
 /// order a test's steps, never to assume one happened.
 pub async fn eventually<F, Fut>(what: &str, within: Duration, mut cond: F)

@@ -50,12 +50,7 @@ async fn timeout_exits_75_and_lost_hold_exits_76() {
         .args(["exec", "busy", "--timeout", "300ms", "--", "true"])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 75);
     assert!(String::from_utf8_lossy(&out.stderr).contains("timed out"));
     held.release().await.unwrap();
     assert!(
@@ -148,12 +143,7 @@ fn clear_errors_for_bad_input_and_unreachable_servers() {
         .args(["exec", "", "--", "true"])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(64),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 64);
     assert!(String::from_utf8_lossy(&out.stderr).contains("empty"));
     let out = zklock(&zk.connect_string())
         .args(["exec", "--path", "relative", "--", "true"])

@@ -52,12 +52,7 @@ fn timeout_exits_75_and_a_terminated_holder_exits_76() {
         .args(["exec", "busy", "--timeout", "300ms", "--", "true"])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 75);
 
     // The server ends the holding session: the holder loses the lock, sends its command
     // SIGTERM and exits 76.
@@ -67,12 +62,7 @@ fn timeout_exits_75_and_a_terminated_holder_exits_76() {
     )
     .unwrap();
     let out = holder.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(76),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 76);
     assert!(String::from_utf8_lossy(&out.stderr).contains("lost"));
 }
 

@@ -31,12 +31,7 @@ fn timeout_exits_75_and_a_lost_lease_exits_76() {
         .args(["exec", "busy", "--timeout", "300ms", "--", "true"])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 75);
     // SIGTERM: zklock forwards it to its command and exits.
     // SAFETY: kill(2) on a child we spawned and have not reaped; no memory effects.
     unsafe { libc::kill(holder.id() as libc::pid_t, libc::SIGTERM) };
@@ -53,12 +48,7 @@ fn timeout_exits_75_and_a_lost_lease_exits_76() {
     redis.pause().unwrap();
     let out = holder.wait_with_output().unwrap();
     redis.resume().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(76),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 76);
     assert!(String::from_utf8_lossy(&out.stderr).contains("lease"));
 }
 

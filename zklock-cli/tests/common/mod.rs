@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The `zklock` binary, pointed at `connect` (a ZooKeeper connect string, or a Redis or
@@ -12,6 +12,16 @@ pub fn zklock(connect: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_zklock"));
     c.args(["--connect", connect]);
     c
+}
+
+/// Checks that the command exited with `code`, showing its stderr if not.
+pub fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs `zklock [global...] exec job/1 -- sh -c '...; exit 7'`, checks that the exit code is
@@ -29,12 +39,7 @@ pub fn exec_token_and_path(connect: &str, global: &[&str]) -> (i64, String) {
         ])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(7),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 7);
     let stdout = String::from_utf8(out.stdout).unwrap();
     let (token, path) = stdout.trim().split_once(' ').unwrap();
     (
