@@ -1013,3 +1013,96 @@ async fn soak_random_faults_under_mixed_traffic() {
         );
     }
 }
+
+/// The progress invariant: with finite holds and no fault, grants keep coming. One process, two
+/// managers (two sessions), eight tasks each, taking and releasing three keys in turn as fast as
+/// they can — the loop in which a lost wake-up once stopped every task for good (a task handed
+/// the lock locally waited for ever for a confirmation it had already consumed, holding the
+/// node that everyone else queued behind). A watchdog fails the test when no grant comes for
+/// [`STALL`]; two believed holders of one key fail it too.
+///
+/// 20 seconds by default; `ZKLOCK_PROGRESS_SECS=120 cargo test --test soak grants_keep` runs
+/// longer (the stall it guards against came after 60,000–200,000 cycles on a loaded machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_keep_coming_in_a_plain_contended_loop() {
+    /// No grant of any key for this long, with no fault and holds of microseconds, is a stall.
+    const STALL: Duration = Duration::from_secs(10);
+    const KEYS: [&str; 3] = ["p0", "p1", "p2"];
+    let secs: u64 = std::env::var("ZKLOCK_PROGRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20)
+        .max(2);
+    let server = common::server();
+    let connect = server.connect_string();
+    let managers = [
+        common::manager(&connect).await,
+        common::manager(&connect).await,
+    ];
+    let start = Instant::now();
+    let grants = Arc::new(AtomicU64::new(0));
+    let last_grant_ms = Arc::new(AtomicU64::new(0));
+    let holders: Arc<Vec<AtomicU64>> = Arc::new(KEYS.iter().map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = vec![];
+    for (m_index, m) in managers.iter().enumerate() {
+        for t in 0..8usize {
+            let (m, grants, last, holders, stop) = (
+                m.clone(),
+                grants.clone(),
+                last_grant_ms.clone(),
+                holders.clone(),
+                stop.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut turn = (m_index + t) % KEYS.len();
+                while !stop.load(Ordering::SeqCst) {
+                    let guard = m.lock(KEYS[turn]).await.expect("lock");
+                    let inside = holders[turn].fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(inside, 0, "two holders of {} at once", KEYS[turn]);
+                    grants.fetch_add(1, Ordering::SeqCst);
+                    last.store(start.elapsed().as_millis() as u64, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    holders[turn].fetch_sub(1, Ordering::SeqCst);
+                    drop(guard);
+                    turn = (turn + 1) % KEYS.len();
+                }
+            }));
+        }
+    }
+    let run = Duration::from_secs(secs);
+    while start.elapsed() < run {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let since = start
+            .elapsed()
+            .saturating_sub(Duration::from_millis(last_grant_ms.load(Ordering::SeqCst)));
+        if since > STALL {
+            let mut status = String::new();
+            for key in KEYS {
+                let path = format!("{}/{key}", managers[0].namespace());
+                status += &format!(
+                    "{path}: {:?}\n",
+                    common::children(&managers[0], &path).await
+                );
+            }
+            panic!(
+                "no grant for {since:?} after {} grants ({:?} into the run): a stall\n{status}",
+                grants.load(Ordering::SeqCst),
+                start.elapsed()
+            );
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        tokio::time::timeout(STALL, task)
+            .await
+            .expect("every task ends once told to stop (a task stuck in lock() is a stall)")
+            .expect("task");
+    }
+    let total = grants.load(Ordering::SeqCst);
+    say(&format!(
+        "progress: {total} grants in {secs} s ({:.0}/s), no stall",
+        total as f64 / secs as f64
+    ));
+    assert!(total > 0, "no grant at all");
+}

@@ -407,23 +407,17 @@ impl Hold {
         let mut state = self.node_state.subscribe();
         let mut listed = self.contenders.listed.subscribe();
         let mut health = self.loss.health.clone();
-        loop {
+        settle(&mut state, &mut listed, &mut health, || {
             if self.loss_reason().is_some() {
-                return;
+                return true;
             }
             let listing = matches!(*self.contenders.others.lock().unwrap(), Others::Listing);
             // A change of the lock path's children that the client has received, and the
             // monitor not yet acted on, may be this node's deletion: wait for its read.
             let unread = self.loss.heard.children_changed();
-            if *state.borrow_and_update() != NodeState::Unconfirmed && !listing && !unread {
-                return;
-            }
-            tokio::select! {
-                changed = state.changed() => if changed.is_err() { return },
-                changed = listed.changed() => if changed.is_err() { return },
-                changed = health.changed() => if changed.is_err() { return },
-            }
-        }
+            *self.node_state.borrow() != NodeState::Unconfirmed && !listing && !unread
+        })
+        .await
     }
 
     /// Whether another contender may be waiting for this lock: `true` unless a listing of the
@@ -596,6 +590,35 @@ impl Drop for Hold {
         if !self.released.swap(true, Ordering::SeqCst) {
             self.stop_watching();
             delete_in_background(&self.inner, self.session.client.clone(), self.node.clone());
+        }
+    }
+}
+
+/// Waits until `settled()` answers true, asking again after every change of the three
+/// channels (or returns when one of them closes).
+///
+/// `settled` may read what no channel versions (a watch event the client delivered, the
+/// listing's state): each round marks the channels' versions seen *before* it asks, so a change
+/// made while it asks (the monitor unconfirms, reads, confirms again) is a change still unseen
+/// and wakes the wait. Asking first and marking after would consume that change while the
+/// answer was taken from the stale read: a wait for ever (a lost wake-up).
+async fn settle<A, B, C>(
+    a: &mut watch::Receiver<A>,
+    b: &mut watch::Receiver<B>,
+    c: &mut watch::Receiver<C>,
+    mut settled: impl FnMut() -> bool,
+) {
+    loop {
+        a.borrow_and_update();
+        b.borrow_and_update();
+        c.borrow_and_update();
+        if settled() {
+            return;
+        }
+        tokio::select! {
+            changed = a.changed() => if changed.is_err() { return },
+            changed = b.changed() => if changed.is_err() { return },
+            changed = c.changed() => if changed.is_err() { return },
         }
     }
 }
@@ -847,5 +870,37 @@ mod tests {
         );
         heard.set(None);
         assert!(!heard.children_changed());
+    }
+
+    /// The monitor runs its whole sequence (unconfirm, clear the unread flag, read, confirm)
+    /// while `confirmed()` asks whether the node is settled, after the flag was read as set:
+    /// the versions it marked seen must be older than that sequence, so the wait wakes and
+    /// asks again. (Marking them seen after asking waits for ever.)
+    #[tokio::test]
+    async fn a_change_made_while_settled_is_asked_wakes_the_wait() {
+        use std::sync::atomic::AtomicUsize;
+        let (state, mut rx) = watch::channel(NodeState::Watched);
+        let (_listed, mut listed) = watch::channel(());
+        let (_health, mut health) = watch::channel(());
+        let unread = AtomicBool::new(true);
+        let asked = AtomicUsize::new(0);
+        let settled = || {
+            asked.fetch_add(1, Ordering::SeqCst);
+            let was_unread = unread.load(Ordering::SeqCst);
+            // The window held open: the monitor's whole sequence runs here.
+            if was_unread {
+                unconfirm(&state);
+                unread.store(false, Ordering::SeqCst);
+                state.send_replace(NodeState::Watched);
+            }
+            *state.borrow() != NodeState::Unconfirmed && !was_unread
+        };
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            settle(&mut rx, &mut listed, &mut health, settled),
+        )
+        .await
+        .expect("the wait woke for the change made while it asked");
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
     }
 }
