@@ -93,6 +93,7 @@ every_backend!(
     acquire_many_is_all_or_none,
     loss_is_reported,
     attribute_locks_on_either_manager,
+    one_name_is_one_lock,
     backend_specific_features,
 );
 
@@ -1599,6 +1600,82 @@ async fn attribute_locks_on_either_manager(backend: Backend) {
 
 // ---------------------------------------------------------------------------------------------
 // What differs on purpose
+
+/// One name is one lock, whichever API reaches it: a job of key `k` (with or without a wait,
+/// with or without an `at_least` window) and the plain lock of `k` exclude each other, in both
+/// directions, across processes; a job's run record beside the lock leaves nothing behind in it.
+async fn one_name_is_one_lock(backend: Backend) {
+    let env = Env::start(backend);
+    let managers = env.processes(2, Queue::Local).await;
+    let (a, b) = (&managers[0], &managers[1]);
+    let key = "one_name";
+
+    // A plain holder: every kind of job run of the same key skips.
+    let held = a.lock(key).await.unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let body = |ran: Arc<AtomicUsize>| async move {
+        ran.fetch_add(1, Ordering::SeqCst);
+    };
+    for job in [
+        b.job(key).unwrap(),
+        b.job(key).unwrap().at_least(Duration::from_secs(60)),
+        b.job(key).unwrap().wait(Duration::from_millis(200)),
+    ] {
+        assert_eq!(
+            job.run(body(ran.clone())).await.unwrap(),
+            zklock::Ran::Skipped,
+            "a job runs while the plain lock of its key is held"
+        );
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    held.release().await.unwrap();
+
+    // A running job: the plain lock of its key waits for it.
+    let (started, running) = oneshot::channel();
+    let (finish, finished) = oneshot::channel::<()>();
+    let job = b.job(key).unwrap().at_least(Duration::from_secs(60));
+    let run = tokio::spawn(async move {
+        job.run(async move {
+            started.send(()).unwrap();
+            finished.await.unwrap();
+        })
+        .await
+    });
+    running.await.unwrap();
+    assert!(
+        a.try_lock(key).await.unwrap().is_none(),
+        "the plain lock of a running job's key is free"
+    );
+    assert!(matches!(
+        a.lock_timeout(key, Duration::from_millis(200)).await,
+        Err(Error::Timeout { .. })
+    ));
+    finish.send(()).unwrap();
+    assert!(matches!(run.await.unwrap().unwrap(), zklock::Ran::Ran(())));
+    // The window stays, the lock is free, and nothing is left in the lock.
+    assert_eq!(
+        a.job(key)
+            .unwrap()
+            .at_least(Duration::from_secs(60))
+            .run(body(ran.clone()))
+            .await
+            .unwrap(),
+        zklock::Ran::Skipped,
+        "a run inside the window"
+    );
+    // (A run gives its lock up as a guard's drop does: in the background.)
+    a.lock_timeout(key, Duration::from_secs(10))
+        .await
+        .expect("the plain lock is free once the job ended")
+        .release()
+        .await
+        .unwrap();
+    let path = a.path_of(key).unwrap();
+    assert_eq!(
+        env.left_behind(&managers, &path).await,
+        Vec::<String>::new()
+    );
+}
 
 /// ZooKeeper-only features fail in memory, on Redis and on PostgreSQL with
 /// `Error::Unsupported` naming the backend (and `zk_client()` panics); the memory-only `lose`

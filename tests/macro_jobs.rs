@@ -64,7 +64,7 @@ async fn a_call_skipped_while_another_instance_runs_the_job_returns_skipped_or_j
             Ran::Ran(ran) => break ran,
             Ran::Skipped => assert!(Instant::now() < deadline, "the job stayed held"),
         }
-        until_children(&b, &format!("{}/%JOB/digest_7", b.namespace()), 0).await;
+        until_children(&b, &format!("{}/digest_7", b.namespace()), 0).await;
     };
     assert_eq!(day, 7);
     assert!(token.is_some(), "the body runs in a holder frame");
@@ -148,7 +148,7 @@ async fn with_timeout_a_call_waits_for_the_job_instead_of_skipping() {
     let stop = hold_job(&a, "invoices").await;
     let waiting = tokio::spawn(async move { invoices(&b).await });
     // The waiter has queued behind the holder: then the holder ends.
-    until_children(&a, &format!("{}/%JOB/invoices", a.namespace()), 2).await;
+    until_children(&a, &format!("{}/invoices", a.namespace()), 2).await;
     drop(stop);
     assert_eq!(waiting.await.unwrap().unwrap(), Ran::Ran(3));
 }

@@ -142,7 +142,7 @@ async fn a_required_job_that_is_skipped_is_an_error() {
     let job_a = a.job("exclusive").unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move { job_a.run(async { rx.await.ok() }).await });
-    until_children(&b, &format!("{}/%JOB/exclusive", b.namespace()), 1).await;
+    until_children(&b, &format!("{}/exclusive", b.namespace()), 1).await;
     let skipped = b
         .job("exclusive")
         .unwrap()

@@ -402,10 +402,9 @@ async fn exec_with(manager: &LockManager, args: &ExecArgs) -> u8 {
 /// `exec` of a scheduled job: [`Job::run`](zklock_core::Job::run) runs CMD, or skips.
 async fn exec_job(manager: &LockManager, args: &ExecArgs) -> u8 {
     let started = match (&args.key, &args.path) {
-        (Some(key), _) => manager.job(key).and_then(|job| {
-            let path = format!("{}/%JOB/{}", manager.namespace(), Key::new(key)?.encoded());
-            Ok((job, path))
-        }),
+        (Some(key), _) => manager
+            .job(key)
+            .and_then(|job| Ok((job, manager.path_of(key)?))),
         (None, Some(path)) => manager.job_at_path(path).map(|job| (job, path.clone())),
         (None, None) => unreachable!("clap requires KEY or --path"),
     };

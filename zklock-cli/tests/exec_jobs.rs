@@ -84,7 +84,7 @@ fn concurrent_execs_with_skip_if_locked_run_the_command_once() {
     // It ran under the job's lock, with its token.
     let fields: Vec<&str> = runs[0].split(' ').collect();
     assert!(fields[1].parse::<i64>().unwrap() > 0, "{runs:?}");
-    assert_eq!(fields[2], "/zklock/locks/%JOB/nightly");
+    assert_eq!(fields[2], "/zklock/locks/nightly");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -911,7 +911,11 @@ impl LockManager {
     }
 
     /// The scheduled job `name`: one instance runs it at a time, the others skip it (see
-    /// [`Job`]). Its lock path is `<namespace>/%JOB/<encoded name>`.
+    /// [`Job`]). Its lock is the key's own lock, the one [`lock`](Self::lock) and
+    /// [`mutex`](Self::mutex) take (`<namespace>/<encoded name>`): one name is one lock, so a
+    /// job and a plain holder of the same key exclude each other. Its run record (the
+    /// `at_least` window) sits beside that lock (`<namespace>/<encoded name>%RUN`, a name no
+    /// key encodes to).
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a refused name.
@@ -923,7 +927,7 @@ impl LockManager {
     /// ```
     pub fn job(&self, name: &str) -> Result<Job> {
         let key = Key::new(name)?;
-        let path = format!("{}/%JOB/{}", self.namespace(), key.encoded());
+        let path = format!("{}/{}", self.namespace(), key.encoded());
         Ok(Job::new(
             self.inner.core.clone(),
             path.into(),

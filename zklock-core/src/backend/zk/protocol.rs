@@ -193,8 +193,13 @@ fn not_before(data: &[u8]) -> Option<i64> {
 
 /// [`Backend::claim_run`](crate::backend::Backend::claim_run) on ZooKeeper, by the server's
 /// clock: a write to the run record returns the server's time of that write (its mtime), which
-/// is compared with the `not-before` an earlier run left there. Two writes when the job runs,
-/// two when it is skipped (the record is put back as it was).
+/// is compared with the `not-before` an earlier run left there.
+///
+/// No write ever weakens a recorded window: the write that learns the server's time puts back
+/// the very data it read (a conditional write on the version read), so a claim cancelled,
+/// killed or cut off after any of its requests leaves the record as strong as it found it;
+/// only a claim that runs writes a new `not-before`, later than both the old one and now.
+/// Two requests and one write when the job is skipped, three and two when it runs.
 pub(crate) async fn claim_run(
     inner: &Arc<Inner>,
     target: &LockTarget,
@@ -211,16 +216,17 @@ pub(crate) async fn claim_run(
     };
     loop {
         inner.count(1);
-        let (before, version) = match client.get_data(&record).await {
-            Ok((data, stat)) => (not_before(&data), Some(stat.version)),
-            Err(zookeeper_client::Error::NoNode) => (None, None),
+        let (data, version) = match client.get_data(&record).await {
+            Ok((data, stat)) => (data, Some(stat.version)),
+            Err(zookeeper_client::Error::NoNode) => (Vec::new(), None),
             Err(err) => return Err(fail("read the job's last run", err)),
         };
-        // A write whose stat tells the server's time now.
+        // A write whose stat tells the server's time now, and that changes nothing: the same
+        // data, or a new record with none.
         inner.count(1);
         let stamped = match version {
-            Some(version) => client.set_data(&record, b"claiming", Some(version)).await,
-            None => match client.create(&record, b"claiming", persistent).await {
+            Some(version) => client.set_data(&record, &data, Some(version)).await,
+            None => match client.create(&record, &data, persistent).await {
                 Ok((stat, _)) => Ok(stat),
                 Err(zookeeper_client::Error::NodeExists) => continue,
                 Err(zookeeper_client::Error::NoNode) => {
@@ -237,19 +243,19 @@ pub(crate) async fn claim_run(
             Err(err) => return Err(fail("record the job's run", err)),
         };
         let now = stat.mtime;
-        let (data, run) = match before {
-            Some(before) if before > now => (format!("not-before={before}"), false),
-            _ => (
-                format!("not-before={}", now + at_least.as_millis() as i64),
-                true,
-            ),
-        };
+        if not_before(&data).is_some_and(|before| before > now) {
+            return Ok(false);
+        }
+        let window = format!("not-before={}", now + at_least.as_millis() as i64);
         inner.count(1);
-        client
-            .set_data(&record, data.as_bytes(), Some(stat.version))
+        match client
+            .set_data(&record, window.as_bytes(), Some(stat.version))
             .await
-            .map_err(|err| fail("record the job's run", err))?;
-        return Ok(run);
+        {
+            Ok(_) => return Ok(true),
+            Err(zookeeper_client::Error::BadVersion) => continue,
+            Err(err) => return Err(fail("record the job's run", err)),
+        }
     }
 }
 
