@@ -94,6 +94,7 @@ every_backend!(
     loss_is_reported,
     attribute_locks_on_either_manager,
     one_name_is_one_lock,
+    reentry_keeps_its_deadline,
     backend_specific_features,
 );
 
@@ -1674,6 +1675,57 @@ async fn one_name_is_one_lock(backend: Backend) {
     assert_eq!(
         env.left_behind(&managers, &path).await,
         Vec::<String>::new()
+    );
+}
+
+/// A re-entrant acquire keeps its deadline where it waits: inside `with_lock(k)`, one `join!`
+/// branch re-enters `k` and stays inside until the other branch's acquires have answered;
+/// those acquires (`lock_timeout`, a job's `wait`, `lock_all` with a timeout) wait at the
+/// frame's gate behind it and must give up at their deadline, not when the first branch
+/// leaves (before: they waited for it, and answered `Ok` long past their deadline).
+async fn reentry_keeps_its_deadline(backend: Backend) {
+    let env = Env::start(backend);
+    let m = env.process(Queue::Local).await;
+    let key = "reentry_deadline";
+    let short = Duration::from_millis(100);
+    let outcome = m
+        .with_lock(key, async {
+            let (answered, all_answered) = oneshot::channel::<()>();
+            let inside = async {
+                let again = m.lock(key).await.unwrap();
+                // Stays inside until the other branch has its answers (bounded, so that a
+                // wait past the deadline shows as a wrong answer, not a hang).
+                let _ = tokio::time::timeout(Duration::from_secs(10), all_answered).await;
+                drop(again);
+            };
+            let behind = async {
+                tokio::task::yield_now().await;
+                let plain = m.lock_timeout(key, short).await.map(drop);
+                let job = m.job(key).unwrap().wait(short).run(async {}).await.unwrap();
+                let all = m
+                    .lock_all([zklock::LockSpec::mutex(key)], Some(short))
+                    .await
+                    .map(drop);
+                answered.send(()).unwrap();
+                (plain, job, all)
+            };
+            tokio::join!(inside, behind).1
+        })
+        .await
+        .unwrap();
+    let (plain, job, all) = outcome;
+    assert!(
+        matches!(plain, Err(Error::Timeout { .. })),
+        "lock_timeout waited past its deadline: {plain:?}"
+    );
+    assert_eq!(
+        job,
+        zklock::Ran::Skipped,
+        "a job's wait outlived its deadline"
+    );
+    assert!(
+        matches!(all, Err(Error::Timeout { .. })),
+        "lock_all waited past its deadline: {all:?}"
     );
 }
 

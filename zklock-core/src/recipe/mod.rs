@@ -103,7 +103,24 @@ impl Target {
         let try_only = matches!(wait, Wait::Never);
         let key = &self.lock.key;
         let table = self.core.table.id();
-        match frame::reenter(table, &self.lock.path, self.mode, key, try_only).await? {
+        // A deadline is a deadline wherever the acquire waits: at an enclosing frame's gate
+        // (behind a concurrent branch that re-entered first), at the local queue, at the
+        // backend, connection trouble included; the whole acquire is cut off then (cancel
+        // safe: nothing is left). A try waits for nobody, but still needs the backend to
+        // answer: it gets the manager's `try_timeout`.
+        let bound = self.core.bound(wait);
+        let timed_out = |waited| Error::Timeout {
+            key: key.to_string(),
+            waited,
+        };
+        let reentry = frame::reenter(table, &self.lock.path, self.mode, key, try_only);
+        let reentry = match bound {
+            Some((deadline, waited)) => tokio::time::timeout_at(deadline, reentry)
+                .await
+                .unwrap_or_else(|_| Err(timed_out(waited))),
+            None => reentry.await,
+        };
+        match reentry? {
             Reentry::Entered(grant, gate) => {
                 return Ok(Some(LockGuard::reentered(grant, Some(gate), key.clone())))
             }
@@ -124,18 +141,10 @@ impl Target {
             &self.labels,
         );
         let acquire = tracing::Instrument::instrument(acquire, span);
-        // A deadline is a deadline, connection trouble included: the whole acquire is cut off
-        // then (cancel safe: nothing is left). A try waits for nobody, but still needs the
-        // backend to answer: it gets the manager's `try_timeout`.
-        let grant = match core.bound(wait) {
+        let grant = match bound {
             Some((deadline, waited)) => tokio::time::timeout_at(deadline, acquire)
                 .await
-                .unwrap_or_else(|_| {
-                    Err(Error::Timeout {
-                        key: key.to_string(),
-                        waited,
-                    })
-                }),
+                .unwrap_or_else(|_| Err(timed_out(waited))),
             None => acquire.await,
         };
         let waited = started.elapsed();
