@@ -360,3 +360,37 @@ async fn in_memory_a_lingering_key_is_taken_again_and_given_up_for_another_conte
     drop(r);
     m.flush().await;
 }
+
+/// A lingering node's watcher runs on the manager's runtime, not on the one that released it:
+/// a release inside a short-lived runtime (a blocking helper's own `block_on`, a test's
+/// runtime) that then ends still gives the node up when another process queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_released_in_a_runtime_that_ended_is_still_given_up() {
+    let zk = server();
+    let m = lingering_manager(&zk.connect_string(), LONG).await;
+    let path = m.path_of("short_lived").unwrap();
+    // Takes and releases the key twice in a runtime of its own, which then ends: the second
+    // release lingers (the first one started the listing of other contenders).
+    let released = m.clone();
+    std::thread::spawn(move || {
+        let short = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        short.block_on(async {
+            drop(released.lock("short_lived").await.unwrap());
+            let g = released.lock("short_lived").await.unwrap();
+            drop(g);
+        });
+        drop(short);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(children(&m, &path).await.len(), 1, "the node lingers");
+    let other = lingering_manager(&zk.connect_string(), LONG).await;
+    let got = tokio::time::timeout(Duration::from_secs(10), other.lock("short_lived")).await;
+    assert!(
+        got.is_ok(),
+        "the lingering node was not given up for another process (its watcher ended with the runtime that released it)"
+    );
+}

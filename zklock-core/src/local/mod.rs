@@ -48,15 +48,15 @@ pub(crate) struct LocalTable {
     /// same manager, whatever the path.
     id: u64,
     map: StdMutex<TableState>,
+    /// The manager's runtime, where its background work runs (a lingering node's watcher);
+    /// `None` for a manager made outside any runtime (the in-memory one may be).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Default for LocalTable {
+    /// A table whose background work runs on the runtime it was made on, if any.
     fn default() -> LocalTable {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        LocalTable {
-            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            map: StdMutex::default(),
-        }
+        LocalTable::on(tokio::runtime::Handle::try_current().ok())
     }
 }
 
@@ -67,6 +67,16 @@ struct TableState {
 }
 
 impl LocalTable {
+    /// A table whose background work runs on `runtime` (the manager's).
+    pub(crate) fn on(runtime: Option<tokio::runtime::Handle>) -> LocalTable {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        LocalTable {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            map: StdMutex::default(),
+            runtime,
+        }
+    }
+
     /// This table's id (see [`Grant::table`]).
     pub(crate) fn id(&self) -> u64 {
         self.id
@@ -108,6 +118,7 @@ impl LocalTable {
         }
         let lock = Arc::new(LocalLock {
             table: self.id,
+            runtime: self.runtime.clone(),
             path: path.clone(),
             mode,
             max_handoffs: config.max_local_handoffs,
@@ -144,6 +155,8 @@ impl Drop for LocalTable {
 /// One key's local queue.
 pub(crate) struct LocalLock {
     table: u64,
+    /// See [`LocalTable::runtime`].
+    runtime: Option<tokio::runtime::Handle>,
     path: Arc<str>,
     mode: HoldMode,
     max_handoffs: u32,
@@ -344,7 +357,14 @@ impl LocalLock {
         if self.linger.is_zero() || state.handoffs == u32::MAX || node.loss_reason().is_some() {
             return false;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // The watcher that gives the node up runs on the manager's runtime, never on the one
+        // that released (a short-lived runtime would end it, and the node would linger while
+        // others wait).
+        let Some(runtime) = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        else {
             return false;
         };
         let mut appeared = node.others_appeared();
