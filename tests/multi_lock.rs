@@ -88,3 +88,44 @@ async fn all_or_nothing_under_one_deadline() {
         .await;
     assert!(matches!(conflicting, Err(Error::InvalidArgument(_))));
 }
+
+/// A `lock_all` that times out has given up the locks it took when it returns: nobody else is
+/// kept waiting for them, with no `flush()` (before: they were released in the background and
+/// stayed held for a while). The node of the acquire that timed out, which holds nothing, is
+/// deleted in the background, as every timed-out or cancelled acquire's is: `flush()` waits
+/// for that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_lock_all_holds_nothing_when_it_returns() {
+    let zk = server();
+    let a = manager(&zk.connect_string()).await;
+    // B's requests take a while to arrive: a release left to the background is still on its
+    // way when B's call returns.
+    let slow = zklock_testkit::Proxy::start(&zk.connect_string()).unwrap();
+    let b = manager(&slow.connect_string()).await;
+    slow.set_delay(Duration::from_millis(30));
+    let busy = a.lock("b_busy").await.unwrap();
+    let free = a.path_of("a_free").unwrap();
+    let taken = a.path_of("b_busy").unwrap();
+    for round in 0..5 {
+        let err = b
+            .lock_all(
+                [LockSpec::mutex("a_free"), LockSpec::mutex("b_busy")],
+                Some(Duration::from_millis(400)),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        assert_eq!(
+            children(&a, &free).await,
+            Vec::<String>::new(),
+            "the lock it took is still held (round {round})"
+        );
+        b.flush().await;
+        assert_eq!(
+            children(&a, &taken).await.len(),
+            1,
+            "its waiting node is left after flush (round {round})"
+        );
+    }
+    drop(busy);
+}

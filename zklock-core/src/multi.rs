@@ -218,12 +218,18 @@ impl LockManager {
     /// taken once.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when the deadline passes (whatever was taken is released);
-    /// [`Error::InvalidArgument`] when one key is asked as both read and write, or by two recipes with
-    /// conflicting modes; any acquire error, after releasing what was taken.
+    /// [`Error::Timeout`] when the deadline passes; [`Error::InvalidArgument`] when one key is
+    /// asked as both read and write, or by two recipes with conflicting modes; any acquire
+    /// error. Before any error returns, the locks already taken have been released (awaited,
+    /// as [`MultiGuard::release`]): nobody else is kept waiting for them. The acquire that
+    /// failed held nothing; its waiting node (on ZooKeeper) is deleted in the background and
+    /// may be seen by other clients for about a round trip more:
+    /// [`flush`](LockManager::flush) waits until it is gone.
     ///
     /// # Cancel safety
-    /// Cancel safe: what was taken is released, no node is left.
+    /// Cancel safe: what was taken is released and no node is left, both in the background
+    /// (a dropped future cannot wait): [`flush`](LockManager::flush) waits until they are
+    /// gone.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
@@ -266,6 +272,21 @@ impl LockManager {
         let mut guard = MultiGuard {
             held: Vec::with_capacity(ordered.len()),
         };
+        if let Err(err) = self.take_in_order(&mut guard, ordered, deadline).await {
+            // What was taken is given up before the error returns: nobody else waits for it.
+            let _ = guard.release().await;
+            return Err(err);
+        }
+        Ok(guard)
+    }
+
+    /// Takes the locks of `ordered` into `guard`, one by one, by `deadline`.
+    async fn take_in_order(
+        &self,
+        guard: &mut MultiGuard,
+        ordered: Vec<(String, LockSpec)>,
+        deadline: Option<(Instant, Duration)>,
+    ) -> Result<()> {
         for (_, spec) in ordered {
             let left = deadline.map(|(at, _)| at.saturating_duration_since(Instant::now()));
             let timed_out = |e: Error| match (e, deadline) {
@@ -303,6 +324,6 @@ impl LockManager {
             };
             guard.held.push((spec, held));
         }
-        Ok(guard)
+        Ok(())
     }
 }
