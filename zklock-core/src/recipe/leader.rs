@@ -181,8 +181,11 @@ impl LeaderLatch {
     }
 
     /// Runs `body` each time this participant leads, as Curator's `LeaderSelector` with
-    /// auto-requeue: waits for leadership, runs `body` with it, and when the leadership is
-    /// lost, drops `body` at its next await point and queues again. Returns what `body`
+    /// auto-requeue does: waits for leadership, runs `body` with it, and when the leadership is
+    /// lost, drops `body` at its next await point and queues again. On the wire it stays a
+    /// latch (`latch-` nodes): it elects one leader with Curator's `LeaderLatch`, not with a
+    /// `LeaderSelector` on the same path, whose `lock-` nodes are an `InterProcessMutex`'s
+    /// (share that election through [`LockManager::mutex_at_path`](crate::LockManager::mutex_at_path)). Returns what `body`
     /// returns once it completes while leading; leadership is given up then.
     ///
     /// # Errors
