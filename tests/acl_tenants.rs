@@ -54,3 +54,77 @@ async fn another_tenant_cannot_delete_or_revoke_your_contender_nodes() {
     held.release().await.unwrap();
     assert!(twin.try_lock("invoice_1").await.unwrap().is_some());
 }
+
+/// A path whose ACL lets others delete the tenant's nodes is refused with a clear error, and
+/// nothing is held or left: made first by a client without credentials (the lock path, or
+/// one re-created open after the tenant's was reaped). A path the tenant made itself passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_path_others_may_delete_in_is_refused() {
+    let zk = server();
+    let anonymous = manager(&zk.connect_string()).await;
+    let tenant = LockManager::builder(zk.connect_string())
+        .digest_auth("billing", "s3cret")
+        .connect()
+        .await
+        .unwrap();
+    // An anonymous manager locked the key first: the path it made is open to anyone.
+    let path = tenant.path_of("invoice_9").unwrap();
+    let open = anonymous.lock("invoice_9").await.unwrap();
+    open.release().await.unwrap();
+    anonymous
+        .zk_client()
+        .create(
+            &format!("{path}/keep-open"),
+            b"",
+            &zookeeper_client::CreateMode::Persistent
+                .with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .map(drop)
+        .or_else(|e| {
+            if e == zookeeper_client::Error::NodeExists {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .unwrap();
+    match tenant.try_lock("invoice_9").await {
+        Err(Error::UnprotectedPath { path: p, acl }) => {
+            assert_eq!(p, path);
+            assert!(acl.contains("world:anyone"), "{acl}");
+        }
+        other => panic!("expected UnprotectedPath, got {other:?}"),
+    }
+    match tenant.lock("invoice_9").await {
+        Err(Error::UnprotectedPath { .. }) => {}
+        other => panic!("expected UnprotectedPath, got {other:?}"),
+    }
+    tenant.flush().await;
+    assert_eq!(
+        children(&tenant, &path).await,
+        vec!["keep-open".to_string()],
+        "the refused acquires left a node"
+    );
+    // Where the tenant made the path, its nodes are safe, and it locks.
+    let own = tenant.lock("invoice_10").await.unwrap();
+    assert_eq!(
+        anonymous.zk_client().delete(own.node_path(), None).await,
+        Err(zookeeper_client::Error::NoAuth)
+    );
+    own.release().await.unwrap();
+    // Once the open path is gone (reaped when empty) and made again by the tenant, it locks.
+    anonymous
+        .zk_client()
+        .delete(&format!("{path}/keep-open"), None)
+        .await
+        .unwrap();
+    let _ = anonymous.zk_client().delete(&path, None).await;
+    let got = tenant.lock("invoice_9").await.unwrap();
+    assert!(got.is_held());
+    assert_eq!(
+        anonymous.zk_client().delete(got.node_path(), None).await,
+        Err(zookeeper_client::Error::NoAuth),
+        "the path the tenant made again protects its node"
+    );
+}

@@ -519,6 +519,7 @@ impl Builder {
                 watch_held_nodes: self.watch_held_nodes,
                 identity: self.identity.clone(),
                 protected: self.digest.is_some(),
+                owner: self.digest.as_deref().map(crate::backend::zk::digest_id),
             },
         ));
         Ok(LockManager::assemble(

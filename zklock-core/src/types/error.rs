@@ -114,6 +114,17 @@ pub enum Error {
         path: String,
     },
 
+    /// A manager with credentials refused a lock path whose ACL lets other clients delete its
+    /// contender nodes or change its ACL: anyone so allowed could take the lock away from a
+    /// holder. Nothing is held and nothing is left.
+    #[error("the lock path {path} lets other clients delete its lock nodes or change its ACL ({acl}); a manager with credentials locks only where DELETE and ADMIN are its own: delete the path while it is empty (or set its ACL to the manager's credentials) and retry")]
+    UnprotectedPath {
+        /// The lock path.
+        path: String,
+        /// Its ACL, as `scheme:id:perms` entries.
+        acl: String,
+    },
+
     /// Asking for this would deadlock the caller; refused at once instead of waiting for ever.
     #[error("would deadlock on the lock {key}: {cause}")]
     WouldDeadlock {

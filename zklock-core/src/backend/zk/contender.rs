@@ -10,8 +10,8 @@ use zookeeper_client::{Client, EventType};
 
 use super::hold::{Given, Hold, NodeWatch, REVOKE_MESSAGE};
 use super::protocol::{
-    contender_options, delete_by_prefix_in_background, delete_in_background, ensure_parents,
-    PATH_VANISHED_RETRIES,
+    check_path_acl, contender_options, delete_by_prefix_in_background, delete_in_background,
+    ensure_parents, PATH_VANISHED_RETRIES,
 };
 use super::{Incarnation, Inner};
 use crate::session::{connection_lost, Session};
@@ -135,6 +135,7 @@ pub(crate) async fn create_node(
     let ticket = inner.enter_dir(path);
     let mut pending = Pending::new(inner, &session.client, path);
     let created = contend.create(&mut pending).await?;
+    check_path_acl(inner, &session.client, path, created.incarnation.czxid).await?;
     let node = pending.disarm().expect("a created contender has a node");
     Ok((
         Hold::new(
@@ -189,6 +190,9 @@ impl Contend<'_> {
         let czxid = created.czxid;
         let me = self.kind.sort_key(&name).to_string();
         let mut incarnation = created.incarnation;
+        // With credentials, a path that lets others delete our node is refused before any
+        // grant (our node, in `pending`, is deleted with the error).
+        check_path_acl(inner, client, self.path, incarnation.czxid).await?;
         // The listing's children watch, kept only if that listing showed our node alone and
         // granted it (dropped as soon as the acquire waits or lists again).
         let mut alone = created
@@ -218,6 +222,7 @@ impl Contend<'_> {
                     watches = Watches::default();
                     let listing = self.list().await?;
                     incarnation = listing.incarnation;
+                    check_path_acl(inner, client, self.path, incarnation.czxid).await?;
                     queue = self.queue(listing.children, &name, &pending.protect)?;
                     self.remove_strays(&mut queue);
                     continue;

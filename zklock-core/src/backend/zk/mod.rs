@@ -17,6 +17,7 @@ use crate::session::{Session, SessionOwner};
 use crate::types::error::Result;
 use crate::types::mode::{HoldMode, Wait};
 use contender::NodeKind;
+pub(crate) use protocol::digest_id;
 
 /// What the ZooKeeper backend is configured with (its part of [`Builder`](crate::Builder)).
 #[derive(Debug, Clone)]
@@ -26,6 +27,9 @@ pub(crate) struct ZkConfig {
     pub(crate) identity: Option<String>,
     /// The session authenticates: lock paths and nodes get `creator_all` ACLs.
     pub(crate) protected: bool,
+    /// The digest scheme's id of the session's credentials (`user:base64(sha1(user:password))`),
+    /// when it authenticates: the only id a lock path's ACL may give DELETE or ADMIN.
+    pub(crate) owner: Option<String>,
 }
 
 #[derive(Default)]
@@ -121,6 +125,9 @@ pub(crate) struct Inner {
     pub(crate) session: Arc<SessionOwner>,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) dirs: StdMutex<HashMap<Arc<str>, DirState>>,
+    /// Lock paths whose ACL was checked (with credentials), by the incarnation (czxid)
+    /// checked: a path re-created since is checked again.
+    pub(crate) safe_paths: StdMutex<HashMap<Arc<str>, i64>>,
     pub(crate) node_data: Vec<u8>,
     pub(crate) stats: Stats,
 }
@@ -167,6 +174,7 @@ impl ZkBackend {
                 runtime: session.runtime.clone(),
                 session,
                 dirs: StdMutex::new(HashMap::new()),
+                safe_paths: StdMutex::new(HashMap::new()),
                 node_data,
                 stats: Stats::default(),
                 config,

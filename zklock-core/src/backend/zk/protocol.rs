@@ -111,6 +111,71 @@ pub(crate) async fn ensure_parents(inner: &Inner, client: &Client, dir: &str) ->
     ))
 }
 
+/// The digest scheme's id of `user:password`, as ZooKeeper computes it for a session that
+/// authenticated with it: `user:base64(sha1(user:password))`.
+pub(crate) fn digest_id(credentials: &str) -> String {
+    use base64::Engine;
+    let user = credentials.split_once(':').map_or(credentials, |(u, _)| u);
+    let hash = sha1_smol::Sha1::from(credentials).digest().bytes();
+    format!(
+        "{user}:{}",
+        base64::engine::general_purpose::STANDARD.encode(hash)
+    )
+}
+
+/// With credentials, checks that the lock path `dir` (its incarnation `czxid`, as the listing
+/// that will decide the grant saw it) gives DELETE and ADMIN to no one but this manager's
+/// credentials: whoever may delete a child may delete a holder's node, and whoever may set the
+/// ACL may give himself that right. A path created by this manager is `creator_all` and
+/// passes; one made by a client without credentials (`world:anyone`), or under other
+/// credentials, is refused ([`Error::UnprotectedPath`]). One request per incarnation of the
+/// path: what was checked is remembered by its czxid, and a path re-created since (reaped when
+/// empty, then made again by anyone) is checked again.
+pub(crate) async fn check_path_acl(
+    inner: &Inner,
+    client: &Client,
+    dir: &Arc<str>,
+    czxid: i64,
+) -> Result<()> {
+    let Some(owner) = inner.config.owner.as_deref() else {
+        return Ok(());
+    };
+    if inner.safe_paths.lock().unwrap().get(dir) == Some(&czxid) {
+        return Ok(());
+    }
+    inner.count(1);
+    let (acls, stat) = client
+        .get_acl(dir)
+        .await
+        .map_err(|err| Error::zk("read the lock path's ACL", dir, err))?;
+    let dangerous = zookeeper_client::Permission::DELETE | zookeeper_client::Permission::ADMIN;
+    let foreign = |acl: &zookeeper_client::Acl| {
+        (acl.permission() & dangerous) != zookeeper_client::Permission::NONE
+            && !(acl.scheme() == "digest" && acl.id() == owner)
+    };
+    if acls.iter().any(foreign) {
+        let acl = acls
+            .iter()
+            .map(|a| format!("{}:{}:{}", a.scheme(), a.id(), a.permission()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(Error::UnprotectedPath {
+            path: dir.to_string(),
+            acl,
+        });
+    }
+    let mut safe = inner.safe_paths.lock().unwrap();
+    // A bound on what is remembered: past it, paths are simply checked again.
+    if safe.len() >= SAFE_PATHS_REMEMBERED {
+        safe.clear();
+    }
+    safe.insert(dir.clone(), stat.czxid);
+    Ok(())
+}
+
+/// How many checked lock paths a manager with credentials remembers (see [`check_path_acl`]).
+const SAFE_PATHS_REMEMBERED: usize = 4096;
+
 /// Deletes a contender node: the request is sent now, so that any later request of this
 /// session is ordered after it; the reply is awaited in the background, retrying on
 /// connection loss until the node is gone or the session (and so the node) has ended.
