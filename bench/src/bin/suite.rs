@@ -639,7 +639,8 @@ fn zookeeper_section(cli: &Cli, sizes: &Sizes, started: Instant) -> Result<Strin
         .and_then(|s| s.four_letter("srvr").ok())
         .and_then(|srvr| {
             srvr.lines()
-                .find_map(|l| l.strip_prefix("Zookeeper version: ").map(str::to_string))
+                .find_map(|l| l.strip_prefix("Zookeeper version: "))
+                .map(release_of)
         })
         .map(|v| format!("{v} ({})", fsync_note(!cli.no_fsync)))
         .unwrap_or_else(|| "unknown (external server)".into());
@@ -765,6 +766,17 @@ fn fsync_note(fsync: bool) -> &'static str {
     } else {
         "--no-fsync: forceSync=no, figures for quick checks only"
     }
+}
+
+/// The release in `srvr`'s version line: `3.8.0` of `3.8.0-${mvngit.commit.id}, built on …` (a
+/// distribution's build leaves that placeholder where the commit id belongs).
+fn release_of(version: &str) -> String {
+    let version = version.split(',').next().unwrap_or(version);
+    version
+        .split_once("-${")
+        .map_or(version, |(release, _)| release)
+        .trim()
+        .to_string()
 }
 
 /// Runs every cell of `rows`, one at a time, printing each line to stderr.
@@ -1376,4 +1388,21 @@ fn render_zookeeper_tables(
         }
     }
     md.push_str("```\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::release_of;
+
+    #[test]
+    fn the_server_release_drops_the_build_placeholder_and_date() {
+        assert_eq!(
+            release_of("3.8.0-${mvngit.commit.id}, built on 2024-12-29 17:54 UTC"),
+            "3.8.0"
+        );
+        assert_eq!(
+            release_of("3.9.2-e454e8c7283100c7caec6dcae2bc82aaecb63023, built on 2024-02-12"),
+            "3.9.2-e454e8c7283100c7caec6dcae2bc82aaecb63023"
+        );
+    }
 }
