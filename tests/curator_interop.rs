@@ -1,4 +1,5 @@
-//! Interop with Apache Curator's InterProcessMutex on the same path, both ways.
+//! Interop with Apache Curator's InterProcessMutex on the same path, both ways, and with the
+//! LeaderSelector built on it.
 
 mod common;
 
@@ -91,5 +92,46 @@ async fn curator_read_write_lock_shares_and_excludes_with_zklock() {
     let (event, acquired_at) = curator.next_event(Duration::from_secs(30)).unwrap();
     assert_eq!(event, "acquired");
     assert!(acquired_at >= released_at);
+    assert!(curator.wait().unwrap().success());
+}
+
+/// Curator's LeaderSelector leads while it holds an InterProcessMutex on its path: a zklock mutex on
+/// that path waits for its leadership to end, and holds it off while zklock holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_leader_selector_and_a_zklock_mutex_on_its_path_exclude_each_other() {
+    let zk = server();
+    let m = manager(&zk.connect_string()).await;
+    let path = "/interop/leader/selector";
+    let mutex = m.mutex_at_path(path).unwrap();
+
+    let mut curator =
+        CuratorHold::spawn(&zk.connect_string(), path, "selector:jvm-1", 1500, 1).unwrap();
+    let (event, _) = curator.next_event(Duration::from_secs(300)).unwrap();
+    assert_eq!(event, "acquired");
+    assert!(
+        mutex.try_lock().await.unwrap().is_none(),
+        "zklock took the lock of a Curator leader"
+    );
+    let guard = mutex.lock().await.unwrap();
+    let got_at = now_epoch_ms();
+    let (event, released_at) = curator.next_event(Duration::from_secs(10)).unwrap();
+    assert_eq!(event, "released");
+    assert!(
+        got_at >= released_at,
+        "zklock got the lock at {got_at}, while Curator led until {released_at}"
+    );
+    assert!(curator.wait().unwrap().success());
+
+    let mut curator =
+        CuratorHold::spawn(&zk.connect_string(), path, "selector:jvm-2", 10, 1).unwrap();
+    until_children(&m, path, 2).await;
+    let released_at = now_epoch_ms();
+    guard.release().await.unwrap();
+    let (event, acquired_at) = curator.next_event(Duration::from_secs(30)).unwrap();
+    assert_eq!(event, "acquired");
+    assert!(
+        acquired_at >= released_at,
+        "Curator led at {acquired_at} while zklock held the lock until {released_at}"
+    );
     assert!(curator.wait().unwrap().success());
 }

@@ -11,7 +11,7 @@
 //! - `naive`: every waiter creates one fixed ephemeral node and watches it when it exists: the herd
 //!   baseline (every release wakes every waiter).
 //!
-//! Curator and kazoo run from `../shared/peers/run` with the same workloads and output line.
+//! Curator and kazoo run from the test kit's `peers/run` with the same workloads and output line.
 //!
 //! On Redis: `zklock` (its Redis backend), `floor` (`SET key id NX PX ttl`, released by a Lua
 //! compare-and-`DEL`; on a taken key it asks again at once) and `rslock` (the `rslock` crate's
@@ -56,7 +56,7 @@ use std::time::Duration;
 
 pub use report::{parse_line, Report};
 
-/// What a benchmark run does; the names match `../shared/peers/run`'s workloads.
+/// What a benchmark run does; the names match the test kit's `peers/run`'s workloads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
     /// One session, one key, acquire + release in a loop (with more workers: one session each).

@@ -1,5 +1,5 @@
 //! `zklock-bench`: one benchmark run against a running ZooKeeper, printing one line in the
-//! format of `../shared/peers/run` (CuratorBench, kazoo_bench).
+//! format of the test kit's `peers/run` (CuratorBench, kazoo_bench).
 //!
 //! ```text
 //! zklock-bench --connect 127.0.0.1:2181 --workload contended --workers 8 --cycles 500

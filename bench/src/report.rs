@@ -7,7 +7,7 @@ use std::time::Duration;
 /// One benchmark's output line, e.g.
 /// `peer=zklock workload=contended workers=8 cycles=4000 secs=1.234 ops_per_s=3241.5 p50_us=2300 p99_us=5100 violations=0`.
 ///
-/// Fields keep their order; the first ones are exactly those of `../shared/peers/run`, extra
+/// Fields keep their order; the first ones are exactly those of the test kit's `peers/run`, extra
 /// figures (requests per cycle, watch events per release, RSS) follow.
 ///
 /// # Examples

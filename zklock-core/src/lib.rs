@@ -25,8 +25,9 @@
 //! ```
 #![warn(missing_docs)]
 
-// The layers, lowest first; each uses only the ones above it in this list (`.ci/layers`
-// checks it).
+// The modules are layered: types, metrics, session, backend, local, guard, recipe, then the top
+// (manager, inspect, multi, private). Each uses only the layers below it; `tests/layers.rs`
+// checks it.
 mod backend;
 mod guard;
 mod inspect;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::env::shared_dir;
+use crate::env::peers_dir;
 use crate::process::Supervised;
 
 /// How many lines of the peer's stderr are kept for error messages.
@@ -16,7 +16,8 @@ const STDERR_LINES: usize = 40;
 
 /// A JVM running Apache Curator that takes a lock, holds it, releases it, and says when.
 ///
-/// It runs `<shared>/peers/run curator-hold CONNECT PATH MODE HOLD_MS COUNT`, which prints
+/// It runs this crate's `peers/run curator-hold CONNECT PATH MODE HOLD_MS COUNT` (the Java program
+/// `peers/CuratorHold.java`), which prints
 /// `acquired <epoch_ms>` and `released <epoch_ms>` for each of `COUNT` rounds; [`next_event`] reads
 /// them. Compare its times with [`now_epoch_ms`](crate::now_epoch_ms) on the Rust side to prove that a
 /// zklock lock and a Curator lock on the same path exclude each other.
@@ -51,13 +52,17 @@ pub struct CuratorHold {
 }
 
 impl CuratorHold {
-    /// Starts the peer: it connects to `connect`, then `count` times takes the lock at `path` in `mode`
-    /// (`mutex`, `read`, `write`, or `semaphore:N`), holds it `hold_ms` milliseconds, and releases it.
+    /// Starts the peer: it connects to `connect`, then `count` times takes the lock at `path` in `mode`,
+    /// holds it `hold_ms` milliseconds, and releases it.
+    ///
+    /// `mode` is `mutex` (`InterProcessMutex`), `read` or `write` (`InterProcessReadWriteLock`),
+    /// `semaphore:N` (a lease of `InterProcessSemaphoreV2` with `N` leases), `latch[:ID]` (a
+    /// `LeaderLatch`, held while it leads) or `selector[:ID]` (a `LeaderSelector`, held while its
+    /// `takeLeadership` runs); `ID` is the participant id, `curator` by default.
     ///
     /// # Errors
     ///
-    /// When the shared folder cannot be found (see [`shared_dir`](crate::shared_dir)) or the script cannot
-    /// be started.
+    /// When the script cannot be started.
     ///
     /// # Examples
     ///
@@ -74,7 +79,7 @@ impl CuratorHold {
         hold_ms: u64,
         count: u32,
     ) -> io::Result<CuratorHold> {
-        let run = shared_dir()?.join("peers").join("run");
+        let run = peers_dir().join("run");
         let mut cmd = Command::new("bash");
         cmd.arg(&run)
             .arg("curator-hold")

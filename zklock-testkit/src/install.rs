@@ -11,7 +11,7 @@ const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// Installs Debian's `zookeeper` package if `/usr/share/java/zookeeper.jar` is missing.
 ///
 /// Runs `apt-get update && apt-get install -y zookeeper` under `flock` on
-/// `$TMPDIR/zklock-peers-apt.lock` — the lock `shared/peers/run` takes too — so tests and peers running in
+/// `$TMPDIR/zklock-peers-apt.lock` — the lock `peers/run` takes too — so tests and peers running in
 /// parallel, in any number of processes, install at most once and never fight over apt's own lock. Does
 /// nothing when the jar is there, or when `ZKLOCK_ZK_CLASSPATH` names the jars to use instead.
 ///

@@ -20,8 +20,10 @@
 //! to a file in its directory. Ports are claimed across processes, so tests may run in parallel in any
 //! number of test binaries. Everything is synchronous and blocking: these are tools for tests.
 //!
-//! Environment: `ZKLOCK_ZK_CLASSPATH` replaces the server's class path, `JAVA_HOME` picks the JVM,
-//! `ZKLOCK_SHARED` locates the shared folder for [`CuratorHold`].
+//! The peers (Curator and kazoo programs, run by [`CuratorHold`] and the bench) are this crate's own, in
+//! `peers/` ([`peers_dir`]).
+//!
+//! Environment: `ZKLOCK_ZK_CLASSPATH` replaces the server's class path, `JAVA_HOME` picks the JVM.
 //!
 //! # Examples
 //!
@@ -57,7 +59,7 @@ mod workdir;
 
 pub use cluster::{ZkCluster, ZkClusterBuilder};
 pub use curator::CuratorHold;
-pub use env::{now_epoch_ms, shared_dir};
+pub use env::{now_epoch_ms, peers_dir};
 pub use history::{
     check, epoch_ms_to_ns, now_ns, Event, History, HoldEnd, HoldSpan, Mode, Op, Overlap, Recorder,
     Report, Violation, NO_TOKEN,

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use zklock_testkit::{now_epoch_ms, shared_dir, CuratorHold, ZkCluster, ZkServer};
+use zklock_testkit::{now_epoch_ms, peers_dir, CuratorHold, ZkCluster, ZkServer};
 
 /// `zk_znode_count` from `mntr`.
 fn znode_count(mntr: &str) -> u64 {
@@ -300,9 +300,54 @@ fn cluster_without_quorum_is_reported() {
 }
 
 #[test]
-fn shared_dir_holds_the_peers() {
-    let dir = shared_dir().unwrap();
-    assert!(Path::new(&dir).join("peers").join("run").is_file());
+fn the_peers_are_in_the_repository() {
+    let dir = peers_dir();
+    assert!(
+        dir.starts_with(env!("CARGO_MANIFEST_DIR")),
+        "{}",
+        dir.display()
+    );
+    for file in [
+        "run",
+        "CuratorHold.java",
+        "CuratorBench.java",
+        "kazoo_bench.py",
+    ] {
+        assert!(Path::new(&dir).join(file).is_file(), "{file} is missing");
+    }
+}
+
+#[test]
+fn curator_leader_selectors_take_turns() {
+    let server = ZkServer::start().unwrap();
+    let path = "/testkit/selector";
+    let spawn = |id: &str| {
+        CuratorHold::spawn(
+            &server.connect_string(),
+            path,
+            &format!("selector:{id}"),
+            300,
+            1,
+        )
+        .unwrap()
+    };
+    let (mut first, mut second) = (spawn("one"), spawn("two"));
+    let mut holds = Vec::new();
+    for peer in [&mut first, &mut second] {
+        let (event, acquired) = peer.next_event(Duration::from_secs(300)).unwrap();
+        assert_eq!(event, "acquired");
+        let (event, released) = peer.next_event(Duration::from_secs(30)).unwrap();
+        assert_eq!(event, "released");
+        assert!(released >= acquired + 300);
+        holds.push((acquired, released));
+    }
+    holds.sort();
+    assert!(
+        holds[1].0 >= holds[0].1,
+        "two LeaderSelectors led at once: {holds:?}"
+    );
+    assert!(first.wait().unwrap().success());
+    assert!(second.wait().unwrap().success());
 }
 
 #[test]

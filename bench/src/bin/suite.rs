@@ -1,9 +1,8 @@
 //! `zklock-bench-suite`: every workload for zklock and its peers, side by side on one ZooKeeper,
-//! printed as markdown with zklock's ratio to each peer and the targets of issue 16 ("met" or
-//! "missed" from the ratios of the same run); then
-//! zklock's Redis backend beside rslock and a bare `SET NX PX` floor on one Redis, with the
-//! targets of issue 13; then zklock's PostgreSQL backend beside a bare `pg_advisory_lock`
-//! floor on a durable PostgreSQL, with the target of issue 14.
+//! printed as markdown with zklock's ratio to each peer and each row's target ("met" or
+//! "missed" from the ratios of the same run); then zklock's Redis backend beside rslock and a
+//! bare `SET NX PX` floor on one Redis; then zklock's PostgreSQL backend beside a bare
+//! `pg_advisory_lock` floor on a durable PostgreSQL, each with its targets.
 //!
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE]
@@ -14,7 +13,7 @@
 //! loopback port, stopped at exit) that fsyncs its log as production servers do (`--no-fsync`
 //! for quick runs). Every run is a child process: `zklock-bench` (next to this
 //! binary) for zklock, the floor, zookeeper-client's recipe and the naive herd;
-//! `../shared/peers/run` for Curator and kazoo; `java CuratorMem` (this crate's `java/`) for
+//! the test kit's `peers/run` for Curator and kazoo; `java CuratorMem` (this crate's `java/`) for
 //! Curator's memory.
 
 use std::collections::BTreeMap;
@@ -102,8 +101,8 @@ enum Metric {
 enum Runner {
     /// `zklock-bench --peer <peer>`, optionally `--no-local-queue`.
     Ours { peer: &'static str, no_queue: bool },
-    /// `peers/run <curator|kazoo>`.
-    Shared(&'static str),
+    /// The test kit's `peers/run <curator|kazoo>`.
+    Peer(&'static str),
     /// `java CuratorMem`.
     CuratorMem,
 }
@@ -204,7 +203,7 @@ fn redis_rows(sizes: &Sizes) -> Vec<Row> {
             metric: Metric::Ops,
             // The peers have no linger: they run it as `uncontended`.
             cells: cells(),
-            // As on ZooKeeper (issue 16): re-acquire without a round trip.
+            // As on ZooKeeper: re-acquire without a round trip.
             target: Some(Target::Floor { floor: 10.0 }),
         },
     ]
@@ -229,8 +228,8 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
             ("zklock", zk.clone()),
             ("floor", ours("floor")),
             ("zkclient", ours("zkclient")),
-            ("curator", Shared("curator")),
-            ("kazoo", Shared("kazoo")),
+            ("curator", Peer("curator")),
+            ("kazoo", Peer("kazoo")),
             ("naive", ours("naive")),
         ]
     };
@@ -243,7 +242,6 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
             keys: 1,
             metric: Metric::Ops,
             cells: every(&zk),
-            // Issue 16.
             target: Some(Target::Ratios {
                 curator: 2.0,
                 floor: Some(0.9),
@@ -306,7 +304,7 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
             metric: Metric::Ops,
             // The peers have no linger: they run it as `uncontended`.
             cells: vec![("zklock", zk.clone()), ("floor", ours("floor"))],
-            // Issue 16: re-acquire without a round trip.
+            // Re-acquire without a round trip.
             target: Some(Target::Floor { floor: 10.0 }),
         },
     ];
@@ -331,7 +329,7 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
         cells: vec![
             ("zklock", zk_noq.clone()),
             ("zkclient", ours("zkclient")),
-            ("curator", Shared("curator")),
+            ("curator", Peer("curator")),
             ("naive", ours("naive")),
         ],
         target: None,
@@ -346,7 +344,7 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
         cells: vec![
             ("zklock", zk_noq.clone()),
             ("zkclient", ours("zkclient")),
-            ("curator", Shared("curator")),
+            ("curator", Peer("curator")),
         ],
         target: None,
     });
@@ -357,7 +355,7 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
         cycles: 0,
         keys: 1,
         metric: Metric::Drain,
-        cells: vec![("zklock", zk_noq.clone()), ("curator", Shared("curator"))],
+        cells: vec![("zklock", zk_noq.clone()), ("curator", Peer("curator"))],
         target: Some(Target::Ratios {
             curator: 10.0,
             floor: None,
@@ -395,7 +393,7 @@ fn rows(sizes: &Sizes) -> Vec<Row> {
             keys: 1,
             metric: Metric::Memory,
             cells,
-            // Issue 16: keep 10,000 waiters in about 30 MB (the full size only).
+            // Keep 10,000 waiters in about 30 MB (the full size only).
             target: (workload == "mem-waiters" && sizes.memory >= 10_000)
                 .then_some(Target::PeakMb { mb: 33.0 }),
         });
@@ -429,7 +427,7 @@ impl Env {
                 }
                 cmd
             }
-            Runner::Shared(which) => {
+            Runner::Peer(which) => {
                 let mut cmd = Command::new(&self.peers_run);
                 cmd.args([which, self.connect.as_str(), row.workload, &n, &m]);
                 if row.workload == "keys" {
@@ -641,7 +639,8 @@ fn zookeeper_section(cli: &Cli, sizes: &Sizes, started: Instant) -> Result<Strin
         .and_then(|s| s.four_letter("srvr").ok())
         .and_then(|srvr| {
             srvr.lines()
-                .find_map(|l| l.strip_prefix("Zookeeper version: ").map(str::to_string))
+                .find_map(|l| l.strip_prefix("Zookeeper version: "))
+                .map(release_of)
         })
         .map(|v| format!("{v} ({})", fsync_note(!cli.no_fsync)))
         .unwrap_or_else(|| "unknown (external server)".into());
@@ -651,9 +650,7 @@ fn zookeeper_section(cli: &Cli, sizes: &Sizes, started: Instant) -> Result<Strin
     if !bench.exists() {
         return Err(format!("{} is missing: build the crate", bench.display()));
     }
-    let peers_run = zklock_testkit::shared_dir()
-        .map_err(|e| e.to_string())?
-        .join("peers/run");
+    let peers_run = zklock_testkit::peers_dir().join("run");
     let scratch = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut env = Env {
         connect,
@@ -720,7 +717,7 @@ fn zookeeper_section(cli: &Cli, sizes: &Sizes, started: Instant) -> Result<Strin
     Ok(md)
 }
 
-/// The linger's cost to the first other process (issue 16: its wait ≤ 1.5× a normal
+/// The linger's cost to the first other process (target: its wait ≤ 1.5× a normal
 /// handoff's).
 fn render_handover(md: &mut String, outcome: &Outcome) {
     let _ = writeln!(
@@ -769,6 +766,17 @@ fn fsync_note(fsync: bool) -> &'static str {
     } else {
         "--no-fsync: forceSync=no, figures for quick checks only"
     }
+}
+
+/// The release in `srvr`'s version line: `3.8.0` of `3.8.0-${mvngit.commit.id}, built on …` (a
+/// distribution's build leaves that placeholder where the commit id belongs).
+fn release_of(version: &str) -> String {
+    let version = version.split(',').next().unwrap_or(version);
+    version
+        .split_once("-${")
+        .map_or(version, |(release, _)| release)
+        .trim()
+        .to_string()
 }
 
 /// Runs every cell of `rows`, one at a time, printing each line to stderr.
@@ -1380,4 +1388,21 @@ fn render_zookeeper_tables(
         }
     }
     md.push_str("```\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::release_of;
+
+    #[test]
+    fn the_server_release_drops_the_build_placeholder_and_date() {
+        assert_eq!(
+            release_of("3.8.0-${mvngit.commit.id}, built on 2024-12-29 17:54 UTC"),
+            "3.8.0"
+        );
+        assert_eq!(
+            release_of("3.9.2-e454e8c7283100c7caec6dcae2bc82aaecb63023, built on 2024-02-12"),
+            "3.9.2-e454e8c7283100c7caec6dcae2bc82aaecb63023"
+        );
+    }
 }

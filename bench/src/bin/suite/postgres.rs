@@ -17,7 +17,7 @@ const COLUMNS: [(&str, &str); 2] = [
     ("floor", "floor: pg_advisory_lock + unlock"),
 ];
 
-/// The target of issue 14, uncontended: at least this times the floor.
+/// The target uncontended: at least this times the floor.
 const FLOOR_TARGET: f64 = 0.85;
 
 /// The rows: zklock and the floor, uncontended and contended.
