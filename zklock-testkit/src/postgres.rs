@@ -337,6 +337,38 @@ impl PostgresServer {
         postmaster.resume()
     }
 
+    /// Freezes the server's WAL writer (SIGSTOP) until the next [`stop`](Self::stop): from
+    /// then on, commits made with `synchronous_commit = off` stay in the server's memory, and
+    /// a following `stop` (a crash) loses them, as a failover to an asynchronous replica loses
+    /// what the replica had not received. A commit that waits for its flush still writes the
+    /// log itself (and everything before it). Returns the WAL writer's process id.
+    ///
+    /// # Errors
+    ///
+    /// When the server is stopped, `psql` cannot find the WAL writer, or `kill -STOP` fails.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut pg = zklock_testkit::PostgresServer::start()?;
+    /// pg.psql("ALTER SYSTEM SET synchronous_commit = off")?;
+    /// pg.psql("SELECT pg_reload_conf()")?;
+    /// pg.freeze_wal_writer()?;
+    /// pg.psql("CREATE TABLE lost (); INSERT INTO lost DEFAULT VALUES")?; // in memory only
+    /// pg.restart()?; // a crash: the table is gone
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn freeze_wal_writer(&self) -> io::Result<u32> {
+        self.running()?;
+        let pid: u32 = self
+            .psql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")?
+            .trim()
+            .parse()
+            .map_err(|e| io::Error::other(format!("no WAL writer found: {e}")))?;
+        signal(pid, libc::SIGSTOP)?;
+        Ok(pid)
+    }
+
     fn running(&self) -> io::Result<&Supervised> {
         self.process
             .as_ref()

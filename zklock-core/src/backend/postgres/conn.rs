@@ -92,8 +92,6 @@ impl ConnConfig {
 pub(crate) struct Statements {
     pub(crate) try_exclusive: Statement,
     pub(crate) try_shared: Statement,
-    pub(crate) read_row: Statement,
-    pub(crate) reserve: Statement,
     pub(crate) release: Statement,
 }
 
@@ -188,18 +186,14 @@ impl HoldConn {
             .get_or_try_init(|| {
                 let c = &self.client;
                 self.run(async move {
-                    let (try_exclusive, try_shared, read_row, reserve, release) = futures::try_join!(
-                        c.prepare_typed(sql::TRY_EXCLUSIVE, &[Type::INT4]),
-                        c.prepare_typed(sql::TRY_SHARED, &[Type::INT4]),
-                        c.prepare_typed(sql::READ_ROW, &[Type::INT4]),
-                        c.prepare_typed(sql::RESERVE, &[Type::INT4, Type::INT8, Type::TEXT]),
+                    let (try_exclusive, try_shared, release) = futures::try_join!(
+                        c.prepare_typed(sql::TRY_EXCLUSIVE, &[Type::INT4, Type::TEXT]),
+                        c.prepare_typed(sql::TRY_SHARED, &[Type::INT4, Type::TEXT]),
                         c.prepare_typed(sql::RELEASE, &[Type::INT4, Type::BOOL]),
                     )?;
                     Ok(Statements {
                         try_exclusive,
                         try_shared,
-                        read_row,
-                        reserve,
                         release,
                     })
                 })

@@ -93,8 +93,6 @@ pub(crate) struct Inner {
     hub: Hub,
     /// Lock path -> id, as read from the key table; checked by every acquire.
     ids: StdMutex<HashMap<Arc<str>, i32>>,
-    /// The blocks of tokens this backend reserved, by lock id.
-    blocks: Arc<StdMutex<Blocks>>,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) background: Arc<Background>,
 }
@@ -222,108 +220,6 @@ impl Drop for Pending {
     }
 }
 
-/// The blocks of tokens this backend reserved (see the module docs of [`sql`]), by lock id:
-/// the block's tag, the next value to send, and whether an attempt with it is in flight.
-///
-/// Each block's values are sent by one attempt at a time, in order, so the server sees them
-/// in the order they were sent and two grants never share one: an attempt that finds the
-/// block in flight sends no tag (and so reserves a block of its own), and an attempt whose
-/// outcome is unknown (an error, or dropped before the answer) forgets the block, since the
-/// server may have granted its value.
-#[derive(Default)]
-struct Blocks(HashMap<i32, Block>);
-
-struct Block {
-    tag: i64,
-    next: i64,
-    in_flight: bool,
-}
-
-/// The most blocks remembered; past it, those not in flight are forgotten (it only costs a
-/// reservation).
-const MAX_BLOCKS: usize = 4096;
-
-/// An attempt's use of a block: what it sends, and what it makes of the answer. Dropped
-/// without [`settle`](Self::settle) (an error, or the attempt dropped), it forgets the block.
-struct BlockTicket {
-    blocks: Arc<StdMutex<Blocks>>,
-    id: i32,
-    /// The tag sent (0: none) and the value sent with it.
-    tag: i64,
-    next: i64,
-    /// The tag of the block this attempt reserves, if it does (set just before).
-    new_tag: i64,
-    settled: bool,
-}
-
-impl BlockTicket {
-    fn take(blocks: &Arc<StdMutex<Blocks>>, id: i32) -> BlockTicket {
-        let mut tag_next = (0, 0);
-        if let Some(b) = blocks.lock().expect("not poisoned").0.get_mut(&id) {
-            if !b.in_flight {
-                b.in_flight = true;
-                tag_next = (b.tag, b.next);
-            }
-        }
-        BlockTicket {
-            blocks: blocks.clone(),
-            id,
-            tag: tag_next.0,
-            next: tag_next.1,
-            new_tag: 0,
-            settled: false,
-        }
-    }
-
-    /// The server answered: `granted` the token it granted, and whether it came from a block
-    /// just reserved (`fresh`).
-    fn settle(mut self, granted: Option<(i64, bool)>) {
-        self.settled = true;
-        let mut blocks = self.blocks.lock().expect("not poisoned");
-        match granted {
-            Some((token, true)) => {
-                if blocks.0.len() >= MAX_BLOCKS {
-                    blocks.0.retain(|_, b| b.in_flight);
-                }
-                blocks.0.insert(
-                    self.id,
-                    Block {
-                        tag: self.new_tag,
-                        next: token + 1,
-                        in_flight: false,
-                    },
-                );
-            }
-            other => {
-                if self.tag == 0 {
-                    return;
-                }
-                if let Some(b) = blocks.0.get_mut(&self.id) {
-                    // Still this attempt's block (a fresh reservation replaces it).
-                    if b.tag == self.tag && b.in_flight {
-                        b.in_flight = false;
-                        if let Some((token, false)) = other {
-                            b.next = token + 1;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Drop for BlockTicket {
-    fn drop(&mut self) {
-        if self.settled || self.tag == 0 {
-            return;
-        }
-        let mut blocks = self.blocks.lock().expect("not poisoned");
-        if blocks.0.get(&self.id).is_some_and(|b| b.tag == self.tag) {
-            blocks.0.remove(&self.id);
-        }
-    }
-}
-
 /// What an attempt found.
 enum Attempt {
     /// Granted, with the token, whether a waiter was registered then, and the watch for
@@ -381,7 +277,6 @@ impl PostgresBackend {
             hub: Hub::start(cc),
             pool,
             ids: StdMutex::default(),
-            blocks: Arc::default(),
             runtime: tokio::runtime::Handle::current(),
             background: Arc::default(),
         });
@@ -393,7 +288,9 @@ impl PostgresBackend {
         Ok(PostgresBackend { inner })
     }
 
-    /// One attempt on `pending`'s connection.
+    /// One attempt on `pending`'s connection: one statement that tries the lock and, if it
+    /// got it, takes the grant's token from the key row (see "Tokens" in the module docs of
+    /// [`sql`]).
     async fn attempt(
         &self,
         pending: &mut Pending,
@@ -403,7 +300,6 @@ impl PostgresBackend {
         let id = pending.id();
         let conn = pending.conn().clone();
         let statements = conn.statements().await?;
-        let mut ticket = BlockTicket::take(&self.inner.blocks, id);
         // Before the attempt: a waiter registering after it is not missed.
         let waiters = self.inner.hub.watch_waiters(id);
         pending.armed = true;
@@ -412,69 +308,18 @@ impl PostgresBackend {
         } else {
             &statements.try_exclusive
         };
-        let rows = conn.run(conn.client().query(attempt, &[&id])).await?;
+        let rows = conn
+            .run(conn.client().query(attempt, &[&id, &path]))
+            .await?;
         let row = rows.first();
         if !row.is_some_and(|r| r.get::<_, bool>(0)) {
-            ticket.settle(None);
             pending.armed = false;
             return Ok(Attempt::Taken);
         }
-        let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(5) != Some(false));
-        let mut seen = row.and_then(|r| {
-            let latest = r.get::<_, Option<bool>>(4) == Some(true);
-            r.get::<_, Option<String>>(1).map(|path| {
-                (
-                    path,
-                    r.get::<_, Option<i64>>(2).unwrap_or(0),
-                    r.get::<_, Option<i64>>(3),
-                    latest,
-                )
-            })
-        });
-        if !seen.as_ref().is_some_and(|s| s.3) {
-            // The version read may predate a reservation (see the module docs of `sql`): read
-            // the row again with a snapshot taken now, under the lock.
-            let rows = conn
-                .run(conn.client().query(&statements.read_row, &[&id]))
-                .await?;
-            seen = rows.first().map(|r| {
-                (
-                    r.get::<_, String>(0),
-                    r.get::<_, i64>(1),
-                    r.get::<_, Option<i64>>(2),
-                    true,
-                )
-            });
-        }
-        let Some((_, fence, block, _)) = seen.filter(|r| r.0 == path) else {
-            ticket.settle(None);
-            return Ok(Attempt::Stale);
-        };
-        if ticket.tag != 0
-            && block == Some(ticket.tag)
-            && ticket.next <= fence
-            && ticket.next > fence - sql::BLOCK
-        {
-            let token = ticket.next;
-            ticket.settle(Some((token, false)));
-            return Ok(Attempt::Granted(token, waiting, waiters));
-        }
-        ticket.new_tag = loop {
-            let t = uuid::Uuid::new_v4().as_u64_pair().0 as i64;
-            if t != 0 {
-                break t;
-            }
-        };
-        let reserved = conn
-            .run(
-                conn.client()
-                    .query(&statements.reserve, &[&id, &ticket.new_tag, &path]),
-            )
-            .await?;
-        let token = reserved.first().map(|r| r.get::<_, i64>(0));
-        ticket.settle(token.map(|t| (t, true)));
-        Ok(match token {
+        let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
+        Ok(match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
             Some(token) => Attempt::Granted(token, waiting, waiters),
+            // The row no longer names the path: nothing was written.
             None => Attempt::Stale,
         })
     }

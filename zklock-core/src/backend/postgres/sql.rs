@@ -11,9 +11,9 @@
 //! CREATE TABLE IF NOT EXISTS zklock_keys (
 //!     id        serial PRIMARY KEY,     -- the advisory lock's object id
 //!     path      text NOT NULL UNIQUE,   -- the lock path (namespace + encoded key)
-//!     fence     bigint NOT NULL DEFAULT 0,  -- the end of the last block of tokens reserved
+//!     fence     bigint NOT NULL DEFAULT 0,  -- the last token granted
 //!     run_after timestamptz,            -- a job's at_least window (claim_run)
-//!     block     bigint                  -- the tag of the last block reserved
+//!     block     bigint                  -- NULL; earlier versions' tag of a reserved block
 //! );
 //! ```
 //!
@@ -28,31 +28,47 @@
 //!
 //! ## Tokens
 //!
-//! The fencing token comes from the row's `fence`, under the lock, in blocks of [`BLOCK`]
-//! values. An acquire that has no block of its own reserves one ([`RESERVE`]): it raises
-//! `fence` to `max(fence + 1, server time in µs) + BLOCK - 1` and records the block's random tag
-//! in the row; that commit waits for the WAL flush (`synchronous_commit`) before the grant and
-//! its token (the block's first value) are reported, so a token never goes backwards across a
-//! server crash. The next acquire of the same process, while the row still carries its block's
-//! tag (nobody reserved a block since), takes the block's next value and writes nothing.
+//! Each grant of the server's lock to a process takes its token in the statement that takes
+//! the lock ([`TRY_EXCLUSIVE`], [`TRY_SHARED`]): once the lock is got, it raises the row's
+//! `fence` to `GREATEST(fence + 1, now)`, `now` being the server's clock in µs
+//! (`clock_timestamp()`, read by the statement as it takes the lock), and the new `fence` is
+//! the token. (A local handoff within a process takes no token from the server: it extends
+//! the process's one with `.n`.) The raise is an `UPDATE` in read committed: it raises the
+//! row's latest version, whatever the statement's snapshot (taken before the lock) saw, so a
+//! token is above every token an earlier holder committed, and it is handed out only once the
+//! statement has committed. Nothing about tokens is cached on the client side: a process that
+//! took a key before gets its next token from the row like any other.
 //!
-//! Reading the row under the lock: the attempt ([`TRY_EXCLUSIVE`]) takes the lock in a
-//! `MATERIALIZED` CTE and then reads the row in a `LATERAL` subquery that depends on it, so
-//! the read comes after the lock. But the statement's snapshot was taken before the lock: a
-//! holder that reserved a block, committed and released in between would be missed. So the
-//! attempt also reads whether its version of the row is the latest, by the version's `xmax`
-//! (set on a row version as soon as an update of it starts, and never unset by a commit): unset
-//! means no update of the row has begun, so the version read carries every reservation. When
-//! it is set (someone updated the row: a reservation, a job's record, an aborted update), the
-//! row is read again by [`READ_ROW`], a statement of its own whose snapshot is taken after the
-//! lock was granted. An earlier holder commits its reservation before it can release.
+//! Why a token never repeats or goes back, even when a crash or a failover to an asynchronous
+//! replica loses the last commits (the row goes back to an older `fence`), given that the
+//! server's clock moves forward (and a promoted replica's clock is not behind the old
+//! primary's by more than the failover took):
 //!
-//! The backend sends each block's values in order, one attempt at a time (see `Blocks` in the
-//! backend), so two grants never share a token and a block's tokens only go up. A process that
-//! alternates with another reserves a block at each of its grants: one flush per handoff, as
-//! before.
+//! - A token that is its grant's clock reading `now` is below the clock reading of every
+//!   grant that runs after it, and so below that grant's token, whatever `fence` the server
+//!   then has: whether the earlier commit survived does not matter.
+//! - A token above its clock reading (the counter was ahead of the clock: an earlier version
+//!   of zklock reserved blocks of 2^20 tokens, about a second each; the server's clock was
+//!   stepped back; two grants within one µs) is flushed before it is handed out: the statement
+//!   raises `synchronous_commit` from `off` to `local` for its own transaction, so a crash of
+//!   the server does not lose it (any other setting flushes already). A failover to an
+//!   asynchronous replica can still lose such a commit, and a later grant repeat its token:
+//!   the one case left, and a passing one, since a counter stays ahead only until the clock
+//!   catches up with it (grants raise it by 1 while ahead); from then on the first case holds.
 //!
-//! The floor at the server's clock keeps tokens above every earlier one even if the table is
+//! So a lost commit can only lose a token that later grants are above anyway, and the counter
+//! runs ahead of the clock only by grants less than a µs apart. The cost: every grant of the server's lock
+//! writes the row, one commit (which waits for the WAL flush unless `synchronous_commit` is
+//! off) in the same round trip as the lock; readers granted together take turns at the row.
+//! A transaction that holds the row's lock (an administrator's open update of `zklock_keys`)
+//! holds up the key's grants until it ends. A process that takes one key again and again
+//! without another process in between can keep the lock instead (the linger), with no request.
+//!
+//! Each grant sets the row's `block` to `NULL`: a process of an earlier version, which took
+//! tokens from its reserved block without writing while the row still carried the block's tag,
+//! reserves a new block above the row's `fence` instead.
+//!
+//! The floor at the server's clock also keeps tokens above every earlier one if the table is
 //! ever dropped and re-created.
 //!
 //! ## Waking waiters
@@ -70,9 +86,6 @@
 //! process's listening connection hears. That tells a holder whether another contender
 //! appeared (when the listening connection was down meanwhile: in doubt, yes): what bounds the
 //! local queue's handoffs and ends a linger.
-
-/// The values a reserved block of tokens spans (spelled as a literal in [`RESERVE`]).
-pub(crate) const BLOCK: i64 = 1 << 20;
 
 /// The class (first key) of every advisory lock zklock takes: `zkLK` in ASCII.
 pub(crate) const LOCK_CLASS: i32 = 0x7A6B_4C4B;
@@ -118,25 +131,37 @@ pub(crate) const FIND_ID: &str = "SELECT id FROM zklock_keys WHERE path = $1";
 pub(crate) const ADD_PATH: &str =
     "INSERT INTO zklock_keys (path) VALUES ($1) ON CONFLICT (path) DO NOTHING";
 
-/// The row of `$1` as an attempt reads it once it took the lock: its path, fence and block,
-/// whether a waiter is registered for the lock now (see "Waking waiters" in the module's docs),
-/// and whether the version read is the row's latest (its `xmax` is unset: no update of it has
-/// started, so no reservation committed since the statement's snapshot was taken; see the
-/// module's docs).
-macro_rules! read_row_under_lock {
+/// What an attempt does once its lock is got (`l.got`, with the server's clock `l.now` in µs
+/// read then): raises the token of `$1` id in its row, while the row names `$2` path, and
+/// flushes the commit if the token is above the clock (see "Tokens" in the module's docs);
+/// and reads whether a waiter is registered for the lock now (see "Waking waiters"). Answers
+/// `(got, token, waiting)`: no token when the row no longer names the path (nothing written).
+macro_rules! grant_under_lock {
     () => {
-        "SELECT l.got, r.path, r.fence, r.block, r.latest, r.waiting FROM l LEFT JOIN LATERAL \
-         (SELECT k.path, k.fence, k.block, k.xmax::text = '0' AS latest, \
-         NOT pg_try_advisory_xact_lock(2053855049, $1) AS waiting FROM zklock_keys k \
-         WHERE l.got AND k.id = $1) r ON true"
+        ", r AS (UPDATE zklock_keys k SET fence = GREATEST(k.fence + 1, l.now), block = NULL \
+         FROM l WHERE l.got AND k.id = $1 AND k.path = $2 \
+         RETURNING k.fence, CASE WHEN k.fence > l.now \
+         AND current_setting('synchronous_commit') = 'off' \
+         THEN set_config('synchronous_commit', 'local', true) END AS flush) \
+         SELECT l.got, r.fence, CASE WHEN l.got \
+         THEN NOT pg_try_advisory_xact_lock(2053855049, $1) END AS waiting \
+         FROM l LEFT JOIN r ON true"
     };
 }
 
-/// A mutex's or a writer's attempt at the lock of `$1` id, and its row read once taken:
-/// `(got, path, fence, block, latest)`.
+/// The server's clock in µs, as a column `now` of the attempt's lock CTE.
+macro_rules! now_us {
+    () => {
+        ", floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now) "
+    };
+}
+
+/// A mutex's or a writer's attempt at the lock of `$1` id, and its grant (`$2` path):
+/// `(got, token, waiting)`.
 pub(crate) const TRY_EXCLUSIVE: &str = concat!(
-    "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(2053852235, $1) AS got) ",
-    read_row_under_lock!()
+    "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(2053852235, $1) AS got",
+    now_us!(),
+    grant_under_lock!()
 );
 
 /// A reader's attempt, as [`TRY_EXCLUSIVE`] but shared, and only while no writer waits (a
@@ -145,19 +170,10 @@ pub(crate) const TRY_EXCLUSIVE: &str = concat!(
 pub(crate) const TRY_SHARED: &str = concat!(
     "WITH l AS MATERIALIZED (SELECT CASE WHEN \
      pg_try_advisory_xact_lock_shared(2053851470, $1) \
-     THEN pg_try_advisory_lock_shared(2053852235, $1) ELSE false END AS got) ",
-    read_row_under_lock!()
+     THEN pg_try_advisory_lock_shared(2053852235, $1) ELSE false END AS got",
+    now_us!(),
+    grant_under_lock!()
 );
-
-/// The row of `$1` id, `(path, fence, block)`, read with a snapshot of its own: what an
-/// attempt reads again when the version it read under the lock may not be the latest.
-pub(crate) const READ_ROW: &str = "SELECT path, fence, block FROM zklock_keys WHERE id = $1";
-
-/// Reserves a block of tokens tagged `$2` for `$1` id, under the lock, while its row names
-/// `$3` path: the block's first value, or no row (the row no longer names the path).
-pub(crate) const RESERVE: &str = "UPDATE zklock_keys SET \
-     fence = GREATEST(fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint) \
-     + 1048575, block = $2 WHERE id = $1 AND path = $3 RETURNING fence - 1048575";
 
 /// A waiting writer's intent: `true` when this session took it (one writer's is enough).
 pub(crate) const TAKE_INTENT: &str = "SELECT pg_try_advisory_lock(2053851470, $1)";
@@ -221,8 +237,6 @@ mod tests {
         assert_eq!(LOCK_CLASS, 2053852235);
         assert_eq!(INTENT_CLASS, 2053851470);
         assert_eq!(WAIT_CLASS, 2053855049);
-        assert_eq!(BLOCK - 1, 1048575);
-        assert_eq!(RESERVE.matches(&(BLOCK - 1).to_string()).count(), 2);
         for s in [
             CREATE_SCHEMA,
             TRY_EXCLUSIVE,
