@@ -7,9 +7,8 @@
 //! Workloads `uncontended` (one worker) and `contended` (`workers` managers or clients, one
 //! key). The lines carry `backend=postgres` and `wal_bytes_per_cycle`: the WAL the server wrote
 //! per cycle (from `pg_current_wal_lsn()`), which shows the commits that must reach the disk
-//! (the floor writes none; zklock commits a reservation of a block of tokens when another
-//! process reserved one since its last, and a release that wakes someone commits its `NOTIFY`
-//! asynchronously).
+//! (the floor writes none; zklock commits each grant's token in the statement that takes the
+//! lock, and a release that wakes someone commits its `NOTIFY` asynchronously).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
