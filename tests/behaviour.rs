@@ -95,6 +95,7 @@ every_backend!(
     attribute_locks_on_either_manager,
     one_name_is_one_lock,
     reentry_keeps_its_deadline,
+    mixed_settings_keep_every_promise,
     backend_specific_features,
 );
 
@@ -264,6 +265,48 @@ impl Env {
                 Queue::Local => self.local.clone().unwrap(),
                 Queue::Strict => self.strict.clone().unwrap(),
             },
+        }
+    }
+
+    /// The manager of one more process with settings of its own, the `i`-th of a mixed fleet:
+    /// leases, session timeouts, the linger, the local queue and its handoff bound differ from
+    /// one process to the next (as in a rolling deploy, or services tuned apart that lock the
+    /// same keys). Memory: a manager of its own per setting has a table of its own, so the
+    /// in-memory fleet mixes the two shared managers' queue modes instead.
+    async fn mixed_process(&self, i: usize) -> LockManager {
+        // (lease or session timeout, linger, local queue, local handoffs)
+        const MIX: [(u64, u64, bool, u32); 3] = [
+            (3_000, 0, true, 32),
+            (1_000, 300, false, 32),
+            (10_000, 50, true, 2),
+        ];
+        let (lease_ms, linger_ms, local, handoffs) = MIX[i % MIX.len()];
+        let configure = |b: zklock::Builder| {
+            b.local_queue(local)
+                .linger(Duration::from_millis(linger_ms))
+                .max_local_handoffs(handoffs)
+        };
+        let lease = Duration::from_millis(lease_ms);
+        match self.backend {
+            Backend::Redis => configure(LockManager::builder(self.redis_url()).lease(lease))
+                .connect()
+                .await
+                .expect("connect to the test Redis"),
+            Backend::Postgres => configure(LockManager::builder(self.pg_url()).lease(lease))
+                .connect()
+                .await
+                .expect("connect to the test PostgreSQL"),
+            Backend::Zookeeper => configure(
+                LockManager::builder(self.connect())
+                    .session_timeout(lease.max(Duration::from_secs(4))),
+            )
+            .connect()
+            .await
+            .expect("connect to the test server"),
+            Backend::Memory => {
+                self.process(if local { Queue::Local } else { Queue::Strict })
+                    .await
+            }
         }
     }
 
@@ -1727,6 +1770,64 @@ async fn reentry_keeps_its_deadline(backend: Backend) {
         matches!(all, Err(Error::Timeout { .. })),
         "lock_all waited past its deadline: {all:?}"
     );
+}
+
+/// Managers whose settings differ (leases or session timeouts, linger, local queue, local
+/// handoffs) lock the same keys: the history checker finds no two believed holders (a hold
+/// counts from its grant to its release or its reported loss) and tokens strictly increasing
+/// in grant order, every task gets its turns, and nothing is left behind.
+async fn mixed_settings_keep_every_promise(backend: Backend) {
+    use zklock_testkit::{History, Mode};
+    let env = Env::start(backend);
+    let mut managers = vec![];
+    for i in 0..3 {
+        managers.push(env.mixed_process(i).await);
+    }
+    let history = History::new();
+    let keys = ["mixed_a", "mixed_b"];
+    let mut tasks = vec![];
+    for (i, m) in managers.iter().enumerate() {
+        for t in 0..3 {
+            let (m, rec) = (m.clone(), history.recorder(&format!("p{i}t{t}")));
+            tasks.push(tokio::spawn(async move {
+                for round in 0..12 {
+                    let key = keys[(round + t) % keys.len()];
+                    rec.acquire_invoked(key, Mode::Exclusive);
+                    let guard = match m.lock_timeout(key, Duration::from_secs(30)).await {
+                        Ok(guard) => guard,
+                        Err(e) => {
+                            rec.acquire_failed(key, Mode::Exclusive, &e);
+                            panic!("{key}: {e}");
+                        }
+                    };
+                    rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
+                    tokio::select! {
+                        biased;
+                        reason = guard.lost() => rec.lost(key, reason),
+                        _ = tokio::time::sleep(Duration::from_millis(round as u64 % 3)) => {}
+                    }
+                    rec.release_invoked(key);
+                    match guard.release().await {
+                        Ok(()) => rec.release_ok(key),
+                        Err(e) => rec.release_failed(key, e),
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let report = history.check();
+    assert!(report.is_ok(), "{}", report.summary());
+    for key in keys {
+        let path = managers[0].path_of(key).unwrap();
+        assert_eq!(
+            env.left_behind(&managers, &path).await,
+            Vec::<String>::new(),
+            "{key}"
+        );
+    }
 }
 
 /// ZooKeeper-only features fail in memory, on Redis and on PostgreSQL with
