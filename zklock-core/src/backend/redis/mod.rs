@@ -52,7 +52,7 @@ use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
 use crate::types::error::{Error, Result};
 use crate::types::mode::{HoldMode, Wait};
 use crate::types::token::FencingToken;
-use conn::{transient, Background, Conn};
+use conn::{transient, Background, Breaks, Conn};
 use hold::{RedisHold, Side};
 use hub::{Hub, Listener};
 use keys::Keys;
@@ -102,6 +102,9 @@ pub(crate) struct RedisConfig {
 /// What the backend's holds and tasks share.
 pub(crate) struct Inner {
     pub(crate) conn: Conn,
+    /// The epoch of this backend's connections: a hold is held only while no connection broke
+    /// since its last confirmation (see [`Breaks`]).
+    pub(crate) breaks: Breaks,
     hub: Hub,
     pub(crate) lease: Duration,
     /// Taken off every deadline; see [`margin`](Self::margin).
@@ -214,8 +217,7 @@ impl Inner {
                                 .arg(id)
                                 .arg(member)
                                 .arg(keys::NOTIFY_PREFIX)
-                                .arg(&keys.channel)
-                                .arg(self.waiter_ttl.as_millis() as u64);
+                                .arg(&keys.channel);
                             i
                         }
                         Undo::Any(ids) => {
@@ -322,7 +324,15 @@ impl RedisBackend {
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
         let reply_timeout = config.lease.min(MAX_REPLY_TIMEOUT);
-        let conn = Conn::new(client.clone(), config.connect_timeout, reply_timeout);
+        let runtime = tokio::runtime::Handle::current();
+        let breaks = Breaks::new();
+        let conn = Conn::new(
+            client.clone(),
+            config.connect_timeout,
+            reply_timeout,
+            breaks.clone(),
+            runtime.clone(),
+        );
         conn.run(Some(config.connect_timeout), |mut c| async move {
             redis::cmd("PING").query_async::<String>(&mut c).await
         })
@@ -331,8 +341,7 @@ impl RedisBackend {
             operation: "connect",
             source: e.into(),
         })?;
-        let runtime = tokio::runtime::Handle::current();
-        let hub = Hub::start(client, reply_timeout, &runtime);
+        let hub = Hub::start(client, reply_timeout, &runtime, breaks.clone());
         let mut holder_tag = format!("{} hub={}", *HOST_PID, hub.id);
         if let Some(id) = &config.identity {
             holder_tag.push_str(" id=");
@@ -340,6 +349,7 @@ impl RedisBackend {
         }
         let inner = Arc::new(Inner {
             conn,
+            breaks,
             hub,
             lease: config.lease,
             margin: Inner::margin(config.lease),
@@ -473,6 +483,7 @@ impl RedisBackend {
                 l.mark();
             }
             pending.armed = true;
+            let epoch = inner.breaks.epoch();
             let sent = Instant::now();
             match self.attempt(&keys, ask, &ids, &member, queue, queued).await {
                 Ok(Attempt::Granted(last)) => {
@@ -496,6 +507,7 @@ impl RedisBackend {
                                 FencingToken::new(token, 0),
                                 sent,
                                 inner.lease,
+                                epoch,
                             )
                         })
                         .collect();
@@ -542,8 +554,11 @@ impl RedisBackend {
                     // attempt was applied counts: its token is larger than the lock's last
                     // token at the refusal (`refused_at`). An older one (its word delayed
                     // past its short lease, which then ran out and someone else took the key)
-                    // is void. So the short first lease runs from after `sent` at the
-                    // earliest. Too little of it left: the next attempt renews it instead.
+                    // is void. The release set the key's expiry to the end of this waiter's
+                    // liveness, which the refused attempt (sent at `sent`) set to its server
+                    // time plus this waiter's own TTL: so the first lease runs until `sent` +
+                    // waiter TTL at the earliest, whatever the releaser's lease. Too little
+                    // of it left: the next attempt renews it instead.
                     if let Some(token) = listener.take_grant().filter(|t| *t > refused_at) {
                         let deadline = Inner::deadline_for(sent, inner.waiter_ttl);
                         if deadline > Instant::now() + inner.waiter_ttl / 4 {
@@ -557,6 +572,7 @@ impl RedisBackend {
                                 FencingToken::new(token, 0),
                                 sent,
                                 inner.waiter_ttl,
+                                epoch,
                             );
                             return Ok(Some(vec![hold]));
                         }

@@ -7,6 +7,10 @@
 //! a hold is due at its last grant or renewal's send time + its lease/3, and the tick is at
 //! most a quarter of the shortest first lease (a hand-over's, see `super::waiter_ttl`), so a
 //! hold registered just after a tick is still renewed in time. The task ends with the backend.
+//!
+//! A connection break (see [`Breaks`](super::conn::Breaks)) makes every hold due at once: it is
+//! not reported held until a renewal sent after the break is confirmed, and a renewal that
+//! finds the key gone or someone else's makes it lost.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -82,6 +86,13 @@ impl Watchdog {
         self.holds.lock().unwrap().remove(&id);
     }
 
+    /// Makes every hold due at `now` (a connection broke).
+    fn all_due(&self, now: Instant) {
+        for r in self.holds.lock().unwrap().values() {
+            *r.due.lock().unwrap() = now;
+        }
+    }
+
     /// Renewals due by `by`, marked as under way.
     fn due(&self, by: Instant) -> Vec<(u64, Arc<Renewal>)> {
         self.holds
@@ -94,15 +105,25 @@ impl Watchdog {
     }
 }
 
-/// The watchdog's task: every tick, starts the renewals due within the next one.
+/// The watchdog's task: every tick, starts the renewals due within the next one; on a
+/// connection break, renews every hold at once.
 pub(crate) async fn run(inner: Weak<Inner>, tick: Duration) {
     let mut ticks = tokio::time::interval(tick);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let Some(mut breaks) = inner.upgrade().map(|b| b.breaks.subscribe()) else {
+        return;
+    };
     loop {
-        ticks.tick().await;
+        let broke = tokio::select! {
+            _ = ticks.tick() => false,
+            changed = breaks.changed() => changed.is_ok(),
+        };
         let Some(backend) = inner.upgrade() else {
             return;
         };
+        if broke {
+            backend.watchdog.all_due(Instant::now());
+        }
         for (id, renewal) in backend.watchdog.due(Instant::now() + tick) {
             let inner = backend.clone();
             backend
@@ -120,16 +141,21 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
         Side::Shared => (&*scripts::RENEW_SHARED, &r.keys.shared),
     };
     let _turn = r.ops.lock().await;
-    let (deadline, done) = {
-        let s = r.state.borrow();
-        (
-            s.deadline,
-            s.released || s.reason_at(Instant::now()).is_some(),
-        )
-    };
-    let outcome = if done {
-        Some(LossReason::LeaseExpired)
-    } else {
+    // A renewal sent before a break that came while it was under way confirms the lease but
+    // not the hold: sent again at once (a few times; then at the next tick).
+    let mut tries = 3;
+    let outcome = loop {
+        let (deadline, done) = {
+            let s = r.state.borrow();
+            (
+                s.deadline,
+                s.released || s.final_reason(Instant::now()).is_some(),
+            )
+        };
+        if done {
+            break Some(LossReason::LeaseExpired);
+        }
+        let epoch = inner.breaks.epoch();
         let sent = Instant::now();
         let renewal = inner.conn.run(None, |mut c| {
             let mut invocation = script.key(key);
@@ -138,16 +164,23 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
         });
         match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Ok(1)) => {
-                extend(&r.state, inner.deadline(sent));
-                *r.due.lock().unwrap() = sent + inner.lease / 3;
-                None
+                extend(&r.state, inner.deadline(sent), epoch);
+                tries -= 1;
+                if epoch == inner.breaks.epoch() {
+                    *r.due.lock().unwrap() = sent + inner.lease / 3;
+                    break None;
+                }
+                if tries == 0 {
+                    *r.due.lock().unwrap() = Instant::now();
+                    break None;
+                }
             }
-            Ok(Ok(_)) => Some(LossReason::NodeDeleted),
+            Ok(Ok(_)) => break Some(LossReason::NodeDeleted),
             Ok(Err(e)) => {
                 tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal failed");
-                Some(LossReason::Disconnected)
+                break Some(LossReason::Disconnected);
             }
-            Err(_) => Some(LossReason::LeaseExpired),
+            Err(_) => break Some(LossReason::LeaseExpired),
         }
     };
     match outcome {
