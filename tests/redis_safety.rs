@@ -160,7 +160,10 @@ async fn a_hand_over_between_managers_with_different_leases_leaves_one_believed_
         releaser.flush().await;
         third.flush().await;
     }
-    assert_eq!(conclusive, 3, "too few rounds where the waiter was cut off in time");
+    assert_eq!(
+        conclusive, 3,
+        "too few rounds where the waiter was cut off in time"
+    );
 }
 
 /// What a local waiter of the first process saw when it got the lock.
@@ -320,11 +323,13 @@ async fn a_restart_that_lost_the_key_is_a_loss_before_anyone_else_is_granted() {
             !believed,
             "round {round}: another process was granted the key while the old holder reports it held"
         );
-        assert!(fired.is_some(), "round {round}: the old holder's loss has not fired");
+        assert!(
+            fired.is_some(),
+            "round {round}: the old holder's loss has not fired"
+        );
         assert!(got.fencing_token() > first);
         got.release().await.unwrap();
         drop(held);
         old.flush().await;
     }
 }
-
