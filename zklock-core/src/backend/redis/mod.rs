@@ -8,7 +8,13 @@
 //! - One watchdog per backend renews each hold (compare and `PEXPIRE`) every lease/3, and makes it lost the
 //!   moment a renewal fails or is refused, or when the lease could have run out: at the send
 //!   time of the last confirmed renewal plus the lease less a [`margin`](Inner::margin), so
-//!   before the server lets anyone else in.
+//!   before the server lets anyone else in. A connection break (the command connection's
+//!   driver ends, a request fails, the hub's pub/sub connection breaks) makes every hold not
+//!   held until a renewal sent after it is confirmed (see [`conn::Breaks`]): the server may
+//!   have restarted and lost the key.
+//! - A local handoff or a linger's re-take first confirms the key with the server (one
+//!   request; see `BackendHold::confirmed`): a key deleted or lost on the server is never handed
+//!   on within the process.
 //! - Waiters do not poll. A mutex's waiting processes queue in `zklock:queue:<path>`; a release
 //!   reserves the key for the first live one and tells only it, on that process's own channel. Readers, writers and
 //!   semaphore leases listen on the lock's channel `zklock:wake:<path>`, which their releases
