@@ -104,8 +104,8 @@ async fn a_hand_over_between_managers_with_different_leases_leaves_one_believed_
     let url = redis.url();
     let short = Duration::from_millis(300);
     let mut conclusive = 0;
-    for round in 0..8 {
-        if conclusive == 3 {
+    for round in 0..20 {
+        if conclusive == 2 {
             break;
         }
         let key = format!("handover-{round}");
@@ -136,7 +136,7 @@ async fn a_hand_over_between_managers_with_different_leases_leaves_one_believed_
         proxy.blackhole();
         let handed_token = handed.fencing_token();
         assert!(handed_token > first, "{handed_token} after {first}");
-        match third.lock_timeout(&key, Duration::from_secs(3)).await {
+        match third.lock_timeout(&key, Duration::from_millis(1500)).await {
             Ok(got) => {
                 let believed = handed.is_held();
                 assert!(
@@ -161,7 +161,7 @@ async fn a_hand_over_between_managers_with_different_leases_leaves_one_believed_
         third.flush().await;
     }
     assert_eq!(
-        conclusive, 3,
+        conclusive, 2,
         "too few rounds where the waiter was cut off in time"
     );
 }

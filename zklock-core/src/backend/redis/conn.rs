@@ -16,8 +16,8 @@ pub(crate) use crate::session::background::Background;
 /// The epoch of a backend's connections: bumped whenever one of them (the command connection,
 /// the hub's pub/sub connection) breaks or is given up as silent. The server may have restarted
 /// then and lost every key (or a proxy may have cut us off while someone else got in): a hold
-/// is held only while the epoch of its last confirmation (its grant's or renewal's request,
-/// sent in that epoch and answered) is the current one.
+/// is held only while the epoch it was granted in (its grant's request sent in it, and answered
+/// before the next break) is the current one; a break is a loss of every hold granted before.
 #[derive(Clone)]
 pub(crate) struct Breaks(Arc<watch::Sender<u64>>);
 

@@ -35,10 +35,10 @@ pub(crate) struct HoldState {
     /// When the lease could run out: the send time of the last confirmed grant or renewal,
     /// plus the lease the server was told, minus a margin (see `Inner::margin`).
     pub(crate) deadline: Instant,
-    /// The connection epoch (see [`Breaks`]) in which the last confirmed grant or renewal was
-    /// sent. While a later epoch is current (a connection broke since: the server may have
-    /// restarted and lost the key), the hold is not reported held, until a renewal sent after
-    /// the break is confirmed.
+    /// The connection epoch (see [`Breaks`]) in which the hold was granted. Once a later epoch
+    /// is current (a connection broke since: the server may have restarted and lost the key,
+    /// and let someone else in), the hold is lost (`Disconnected`), at once and for good: a
+    /// hold seen not held never turns held again.
     pub(crate) epoch: u64,
     /// Set once the hold is lost; never cleared.
     pub(crate) lost: Option<LossReason>,
@@ -48,7 +48,7 @@ pub(crate) struct HoldState {
 
 impl HoldState {
     /// Why the hold is not held at `now` with `epoch` current, if it is not: lost, its lease
-    /// could have run out, or (not final) a connection broke since its last confirmation.
+    /// could have run out, or a connection broke since it was granted. Each is final.
     pub(crate) fn reason_at(&self, now: Instant, epoch: u64) -> Option<LossReason> {
         if self.lost.is_some() {
             self.lost
@@ -64,7 +64,7 @@ impl HoldState {
     }
 
     /// Whether the hold is lost for good at `now` (its deadline passed, or a loss was set).
-    pub(crate) fn final_reason(&self, now: Instant) -> Option<LossReason> {
+    fn final_reason(&self, now: Instant) -> Option<LossReason> {
         if self.lost.is_some() {
             self.lost
         } else if !self.released && now >= self.deadline {
@@ -83,22 +83,30 @@ fn reason(state: &watch::Receiver<HoldState>, breaks: &Breaks) -> Option<LossRea
     s.reason_at(Instant::now(), breaks.epoch())
 }
 
-/// Moves the deadline on after a renewal (or check) sent at `sent` in connection epoch `epoch`
-/// was confirmed, and makes the hold confirmed in that epoch; unless the hold was already lost
-/// (its deadline passed before the confirmation came: someone may have seen it lost, and a
-/// loss is final). A confirmation of an epoch that is no longer current still moves the
-/// deadline, but leaves the hold unconfirmed.
-pub(crate) fn extend(state: &watch::Sender<HoldState>, deadline: Instant, epoch: u64) {
+/// Moves the deadline on to `deadline` after a renewal (or check) sent in connection epoch
+/// `sent` was confirmed with `breaks` current, unless the hold was already lost: its deadline
+/// passed, or a connection broke since its grant or during the request, before the
+/// confirmation came (someone may have seen it lost, and a loss is final).
+pub(crate) fn extend(
+    state: &watch::Sender<HoldState>,
+    deadline: Instant,
+    sent: u64,
+    breaks: &Breaks,
+) {
     state.send_if_modified(|s| {
         if s.lost.is_some() || s.released {
             return false;
         }
-        if let Some(reason) = s.final_reason(Instant::now()) {
+        let epoch = breaks.epoch();
+        if let Some(reason) = s.reason_at(Instant::now(), epoch) {
             s.lost = Some(reason);
+        } else if sent != epoch {
+            s.lost = Some(LossReason::Disconnected);
         } else {
             s.deadline = s.deadline.max(deadline);
-            s.epoch = s.epoch.max(epoch);
+            return false;
         }
+        tracing::warn!(reason = %s.lost.expect("just set"), "zklock: Redis lease lost");
         true
     });
 }
@@ -263,7 +271,7 @@ impl RedisHold {
     /// The hold of `id`, granted for `lease` (what the server was told: the backend's, or a
     /// hand-over's first lease, which the waiter asked for) by a request sent at `sent` (or
     /// applied after it) in connection epoch `epoch`; starts its watchdog. A connection break
-    /// since `epoch` leaves it unconfirmed (renewed at once).
+    /// since `epoch` makes it lost from the start (callers retry instead where they can).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         inner: Arc<Inner>,
@@ -282,11 +290,7 @@ impl RedisHold {
             lost: None,
             released: false,
         });
-        let due = if epoch == inner.breaks.epoch() {
-            sent + lease / 3
-        } else {
-            Instant::now()
-        };
+        let due = sent + lease / 3;
         let state = Arc::new(state);
         let ops = Arc::new(AsyncMutex::new(()));
         let renewal = inner.watchdog.add(Renewal::new(
@@ -368,8 +372,11 @@ impl RedisHold {
         });
         let reason = match tokio::time::timeout_at(deadline, request).await {
             Ok(Ok(1)) => {
-                extend(&self.state, inner.deadline(sent), epoch);
-                return;
+                extend(&self.state, inner.deadline(sent), epoch, &inner.breaks);
+                if self.loss_reason().is_none() {
+                    return;
+                }
+                LossReason::Disconnected
             }
             Ok(Ok(_)) => LossReason::NodeDeleted,
             Ok(Err(e)) => {

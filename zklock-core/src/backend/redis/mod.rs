@@ -9,9 +9,9 @@
 //!   moment a renewal fails or is refused, or when the lease could have run out: at the send
 //!   time of the last confirmed renewal plus the lease less a [`margin`](Inner::margin), so
 //!   before the server lets anyone else in. A connection break (the command connection's
-//!   driver ends, a request fails, the hub's pub/sub connection breaks) makes every hold not
-//!   held until a renewal sent after it is confirmed (see [`conn::Breaks`]): the server may
-//!   have restarted and lost the key.
+//!   driver ends, a request fails, the hub's pub/sub connection breaks) makes every hold
+//!   granted before it lost (see [`conn::Breaks`]): the server may have restarted, lost the
+//!   key and let someone else in.
 //! - A local handoff or a linger's re-take first confirms the key with the server (one
 //!   request; see `BackendHold::confirmed`): a key deleted or lost on the server is never handed
 //!   on within the process.
@@ -492,6 +492,13 @@ impl RedisBackend {
             let epoch = inner.breaks.epoch();
             let sent = Instant::now();
             match self.attempt(&keys, ask, &ids, &member, queue, queued).await {
+                // A connection broke while the attempt was under way: the grant may predate a
+                // restart that lost it. Asked again (idempotent for these ids): granted anew,
+                // or refused.
+                Ok(Attempt::Granted(_)) if inner.breaks.epoch() != epoch => {
+                    queued = mutex && queue;
+                    continue;
+                }
                 Ok(Attempt::Granted(last)) => {
                     pending.armed = false;
                     let first = last - i64::from(n.max(1)) + 1;
@@ -565,9 +572,12 @@ impl RedisBackend {
                     // time plus this waiter's own TTL: so the first lease runs until `sent` +
                     // waiter TTL at the earliest, whatever the releaser's lease. Too little
                     // of it left: the next attempt renews it instead.
+                    // A connection break since: the next attempt finds out.
                     if let Some(token) = listener.take_grant().filter(|t| *t > refused_at) {
                         let deadline = Inner::deadline_for(sent, inner.waiter_ttl);
-                        if deadline > Instant::now() + inner.waiter_ttl / 4 {
+                        if deadline > Instant::now() + inner.waiter_ttl / 4
+                            && inner.breaks.epoch() == epoch
+                        {
                             pending.armed = false;
                             let hold = RedisHold::new(
                                 inner.clone(),

@@ -8,9 +8,8 @@
 //! most a quarter of the shortest first lease (a hand-over's, see `super::waiter_ttl`), so a
 //! hold registered just after a tick is still renewed in time. The task ends with the backend.
 //!
-//! A connection break (see [`Breaks`](super::conn::Breaks)) makes every hold due at once: it is
-//! not reported held until a renewal sent after the break is confirmed, and a renewal that
-//! finds the key gone or someone else's makes it lost.
+//! A connection break (see [`Breaks`](super::conn::Breaks)) makes every hold lost (it shows
+//! at once in each hold's state; the watchdog then makes it final and stops renewing it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -106,7 +105,7 @@ impl Watchdog {
 }
 
 /// The watchdog's task: every tick, starts the renewals due within the next one; on a
-/// connection break, renews every hold at once.
+/// connection break, at once, which makes every hold granted before it lost.
 pub(crate) async fn run(inner: Weak<Inner>, tick: Duration) {
     let mut ticks = tokio::time::interval(tick);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -141,20 +140,21 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
         Side::Shared => (&*scripts::RENEW_SHARED, &r.keys.shared),
     };
     let _turn = r.ops.lock().await;
-    // A renewal sent before a break that came while it was under way confirms the lease but
-    // not the hold: sent again at once (a few times; then at the next tick).
-    let mut tries = 3;
-    let outcome = loop {
-        let (deadline, done) = {
-            let s = r.state.borrow();
-            (
-                s.deadline,
-                s.released || s.final_reason(Instant::now()).is_some(),
-            )
-        };
-        if done {
-            break Some(LossReason::LeaseExpired);
-        }
+    let (deadline, done) = {
+        let s = r.state.borrow();
+        let reason = s.reason_at(Instant::now(), inner.breaks.epoch());
+        (
+            s.deadline,
+            if s.released {
+                Some(LossReason::Closed)
+            } else {
+                reason
+            },
+        )
+    };
+    let outcome = if done.is_some() {
+        done
+    } else {
         let epoch = inner.breaks.epoch();
         let sent = Instant::now();
         let renewal = inner.conn.run(None, |mut c| {
@@ -164,23 +164,16 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
         });
         match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Ok(1)) => {
-                extend(&r.state, inner.deadline(sent), epoch);
-                tries -= 1;
-                if epoch == inner.breaks.epoch() {
-                    *r.due.lock().unwrap() = sent + inner.lease / 3;
-                    break None;
-                }
-                if tries == 0 {
-                    *r.due.lock().unwrap() = Instant::now();
-                    break None;
-                }
+                extend(&r.state, inner.deadline(sent), epoch, &inner.breaks);
+                *r.due.lock().unwrap() = sent + inner.lease / 3;
+                r.state.borrow().lost
             }
-            Ok(Ok(_)) => break Some(LossReason::NodeDeleted),
+            Ok(Ok(_)) => Some(LossReason::NodeDeleted),
             Ok(Err(e)) => {
                 tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal failed");
-                break Some(LossReason::Disconnected);
+                Some(LossReason::Disconnected)
             }
-            Err(_) => break Some(LossReason::LeaseExpired),
+            Err(_) => Some(LossReason::LeaseExpired),
         }
     };
     match outcome {
