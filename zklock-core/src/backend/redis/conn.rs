@@ -1,14 +1,46 @@
 //! The Redis backend's command connection: one multiplexed connection, replaced when it
-//! breaks.
+//! breaks; and the backend's [`Breaks`], the count of connection breaks that holds are
+//! confirmed against.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
-use tokio::sync::Mutex as AsyncMutex;
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError, RedisResult};
+use tokio::sync::{watch, Mutex as AsyncMutex};
 
 pub(crate) use crate::session::background::Background;
+
+/// The epoch of a backend's connections: bumped whenever one of them (the command connection,
+/// the hub's pub/sub connection) breaks or is given up as silent. The server may have restarted
+/// then and lost every key (or a proxy may have cut us off while someone else got in): a hold
+/// is held only while the epoch it was granted in (its grant's request sent in it, and answered
+/// before the next break) is the current one; a break is a loss of every hold granted before.
+#[derive(Clone)]
+pub(crate) struct Breaks(Arc<watch::Sender<u64>>);
+
+impl Breaks {
+    pub(crate) fn new() -> Breaks {
+        Breaks(Arc::new(watch::channel(0).0))
+    }
+
+    /// The current epoch: read it before sending a request whose answer confirms a hold.
+    pub(crate) fn epoch(&self) -> u64 {
+        *self.0.borrow()
+    }
+
+    /// A connection broke: every hold confirmed before is unconfirmed from now on.
+    pub(crate) fn broke(&self) {
+        self.0.send_modify(|n| *n += 1);
+    }
+
+    /// Wakes on every break.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
 
 /// A multiplexed connection and the generation it belongs to.
 struct Current {
@@ -24,6 +56,12 @@ pub(crate) struct Conn {
     /// How long one request may wait for its reply before the connection is taken for broken.
     pub(crate) reply_timeout: Duration,
     current: AsyncMutex<Current>,
+    /// Bumped once per connection generation that breaks.
+    breaks: Breaks,
+    /// The last generation whose break was counted in `breaks`.
+    counted: Arc<AtomicU64>,
+    /// Where the connections' drivers run (the manager's runtime).
+    runtime: tokio::runtime::Handle,
 }
 
 /// Whether a failed request may succeed on a new connection.
@@ -44,7 +82,13 @@ pub(crate) fn timed_out() -> RedisError {
 }
 
 impl Conn {
-    pub(crate) fn new(client: Client, connect_timeout: Duration, reply_timeout: Duration) -> Conn {
+    pub(crate) fn new(
+        client: Client,
+        connect_timeout: Duration,
+        reply_timeout: Duration,
+        breaks: Breaks,
+        runtime: tokio::runtime::Handle,
+    ) -> Conn {
         // Replies are bounded here, per request (`run`), not by the client: a renewal's bound
         // is its lease, not a fixed timeout.
         let config = AsyncConnectionConfig::new()
@@ -58,30 +102,88 @@ impl Conn {
                 generation: 0,
                 connection: None,
             }),
+            breaks,
+            counted: Arc::new(AtomicU64::new(0)),
+            runtime,
         }
+    }
+
+    /// Counts the break of `generation` in the epoch, once.
+    fn count_break(breaks: &Breaks, counted: &AtomicU64, generation: u64) {
+        if counted.fetch_max(generation, Ordering::SeqCst) < generation {
+            breaks.broke();
+        }
+    }
+
+    /// Opens connection `generation`. Over TCP or a Unix socket the connection is driven by a
+    /// task of this backend, so its end (the server closed it, restarted, or the socket failed)
+    /// counts as a break at once, not at the next request; other addresses open through the
+    /// client, and their breaks show at the next request.
+    async fn open(&self, generation: u64) -> RedisResult<MultiplexedConnection> {
+        let info = self.client.get_connection_info();
+        let (connection, driver) = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                stream.set_nodelay(true)?;
+                let (c, d) = MultiplexedConnection::new_with_config(
+                    info.redis_settings(),
+                    stream,
+                    self.config.clone(),
+                )
+                .await?;
+                (c, futures::FutureExt::boxed(d))
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                let (c, d) = MultiplexedConnection::new_with_config(
+                    info.redis_settings(),
+                    stream,
+                    self.config.clone(),
+                )
+                .await?;
+                (c, futures::FutureExt::boxed(d))
+            }
+            _ => {
+                return self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await
+            }
+        };
+        let (breaks, counted) = (self.breaks.clone(), self.counted.clone());
+        self.runtime.spawn(async move {
+            driver.await;
+            Conn::count_break(&breaks, &counted, generation);
+        });
+        Ok(connection)
     }
 
     /// The current connection (opening one if there is none) and its generation.
     pub(crate) async fn get(&self) -> RedisResult<(u64, MultiplexedConnection)> {
         let mut current = self.current.lock().await;
         if let Some(c) = &current.connection {
-            return Ok((current.generation, c.clone()));
+            // A connection whose driver ended is not handed out again.
+            if self.counted.load(Ordering::SeqCst) < current.generation {
+                return Ok((current.generation, c.clone()));
+            }
+            current.connection = None;
         }
-        let c = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        current.generation += 1;
+        let generation = current.generation + 1;
+        let c = self.open(generation).await?;
+        current.generation = generation;
         current.connection = Some(c.clone());
         Ok((current.generation, c))
     }
 
-    /// Forgets the connection of `generation` (it broke); the next request opens a new one.
+    /// Forgets the connection of `generation` (it broke, or stayed silent); the next request
+    /// opens a new one. Counted as a break.
     pub(crate) async fn broken(&self, generation: u64) {
         let mut current = self.current.lock().await;
         if current.generation == generation {
             current.connection = None;
         }
+        Conn::count_break(&self.breaks, &self.counted, generation);
     }
 
     /// Runs one request on the current connection, bounded by `timeout` when given; a

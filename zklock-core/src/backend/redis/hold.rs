@@ -9,6 +9,7 @@ use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use super::conn::Breaks;
 use super::keys::Keys;
 use super::watchdog::Renewal;
 use super::{scripts, Inner, Pending, Undo};
@@ -32,8 +33,13 @@ pub(crate) enum Side {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HoldState {
     /// When the lease could run out: the send time of the last confirmed grant or renewal,
-    /// plus the lease, minus a margin (see `Inner::margin`).
+    /// plus the lease the server was told, minus a margin (see `Inner::margin`).
     pub(crate) deadline: Instant,
+    /// The connection epoch (see [`Breaks`]) in which the hold was granted. Once a later epoch
+    /// is current (a connection broke since: the server may have restarted and lost the key,
+    /// and let someone else in), the hold is lost (`Disconnected`), at once and for good: a
+    /// hold seen not held never turns held again.
+    pub(crate) epoch: u64,
     /// Set once the hold is lost; never cleared.
     pub(crate) lost: Option<LossReason>,
     /// The hold ended (released or downgraded): its deadline no longer matters.
@@ -41,7 +47,24 @@ pub(crate) struct HoldState {
 }
 
 impl HoldState {
-    pub(crate) fn reason_at(&self, now: Instant) -> Option<LossReason> {
+    /// Why the hold is not held at `now` with `epoch` current, if it is not: lost, its lease
+    /// could have run out, or a connection broke since it was granted. Each is final.
+    pub(crate) fn reason_at(&self, now: Instant, epoch: u64) -> Option<LossReason> {
+        if self.lost.is_some() {
+            self.lost
+        } else if self.released {
+            None
+        } else if now >= self.deadline {
+            Some(LossReason::LeaseExpired)
+        } else if self.epoch != epoch {
+            Some(LossReason::Disconnected)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the hold is lost for good at `now` (its deadline passed, or a loss was set).
+    fn final_reason(&self, now: Instant) -> Option<LossReason> {
         if self.lost.is_some() {
             self.lost
         } else if !self.released && now >= self.deadline {
@@ -52,26 +75,38 @@ impl HoldState {
     }
 }
 
-/// Why `state`'s hold is lost, if it is. The clock is read while the state is borrowed, so a
-/// renewal confirmed later cannot make a hold seen as lost held again (see [`extend`]).
-fn reason(state: &watch::Receiver<HoldState>) -> Option<LossReason> {
+/// Why `state`'s hold is not held, if it is not. The clock is read while the state is
+/// borrowed, so a renewal confirmed later cannot make a hold seen as lost held again (see
+/// [`extend`]).
+fn reason(state: &watch::Receiver<HoldState>, breaks: &Breaks) -> Option<LossReason> {
     let s = state.borrow();
-    s.reason_at(Instant::now())
+    s.reason_at(Instant::now(), breaks.epoch())
 }
 
-/// Moves the deadline on after a renewal sent at `sent` was confirmed, unless the hold was
-/// already lost (its deadline passed before the confirmation came: someone may have seen it
-/// lost, and a loss is final).
-pub(crate) fn extend(state: &watch::Sender<HoldState>, deadline: Instant) {
+/// Moves the deadline on to `deadline` after a renewal (or check) sent in connection epoch
+/// `sent` was confirmed with `breaks` current, unless the hold was already lost: its deadline
+/// passed, or a connection broke since its grant or during the request, before the
+/// confirmation came (someone may have seen it lost, and a loss is final).
+pub(crate) fn extend(
+    state: &watch::Sender<HoldState>,
+    deadline: Instant,
+    sent: u64,
+    breaks: &Breaks,
+) {
     state.send_if_modified(|s| {
         if s.lost.is_some() || s.released {
             return false;
         }
-        if let Some(reason) = s.reason_at(Instant::now()) {
+        let epoch = breaks.epoch();
+        if let Some(reason) = s.reason_at(Instant::now(), epoch) {
             s.lost = Some(reason);
+        } else if sent != epoch {
+            s.lost = Some(LossReason::Disconnected);
         } else {
             s.deadline = s.deadline.max(deadline);
+            return false;
         }
+        tracing::warn!(reason = %s.lost.expect("just set"), "zklock: Redis lease lost");
         true
     });
 }
@@ -83,28 +118,32 @@ pub(crate) fn lose(state: &watch::Sender<HoldState>, reason: LossReason, locatio
             return false;
         }
         // A deadline that has passed is the first reason.
-        s.lost = Some(s.reason_at(Instant::now()).unwrap_or(reason));
+        s.lost = Some(s.final_reason(Instant::now()).unwrap_or(reason));
         tracing::warn!(key = %location, reason = %s.lost.expect("just set"), "zklock: Redis lease lost");
         true
     });
 }
 
-/// The loss signal of a Redis hold: the watchdog's verdict, or the deadline passing, whichever
-/// comes first (so a starved watchdog task cannot delay it).
-struct RedisLoss(watch::Receiver<HoldState>);
+/// The loss signal of a Redis hold: the watchdog's verdict, the deadline passing, or a
+/// connection break since the hold's last confirmation, whichever comes first (so a starved
+/// watchdog task cannot delay it).
+struct RedisLoss(watch::Receiver<HoldState>, Breaks);
 
 impl Loss for RedisLoss {
     fn reason(&self) -> Option<LossReason> {
-        reason(&self.0)
+        reason(&self.0, &self.1)
     }
 
     fn lost(&self) -> BoxFuture<'static, LossReason> {
         let mut rx = self.0.clone();
+        let mut breaks = self.1.subscribe();
+        let epochs = self.1.clone();
         Box::pin(async move {
             loop {
                 let deadline = {
+                    breaks.borrow_and_update();
                     let s = rx.borrow_and_update();
-                    if let Some(reason) = s.reason_at(Instant::now()) {
+                    if let Some(reason) = s.reason_at(Instant::now(), epochs.epoch()) {
                         return reason;
                     }
                     (!s.released).then_some(s.deadline)
@@ -113,6 +152,7 @@ impl Loss for RedisLoss {
                     Some(deadline) => {
                         tokio::select! {
                             changed = rx.changed() => if changed.is_err() { return LossReason::Closed },
+                            _ = breaks.changed() => {}
                             _ = tokio::time::sleep_until(deadline) => {}
                         }
                     }
@@ -228,8 +268,10 @@ pub(crate) struct RedisHold {
 }
 
 impl RedisHold {
-    /// The hold of `id`, granted for `lease` (the backend's, or a hand-over's short first
-    /// lease) by a request sent at `sent` (or applied after it); starts its watchdog.
+    /// The hold of `id`, granted for `lease` (what the server was told: the backend's, or a
+    /// hand-over's first lease, which the waiter asked for) by a request sent at `sent` (or
+    /// applied after it) in connection epoch `epoch`; starts its watchdog. A connection break
+    /// since `epoch` makes it lost from the start (callers retry instead where they can).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         inner: Arc<Inner>,
@@ -240,12 +282,15 @@ impl RedisHold {
         token: FencingToken,
         sent: Instant,
         lease: Duration,
+        epoch: u64,
     ) -> RedisHold {
         let (state, _) = watch::channel(HoldState {
             deadline: Inner::deadline_for(sent, lease),
+            epoch,
             lost: None,
             released: false,
         });
+        let due = sent + lease / 3;
         let state = Arc::new(state);
         let ops = Arc::new(AsyncMutex::new(()));
         let renewal = inner.watchdog.add(Renewal::new(
@@ -254,7 +299,7 @@ impl RedisHold {
             id.clone(),
             state.clone(),
             ops.clone(),
-            sent + lease / 3,
+            due,
         ));
         RedisHold {
             inner,
@@ -290,7 +335,58 @@ impl RedisHold {
     }
 
     fn loss_reason(&self) -> Option<LossReason> {
-        reason(&self.state.subscribe())
+        reason(&self.state.subscribe(), &self.inner.breaks)
+    }
+
+    /// Asks the server whether the key still carries this hold's id (and, for an exclusive
+    /// key, whether no later grant advanced the lock's fence past this hold's token), renewing
+    /// the lease if so: one request. Anything else makes the hold lost: the key is gone or
+    /// someone else's (NodeDeleted), the request failed (Disconnected), or no answer came
+    /// before the lease could run out (LeaseExpired).
+    async fn check(&self) {
+        if self.loss_reason().is_some() {
+            return;
+        }
+        let inner = &self.inner;
+        let keys = &self.keys;
+        let deadline = self.state.borrow().deadline;
+        let epoch = inner.breaks.epoch();
+        let sent = Instant::now();
+        let request = inner.conn.run(None, |mut c| {
+            let invocation = match self.side {
+                Side::Mutex | Side::Exclusive => {
+                    let mut i = scripts::CONFIRM_EXCLUSIVE.key(&keys.exclusive);
+                    i.key(&keys.fence)
+                        .arg(&self.id)
+                        .arg(inner.lease_ms())
+                        .arg(self.token.zxid());
+                    i
+                }
+                Side::Shared => {
+                    let mut i = scripts::RENEW_SHARED.key(&keys.shared);
+                    i.arg(&self.id).arg(inner.lease_ms());
+                    i
+                }
+            };
+            async move { invocation.invoke_async::<i64>(&mut c).await }
+        });
+        let reason = match tokio::time::timeout_at(deadline, request).await {
+            Ok(Ok(1)) => {
+                extend(&self.state, inner.deadline(sent), epoch, &inner.breaks);
+                if self.loss_reason().is_none() {
+                    return;
+                }
+                LossReason::Disconnected
+            }
+            Ok(Ok(_)) => LossReason::NodeDeleted,
+            Ok(Err(e)) => {
+                tracing::debug!(key = %self.location(), error = %e, "zklock: a Redis hold could not be confirmed");
+                LossReason::Disconnected
+            }
+            Err(_) => LossReason::LeaseExpired,
+        };
+        inner.watchdog.remove(self.renewal);
+        lose(&self.state, reason, self.location());
     }
 
     /// Ends the hold locally: no more renewals, its deadline no longer matters, and nothing
@@ -374,13 +470,16 @@ impl BackendHold for RedisHold {
     }
 
     fn loss(&self) -> LossSignal {
-        Arc::new(RedisLoss(self.state.subscribe()))
+        Arc::new(RedisLoss(self.state.subscribe(), self.inner.breaks.clone()))
     }
 
-    /// Nothing to wait for: the hold's state is known here, from its lease and watchdog. A key
-    /// deleted by someone else shows at the next renewal (within lease/3).
+    /// One request to the server before a local handoff or a linger's re-take: the key must
+    /// still carry this hold's id, and no other grant of the lock may have come since this
+    /// hold's (a key deleted from outside, evicted, or lost in a restart, then granted to
+    /// another process); else the hold is lost, and the local waiter acquires afresh. The
+    /// lease is renewed on the way.
     fn confirmed(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
+        Box::pin(self.check())
     }
 
     /// A mutex hold: whether another process queued for the lock, or tried it, since the
@@ -434,6 +533,7 @@ impl BackendHold for RedisHold {
                 Undo::Any(vec![read_id.clone()]),
             );
             pending.armed = true;
+            let epoch = inner.breaks.epoch();
             let sent = Instant::now();
             let keys = &self.keys;
             let done = inner
@@ -471,6 +571,7 @@ impl BackendHold for RedisHold {
                 self.token,
                 sent,
                 inner.lease,
+                epoch,
             );
             Ok(Downgraded {
                 read: Arc::new(read),

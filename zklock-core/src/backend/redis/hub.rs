@@ -7,7 +7,8 @@
 //! A waiter subscribes before its next attempt, so a release after that attempt is never
 //! missed while the connection lives. When the pub/sub connection breaks, every listener is
 //! woken (it may have missed a release), and the hub reconnects and subscribes again while
-//! anyone listens; meanwhile waiters fall back to polling at [`UNSUBSCRIBED_POLL`].
+//! anyone listens; meanwhile waiters fall back to polling at [`UNSUBSCRIBED_POLL`]. A break
+//! also counts in the backend's [`Breaks`]: held locks are unconfirmed until renewed.
 //!
 //! A mutex hold that may linger listens the same way, for the word that another process
 //! queued for its lock (see `RedisHold::others_waiting`).
@@ -22,6 +23,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use redis::Client;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::conn::Breaks;
 use super::keys::NOTIFY_PREFIX;
 
 /// The longest a waiter sleeps between attempts while the hub has no live subscription.
@@ -116,10 +118,12 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
+    /// Starts the hub's task on `runtime`; each break of its connection counts in `breaks`.
     pub(crate) fn start(
         client: Client,
         timeout: Duration,
         runtime: &tokio::runtime::Handle,
+        breaks: Breaks,
     ) -> Hub {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = uuid::Uuid::new_v4().to_string();
@@ -129,7 +133,7 @@ impl Hub {
             requests: tx,
             live: AtomicBool::new(false),
         });
-        runtime.spawn(run(client, timeout, Arc::downgrade(&shared), rx));
+        runtime.spawn(run(client, timeout, Arc::downgrade(&shared), rx, breaks));
         Hub { shared, id }
     }
 
@@ -295,6 +299,7 @@ async fn run(
     timeout: Duration,
     shared: Weak<Shared>,
     mut requests: mpsc::UnboundedReceiver<Request>,
+    breaks: Breaks,
 ) {
     let mut conn: Option<(PubSubSink, PubSubStream)> = None;
     let mut backoff = RECONNECT_MIN;
@@ -328,6 +333,7 @@ async fn run(
                         };
                         if !ok && conn.is_some() {
                             conn = None;
+                            breaks.broke();
                             hub.live.store(false, Ordering::SeqCst);
                             hub.wake_all();
                         }
@@ -338,6 +344,7 @@ async fn run(
                         if let (false, Some((sink, _))) = (listened_again, &mut conn) {
                             if !matches!(tokio::time::timeout(timeout, sink.unsubscribe(&channel)).await, Ok(Ok(()))) {
                                 conn = None;
+                                breaks.broke();
                                 hub.live.store(false, Ordering::SeqCst);
                                 hub.wake_all();
                             }
@@ -357,6 +364,7 @@ async fn run(
                     None => {
                         tracing::debug!("zklock: the Redis pub/sub connection broke; waiters poll until it is back");
                         conn = None;
+                        breaks.broke();
                         hub.live.store(false, Ordering::SeqCst);
                         hub.wake_all();
                     }

@@ -8,7 +8,13 @@
 //! - One watchdog per backend renews each hold (compare and `PEXPIRE`) every lease/3, and makes it lost the
 //!   moment a renewal fails or is refused, or when the lease could have run out: at the send
 //!   time of the last confirmed renewal plus the lease less a [`margin`](Inner::margin), so
-//!   before the server lets anyone else in.
+//!   before the server lets anyone else in. A connection break (the command connection's
+//!   driver ends, a request fails, the hub's pub/sub connection breaks) makes every hold
+//!   granted before it lost (see [`conn::Breaks`]): the server may have restarted, lost the
+//!   key and let someone else in.
+//! - A local handoff or a linger's re-take first confirms the key with the server (one
+//!   request; see `BackendHold::confirmed`): a key deleted or lost on the server is never handed
+//!   on within the process.
 //! - Waiters do not poll. A mutex's waiting processes queue in `zklock:queue:<path>`; a release
 //!   reserves the key for the first live one and tells only it, on that process's own channel. Readers, writers and
 //!   semaphore leases listen on the lock's channel `zklock:wake:<path>`, which their releases
@@ -52,7 +58,7 @@ use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
 use crate::types::error::{Error, Result};
 use crate::types::mode::{HoldMode, Wait};
 use crate::types::token::FencingToken;
-use conn::{transient, Background, Conn};
+use conn::{transient, Background, Breaks, Conn};
 use hold::{RedisHold, Side};
 use hub::{Hub, Listener};
 use keys::Keys;
@@ -102,6 +108,9 @@ pub(crate) struct RedisConfig {
 /// What the backend's holds and tasks share.
 pub(crate) struct Inner {
     pub(crate) conn: Conn,
+    /// The epoch of this backend's connections: a hold is held only while no connection broke
+    /// since its last confirmation (see [`Breaks`]).
+    pub(crate) breaks: Breaks,
     hub: Hub,
     pub(crate) lease: Duration,
     /// Taken off every deadline; see [`margin`](Self::margin).
@@ -214,8 +223,7 @@ impl Inner {
                                 .arg(id)
                                 .arg(member)
                                 .arg(keys::NOTIFY_PREFIX)
-                                .arg(&keys.channel)
-                                .arg(self.waiter_ttl.as_millis() as u64);
+                                .arg(&keys.channel);
                             i
                         }
                         Undo::Any(ids) => {
@@ -322,7 +330,15 @@ impl RedisBackend {
         let client = redis::Client::open(config.url.as_str())
             .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
         let reply_timeout = config.lease.min(MAX_REPLY_TIMEOUT);
-        let conn = Conn::new(client.clone(), config.connect_timeout, reply_timeout);
+        let runtime = tokio::runtime::Handle::current();
+        let breaks = Breaks::new();
+        let conn = Conn::new(
+            client.clone(),
+            config.connect_timeout,
+            reply_timeout,
+            breaks.clone(),
+            runtime.clone(),
+        );
         conn.run(Some(config.connect_timeout), |mut c| async move {
             redis::cmd("PING").query_async::<String>(&mut c).await
         })
@@ -331,8 +347,7 @@ impl RedisBackend {
             operation: "connect",
             source: e.into(),
         })?;
-        let runtime = tokio::runtime::Handle::current();
-        let hub = Hub::start(client, reply_timeout, &runtime);
+        let hub = Hub::start(client, reply_timeout, &runtime, breaks.clone());
         let mut holder_tag = format!("{} hub={}", *HOST_PID, hub.id);
         if let Some(id) = &config.identity {
             holder_tag.push_str(" id=");
@@ -340,6 +355,7 @@ impl RedisBackend {
         }
         let inner = Arc::new(Inner {
             conn,
+            breaks,
             hub,
             lease: config.lease,
             margin: Inner::margin(config.lease),
@@ -473,8 +489,16 @@ impl RedisBackend {
                 l.mark();
             }
             pending.armed = true;
+            let epoch = inner.breaks.epoch();
             let sent = Instant::now();
             match self.attempt(&keys, ask, &ids, &member, queue, queued).await {
+                // A connection broke while the attempt was under way: the grant may predate a
+                // restart that lost it. Asked again (idempotent for these ids): granted anew,
+                // or refused.
+                Ok(Attempt::Granted(_)) if inner.breaks.epoch() != epoch => {
+                    queued = mutex && queue;
+                    continue;
+                }
                 Ok(Attempt::Granted(last)) => {
                     pending.armed = false;
                     let first = last - i64::from(n.max(1)) + 1;
@@ -496,6 +520,7 @@ impl RedisBackend {
                                 FencingToken::new(token, 0),
                                 sent,
                                 inner.lease,
+                                epoch,
                             )
                         })
                         .collect();
@@ -542,11 +567,17 @@ impl RedisBackend {
                     // attempt was applied counts: its token is larger than the lock's last
                     // token at the refusal (`refused_at`). An older one (its word delayed
                     // past its short lease, which then ran out and someone else took the key)
-                    // is void. So the short first lease runs from after `sent` at the
-                    // earliest. Too little of it left: the next attempt renews it instead.
+                    // is void. The release set the key's expiry to the end of this waiter's
+                    // liveness, which the refused attempt (sent at `sent`) set to its server
+                    // time plus this waiter's own TTL: so the first lease runs until `sent` +
+                    // waiter TTL at the earliest, whatever the releaser's lease. Too little
+                    // of it left: the next attempt renews it instead.
+                    // A connection break since: the next attempt finds out.
                     if let Some(token) = listener.take_grant().filter(|t| *t > refused_at) {
                         let deadline = Inner::deadline_for(sent, inner.waiter_ttl);
-                        if deadline > Instant::now() + inner.waiter_ttl / 4 {
+                        if deadline > Instant::now() + inner.waiter_ttl / 4
+                            && inner.breaks.epoch() == epoch
+                        {
                             pending.armed = false;
                             let hold = RedisHold::new(
                                 inner.clone(),
@@ -557,6 +588,7 @@ impl RedisBackend {
                                 FencingToken::new(token, 0),
                                 sent,
                                 inner.waiter_ttl,
+                                epoch,
                             );
                             return Ok(Some(vec![hold]));
                         }

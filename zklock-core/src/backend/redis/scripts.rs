@@ -72,7 +72,7 @@ local function live_head(queue, alive)
   end
   return head
 end
-local function hand_on(key, queue, alive, fence, prefix, channel, ttl)
+local function hand_on(key, queue, alive, fence, prefix, channel)
   local head = live_head(queue, alive)
   if not head then
     redis.call('DEL', key)
@@ -80,7 +80,8 @@ local function hand_on(key, queue, alive, fence, prefix, channel, ttl)
   end
   local space = string.find(head, ' ', 1, true)
   local id = string.sub(head, space + 1)
-  redis.call('SET', key, id, 'PX', ttl)
+  local ends = tonumber(redis.call('ZSCORE', alive, head))
+  redis.call('SET', key, id, 'PX', math.max(1, math.floor(ends - now_ms())))
   redis.call('ZREM', queue, head)
   redis.call('ZREM', alive, head)
   local token = next_tokens(fence, 1)
@@ -179,14 +180,18 @@ return 0
 /// Releases a mutex hold, or undoes a mutex acquire (its hold, its place in the queue):
 /// touches only what carries the given holder id or queue member. With nobody waiting, the
 /// key is deleted. Otherwise it is handed to the first live waiter: set to that waiter's
-/// holder id for one waiter TTL, with a fresh token, and only that process is told, on its
-/// hub's channel (`<notify prefix><hub id>`), with the message `<wake channel>\n<token>\n<holder
-/// id>`. The waiter holds the lock from there without another request (its watchdog renews
-/// the short first lease to a whole one). If it has died, the key is free again after one
-/// waiter TTL, and the waiters behind it get in on their next refresh.
+/// holder id, with a fresh token, until the end of the waiter's liveness (the server time of
+/// its last attempt plus the waiter TTL it asked for, whatever the releaser's own lease), and
+/// only that process is told, on its hub's channel (`<notify prefix><hub id>`), with the
+/// message `<wake channel>\n<token>\n<holder id>`. So the waiter, which counts that first
+/// lease from the send time of its last attempt with its own waiter TTL, never believes it
+/// longer than the server keeps it. The waiter holds the lock from there without another
+/// request (its watchdog renews the short first lease to a whole one). If it has died, the
+/// key is free again when its liveness ends, and the waiters behind it get in on their next
+/// refresh.
 ///
 /// KEYS: exclusive, queue, alive, fence. ARGV: holder id, queue member (`''`: none), notify
-/// prefix, wake channel, waiter TTL ms. Returns 1 when something was freed, else 0.
+/// prefix, wake channel. Returns 1 when something was freed, else 0.
 pub(crate) static RELEASE_MUTEX: Lazy<Script> = Lazy::new(|| {
     Script::new(queue_lua!(
         r#"
@@ -196,7 +201,7 @@ if ARGV[2] ~= '' and redis.call('ZREM', KEYS[2], ARGV[2]) == 1 then
   freed = 1
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5])
+  hand_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[3], ARGV[4])
   freed = 1
 end
 return freed
@@ -309,6 +314,27 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+"#,
+    )
+});
+
+/// Confirms an exclusive hold before its process relies on it again (a local handoff, a
+/// linger's re-take): the key carries the holder's id and the lock's fence is not past the
+/// hold's token (no grant of the lock since this hold's), and renews it.
+///
+/// KEYS: exclusive, fence. ARGV: holder id, lease ms, the hold's token. Returns 1 when
+/// confirmed and renewed, else 0.
+pub(crate) static CONFIRM_EXCLUSIVE: Lazy<Script> = Lazy::new(|| {
+    Script::new(
+        r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+local fence = tonumber(redis.call('GET', KEYS[2]))
+if fence and fence > tonumber(ARGV[3]) then
+  return 0
+end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 "#,
     )
 });

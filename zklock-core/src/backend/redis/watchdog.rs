@@ -7,6 +7,9 @@
 //! a hold is due at its last grant or renewal's send time + its lease/3, and the tick is at
 //! most a quarter of the shortest first lease (a hand-over's, see `super::waiter_ttl`), so a
 //! hold registered just after a tick is still renewed in time. The task ends with the backend.
+//!
+//! A connection break (see [`Breaks`](super::conn::Breaks)) makes every hold lost (it shows
+//! at once in each hold's state; the watchdog then makes it final and stops renewing it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -82,6 +85,13 @@ impl Watchdog {
         self.holds.lock().unwrap().remove(&id);
     }
 
+    /// Makes every hold due at `now` (a connection broke).
+    fn all_due(&self, now: Instant) {
+        for r in self.holds.lock().unwrap().values() {
+            *r.due.lock().unwrap() = now;
+        }
+    }
+
     /// Renewals due by `by`, marked as under way.
     fn due(&self, by: Instant) -> Vec<(u64, Arc<Renewal>)> {
         self.holds
@@ -94,15 +104,25 @@ impl Watchdog {
     }
 }
 
-/// The watchdog's task: every tick, starts the renewals due within the next one.
+/// The watchdog's task: every tick, starts the renewals due within the next one; on a
+/// connection break, at once, which makes every hold granted before it lost.
 pub(crate) async fn run(inner: Weak<Inner>, tick: Duration) {
     let mut ticks = tokio::time::interval(tick);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let Some(mut breaks) = inner.upgrade().map(|b| b.breaks.subscribe()) else {
+        return;
+    };
     loop {
-        ticks.tick().await;
+        let broke = tokio::select! {
+            _ = ticks.tick() => false,
+            changed = breaks.changed() => changed.is_ok(),
+        };
         let Some(backend) = inner.upgrade() else {
             return;
         };
+        if broke {
+            backend.watchdog.all_due(Instant::now());
+        }
         for (id, renewal) in backend.watchdog.due(Instant::now() + tick) {
             let inner = backend.clone();
             backend
@@ -122,14 +142,20 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
     let _turn = r.ops.lock().await;
     let (deadline, done) = {
         let s = r.state.borrow();
+        let reason = s.reason_at(Instant::now(), inner.breaks.epoch());
         (
             s.deadline,
-            s.released || s.reason_at(Instant::now()).is_some(),
+            if s.released {
+                Some(LossReason::Closed)
+            } else {
+                reason
+            },
         )
     };
-    let outcome = if done {
-        Some(LossReason::LeaseExpired)
+    let outcome = if done.is_some() {
+        done
     } else {
+        let epoch = inner.breaks.epoch();
         let sent = Instant::now();
         let renewal = inner.conn.run(None, |mut c| {
             let mut invocation = script.key(key);
@@ -138,9 +164,9 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
         });
         match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Ok(1)) => {
-                extend(&r.state, inner.deadline(sent));
+                extend(&r.state, inner.deadline(sent), epoch, &inner.breaks);
                 *r.due.lock().unwrap() = sent + inner.lease / 3;
-                None
+                r.state.borrow().lost
             }
             Ok(Ok(_)) => Some(LossReason::NodeDeleted),
             Ok(Err(e)) => {
