@@ -271,8 +271,8 @@ impl Env {
     /// The manager of one more process with settings of its own, the `i`-th of a mixed fleet:
     /// leases, session timeouts, the linger, the local queue and its handoff bound differ from
     /// one process to the next (as in a rolling deploy, or services tuned apart that lock the
-    /// same keys). Memory: a manager of its own per setting has a table of its own, so the
-    /// in-memory fleet mixes the two shared managers' queue modes instead.
+    /// same keys). Memory: a manager with settings of its own would have a lock table of its
+    /// own, which no other manager sees, so the in-memory fleet shares one manager's.
     async fn mixed_process(&self, i: usize) -> LockManager {
         // (lease or session timeout, linger, local queue, local handoffs)
         const MIX: [(u64, u64, bool, u32); 3] = [
@@ -303,10 +303,8 @@ impl Env {
             .connect()
             .await
             .expect("connect to the test server"),
-            Backend::Memory => {
-                self.process(if local { Queue::Local } else { Queue::Strict })
-                    .await
-            }
+            // One lock table is one in-memory "server": its clones, whose settings are one.
+            Backend::Memory => self.process(Queue::Local).await,
         }
     }
 
