@@ -19,11 +19,15 @@ pub enum LossReason {
     /// The session expired: the server deleted the node, and another process may hold the lock.
     SessionExpired,
     /// The connection was lost for longer than the manager's [`DisconnectPolicy`](crate::DisconnectPolicy) allows
-    /// (ZooKeeper), or a lease renewal failed (Redis).
+    /// (ZooKeeper); a connection of the manager broke, the command connection or the pub/sub
+    /// one (Redis: the server may have restarted and lost every key, so every hold granted
+    /// before the break is lost at once, before anyone else can be granted); the holding
+    /// session's connection broke or its check failed (PostgreSQL).
     Disconnected,
     /// The contender node (ZooKeeper) or the lease (Redis) was deleted by someone else: an
     /// operator, a revocation, a Redis failover to a replica that had not received it, an
-    /// eviction.
+    /// eviction. On Redis it shows at the next renewal (within lease/3), and before any local
+    /// handoff or linger re-take, which asks the server first.
     NodeDeleted,
     /// No renewal of the lease was confirmed in time, so the lease could have run out and
     /// another process may hold the lock (Redis: the server was slow, paused or unreachable, or
@@ -43,7 +47,7 @@ impl fmt::Display for LossReason {
         f.write_str(match self {
             LossReason::SessionExpired => "the ZooKeeper session expired",
             LossReason::Disconnected => {
-                "disconnected from the lock server past the disconnect policy"
+                "the connection to the lock server broke (past the disconnect policy on ZooKeeper)"
             }
             LossReason::NodeDeleted => "the lock node or lease was deleted by someone else",
             LossReason::LeaseExpired => {

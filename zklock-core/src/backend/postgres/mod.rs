@@ -524,29 +524,17 @@ impl Backend for PostgresBackend {
             let ms = at_least.as_millis().min(i64::MAX as u128) as i64;
             let path: &str = &target.path;
             for _ in 0..=STALE_ID_RETRIES {
-                let claimed =
-                    async {
-                        let id = inner.id_of(&target.path).await?;
-                        let conn = inner.pool.any().await?;
-                        let due = conn
-                            .run(conn.client().query_typed(
-                                sql::RUN_DUE,
-                                &[(&id, Type::INT4), (&path, Type::TEXT)],
-                            ))
-                            .await?;
-                        let Some(due) = due.first().map(|r| r.get::<_, Option<bool>>(0)) else {
-                            return Ok(None);
-                        };
-                        if due != Some(true) {
-                            return Ok(Some(false));
-                        }
-                        conn.run(conn.client().query_typed(
-                            sql::RECORD_RUN,
+                let claimed = async {
+                    let id = inner.id_of(&target.path).await?;
+                    let conn = inner.pool.any().await?;
+                    let claimed = conn
+                        .run(conn.client().query_typed(
+                            sql::CLAIM_RUN,
                             &[(&id, Type::INT4), (&path, Type::TEXT), (&ms, Type::INT8)],
                         ))
                         .await?;
-                        Ok(Some(true))
-                    };
+                    Ok(claimed.first().map(|r| r.get::<_, bool>(0)))
+                };
                 match claimed.await.map_err(pg_error("record the job's run"))? {
                     Some(run) => return Ok(run),
                     None => inner.forget(path),

@@ -217,15 +217,17 @@ pub(crate) const DOWNGRADE: &str = "WITH s AS MATERIALIZED \
 /// The liveness check of a holding connection: the session answers.
 pub(crate) const PING: &str = "SELECT 1";
 
-/// Whether a job's `at_least` window (`$1` id, `$2` path) no longer covers now; `NULL` (no
-/// row) when the row no longer names the path.
-pub(crate) const RUN_DUE: &str = "SELECT run_after IS NULL OR run_after <= clock_timestamp() \
-     FROM zklock_keys WHERE id = $1 AND path = $2";
-
-/// Records that no run of the job may start before now + `$3` ms.
-pub(crate) const RECORD_RUN: &str =
-    "UPDATE zklock_keys SET run_after = clock_timestamp() + $3::bigint * interval '1 millisecond' \
-     WHERE id = $1 AND path = $2";
+/// Claims a job's run (`$1` id, `$2` path) in one statement: when no `at_least` window covers
+/// now, records that no run may start before now + `$3` ms. Answers whether it did; no row
+/// when the row no longer names the path. The update re-checks the window on the row's latest
+/// version under the row's lock (read committed), so two claims — a holder's and a lost
+/// holder's that has not noticed yet — never both find the window open, and no claim ever
+/// shortens a recorded window.
+pub(crate) const CLAIM_RUN: &str = "WITH claimed AS (UPDATE zklock_keys \
+     SET run_after = clock_timestamp() + $3::bigint * interval '1 millisecond' \
+     WHERE id = $1 AND path = $2 AND (run_after IS NULL OR run_after <= clock_timestamp()) \
+     RETURNING 1) \
+     SELECT EXISTS (SELECT 1 FROM claimed) FROM zklock_keys WHERE id = $1 AND path = $2";
 
 #[cfg(test)]
 mod tests {
