@@ -24,8 +24,9 @@
 //! done, and after `Kill` no session of the victim is left at all.
 //!
 //! k runs over every request the protocol sends (counted on an uncut run). In CI each k gets
-//! one kind of cut, rotating; `ZKLOCK_CUTS=all cargo test --test cut_every_request_postgres`
-//! runs every kind at every k.
+//! one kind of cut, rotating, and the last k also `Kill` (a partition while the victim holds:
+//! the one that checks its loss deadline against the server's);
+//! `ZKLOCK_CUTS=all cargo test --test cut_every_request_postgres` runs every kind at every k.
 
 mod common;
 
@@ -357,6 +358,10 @@ async fn run_once(
         .await;
     }
     let sent = relay.requests() - before;
+    let fired = relay.stats().cuts;
+    if std::env::var_os("ZKLOCK_CUTS_DEBUG").is_some() {
+        eprintln!("{protocol:?} {cut:?}: sent {sent}, cuts fired {fired}");
+    }
     if how != Some(Cut::Kill) {
         relay.heal();
         victim.flush().await;
@@ -456,11 +461,18 @@ async fn sweep(protocol: Protocol, offset: usize) {
     assert!(n > 0, "{protocol:?} sent no request");
     let mut runs = 0;
     for k in 1..=n {
-        let cuts: Vec<Cut> = if all {
+        let mut cuts: Vec<Cut> = if all {
             CUTS.to_vec()
         } else {
             vec![CUTS[(k as usize + offset) % CUTS.len()]]
         };
+        // The last request of an uncut run is the release; a killed victim holds until told
+        // of its loss, so its n-th request is one of its hold's liveness checks: the partition
+        // that begins while it holds, the one that tests its loss deadline against the
+        // server's. Always run it.
+        if k == n && !cuts.contains(&Cut::Kill) {
+            cuts.push(Cut::Kill);
+        }
         for how in cuts {
             let key = format!("{protocol:?}_{k}_{how:?}").to_lowercase();
             run_once(&pg, protocol, &key, Some((k, how))).await;
