@@ -7,6 +7,8 @@
 //! - [`CuratorHold`]: an Apache Curator client holding a lock, to prove interoperability.
 //! - [`Proxy`]: a fault-injecting TCP proxy between a client and a server that understands ZooKeeper's
 //!   framing: partitions (blackhole), resets, delays, and the lost reply to the Nth create.
+//! - [`Relay`]: its protocol-blind counterpart for Redis and PostgreSQL: the same faults, and the
+//!   adversary's cut after the Nth request (the server acts, the client never hears the answer).
 //! - [`History`]: what lock workers did (acquire, grant with fencing token, release, loss), and
 //!   [`check`] to find two holders at once, tokens that do not increase, and holds that never end.
 //! - TLS: [`ZkServerBuilder::tls`] serves a `secureClientPort` with a throwaway certificate.
@@ -53,6 +55,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod relay;
 mod server;
 mod tls;
 mod workdir;
@@ -68,6 +71,7 @@ pub use install::ensure_zookeeper_installed;
 pub use postgres::PostgresServer;
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use redis::RedisServer;
+pub use relay::{After, Relay, RelayStats};
 pub use server::{ZkServer, ZkServerBuilder};
 
 #[cfg(test)]
@@ -84,6 +88,7 @@ mod tests {
         send_sync::<crate::ZkClusterBuilder>();
         send::<crate::CuratorHold>();
         send_sync::<crate::Proxy>();
+        send_sync::<crate::Relay>();
         send_sync::<crate::History>();
         send_sync::<crate::Recorder>();
     }

@@ -12,6 +12,16 @@
 //! When the listening connection breaks, its registrations end with it: the hub connects
 //! again, listens, registers every id still waited for, and only then wakes every waiter (each
 //! may have missed a release).
+//!
+//! The listening connection is a session like the holding ones: it runs with
+//! `idle_session_timeout` = the lease and answers a liveness check every lease/3. Without that,
+//! a process cut off without a FIN (a partition, a host that died) would leave its listening
+//! session on the server for good, PostgreSQL noticing a dead peer only by TCP keepalive (off
+//! by default for hours): its waiter registrations held for ever (every release of those ids
+//! notifies, every holder of them believes someone waits), and a listener that never reads
+//! pinning the server's notification queue, which then fills until `NOTIFY` fails for every
+//! process. The check also tells this side within the lease that its listening connection went
+//! silent, so it connects again (and holders learn that they may have missed a waiter).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -20,6 +30,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinHandle};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
@@ -256,6 +267,14 @@ async fn session(
     orders: &mut mpsc::UnboundedReceiver<i32>,
     driver: &mut JoinHandle<()>,
 ) {
+    // The server ends the session once it hears nothing for the lease (see the module's docs);
+    // before PostgreSQL 14 there is no such setting, and only the checks below are left.
+    let lease = format!("SET idle_session_timeout = {}", cc.lease.as_millis());
+    match tokio::time::timeout(cc.reply_timeout, client.batch_execute(&lease)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {}
+        _ => return,
+    }
     let listen = format!("LISTEN {}; LISTEN {}", sql::CHANNEL, sql::WAIT_CHANNEL);
     if !matches!(
         tokio::time::timeout(cc.reply_timeout, client.batch_execute(&listen)).await,
@@ -273,6 +292,11 @@ async fn session(
     // Registered again: now wake everyone, who may have missed a release.
     shared.wake(None);
     shared.listening.send_modify(|n| *n += 1 - *n % 2);
+    // A request at least every lease/3 keeps the session from the server's idle timeout, and
+    // one unanswered within the reply timeout ends this connection: it went silent.
+    let mut check =
+        tokio::time::interval_at(tokio::time::Instant::now() + cc.lease / 3, cc.lease / 3);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = &mut *driver => return,
@@ -284,6 +308,13 @@ async fn session(
                 }
                 None => return,
             },
+            _ = check.tick() => {
+                let answered = tokio::time::timeout(cc.reply_timeout, client.simple_query(sql::PING)).await;
+                if !matches!(answered, Ok(Ok(_))) {
+                    tracing::warn!("zklock: the PostgreSQL listening connection did not answer a liveness check; connecting again");
+                    return;
+                }
+            }
         }
     }
 }

@@ -14,7 +14,9 @@
 //!   lease, and this side reports the loss before that (less the same margin as Redis).
 //! - Waiters hold no connection: they try, then sleep until a release of their lock is
 //!   notified (`LISTEN`/`NOTIFY` on one listening connection per backend, see [`hub`]) or
-//!   [`POLL_FALLBACK`] passes (a session that ended releases without notifying).
+//!   [`POLL_FALLBACK`] passes (a session that ended releases without notifying). The listening
+//!   session has the same lease and checks as the holding ones: a process cut off for good
+//!   leaves no session (and no waiter registration) on the server past the lease.
 //! - A waiting writer takes an intent lock that makes new readers wait (writers are not
 //!   starved by readers). No order is kept among waiting processes; the local queue keeps
 //!   FIFO within a process.

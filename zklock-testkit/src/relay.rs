@@ -1,0 +1,1046 @@
+//! A plain fault-injecting TCP relay: the protocol-blind counterpart of [`Proxy`](crate::Proxy)
+//! for Redis and PostgreSQL.
+//!
+//! The relay does not parse what it carries. It works on *turns*: every chunk of bytes one
+//! `read()` gets from a client is a request (PostgreSQL and Redis clients write a whole
+//! pipeline of messages at once, so one chunk is usually one round trip), and what the server
+//! sends back is a reply. That is enough to let the server receive the n-th request and cut
+//! the client off before it hears the answer, at every request boundary of a protocol in turn.
+
+use std::fmt;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// How long a cut waits for the first reply after its request reached the server before it
+/// fires anyway (a request the server does not answer, such as a close).
+const REPLY_GRACE: Duration = Duration::from_millis(500);
+/// After the first withheld reply, how long the relay keeps swallowing the server's bytes before
+/// it resets the connection: the server has then read the request (a reset can make the
+/// server's kernel discard a request its process has not read yet).
+const SETTLE: Duration = Duration::from_millis(30);
+
+/// The runtime every relay of the process runs on: one worker thread, alive as long as the process.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("zklock-testkit-relay")
+            .enable_all()
+            .build()
+            .expect("start the relay runtime")
+    })
+}
+
+/// What the relay does to traffic right now.
+#[derive(Clone, Copy, Debug, Default)]
+struct Faults {
+    /// Nothing goes through either way; connections stay open and new ones are accepted but not
+    /// connected upstream. Lifting it delivers what was held back, as TCP would after a partition.
+    blackhole: bool,
+    /// New connections are reset at once (a server that is down).
+    refuse: bool,
+    /// Added to every chunk, each way.
+    delay: Duration,
+    /// Bumped to reset every open connection.
+    reset_generation: u64,
+    /// The relay was dropped: everything closes.
+    closed: bool,
+}
+
+/// What the relay does once the server received the request a cut was set for (see
+/// [`Relay::cut_after_nth_request`]).
+///
+/// # Examples
+///
+/// ```no_run
+/// use zklock_testkit::{After, Relay};
+/// # let pg = zklock_testkit::PostgresServer::start()?;
+/// let relay = Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+/// relay.cut_after_nth_request(3, After::ResetAndBlackhole);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum After {
+    /// Withhold the reply and reset that connection (both ways); the client reconnects at once.
+    Reset,
+    /// Withhold the reply, reset that connection, and [`blackhole`](Relay::blackhole) the relay
+    /// until [`heal`](Relay::heal): the network went down right after the server acted.
+    ResetAndBlackhole,
+    /// [`Blackhole`](Relay::blackhole) the relay from the reply on, resetting nothing: a
+    /// partition (or a host that died) right after the server acted. Neither side hears of it;
+    /// the server ends the session only by a timeout of its own. [`heal`](Relay::heal)
+    /// delivers the reply, as TCP would once the partition ends.
+    Blackhole,
+}
+
+/// The armed cut: fires on the `remaining`-th next request.
+#[derive(Debug)]
+struct CutRule {
+    remaining: u64,
+    after: After,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicU64,
+    requests: AtomicU64,
+    replies: AtomicU64,
+    cuts: AtomicU64,
+    resets: AtomicU64,
+}
+
+struct Shared {
+    upstream: SocketAddr,
+    faults: watch::Sender<Faults>,
+    cut: Mutex<Option<CutRule>>,
+    counters: Counters,
+}
+
+/// What the relay has seen so far; see [`Relay::stats`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # let pg = zklock_testkit::PostgresServer::start()?;
+/// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+/// // ... a client connects to relay.url(&pg.url()) ...
+/// let stats = relay.stats();
+/// println!("{} connections, {} requests", stats.connections, stats.requests);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayStats {
+    /// Client connections accepted.
+    pub connections: u64,
+    /// Requests: chunks of bytes read from clients (each `read()` that returned data).
+    pub requests: u64,
+    /// Chunks of bytes read from the server and forwarded to clients.
+    pub replies: u64,
+    /// Cuts that fired ([`Relay::cut_after_nth_request`]).
+    pub cuts: u64,
+    /// Connections reset by the relay ([`Relay::reset`], [`Relay::refuse`], a cut, its drop).
+    pub resets: u64,
+}
+
+/// A fault-injecting TCP relay in front of one server of any protocol (Redis, PostgreSQL):
+/// point a client at [`addr`](Self::addr) (or a URL rewritten by [`url`](Self::url)) instead of
+/// the server, then cut it off ([`blackhole`](Self::blackhole)), reset its connections
+/// ([`reset`](Self::reset)), refuse new ones ([`refuse`](Self::refuse)), slow it down
+/// ([`set_delay`](Self::set_delay)), or let the server act on its n-th request and cut the
+/// client off before the answer ([`cut_after_nth_request`](Self::cut_after_nth_request)).
+///
+/// A *request* is a chunk of bytes one `read()` gets from a client, counted over every
+/// connection in the order they reach the relay ([`requests`](Self::requests)). Clients such as
+/// `tokio-postgres` and `redis` write each round trip's messages at once, so on loopback a
+/// request is one round trip; a sweep counts a protocol's requests on an uncut run and then
+/// cuts after each k in turn. Background traffic (liveness checks) counts too: keep the run
+/// shorter than its period, or expect a boundary to move by one now and then.
+///
+/// The relay listens on a free loopback port (kept for its whole life, so clients reconnect to
+/// the same address) and runs on a small runtime of its own, so it serves blocking and async
+/// tests alike. Dropping it resets every connection through it.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use zklock_testkit::{After, PostgresServer, Relay};
+///
+/// let pg = PostgresServer::start()?;
+/// let relay = Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+/// let url = relay.url(&pg.url()); // give this to the client under test
+/// relay.blackhole(); // a partition
+/// relay.heal();
+/// relay.set_delay(Duration::from_millis(20));
+/// relay.cut_after_nth_request(2, After::Reset); // the 2nd request is served, its answer lost
+/// # let _ = url;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct Relay {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+}
+
+impl fmt::Debug for Relay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("listen", &self.addr)
+            .field("upstream", &self.shared.upstream)
+            .field("faults", &*self.shared.faults.borrow())
+            .finish()
+    }
+}
+
+impl Relay {
+    /// Starts a relay to `upstream` (`"host:port"`) on a free loopback port. It forwards
+    /// everything until told otherwise.
+    ///
+    /// # Errors
+    ///
+    /// When `upstream` does not resolve or no loopback port can be bound.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let redis = zklock_testkit::RedisServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", redis.port()))?;
+    /// assert_ne!(relay.port(), redis.port());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start(upstream: &str) -> io::Result<Relay> {
+        let upstream = upstream.to_socket_addrs()?.next().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "upstream has no address")
+        })?;
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            upstream,
+            faults: watch::Sender::new(Faults::default()),
+            cut: Mutex::new(None),
+            counters: Counters::default(),
+        });
+        let listener = {
+            let _enter = runtime().enter();
+            TcpListener::from_std(listener)?
+        };
+        runtime().spawn(accept_loop(listener, shared.clone()));
+        Ok(Relay { shared, addr })
+    }
+
+    /// The relay's address (`127.0.0.1:PORT`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// assert!(relay.addr().ip().is_loopback());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The relay's port.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// assert_ne!(relay.port(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The address traffic is forwarded to.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// assert_eq!(relay.upstream().port(), pg.port());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn upstream(&self) -> SocketAddr {
+        self.shared.upstream
+    }
+
+    /// `url` (a server's URL, e.g. [`PostgresServer::url`](crate::PostgresServer::url) or
+    /// [`RedisServer::url`](crate::RedisServer::url)) with the upstream's `host:port` replaced
+    /// by the relay's: the same server, reached through the relay.
+    ///
+    /// # Panics
+    ///
+    /// When `url` does not name the upstream's `127.0.0.1:PORT` or `localhost:PORT`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// let url = relay.url(&pg.url());
+    /// assert!(url.contains(&format!("127.0.0.1:{}", relay.port())));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn url(&self, url: &str) -> String {
+        let port = self.shared.upstream.port();
+        for host in [self.shared.upstream.ip().to_string(), "localhost".into()] {
+            let from = format!("{host}:{port}");
+            if url.contains(&from) {
+                return url.replacen(&from, &self.addr.to_string(), 1);
+            }
+        }
+        panic!(
+            "{url} does not name the relay's upstream {}",
+            self.shared.upstream
+        );
+    }
+
+    /// Cuts the clients off, as a network partition does: nothing is forwarded either way, open
+    /// connections stay open (no error, no FIN), new connections are accepted but lead nowhere.
+    /// [`heal`](Self::heal) delivers what was held back, as TCP would once the partition ends.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// relay.blackhole();
+    /// assert!(relay.is_blackholed());
+    /// relay.heal();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn blackhole(&self) {
+        self.shared.faults.send_modify(|f| f.blackhole = true);
+    }
+
+    /// Whether a [`blackhole`](Self::blackhole) is in force (set directly or by a cut).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// assert!(!relay.is_blackholed());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_blackholed(&self) -> bool {
+        self.shared.faults.borrow().blackhole
+    }
+
+    /// Ends a [`blackhole`](Self::blackhole) and a [`refuse`](Self::refuse): traffic flows
+    /// again (the delay, if any, stays).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// relay.blackhole();
+    /// relay.heal();
+    /// assert!(!relay.is_blackholed());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn heal(&self) {
+        self.shared.faults.send_modify(|f| {
+            f.blackhole = false;
+            f.refuse = false;
+        });
+    }
+
+    /// Resets (RST) every connection open through the relay now, towards the client and
+    /// towards the server. New connections are accepted as usual.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// relay.reset(); // clients see their connections fail; the server ends their sessions
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn reset(&self) {
+        self.shared.faults.send_modify(|f| f.reset_generation += 1);
+    }
+
+    /// While `on`, new connections are reset as soon as they are accepted (a server that is
+    /// down); with `on`, open connections are reset too. [`heal`](Self::heal) or
+    /// `refuse(false)` ends it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// relay.refuse(true);
+    /// relay.refuse(false);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn refuse(&self, on: bool) {
+        self.shared.faults.send_modify(|f| {
+            f.refuse = on;
+            if on {
+                f.reset_generation += 1;
+            }
+        });
+    }
+
+    /// Delays every chunk by `delay`, each way (a round trip gets twice as long);
+    /// `Duration::ZERO` ends it. Order is kept.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// relay.set_delay(Duration::from_millis(100));
+    /// relay.set_delay(Duration::ZERO);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn set_delay(&self, delay: Duration) {
+        self.shared.faults.send_modify(|f| f.delay = delay);
+    }
+
+    /// The adversary's cut: the `n`-th request from now on (1 = the next one; requests are
+    /// counted as [`requests`](Self::requests) counts them, over every connection) is delivered
+    /// to the server, and everything the server sends back on that connection from then on is
+    /// withheld; then `after` says what happens to the client ([`After`]).
+    ///
+    /// The cut fires on the first reply bytes on that connection after the request was written
+    /// to the server, or half a second after it if none come (a request with no answer). With
+    /// a reset, the relay swallows the server's bytes a moment longer before it resets, so the
+    /// server has read the request. Replaces a cut that has not fired yet;
+    /// [`stats`](Self::stats) counts the cuts that fired.
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{After, Relay};
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// relay.cut_after_nth_request(1, After::Reset);
+    /// assert!(relay.cut_pending());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn cut_after_nth_request(&self, n: u64, after: After) {
+        assert!(n > 0, "requests are counted from 1");
+        *self.shared.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(CutRule {
+            remaining: n,
+            after,
+        });
+    }
+
+    /// Whether a cut is armed and its request has not come yet.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// assert!(!relay.cut_pending());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn cut_pending(&self) -> bool {
+        self.shared
+            .cut
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// How many requests (chunks of bytes read from clients) have reached the relay so far,
+    /// over every connection. They are counted as they arrive, before any delay; a blackhole
+    /// leaves them unread, so uncounted, until it ends.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// let before = relay.requests();
+    /// // ... run the protocol once, uncut ...
+    /// let sent = relay.requests() - before; // cut after each of 1..=sent in turn
+    /// # let _ = sent;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn requests(&self) -> u64 {
+        self.shared.counters.requests.load(Ordering::SeqCst)
+    }
+
+    /// What the relay has seen and done so far.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let pg = zklock_testkit::PostgresServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
+    /// assert_eq!(relay.stats().connections, 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn stats(&self) -> RelayStats {
+        let c = &self.shared.counters;
+        RelayStats {
+            connections: c.connections.load(Ordering::SeqCst),
+            requests: c.requests.load(Ordering::SeqCst),
+            replies: c.replies.load(Ordering::SeqCst),
+            cuts: c.cuts.load(Ordering::SeqCst),
+            resets: c.resets.load(Ordering::SeqCst),
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.shared.faults.send_modify(|f| f.closed = true);
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut faults = shared.faults.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            changed = faults.changed() => {
+                if changed.is_err() || faults.borrow().closed {
+                    return;
+                }
+                continue;
+            }
+        };
+        let Ok((client, _)) = accepted else {
+            // EMFILE and the like: try again shortly.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        shared.counters.connections.fetch_add(1, Ordering::SeqCst);
+        let now = *faults.borrow();
+        if now.closed {
+            return;
+        }
+        if now.refuse {
+            shared.counters.resets.fetch_add(1, Ordering::SeqCst);
+            abort(&client);
+            continue;
+        }
+        tokio::spawn(serve(client, shared.clone()));
+    }
+}
+
+/// Makes the coming close an abortive one: RST instead of FIN.
+// A zero linger never blocks on drop (the deprecation warns of non-zero ones): the kernel discards
+// unsent data and resets the connection at once.
+#[allow(deprecated)]
+fn abort(stream: &TcpStream) {
+    let _ = stream.set_linger(Some(Duration::ZERO));
+}
+
+/// How a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// One side closed or failed: close the other.
+    Closed,
+    /// Reset both sides (a reset, a refusal, a cut, or the relay's end).
+    Reset,
+}
+
+/// Waits while the relay blackholes; `Err` when the connection must be reset.
+async fn wait_open(faults: &mut watch::Receiver<Faults>, generation: u64) -> Result<(), End> {
+    loop {
+        {
+            let f = faults.borrow_and_update();
+            if f.closed || f.reset_generation != generation {
+                return Err(End::Reset);
+            }
+            if !f.blackhole {
+                return Ok(());
+            }
+        }
+        if faults.changed().await.is_err() {
+            return Err(End::Reset);
+        }
+    }
+}
+
+/// Completes when the connection must be reset.
+async fn reset_signal(mut faults: watch::Receiver<Faults>, generation: u64) {
+    loop {
+        {
+            let f = faults.borrow_and_update();
+            if f.closed || f.reset_generation != generation {
+                return;
+            }
+        }
+        if faults.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
+    let mut faults = shared.faults.subscribe();
+    let generation = faults.borrow().reset_generation;
+    let _ = client.set_nodelay(true);
+    // A partition answers no one: don't even reach the server until it ends.
+    if wait_open(&mut faults, generation).await.is_err() {
+        shared.counters.resets.fetch_add(1, Ordering::SeqCst);
+        abort(&client);
+        return;
+    }
+    let connected = tokio::select! {
+        c = TcpStream::connect(shared.upstream) => c,
+        _ = reset_signal(faults.clone(), generation) => {
+            shared.counters.resets.fetch_add(1, Ordering::SeqCst);
+            abort(&client);
+            return;
+        }
+    };
+    let mut server = match connected {
+        Ok(server) => server,
+        Err(_) => {
+            // The server is down: the client sees its connection reset, as with no relay.
+            abort(&client);
+            return;
+        }
+    };
+    let _ = server.set_nodelay(true);
+    // Set once this connection's request that a cut was set for was written to the server:
+    // what to do, and when it was written.
+    let armed = watch::Sender::new(None::<(After, Instant)>);
+    let end = {
+        let (client_read, client_write) = client.split();
+        let (server_read, server_write) = server.split();
+        let up = upstream_pump(client_read, server_write, &shared, &armed, generation);
+        let down = downstream_pump(server_read, client_write, &shared, &armed, generation);
+        tokio::select! {
+            end = up => end,
+            end = down => end,
+            _ = reset_signal(faults.clone(), generation) => End::Reset,
+        }
+    };
+    if end == End::Reset {
+        shared.counters.resets.fetch_add(1, Ordering::SeqCst);
+        abort(&client);
+        abort(&server);
+    }
+}
+
+/// Whether the chunk just read is the request a cut waits for; counts it either way.
+fn count_request(shared: &Shared) -> Option<After> {
+    shared.counters.requests.fetch_add(1, Ordering::SeqCst);
+    let mut rule = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
+    let r = rule.as_mut()?;
+    r.remaining -= 1;
+    if r.remaining > 0 {
+        return None;
+    }
+    let after = r.after;
+    *rule = None;
+    Some(after)
+}
+
+/// A chunk on its way, due at an instant; a request a cut was set for carries the cut.
+type Chunk = (Instant, Vec<u8>, Option<After>);
+
+/// Client to server: counts requests, arms this connection's cut once its request was written.
+async fn upstream_pump<R, W>(
+    mut from: R,
+    mut to: W,
+    shared: &Shared,
+    armed: &watch::Sender<Option<(After, Instant)>>,
+    generation: u64,
+) -> End
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+    let reader = async move {
+        let mut faults = shared.faults.subscribe();
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            if let Err(end) = wait_open(&mut faults, generation).await {
+                return end;
+            }
+            let read = tokio::select! {
+                read = from.read(&mut chunk) => read,
+                // A fault changed (e.g. a blackhole began): look again before reading on.
+                _ = faults.changed() => continue,
+            };
+            let n = match read {
+                Ok(0) | Err(_) => return End::Closed,
+                Ok(n) => n,
+            };
+            let cut = count_request(shared);
+            let delay = faults.borrow().delay;
+            if tx
+                .send((Instant::now() + delay, chunk[..n].to_vec(), cut))
+                .is_err()
+            {
+                return End::Closed;
+            }
+        }
+    };
+    let writer = async move {
+        let mut faults = shared.faults.subscribe();
+        while let Some((due, bytes, cut)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if let Err(end) = wait_open(&mut faults, generation).await {
+                return end;
+            }
+            if to.write_all(&bytes).await.is_err() {
+                return End::Closed;
+            }
+            if let Some(after) = cut {
+                armed.send_replace(Some((after, Instant::now())));
+            }
+        }
+        End::Closed
+    };
+    finish(reader, writer).await
+}
+
+/// Server to client: withholds what a fired cut withholds.
+async fn downstream_pump<R, W>(
+    mut from: R,
+    mut to: W,
+    shared: &Shared,
+    armed: &watch::Sender<Option<(After, Instant)>>,
+    generation: u64,
+) -> End
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+    let reader = async move {
+        let mut faults = shared.faults.subscribe();
+        let mut armed_rx = armed.subscribe();
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            if let Err(end) = wait_open(&mut faults, generation).await {
+                return end;
+            }
+            let cut = *armed_rx.borrow_and_update();
+            let grace = async {
+                match cut {
+                    Some((_, at)) => tokio::time::sleep_until(at + REPLY_GRACE).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let read = tokio::select! {
+                read = from.read(&mut chunk) => Some(read),
+                _ = faults.changed() => continue,
+                _ = armed_rx.changed() => continue,
+                // The request got no answer: cut anyway.
+                _ = grace => None,
+            };
+            let bytes = match read {
+                Some(Ok(0)) | Some(Err(_)) => return End::Closed,
+                Some(Ok(n)) => Some(chunk[..n].to_vec()),
+                None => None,
+            };
+            if let Some((after, _)) = cut {
+                shared.counters.cuts.fetch_add(1, Ordering::SeqCst);
+                match after {
+                    After::Reset | After::ResetAndBlackhole => {
+                        if after == After::ResetAndBlackhole {
+                            shared.faults.send_modify(|f| f.blackhole = true);
+                        }
+                        // Swallow what else comes a moment, so the server has read the request.
+                        let settle = tokio::time::sleep(SETTLE);
+                        tokio::pin!(settle);
+                        loop {
+                            tokio::select! {
+                                _ = &mut settle => break,
+                                read = from.read(&mut chunk) => {
+                                    if !matches!(read, Ok(n) if n > 0) {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        return End::Reset;
+                    }
+                    After::Blackhole => {
+                        // Held, not lost: the writer waits for the partition to end.
+                        shared.faults.send_modify(|f| f.blackhole = true);
+                        armed.send_replace(None);
+                        armed_rx.borrow_and_update();
+                    }
+                }
+            }
+            if let Some(bytes) = bytes {
+                shared.counters.replies.fetch_add(1, Ordering::SeqCst);
+                let delay = faults.borrow().delay;
+                if tx.send((Instant::now() + delay, bytes, None)).is_err() {
+                    return End::Closed;
+                }
+            }
+        }
+    };
+    let writer = async move {
+        let mut faults = shared.faults.subscribe();
+        while let Some((due, bytes, _)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if let Err(end) = wait_open(&mut faults, generation).await {
+                return end;
+            }
+            if to.write_all(&bytes).await.is_err() {
+                return End::Closed;
+            }
+        }
+        End::Closed
+    };
+    finish(reader, writer).await
+}
+
+/// Runs a pump's reader and writer: a reader that saw its side close lets the writer deliver
+/// what was read before.
+async fn finish(
+    reader: impl std::future::Future<Output = End>,
+    writer: impl std::future::Future<Output = End>,
+) -> End {
+    tokio::pin!(reader, writer);
+    tokio::select! {
+        end = &mut reader => {
+            if end == End::Closed {
+                // Deliver what was read before the close (the sender is gone with the reader).
+                let _ = (&mut writer).await;
+            }
+            end
+        }
+        end = &mut writer => end,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream as StdStream;
+
+    /// A tiny echo server on a loopback port: every chunk it reads, it writes back.
+    fn echo() -> SocketAddr {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { return };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn connect(relay: &Relay) -> StdStream {
+        let s = StdStream::connect(relay.addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    }
+
+    /// Sends `msg` and reads its echo.
+    fn turn(s: &mut StdStream, msg: &[u8]) -> io::Result<Vec<u8>> {
+        s.write_all(msg)?;
+        let mut got = vec![0u8; msg.len()];
+        s.read_exact(&mut got)?;
+        Ok(got)
+    }
+
+    /// Whether the next read ends the connection (an error or EOF) rather than timing out.
+    fn ended(s: &mut StdStream) -> bool {
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut b = [0u8; 16];
+        match s.read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
+    fn relay() -> (Relay, SocketAddr) {
+        let upstream = echo();
+        (Relay::start(&upstream.to_string()).unwrap(), upstream)
+    }
+
+    #[test]
+    fn forwards_and_counts_turns() {
+        let (relay, upstream) = relay();
+        assert_eq!(relay.upstream(), upstream);
+        let mut s = connect(&relay);
+        for i in 0..5u8 {
+            assert_eq!(turn(&mut s, &[i; 10]).unwrap(), vec![i; 10]);
+        }
+        let stats = relay.stats();
+        assert_eq!(stats.connections, 1);
+        assert_eq!(stats.requests, 5);
+        assert_eq!(relay.requests(), 5);
+        assert!(stats.replies >= 5);
+    }
+
+    #[test]
+    fn rewrites_urls() {
+        let relay = Relay::start("127.0.0.1:5432").unwrap();
+        assert_eq!(
+            relay.url("postgres://postgres@127.0.0.1:5432/postgres"),
+            format!("postgres://postgres@127.0.0.1:{}/postgres", relay.port())
+        );
+        assert_eq!(
+            relay.url("redis://localhost:5432/"),
+            format!("redis://127.0.0.1:{}/", relay.port())
+        );
+    }
+
+    #[test]
+    fn blackhole_holds_and_heal_delivers() {
+        let (relay, _) = relay();
+        let mut s = connect(&relay);
+        turn(&mut s, b"one").unwrap();
+        relay.blackhole();
+        assert!(relay.is_blackholed());
+        s.write_all(b"two").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut b = [0u8; 3];
+        assert!(s.read_exact(&mut b).is_err(), "nothing passes a blackhole");
+        relay.heal();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"two", "what was held is delivered");
+    }
+
+    #[test]
+    fn reset_and_refuse() {
+        let (relay, _) = relay();
+        let mut s = connect(&relay);
+        turn(&mut s, b"hi").unwrap();
+        relay.reset();
+        assert!(ended(&mut s), "a reset ends the connection");
+        let mut again = connect(&relay);
+        assert_eq!(turn(&mut again, b"back").unwrap(), b"back");
+        relay.refuse(true);
+        assert!(ended(&mut again), "refusing resets open connections");
+        let mut refused = connect(&relay);
+        assert!(ended(&mut refused), "and new ones");
+        relay.refuse(false);
+        let mut ok = connect(&relay);
+        assert_eq!(turn(&mut ok, b"ok").unwrap(), b"ok");
+        assert!(relay.stats().resets >= 3);
+    }
+
+    #[test]
+    fn delays_each_way() {
+        let (relay, _) = relay();
+        let mut s = connect(&relay);
+        relay.set_delay(Duration::from_millis(100));
+        let start = std::time::Instant::now();
+        turn(&mut s, b"slow").unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        relay.set_delay(Duration::ZERO);
+    }
+
+    #[test]
+    fn the_cut_lets_the_nth_request_through_and_withholds_its_reply() {
+        let (relay, _) = relay();
+        let mut s = connect(&relay);
+        turn(&mut s, b"first").unwrap();
+        relay.cut_after_nth_request(2, After::Reset);
+        assert!(relay.cut_pending());
+        turn(&mut s, b"second").unwrap();
+        s.write_all(b"third").unwrap();
+        assert!(ended(&mut s), "reset with the reply withheld");
+        assert!(!relay.cut_pending());
+        assert_eq!(relay.stats().cuts, 1);
+        assert!(!relay.is_blackholed());
+        // Other connections and new ones carry on.
+        let mut again = connect(&relay);
+        assert_eq!(turn(&mut again, b"after").unwrap(), b"after");
+    }
+
+    #[test]
+    fn the_cut_with_a_blackhole_holds_until_healed() {
+        let (relay, _) = relay();
+        let mut other = connect(&relay);
+        let mut s = connect(&relay);
+        relay.cut_after_nth_request(1, After::ResetAndBlackhole);
+        s.write_all(b"x").unwrap();
+        assert!(ended(&mut s));
+        assert!(relay.is_blackholed());
+        other.write_all(b"held").unwrap();
+        other
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut b = [0u8; 4];
+        assert!(other.read_exact(&mut b).is_err());
+        relay.heal();
+        other
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        other.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"held");
+    }
+
+    #[test]
+    fn the_partition_cut_resets_nothing_and_heal_delivers_the_reply() {
+        let (relay, _) = relay();
+        let mut s = connect(&relay);
+        relay.cut_after_nth_request(1, After::Blackhole);
+        s.write_all(b"asked").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut b = [0u8; 5];
+        assert!(s.read_exact(&mut b).is_err(), "the reply is withheld");
+        assert!(relay.is_blackholed());
+        assert_eq!(relay.stats().cuts, 1);
+        assert_eq!(relay.stats().resets, 0);
+        relay.heal();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"asked");
+        assert_eq!(turn(&mut s, b"more").unwrap(), b"more");
+    }
+
+    #[test]
+    fn a_request_with_no_answer_is_cut_after_a_grace() {
+        // A server that reads and never answers.
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let upstream = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in listener.incoming().flatten() {
+                let mut r = s.try_clone().unwrap();
+                std::thread::spawn(move || {
+                    let mut b = [0u8; 64];
+                    while matches!(r.read(&mut b), Ok(n) if n > 0) {}
+                });
+                held.push(s);
+            }
+        });
+        let relay = Relay::start(&upstream.to_string()).unwrap();
+        let mut s = connect(&relay);
+        relay.cut_after_nth_request(1, After::Reset);
+        s.write_all(b"silence").unwrap();
+        assert!(ended(&mut s));
+        assert_eq!(relay.stats().cuts, 1);
+    }
+
+    #[test]
+    fn dropping_the_relay_resets_its_connections() {
+        let (relay, _) = relay();
+        let mut s = connect(&relay);
+        turn(&mut s, b"x").unwrap();
+        drop(relay);
+        assert!(ended(&mut s));
+    }
+}
