@@ -19,11 +19,13 @@
 //! kind at every k (scripts/cut-sweep).
 
 mod common;
+mod cuts;
 
 use std::time::Duration;
 
-use zklock::{FencingToken, Leadership, Lease, LockGuard, LockManager, LossReason};
-use zklock_testkit::{AfterDrop, History, Mode, Proxy, Recorder, ZkServer};
+use cuts::{sweep, take_hold_release, Cut, Protocol, HOLD, WAIT};
+use zklock::LockManager;
+use zklock_testkit::{AfterDrop, History, Mode, Proxy, ZkServer};
 
 /// Every request opcode of ZooKeeper's protocol a lock client sends (not pings, not the
 /// session's own set-watches on reconnect): what k counts.
@@ -31,125 +33,6 @@ const OPS: [i32; 19] = [
     1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 14, 15, 17, 18, 19, 20, 21, 22, 106,
 ];
 const SESSION: Duration = Duration::from_secs(4);
-/// How long the victim waits for its lock, and the other process for its own after the cut
-/// (the victim's session may need to expire first).
-const WAIT: Duration = Duration::from_secs(20);
-const HOLD: Duration = Duration::from_millis(100);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Protocol {
-    Mutex,
-    /// The victim queues behind a holder and is handed the lock.
-    Handover,
-    Read,
-    Write,
-    Semaphore,
-    Leader,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cut {
-    Reset,
-    Cancel,
-    Kill,
-}
-
-const CUTS: [Cut; 3] = [Cut::Reset, Cut::Cancel, Cut::Kill];
-
-/// What a protocol's take gives: a guard, a lease or a leadership.
-enum Held {
-    Guard(LockGuard),
-    Lease(Lease),
-    Lead(Leadership),
-}
-
-impl Held {
-    fn token(&self) -> FencingToken {
-        match self {
-            Held::Guard(g) => g.fencing_token(),
-            Held::Lease(l) => l.fencing_token(),
-            Held::Lead(l) => l.epoch(),
-        }
-    }
-
-    async fn lost(&self) -> LossReason {
-        match self {
-            Held::Guard(g) => g.lost().await,
-            Held::Lease(l) => l.lost().await,
-            Held::Lead(l) => l.lost().await,
-        }
-    }
-
-    async fn release(self) -> zklock::Result<()> {
-        match self {
-            Held::Guard(g) => g.release().await,
-            Held::Lease(l) => l.release().await,
-            Held::Lead(l) => l.leave().await,
-        }
-    }
-}
-
-impl Protocol {
-    /// The victim's mode in the history (a reader shares; everything else excludes).
-    fn mode(self) -> Mode {
-        match self {
-            Protocol::Read => Mode::Shared,
-            _ => Mode::Exclusive,
-        }
-    }
-
-    /// Takes the lock `key` of this protocol (the other process takes the conflicting side:
-    /// a writer against a reader).
-    async fn take(self, m: &LockManager, key: &str, other: bool) -> zklock::Result<Held> {
-        Ok(match self {
-            Protocol::Mutex | Protocol::Handover => Held::Guard(m.lock_timeout(key, WAIT).await?),
-            Protocol::Read if !other => Held::Guard(m.rwlock(key)?.read_timeout(WAIT).await?),
-            Protocol::Read | Protocol::Write => {
-                Held::Guard(m.rwlock(key)?.write_timeout(WAIT).await?)
-            }
-            Protocol::Semaphore => Held::Lease(m.semaphore(key, 1)?.acquire_timeout(WAIT).await?),
-            Protocol::Leader => {
-                let id = if other { "other" } else { "victim" };
-                Held::Lead(m.leader_latch(key, id)?.lead_timeout(WAIT).await?)
-            }
-        })
-    }
-}
-
-/// Takes, holds (stopping when told of a loss), releases; records it all.
-async fn take_hold_release(
-    protocol: Protocol,
-    m: &LockManager,
-    key: &str,
-    rec: &Recorder,
-    other: bool,
-    hold: Duration,
-) {
-    let mode = if other {
-        Mode::Exclusive
-    } else {
-        protocol.mode()
-    };
-    rec.acquire_invoked(key, mode);
-    let held = match protocol.take(m, key, other).await {
-        Ok(held) => held,
-        Err(e) => {
-            rec.acquire_failed(key, mode, e);
-            return;
-        }
-    };
-    rec.acquire_ok(key, mode, held.token().as_u128());
-    tokio::select! {
-        biased;
-        reason = held.lost() => rec.lost(key, reason),
-        _ = tokio::time::sleep(hold) => {}
-    }
-    rec.release_invoked(key);
-    match held.release().await {
-        Ok(()) => rec.release_ok(key),
-        Err(e) => rec.release_failed(key, e),
-    }
-}
 
 /// The contender nodes left anywhere under the namespace for `key`.
 async fn nodes_left(m: &LockManager, key: &str) -> Vec<String> {
@@ -266,60 +149,42 @@ async fn run_once(zk: &ZkServer, protocol: Protocol, key: &str, cut: Option<(u64
     sent
 }
 
-/// Runs `protocol` once uncut to count its requests, then once per request boundary and cut.
-async fn sweep(protocol: Protocol, offset: usize) {
+/// Sweeps `protocol` on a server of its own.
+async fn sweep_zookeeper(protocol: Protocol, offset: usize) {
     let zk = common::server();
-    let all = std::env::var("ZKLOCK_CUTS").is_ok_and(|v| v == "all");
-    let n = run_once(
-        &zk,
-        protocol,
-        &format!("{protocol:?}_uncut").to_lowercase(),
-        None,
-    )
+    sweep(protocol, offset, false, |key, cut| {
+        let zk = &zk;
+        async move { run_once(zk, protocol, &key, cut).await }
+    })
     .await;
-    assert!(n > 0, "{protocol:?} sent no request");
-    let mut runs = 0;
-    for k in 1..=n {
-        let cuts: Vec<Cut> = if all {
-            CUTS.to_vec()
-        } else {
-            vec![CUTS[(k as usize + offset) % CUTS.len()]]
-        };
-        for how in cuts {
-            let key = format!("{protocol:?}_{k}_{how:?}").to_lowercase();
-            run_once(&zk, protocol, &key, Some((k, how))).await;
-            runs += 1;
-        }
-    }
-    eprintln!("{protocol:?}: {n} requests, {runs} cut runs, every one checked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutex_cut_at_every_request() {
-    sweep(Protocol::Mutex, 0).await;
+    sweep_zookeeper(Protocol::Mutex, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handover_cut_at_every_request() {
-    sweep(Protocol::Handover, 1).await;
+    sweep_zookeeper(Protocol::Handover, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_lock_cut_at_every_request() {
-    sweep(Protocol::Read, 2).await;
+    sweep_zookeeper(Protocol::Read, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_lock_cut_at_every_request() {
-    sweep(Protocol::Write, 0).await;
+    sweep_zookeeper(Protocol::Write, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_cut_at_every_request() {
-    sweep(Protocol::Semaphore, 1).await;
+    sweep_zookeeper(Protocol::Semaphore, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_cut_at_every_request() {
-    sweep(Protocol::Leader, 2).await;
+    sweep_zookeeper(Protocol::Leader, 2).await;
 }

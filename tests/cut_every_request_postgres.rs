@@ -29,169 +29,25 @@
 //! `ZKLOCK_CUTS=all cargo test --test cut_every_request_postgres` runs every kind at every k.
 
 mod common;
+mod cuts;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cuts::{run_job, sweep, take_hold_release, Cut, Protocol, HOLD, WAIT};
 use tokio_postgres::NoTls;
-use zklock::{current_fencing_token, FencingToken, Leadership, LockGuard, LockManager, LossReason};
-use zklock_testkit::{After, History, Mode, Op, PostgresServer, Recorder, Relay};
+use zklock::LockManager;
+use zklock_testkit::{After, History, Mode, Op, PostgresServer, Relay};
 
 /// The victim's and the other's lease: the server ends a holding session idle this long.
 const LEASE: Duration = Duration::from_secs(3);
-/// How long the victim waits for its lock, and the other for its own after the cut.
-const WAIT: Duration = Duration::from_secs(20);
-const HOLD: Duration = Duration::from_millis(100);
-/// A job's `at_least` window: longer than any run of this file.
-const WINDOW: Duration = Duration::from_secs(60);
 /// How long a cut-off victim is left waiting before its future is dropped (`Cancel`).
 const STUCK: Duration = Duration::from_secs(1);
 
 /// The classes of zklock's advisory locks (`zkLK`, `zkIN`, `zkWI`): the lock, a waiting
 /// writer's intent, a waiter's registration.
 const CLASSES: [i64; 3] = [0x7A6B_4C4B, 0x7A6B_494E, 0x7A6B_5749];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Protocol {
-    Mutex,
-    /// The victim waits behind a holder of another process and is handed the lock.
-    Handover,
-    Read,
-    Write,
-    /// `job(key).at_least(WINDOW).run(..)`.
-    Job,
-    Leader,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cut {
-    Reset,
-    Cancel,
-    Kill,
-}
-
-const CUTS: [Cut; 3] = [Cut::Reset, Cut::Cancel, Cut::Kill];
-
-/// What a protocol's take gives: a guard or a leadership.
-enum Held {
-    Guard(LockGuard),
-    Lead(Leadership),
-}
-
-impl Held {
-    fn token(&self) -> FencingToken {
-        match self {
-            Held::Guard(g) => g.fencing_token(),
-            Held::Lead(l) => l.epoch(),
-        }
-    }
-
-    async fn lost(&self) -> LossReason {
-        match self {
-            Held::Guard(g) => g.lost().await,
-            Held::Lead(l) => l.lost().await,
-        }
-    }
-
-    async fn release(self) -> zklock::Result<()> {
-        match self {
-            Held::Guard(g) => g.release().await,
-            Held::Lead(l) => l.leave().await,
-        }
-    }
-}
-
-impl Protocol {
-    /// The victim's mode in the history (a reader shares; everything else excludes).
-    fn mode(self) -> Mode {
-        match self {
-            Protocol::Read => Mode::Shared,
-            _ => Mode::Exclusive,
-        }
-    }
-
-    /// Takes the lock `key` of this protocol (the other process takes the conflicting side:
-    /// a writer against a reader; the lock of a job's name).
-    async fn take(self, m: &LockManager, key: &str, other: bool) -> zklock::Result<Held> {
-        Ok(match self {
-            Protocol::Mutex | Protocol::Handover | Protocol::Job => {
-                Held::Guard(m.lock_timeout(key, WAIT).await?)
-            }
-            Protocol::Read if !other => Held::Guard(m.rwlock(key)?.read_timeout(WAIT).await?),
-            Protocol::Read | Protocol::Write => {
-                Held::Guard(m.rwlock(key)?.write_timeout(WAIT).await?)
-            }
-            Protocol::Leader => {
-                let id = if other { "other" } else { "victim" };
-                Held::Lead(m.leader_latch(key, id)?.lead_timeout(WAIT).await?)
-            }
-        })
-    }
-}
-
-/// Takes, holds `hold` (stopping when told of a loss), releases; records it all.
-async fn take_hold_release(
-    protocol: Protocol,
-    m: &LockManager,
-    key: &str,
-    rec: &Recorder,
-    other: bool,
-    hold: Duration,
-) {
-    let mode = if other {
-        Mode::Exclusive
-    } else {
-        protocol.mode()
-    };
-    rec.acquire_invoked(key, mode);
-    let held = match protocol.take(m, key, other).await {
-        Ok(held) => held,
-        Err(e) => {
-            rec.acquire_failed(key, mode, e);
-            return;
-        }
-    };
-    rec.acquire_ok(key, mode, held.token().as_u128());
-    tokio::select! {
-        biased;
-        reason = held.lost() => rec.lost(key, reason),
-        _ = tokio::time::sleep(hold) => {}
-    }
-    rec.release_invoked(key);
-    match held.release().await {
-        Ok(()) => rec.release_ok(key),
-        Err(e) => rec.release_failed(key, e),
-    }
-}
-
-/// Runs the job `key` with its `at_least` window: the body records its hold (from its start
-/// to its end: the lock is given up after) and counts itself in `bodies`.
-async fn run_job(m: &LockManager, key: &str, rec: &Recorder, bodies: &AtomicUsize, hold: Duration) {
-    rec.acquire_invoked(key, Mode::Exclusive);
-    let job = match m.job(key) {
-        Ok(job) => job.at_least(WINDOW),
-        Err(e) => return rec.acquire_failed(key, Mode::Exclusive, e),
-    };
-    let started = std::sync::atomic::AtomicBool::new(false);
-    let ran = job
-        .run(async {
-            let token = current_fencing_token().expect("a job's body runs in a frame");
-            rec.acquire_ok(key, Mode::Exclusive, token.as_u128());
-            started.store(true, Ordering::SeqCst);
-            bodies.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(hold).await;
-            rec.release_invoked(key);
-        })
-        .await;
-    match ran {
-        Ok(zklock::Ran::Ran(())) => rec.release_ok(key),
-        Ok(zklock::Ran::Skipped) => rec.acquire_failed(key, Mode::Exclusive, "skipped"),
-        // The body was stopped: its hold was lost while it ran.
-        Err(e) if started.load(Ordering::SeqCst) => rec.lost(key, e),
-        Err(e) => rec.acquire_failed(key, Mode::Exclusive, e),
-    }
-}
 
 /// A plain client for looking at the server.
 async fn admin(url: &str) -> tokio_postgres::Client {
@@ -446,71 +302,44 @@ async fn run_once(
     sent
 }
 
-/// Runs `protocol` once uncut to count its requests, then once per request boundary and cut.
-async fn sweep(protocol: Protocol, offset: usize) {
+/// Sweeps `protocol` on a server of its own.
+async fn sweep_postgres(protocol: Protocol, offset: usize) {
     let pg = PostgresServer::start().expect("start postgres (see the test kit's error)");
-    let all = std::env::var("ZKLOCK_CUTS").is_ok_and(|v| v == "all");
-    let started = std::time::Instant::now();
-    let n = run_once(
-        &pg,
-        protocol,
-        &format!("{protocol:?}_uncut").to_lowercase(),
-        None,
-    )
+    // The last request of an uncut run is the release; a killed victim holds until told of
+    // its loss, so its last request is one of its hold's liveness checks: always run it.
+    sweep(protocol, offset, true, |key, cut| {
+        let pg = &pg;
+        async move { run_once(pg, protocol, &key, cut).await }
+    })
     .await;
-    assert!(n > 0, "{protocol:?} sent no request");
-    let mut runs = 0;
-    for k in 1..=n {
-        let mut cuts: Vec<Cut> = if all {
-            CUTS.to_vec()
-        } else {
-            vec![CUTS[(k as usize + offset) % CUTS.len()]]
-        };
-        // The last request of an uncut run is the release; a killed victim holds until told
-        // of its loss, so its n-th request is one of its hold's liveness checks: the partition
-        // that begins while it holds, the one that tests its loss deadline against the
-        // server's. Always run it.
-        if k == n && !cuts.contains(&Cut::Kill) {
-            cuts.push(Cut::Kill);
-        }
-        for how in cuts {
-            let key = format!("{protocol:?}_{k}_{how:?}").to_lowercase();
-            run_once(&pg, protocol, &key, Some((k, how))).await;
-            runs += 1;
-        }
-    }
-    eprintln!(
-        "{protocol:?}: {n} requests, {runs} cut runs, every one checked, in {:?}",
-        started.elapsed()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutex_cut_at_every_request() {
-    sweep(Protocol::Mutex, 0).await;
+    sweep_postgres(Protocol::Mutex, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handover_cut_at_every_request() {
-    sweep(Protocol::Handover, 1).await;
+    sweep_postgres(Protocol::Handover, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_lock_cut_at_every_request() {
-    sweep(Protocol::Read, 2).await;
+    sweep_postgres(Protocol::Read, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_lock_cut_at_every_request() {
-    sweep(Protocol::Write, 0).await;
+    sweep_postgres(Protocol::Write, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_cut_at_every_request() {
-    sweep(Protocol::Job, 1).await;
+    sweep_postgres(Protocol::Job, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_cut_at_every_request() {
-    sweep(Protocol::Leader, 2).await;
+    sweep_postgres(Protocol::Leader, 2).await;
 }
