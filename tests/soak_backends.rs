@@ -133,6 +133,8 @@ impl Traffic {
 /// Runs the job again and again until the crew stops: each run's body records the grant (with
 /// the body's fencing token) and the run with its window, holds for a few ms, and records the
 /// release; the body is stopped by the job when its hold is lost, which is recorded as the loss.
+/// (The job gives no hook between its lock's grant and its body, so the recorded hold starts
+/// with the body: inside the real one, when the worker begins to act under it.)
 async fn job_worker(m: LockManager, rec: Recorder, crew: Crew) {
     const NOT_STARTED: u8 = 0;
     const RUNNING: u8 = 1;
