@@ -29,11 +29,11 @@ mod common;
 mod faults;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use common::say;
 use faults::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -76,11 +76,6 @@ const KEPT_GUARD: u32 = 8;
 
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
-}
-
-/// Prints past the test harness's capture, so that the report shows in CI's log.
-fn say(line: &str) {
-    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// The current key of each slot; the driver rotates them.
@@ -522,19 +517,8 @@ fn curator_peers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_random_faults_under_mixed_traffic() {
-    let secs: u64 = std::env::var("ZKLOCK_SOAK_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60)
-        .max(5);
-    let seed: u64 = std::env::var("ZKLOCK_SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
+    let (secs, seed) = common::soak_settings("soak", 60);
     let mut rng = StdRng::seed_from_u64(seed);
-    say(&format!(
-        "soak: {secs} s, seed {seed} (ZKLOCK_SOAK_SECS, ZKLOCK_SOAK_SEED to change)"
-    ));
 
     let mut cluster = blocking(|| {
         ZkCluster::builder(3)

@@ -156,3 +156,28 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The length and seed of a soak: `ZKLOCK_SOAK_SECS` (at least 5; `default_secs` when unset) and
+/// `ZKLOCK_SOAK_SEED` (random when unset). Prints both, past the harness's capture, so that a
+/// failed run can be replayed.
+pub fn soak_settings(name: &str, default_secs: u64) -> (u64, u64) {
+    let secs: u64 = std::env::var("ZKLOCK_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default_secs)
+        .max(5);
+    let seed: u64 = std::env::var("ZKLOCK_SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    say(&format!(
+        "{name}: {secs} s, seed {seed} (ZKLOCK_SOAK_SECS, ZKLOCK_SOAK_SEED to change)"
+    ));
+    (secs, seed)
+}
+
+/// Prints past the test harness's capture, so that a soak's report shows in CI's log.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}

@@ -4,7 +4,8 @@
 //! (with the fencing token), when it invoked and finished a release, and when it was told its hold was
 //! lost. Workers in other processes record to a file that the test then loads. The checker rebuilds
 //! every hold of every key and fails on two conflicting holds that overlap, on a fencing token that
-//! does not increase across successive holders, and on a hold that never ends.
+//! does not increase across successive holders, on a hold that never ends, and on two runs of a
+//! scheduled job that start closer together than the job's `at_least` window.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -12,6 +13,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Nanoseconds on the system's monotonic clock (`CLOCK_MONOTONIC`): comparable between processes on
 /// one machine, unaffected by changes of the wall clock. Every event of a [`History`] is stamped with it.
@@ -54,6 +56,30 @@ pub fn now_ns() -> u64 {
 /// assert!(history.check().is_ok());
 /// ```
 pub const NO_TOKEN: u128 = u128::MAX;
+
+/// How much closer than its `at_least` window the checker lets two runs of a job start before it
+/// reports [`Violation::JobTooSoon`]: 50 ms.
+///
+/// The window is enforced by the server's clock, at the server's time of each run's claim; the
+/// history records each run when its body starts, on this machine's monotonic clock ([`now_ns`]).
+/// The two differ by the time from the claim to the body's start (a reply in flight, a task
+/// waiting for a busy core) and by the drift between the server's wall clock and the monotonic
+/// one: tens of milliseconds on a loaded machine, never a window's worth. A run that starts a
+/// tenth of a window early is still found for every window of a second or more.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use zklock_testkit::{History, JOB_WINDOW_TOLERANCE};
+/// let history = History::new();
+/// let (a, b) = (history.recorder("a"), history.recorder("b"));
+/// a.job_ran("nightly", Duration::from_millis(200));
+/// std::thread::sleep(Duration::from_millis(200) - JOB_WINDOW_TOLERANCE);
+/// b.job_ran("nightly", Duration::from_millis(200)); // within the tolerance: not a violation
+/// assert!(history.check().is_ok());
+/// ```
+pub const JOB_WINDOW_TOLERANCE: Duration = Duration::from_millis(50);
 
 /// Converts a wall-clock time in milliseconds since the Unix epoch (as Java's
 /// `System.currentTimeMillis()` prints it, and [`now_epoch_ms`](crate::now_epoch_ms)) to [`now_ns`]
@@ -164,6 +190,13 @@ pub enum Op {
     },
     /// The worker's process was killed: whatever it held, it no longer acts on.
     Crashed,
+    /// A scheduled job's body started, under a run claimed with this `at_least` window: no other
+    /// run of the job (the event's key) may start within the window (see
+    /// [`Recorder::job_ran`]).
+    JobRan {
+        /// The run's `at_least` window, in milliseconds.
+        at_least_ms: u64,
+    },
     /// A fault was injected. `silent` faults take the named worker's holds away in a way it cannot
     /// notice in time (its process is frozen, or its session is killed from outside); see
     /// [`History::silent_fault`].
@@ -186,6 +219,7 @@ impl Op {
             Op::ReleaseFailed { .. } => "release-fail",
             Op::Lost { .. } => "lost",
             Op::Crashed => "crashed",
+            Op::JobRan { .. } => "job-ran",
             Op::Fault { silent: false, .. } => "fault",
             Op::Fault { silent: true, .. } => "silent-fault",
         }
@@ -194,6 +228,7 @@ impl Op {
     fn arg(&self) -> String {
         match self {
             Op::AcquireOk { token } => token.to_string(),
+            Op::JobRan { at_least_ms } => at_least_ms.to_string(),
             Op::AcquireFailed { error } | Op::ReleaseFailed { error } => error.clone(),
             Op::Lost { reason } => reason.clone(),
             Op::Fault { what, .. } => what.clone(),
@@ -213,6 +248,9 @@ impl Op {
             "release-fail" => Op::ReleaseFailed { error: arg },
             "lost" => Op::Lost { reason: arg },
             "crashed" => Op::Crashed,
+            "job-ran" => Op::JobRan {
+                at_least_ms: arg.parse().ok()?,
+            },
             "fault" => Op::Fault {
                 what: arg,
                 silent: false,
@@ -580,6 +618,35 @@ impl Recorder {
         );
     }
 
+    /// A run of the scheduled job `key`, claimed with the window `at_least`, started its body now:
+    /// record it as the body's first step. The checker fails when another run of `key` starts
+    /// within `at_least` of this one (less [`JOB_WINDOW_TOLERANCE`]). A job's lock is a lock like
+    /// any other: record its grant, loss and release as well, under the same key, for the
+    /// checker to judge its holders.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use zklock_testkit::{History, Violation};
+    /// let history = History::new();
+    /// let (a, b) = (history.recorder("a"), history.recorder("b"));
+    /// a.job_ran("nightly", Duration::from_secs(60));
+    /// b.job_ran("nightly", Duration::from_secs(60)); // a minute too early
+    /// let report = history.check();
+    /// assert!(matches!(report.violations[0], Violation::JobTooSoon { .. }));
+    /// assert_eq!(report.job_runs, 2);
+    /// ```
+    pub fn job_ran(&self, key: &str, at_least: Duration) {
+        self.record(
+            key,
+            Mode::Exclusive,
+            Op::JobRan {
+                at_least_ms: at_least.as_millis().min(u64::MAX as u128) as u64,
+            },
+        );
+    }
+
     /// The worker was told its hold on `key` is lost, and stopped acting under it.
     ///
     /// # Examples
@@ -914,6 +981,55 @@ impl fmt::Display for HoldSpan {
     }
 }
 
+/// One run of a scheduled job, rebuilt from a history ([`Op::JobRan`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use zklock_testkit::{History, Violation};
+/// let history = History::new();
+/// let (a, b) = (history.recorder("a"), history.recorder("b"));
+/// a.job_ran("k", Duration::from_secs(2));
+/// b.job_ran("k", Duration::from_secs(2));
+/// match &history.check().violations[0] {
+///     Violation::JobTooSoon { earlier, later } => {
+///         assert_eq!((earlier.worker.as_str(), later.worker.as_str()), ("a", "b"));
+///         assert_eq!(earlier.at_least_ms, 2_000);
+///     }
+///     v => panic!("{v}"),
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRun {
+    /// Who ran it.
+    pub worker: String,
+    /// Which job.
+    pub key: String,
+    /// When its body started, in [`now_ns`] time.
+    pub at_ns: u64,
+    /// The window it was claimed with, in milliseconds.
+    pub at_least_ms: u64,
+}
+
+impl JobRun {
+    /// The end of the run's window, in [`now_ns`] time.
+    fn window_end_ns(&self) -> u64 {
+        self.at_ns
+            .saturating_add(self.at_least_ms.saturating_mul(1_000_000))
+    }
+}
+
+impl fmt::Display for JobRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ran {:?} at {} (at_least {} ms)",
+            self.worker, self.key, self.at_ns, self.at_least_ms
+        )
+    }
+}
+
 /// Two conflicting holds of one key at the same time.
 ///
 /// # Examples
@@ -988,6 +1104,14 @@ pub enum Violation {
     },
     /// A hold that was never released, reported lost, or ended by a crash.
     NeverEnded(HoldSpan),
+    /// A run of a job started within an earlier run's `at_least` window (by more than
+    /// [`JOB_WINDOW_TOLERANCE`]).
+    JobTooSoon {
+        /// The earlier run, whose window the later one started in.
+        earlier: JobRun,
+        /// The run that started too soon.
+        later: JobRun,
+    },
     /// Events that make no sense in that order (e.g. a second grant of a key the worker holds).
     Malformed {
         /// Whose events.
@@ -1009,6 +1133,11 @@ impl fmt::Display for Violation {
                 write!(f, "token did not increase: {later} came after {earlier}")
             }
             Violation::NeverEnded(h) => write!(f, "hold never ended: {h}"),
+            Violation::JobTooSoon { earlier, later } => write!(
+                f,
+                "job ran within an earlier run's at_least window: {later}, {:.3} ms after {earlier}",
+                later.at_ns.saturating_sub(earlier.at_ns) as f64 / 1e6
+            ),
             Violation::Malformed {
                 worker,
                 key,
@@ -1053,6 +1182,8 @@ pub struct Report {
     pub faults: usize,
     /// Distinct keys held.
     pub keys: usize,
+    /// Runs of scheduled jobs ([`Op::JobRan`]).
+    pub job_runs: usize,
     /// What a correct lock never does; empty when the history is correct.
     pub violations: Vec<Violation>,
     /// Overlaps after a silent fault hit the first holder: the window only fencing closes.
@@ -1103,7 +1234,7 @@ impl Report {
     pub fn summary(&self) -> String {
         format!(
             "acquires={} failed_acquires={} releases={} failed_releases={} losses={} crashes={} \
-             faults={} keys={} violations={} unprotected={}",
+             faults={} keys={} job_runs={} violations={} unprotected={}",
             self.acquires,
             self.acquire_failures,
             self.releases,
@@ -1112,6 +1243,7 @@ impl Report {
             self.crashes,
             self.faults,
             self.keys,
+            self.job_runs,
             self.violations.len(),
             self.unprotected.len()
         )
@@ -1158,7 +1290,10 @@ enum State {
 /// - every hold's fencing token must be larger than that of every earlier hold it conflicts with
 ///   (ordered by grant), except a hold granted while a silent fault hit its worker: the worker
 ///   records such a grant after the fault, later than its real place in the server's order;
-/// - every hold must end.
+/// - every hold must end;
+/// - no run of a job ([`Op::JobRan`]) may start within the `at_least` window of an earlier run of
+///   the same job, less [`JOB_WINDOW_TOLERANCE`]. Faults excuse nothing here: the window is kept
+///   by the server, whatever happens to the clients.
 ///
 /// # Examples
 ///
@@ -1179,6 +1314,9 @@ pub fn check(events: &[Event]) -> Report {
     let mut states: HashMap<(&str, &str), State> = HashMap::new();
     let mut holds: Vec<HoldSpan> = Vec::new();
     let mut silent: HashMap<&str, Vec<(u64, &str)>> = HashMap::new();
+    // Per job: the run whose window reaches furthest so far.
+    let mut job_windows: HashMap<&str, JobRun> = HashMap::new();
+    let tolerance_ns = JOB_WINDOW_TOLERANCE.as_nanos() as u64;
     for e in &events {
         let malformed = |what: &str| Violation::Malformed {
             worker: e.worker.clone(),
@@ -1194,6 +1332,33 @@ pub fn check(events: &[Event]) -> Report {
                         .entry(e.worker.as_str())
                         .or_default()
                         .push((e.at_ns, what.as_str()));
+                }
+                continue;
+            }
+            Op::JobRan { at_least_ms } => {
+                report.job_runs += 1;
+                let run = JobRun {
+                    worker: e.worker.clone(),
+                    key: e.key.clone(),
+                    at_ns: e.at_ns,
+                    at_least_ms: *at_least_ms,
+                };
+                match job_windows.get(e.key.as_str()) {
+                    Some(earlier)
+                        if run.at_ns.saturating_add(tolerance_ns) < earlier.window_end_ns() =>
+                    {
+                        report.violations.push(Violation::JobTooSoon {
+                            earlier: earlier.clone(),
+                            later: run.clone(),
+                        });
+                        if run.window_end_ns() > earlier.window_end_ns() {
+                            job_windows.insert(e.key.as_str(), run);
+                        }
+                    }
+                    Some(earlier) if earlier.window_end_ns() >= run.window_end_ns() => {}
+                    _ => {
+                        job_windows.insert(e.key.as_str(), run);
+                    }
                 }
                 continue;
             }
@@ -1289,7 +1454,7 @@ pub fn check(events: &[Event]) -> Report {
                     }
                 }
             }
-            Op::Fault { .. } | Op::Crashed => unreachable!("handled above"),
+            Op::Fault { .. } | Op::Crashed | Op::JobRan { .. } => unreachable!("handled above"),
         }
     }
     for state in states.into_values() {
@@ -1698,6 +1863,85 @@ mod tests {
         );
     }
 
+    fn run(at_ms: u64, worker: &str, at_least_ms: u64) -> Event {
+        ev(
+            at_ms * 1_000_000,
+            worker,
+            "job",
+            Mode::Exclusive,
+            Op::JobRan { at_least_ms },
+        )
+    }
+
+    #[test]
+    fn a_job_run_within_the_window_is_a_violation() {
+        let tolerance_ms = JOB_WINDOW_TOLERANCE.as_millis() as u64;
+        let e = vec![
+            run(1_000, "a", 2_000),
+            run(3_000 - tolerance_ms - 1, "b", 2_000),
+        ];
+        let r = check(&e);
+        match r.violations.as_slice() {
+            [Violation::JobTooSoon { earlier, later }] => {
+                assert_eq!((earlier.worker.as_str(), later.worker.as_str()), ("a", "b"));
+                assert!(r.violations[0].to_string().contains("at_least"), "{r}");
+            }
+            v => panic!("{v:?}"),
+        }
+        assert_eq!(r.job_runs, 2);
+        // The longest window counts, not only the last run's: c starts 2.5 s after a's 5 s window
+        // began, past b's 1 s window.
+        let e = vec![
+            run(1_000, "a", 5_000),
+            run(6_000, "b", 1_000),
+            run(8_500, "c", 1_000),
+        ];
+        assert!(check(&e).is_ok());
+        let e = vec![
+            run(1_000, "a", 5_000),
+            run(1_500, "b", 100),
+            run(3_500, "c", 1_000),
+        ];
+        let r = check(&e);
+        assert_eq!(r.violations.len(), 2, "{r}");
+        // Another job's runs are no concern of this one's window.
+        let mut e = vec![run(1_000, "a", 2_000)];
+        e.push(ev(
+            1_500_000_000,
+            "b",
+            "other job",
+            Mode::Exclusive,
+            Op::JobRan { at_least_ms: 2_000 },
+        ));
+        assert!(check(&e).is_ok());
+    }
+
+    #[test]
+    fn job_runs_apart_or_within_the_tolerance_pass() {
+        let tolerance_ms = JOB_WINDOW_TOLERANCE.as_millis() as u64;
+        let e = vec![
+            run(1_000, "a", 2_000),
+            run(3_000, "b", 2_000),
+            run(5_000 - tolerance_ms, "a", 2_000),
+            run(9_000, "c", 0),
+            run(9_000, "a", 0),
+        ];
+        let r = check(&e);
+        assert!(r.is_ok(), "{r}");
+        assert_eq!(r.job_runs, 5);
+        // A run's event is no hold: it neither starts nor ends one of its worker's.
+        let mut e = Vec::new();
+        hold(&mut e, "a", Mode::Exclusive, 1, 10, 20);
+        e.push(ev(
+            15,
+            "a",
+            "k",
+            Mode::Exclusive,
+            Op::JobRan { at_least_ms: 1 },
+        ));
+        assert!(check(&e).is_ok());
+    }
+
     #[test]
     fn lines_round_trip_with_hostile_text() {
         let e = ev(
@@ -1721,5 +1965,15 @@ mod tests {
             },
         );
         assert_eq!(Event::parse_line(&f.to_line()), Some(f));
+        let j = ev(
+            9,
+            "w",
+            "job\t1",
+            Mode::Exclusive,
+            Op::JobRan { at_least_ms: 2_000 },
+        );
+        assert!(j.to_line().contains("\tjob-ran\t2000"), "{}", j.to_line());
+        assert_eq!(Event::parse_line(&j.to_line()), Some(j));
+        assert!(Event::parse_line("9\tw\tk\tX\tjob-ran\tsoon").is_none());
     }
 }

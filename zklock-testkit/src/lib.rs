@@ -64,8 +64,8 @@ pub use cluster::{ZkCluster, ZkClusterBuilder};
 pub use curator::CuratorHold;
 pub use env::{now_epoch_ms, peers_dir};
 pub use history::{
-    check, epoch_ms_to_ns, now_ns, Event, History, HoldEnd, HoldSpan, Mode, Op, Overlap, Recorder,
-    Report, Violation, NO_TOKEN,
+    check, epoch_ms_to_ns, now_ns, Event, History, HoldEnd, HoldSpan, JobRun, Mode, Op, Overlap,
+    Recorder, Report, Violation, JOB_WINDOW_TOLERANCE, NO_TOKEN,
 };
 pub use install::ensure_zookeeper_installed;
 pub use postgres::PostgresServer;

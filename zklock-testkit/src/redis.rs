@@ -1,5 +1,5 @@
 //! A real `redis-server` for tests and demos: Debian's `redis-server` on a free loopback port with a
-//! throwaway directory, no persistence; stopped, restarted, paused (SIGSTOP) and resumed like
+//! throwaway directory, no persistence (or an append-only file fsynced at every write); stopped, restarted, paused (SIGSTOP) and resumed like
 //! [`ZkServer`](crate::ZkServer).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -19,8 +19,9 @@ const PORT_ATTEMPTS: usize = 5;
 
 /// A `redis-server` process on a free loopback port with a temporary working directory.
 ///
-/// Started with `--save ''` and `--appendonly no` (nothing is written to disk), bound to 127.0.0.1
-/// only. Dropping it kills the server and removes the directory; so does the death of the test
+/// Started with `--save ''` and `--appendonly no` (nothing is written to disk; see
+/// [`start_durable`](Self::start_durable) for a server that keeps its data across a restart), bound
+/// to 127.0.0.1 only. Dropping it kills the server and removes the directory; so does the death of the test
 /// process (a watchdog kills the server then).
 ///
 /// The binary is `$ZKLOCK_REDIS_SERVER` if set, else `/usr/bin/redis-server` (Debian's `redis-server`
@@ -42,6 +43,7 @@ pub struct RedisServer {
     process: Option<Supervised>,
     lease: PortLease,
     dir: tempfile::TempDir,
+    durable: bool,
 }
 
 impl RedisServer {
@@ -60,6 +62,29 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start() -> io::Result<RedisServer> {
+        Self::start_with(false)
+    }
+
+    /// As [`start`](Self::start), with an append-only file written and fsynced before every reply
+    /// (`--appendonly yes --appendfsync always`): a [`restart`](Self::restart) keeps every write
+    /// the server acknowledged, as a production server configured for durability does.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut redis = zklock_testkit::RedisServer::start_durable()?;
+    /// redis.restart()?; // same port, same data
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_durable() -> io::Result<RedisServer> {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> io::Result<RedisServer> {
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
             let lease = ports::reserve(1)?.remove(0);
@@ -68,6 +93,7 @@ impl RedisServer {
                 process: None,
                 lease,
                 dir,
+                durable,
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -133,7 +159,8 @@ impl RedisServer {
     }
 
     /// Kills the server (SIGKILL): connections break, and everything it held is gone (nothing is
-    /// persisted). Does nothing when already stopped.
+    /// persisted), unless it was started [durable](Self::start_durable). Does nothing when already
+    /// stopped.
     ///
     /// # Errors
     ///
@@ -154,8 +181,8 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (stopping it first if it runs), empty, and waits
-    /// until it answers `PING`.
+    /// Starts the server again on the same port (stopping it first if it runs), empty (with its
+    /// data, when [durable](Self::start_durable)), and waits until it answers `PING`.
     ///
     /// # Errors
     ///
@@ -240,7 +267,12 @@ impl RedisServer {
         let mut cmd = Command::new(&binary);
         cmd.arg("--port")
             .arg(self.port().to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--bind", "127.0.0.1", "--save", ""])
+            .args(if self.durable {
+                ["--appendonly", "yes", "--appendfsync", "always"].as_slice()
+            } else {
+                ["--appendonly", "no"].as_slice()
+            })
             .args(["--daemonize", "no", "--protected-mode", "yes"])
             .arg("--dir")
             .arg(self.dir.path())

@@ -22,7 +22,9 @@ use crate::types::mode::HoldMode;
 ///   (ZooKeeper: a persistent run record beside the lock path, stamped by the server's clock,
 ///   so skewed instance clocks do not matter; Redis: a key holding the window's end, by
 ///   the server's clock; PostgreSQL: a column of the key table, by the server's clock); in
-///   memory, by this process's clock.
+///   memory, by this process's clock. The window is as durable as the server's data: a Redis
+///   restarted without persistence forgets it (run it with `appendonly yes`, `appendfsync
+///   always` where the window matters).
 /// - [`at_most`](Self::at_most): a run still going after this long is stopped (its body is
 ///   dropped at its next await point), reported as
 ///   [`LossReason::HoldLimit`](crate::LossReason::HoldLimit), and the lock is given up. A run whose process freezes or
