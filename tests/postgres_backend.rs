@@ -994,3 +994,68 @@ async fn a_lingering_lock_is_taken_again_and_given_up_when_another_process_waits
     b.flush().await;
     assert!(held(&look).await.is_empty());
 }
+
+/// A local handoff asks the holding session first: a session ended by the server while this
+/// process had not heard of it yet (its connection silent) must not hand the lock to the
+/// next local task once another process got the key, with a smaller token. (Before: the
+/// handoff trusted the connection's state, and the local task held beside the other process.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_handoff_of_a_terminated_session_hands_on_nothing() {
+    let pg = server();
+    let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
+    let a = manager(&relay.url(&pg.url())).await;
+    let b = manager(&pg.url()).await;
+    let look = admin(&pg.url()).await;
+    let first = a.lock("handed").await.unwrap();
+    let next = {
+        let a = a.clone();
+        tokio::spawn(async move { a.lock_timeout("handed", Duration::from_secs(30)).await })
+    };
+    // The next local task queues behind the holder.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let locks = held(&look).await;
+    let [(_, _, pid)] = locks.as_slice() else {
+        panic!("one lock held: {locks:?}")
+    };
+    // The holder's session ends on the server, which A does not hear: its connection is cut.
+    relay.blackhole();
+    let terminated: bool = look
+        .query_one("SELECT pg_terminate_backend($1)", &[pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(terminated);
+    let other = b
+        .lock_timeout("handed", Duration::from_secs(10))
+        .await
+        .expect("the key is free once the session ended");
+    // A's holder lets go: the next local task must not be granted a lock the server gave B.
+    drop(first);
+    let early = tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            if next.is_finished() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        early.is_err(),
+        "the local task was answered while the other process holds the key"
+    );
+    assert!(other.is_held());
+    let after = other.fencing_token();
+    other.release().await.unwrap();
+    relay.heal();
+    let got = next
+        .await
+        .unwrap()
+        .expect("the local task gets the lock from the server");
+    assert!(
+        got.fencing_token() > after,
+        "{} after {after}",
+        got.fencing_token()
+    );
+    assert!(got.is_held());
+}

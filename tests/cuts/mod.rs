@@ -8,7 +8,9 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use zklock::{current_fencing_token, FencingToken, Lease, Leadership, LockGuard, LockManager, LossReason};
+use zklock::{
+    current_fencing_token, FencingToken, Leadership, Lease, LockGuard, LockManager, LossReason,
+};
 use zklock_testkit::{Mode, Recorder};
 
 /// How long a victim waits for its lock, and the other process for its own after the cut.

@@ -299,10 +299,11 @@ impl Builder {
     /// [`LockManager::inspect`] in this process marks it [`lingering`](crate::Contender::lingering).
     /// PostgreSQL lingers too (a process that starts waiting notifies every process), and
     /// Redis for mutexes (the first process to queue for a key, or to try it, tells the
-    /// holder's process; a Redis write lock, which keeps no queue, never lingers; on Redis,
-    /// taking the key again, like any local handoff, costs one request that confirms the key
-    /// is still this process's, since a key can be deleted or lost on the server without a
-    /// word to its holder). Read
+    /// holder's process; a Redis write lock, which keeps no queue, never lingers). On Redis and
+    /// PostgreSQL, taking the key again, like any local handoff, costs one request that
+    /// confirms the hold is still this process's (the key still names it; the holding session
+    /// still answers), since a key can be deleted or lost, and a session ended, on the server
+    /// without a word to its holder yet. Read
     /// locks, semaphores and leader latches do not linger.
     ///
     /// ```no_run

@@ -107,6 +107,7 @@ pub(crate) struct HoldConn {
     driver: AbortHandle,
     liveness: StdMutex<Option<AbortHandle>>,
     reply_timeout: Duration,
+    cc: Arc<ConnConfig>,
 }
 
 impl HoldConn {
@@ -141,6 +142,7 @@ impl HoldConn {
             driver,
             liveness: StdMutex::default(),
             reply_timeout: cc.reply_timeout,
+            cc: cc.clone(),
         });
         // Each statement reads with a snapshot taken when it starts, whatever the server's
         // default (a reservation must not fail to serialize with a job's record).
@@ -222,6 +224,37 @@ impl HoldConn {
         }
     }
 
+    /// A check sent at `sent` was answered: the session was alive then, so its locks are held
+    /// until the lease from then (unless the connection was lost meanwhile, or the old
+    /// deadline passed before the answer came: a loss is final).
+    fn answered(&self, sent: Instant) {
+        let deadline = self.cc.deadline(sent);
+        self.state.send_if_modified(|s| {
+            if s.lost.is_some() {
+                return false;
+            }
+            match s.reason_at(Instant::now()) {
+                Some(reason) => s.lost = Some(reason),
+                None => s.deadline = s.deadline.max(deadline),
+            }
+            true
+        });
+    }
+
+    /// Asks the session whether it is still there (one round trip on this connection): a
+    /// session-level advisory lock lasts as long as its session, so an answer confirms every
+    /// lock the connection holds, as of the request's sending. A failure or a silence past the
+    /// reply timeout closes the connection, and its holds are lost.
+    pub(crate) async fn confirm(&self) {
+        if self.reason().is_some() {
+            return;
+        }
+        let sent = Instant::now();
+        if self.run(self.client.simple_query(sql::PING)).await.is_ok() {
+            self.answered(sent);
+        }
+    }
+
     /// Runs one request, bounded by the reply timeout. A request that times out or fails on
     /// the connection closes it: what it did to the session's locks is unknown.
     pub(crate) async fn run<T, Fut>(&self, request: Fut) -> Result<T, PostgresError>
@@ -260,17 +293,7 @@ async fn liveness(conn: Weak<HoldConn>, cc: Arc<ConnConfig>, mut last_sent: Inst
         let sent = Instant::now();
         match tokio::time::timeout_at(deadline, c.client.simple_query(sql::PING)).await {
             Ok(Ok(_)) => {
-                let deadline = cc.deadline(sent);
-                c.state.send_if_modified(|s| {
-                    if s.lost.is_some() {
-                        return false;
-                    }
-                    match s.reason_at(Instant::now()) {
-                        Some(reason) => s.lost = Some(reason),
-                        None => s.deadline = s.deadline.max(deadline),
-                    }
-                    true
-                });
+                c.answered(sent);
                 last_sent = sent;
             }
             Ok(Err(e)) => {

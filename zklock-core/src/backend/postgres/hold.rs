@@ -298,8 +298,23 @@ impl BackendHold for PgHold {
     }
 
     /// Nothing to wait for: the hold's state is its connection's, known here.
+    /// Asks the holding session whether it is still there, one round trip, before a local
+    /// handoff or a linger re-take hands the lock on: the session may have been ended
+    /// (`pg_terminate_backend`, a restart) with its locks, and another process granted the key,
+    /// before this process's connection noticed. An answer confirms the lock as of its sending
+    /// (a session-level advisory lock lasts as long as its session); a failure makes the hold
+    /// lost, and the local task then acquires from the server.
     fn confirmed(&self) -> BoxFuture<'_, ()> {
-        Box::pin(async {})
+        Box::pin(async move {
+            if self.loss_reason().is_some() {
+                return;
+            }
+            let conn = match self.reservation.lock().unwrap().as_ref() {
+                Some(r) => r.conn.clone(),
+                None => return,
+            };
+            conn.confirm().await;
+        })
     }
 
     fn release(&self) -> BoxFuture<'_, Result<()>> {
