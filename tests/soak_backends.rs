@@ -299,6 +299,29 @@ async fn postgres_fault(
                     for (_, path) in held.iter().filter(|(p, _)| *p == pid) {
                         traffic.silent(history, &traffic.key_of_path[path], &what);
                     }
+                    // The session may carry any hold of its manager, granted since the look at
+                    // `pg_locks` or in its last moments (a statement the server answers while
+                    // the session is being ended): until the connection hears of the end, each
+                    // is a hold taken away without a word, like the ones seen.
+                    let owner: Option<String> = client
+                        .query_opt(
+                            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+                            &[&pid],
+                        )
+                        .await
+                        .expect("query pg_stat_activity")
+                        .map(|r| r.get(0));
+                    if let Some(manager) = owner
+                        .as_deref()
+                        .and_then(|name| name.rsplit_once(" id="))
+                        .map(|(_, id)| format!("{id}-"))
+                    {
+                        for worker in traffic.workers_of.values().flatten() {
+                            if worker.starts_with(&manager) {
+                                history.silent_fault(worker, &what);
+                            }
+                        }
+                    }
                     let ended: bool = client
                         .query_one("SELECT pg_terminate_backend($1)", &[&pid])
                         .await
@@ -413,9 +436,12 @@ async fn soak(mut server: Server) {
     let mut rng = StdRng::seed_from_u64(seed);
     let url = server.url();
     let mut managers = Vec::new();
-    for (lease_ms, linger_ms, local) in MIX {
+    for (i, (lease_ms, linger_ms, local)) in MIX.into_iter().enumerate() {
         managers.push(
             LockManager::builder(url.clone())
+                // Names the manager's sessions on PostgreSQL (`application_name`): a session
+                // ended by the server is the fault of every worker of that manager.
+                .identity(format!("m{i}"))
                 .lease(Duration::from_millis(lease_ms))
                 .linger(Duration::from_millis(linger_ms))
                 .local_queue(local)
