@@ -32,7 +32,7 @@ use std::pin::Pin;
 use std::cell::{Cell, RefCell};
 
 use zklock_core::{
-    Contender, Error, FencingToken, Key, Lease, LockGuard, LockInfo, LockManager, LossReason, Ran,
+    Contender, Error, FencingToken, Lease, LockGuard, LockInfo, LockManager, LossReason, Ran,
 };
 
 /// Exit code: bad usage, bad key or bad option.
