@@ -299,3 +299,35 @@ async fn a_path_the_client_may_not_write_is_a_clear_error_and_leaves_nothing() {
     assert_eq!(paths(owner.clone()).await, before, "nothing was created");
     assert!(owner.list_children("/protected").await.unwrap().is_empty());
 }
+
+/// A connect string whose scheme no backend takes is a usage error at once, naming the forms
+/// there are (before: it was tried as a ZooKeeper host list, and failed after the connect
+/// timeout with a message about an empty node), and it never shows a password.
+#[tokio::test]
+async fn an_unknown_connect_scheme_is_a_clear_error_at_once() {
+    for connect in [
+        "foo://x",
+        "etcd://127.0.0.1:2379",
+        "zk://me:secret@host:2181",
+    ] {
+        let started = std::time::Instant::now();
+        let err = zklock::LockManager::builder(connect)
+            .connect()
+            .await
+            .expect_err("no backend takes the scheme");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{connect}: {:?}",
+            started.elapsed()
+        );
+        let Error::Config(msg) = &err else {
+            panic!("{connect}: expected a configuration error, got {err:?}")
+        };
+        let scheme = connect.split("://").next().unwrap();
+        assert!(msg.contains(&format!("{scheme:?}")), "{msg}");
+        for form in ["host:port", "redis://", "postgres://"] {
+            assert!(msg.contains(form), "{connect}: {msg}");
+        }
+        assert!(!msg.contains("secret"), "{msg}");
+    }
+}

@@ -139,14 +139,19 @@ fn is_redis_url(connect: &str) -> bool {
         .any(|scheme| lower.starts_with(scheme))
 }
 
-/// `connect` without the password a Redis URL may carry.
+/// The scheme of `connect` when it names one (`foo://…`) that no backend takes: a ZooKeeper
+/// connect string is `host:port[,host:port…][/chroot]` with no scheme.
+fn unknown_scheme(connect: &str) -> Option<&str> {
+    let (scheme, _) = connect.trim_start().split_once("://")?;
+    let known = is_redis_url(connect) || is_postgres_url(connect);
+    (!known).then_some(scheme)
+}
+
+/// `connect` without the password a URL may carry.
 fn redacted(connect: &str) -> String {
-    match (
-        is_redis_url(connect) || is_postgres_url(connect),
-        connect.find("://"),
-        connect.rfind('@'),
-    ) {
-        (true, Some(scheme), Some(at)) if at > scheme => {
+    // Any URL's user part (`scheme://user:password@host`); a ZooKeeper connect string has none.
+    match (connect.find("://"), connect.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***@{}", &connect[..scheme], &connect[at + 1..])
         }
         _ => connect.to_string(),
@@ -477,8 +482,9 @@ impl Builder {
     /// Must run inside a tokio runtime, which then serves the session.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad namespace or option (a Redis URL without the `redis`
-    /// feature, a ZooKeeper-only option on Redis), [`Error::Unreachable`] when no ZooKeeper
+    /// [`Error::Config`] for a bad namespace or option (a connect string whose scheme no
+    /// backend takes, a Redis URL without the `redis` feature, a ZooKeeper-only option on
+    /// Redis), [`Error::Unreachable`] when no ZooKeeper
     /// server answers in time, [`Error::Redis`](Error) when the Redis server does not.
     pub async fn connect(self) -> Result<LockManager> {
         // A namespace is configuration, not an argument of a call.
@@ -497,6 +503,14 @@ impl Builder {
             return Err(Error::Config(format!(
                 "the identity is {} bytes long; keep it under {MAX_IDENTITY_LEN} bytes",
                 id.len()
+            )));
+        }
+        if let Some(scheme) = unknown_scheme(&self.connect) {
+            return Err(Error::Config(format!(
+                "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
+                 servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
+                 rediss://, redis+unix://, unix://), PostgreSQL as postgres://user@host/db",
+                redacted(&self.connect)
             )));
         }
         if is_redis_url(&self.connect) {
