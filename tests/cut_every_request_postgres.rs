@@ -31,19 +31,12 @@
 mod common;
 mod cuts;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use cuts::{run_job, sweep, take_hold_release, Cut, Protocol, HOLD, WAIT};
+use cuts::{run_through_relay, sweep, LeaseServer, Protocol};
 use tokio_postgres::NoTls;
 use zklock::LockManager;
-use zklock_testkit::{After, History, Mode, Op, PostgresServer, Relay};
-
-/// The victim's and the other's lease: the server ends a holding session idle this long.
-const LEASE: Duration = Duration::from_secs(3);
-/// How long a cut-off victim is left waiting before its future is dropped (`Cancel`).
-const STUCK: Duration = Duration::from_secs(1);
+use zklock_testkit::PostgresServer;
 
 /// The classes of zklock's advisory locks (`zkLK`, `zkIN`, `zkWI`): the lock, a waiting
 /// writer's intent, a waiter's registration.
@@ -102,214 +95,70 @@ async fn run_after(admin: &tokio_postgres::Client, path: &str) -> Option<i64> {
         .and_then(|r| r.get(0))
 }
 
-async fn manager(url: &str, identity: &str) -> LockManager {
-    LockManager::builder(url)
-        .lease(LEASE)
-        .identity(identity)
-        .connect()
-        .await
-        .expect("connect to the test PostgreSQL")
+/// The test kit's PostgreSQL, and a plain client to look at it.
+struct Pg {
+    server: PostgresServer,
+    admin: tokio_postgres::Client,
 }
 
-/// One run of `protocol` on `key`, by a victim behind a relay that cuts after its `k`-th
-/// request (`None`: no cut); returns how many requests the victim sent.
-async fn run_once(
-    pg: &PostgresServer,
-    protocol: Protocol,
-    key: &str,
-    cut: Option<(u64, Cut)>,
-) -> u64 {
-    let url = pg.url();
-    let admin = admin(&url).await;
-    let history = History::new();
-    let other = manager(&url, &format!("other-{key}")).await;
-    let relay = Relay::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
-    let victim_id = format!("victim-{key}");
-    let victim = manager(&relay.url(&url), &victim_id).await;
-    let path = other.path_of(key).unwrap();
-    let bodies = Arc::new(AtomicUsize::new(0));
-    // The listening connection starts in the background: let it settle, so k counts the
-    // protocol's requests.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = relay.requests();
+impl LeaseServer for Pg {
+    /// The server ends a holding session idle this long.
+    const LEASE: Duration = Duration::from_secs(3);
 
-    // The hand-over: the other process holds first, and lets go once the victim waits.
-    let first = if protocol == Protocol::Handover {
-        let rec = history.recorder("first");
-        rec.acquire_invoked(key, Mode::Exclusive);
-        let g = other.lock(key).await.unwrap();
-        rec.acquire_ok(key, Mode::Exclusive, g.fencing_token().as_u128());
-        Some((g, rec))
-    } else {
-        None
-    };
-    if let Some((k, how)) = cut {
-        let after = match how {
-            Cut::Reset => After::Reset,
-            Cut::Cancel => After::ResetAndBlackhole,
-            Cut::Kill => After::Blackhole,
-        };
-        relay.cut_after_nth_request(k, after);
-    }
-    // Cut off for good, the victim holds until it is told its hold is lost.
-    let hold = if cut.is_some_and(|(_, how)| how == Cut::Kill) {
-        WAIT * 2
-    } else {
-        HOLD
-    };
-    let victim_rec = history.recorder("victim");
-    let run = {
-        let (victim, key, rec, bodies) = (
-            victim.clone(),
-            key.to_string(),
-            victim_rec.clone(),
-            bodies.clone(),
-        );
-        tokio::spawn(async move {
-            if protocol == Protocol::Job {
-                run_job(&victim, &key, &rec, &bodies, hold).await;
-            } else {
-                take_hold_release(protocol, &victim, &key, &rec, false, hold).await;
-            }
-            victim.flush().await;
-        })
-    };
-    if let Some((g, rec)) = first {
-        // Released once the victim registered as a waiter, or after a while if it never did.
-        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-            while !pg_locks(&admin, &path)
-                .await
-                .iter()
-                .any(|(class, _, _)| *class == CLASSES[2])
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        rec.release_invoked(key);
-        g.release().await.unwrap();
-        rec.release_ok(key);
-    }
-    let how = cut.map(|(_, how)| how);
-    let mut victim_run = None;
-    match how {
-        Some(Cut::Cancel) => {
-            // Cut off, the victim waits for a reply that never comes: its future is dropped
-            // wherever it waits.
-            let abort = run.abort_handle();
-            if let Ok(done) = tokio::time::timeout(STUCK, run).await {
-                done.expect("the victim's task");
-            }
-            abort.abort();
-        }
-        // The victim lives on, cut off, while the other process takes the lock.
-        Some(Cut::Kill) => victim_run = Some(run),
-        _ => run.await.expect("the victim's task"),
-    }
-    if how == Some(Cut::Kill) {
-        // The cut has fired (or the protocol sent fewer requests this time).
-        common::eventually("the cut", Duration::from_secs(10), || async {
-            !relay.cut_pending() || victim_run.as_ref().is_some_and(|r| r.is_finished())
-        })
-        .await;
-    }
-    let sent = relay.requests() - before;
-    let fired = relay.stats().cuts;
-    if std::env::var_os("ZKLOCK_CUTS_DEBUG").is_some() {
-        eprintln!("{protocol:?} {cut:?}: sent {sent}, cuts fired {fired}");
-    }
-    if how != Some(Cut::Kill) {
-        relay.heal();
-        victim.flush().await;
+    fn url(&self) -> String {
+        self.server.url()
     }
 
-    // Another process takes the lock: within the lease of the cut, and its own retries.
-    let other_rec = history.recorder("other");
-    tokio::time::timeout(WAIT + LEASE, async {
-        take_hold_release(protocol, &other, key, &other_rec, true, Duration::ZERO).await;
-        if protocol == Protocol::Job {
-            // And the job, again: it runs only if the victim recorded no run.
-            let window = run_after(&admin, &path).await;
-            run_job(&other, key, &other_rec, &bodies, Duration::ZERO).await;
-            let now = run_after(&admin, &path).await;
-            assert!(
-                now >= window,
-                "{protocol:?}, cut {cut:?}: the at_least window shrank from {window:?} to {now:?}"
-            );
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{protocol:?} stuck after a cut {cut:?}"));
-    other.flush().await;
-
-    if let Some(run) = victim_run {
-        // Now the process dies: nothing of it runs, and nothing of it reaches the server.
-        run.abort();
-        let _ = run.await;
-        history.crashed("victim");
-        drop(victim);
-        std::mem::forget(relay);
-    } else {
-        victim.flush().await;
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.server.port())
     }
-    let report = history.check();
-    assert!(
-        report.is_ok(),
-        "{protocol:?}, cut {cut:?}: {}\n{:#?}",
-        report.summary(),
-        history.events()
-    );
-    assert!(
-        history
-            .events()
+
+    fn lock_path(&self, m: &LockManager, _: Protocol, key: &str) -> String {
+        m.path_of(key).unwrap()
+    }
+
+    /// A waiter's registration (an advisory lock of its class) is held.
+    async fn waiting(&self, path: &str) -> bool {
+        pg_locks(&self.admin, path)
+            .await
             .iter()
-            .any(|e| e.worker == "other" && matches!(e.op, Op::AcquireOk { .. })),
-        "{protocol:?}, cut {cut:?}: the other process never got the lock"
-    );
-    if protocol == Protocol::Job {
-        let ran = bodies.load(Ordering::SeqCst);
-        assert!(
-            ran <= 1,
-            "{protocol:?}, cut {cut:?}: {ran} runs within one at_least window"
-        );
-        if cut.is_none() {
-            assert_eq!(ran, 1, "the uncut job ran once, and the other skipped it");
-        }
+            .any(|(class, _, _)| *class == CLASSES[2])
     }
-    // Nothing left: every advisory lock of the key is gone once every process let go or its
-    // sessions ended (the server ends a silent session after the lease).
-    common::eventually(
-        &format!("no advisory lock of {key} left ({protocol:?}, cut {cut:?})"),
-        LEASE * 3,
-        || async { pg_locks(&admin, &path).await.is_empty() },
-    )
-    .await;
-    if how == Some(Cut::Kill) {
-        let deadline = tokio::time::Instant::now() + LEASE * 3;
-        loop {
-            let left = sessions_of(&admin, &victim_id).await;
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{protocol:?}, cut {cut:?}: sessions of the killed victim left after {:?}: {left:?}",
-                LEASE * 3
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+
+    async fn window(&self, path: &str) -> Option<i64> {
+        run_after(&self.admin, path).await
     }
-    sent
+
+    /// Every advisory lock of the key, of any class.
+    async fn left(&self, path: &str) -> Vec<String> {
+        pg_locks(&self.admin, path)
+            .await
+            .into_iter()
+            .map(|l| format!("{l:?}"))
+            .collect()
+    }
+
+    async fn sessions_left(&self, identity: &str) -> Vec<String> {
+        sessions_of(&self.admin, identity)
+            .await
+            .into_iter()
+            .map(|s| format!("{s:?}"))
+            .collect()
+    }
 }
 
 /// Sweeps `protocol` on a server of its own.
 async fn sweep_postgres(protocol: Protocol, offset: usize) {
-    let pg = PostgresServer::start().expect("start postgres (see the test kit's error)");
+    let server = PostgresServer::start().expect("start postgres (see the test kit's error)");
+    let pg = Pg {
+        admin: admin(&server.url()).await,
+        server,
+    };
     // The last request of an uncut run is the release; a killed victim holds until told of
     // its loss, so its last request is one of its hold's liveness checks: always run it.
     sweep(protocol, offset, true, |key, cut| {
         let pg = &pg;
-        async move { run_once(pg, protocol, &key, cut).await }
+        async move { run_through_relay(pg, protocol, &key, cut).await }
     })
     .await;
 }

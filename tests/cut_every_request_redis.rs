@@ -29,27 +29,11 @@
 mod common;
 mod cuts;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use cuts::{run_job, sweep, take_hold_release, Cut, Protocol, HOLD, WAIT};
+use cuts::{run_through_relay, sweep, LeaseServer, Protocol};
 use zklock::LockManager;
-use zklock_testkit::{After, History, Mode, Op, RedisServer, Relay};
-
-/// The victim's and the other's lease.
-const LEASE: Duration = Duration::from_secs(2);
-/// How long a cut-off victim is left waiting before its future is dropped (`Cancel`).
-const STUCK: Duration = Duration::from_secs(1);
-
-async fn manager(url: &str, identity: &str) -> LockManager {
-    LockManager::builder(url)
-        .lease(LEASE)
-        .identity(identity)
-        .connect()
-        .await
-        .expect("connect to the test Redis")
-}
+use zklock_testkit::RedisServer;
 
 /// A plain connection for looking at the server.
 async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
@@ -97,192 +81,61 @@ async fn run_after(admin: &mut redis::aio::MultiplexedConnection, path: &str) ->
         .unwrap()
 }
 
-/// One run of `protocol` on `key`, by a victim behind a relay that cuts after its `k`-th
-/// request (`None`: no cut); returns how many requests the victim sent.
-async fn run_once(
-    redis_server: &RedisServer,
-    protocol: Protocol,
-    key: &str,
-    cut: Option<(u64, Cut)>,
-) -> u64 {
-    let url = redis_server.url();
-    let mut admin = admin(&url).await;
-    let history = History::new();
-    let other = manager(&url, &format!("other-{key}")).await;
-    let relay = Relay::start(&format!("127.0.0.1:{}", redis_server.port())).unwrap();
-    let victim = manager(&relay.url(&url), &format!("victim-{key}")).await;
-    let path = lock_path(&other, protocol, key);
-    let bodies = Arc::new(AtomicUsize::new(0));
-    // The hub's pub/sub connection may start in the background: let it settle, so that k
-    // counts the protocol's requests.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = relay.requests();
+/// The test kit's Redis, and a plain connection to look at it.
+struct Redis {
+    server: RedisServer,
+    admin: redis::aio::MultiplexedConnection,
+}
 
-    // The hand-over: the other process holds first, and lets go once the victim queued.
-    let first = if protocol == Protocol::Handover {
-        let rec = history.recorder("first");
-        rec.acquire_invoked(key, Mode::Exclusive);
-        let g = other.lock(key).await.unwrap();
-        rec.acquire_ok(key, Mode::Exclusive, g.fencing_token().as_u128());
-        Some((g, rec))
-    } else {
-        None
-    };
-    if let Some((k, how)) = cut {
-        let after = match how {
-            Cut::Reset => After::Reset,
-            Cut::Cancel => After::ResetAndBlackhole,
-            Cut::Kill => After::Blackhole,
-        };
-        relay.cut_after_nth_request(k, after);
-    }
-    // Cut off for good, the victim holds until it is told its hold is lost.
-    let hold = if cut.is_some_and(|(_, how)| how == Cut::Kill) {
-        WAIT * 2
-    } else {
-        HOLD
-    };
-    let victim_rec = history.recorder("victim");
-    let run = {
-        let (victim, key, rec, bodies) = (
-            victim.clone(),
-            key.to_string(),
-            victim_rec.clone(),
-            bodies.clone(),
-        );
-        tokio::spawn(async move {
-            if protocol == Protocol::Job {
-                run_job(&victim, &key, &rec, &bodies, hold).await;
-            } else {
-                take_hold_release(protocol, &victim, &key, &rec, false, hold).await;
-            }
-            victim.flush().await;
-        })
-    };
-    if let Some((g, rec)) = first {
-        // Released once the victim queued, or after a while if it never did.
-        let queue = format!("zklock:queue:{path}");
-        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-            loop {
-                let queued: i64 = redis::cmd("ZCARD")
-                    .arg(&queue)
-                    .query_async(&mut admin)
-                    .await
-                    .unwrap();
-                if queued > 0 {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        rec.release_invoked(key);
-        g.release().await.unwrap();
-        rec.release_ok(key);
-    }
-    let how = cut.map(|(_, how)| how);
-    let mut victim_run = None;
-    match how {
-        Some(Cut::Cancel) => {
-            // Cut off, the victim waits for a reply that never comes: its future is dropped
-            // wherever it waits.
-            let abort = run.abort_handle();
-            if let Ok(done) = tokio::time::timeout(STUCK, run).await {
-                done.expect("the victim's task");
-            }
-            abort.abort();
-        }
-        // The victim lives on, cut off, while the other process takes the lock.
-        Some(Cut::Kill) => victim_run = Some(run),
-        _ => run.await.expect("the victim's task"),
-    }
-    if how == Some(Cut::Kill) {
-        // The cut has fired (or the protocol sent fewer requests this time).
-        common::eventually("the cut", Duration::from_secs(10), || async {
-            !relay.cut_pending() || victim_run.as_ref().is_some_and(|r| r.is_finished())
-        })
-        .await;
-    }
-    let sent = relay.requests() - before;
-    if how != Some(Cut::Kill) {
-        relay.heal();
-        victim.flush().await;
+impl LeaseServer for Redis {
+    const LEASE: Duration = Duration::from_secs(2);
+
+    fn url(&self) -> String {
+        self.server.url()
     }
 
-    // Another process takes the lock: within the lease of the cut, and its own retries.
-    let other_rec = history.recorder("other");
-    tokio::time::timeout(WAIT + LEASE, async {
-        take_hold_release(protocol, &other, key, &other_rec, true, Duration::ZERO).await;
-        if protocol == Protocol::Job {
-            // And the job, again: it runs only if the victim recorded no run.
-            let window = run_after(&mut admin, &path).await;
-            run_job(&other, key, &other_rec, &bodies, Duration::ZERO).await;
-            let now = run_after(&mut admin, &path).await;
-            assert!(
-                now >= window,
-                "{protocol:?}, cut {cut:?}: the at_least window shrank from {window:?} to {now:?}"
-            );
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{protocol:?} stuck after a cut {cut:?}"));
-    other.flush().await;
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.server.port())
+    }
 
-    if let Some(run) = victim_run {
-        // Now the process dies: nothing of it runs, and nothing of it reaches the server.
-        run.abort();
-        let _ = run.await;
-        history.crashed("victim");
-        drop(victim);
-        std::mem::forget(relay);
-    } else {
-        victim.flush().await;
+    fn lock_path(&self, m: &LockManager, protocol: Protocol, key: &str) -> String {
+        lock_path(m, protocol, key)
     }
-    let report = history.check();
-    assert!(
-        report.is_ok(),
-        "{protocol:?}, cut {cut:?}: {}\n{:#?}",
-        report.summary(),
-        history.events()
-    );
-    assert!(
-        history
-            .events()
-            .iter()
-            .any(|e| e.worker == "other" && matches!(e.op, Op::AcquireOk { .. })),
-        "{protocol:?}, cut {cut:?}: the other process never got the lock"
-    );
-    if protocol == Protocol::Job {
-        let ran = bodies.load(Ordering::SeqCst);
-        assert!(
-            ran <= 1,
-            "{protocol:?}, cut {cut:?}: {ran} runs within one at_least window"
-        );
-        if cut.is_none() {
-            assert_eq!(ran, 1, "the uncut job ran once, and the other skipped it");
-        }
+
+    /// The mutex's queue of waiting processes is not empty.
+    async fn waiting(&self, path: &str) -> bool {
+        let queued: i64 = redis::cmd("ZCARD")
+            .arg(format!("zklock:queue:{path}"))
+            .query_async(&mut self.admin.clone())
+            .await
+            .unwrap();
+        queued > 0
     }
-    // Nothing left: no holder key of the lock once every process let go or its lease ran out.
-    let mut looking = admin.clone();
-    common::eventually(
-        &format!("no holder key of {key} left ({protocol:?}, cut {cut:?})"),
-        LEASE * 3,
-        || {
-            let (mut conn, path) = (looking.clone(), path.clone());
-            async move { holder_keys(&mut conn, &path).await.is_empty() }
-        },
-    )
-    .await;
-    let _ = &mut looking;
-    sent
+
+    async fn window(&self, path: &str) -> Option<i64> {
+        run_after(&mut self.admin.clone(), path).await
+    }
+
+    async fn left(&self, path: &str) -> Vec<String> {
+        holder_keys(&mut self.admin.clone(), path).await
+    }
+
+    /// Redis keeps no session of a client that went silent: its lease is what ends.
+    async fn sessions_left(&self, _: &str) -> Vec<String> {
+        vec![]
+    }
 }
 
 /// Sweeps `protocol` on a server of its own.
 async fn sweep_redis(protocol: Protocol, offset: usize) {
     let server = RedisServer::start().expect("start redis-server (see the test kit's error)");
+    let redis = Redis {
+        admin: admin(&server.url()).await,
+        server,
+    };
     sweep(protocol, offset, true, |key, cut| {
-        let server = &server;
-        async move { run_once(server, protocol, &key, cut).await }
+        let redis = &redis;
+        async move { run_through_relay(redis, protocol, &key, cut).await }
     })
     .await;
 }

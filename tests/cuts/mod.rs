@@ -215,3 +215,220 @@ where
         started.elapsed()
     );
 }
+
+/// A lease backend's server as a relayed sweep sees it (Redis, PostgreSQL): where it listens,
+/// and what it holds for a lock, read with a plain client of its own.
+pub trait LeaseServer {
+    /// The lease of the victim's and the other's managers.
+    const LEASE: Duration;
+    /// The server's URL (managers connect with it, or through the relay with its port changed).
+    fn url(&self) -> String;
+    /// The server's `host:port`, for the relay.
+    fn addr(&self) -> String;
+    /// The lock path of `key` in `protocol`, where the server keeps its holders.
+    fn lock_path(&self, m: &LockManager, protocol: Protocol, key: &str) -> String;
+    /// Whether a process waits for the lock at `path` (queued, registered as a waiter).
+    async fn waiting(&self, path: &str) -> bool;
+    /// The job at `path`'s recorded window end, in the server's units, if any.
+    async fn window(&self, path: &str) -> Option<i64>;
+    /// What the server still holds for the lock at `path` (holder keys, advisory locks).
+    async fn left(&self, path: &str) -> Vec<String>;
+    /// What the server still keeps of the process named `identity` (its sessions); nothing
+    /// where the server keeps no session of its own.
+    async fn sessions_left(&self, identity: &str) -> Vec<String>;
+}
+
+async fn lease_manager<S: LeaseServer>(url: &str, identity: &str) -> LockManager {
+    LockManager::builder(url)
+        .lease(S::LEASE)
+        .identity(identity)
+        .connect()
+        .await
+        .expect("connect to the test server")
+}
+
+/// How long a cut-off victim is left waiting before its future is dropped (`Cancel`).
+const STUCK: Duration = Duration::from_secs(1);
+
+/// One run of `protocol` on `key` by a victim whose every connection goes through a relay that
+/// cuts after its `k`-th request (`None`: no cut), judged by the history checker, with nothing
+/// left on the server after; returns how many requests the victim sent.
+///
+/// The kinds of cut on a relay: `Reset` resets the connection that carried the request (the
+/// client reconnects at once); `Cancel` resets it, cuts the victim off, drops the victim's
+/// future while it waits, and heals; `Kill` cuts the victim off for good without a reset, as a
+/// partition or a dead host: the server hears nothing, so only the lease (and on PostgreSQL its
+/// `idle_session_timeout`) ends the victim's hold, and the victim holds until told it is lost,
+/// while the other process waits; then it is killed.
+pub async fn run_through_relay<S: LeaseServer>(
+    server: &S,
+    protocol: Protocol,
+    key: &str,
+    cut: Option<(u64, Cut)>,
+) -> u64 {
+    use zklock_testkit::{After, History, Op, Relay};
+    let url = server.url();
+    let history = History::new();
+    let other = lease_manager::<S>(&url, &format!("other-{key}")).await;
+    let relay = Relay::start(&server.addr()).unwrap();
+    let victim_id = format!("victim-{key}");
+    let victim = lease_manager::<S>(&relay.url(&url), &victim_id).await;
+    let path = server.lock_path(&other, protocol, key);
+    let bodies = std::sync::Arc::new(AtomicUsize::new(0));
+    // The listening (pub/sub) connection starts in the background: let it settle, so that k
+    // counts the protocol's requests.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = relay.requests();
+
+    // The hand-over: the other process holds first, and lets go once the victim waits.
+    let first = if protocol == Protocol::Handover {
+        let rec = history.recorder("first");
+        rec.acquire_invoked(key, Mode::Exclusive);
+        let g = other.lock(key).await.unwrap();
+        rec.acquire_ok(key, Mode::Exclusive, g.fencing_token().as_u128());
+        Some((g, rec))
+    } else {
+        None
+    };
+    if let Some((k, how)) = cut {
+        let after = match how {
+            Cut::Reset => After::Reset,
+            Cut::Cancel => After::ResetAndBlackhole,
+            Cut::Kill => After::Blackhole,
+        };
+        relay.cut_after_nth_request(k, after);
+    }
+    let how = cut.map(|(_, how)| how);
+    // Cut off for good, the victim holds until it is told its hold is lost.
+    let hold = if how == Some(Cut::Kill) {
+        WAIT * 2
+    } else {
+        HOLD
+    };
+    let victim_rec = history.recorder("victim");
+    let run = {
+        let (victim, key, rec, bodies) = (
+            victim.clone(),
+            key.to_string(),
+            victim_rec.clone(),
+            bodies.clone(),
+        );
+        tokio::spawn(async move {
+            if protocol == Protocol::Job {
+                run_job(&victim, &key, &rec, &bodies, hold).await;
+            } else {
+                take_hold_release(protocol, &victim, &key, &rec, false, hold).await;
+            }
+            victim.flush().await;
+        })
+    };
+    if let Some((g, rec)) = first {
+        // Released once the victim waits, or after a while if it never did.
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while !server.waiting(&path).await {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        rec.release_invoked(key);
+        g.release().await.unwrap();
+        rec.release_ok(key);
+    }
+    let mut victim_run = None;
+    match how {
+        Some(Cut::Cancel) => {
+            // Cut off, the victim waits for a reply that never comes: its future is dropped
+            // wherever it waits.
+            let abort = run.abort_handle();
+            if let Ok(done) = tokio::time::timeout(STUCK, run).await {
+                done.expect("the victim's task");
+            }
+            abort.abort();
+        }
+        // The victim lives on, cut off, while the other process takes the lock.
+        Some(Cut::Kill) => victim_run = Some(run),
+        _ => run.await.expect("the victim's task"),
+    }
+    if how == Some(Cut::Kill) {
+        // The cut has fired (or the protocol sent fewer requests this time).
+        super::common::eventually("the cut", Duration::from_secs(10), || async {
+            !relay.cut_pending() || victim_run.as_ref().is_some_and(|r| r.is_finished())
+        })
+        .await;
+    }
+    let sent = relay.requests() - before;
+    if how != Some(Cut::Kill) {
+        relay.heal();
+        victim.flush().await;
+    }
+
+    // Another process takes the lock: within the lease of the cut, and its own retries.
+    let other_rec = history.recorder("other");
+    tokio::time::timeout(WAIT + S::LEASE, async {
+        take_hold_release(protocol, &other, key, &other_rec, true, Duration::ZERO).await;
+        if protocol == Protocol::Job {
+            // And the job, again: it runs only if the victim recorded no run.
+            let window = server.window(&path).await;
+            run_job(&other, key, &other_rec, &bodies, Duration::ZERO).await;
+            let now = server.window(&path).await;
+            assert!(
+                now >= window,
+                "{protocol:?}, cut {cut:?}: the at_least window shrank from {window:?} to {now:?}"
+            );
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{protocol:?} stuck after a cut {cut:?}"));
+    other.flush().await;
+
+    if let Some(run) = victim_run {
+        // Now the process dies: nothing of it runs, and nothing of it reaches the server.
+        run.abort();
+        let _ = run.await;
+        history.crashed("victim");
+        drop(victim);
+        std::mem::forget(relay);
+    } else {
+        victim.flush().await;
+    }
+    let report = history.check();
+    assert!(
+        report.is_ok(),
+        "{protocol:?}, cut {cut:?}: {}\n{:#?}",
+        report.summary(),
+        history.events()
+    );
+    assert!(
+        history
+            .events()
+            .iter()
+            .any(|e| e.worker == "other" && matches!(e.op, Op::AcquireOk { .. })),
+        "{protocol:?}, cut {cut:?}: the other process never got the lock"
+    );
+    if protocol == Protocol::Job {
+        let ran = bodies.load(Ordering::SeqCst);
+        assert!(
+            ran <= 1,
+            "{protocol:?}, cut {cut:?}: {ran} runs within one at_least window"
+        );
+        if cut.is_none() {
+            assert_eq!(ran, 1, "the uncut job ran once, and the other skipped it");
+        }
+    }
+    // Nothing left once every process let go or its lease ran out.
+    super::common::eventually(
+        &format!("nothing of {key} left on the server ({protocol:?}, cut {cut:?})"),
+        S::LEASE * 3,
+        || async { server.left(&path).await.is_empty() },
+    )
+    .await;
+    if how == Some(Cut::Kill) {
+        super::common::eventually(
+            &format!("no session of the killed victim left ({protocol:?}, cut {cut:?})"),
+            S::LEASE * 3,
+            || async { server.sessions_left(&victim_id).await.is_empty() },
+        )
+        .await;
+    }
+    sent
+}
