@@ -8,11 +8,14 @@
 //! managers that share one lock service, so that a shared suite can run them on ZooKeeper and
 //! in memory too. What only Redis has (its keys, pausing its server) is in the tests below.
 
+mod common;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{redis_queue, redis_queued};
 use zklock::{Error, LockManager, LossReason};
 use zklock_testkit::{Proxy, RedisServer};
 
@@ -860,30 +863,6 @@ async fn multi_lock_in_opposite_orders() {
     }
 }
 
-/// The members of a mutex's waiting queue on Redis, first first.
-async fn queue(url: &str, key: &str) -> Vec<String> {
-    let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
-    redis::cmd("ZRANGE")
-        .arg(format!("zklock:queue:/zklock/locks/{key}"))
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut con)
-        .await
-        .unwrap()
-}
-
-/// Waits until `n` processes wait in `key`'s queue.
-async fn queued(url: &str, key: &str, n: usize) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while queue(url, key).await.len() < n {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{n} waiters never queued for {key}"));
-}
-
 /// Processes waiting for a mutex get it in the order they asked (their first refused
 /// attempt), one release waking the next: three managers queue behind a holder, one at a
 /// time, and get in in that order.
@@ -904,7 +883,7 @@ async fn waiting_processes_get_a_mutex_in_the_order_they_asked() {
             g.release().await.unwrap();
             m.flush().await;
         }));
-        queued(&url, "fifo", i + 1).await;
+        redis_queued(&url, "fifo", i + 1).await;
     }
     held.release().await.unwrap();
     for t in tasks {
@@ -939,13 +918,13 @@ async fn a_silent_waiter_at_the_head_of_the_queue_does_not_block_the_next() {
         let g = silent.lock("silent").await;
         (g, silent)
     });
-    queued(&url, "silent", 1).await;
+    redis_queued(&url, "silent", 1).await;
     let next = f().await;
     let next_task = tokio::spawn(async move {
         let g = next.lock("silent").await.unwrap();
         (std::time::Instant::now(), g)
     });
-    queued(&url, "silent", 2).await;
+    redis_queued(&url, "silent", 2).await;
     proxy.blackhole();
     let released = std::time::Instant::now();
     held.release().await.unwrap();
@@ -959,7 +938,7 @@ async fn a_silent_waiter_at_the_head_of_the_queue_does_not_block_the_next() {
         got - released
     );
     // The silent one is out of the queue, and does not hold the key.
-    assert_eq!(queue(&url, "silent").await.len(), 0);
+    assert_eq!(redis_queue(&url, "silent").await.len(), 0);
     drop(g);
     // Back in touch, it queues again and gets in.
     proxy.heal();
@@ -987,16 +966,16 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
         quitter.flush().await;
         r.map(|_| ())
     });
-    queued(&url, "quit", 1).await;
+    redis_queued(&url, "quit", 1).await;
     let wait = tokio::spawn(async move {
         let g = patient.lock("quit").await.unwrap();
         drop(g);
         patient.flush().await;
     });
-    queued(&url, "quit", 2).await;
+    redis_queued(&url, "quit", 2).await;
     assert!(quit.await.unwrap().is_err(), "the lock is held: a timeout");
     assert_eq!(
-        queue(&url, "quit").await.len(),
+        redis_queue(&url, "quit").await.len(),
         1,
         "only the patient one waits"
     );
@@ -1017,7 +996,7 @@ async fn a_try_never_queues() {
     let (a, b) = (f().await, f().await);
     let held = a.lock("try").await.unwrap();
     assert!(b.try_lock("try").await.unwrap().is_none());
-    assert!(queue(&url, "try").await.is_empty());
+    assert!(redis_queue(&url, "try").await.is_empty());
     drop(held);
     a.flush().await;
     assert!(b.try_lock("try").await.unwrap().is_some());
@@ -1042,8 +1021,8 @@ async fn a_late_hand_over_does_not_make_a_second_holder() {
         waiter.flush().await;
         token
     });
-    queued(&url, "late", 1).await;
-    let member = queue(&url, "late").await.remove(0);
+    redis_queued(&url, "late", 1).await;
+    let member = redis_queue(&url, "late").await.remove(0);
     let (hub, id) = member.split_once(' ').expect("<hub id> <holder id>");
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
@@ -1189,7 +1168,7 @@ async fn a_waiter_queued_before_the_linger_gets_the_key() {
         b.flush().await;
         token
     });
-    queued(&url, "early", 1).await;
+    redis_queued(&url, "early", 1).await;
     // Released with a waiter on Redis and none in this process: it lingers only until its
     // look at the queue answers.
     drop(held);

@@ -12,9 +12,12 @@
 //! Each asserts the thing itself: no two believed holders, tokens strictly increasing in
 //! grant order.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{redis_queue, redis_queued};
 use futures::FutureExt;
 use zklock::{LockGuard, LockManager};
 use zklock_testkit::{Proxy, RedisServer};
@@ -29,30 +32,6 @@ async fn manager(url: &str, lease: Duration) -> LockManager {
         .connect()
         .await
         .expect("connect to the test Redis")
-}
-
-/// The members of `key`'s mutex queue on Redis.
-async fn queue(url: &str, key: &str) -> Vec<String> {
-    let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
-    redis::cmd("ZRANGE")
-        .arg(format!("zklock:queue:/zklock/locks/{key}"))
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut con)
-        .await
-        .unwrap()
-}
-
-/// Waits until `n` processes wait in `key`'s queue.
-async fn queued(url: &str, key: &str, n: usize) {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while queue(url, key).await.len() < n {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{n} waiters never queued for {key}"));
 }
 
 /// Waits until the process of the queue member `member` (`<hub id> <holder id>`) listens on
@@ -124,9 +103,9 @@ async fn a_hand_over_between_managers_with_different_leases_leaves_one_believed_
             let g = waiter.lock(&k).await.unwrap();
             (g, waiter)
         });
-        queued(&url, &key, 1).await;
+        redis_queued(&url, &key, 1).await;
         // The release's word must reach the waiter: its process listens on its channel.
-        subscribed(&url, &queue(&url, &key).await[0]).await;
+        subscribed(&url, &redis_queue(&url, &key).await[0]).await;
         held.release().await.unwrap();
         let (handed, waiter) = tokio::time::timeout(Duration::from_secs(5), waiting)
             .await

@@ -181,3 +181,28 @@ pub fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
 }
+
+/// The members of a mutex's waiting queue on Redis, first first (the key in the default
+/// namespace).
+pub async fn redis_queue(url: &str, key: &str) -> Vec<String> {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("ZRANGE")
+        .arg(format!("zklock:queue:/zklock/locks/{key}"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut con)
+        .await
+        .unwrap()
+}
+
+/// Waits until `n` processes wait in `key`'s queue on Redis.
+pub async fn redis_queued(url: &str, key: &str, n: usize) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while redis_queue(url, key).await.len() < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} waiters never queued for {key}"));
+}
