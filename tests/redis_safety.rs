@@ -159,6 +159,25 @@ fn other_held(slot: &Slot) -> bool {
     slot.lock().unwrap().as_ref().is_some_and(|g| g.is_held())
 }
 
+/// A task of `p`'s process that takes `key` (locally, behind the holder) and records, at its
+/// grant, its token and whether the other process's guard in `slot` said held.
+fn local_grant(
+    p: &Arc<LockManager>,
+    key: &'static str,
+    slot: &Slot,
+) -> tokio::task::JoinHandle<LocalGrant> {
+    let (p, slot) = (p.clone(), slot.clone());
+    tokio::spawn(async move {
+        let g = p.lock(key).await.unwrap();
+        let seen = LocalGrant {
+            token: g.fencing_token(),
+            other_held: other_held(&slot),
+        };
+        g.release().await.unwrap();
+        seen
+    })
+}
+
 /// The key is deleted from outside while a task of process P holds it and another task of P
 /// waits; process Q then gets the key. P's release must not hand the lock to its waiting task
 /// (the server no longer has P's hold): that task gets the lock only after Q, with a token
@@ -173,16 +192,7 @@ async fn a_local_handoff_of_a_key_deleted_from_outside_hands_on_nothing() {
     let key = "deleted-handoff";
     let first = p.lock(key).await.unwrap();
     let slot: Slot = Arc::default();
-    let (p2, s2) = (p.clone(), slot.clone());
-    let local = tokio::spawn(async move {
-        let g = p2.lock(key).await.unwrap();
-        let seen = LocalGrant {
-            token: g.fencing_token(),
-            other_held: other_held(&s2),
-        };
-        g.release().await.unwrap();
-        seen
-    });
+    let local = local_grant(&p, key, &slot);
     // Let the second task queue locally behind the first.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!local.is_finished());
@@ -262,16 +272,7 @@ async fn a_linger_re_take_of_a_key_deleted_from_outside_takes_nothing() {
     let their_token = theirs.fencing_token();
     assert!(their_token > first_token);
     let slot: Slot = Arc::new(Mutex::new(Some(theirs)));
-    let (p2, s2) = (p.clone(), slot.clone());
-    let local = tokio::spawn(async move {
-        let g = p2.lock(key).await.unwrap();
-        let seen = LocalGrant {
-            token: g.fencing_token(),
-            other_held: other_held(&s2),
-        };
-        g.release().await.unwrap();
-        seen
-    });
+    let local = local_grant(&p, key, &slot);
     finish(local, &slot, their_token).await;
     p.flush().await;
     q.flush().await;
