@@ -25,10 +25,11 @@
 //! ```
 #![warn(missing_docs)]
 
-// The modules are layered: types, metrics, session, backend, local, guard, recipe, then the top
-// (manager, inspect, multi, private). Each uses only the layers below it; `tests/layers.rs`
-// checks it.
+// The modules are layered: types, metrics, background, backend, local, guard, recipe, then
+// the top (manager, inspect, multi, private). Each uses only the layers below it, and nothing
+// outside `backend` names a backend's insides; `tests/layers.rs` checks both.
 mod backend;
+mod background;
 mod guard;
 mod inspect;
 mod local;
@@ -38,11 +39,9 @@ mod multi;
 #[doc(hidden)]
 pub mod private;
 mod recipe;
-mod session;
 mod types;
 
 pub use guard::LockGuard;
-pub use inspect::{Contender, LockInfo, LockKind, Owner};
 pub use local::frame::current_fencing_token;
 pub use manager::{
     global, set_global, Builder, LockManager, StatsSnapshot, DEFAULT_LEASE, DEFAULT_NAMESPACE,
@@ -58,14 +57,15 @@ pub use recipe::rwlock::RwLock;
 pub use recipe::semaphore::{Lease, Semaphore};
 #[cfg(feature = "redis")]
 pub use redis;
-pub use session::DisconnectPolicy;
 #[cfg(feature = "postgres")]
 pub use tokio_postgres;
+pub use types::disconnect::DisconnectPolicy;
 #[cfg(feature = "postgres")]
 pub use types::error::PostgresError;
 #[cfg(feature = "redis")]
 pub use types::error::RedisError;
 pub use types::error::{Deadlock, Error, Result};
+pub use types::inspect::{Contender, LockInfo, LockKind, Owner};
 pub use types::key::{Key, MAX_KEY_LEN};
 pub use types::loss::LossReason;
 pub use types::token::FencingToken;

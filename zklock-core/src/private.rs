@@ -109,10 +109,33 @@ where
     // Boxed before any state machine holds it, so nested annotated calls stay small.
     let body = Box::pin(body);
     async move {
-        manager
-            .run_locked(key, options, body)
+        run_locked(manager, key, options, body)
             .await
             .map_err(E::from)?
+    }
+}
+
+/// Runs `body` under the lock on `key` with the options of `#[distributed_lock]`.
+async fn run_locked<T, F: Future<Output = T>>(
+    manager: &LockManager,
+    key: &str,
+    options: Options,
+    body: F,
+) -> crate::types::error::Result<T> {
+    match options.mode {
+        Mode::Exclusive => {
+            manager
+                .mutex(key)?
+                .run(options.timeout, options.on_lost, body)
+                .await
+        }
+        Mode::Read | Mode::Write => {
+            let write = options.mode == Mode::Write;
+            manager
+                .rwlock(key)?
+                .run(write, options.timeout, options.on_lost, body)
+                .await
+        }
     }
 }
 

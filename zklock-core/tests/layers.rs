@@ -2,8 +2,11 @@
 //!
 //! Reads the crate's own sources and fails, naming file and line, when code in one layer refers
 //! to a higher layer (`crate::<higher>::…`), or to an item re-exported at the crate root
-//! (`crate::LockManager`: that hides which layer it comes from). Doc comments are not code.
+//! (`crate::LockManager`: that hides which layer it comes from), or when code outside
+//! `backend/` names a backend's insides. And in every crate of the workspace, no two sibling
+//! modules use each other, directly or around a cycle. Doc comments are not code.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -11,7 +14,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["types"],
     &["metrics"],
-    &["session"],
+    &["background"],
     &["backend"],
     &["local"],
     &["guard"],
@@ -131,4 +134,247 @@ fn the_check_sees_a_violation() {
     );
     assert!(crate_refs("use zklock_crate::x;").is_empty());
     assert!(layer_of("manager").unwrap() > layer_of("types").unwrap());
+}
+
+/// The backends' folders: their insides are theirs. Above the seam, only the file that opens
+/// a backend (the connect string's scheme parser) names one.
+const BACKENDS: &[&str] = &["zk", "redis", "postgres", "memory"];
+const OPENS_BACKENDS: &str = "manager/connect.rs";
+
+#[test]
+fn nothing_above_the_seam_names_a_backends_insides() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut violations = Vec::new();
+    for file in &files {
+        let rel = file
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        // Unit tests of a layer (`local/tests.rs`) may run it on the in-memory backend.
+        if rel.starts_with("backend/") || rel == OPENS_BACKENDS || rel.ends_with("/tests.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            for b in BACKENDS {
+                if code.contains(&format!("backend::{b}")) {
+                    violations.push(format!("{rel}:{}: names `backend::{b}`", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "above the seam, go through the Backend trait and its abilities:\n{}",
+        violations.join("\n")
+    );
+}
+
+/// A module path in a crate: `["backend", "zk", "hold"]`.
+type ModPath = Vec<String>;
+
+/// The module a file is, under a crate root `src` (`lib.rs`, `main.rs` are the root).
+fn module_path(src: &Path, file: &Path) -> ModPath {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop().unwrap();
+    let stem = last.trim_end_matches(".rs");
+    if !matches!(stem, "mod" | "lib" | "main") {
+        parts.push(stem.to_string());
+    }
+    parts
+}
+
+/// The module paths a line of code refers to (`crate::a::b`, `super::c`, `self::d`), resolved
+/// against the modules that exist: the longest existing prefix of each path.
+fn module_refs(line: &str, me: &ModPath, modules: &BTreeSet<ModPath>) -> Vec<ModPath> {
+    let mut out = Vec::new();
+    let bytes: Vec<char> = line.chars().collect();
+    let text: String = bytes.iter().collect();
+    for start in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(at) = text[from..].find(start) {
+            let at = from + at;
+            from = at + start.len();
+            if text[..at]
+                .chars()
+                .last()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+            {
+                continue;
+            }
+            // The whole path after the first segment: `super::super::a::b`.
+            let rest: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            let mut segs = rest.split("::").filter(|s| !s.is_empty());
+            let mut path: ModPath = match segs.next() {
+                Some("crate") => vec![],
+                Some("self") => me.clone(),
+                Some("super") => me[..me.len().saturating_sub(1)].to_vec(),
+                _ => continue,
+            };
+            for seg in segs {
+                if seg == "super" {
+                    path.pop();
+                    continue;
+                }
+                let mut next = path.clone();
+                next.push(seg.to_string());
+                if !modules.contains(&next) {
+                    break;
+                }
+                path = next;
+            }
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Cycles among sibling modules of the crate rooted at `src`: for each reference from module
+/// A to module B, the children of their deepest common ancestor that hold A and B depend one
+/// on the other (a module and its own descendants may use each other).
+fn sibling_cycles(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files.retain(|f| !f.strip_prefix(src).unwrap().starts_with("bin"));
+    files.sort();
+    let modules: BTreeSet<ModPath> = files.iter().map(|f| module_path(src, f)).collect();
+    // parent -> child -> children it uses
+    let mut graphs: BTreeMap<ModPath, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for file in &files {
+        let me = module_path(src, file);
+        let text = fs::read_to_string(file).unwrap();
+        for line in text.lines() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            for target in module_refs(code, &me, &modules) {
+                let common = me.iter().zip(&target).take_while(|(a, b)| a == b).count();
+                if common == me.len() || common == target.len() {
+                    continue;
+                }
+                graphs
+                    .entry(me[..common].to_vec())
+                    .or_default()
+                    .entry(me[common].clone())
+                    .or_default()
+                    .insert(target[common].clone());
+            }
+        }
+    }
+    let mut cycles = Vec::new();
+    for (parent, graph) in &graphs {
+        for start in graph.keys() {
+            // A path back to `start`, by depth-first search.
+            let mut stack = vec![(start.clone(), vec![start.clone()])];
+            let mut seen = BTreeSet::new();
+            while let Some((node, path)) = stack.pop() {
+                for next in graph.get(&node).into_iter().flatten() {
+                    if next == start {
+                        // One cycle once, whichever module it was found from: start it at
+                        // its least module.
+                        if path.iter().any(|m| m < start) {
+                            continue;
+                        }
+                        let mut ring = path.clone();
+                        ring.push(start.clone());
+                        cycles.push(format!(
+                            "{} in `{}`: {}",
+                            src.display(),
+                            if parent.is_empty() {
+                                "crate".into()
+                            } else {
+                                parent.join("::")
+                            },
+                            ring.join(" -> ")
+                        ));
+                    } else if seen.insert(next.clone()) {
+                        let mut longer = path.clone();
+                        longer.push(next.clone());
+                        stack.push((next.clone(), longer));
+                    }
+                }
+            }
+        }
+    }
+    cycles.sort();
+    cycles.dedup();
+    cycles
+}
+
+/// Every crate root of the workspace: each package's `src` (without `src/bin`) and each binary
+/// folder under `src/bin`.
+fn crate_roots() -> Vec<PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let mut roots = vec![];
+    for package in [
+        "zklock-core",
+        "zklock-macros",
+        "zklock-cli",
+        "zklock-testkit",
+        "bench",
+        "examples/inventory",
+        ".",
+    ] {
+        let src = workspace.join(package).join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let bin = src.join("bin");
+        if bin.is_dir() {
+            for entry in fs::read_dir(&bin).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    roots.push(path);
+                }
+            }
+        }
+        roots.push(src);
+    }
+    roots
+}
+
+#[test]
+fn no_crate_has_an_import_cycle() {
+    let mut cycles = Vec::new();
+    for root in crate_roots() {
+        cycles.extend(sibling_cycles(&root));
+    }
+    assert!(
+        cycles.is_empty(),
+        "sibling modules that use each other (move what both need below them):\n{}",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn the_cycle_check_sees_a_cycle() {
+    let dir = std::env::temp_dir().join(format!("zklock-layers-{}", std::process::id()));
+    let src = dir.join("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::write(src.join("lib.rs"), "mod a;\n").unwrap();
+    fs::write(src.join("a/mod.rs"), "mod b;\nmod c;\n").unwrap();
+    fs::write(src.join("a/b.rs"), "use super::c::X;\n").unwrap();
+    fs::write(src.join("a/c.rs"), "use crate::a::b::Y;\n").unwrap();
+    let cycles = sibling_cycles(&src);
+    fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(cycles.len(), 1, "{cycles:?}");
+    assert!(cycles[0].contains("b -> c -> b"), "{cycles:?}");
 }

@@ -2,14 +2,13 @@
 //! semantics as ZooKeeper's recipes (FIFO, readers share, writers exclude, semaphores count),
 //! strictly increasing tokens, and a loss that a test can trigger. For users' unit tests.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
 
 use tokio::sync::{oneshot, watch};
 
-use super::{Backend, BackendHold, BoxFuture, Downgraded, LockTarget, SharedHold};
+use super::{Backend, BackendHold, BoxFuture, Downgraded, LockTarget, Lose, SharedHold};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
 use crate::types::mode::{HoldMode, Wait};
@@ -141,25 +140,6 @@ impl MemoryBackend {
             }),
             runs: StdMutex::new(HashMap::new()),
         }
-    }
-
-    /// Makes every hold on `path` (and on its semaphore parts) lost with `reason`, and lets the
-    /// lock go to the next contenders, as a server does when a session expires.
-    pub(crate) fn lose(&self, path: &str, reason: LossReason) {
-        let mut locks = self.shared.locks();
-        for (p, lock) in locks.iter_mut() {
-            if &**p != path {
-                continue;
-            }
-            lock.entries.retain(|e| {
-                if e.granted {
-                    e.loss.send_replace(Some(reason));
-                }
-                !e.granted
-            });
-            lock.grant();
-        }
-        locks.retain(|_, lock| !lock.entries.is_empty());
     }
 
     /// Queues an entry on `path` and waits for its grant: `Ok(None)` for a try that is not
@@ -322,8 +302,29 @@ impl Backend for MemoryBackend {
         Box::pin(async {})
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn loser(&self) -> std::result::Result<&dyn Lose, &'static str> {
+        Ok(self)
+    }
+}
+
+impl Lose for MemoryBackend {
+    /// Makes every hold on `path` (and on its semaphore parts) lost with `reason`, and lets the
+    /// lock go to the next contenders, as a server does when a session expires.
+    fn lose(&self, path: &str, reason: LossReason) {
+        let mut locks = self.shared.locks();
+        for (p, lock) in locks.iter_mut() {
+            if &**p != path {
+                continue;
+            }
+            lock.entries.retain(|e| {
+                if e.granted {
+                    e.loss.send_replace(Some(reason));
+                }
+                !e.granted
+            });
+            lock.grant();
+        }
+        locks.retain(|_, lock| !lock.entries.is_empty());
     }
 }
 

@@ -17,12 +17,12 @@ pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod zk;
 
-use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::types::error::Result;
+use crate::types::inspect::{LockInfo, LockKind};
 use crate::types::loss::{LossReason, LossSignal};
 use crate::types::mode::{HoldMode, Wait};
 use crate::types::token::FencingToken;
@@ -181,6 +181,83 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Waits until every background release and cleanup has finished.
     fn flush(&self) -> BoxFuture<'_, ()>;
 
-    /// The backend as `Any`, for the manager's backend-specific features (inspection).
-    fn as_any(&self) -> &dyn Any;
+    /// Counters of the backend's work, for tests and benchmarks; zero where not counted.
+    fn stats(&self) -> BackendStats {
+        BackendStats::default()
+    }
+
+    /// The backend's optional ability to show operators its locks, or why it has none.
+    fn inspector(&self) -> std::result::Result<&dyn Inspect, &'static str> {
+        Err("inspection")
+    }
+
+    /// The backend's optional ability to ask holders to let go, or why it has none.
+    fn revoker(&self) -> std::result::Result<&dyn Revoke, &'static str> {
+        Err("revocation")
+    }
+
+    /// The backend's optional test hook that makes holds lost, or why it has none.
+    fn loser(&self) -> std::result::Result<&dyn Lose, &'static str> {
+        Err("lose() (a test hook of the in-memory backend; on a server, end the session or delete the lock)")
+    }
+
+    /// The server session the backend holds its locks in, if it has one that users may see.
+    fn session(&self) -> Option<SessionInfo> {
+        None
+    }
+
+    /// The ZooKeeper client handle of the current session, on the backend that has one.
+    fn zookeeper_client(&self) -> Option<zookeeper_client::Client> {
+        None
+    }
+}
+
+/// Counters a backend keeps of its work.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct BackendStats {
+    /// Wake-ups of waiters by a change of the contender ahead of them.
+    pub(crate) predecessor_events: u64,
+    /// Requests sent to the server.
+    pub(crate) requests: u64,
+}
+
+/// The server session a backend holds its locks in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionInfo {
+    /// The session's id.
+    pub(crate) id: i64,
+    /// The session timeout the server granted.
+    pub(crate) timeout: std::time::Duration,
+}
+
+/// An optional ability: showing operators who holds a lock and who waits, read from what the
+/// server holds now (never from what this process remembers), with who each contender is
+/// (host, pid, identity), since when, and its token.
+pub(crate) trait Inspect: Send + Sync {
+    /// The lock at `path`: holders, and waiters first in line first. `kind` is the recipe the
+    /// path belongs to, or `None` to tell it from what the server holds (a raw path). A lock
+    /// nobody holds or waits for is shown empty, not as an error. Each contender's `location`
+    /// is what a hold of this process there reports as its [`BackendHold::location`].
+    fn inspect<'a>(
+        &'a self,
+        path: &'a str,
+        kind: Option<LockKind>,
+    ) -> BoxFuture<'a, Result<LockInfo>>;
+
+    /// The paths under `namespace` the server keeps any state of a lock for (held, waited
+    /// for, or kept between uses): a superset of the locks with a holder or a waiter.
+    fn lock_paths<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<String>>>;
+}
+
+/// An optional ability: asking the holders of a lock to let go. A holder that opted in
+/// ([`BackendHold::make_revocable`]) then loses its hold with [`LossReason::Revoked`].
+pub(crate) trait Revoke: Send + Sync {
+    /// Asks each holder in `lock` (as [`Inspect::inspect`] showed it); returns who was asked.
+    fn revoke<'a>(&'a self, lock: &'a LockInfo) -> BoxFuture<'a, Result<Vec<String>>>;
+}
+
+/// An optional test hook: making holds lost as a session expiry would.
+pub(crate) trait Lose: Send + Sync {
+    /// Makes every hold on `path` lost with `reason`.
+    fn lose(&self, path: &str, reason: LossReason);
 }

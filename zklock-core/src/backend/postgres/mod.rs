@@ -42,7 +42,6 @@ mod hold;
 mod hub;
 mod sql;
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -51,7 +50,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
-use crate::session::background::Background;
+use crate::background::Background;
 use crate::types::error::{Error, PostgresError, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::{HoldMode, Wait};
@@ -551,9 +550,5 @@ impl Backend for PostgresBackend {
 
     fn flush(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.inner.background.flush())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -11,7 +11,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError, RedisResult};
 use tokio::sync::{watch, Mutex as AsyncMutex};
 
-pub(crate) use crate::session::background::Background;
+pub(crate) use crate::background::Background;
 
 /// The epoch of a backend's connections: bumped whenever one of them (the command connection,
 /// the hub's pub/sub connection) breaks or is given up as silent. The server may have restarted

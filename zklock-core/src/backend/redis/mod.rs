@@ -43,10 +43,10 @@ mod conn;
 mod hold;
 mod hub;
 mod keys;
+mod lease;
 mod scripts;
 mod watchdog;
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -684,9 +684,5 @@ impl Backend for RedisBackend {
 
     fn flush(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.inner.background.flush())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

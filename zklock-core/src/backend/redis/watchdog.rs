@@ -20,8 +20,8 @@ use redis::Script;
 use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::time::Instant;
 
-use super::hold::{extend, lose, HoldState, Side};
 use super::keys::Keys;
+use super::lease::{extend, lose, HoldState, Side};
 use super::{scripts, Inner};
 use crate::types::loss::LossReason;
 

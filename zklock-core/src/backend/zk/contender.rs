@@ -13,8 +13,8 @@ use super::protocol::{
     check_path_acl, contender_options, delete_by_prefix_in_background, delete_in_background,
     ensure_parents, PATH_VANISHED_RETRIES,
 };
+use super::session::{connection_lost, Session};
 use super::{Incarnation, Inner};
-use crate::session::{connection_lost, Session};
 use crate::types::error::{Error, Result};
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;

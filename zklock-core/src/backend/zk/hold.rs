@@ -10,10 +10,10 @@ use zookeeper_client::{Client, EventType};
 
 use super::contender::{create_node, NodeKind, WRITE_NAME};
 use super::protocol::delete_in_background;
+use super::session::{connection_lost, wait_reconnect, Health, Session};
 use super::{DirTicket, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::metrics::{self, BackendKind};
-use crate::session::{connection_lost, wait_reconnect, Health, Session};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
 use crate::types::token::FencingToken;

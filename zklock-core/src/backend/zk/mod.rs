@@ -3,21 +3,26 @@
 
 pub(crate) mod contender;
 pub(crate) mod hold;
+mod inspect;
 pub(crate) mod protocol;
 pub(crate) mod semaphore;
+pub(crate) mod session;
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
-use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold};
-use crate::session::{Session, SessionOwner};
+use super::{
+    Backend, BackendHold, BackendStats, BoxFuture, Inspect, LockTarget, Revoke, SessionInfo,
+    SharedHold,
+};
 use crate::types::error::Result;
 use crate::types::mode::{HoldMode, Wait};
 use contender::NodeKind;
 pub(crate) use protocol::digest_id;
+use session::Session;
+pub(crate) use session::{SessionConfig, SessionOwner};
 
 /// What the ZooKeeper backend is configured with (its part of [`Builder`](crate::Builder)).
 #[derive(Debug, Clone)]
@@ -181,11 +186,6 @@ impl ZkBackend {
             }),
         }
     }
-
-    /// The session owner (for the manager's ZooKeeper-only features).
-    pub(crate) fn session(&self) -> &Arc<SessionOwner> {
-        &self.inner.session
-    }
 }
 
 fn node_kind(mode: HoldMode) -> NodeKind {
@@ -252,7 +252,30 @@ impl Backend for ZkBackend {
         Box::pin(self.inner.session.flush())
     }
 
-    fn as_any(&self) -> &dyn Any {
-        self
+    fn stats(&self) -> BackendStats {
+        BackendStats {
+            predecessor_events: self.inner.stats.predecessor_events.load(Ordering::Relaxed),
+            requests: self.inner.stats.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    fn inspector(&self) -> std::result::Result<&dyn Inspect, &'static str> {
+        Ok(self)
+    }
+
+    fn revoker(&self) -> std::result::Result<&dyn Revoke, &'static str> {
+        Ok(self)
+    }
+
+    fn session(&self) -> Option<SessionInfo> {
+        let client = self.inner.session.client();
+        Some(SessionInfo {
+            id: client.session_id().0,
+            timeout: client.session_timeout(),
+        })
+    }
+
+    fn zookeeper_client(&self) -> Option<zookeeper_client::Client> {
+        Some(self.inner.session.client())
     }
 }

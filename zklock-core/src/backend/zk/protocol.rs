@@ -8,11 +8,12 @@ use zookeeper_client::{Acls, Client, CreateMode, CreateOptions};
 
 use std::time::Duration;
 
+use super::session::{connection_lost, is_terminal, wait_reconnect};
 use super::Inner;
 use crate::backend::LockTarget;
 use crate::metrics::{self, BackendKind};
-use crate::session::{connection_lost, is_terminal, wait_reconnect};
 use crate::types::error::{Error, Result};
+use crate::types::layout::run_record;
 
 /// How often a create is tried again when the lock path vanishes under it (reaped by the server
 /// as an empty container between our making it and our create): each time it is made again.
@@ -239,12 +240,6 @@ pub(crate) fn delete_by_prefix_in_background(
             }
         }
     });
-}
-
-/// Where a job's last run is recorded: a persistent node beside the job's lock path, never
-/// under it (a Curator client locking the path would take a child for a contender).
-fn run_record(lock_path: &str) -> String {
-    format!("{lock_path}%RUN")
 }
 
 /// The data of a run record: no run may start before this server time (ms since the epoch).

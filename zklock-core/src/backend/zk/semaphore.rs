@@ -8,9 +8,9 @@ use std::sync::Arc;
 use zookeeper_client::EventType;
 
 use super::contender::{acquire_node, create_node, NodeKind};
+use super::session::connection_lost;
 use super::Inner;
 use crate::backend::{BackendHold, LockTarget, SharedHold};
-use crate::session::connection_lost;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::Wait;

@@ -1,11 +1,9 @@
-//! The session layer: the one owner of the ZooKeeper connection, its session, the epoch every
+//! The ZooKeeper session: the one owner of the ZooKeeper connection, its session, the epoch every
 //! hold is stamped with, the retry policy, and the background tasks (releases, cleanups).
 //!
 //! A session's generation counts the sessions a manager has had; its health's epoch counts
 //! losses. Whatever is learned through a session (a hold, a granted floor, a listing) is
 //! stamped with it, and is void once it has ended: by construction, not by a check at each use.
-
-pub(crate) mod background;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
@@ -16,35 +14,9 @@ use tokio::task::AbortHandle;
 use zookeeper_client::{Client, SessionState};
 
 use crate::metrics;
+use crate::types::disconnect::DisconnectPolicy;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
-
-/// What a disconnection from ZooKeeper means for the locks a manager holds.
-///
-/// While disconnected, the client cannot know whether the server has expired its session and
-/// let another process take its locks. Curator's advice is to treat a suspended connection as
-/// a lost lock; that is the default here.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use zklock_core::DisconnectPolicy;
-///
-/// let strict = DisconnectPolicy::Immediate;
-/// let lenient = DisconnectPolicy::Grace(Duration::from_secs(2));
-/// assert_ne!(strict, lenient);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DisconnectPolicy {
-    /// A hold is lost as soon as the connection is lost (Curator's SUSPENDED = lost).
-    Immediate,
-    /// A hold survives a disconnection shorter than this; keep it well under the session timeout.
-    Grace(Duration),
-    /// A hold is lost only when the session expires (unsafe: another holder may already run).
-    UntilExpired,
-}
 
 /// What the session layer is configured with (the session part of
 /// [`Builder`](crate::Builder)).
@@ -260,7 +232,7 @@ pub(crate) struct SessionOwner {
     pub(crate) config: SessionConfig,
     pub(crate) health: watch::Sender<Health>,
     pub(crate) runtime: tokio::runtime::Handle,
-    background: Arc<background::Background>,
+    background: Arc<crate::background::Background>,
     monitor: StdMutex<Option<AbortHandle>>,
 }
 

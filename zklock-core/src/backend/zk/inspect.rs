@@ -1,0 +1,193 @@
+//! What an operator sees of a lock on ZooKeeper, read from its nodes: the contender nodes in
+//! Curator's order, each node's data (who) and stat (since when, token, session); and
+//! Curator's revocation, which writes `__REVOKE__` into a holder's node.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use super::contender::{NodeKind, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME, WRITE_NAME};
+use super::hold::REVOKE_MESSAGE;
+use super::ZkBackend;
+use crate::backend::{BoxFuture, Inspect, Revoke};
+use crate::types::error::{Error, Result};
+use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
+use crate::types::layout;
+use crate::types::token::FencingToken;
+
+/// The mode a contender node's name says.
+fn mode_of(node: &str) -> &'static str {
+    if node.contains(WRITE_NAME) {
+        "write"
+    } else if node.contains(READ_NAME) {
+        "read"
+    } else if node.contains(LEASE_NAME) {
+        "lease"
+    } else if node.contains(LATCH_NAME) {
+        "latch"
+    } else if node.contains(MUTEX_NAME) {
+        "mutex"
+    } else {
+        "unknown"
+    }
+}
+
+/// The recipe of a raw lock path, told by the names of its children.
+fn kind_of(children: &[String]) -> LockKind {
+    if children.iter().any(|c| c == "leases") {
+        LockKind::Semaphore
+    } else if children.iter().any(|c| c.contains(LATCH_NAME)) {
+        LockKind::Leader
+    } else if children
+        .iter()
+        .any(|c| c.contains(READ_NAME) || c.contains(WRITE_NAME))
+    {
+        LockKind::ReadWrite
+    } else {
+        LockKind::Mutex
+    }
+}
+
+/// Splits a read/write lock's contenders, in queue order, into holders and waiters: the first
+/// node holds, and a reader holds while no writer is ahead of it.
+fn split_read_write(all: Vec<Contender>) -> (Vec<Contender>, Vec<Contender>) {
+    let (mut holders, mut waiters) = (vec![], vec![]);
+    let mut writer_ahead = false;
+    for (i, c) in all.into_iter().enumerate() {
+        let holds = i == 0 || (c.mode == "read" && !writer_ahead);
+        writer_ahead |= c.mode == "write";
+        if holds {
+            holders.push(c);
+        } else {
+            waiters.push(c);
+        }
+    }
+    (holders, waiters)
+}
+
+impl ZkBackend {
+    fn client(&self) -> zookeeper_client::Client {
+        self.inner.session.client()
+    }
+
+    /// The children of `dir`; none when it does not exist.
+    async fn children(&self, dir: &str, what: &'static str) -> Result<Vec<String>> {
+        match self.client().list_children(dir).await {
+            Ok(names) => Ok(names),
+            Err(zookeeper_client::Error::NoNode) => Ok(vec![]),
+            Err(err) => Err(Error::zk(what, dir, err)),
+        }
+    }
+
+    /// The contender nodes under `dir`, in Curator's order, with their data and stat read in
+    /// one pipelined round trip.
+    async fn contenders(&self, dir: &str, kind: NodeKind) -> Result<Vec<Contender>> {
+        let client = self.client();
+        let mut names = self.children(dir, "list the contenders").await?;
+        names.sort_by(|a, b| kind.sort_key(a).cmp(kind.sort_key(b)));
+        let reads: Vec<_> = names
+            .iter()
+            .map(|n| client.get_data(&format!("{dir}/{n}")))
+            .collect();
+        let mut out = Vec::with_capacity(names.len());
+        for (name, read) in names.into_iter().zip(reads) {
+            match read.await {
+                Ok((data, stat)) => out.push(Contender {
+                    mode: mode_of(&name),
+                    owner: Owner::parse(&data),
+                    since: UNIX_EPOCH + Duration::from_millis(stat.ctime.max(0) as u64),
+                    token: FencingToken::new(stat.czxid, 0),
+                    session: stat.ephemeral_owner,
+                    lingering: false,
+                    location: format!("{dir}/{name}"),
+                    node: name,
+                }),
+                // Gone between the listing and the read: it no longer contends.
+                Err(zookeeper_client::Error::NoNode) => {}
+                Err(err) => return Err(Error::zk("read a contender", dir, err)),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn inspect_as(&self, path: &str, kind: LockKind) -> Result<LockInfo> {
+        let (holders, waiters) = match kind {
+            LockKind::Semaphore => (
+                self.contenders(&format!("{path}/leases"), NodeKind::Lease)
+                    .await?,
+                self.contenders(&format!("{path}/locks"), NodeKind::Mutex)
+                    .await?,
+            ),
+            LockKind::Mutex | LockKind::Leader => {
+                let node = match kind {
+                    LockKind::Leader => NodeKind::Latch,
+                    _ => NodeKind::Mutex,
+                };
+                let mut all = self.contenders(path, node).await?;
+                let waiters = if all.is_empty() {
+                    vec![]
+                } else {
+                    all.split_off(1)
+                };
+                (all, waiters)
+            }
+            LockKind::ReadWrite => split_read_write(self.contenders(path, NodeKind::Write).await?),
+        };
+        Ok(LockInfo {
+            key: path.to_string(),
+            path: path.to_string(),
+            kind,
+            holders,
+            waiters,
+        })
+    }
+}
+
+impl Inspect for ZkBackend {
+    fn inspect<'a>(
+        &'a self,
+        path: &'a str,
+        kind: Option<LockKind>,
+    ) -> BoxFuture<'a, Result<LockInfo>> {
+        Box::pin(async move {
+            let kind = match kind {
+                Some(kind) => kind,
+                None => kind_of(&self.children(path, "list the contenders").await?),
+            };
+            self.inspect_as(path, kind).await
+        })
+    }
+
+    fn lock_paths<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<String>>> {
+        Box::pin(async move {
+            let mut out = vec![];
+            for kind in layout::KINDS {
+                let dir = layout::dir(namespace, kind);
+                for name in self.children(&dir, "list the namespace").await? {
+                    out.push(format!("{dir}/{name}"));
+                }
+            }
+            Ok(out)
+        })
+    }
+}
+
+impl Revoke for ZkBackend {
+    fn revoke<'a>(&'a self, lock: &'a LockInfo) -> BoxFuture<'a, Result<Vec<String>>> {
+        Box::pin(async move {
+            let client = self.client();
+            let dir = match lock.kind {
+                LockKind::Semaphore => format!("{}/leases", lock.path),
+                _ => lock.path.clone(),
+            };
+            let mut asked = vec![];
+            for h in &lock.holders {
+                let node = format!("{dir}/{}", h.node);
+                match client.set_data(&node, REVOKE_MESSAGE, None).await {
+                    Ok(_) => asked.push(node),
+                    Err(zookeeper_client::Error::NoNode) => {}
+                    Err(err) => return Err(Error::zk("revoke the lock", &node, err)),
+                }
+            }
+            Ok(asked)
+        })
+    }
+}
