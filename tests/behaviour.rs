@@ -96,6 +96,7 @@ every_backend!(
     one_name_is_one_lock,
     reentry_keeps_its_deadline,
     mixed_settings_keep_every_promise,
+    operators_see_holders_and_waiters,
     backend_specific_features,
 );
 
@@ -1839,9 +1840,6 @@ async fn backend_specific_features(backend: Backend) {
         Backend::Redis => {
             assert!(debug.contains("redis"), "{debug}");
             let errors = [
-                m.inspect("k").await.unwrap_err(),
-                m.inspect_path("/some/lock").await.unwrap_err(),
-                m.list("k").await.unwrap_err(),
                 m.revoke("k").await.unwrap_err(),
                 m.revoke_path("/some/lock").await.unwrap_err(),
                 m.lose("k", LossReason::SessionExpired).unwrap_err(),
@@ -1890,9 +1888,6 @@ async fn backend_specific_features(backend: Backend) {
         Backend::Postgres => {
             assert!(debug.contains("postgres"), "{debug}");
             let errors = [
-                m.inspect("k").await.unwrap_err(),
-                m.inspect_path("/some/lock").await.unwrap_err(),
-                m.list("k").await.unwrap_err(),
                 m.revoke("k").await.unwrap_err(),
                 m.revoke_path("/some/lock").await.unwrap_err(),
                 m.lose("k", LossReason::SessionExpired).unwrap_err(),
@@ -2010,6 +2005,95 @@ async fn backend_specific_features(backend: Backend) {
             assert!(m.stats().requests > 0);
         }
     }
+}
+
+/// What `inspect`, `inspect_path` and `list` (and so `zklock ls / status / top`) show, read
+/// from the server: the holder of a mutex and a waiter from another process, who each is (this
+/// host and pid), since when, the holder's token; then the waiter as the next holder; a
+/// reader as a read/write lock's holder; and nothing once all is released. In memory there is
+/// no server to read: inspection is unsupported there.
+async fn operators_see_holders_and_waiters(backend: Backend) {
+    let env = Env::start(backend);
+    let ops = env.process(Queue::Local).await;
+    if backend == Backend::Memory {
+        let err = ops.inspect("k").await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Unsupported {
+                    backend: "memory",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        return;
+    }
+    let key = "ops/sku_7";
+    let path = ops.path_of(key).unwrap();
+    let first = env.process(Queue::Local).await;
+    let second = env.process(Queue::Local).await;
+    let started = std::time::SystemTime::now() - Duration::from_secs(5);
+    let held = first.lock(key).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = second.lock(key).await.unwrap();
+        let token = g.fencing_token();
+        (second, g, token)
+    });
+    eventually("the waiter shows", Duration::from_secs(30), || async {
+        ops.inspect(key).await.unwrap().waiters.len() == 1
+    })
+    .await;
+    let me = std::process::id();
+    let recent = |c: &zklock::Contender| {
+        c.since >= started && c.since <= std::time::SystemTime::now() + Duration::from_secs(5)
+    };
+    let info = ops.inspect(key).await.unwrap();
+    assert_eq!(
+        (info.key.as_str(), info.path.as_str()),
+        (key, path.as_str())
+    );
+    assert_eq!(info.kind, zklock::LockKind::Mutex);
+    let [h] = info.holders.as_slice() else {
+        panic!("one holder: {info:?}")
+    };
+    assert_eq!(h.token, held.fencing_token(), "{info:?}");
+    assert_eq!(h.owner.pid, Some(me), "{info:?}");
+    assert!(h.owner.host.is_some(), "{info:?}");
+    assert!(recent(h), "since {:?}: {info:?}", h.since);
+    let w = &info.waiters[0];
+    assert_eq!(w.owner.pid, Some(me), "{info:?}");
+    assert!(recent(w), "since {:?}: {info:?}", w.since);
+    assert_eq!(ops.inspect_path(&path).await.unwrap().holders, info.holders);
+    let listed = ops.list("ops/").await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!((listed[0].key.as_str(), listed[0].waiters.len()), (key, 1));
+    assert!(ops.list("other/").await.unwrap().is_empty());
+
+    // The waiter is the next holder, with its own token.
+    held.release().await.unwrap();
+    let (second, next, token) = waiter.await.unwrap();
+    let info = ops.inspect(key).await.unwrap();
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].token, token, "{info:?}");
+    assert!(info.waiters.is_empty(), "{info:?}");
+    next.release().await.unwrap();
+
+    // A reader holds the read/write lock of another key.
+    let read = first.rwlock("ops/cfg").unwrap().read().await.unwrap();
+    let info = ops.inspect("ops/cfg").await.unwrap();
+    assert_eq!(info.kind, zklock::LockKind::ReadWrite, "{info:?}");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].mode, "read", "{info:?}");
+    read.release().await.unwrap();
+
+    for m in [&first, &second] {
+        m.flush().await;
+    }
+    eventually("nothing is shown", Duration::from_secs(10), || async {
+        ops.list("ops/").await.unwrap().is_empty()
+    })
+    .await;
 }
 
 /// Frames re-enter holds of the same manager only: inside `a.with_lock("k")`, another

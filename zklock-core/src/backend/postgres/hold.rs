@@ -155,12 +155,7 @@ impl PgHold {
         shared: bool,
         token: FencingToken,
     ) -> PgHold {
-        let location = format!(
-            "{} (advisory lock {},{})",
-            target.path,
-            sql::LOCK_CLASS,
-            reservation.id
-        );
+        let location = super::inspect::location(&target.path, reservation.id);
         let conn_state = reservation.conn.subscribe();
         PgHold {
             inner,

@@ -40,6 +40,7 @@
 mod conn;
 mod hold;
 mod hub;
+mod inspect;
 mod sql;
 
 use std::collections::HashMap;
@@ -49,7 +50,7 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
+use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::background::Background;
 use crate::types::error::{Error, PostgresError, Result};
 use crate::types::loss::LossReason;
@@ -550,5 +551,13 @@ impl Backend for PostgresBackend {
 
     fn flush(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.inner.background.flush())
+    }
+
+    fn inspector(&self) -> std::result::Result<&dyn Inspect, &'static str> {
+        Ok(self)
+    }
+
+    fn revoker(&self) -> std::result::Result<&dyn crate::backend::Revoke, &'static str> {
+        Err("revocation (a PostgreSQL holder is not told of a revoke request; end its session with pg_terminate_backend(pid), which `zklock status` shows)")
     }
 }

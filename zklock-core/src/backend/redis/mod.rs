@@ -42,6 +42,7 @@
 mod conn;
 mod hold;
 mod hub;
+mod inspect;
 mod keys;
 mod lease;
 mod scripts;
@@ -54,7 +55,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{Backend, BackendHold, BoxFuture, LockTarget, SharedHold, HOST_PID};
+use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::types::error::{Error, Result};
 use crate::types::mode::{HoldMode, Wait};
 use crate::types::token::FencingToken;
@@ -684,5 +685,13 @@ impl Backend for RedisBackend {
 
     fn flush(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.inner.background.flush())
+    }
+
+    fn inspector(&self) -> std::result::Result<&dyn Inspect, &'static str> {
+        Ok(self)
+    }
+
+    fn revoker(&self) -> std::result::Result<&dyn crate::backend::Revoke, &'static str> {
+        Err("revocation (a Redis holder hears nothing from the server that a revoke request could travel by; end the holder's process, or let its lease run out)")
     }
 }
