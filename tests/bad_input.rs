@@ -173,6 +173,9 @@ async fn unreachable_and_wrong_connect_strings_are_clear_errors_in_bounded_time(
             Err(e @ Error::Unreachable { .. }) => {
                 assert!(e.to_string().contains("check the connect string"), "{e}")
             }
+            Err(e @ Error::Refused { .. }) => {
+                assert!(e.to_string().contains("check the ports"), "{e}")
+            }
             Err(Error::Config(msg)) => assert!(msg.contains("connect string"), "{msg}"),
             other => panic!("{connect:?} must fail clearly: {other:?}"),
         }
@@ -330,4 +333,38 @@ async fn an_unknown_connect_scheme_is_a_clear_error_at_once() {
         }
         assert!(!msg.contains("secret"), "{msg}");
     }
+}
+
+/// A ZooKeeper host list whose every port refuses the connection is reported in about a
+/// second, not after the whole connection timeout; a list where one server answers connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_that_all_refuse_are_reported_in_about_a_second() {
+    let closed = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        format!("127.0.0.1:{port}")
+    };
+    let connect = format!("{},{}", closed(), closed());
+    let started = std::time::Instant::now();
+    let err = LockManager::builder(&connect)
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect_err("nothing listens there");
+    let took = started.elapsed();
+    assert!(
+        matches!(&err, Error::Refused { connect: c } if *c == connect),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(err.is_retryable(), "a server may come up: worth a retry");
+
+    // One refusing server beside one that answers: the session opens.
+    let zk = server();
+    let m = LockManager::builder(format!("{},{}", closed(), zk.connect_string()))
+        .connect()
+        .await
+        .expect("one server answers");
+    drop(m.lock("k").await.unwrap());
 }

@@ -31,6 +31,26 @@ pub enum Error {
         source: zookeeper_client::Error,
     },
 
+    /// Every ZooKeeper server of the connect string refused the connection (nothing listens
+    /// on those ports), again and again for about a second: reported then, rather than after
+    /// the whole connection timeout.
+    ///
+    /// ```no_run
+    /// # async fn run() {
+    /// match zklock_core::LockManager::connect("127.0.0.1:1").await {
+    ///     Err(zklock_core::Error::Refused { connect }) => eprintln!("is ZooKeeper up at {connect}?"),
+    ///     other => drop(other),
+    /// }
+    /// # }
+    /// ```
+    #[error(
+        "every ZooKeeper server in {connect} refused the connection; check the ports in the connect string and that the servers are up"
+    )]
+    Refused {
+        /// The connect string that was tried.
+        connect: String,
+    },
+
     /// The ZooKeeper session behind the manager expired; every lock it held is gone.
     #[error("the ZooKeeper session expired and every lock it held is lost; retry the operation (the manager opens a new session)")]
     SessionExpired,
@@ -452,7 +472,8 @@ impl Error {
             | Error::SessionExpired
             | Error::Timeout { .. }
             | Error::Dequeued { .. }
-            | Error::Unreachable { .. } => true,
+            | Error::Unreachable { .. }
+            | Error::Refused { .. } => true,
             #[cfg(feature = "redis")]
             Error::Redis { source, .. } => source.is_transient(),
             #[cfg(feature = "postgres")]

@@ -110,9 +110,18 @@ async fn open_session(config: &SessionConfig) -> Result<Client> {
     };
     #[cfg(not(feature = "tls"))]
     let connecting = connector.connect(&config.connect);
+    let connecting = async {
+        tokio::select! {
+            connected = connecting => Some(connected),
+            () = refused_everywhere(&config.connect) => None,
+        }
+    };
     match tokio::time::timeout(wait + Duration::from_millis(500), connecting).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(source)) => Err(Error::Unreachable {
+        Ok(None) => Err(Error::Refused {
+            connect: config.connect.clone(),
+        }),
+        Ok(Some(Ok(client))) => Ok(client),
+        Ok(Some(Err(source))) => Err(Error::Unreachable {
             connect: config.connect.clone(),
             source,
         }),
@@ -120,6 +129,50 @@ async fn open_session(config: &SessionConfig) -> Result<Client> {
             connect: config.connect.clone(),
             source: zookeeper_client::Error::Timeout,
         }),
+    }
+}
+
+/// The `host:port` servers of a ZooKeeper connect string (`h1:p1,h2:p2[/chroot]`), or `None`
+/// when one of them does not read as such (the client then says what is wrong with it).
+fn servers(connect: &str) -> Option<Vec<String>> {
+    let hosts = connect.split('/').next()?;
+    hosts
+        .split(',')
+        .map(|server| {
+            let server = server.trim();
+            let (host, port) = server.rsplit_once(':')?;
+            let ok = !host.is_empty() && port.parse::<u16>().is_ok();
+            ok.then(|| server.to_string())
+        })
+        .collect()
+}
+
+/// Completes once every server of `connect` has refused a TCP connection in three rounds
+/// about 400 ms apart: nothing listens there, and the rest of the connection timeout would
+/// tell the user nothing more. Never completes while any server accepts, stays silent, or
+/// cannot be named (a connect string the client will judge itself).
+async fn refused_everywhere(connect: &str) {
+    let Some(servers) = servers(connect) else {
+        return std::future::pending().await;
+    };
+    for round in 0..3 {
+        if round > 0 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        let tries = servers.iter().map(|server| async move {
+            let attempt = tokio::net::TcpStream::connect(server.as_str());
+            matches!(
+                tokio::time::timeout(Duration::from_secs(1), attempt).await,
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+            )
+        });
+        if !futures::future::join_all(tries)
+            .await
+            .into_iter()
+            .all(|r| r)
+        {
+            return std::future::pending().await;
+        }
     }
 }
 
@@ -440,4 +493,20 @@ fn lose(inner: &SessionOwner, reason: LossReason) {
         h.ok = false;
         h.reason = Some(reason);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connect_string_names_its_servers() {
+        assert_eq!(
+            servers("a:1,b:2/chroot/x"),
+            Some(vec!["a:1".to_string(), "b:2".to_string()])
+        );
+        assert_eq!(servers("[::1]:2181"), Some(vec!["[::1]:2181".to_string()]));
+        assert_eq!(servers("a:1,b"), None);
+        assert_eq!(servers("a:99999"), None);
+    }
 }
