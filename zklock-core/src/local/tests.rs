@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::{acquire, Grant, LocalConfig, LocalTable};
 use crate::backend::memory::MemoryBackend;
-use crate::backend::LockTarget;
+use crate::backend::{LockTarget, Lose};
 use crate::metrics::{KeyLabel, Labels, Recipe};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;

@@ -9,9 +9,9 @@
 //! | semaphore | `ns/%SEM/k` |
 //! | leader latch | `ns/%LATCH/k` |
 //!
-//! A job's run record sits beside its lock, at `<lock path>%RUN`. No encoded key starts with
-//! `%` or contains `%RUN` unescaped (the encoding escapes `%`), so no path of one recipe is
-//! another recipe's, and no run record is a lock.
+//! A job's run record sits beside its lock, at `<lock path>%RUN`. An encoded key escapes `%`
+//! as `%25`, so no encoded key is `%RW`, `%SEM` or `%LATCH` or contains `%RUN`: no path of
+//! one recipe is another recipe's, and no run record is a lock.
 
 use crate::types::inspect::LockKind;
 use crate::types::key::Key;
@@ -67,7 +67,7 @@ pub(crate) fn parse(namespace: &str, path: &str) -> Option<(LockKind, String)> {
                 None => continue,
             },
         };
-        if name.contains('/') || name.starts_with('%') {
+        if name.contains('/') {
             continue;
         }
         // Only a key's own encoding: a name that decodes but is not how its key encodes
