@@ -11,7 +11,7 @@ use tokio::sync::{oneshot, watch};
 use super::{Backend, BackendHold, BoxFuture, Downgraded, LockTarget, Lose, SharedHold};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
-use crate::types::mode::{HoldMode, Wait};
+use crate::types::mode::{HoldMode, LockMode, Wait};
 use crate::types::token::FencingToken;
 
 /// One contender on a lock, in arrival order.
@@ -250,11 +250,11 @@ impl Backend for MemoryBackend {
     fn acquire<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: HoldMode,
+        mode: LockMode,
         wait: Wait,
     ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
         Box::pin(async move {
-            let entered = self.enter(target, mode, 1, 0, wait).await?;
+            let entered = self.enter(target, mode.into(), 1, 0, wait).await?;
             Ok(entered.map(|(id, loss)| self.hold(target, id, loss)))
         })
     }

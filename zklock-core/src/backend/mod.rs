@@ -24,7 +24,7 @@ use std::sync::Arc;
 use crate::types::error::Result;
 use crate::types::inspect::{LockInfo, LockKind};
 use crate::types::loss::{LossReason, LossSignal};
-use crate::types::mode::{HoldMode, Wait};
+use crate::types::mode::{LockMode, Wait};
 use crate::types::token::FencingToken;
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -154,7 +154,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn acquire<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: HoldMode,
+        mode: LockMode,
         wait: Wait,
     ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>>;
 

@@ -27,7 +27,7 @@ use crate::backend::{Backend, BackendHold, LockTarget};
 use crate::metrics::Labels;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossSignal;
-use crate::types::mode::{HoldMode, Wait};
+use crate::types::mode::{HoldMode, LockMode, Wait};
 use crate::types::token::FencingToken;
 
 /// What the local table is configured with (its part of [`Builder`](crate::Builder)).
@@ -490,7 +490,7 @@ pub(crate) async fn acquire(
     table: &LocalTable,
     config: LocalConfig,
     target: &LockTarget,
-    mode: HoldMode,
+    mode: LockMode,
     wait: Wait,
     labels: &Labels,
 ) -> Result<Option<Grant>> {
@@ -500,17 +500,25 @@ pub(crate) async fn acquire(
     let grant = |hold: Arc<dyn BackendHold>, local: Option<LocalTurn>| {
         labels.backend_grants(1);
         let token = hold.token();
-        Grant::new(table.id, hold, token, mode, path.clone(), local, labels)
+        Grant::new(
+            table.id,
+            hold,
+            token,
+            mode.into(),
+            path.clone(),
+            local,
+            labels,
+        )
     };
     // Readers share at the backend already, and each participant of a leader latch stands
     // for itself: each takes its own hold.
-    if !config.local_queue || matches!(mode, HoldMode::Read | HoldMode::Leader) {
+    if !config.local_queue || matches!(mode, LockMode::Read | LockMode::Leader) {
         return Ok(backend
             .acquire(target, mode, wait)
             .await?
             .map(|hold| grant(hold, None)));
     }
-    let lock = table.entry(path, mode, config);
+    let lock = table.entry(path, mode.into(), config);
     let baton = loop {
         let mut stale = None;
         let receiver = {

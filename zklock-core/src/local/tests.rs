@@ -16,7 +16,7 @@ use crate::backend::{LockTarget, Lose};
 use crate::metrics::{KeyLabel, Labels, Recipe};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
-use crate::types::mode::{HoldMode, Wait};
+use crate::types::mode::{HoldMode, LockMode, Wait};
 use crate::types::token::FencingToken;
 
 const PATH: &str = "/zklock/locks/k";
@@ -51,7 +51,7 @@ fn lock<'a>(
         table,
         config,
         target,
-        HoldMode::Exclusive,
+        LockMode::Exclusive,
         wait,
         &LABELS,
     ))

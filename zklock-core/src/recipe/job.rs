@@ -11,7 +11,7 @@ use super::{Core, OnLost, Target};
 use crate::backend::LockTarget;
 use crate::metrics::Recipe;
 use crate::types::error::{Error, Result};
-use crate::types::mode::HoldMode;
+use crate::types::mode::LockMode;
 
 /// A job that every instance schedules and one runs at a time: a cheap handle (`Clone`) made
 /// by [`LockManager::job`](crate::LockManager::job), configured with builder methods.
@@ -94,7 +94,7 @@ impl Job {
             target: Target::new(
                 core,
                 LockTarget::lock(key, path),
-                HoldMode::Exclusive,
+                LockMode::Exclusive,
                 Recipe::Job,
             ),
             at_least: None,

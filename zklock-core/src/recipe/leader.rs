@@ -26,7 +26,7 @@ use crate::guard::LockGuard;
 use crate::metrics::Recipe;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
-use crate::types::mode::HoldMode;
+use crate::types::mode::LockMode;
 use crate::types::token::FencingToken;
 
 /// One participant of a leader election: a cheap handle (`Clone`) made by
@@ -69,7 +69,7 @@ impl LeaderLatch {
                     path,
                     participant: Some(participant.clone()),
                 },
-                HoldMode::Leader,
+                LockMode::Leader,
                 Recipe::Leader,
             ),
             participant,

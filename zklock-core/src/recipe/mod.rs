@@ -19,7 +19,7 @@ use crate::local::{self, LocalConfig, LocalTable};
 use crate::metrics::{KeyLabel, Labels, Outcome, Recipe};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
-use crate::types::mode::{HoldMode, Wait};
+use crate::types::mode::{LockMode, Wait};
 
 /// What happens when the hold is lost while a body runs under it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,14 +69,14 @@ impl Core {
 pub(crate) struct Target {
     pub(crate) core: Arc<Core>,
     pub(crate) lock: LockTarget,
-    pub(crate) mode: HoldMode,
+    pub(crate) mode: LockMode,
     /// The labels of this lock's metrics, made once per handle.
     pub(crate) labels: Labels,
 }
 
 impl Target {
     /// The lock `lock` of `recipe`, taken in `mode`.
-    pub(crate) fn new(core: Arc<Core>, lock: LockTarget, mode: HoldMode, recipe: Recipe) -> Target {
+    pub(crate) fn new(core: Arc<Core>, lock: LockTarget, mode: LockMode, recipe: Recipe) -> Target {
         let labels = Labels::new(recipe, core.backend.name(), core.key_label, &lock.key);
         Target {
             core,
@@ -113,7 +113,7 @@ impl Target {
             key: key.to_string(),
             waited,
         };
-        let reentry = frame::reenter(table, &self.lock.path, self.mode, key, try_only);
+        let reentry = frame::reenter(table, &self.lock.path, self.mode.into(), key, try_only);
         let reentry = match bound {
             Some((deadline, waited)) => tokio::time::timeout_at(deadline, reentry)
                 .await

@@ -10,7 +10,7 @@ use crate::backend::LockTarget;
 use crate::guard::LockGuard;
 use crate::metrics::Recipe;
 use crate::types::error::Result;
-use crate::types::mode::HoldMode;
+use crate::types::mode::LockMode;
 
 /// An exclusive lock on one key, shared across processes: a cheap handle (`Clone`) made by
 /// [`LockManager::mutex`](crate::LockManager::mutex) or [`LockManager::mutex_at_path`](crate::LockManager::mutex_at_path).
@@ -41,7 +41,7 @@ impl Mutex {
             target: Target::new(
                 core,
                 LockTarget::lock(key, path),
-                HoldMode::Exclusive,
+                LockMode::Exclusive,
                 Recipe::Mutex,
             ),
         }

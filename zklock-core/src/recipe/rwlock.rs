@@ -12,7 +12,7 @@ use crate::backend::LockTarget;
 use crate::guard::LockGuard;
 use crate::metrics::Recipe;
 use crate::types::error::Result;
-use crate::types::mode::HoldMode;
+use crate::types::mode::LockMode;
 
 /// A read/write lock on one key, shared across processes: a cheap handle (`Clone`) made by
 /// [`LockManager::rwlock`](crate::LockManager::rwlock) or [`LockManager::rwlock_at_path`](crate::LockManager::rwlock_at_path).
@@ -43,8 +43,8 @@ pub struct RwLock {
 impl RwLock {
     pub(crate) fn new(core: Arc<Core>, path: Arc<str>, key: Arc<str>) -> RwLock {
         let lock = LockTarget::lock(key, path);
-        let read = Target::new(core.clone(), lock.clone(), HoldMode::Read, Recipe::Read);
-        let write = Target::new(core, lock, HoldMode::Write, Recipe::Write);
+        let read = Target::new(core.clone(), lock.clone(), LockMode::Read, Recipe::Read);
+        let write = Target::new(core, lock, LockMode::Write, Recipe::Write);
         RwLock { read, write }
     }
 

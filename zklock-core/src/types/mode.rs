@@ -19,6 +19,32 @@ pub(crate) enum HoldMode {
     Leader,
 }
 
+/// What one acquire of one lock asks a backend for: every [`HoldMode`] but a semaphore
+/// lease, which is asked for with the semaphore's size, several at once
+/// (`Backend::acquire_leases`). A backend never has to refuse a mode at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum LockMode {
+    /// A mutex: one holder.
+    Exclusive,
+    /// The shared side of a read/write lock.
+    Read,
+    /// The exclusive side of a read/write lock.
+    Write,
+    /// The leadership of a leader latch: exclusive, each participant with a hold of its own.
+    Leader,
+}
+
+impl From<LockMode> for HoldMode {
+    fn from(mode: LockMode) -> HoldMode {
+        match mode {
+            LockMode::Exclusive => HoldMode::Exclusive,
+            LockMode::Read => HoldMode::Read,
+            LockMode::Write => HoldMode::Write,
+            LockMode::Leader => HoldMode::Leader,
+        }
+    }
+}
+
 /// How long an acquire may wait.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Wait {

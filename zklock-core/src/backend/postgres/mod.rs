@@ -54,7 +54,7 @@ use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HO
 use crate::background::Background;
 use crate::types::error::{Error, PostgresError, Result};
 use crate::types::loss::LossReason;
-use crate::types::mode::{HoldMode, Wait};
+use crate::types::mode::{LockMode, Wait};
 use crate::types::token::FencingToken;
 use conn::{ConnConfig, HoldConn, Pool, Reservation};
 use hold::PgHold;
@@ -480,21 +480,15 @@ impl Backend for PostgresBackend {
     fn acquire<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: HoldMode,
+        mode: LockMode,
         wait: Wait,
     ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
         Box::pin(async move {
             let (shared, writer) = match mode {
                 // A leader latch is exclusive; advisory locks keep no participant ids.
-                HoldMode::Exclusive | HoldMode::Leader => (false, false),
-                HoldMode::Write => (false, true),
-                HoldMode::Read => (true, false),
-                HoldMode::Lease => {
-                    return Err(Error::Unsupported {
-                        backend: "postgres",
-                        feature: "semaphores",
-                    })
-                }
+                LockMode::Exclusive | LockMode::Leader => (false, false),
+                LockMode::Write => (false, true),
+                LockMode::Read => (true, false),
             };
             let hold = self.acquire_hold(target, shared, writer, wait).await?;
             Ok(hold.map(|h| Arc::new(h) as _))

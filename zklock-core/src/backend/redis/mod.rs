@@ -57,7 +57,7 @@ use tokio::time::Instant;
 
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::types::error::{Error, Result};
-use crate::types::mode::{HoldMode, Wait};
+use crate::types::mode::{LockMode, Wait};
 use crate::types::token::FencingToken;
 use conn::{transient, Background, Breaks, Conn};
 use hold::{RedisHold, Side};
@@ -620,21 +620,15 @@ impl Backend for RedisBackend {
     fn acquire<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: HoldMode,
+        mode: LockMode,
         wait: Wait,
     ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
         Box::pin(async move {
             let ask = match mode {
                 // A leader latch is exclusive; Redis keeps no participant ids.
-                HoldMode::Exclusive | HoldMode::Leader => Ask::Mutex,
-                HoldMode::Write => Ask::Write,
-                HoldMode::Read => Ask::Read,
-                HoldMode::Lease => {
-                    return Err(Error::Unsupported {
-                        backend: "redis",
-                        feature: "a lease outside a semaphore",
-                    })
-                }
+                LockMode::Exclusive | LockMode::Leader => Ask::Mutex,
+                LockMode::Write => Ask::Write,
+                LockMode::Read => Ask::Read,
             };
             let holds = self.acquire_holds(target, ask, 1, wait).await?;
             Ok(holds

@@ -18,7 +18,7 @@ use super::{
     SharedHold,
 };
 use crate::types::error::Result;
-use crate::types::mode::{HoldMode, Wait};
+use crate::types::mode::{LockMode, Wait};
 use contender::NodeKind;
 pub(crate) use protocol::digest_id;
 use session::Session;
@@ -188,13 +188,12 @@ impl ZkBackend {
     }
 }
 
-fn node_kind(mode: HoldMode) -> NodeKind {
+fn node_kind(mode: LockMode) -> NodeKind {
     match mode {
-        HoldMode::Exclusive => NodeKind::Mutex,
-        HoldMode::Read => NodeKind::Read,
-        HoldMode::Write => NodeKind::Write,
-        HoldMode::Lease => NodeKind::Lease,
-        HoldMode::Leader => NodeKind::Latch,
+        LockMode::Exclusive => NodeKind::Mutex,
+        LockMode::Read => NodeKind::Read,
+        LockMode::Write => NodeKind::Write,
+        LockMode::Leader => NodeKind::Latch,
     }
 }
 
@@ -206,7 +205,7 @@ impl Backend for ZkBackend {
     fn acquire<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: HoldMode,
+        mode: LockMode,
         wait: Wait,
     ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
         Box::pin(async move {
