@@ -8,8 +8,9 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use zookeeper_client::{Client, EventType};
 
-use super::contender::{create_node, NodeKind, WRITE_NAME};
+use super::node::create_node;
 use super::protocol::delete_in_background;
+use super::queue::{NodeKind, WRITE_NAME};
 use super::session::{connection_lost, wait_reconnect, Health, Session};
 use super::{DirTicket, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
@@ -349,7 +350,7 @@ impl Hold {
         let count = self.inner.clone();
         let monitor = self.inner.runtime.spawn(async move {
             if first.await {
-                count.count(1);
+                count.count_requests(1);
                 watch_node(client, node, state, revocation, heard).await
             }
         });
@@ -386,7 +387,7 @@ impl Hold {
             unconfirm(&self.node_state);
         }
         self.data_watched.store(true, Ordering::SeqCst);
-        self.inner.count(1);
+        self.inner.count_requests(1);
         let watching = watch_node(
             self.session.client.clone(),
             self.node.clone(),
@@ -496,7 +497,7 @@ impl Hold {
         let (parent, name) = (parent.to_string(), name.to_string());
         let client = self.session.client.clone();
         let contenders = self.contenders.clone();
-        self.inner.count(1);
+        self.inner.count_requests(1);
         self.inner.runtime.spawn(async move {
             let next = match client.list_and_watch_children(&parent).await {
                 Ok((children, watcher)) if children.iter().all(|c| *c == name) => {
@@ -561,7 +562,7 @@ impl Hold {
             reason,
         };
         loop {
-            self.inner.count(1);
+            self.inner.count_requests(1);
             match self.session.client.delete(&self.node, None).await {
                 Ok(()) => return Ok(()),
                 Err(zookeeper_client::Error::NoNode) => {
@@ -781,7 +782,7 @@ impl BackendHold for Hold {
             if let Some(reason) = self.loss_reason() {
                 return Err(lost(reason));
             }
-            let (read, children) = create_node(
+            let made = create_node(
                 &self.inner,
                 &self.session,
                 &target.path,
@@ -790,6 +791,16 @@ impl BackendHold for Hold {
                 None,
             )
             .await?;
+            let children = made.children;
+            let read = Hold::new(
+                self.inner.clone(),
+                self.session.clone(),
+                target.key.clone(),
+                made.node,
+                made.token,
+                made.ticket,
+                Given::Nothing,
+            );
             if let Some(reason) = self.loss_reason() {
                 // Lost while the read node was made: the read node goes when `read` drops.
                 return Err(lost(reason));

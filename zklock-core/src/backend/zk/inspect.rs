@@ -4,8 +4,8 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::contender::{NodeKind, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME, WRITE_NAME};
 use super::hold::REVOKE_MESSAGE;
+use super::queue::{NodeKind, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME, WRITE_NAME};
 use super::ZkBackend;
 use crate::backend::{BoxFuture, Inspect, Revoke};
 use crate::types::error::{Error, Result};

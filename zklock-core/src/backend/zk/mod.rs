@@ -4,7 +4,9 @@
 pub(crate) mod contender;
 pub(crate) mod hold;
 mod inspect;
+pub(crate) mod node;
 pub(crate) mod protocol;
+pub(crate) mod queue;
 pub(crate) mod semaphore;
 pub(crate) mod session;
 
@@ -19,8 +21,8 @@ use super::{
 };
 use crate::types::error::Result;
 use crate::types::mode::{LockMode, Wait};
-use contender::NodeKind;
 pub(crate) use protocol::digest_id;
+use queue::NodeKind;
 use session::Session;
 pub(crate) use session::{SessionConfig, SessionOwner};
 
@@ -138,7 +140,7 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    pub(crate) fn count(&self, requests: u64) {
+    pub(crate) fn count_requests(&self, requests: u64) {
         self.stats.requests.fetch_add(requests, Ordering::Relaxed);
     }
 

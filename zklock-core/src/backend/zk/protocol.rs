@@ -144,7 +144,7 @@ pub(crate) async fn check_path_acl(
     if inner.safe_paths.lock().unwrap().get(dir) == Some(&czxid) {
         return Ok(());
     }
-    inner.count(1);
+    inner.count_requests(1);
     let (acls, stat) = client
         .get_acl(dir)
         .await
@@ -181,7 +181,7 @@ const SAFE_PATHS_REMEMBERED: usize = 4096;
 /// session is ordered after it; the reply is awaited in the background, retrying on
 /// connection loss until the node is gone or the session (and so the node) has ended.
 pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: String) {
-    inner.count(1);
+    inner.count_requests(1);
     let first = client.delete(&path, None);
     let counter = inner.clone();
     inner.spawn_background(async move {
@@ -193,7 +193,7 @@ pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: Str
                     if !wait_reconnect(&client).await {
                         return;
                     }
-                    counter.count(1);
+                    counter.count_requests(1);
                     metrics::release_retry(BackendKind::Zk);
                     result = client.delete(&path, None).await;
                 }
@@ -216,7 +216,7 @@ pub(crate) fn delete_by_prefix_in_background(
     dir: Arc<str>,
     prefix: String,
 ) {
-    inner.count(1);
+    inner.count_requests(1);
     let listing = client.get_children(&dir);
     let owner = inner.clone();
     inner.spawn_background(async move {
@@ -233,7 +233,7 @@ pub(crate) fn delete_by_prefix_in_background(
                     if !wait_reconnect(&client).await {
                         return;
                     }
-                    owner.count(1);
+                    owner.count_requests(1);
                     result = client.list_children(&dir).await;
                 }
                 Err(_) => return,
@@ -275,7 +275,7 @@ pub(crate) async fn claim_run(
         &PERSISTENT
     };
     loop {
-        inner.count(1);
+        inner.count_requests(1);
         let (data, version) = match client.get_data(&record).await {
             Ok((data, stat)) => (data, Some(stat.version)),
             Err(zookeeper_client::Error::NoNode) => (Vec::new(), None),
@@ -283,7 +283,7 @@ pub(crate) async fn claim_run(
         };
         // A write whose stat tells the server's time now, and that changes nothing: the same
         // data, or a new record with none.
-        inner.count(1);
+        inner.count_requests(1);
         let stamped = match version {
             Some(version) => client.set_data(&record, &data, Some(version)).await,
             None => match client.create(&record, &data, persistent).await {
@@ -307,7 +307,7 @@ pub(crate) async fn claim_run(
             return Ok(false);
         }
         let window = format!("not-before={}", now + at_least.as_millis() as i64);
-        inner.count(1);
+        inner.count_requests(1);
         match client
             .set_data(&record, window.as_bytes(), Some(stat.version))
             .await
@@ -321,24 +321,21 @@ pub(crate) async fn claim_run(
 
 #[cfg(test)]
 mod tests {
-    use super::super::contender;
+    use super::super::queue;
     use super::*;
 
     #[test]
     fn sorts_like_curator() {
         assert_eq!(
-            sort_key("_c_8d0f-lock-0000000007", contender::MUTEX_NAME),
+            sort_key("_c_8d0f-lock-0000000007", queue::MUTEX_NAME),
             "0000000007"
         );
-        assert_eq!(
-            sort_key("lock-0000000003", contender::MUTEX_NAME),
-            "0000000003"
-        );
+        assert_eq!(sort_key("lock-0000000003", queue::MUTEX_NAME), "0000000003");
         // The last occurrence counts, so a uuid or prefix containing "lock-" does not confuse it.
         assert_eq!(
-            sort_key("_c_x-lock-lock-0000000001", contender::MUTEX_NAME),
+            sort_key("_c_x-lock-lock-0000000001", queue::MUTEX_NAME),
             "0000000001"
         );
-        assert_eq!(sort_key("foreign", contender::MUTEX_NAME), "foreign");
+        assert_eq!(sort_key("foreign", queue::MUTEX_NAME), "foreign");
     }
 }

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use zookeeper_client::EventType;
 
-use super::contender::{acquire_node, create_node, NodeKind};
+use super::contender::acquire_node;
+use super::hold::{Given, Hold};
+use super::node::create_node;
+use super::queue::NodeKind;
 use super::session::connection_lost;
 use super::Inner;
 use crate::backend::{BackendHold, LockTarget, SharedHold};
@@ -49,7 +52,7 @@ pub(crate) async fn acquire_leases(
         if let Some(err) = gate_lost() {
             return Err(err);
         }
-        let (hold, listed) = create_node(
+        let made = create_node(
             inner,
             &session,
             &leases,
@@ -58,8 +61,16 @@ pub(crate) async fn acquire_leases(
             wait.deadline(),
         )
         .await?;
-        holds.push(hold);
-        children = listed;
+        holds.push(Hold::new(
+            inner.clone(),
+            session.clone(),
+            key.clone(),
+            made.node,
+            made.token,
+            made.ticket,
+            Given::Nothing,
+        ));
+        children = made.children;
     }
     let names: Vec<String> = holds
         .iter()
@@ -83,7 +94,7 @@ pub(crate) async fn acquire_leases(
         if matches!(wait, Wait::Never) {
             return Ok(None);
         }
-        inner.count(1);
+        inner.count_requests(1);
         let (kids, watcher) = match client.list_and_watch_children(&leases).await {
             Ok(listed) => listed,
             Err(err) if connection_lost(&err) => {
@@ -115,7 +126,7 @@ pub(crate) async fn acquire_leases(
         if event.event_type == EventType::Session {
             return Err(Error::SessionExpired);
         }
-        inner.count(1);
+        inner.count_requests(1);
         children = match client.list_children(&leases).await {
             Ok(kids) => kids,
             Err(err) if connection_lost(&err) => {

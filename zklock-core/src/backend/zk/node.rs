@@ -1,0 +1,301 @@
+//! Creating a contender node and recovering it: the create and the listing pipelined in one
+//! round trip, Curator's protected prefix to find a node whose create reply was lost, and the
+//! clean-up of a node whose acquire ended without a hold.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use zookeeper_client::Client;
+
+use super::protocol::{
+    check_path_acl, contender_options, delete_by_prefix_in_background, delete_in_background,
+    ensure_parents, PATH_VANISHED_RETRIES,
+};
+use super::queue::NodeKind;
+use super::session::{connection_lost, Session};
+use super::{DirTicket, Incarnation, Inner};
+use crate::types::error::{Error, Result};
+use crate::types::token::FencingToken;
+
+/// A contender node made without waiting for it (see [`create_node`]).
+pub(crate) struct NewNode {
+    /// The node's path.
+    pub(crate) node: String,
+    /// Its token (its czxid).
+    pub(crate) token: FencingToken,
+    /// The lock path's local state, kept while the node is.
+    pub(crate) ticket: DirTicket,
+    /// The lock path's children, listed right after the create.
+    pub(crate) children: Vec<String>,
+}
+
+/// Creates a contender node of `kind` under `path` on `session` without waiting for it (a
+/// downgrade or a semaphore lease, whose caller holds what excludes the others on that very
+/// session), and returns it with the listing taken after it.
+pub(crate) async fn create_node(
+    inner: &Arc<Inner>,
+    session: &Session,
+    path: &Arc<str>,
+    key: &Arc<str>,
+    kind: NodeKind,
+    deadline: Option<Instant>,
+) -> Result<NewNode> {
+    let attempt = Attempt {
+        inner,
+        session: session.clone(),
+        path,
+        key,
+        kind,
+        data: &inner.node_data,
+        deadline,
+    };
+    let ticket = inner.enter_dir(path);
+    let mut unfinished = Unfinished::new(inner, &session.client, path);
+    let created = attempt.create(&mut unfinished).await?;
+    check_path_acl(inner, &session.client, path, created.incarnation.czxid).await?;
+    let node = unfinished.disarm().expect("a created contender has a node");
+    Ok(NewNode {
+        node,
+        token: FencingToken::new(created.czxid, 0),
+        ticket,
+        children: created.children,
+    })
+}
+
+/// A listing of a lock path, and the incarnation of the path it was taken on.
+pub(crate) struct Listing {
+    pub(crate) children: Vec<String>,
+    pub(crate) incarnation: Incarnation,
+}
+
+/// What [`Attempt::create`] made: the node's name and czxid, and the listing after it.
+pub(crate) struct Created {
+    pub(crate) name: String,
+    pub(crate) czxid: i64,
+    pub(crate) children: Vec<String>,
+    pub(crate) incarnation: Incarnation,
+    /// The children watch the listing set (none when the listing was retried).
+    pub(crate) watcher: Option<zookeeper_client::OneshotWatcher>,
+}
+
+/// One attempt at a lock: the contender node it makes, on the session that is live when it
+/// starts. Its node, every listing and the granted floor belong to that session.
+pub(crate) struct Attempt<'a> {
+    pub(crate) inner: &'a Arc<Inner>,
+    pub(crate) session: Session,
+    pub(crate) path: &'a Arc<str>,
+    pub(crate) key: &'a Arc<str>,
+    pub(crate) kind: NodeKind,
+    /// The new node's data: who made it (a leader latch's participant id).
+    pub(crate) data: &'a [u8],
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl Attempt<'_> {
+    /// Creates the contender node (making the lock path on first use) and lists its siblings,
+    /// pipelined: one round trip.
+    pub(crate) async fn create(&self, unfinished: &mut Unfinished) -> Result<Created> {
+        let inner = self.inner;
+        let client = &self.session.client;
+        let prefix = format!(
+            "{}/{}{}",
+            self.path,
+            unfinished.protect,
+            self.kind.lock_name()
+        );
+        for _ in 0..PATH_VANISHED_RETRIES {
+            // Both requests are sent here, in this order: the listing sees the new node.
+            let create = client.create(&prefix, self.data, contender_options(inner));
+            // With a children watch: a contender granted on this listing watches its node
+            // through it (see `Hold::new`), with no request of its own.
+            let list = client.get_and_watch_children(self.path);
+            unfinished.sent = true;
+            inner.count_requests(2);
+            let (created, listed) = futures::join!(create, list);
+            match created {
+                Ok((stat, seq)) => {
+                    let name = format!("{}{}{seq}", unfinished.protect, self.kind.lock_name());
+                    unfinished.node = Some(format!("{}/{name}", self.path));
+                    let (listing, watcher) = match listed {
+                        Ok((children, parent, watcher)) => {
+                            (self.listing(children, &parent), Some(watcher))
+                        }
+                        Err(_) => (self.list().await?, None),
+                    };
+                    return Ok(Created {
+                        name,
+                        czxid: stat.czxid,
+                        children: listing.children,
+                        incarnation: listing.incarnation,
+                        watcher,
+                    });
+                }
+                Err(zookeeper_client::Error::NoNode) => {
+                    ensure_parents(inner, client, self.path).await?
+                }
+                Err(ref err) if connection_lost(err) => {
+                    // The create may have happened: find it by its protected prefix.
+                    self.session
+                        .wait_connected("create the contender node", self.deadline)
+                        .await?;
+                    if let Some(found) = self.find_own(unfinished).await? {
+                        return Ok(found);
+                    }
+                }
+                Err(err) => return Err(Error::zk("create the contender node", self.path, err)),
+            }
+        }
+        Err(Error::zk(
+            "create the contender node",
+            self.path,
+            zookeeper_client::Error::NoNode,
+        ))
+    }
+
+    /// Looks for the node a create whose reply was lost may have made, by its protected
+    /// prefix. The server we reconnected to may lag behind the one that took the create, so it
+    /// syncs with the leader first. Should several nodes carry the prefix, the lowest is ours
+    /// and the others are deleted.
+    async fn find_own(&self, unfinished: &mut Unfinished) -> Result<Option<Created>> {
+        let client = &self.session.client;
+        loop {
+            self.inner.count_requests(1);
+            match client.sync(self.path).await {
+                Ok(()) => break,
+                // No lock path: the create failed for want of it; the caller makes it.
+                Err(zookeeper_client::Error::NoNode) => return Ok(None),
+                Err(err) => {
+                    self.retry_or_fail("sync before looking for our node", err)
+                        .await?
+                }
+            }
+        }
+        let listing = match self.list().await {
+            Ok(listing) => listing,
+            Err(Error::ZooKeeper {
+                source: zookeeper_client::Error::NoNode,
+                ..
+            }) => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let mut ours: Vec<&String> = listing
+            .children
+            .iter()
+            .filter(|c| c.starts_with(&unfinished.protect))
+            .collect();
+        ours.sort_by(|a, b| self.kind.sort_key(a).cmp(self.kind.sort_key(b)));
+        let Some(name) = ours.first().map(|n| n.to_string()) else {
+            return Ok(None);
+        };
+        for stray in &ours[1..] {
+            delete_in_background(self.inner, client.clone(), format!("{}/{stray}", self.path));
+        }
+        let path = format!("{}/{name}", self.path);
+        unfinished.node = Some(path.clone());
+        self.inner.count_requests(1);
+        match client.check_stat(&path).await {
+            Ok(Some(stat)) => Ok(Some(Created {
+                name,
+                czxid: stat.czxid,
+                children: listing.children,
+                incarnation: listing.incarnation,
+                watcher: None,
+            })),
+            Ok(None) => {
+                unfinished.node = None;
+                Ok(None)
+            }
+            Err(err) => Err(Error::zk("read the contender node", &path, err)),
+        }
+    }
+
+    fn listing(&self, children: Vec<String>, parent: &zookeeper_client::Stat) -> Listing {
+        Listing {
+            children,
+            incarnation: Incarnation {
+                generation: self.session.generation,
+                czxid: parent.czxid,
+            },
+        }
+    }
+
+    pub(crate) async fn list(&self) -> Result<Listing> {
+        loop {
+            self.inner.count_requests(1);
+            match self.session.client.get_children(self.path).await {
+                Ok((children, parent)) => return Ok(self.listing(children, &parent)),
+                Err(err) => self.retry_or_fail("list the contenders", err).await?,
+            }
+        }
+    }
+
+    /// Waits out a connection loss of this acquire's session (until its deadline); any other
+    /// error, or the end of the session, ends the acquire.
+    pub(crate) async fn retry_or_fail(
+        &self,
+        operation: &'static str,
+        err: zookeeper_client::Error,
+    ) -> Result<()> {
+        match err {
+            err if connection_lost(&err) => {
+                self.session.wait_connected(operation, self.deadline).await
+            }
+            err => Err(Error::zk(operation, self.path, err)),
+        }
+    }
+}
+
+/// The contender node of an acquire in progress: if the acquire ends without a hold (error,
+/// timeout, cancellation), the node is deleted.
+pub(crate) struct Unfinished {
+    inner: Arc<Inner>,
+    client: Client,
+    dir: Arc<str>,
+    pub(crate) protect: String,
+    node: Option<String>,
+    /// The create was sent: if no node is known, one may still exist under `protect`.
+    sent: bool,
+}
+
+impl Unfinished {
+    /// A contender about to be created under `dir`, with a fresh protected prefix
+    /// (`_c_<uuid>-`, Curator's protection).
+    pub(crate) fn new(inner: &Arc<Inner>, client: &Client, dir: &Arc<str>) -> Unfinished {
+        Unfinished {
+            inner: inner.clone(),
+            client: client.clone(),
+            dir: dir.clone(),
+            protect: format!("_c_{}-", uuid::Uuid::new_v4()),
+            node: None,
+            sent: false,
+        }
+    }
+
+    /// The acquire succeeded: the node now belongs to the hold.
+    pub(crate) fn disarm(&mut self) -> Option<String> {
+        self.sent = false;
+        self.node.take()
+    }
+
+    pub(crate) fn cancel_now(&mut self) {
+        if let Some(node) = self.node.take() {
+            delete_in_background(&self.inner, self.client.clone(), node);
+        }
+        self.sent = false;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(node) = self.node.take() {
+            delete_in_background(&self.inner, self.client.clone(), node);
+        } else if self.sent {
+            delete_by_prefix_in_background(
+                &self.inner,
+                self.client.clone(),
+                self.dir.clone(),
+                self.protect.clone(),
+            );
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The queue rules of Curator's lock recipes, apart from any request: what kind of contender
+//! node each recipe makes, how nodes sort, which lower nodes block a waiter, and the window of
+//! blockers a waiter remembers and watches.
+
+/// How many of the nearest lower blockers an exclusive waiter remembers from its listing, and
+/// watches: the last one's deletion is its grant, with no listing or check after it. Only when
+/// more nodes sorted below the window does the waiter list again once the window is empty.
+/// (A reader watches this many of its lowest lower writers at a time.)
+const WINDOW: usize = 8;
+
+/// What kind of contender node, and so which nodes block it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum NodeKind {
+    /// Curator's `InterProcessMutex`: `_c_<uuid>-lock-<seq>`; every lower node blocks.
+    Mutex,
+    /// Curator's read lock: `_c_<uuid>-__READ__<seq>`; only lower write nodes block.
+    Read,
+    /// Curator's write lock: `_c_<uuid>-__WRIT__<seq>`; every lower node blocks.
+    Write,
+    /// A lease of Curator's `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not
+    /// queued.
+    Lease,
+    /// A participant of Curator's `LeaderLatch`: `_c_<uuid>-latch-<seq>`, the participant id as
+    /// data; the lowest is the leader, every lower node blocks.
+    Latch,
+}
+
+pub(crate) const READ_NAME: &str = "__READ__";
+pub(crate) const WRITE_NAME: &str = "__WRIT__";
+pub(crate) const MUTEX_NAME: &str = "lock-";
+pub(crate) const LEASE_NAME: &str = "lease-";
+pub(crate) const LATCH_NAME: &str = "latch-";
+
+impl NodeKind {
+    pub(crate) fn lock_name(self) -> &'static str {
+        match self {
+            NodeKind::Mutex => MUTEX_NAME,
+            NodeKind::Read => READ_NAME,
+            NodeKind::Write => WRITE_NAME,
+            NodeKind::Lease => LEASE_NAME,
+            NodeKind::Latch => LATCH_NAME,
+        }
+    }
+
+    /// Curator's sort key for a child of a path of this kind's recipe.
+    pub(crate) fn sort_key(self, node: &str) -> &str {
+        match self {
+            NodeKind::Mutex => super::protocol::sort_key(node, MUTEX_NAME),
+            NodeKind::Lease => super::protocol::sort_key(node, LEASE_NAME),
+            NodeKind::Latch => super::protocol::sort_key(node, LATCH_NAME),
+            // InterProcessReadWriteLock's driver strips both names, read then write.
+            NodeKind::Read | NodeKind::Write => {
+                super::protocol::sort_key(super::protocol::sort_key(node, READ_NAME), WRITE_NAME)
+            }
+        }
+    }
+
+    /// Whether `other` (a lower node) blocks a contender of this kind.
+    pub(crate) fn blocked_by(self, other: &str) -> bool {
+        match self {
+            NodeKind::Mutex | NodeKind::Write | NodeKind::Latch => true,
+            NodeKind::Read => other.contains(WRITE_NAME),
+            NodeKind::Lease => false,
+        }
+    }
+
+    /// Exclusive grants prove that every lower node is gone.
+    pub(crate) fn exclusive(self) -> bool {
+        matches!(self, NodeKind::Mutex | NodeKind::Write | NodeKind::Latch)
+    }
+}
+
+/// The lower contenders that block a waiter.
+pub(crate) struct Queue {
+    kind: NodeKind,
+    /// Blockers in ascending order. Exclusive kinds keep the nearest [`WINDOW`] lower nodes;
+    /// readers keep every lower writer. See [`Queue::to_watch`].
+    pub(crate) below: Vec<String>,
+    /// More blockers sort below the window.
+    pub(crate) hidden: bool,
+    /// The queue ahead is short, or its nearest node has gone: every node in the window is
+    /// watched. Until then a waiter behind a longer queue watches only its nearest blocker: the
+    /// others go first (every such deletion would be an event for nothing), and when the
+    /// nearest goes one pipelined round of watches finds which of them are left.
+    pub(crate) near: bool,
+    /// Sort key of the lowest node in the window when it was built; hidden nodes sort below it.
+    floor: String,
+    /// Other nodes of our own (same protected prefix), to delete.
+    pub(crate) strays: Vec<String>,
+}
+
+impl Queue {
+    /// The blockers of `me` in `children`. Other children with our protected prefix `protect`
+    /// are ours too (a create whose reply was lost): they never block, and are set aside in
+    /// `strays` for deletion.
+    /// `None` when `me` is not among the children: our node is gone.
+    pub(crate) fn new(
+        kind: NodeKind,
+        mut children: Vec<String>,
+        me: &str,
+        protect: &str,
+    ) -> Option<Queue> {
+        if !children.iter().any(|c| c == me) {
+            return None;
+        }
+        let mut strays = Vec::new();
+        children.retain(|c| {
+            let stray = c != me && c.starts_with(protect);
+            if stray {
+                strays.push(c.clone());
+            }
+            !stray
+        });
+        let mine = kind.sort_key(me);
+        let order = |a: &String, b: &String| kind.sort_key(a).cmp(kind.sort_key(b));
+        let mut below: Vec<String> = children
+            .into_iter()
+            .filter(|c| kind.sort_key(c) < mine)
+            .collect();
+        if !kind.exclusive() {
+            below.retain(|c| kind.blocked_by(c));
+            below.sort_unstable_by(order);
+            return Some(Queue {
+                kind,
+                below,
+                hidden: false,
+                near: true,
+                floor: String::new(),
+                strays,
+            });
+        }
+        // Nodes whose sequence wrapped are always kept: no floor can vouch for them.
+        let mut kept: Vec<String> = Vec::new();
+        below.retain(|c| {
+            let wrapped = wrapped(kind.sort_key(c));
+            if wrapped {
+                kept.push(c.clone());
+            }
+            !wrapped
+        });
+        // Only the nearest WINDOW matter: select them instead of sorting a long queue.
+        let hidden = below.len() > WINDOW;
+        if hidden {
+            let cut = below.len() - WINDOW;
+            below.select_nth_unstable_by(cut, order);
+            below.drain(..cut);
+        }
+        below.sort_unstable_by(order);
+        let floor = below
+            .first()
+            .map(|n| kind.sort_key(n).to_string())
+            .unwrap_or_default();
+        kept.sort_unstable_by(order);
+        kept.append(&mut below);
+        let below = kept;
+        Some(Queue {
+            kind,
+            below,
+            hidden,
+            near: !hidden,
+            floor,
+            strays,
+        })
+    }
+
+    /// The blockers to watch: all of an exclusive waiter's window (its nearest lower nodes), or
+    /// only the nearest while more sort below the window and none has gone (see
+    /// [`near`](Queue::near)); a reader's lowest [`WINDOW`] lower writers (the next ones are
+    /// watched as these go).
+    pub(crate) fn to_watch(&self) -> &[String] {
+        if self.kind.exclusive() {
+            if self.near {
+                &self.below
+            } else {
+                &self.below[self.below.len().saturating_sub(1)..]
+            }
+        } else {
+            &self.below[..self.below.len().min(WINDOW)]
+        }
+    }
+
+    /// `node` is gone.
+    pub(crate) fn remove(&mut self, node: &str) {
+        self.below.retain(|n| n != node);
+    }
+
+    /// Forgets every node sorting below `granted`, the highest node this process was granted an
+    /// exclusive hold on in this incarnation of the path: all of those were gone when it was
+    /// granted. A sequence that wrapped past 2^31 (a negative `%010d`) sorts below any floor
+    /// without being older, so neither such a node nor such a floor prunes anything.
+    pub(crate) fn prune_below(&mut self, granted: &str) {
+        if wrapped(granted) {
+            return;
+        }
+        let kind = self.kind;
+        self.below.retain(|n| {
+            let k = kind.sort_key(n);
+            wrapped(k) || k >= granted
+        });
+        if self.hidden && granted >= self.floor.as_str() {
+            self.hidden = false;
+        }
+    }
+}
+
+/// Whether a sort key is a sequence number that wrapped past 2^31 (`%010d` of a negative).
+fn wrapped(sort_key: &str) -> bool {
+    sort_key.starts_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_write_sort_like_curator() {
+        assert_eq!(
+            NodeKind::Read.sort_key("_c_ab-__READ__0000000004"),
+            "0000000004"
+        );
+        assert_eq!(
+            NodeKind::Write.sort_key("_c_ab-__WRIT__0000000003"),
+            "0000000003"
+        );
+        assert_eq!(
+            NodeKind::Read.sort_key("_c_ab-__WRIT__0000000003"),
+            "0000000003"
+        );
+    }
+
+    #[test]
+    fn readers_wait_only_on_lower_writers() {
+        let kids = vec![
+            "_c_1-__READ__0000000001".to_string(),
+            "_c_2-__WRIT__0000000002".to_string(),
+            "_c_3-__READ__0000000003".to_string(),
+            "_c_4-__READ__0000000004".to_string(),
+            "_c_5-__WRIT__0000000005".to_string(),
+        ];
+        let q = Queue::new(
+            NodeKind::Read,
+            kids.clone(),
+            "_c_4-__READ__0000000004",
+            "_c_4-",
+        )
+        .unwrap();
+        assert_eq!(q.below, vec!["_c_2-__WRIT__0000000002".to_string()]);
+        let q = Queue::new(
+            NodeKind::Read,
+            kids.clone(),
+            "_c_1-__READ__0000000001",
+            "_c_1-",
+        )
+        .unwrap();
+        assert!(q.to_watch().is_empty());
+        let q = Queue::new(NodeKind::Write, kids, "_c_5-__WRIT__0000000005", "_c_5-").unwrap();
+        // A writer watches every lower node (here all four).
+        assert_eq!(q.to_watch().len(), 4);
+        assert_eq!(q.to_watch().last().unwrap(), "_c_4-__READ__0000000004");
+    }
+
+    #[test]
+    fn a_reader_behind_many_writers_watches_the_lowest_window_first() {
+        let mut kids: Vec<String> = (0..12)
+            .map(|i| format!("_c_{i}-__WRIT__{:010}", i + 1))
+            .collect();
+        kids.push("_c_me-__READ__0000000013".to_string());
+        let mut q = Queue::new(NodeKind::Read, kids, "_c_me-__READ__0000000013", "_c_me-").unwrap();
+        assert_eq!(q.to_watch().len(), WINDOW);
+        assert!(q.to_watch()[0].ends_with("0000000001"));
+        // As the lowest go, the next ones come into view.
+        q.remove("_c_0-__WRIT__0000000001");
+        assert_eq!(q.to_watch().len(), WINDOW);
+        assert!(q.to_watch()[WINDOW - 1].ends_with("0000000009"));
+    }
+
+    fn mutex_nodes(seqs: &[&str]) -> Vec<String> {
+        seqs.iter()
+            .enumerate()
+            .map(|(i, seq)| format!("_c_{i}-lock-{seq}"))
+            .collect()
+    }
+
+    #[test]
+    fn other_nodes_with_our_prefix_are_ours_not_blockers() {
+        // A create whose reply was lost made `_c_me-lock-0000000001` after all; the retry made
+        // `_c_me-lock-0000000003`. The first must not block the second: it is deleted.
+        let kids = vec![
+            "_c_me-lock-0000000001".to_string(),
+            "_c_x-lock-0000000002".to_string(),
+            "_c_me-lock-0000000003".to_string(),
+        ];
+        let q = Queue::new(NodeKind::Mutex, kids, "_c_me-lock-0000000003", "_c_me-").unwrap();
+        assert_eq!(q.below, vec!["_c_x-lock-0000000002".to_string()]);
+        assert_eq!(q.strays, vec!["_c_me-lock-0000000001".to_string()]);
+    }
+
+    #[test]
+    fn a_floor_prunes_only_older_nodes_never_wrapped_ones() {
+        let kids = mutex_nodes(&["0000000001", "0000000004", "-2147483648", "0000000009"]);
+        let me = kids[3].clone();
+        let mut q = Queue::new(NodeKind::Mutex, kids, &me, "_c_3-").unwrap();
+        assert_eq!(q.below.len(), 3);
+        q.prune_below("0000000005");
+        // The wrapped sequence sorts below every floor without being older: it stays.
+        assert_eq!(q.below, vec!["_c_2-lock--2147483648".to_string()]);
+        // A wrapped floor vouches for nothing.
+        let kids = mutex_nodes(&["0000000001", "0000000009"]);
+        let me = kids[1].clone();
+        let mut q = Queue::new(NodeKind::Mutex, kids, &me, "_c_1-").unwrap();
+        q.prune_below("-2147483600");
+        assert_eq!(q.below, vec!["_c_0-lock-0000000001".to_string()]);
+    }
+
+    #[test]
+    fn wrapped_nodes_stay_in_the_window_however_long_the_queue() {
+        let mut seqs: Vec<String> = (0..20).map(|i| format!("{:010}", i + 100)).collect();
+        seqs.push("-2147483647".into());
+        seqs.push("0000000999".into());
+        let refs: Vec<&str> = seqs.iter().map(String::as_str).collect();
+        let kids = mutex_nodes(&refs);
+        let me = kids.last().unwrap().clone();
+        let q = Queue::new(NodeKind::Mutex, kids, &me, "_c_21-").unwrap();
+        assert!(q.hidden);
+        assert_eq!(q.below.len(), WINDOW + 1);
+        assert!(q.below[0].ends_with("-2147483647"));
+    }
+}
