@@ -89,7 +89,8 @@ impl LockGuard {
         &self.key
     }
 
-    /// The full path of the contender node behind this hold.
+    /// Where this hold lives on the server: its contender node's path on ZooKeeper, its key
+    /// on Redis, its lock path and advisory lock on PostgreSQL.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
@@ -101,10 +102,11 @@ impl LockGuard {
     }
 
     /// Whether the hold is still certain: false once the session expired, the connection was
-    /// lost past the manager's [`DisconnectPolicy`](crate::DisconnectPolicy), or the node was
-    /// deleted. Once false it stays false.
+    /// lost past the manager's [`DisconnectPolicy`](crate::DisconnectPolicy), the lease could
+    /// have run out, or the hold was deleted on the server. Once false it stays false.
     ///
-    /// It answers from what this process has heard: the node is watched from the grant (see
+    /// It answers from what this process has heard. On ZooKeeper the node is watched from the
+    /// grant (see
     /// [`Builder::watch_held_nodes`](crate::Builder::watch_held_nodes)), so once any later answer
     /// from ZooKeeper has reached this process, a deletion before it has been seen too, even if
     /// the task that watches has not run yet. One exception: a node granted while alone in its
@@ -187,7 +189,7 @@ impl LockGuard {
         self.grant().guards.load(Ordering::SeqCst)
     }
 
-    /// Counted re-entry: another guard on the same hold, with no ZooKeeper traffic. The node is
+    /// Counted re-entry: another guard on the same hold, with no request to the server. The node is
     /// released when the last of them ends.
     ///
     /// ```no_run
@@ -210,7 +212,7 @@ impl LockGuard {
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
     /// let guard = m.lock("account_7").await?;
     /// guard.scope(async {
-    ///     // re-enters: no deadlock, no ZooKeeper traffic
+    ///     // re-enters: no deadlock, no request to the server
     ///     m.with_lock("account_7", async { /* ... */ }).await
     /// }).await?;
     /// # Ok(()) }
@@ -222,7 +224,7 @@ impl LockGuard {
         frame::run_in(self.grant().clone(), Box::pin(body))
     }
 
-    /// Releases the lock and waits until ZooKeeper confirms it (or until it is handed to a
+    /// Releases the lock and waits until the server confirms it (or until it is handed to a
     /// waiting task of this process, or kept lingering: see
     /// [`Builder::linger`](crate::Builder::linger)). Ends only this hold when it was re-entered.
     ///

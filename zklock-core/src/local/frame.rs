@@ -2,7 +2,7 @@
 //!
 //! `with_lock`, `#[distributed_lock]` and `LockGuard::scope` run their body in a frame (a tokio
 //! task-local). Acquiring a key that an enclosing frame holds re-enters: no ZooKeeper traffic,
-//! the node kept until the outermost hold ends. Concurrent branches inside one frame that
+//! the hold kept until the outermost hold ends. Concurrent branches inside one frame that
 //! re-enter the same key wait for each other at the frame's gate, so re-entry never lets two
 //! concurrent code paths into one critical section. Spawned tasks start with no frame.
 
@@ -85,7 +85,7 @@ pub(crate) async fn reenter(
     };
     if let Some(reason) = grant.loss_reason() {
         // The enclosing hold is gone: re-entering it would protect nothing, and a fresh
-        // acquire could wait for the enclosing node itself.
+        // acquire could wait for the enclosing hold itself.
         return Err(Error::LockLost {
             key: key.to_string(),
             reason,

@@ -10,12 +10,12 @@ use crate::types::loss::LossReason;
 use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
-/// One local holder's grant: a node (shared with the local holders it is handed on to), the
+/// One local holder's grant: a hold (shared with the local holders it is handed on to), the
 /// token of this grant, and the local queue to hand it to on release.
 pub(crate) struct Grant {
-    node: Option<Arc<dyn BackendHold>>,
-    /// A second node this grant keeps until it ends (a downgrade that could not let go of its
-    /// write node yet).
+    hold: Option<Arc<dyn BackendHold>>,
+    /// A second hold this grant keeps until it ends (a downgrade that could not let go of its
+    /// write hold yet).
     extra: Option<Arc<dyn BackendHold>>,
     pub(crate) token: FencingToken,
     pub(crate) mode: HoldMode,
@@ -38,7 +38,7 @@ pub(crate) struct Grant {
 impl Grant {
     pub(crate) fn new(
         table: u64,
-        node: Arc<dyn BackendHold>,
+        hold: Arc<dyn BackendHold>,
         token: FencingToken,
         mode: HoldMode,
         path: Arc<str>,
@@ -50,7 +50,7 @@ impl Grant {
             meter: labels.hold(since),
             ended_by: std::sync::OnceLock::new(),
             labels: labels.clone(),
-            node: Some(node),
+            hold: Some(hold),
             extra: None,
             token,
             mode,
@@ -63,9 +63,9 @@ impl Grant {
     }
 
     pub(crate) fn hold(&self) -> &Arc<dyn BackendHold> {
-        self.node
+        self.hold
             .as_ref()
-            .expect("a grant has its node until it ends")
+            .expect("a grant has its hold until it ends")
     }
 
     /// The local queue this grant hands on to, if any.
@@ -73,20 +73,20 @@ impl Grant {
         self.local.clone()
     }
 
-    /// Keeps `node` until this grant ends.
-    pub(crate) fn keep(&mut self, node: Arc<dyn BackendHold>) {
-        self.extra = Some(node);
+    /// Keeps `hold` until this grant ends.
+    pub(crate) fn keep(&mut self, hold: Arc<dyn BackendHold>) {
+        self.extra = Some(hold);
     }
 
-    /// Takes the node out without releasing it (used when a handoff found no taker: the hold
+    /// Takes the hold out without releasing it (used when a handoff found no taker: the hold
     /// never started, and its metrics say so).
     pub(crate) fn defuse(mut self) -> Arc<dyn BackendHold> {
         self.meter.discard();
         self.extra = None;
         self.local = None;
-        self.node
+        self.hold
             .take()
-            .expect("a grant has its node until it ends")
+            .expect("a grant has its hold until it ends")
     }
 
     /// The layers above end this hold for `reason` though the backend still holds it (a job's
@@ -97,8 +97,8 @@ impl Grant {
 
     /// How the hold ended, for its metrics: lost as the backend knows it, or as the layers
     /// above ended it.
-    fn ended_lost(&self, node: &Arc<dyn BackendHold>) -> Option<LossReason> {
-        node.loss_known().or_else(|| self.ended_by.get().copied())
+    fn ended_lost(&self, hold: &Arc<dyn BackendHold>) -> Option<LossReason> {
+        hold.loss_known().or_else(|| self.ended_by.get().copied())
     }
 
     pub(crate) fn loss_reason(&self) -> Option<LossReason> {
@@ -109,22 +109,22 @@ impl Grant {
         self.hold().loss().lost().await
     }
 
-    /// Ends the grant: hands the node to the next local waiter, or deletes it and waits.
+    /// Ends the grant: hands the hold to the next local waiter, or deletes it and waits.
     pub(crate) async fn release(mut self) -> Result<()> {
-        let node = self
-            .node
+        let hold = self
+            .hold
             .take()
-            .expect("a grant has its node until it ends");
+            .expect("a grant has its hold until it ends");
         let extra = self.extra.take();
-        let lost = self.ended_lost(&node);
+        let lost = self.ended_lost(&hold);
         self.meter.end(lost);
         let to_delete = match self.local.take() {
-            Some(local) => local.release(node, &self.labels),
-            None => Some(node),
+            Some(local) => local.release(hold, &self.labels),
+            None => Some(hold),
         };
         let mut result = Ok(());
-        if let Some(node) = to_delete {
-            result = node.release().await;
+        if let Some(hold) = to_delete {
+            result = hold.release().await;
         }
         if let Some(extra) = extra {
             let _ = extra.release().await;
@@ -135,16 +135,16 @@ impl Grant {
 
 impl Drop for Grant {
     fn drop(&mut self) {
-        if let Some(node) = self.node.take() {
+        if let Some(hold) = self.hold.take() {
             let held = self.since.elapsed();
             let held_ms = held.as_millis() as u64;
             tracing::debug!(path = %self.path, token = %self.token, held_ms, "zklock: released");
-            let lost = self.ended_lost(&node);
+            let lost = self.ended_lost(&hold);
             self.meter.end_after(lost, held);
             match self.local.take() {
-                // The returned node (if any) is deleted by its own Drop.
-                Some(local) => drop(local.release(node, &self.labels)),
-                None => drop(node),
+                // The returned hold (if any) is deleted by its own Drop.
+                Some(local) => drop(local.release(hold, &self.labels)),
+                None => drop(hold),
             }
         }
     }

@@ -1,13 +1,13 @@
-//! The in-process lock table: one contender znode per process per key. Tasks of this process
-//! queue here, in FIFO order, behind the process's node; a release hands the node to the next
-//! of them without a ZooKeeper round trip. While another contender waits for the key (or may:
-//! when in doubt), at most a bounded run of handoffs follows, after which the node is let go so
-//! that it gets its turn; while none does, the node is kept.
+//! The in-process lock table: one backend hold per process per key. Tasks of this process
+//! queue here, in FIFO order, behind the process's hold; a release hands the hold to the next
+//! of them without a request to the server. While another contender waits for the key (or may:
+//! when in doubt), at most a bounded run of handoffs follows, after which the hold is let go so
+//! that it gets its turn; while none does, the hold is kept.
 //!
-//! With a linger ([`LocalConfig::linger`]), the node of an exclusive hold is kept after the
+//! With a linger ([`LocalConfig::linger`]), the hold of an exclusive hold is kept after the
 //! last local release too, while no other contender exists: a later acquire of the key by this
 //! process takes it with no request at all (a local handoff, its token extended). A task per
-//! lingering node gives it up when the linger runs out, another contender appears
+//! lingering hold gives it up when the linger runs out, another contender appears
 //! ([`BackendHold::others_appeared`]) or the hold is lost, whichever comes first; so do
 //! [`LocalTable::end_lingering`] (the manager's flush) and the table's drop.
 
@@ -37,7 +37,7 @@ pub(crate) struct LocalConfig {
     pub(crate) local_queue: bool,
     /// Local handoffs of one hold, once another contender waits, before it is let go.
     pub(crate) max_local_handoffs: u32,
-    /// How long the node of an exclusive hold (mutex, write) is kept after its last local
+    /// How long the hold of an exclusive hold (mutex, write) is kept after its last local
     /// release while no other contender exists; zero: not at all.
     pub(crate) linger: std::time::Duration,
 }
@@ -48,7 +48,7 @@ pub(crate) struct LocalTable {
     /// same manager, whatever the path.
     id: u64,
     map: StdMutex<TableState>,
-    /// The manager's runtime, where its background work runs (a lingering node's watcher);
+    /// The manager's runtime, where its background work runs (a lingering hold's watcher);
     /// `None` for a manager made outside any runtime (the in-memory one may be).
     runtime: Option<tokio::runtime::Handle>,
 }
@@ -82,7 +82,7 @@ impl LocalTable {
         self.id
     }
 
-    /// Gives up every lingering node of this table now (released in the background).
+    /// Gives up every lingering hold of this table now (released in the background).
     pub(crate) fn end_lingering(&self) {
         let locks: Vec<_> = {
             let table = self.map.lock().unwrap();
@@ -95,7 +95,7 @@ impl LocalTable {
         }
     }
 
-    /// Whether this table keeps the node at `location` (see [`BackendHold::location`])
+    /// Whether this table keeps the hold at `location` (see [`BackendHold::location`])
     /// lingering: held by this process for no task.
     pub(crate) fn is_lingering(&self, location: &str) -> bool {
         let locks: Vec<_> = {
@@ -106,7 +106,7 @@ impl LocalTable {
             lock.state()
                 .lingering
                 .as_ref()
-                .is_some_and(|l| l.node.location() == location)
+                .is_some_and(|l| l.hold.location() == location)
         })
     }
 
@@ -146,7 +146,7 @@ impl LocalTable {
 }
 
 impl Drop for LocalTable {
-    /// The manager is gone: so are its lingering nodes.
+    /// The manager is gone: so are its lingering holds.
     fn drop(&mut self) {
         self.end_lingering();
     }
@@ -163,40 +163,40 @@ pub(crate) struct LocalLock {
     /// See [`LocalConfig::linger`]; zero for the modes that do not linger.
     linger: std::time::Duration,
     state: StdMutex<State>,
-    /// Woken when a local task starts holding a node (queued tasks then watch its loss).
+    /// Woken when a local task starts holding a hold (queued tasks then watch its loss).
     holder_changed: tokio::sync::Notify,
 }
 
 struct State {
-    /// A local task holds the node, or is acquiring one (it has the baton).
+    /// A local task holds the hold, or is acquiring one (it has the duty).
     busy: bool,
-    /// Local handoffs of the current node so far.
+    /// Local handoffs of the current hold so far.
     handoffs: u32,
-    /// Counts changes of hands (a grant, a baton passed): a grant or baton of an older turn has
+    /// Counts changes of hands (a grant, a duty passed): a grant or duty of an older turn has
     /// been superseded and must not touch the queue any more.
     turn: u64,
-    /// How the current holder's loss shows, while a local task holds a node: queued tasks
+    /// How the current holder's loss shows, while a local task holds a hold: queued tasks
     /// watch it, so that a lost hold kept by user code does not keep them waiting for ever.
     holder: Option<LossSignal>,
     queue: VecDeque<oneshot::Sender<Wake>>,
-    /// The node kept after the last local release (only while `busy` is false).
+    /// The hold kept after the last local release (only while `busy` is false).
     lingering: Option<Lingering>,
 }
 
-/// A node kept after its last local release, for the next local acquire to take with no
+/// A hold kept after its last local release, for the next local acquire to take with no
 /// request.
 struct Lingering {
-    node: Arc<dyn BackendHold>,
-    /// Dropped when the node is taken again or given up: ends the task that watches it.
+    hold: Arc<dyn BackendHold>,
+    /// Dropped when the hold is taken again or given up: ends the task that watches it.
     _stop: oneshot::Sender<()>,
 }
 
 /// What an acquire found in the local lock.
-enum Turn {
-    /// A lingering node, taken again.
+enum Admission {
+    /// A lingering hold, taken again.
     Lingered(Grant),
-    /// The duty to acquire a node (the baton of this turn).
-    Drive(u64),
+    /// The duty to acquire a backend hold for this turn.
+    Acquire(u64),
     /// A place in the queue.
     Queued(oneshot::Receiver<Wake>),
 }
@@ -205,29 +205,29 @@ enum Turn {
 enum Wake {
     /// The lock, handed on without a round trip.
     Granted(Grant),
-    /// The duty to acquire a new node for this process.
-    Drive(Baton),
+    /// The duty to acquire a new hold for this process.
+    Acquire(AcquireDuty),
 }
 
-/// The duty to acquire the node for the local queue. Dropping it (an acquire that failed or
+/// The duty to acquire the hold for the local queue. Dropping it (an acquire that failed or
 /// was cancelled) passes it on to the next queued task.
-struct Baton {
+struct AcquireDuty {
     lock: Option<Arc<LocalLock>>,
     turn: u64,
 }
 
-impl Baton {
+impl AcquireDuty {
     fn disarm(mut self) {
         self.lock = None;
     }
 }
 
-impl Drop for Baton {
+impl Drop for AcquireDuty {
     fn drop(&mut self) {
         if let Some(lock) = self.lock.take() {
             let mut state = lock.state();
             if state.turn == self.turn {
-                lock.pass_baton(&mut state);
+                lock.pass_duty(&mut state);
             }
         }
     }
@@ -241,24 +241,24 @@ pub(crate) struct LocalTurn {
 }
 
 impl LocalTurn {
-    /// Ends this turn's hold of `node`; see [`LocalLock::release`]. A holder it is handed to
+    /// Ends this turn's hold of `hold`; see [`LocalLock::release`]. A holder it is handed to
     /// gets `labels` for its metrics.
     pub(crate) fn release(
         self,
-        node: Arc<dyn BackendHold>,
+        hold: Arc<dyn BackendHold>,
         labels: &Labels,
     ) -> Option<Arc<dyn BackendHold>> {
-        self.lock.release(node, self.turn, labels)
+        self.lock.release(hold, self.turn, labels)
     }
 
-    /// Lets go of `node` without handing it on locally (a downgrade): the next local waiter
-    /// acquires a node of its own.
-    pub(crate) fn give_up(self, node: Arc<dyn BackendHold>) -> Arc<dyn BackendHold> {
+    /// Lets go of `hold` without handing it on locally (a downgrade): the next local waiter
+    /// acquires a hold of its own.
+    pub(crate) fn give_up(self, hold: Arc<dyn BackendHold>) -> Arc<dyn BackendHold> {
         let mut state = self.lock.state();
         if state.turn == self.turn {
-            self.lock.pass_baton(&mut state);
+            self.lock.pass_duty(&mut state);
         }
-        node
+        hold
     }
 }
 
@@ -267,50 +267,50 @@ impl LocalLock {
         self.state.lock().unwrap()
     }
 
-    /// Gives the baton to the next live waiter, or marks the lock idle. Never drops a baton or
+    /// Gives the duty to the next live waiter, or marks the lock idle. Never drops a duty or
     /// grant while `state` is locked.
-    fn pass_baton(self: &Arc<Self>, state: &mut State) {
+    fn pass_duty(self: &Arc<Self>, state: &mut State) {
         state.handoffs = 0;
         state.holder = None;
         state.turn += 1;
         while let Some(tx) = state.queue.pop_front() {
-            match tx.send(Wake::Drive(Baton {
+            match tx.send(Wake::Acquire(AcquireDuty {
                 lock: Some(self.clone()),
                 turn: state.turn,
             })) {
                 Ok(()) => return,
-                Err(Wake::Drive(baton)) => baton.disarm(),
-                Err(Wake::Granted(_)) => unreachable!("sent a baton"),
+                Err(Wake::Acquire(duty)) => duty.disarm(),
+                Err(Wake::Granted(_)) => unreachable!("sent a duty"),
             }
         }
         state.busy = false;
     }
 
-    /// Ends the hold of `node` given at `turn`: hands it to the next live waiter when the run of
+    /// Ends the hold of `hold` given at `turn`: hands it to the next live waiter when the run of
     /// handoffs allows (no other contender waits, or the bound is not reached) and the hold is
-    /// intact; otherwise passes the baton on and returns the
-    /// node, which the caller deletes. A turn already superseded (its hold was lost and the
-    /// queue moved on without it) only returns the node.
+    /// intact; otherwise passes the duty on and returns the
+    /// hold, which the caller deletes. A turn already superseded (its hold was lost and the
+    /// queue moved on without it) only returns the hold.
     fn release(
         self: &Arc<Self>,
-        node: Arc<dyn BackendHold>,
+        hold: Arc<dyn BackendHold>,
         turn: u64,
         labels: &Labels,
     ) -> Option<Arc<dyn BackendHold>> {
         let mut state = self.state();
         if state.turn != turn {
-            return Some(node);
+            return Some(hold);
         }
         // Asked only when a local task waits: a backend may start a watch to answer
-        // (ZooKeeper with `watch_held_nodes(false)`), which a node about to be deleted does
+        // (ZooKeeper with `watch_held_nodes(false)`), which a hold about to be deleted does
         // not need.
-        if self.max_handoffs > 0 && !state.queue.is_empty() && node.loss_reason().is_none() {
+        if self.max_handoffs > 0 && !state.queue.is_empty() && hold.loss_reason().is_none() {
             // The taker confirms the hold (`BackendHold::confirmed`) before it relies on it.
             while !state.queue.is_empty() {
                 // The bound holds while another contender waits, or may wait (when in doubt);
                 // asking on the first handoff starts the backend's watch for one. The token's
                 // local part bounds every run.
-                let others = node.others_waiting();
+                let others = hold.others_waiting();
                 if (others && state.handoffs >= self.max_handoffs) || state.handoffs == u32::MAX {
                     break;
                 }
@@ -319,10 +319,10 @@ impl LocalLock {
                 };
                 state.handoffs += 1;
                 state.turn += 1;
-                let token = FencingToken::new(node.token().zxid(), state.handoffs);
+                let token = FencingToken::new(hold.token().zxid(), state.handoffs);
                 let grant = Grant::new(
                     self.table,
-                    node.clone(),
+                    hold.clone(),
                     token,
                     self.mode,
                     self.path.clone(),
@@ -339,26 +339,26 @@ impl LocalLock {
                         return None;
                     }
                     Err(Wake::Granted(grant)) => drop(grant.defuse()),
-                    Err(Wake::Drive(_)) => unreachable!("sent a grant"),
+                    Err(Wake::Acquire(_)) => unreachable!("sent a grant"),
                 }
             }
         }
-        if state.queue.is_empty() && self.linger_on_release(&mut state, &node) {
+        if state.queue.is_empty() && self.linger_on_release(&mut state, &hold) {
             return None;
         }
-        self.pass_baton(&mut state);
-        Some(node)
+        self.pass_duty(&mut state);
+        Some(hold)
     }
 
-    /// Keeps `node`, whose last local holder lets go with nobody queued, lingering if the
+    /// Keeps `hold`, whose last local holder lets go with nobody queued, lingering if the
     /// linger is on, the hold intact, no other contender known, the token's local part not
     /// used up, and a runtime at hand for the task that gives it up. Returns whether it did.
-    fn linger_on_release(self: &Arc<Self>, state: &mut State, node: &Arc<dyn BackendHold>) -> bool {
-        if self.linger.is_zero() || state.handoffs == u32::MAX || node.loss_reason().is_some() {
+    fn linger_on_release(self: &Arc<Self>, state: &mut State, hold: &Arc<dyn BackendHold>) -> bool {
+        if self.linger.is_zero() || state.handoffs == u32::MAX || hold.loss_reason().is_some() {
             return false;
         }
-        // The watcher that gives the node up runs on the manager's runtime, never on the one
-        // that released (a short-lived runtime would end it, and the node would linger while
+        // The watcher that gives the hold up runs on the manager's runtime, never on the one
+        // that released (a short-lived runtime would end it, and the hold would linger while
         // others wait).
         let Some(runtime) = self
             .runtime
@@ -367,9 +367,9 @@ impl LocalLock {
         else {
             return false;
         };
-        let mut appeared = node.others_appeared();
+        let mut appeared = hold.others_appeared();
         if futures::FutureExt::now_or_never(appeared.as_mut()).is_some() {
-            // Another contender waits (or the backend cannot tell): it gets the node now.
+            // Another contender waits (or the backend cannot tell): it gets the hold now.
             return false;
         }
         state.busy = false;
@@ -377,10 +377,10 @@ impl LocalLock {
         state.turn += 1;
         let (stop, stopped) = oneshot::channel();
         state.lingering = Some(Lingering {
-            node: node.clone(),
+            hold: hold.clone(),
             _stop: stop,
         });
-        let (lock, turn, linger, loss) = (self.clone(), state.turn, self.linger, node.loss());
+        let (lock, turn, linger, loss) = (self.clone(), state.turn, self.linger, hold.loss());
         runtime.spawn(async move {
             tokio::select! {
                 // Taken again, or given up by the table.
@@ -391,11 +391,11 @@ impl LocalLock {
             }
             lock.end_lingering(turn);
         });
-        tracing::debug!(path = %self.path, "zklock: the node lingers");
+        tracing::debug!(path = %self.path, "zklock: the hold lingers");
         true
     }
 
-    /// Gives up the node lingering since `turn`, if it still does.
+    /// Gives up the hold lingering since `turn`, if it still does.
     fn end_lingering(&self, turn: u64) {
         let mut state = self.state();
         let lingering = if state.turn == turn {
@@ -405,12 +405,12 @@ impl LocalLock {
         };
         drop(state);
         if lingering.is_some() {
-            tracing::debug!(path = %self.path, "zklock: a lingering node is given up");
+            tracing::debug!(path = %self.path, "zklock: a lingering hold is given up");
         }
     }
 
-    /// Takes the lingering node, if any, for a new local holder: a local handoff, with no
-    /// request. A node that can no longer be granted ([`BackendHold::can_regrant`]) is given
+    /// Takes the lingering hold, if any, for a new local holder: a local handoff, with no
+    /// request. A hold that can no longer be granted ([`BackendHold::can_regrant`]) is given
     /// up instead (returned in `Err`, for the caller to drop once `state` is unlocked).
     fn take_lingering(
         self: &Arc<Self>,
@@ -420,18 +420,18 @@ impl LocalLock {
         let Some(lingering) = state.lingering.take() else {
             return Ok(None);
         };
-        let node = lingering.node.clone();
-        if state.handoffs == u32::MAX || !node.can_regrant() {
+        let hold = lingering.hold.clone();
+        if state.handoffs == u32::MAX || !hold.can_regrant() {
             return Err(lingering);
         }
         state.busy = true;
         state.handoffs += 1;
         state.turn += 1;
-        state.holder = Some(node.loss_unwatched());
-        let token = FencingToken::new(node.token().zxid(), state.handoffs);
+        state.holder = Some(hold.loss_unwatched());
+        let token = FencingToken::new(hold.token().zxid(), state.handoffs);
         let grant = Grant::new(
             self.table,
-            node,
+            hold,
             token,
             self.mode,
             self.path.clone(),
@@ -442,11 +442,11 @@ impl LocalLock {
             labels,
         );
         labels.local_handoff();
-        tracing::debug!(path = %self.path, %token, "zklock: took the lingering node again");
+        tracing::debug!(path = %self.path, %token, "zklock: took the lingering hold again");
         Ok(Some(grant))
     }
 
-    /// The current turn and how its holder's loss shows, if a local task holds a node.
+    /// The current turn and how its holder's loss shows, if a local task holds a hold.
     fn current(&self) -> (u64, Option<LossSignal>) {
         let state = self.state();
         (state.turn, state.holder.clone())
@@ -458,16 +458,16 @@ impl LocalLock {
     }
 
     /// The holder of `turn` lost its hold: if it still has the queue, the queue moves on
-    /// without it (its own release later only deletes its node).
+    /// without it (its own release later only deletes its hold).
     fn abandon(self: &Arc<Self>, turn: u64) {
         let mut state = self.state();
         if state.turn == turn && self.holder_lost(&state) {
             tracing::debug!(path = %self.path, "zklock: a lost local hold is kept; the local queue moves on");
-            self.pass_baton(&mut state);
+            self.pass_duty(&mut state);
         }
     }
 
-    /// Starts the turn `turn` (the baton's) of a holder of a node of its own.
+    /// Starts the turn `turn` (the duty's) of a holder of a hold of its own.
     fn hold(self: &Arc<Self>, turn: u64, hold: &Arc<dyn BackendHold>) -> LocalTurn {
         let mut state = self.state();
         state.handoffs = 0;
@@ -519,22 +519,22 @@ pub(crate) async fn acquire(
             .map(|hold| grant(hold, None)));
     }
     let lock = table.entry(path, mode.into(), config);
-    let baton = loop {
+    let duty = loop {
         let mut stale = None;
         let receiver = {
             let mut state = lock.state();
             if state.busy && lock.holder_lost(&state) {
                 // The holder's hold is lost but user code keeps it: it holds nothing up. (A
                 // queued task would have moved the queue on already; a try must too.)
-                lock.pass_baton(&mut state);
+                lock.pass_duty(&mut state);
             }
             if !state.busy {
                 match lock.take_lingering(&mut state, labels) {
-                    Ok(Some(grant)) => Turn::Lingered(grant),
+                    Ok(Some(grant)) => Admission::Lingered(grant),
                     taken => {
                         stale = taken.err();
                         state.busy = true;
-                        Turn::Drive(state.turn)
+                        Admission::Acquire(state.turn)
                     }
                 }
             } else if matches!(wait, Wait::Never) {
@@ -542,20 +542,20 @@ pub(crate) async fn acquire(
             } else {
                 let (tx, rx) = oneshot::channel();
                 state.queue.push_back(tx);
-                Turn::Queued(rx)
+                Admission::Queued(rx)
             }
         };
-        // A lingering node that could not be taken again is released in the background.
+        // A lingering hold that could not be taken again is released in the background.
         drop(stale);
         let rx = match receiver {
-            Turn::Queued(rx) => rx,
-            Turn::Drive(turn) => {
-                break Baton {
+            Admission::Queued(rx) => rx,
+            Admission::Acquire(turn) => {
+                break AcquireDuty {
                     lock: Some(lock.clone()),
                     turn,
                 }
             }
-            Turn::Lingered(grant) => {
+            Admission::Lingered(grant) => {
                 lock.holder_changed.notify_waiters();
                 grant.hold().confirmed().await;
                 if grant.loss_reason().is_none() {
@@ -582,27 +582,27 @@ pub(crate) async fn acquire(
         };
         match woken {
             Ok(Wake::Granted(grant)) => {
-                // The node was fine when the last holder let go; make sure it still exists
-                // (someone may have deleted it) before this task relies on it. Once the node's
+                // The hold was fine when the last holder let go; make sure it still exists
+                // (someone may have deleted it) before this task relies on it. Once the hold's
                 // watch has answered, this costs nothing.
                 grant.hold().confirmed().await;
                 if grant.loss_reason().is_none() {
                     return Ok(Some(grant));
                 }
-                // Dropping it passes the lock on; queue again for a node of our own.
+                // Dropping it passes the lock on; queue again for a hold of our own.
                 drop(grant);
             }
-            Ok(Wake::Drive(baton)) => break baton,
+            Ok(Wake::Acquire(duty)) => break duty,
             Err(_) => return Err(Error::Closed),
         }
     };
-    // We carry the baton: acquire the node. If this fails or is cancelled, the baton's drop
+    // We carry the duty: acquire the hold. If this fails or is cancelled, the duty's drop
     // passes the duty on.
     let hold = backend.acquire(target, mode, wait).await?;
     match hold {
         Some(hold) => {
-            let turn = lock.hold(baton.turn, &hold);
-            baton.disarm();
+            let turn = lock.hold(duty.turn, &hold);
+            duty.disarm();
             Ok(Some(grant(hold, Some(turn))))
         }
         None => Ok(None),
@@ -611,7 +611,7 @@ pub(crate) async fn acquire(
 
 impl LocalLock {
     /// Waits in the local queue until woken, watching the current holder meanwhile: a hold
-    /// that is lost (session expired, node deleted) but kept by user code no longer holds the
+    /// that is lost (session expired, hold deleted) but kept by user code no longer holds the
     /// queue up.
     async fn wait_turn(
         self: &Arc<Self>,

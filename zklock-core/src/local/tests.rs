@@ -3,7 +3,7 @@
 //! handoffs, and lost or stale holds that must not hold up or disturb the queue.
 //!
 //! A "process" is a [`LocalTable`] of its own on one shared [`MemoryBackend`]: two tables on
-//! one backend contend as two processes do on one ZooKeeper.
+//! one backend contend as two processes do on one server.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -184,7 +184,7 @@ async fn a_waiter_cancelled_with_its_grant_in_flight_passes_the_grant_on() {
     first.release().await.unwrap(); // handed to `second`, which never looks at it
     drop(second);
     let third = granted(third, "the waiter behind a cancelled taker").await;
-    assert_eq!(third.token.zxid(), token.zxid(), "still the first node");
+    assert_eq!(third.token.zxid(), token.zxid(), "still the first hold");
     assert!(third.token > token);
     assert!(
         !other_process_gets_it(&backend).await,
@@ -195,10 +195,10 @@ async fn a_waiter_cancelled_with_its_grant_in_flight_passes_the_grant_on() {
     assert!(other_process_gets_it(&backend).await);
 }
 
-/// The task with the baton (acquiring the process's backend hold) is cancelled while it waits
-/// at the backend: the baton goes to the next waiter, and the cancelled backend entry is gone.
+/// The task with the duty (acquiring the process's backend hold) is cancelled while it waits
+/// at the backend: the duty goes to the next waiter, and the cancelled backend entry is gone.
 #[tokio::test]
-async fn the_baton_holder_cancelled_while_acquiring_passes_the_baton() {
+async fn the_duty_holder_cancelled_while_acquiring_passes_the_duty() {
     let backend = MemoryBackend::new();
     let (here, there) = (LocalTable::default(), LocalTable::default());
     let t = target();
@@ -214,11 +214,11 @@ async fn the_baton_holder_cancelled_while_acquiring_passes_the_baton() {
     drop(driver);
     assert!(
         pends(&mut next).await,
-        "took the baton, now waits at the backend"
+        "took the duty, now waits at the backend"
     );
     let other_token = other.token;
     other.release().await.unwrap();
-    let next = granted(next, "the baton's next holder").await;
+    let next = granted(next, "the duty's next holder").await;
     assert!(next.token > other_token);
     next.release().await.unwrap();
     assert!(idle(&here) && idle(&there));
@@ -228,10 +228,10 @@ async fn the_baton_holder_cancelled_while_acquiring_passes_the_baton() {
     );
 }
 
-/// The baton is passed to a waiter that is dropped before it polls it: the baton in its channel
+/// The duty is passed to a waiter that is dropped before it polls it: the duty in its channel
 /// goes on to the next waiter.
 #[tokio::test]
-async fn a_baton_in_flight_to_a_cancelled_waiter_is_passed_on() {
+async fn a_duty_in_flight_to_a_cancelled_waiter_is_passed_on() {
     let backend = MemoryBackend::new();
     let (here, there) = (LocalTable::default(), LocalTable::default());
     let t = target();
@@ -244,10 +244,10 @@ async fn a_baton_in_flight_to_a_cancelled_waiter_is_passed_on() {
     let mut second = lock(&backend, &here, queued(8), &t, Wait::Forever);
     let mut third = lock(&backend, &here, queued(8), &t, Wait::Forever);
     assert!(pends(&mut driver).await && pends(&mut second).await && pends(&mut third).await);
-    drop(driver); // the baton goes to `second`'s channel
+    drop(driver); // the duty goes to `second`'s channel
     drop(second); // ... and from there to `third`
     other.release().await.unwrap();
-    granted(third, "the waiter behind a cancelled baton taker")
+    granted(third, "the waiter behind a cancelled duty taker")
         .await
         .release()
         .await
@@ -256,9 +256,9 @@ async fn a_baton_in_flight_to_a_cancelled_waiter_is_passed_on() {
     assert!(other_process_gets_it(&backend).await);
 }
 
-/// The baton holder's own backend wait runs out: a timeout for it, the baton for the next.
+/// The duty holder's own backend wait runs out: a timeout for it, the duty for the next.
 #[tokio::test]
-async fn the_baton_holder_timing_out_at_the_backend_passes_the_baton() {
+async fn the_duty_holder_timing_out_at_the_backend_passes_the_duty() {
     let backend = MemoryBackend::new();
     let (here, there) = (LocalTable::default(), LocalTable::default());
     let t = target();
@@ -274,7 +274,7 @@ async fn the_baton_holder_timing_out_at_the_backend_passes_the_baton() {
     assert!(matches!(driver.await, Err(Error::Timeout { .. })));
     assert!(pends(&mut next).await);
     other.release().await.unwrap();
-    granted(next, "after the baton holder timed out")
+    granted(next, "after the duty holder timed out")
         .await
         .release()
         .await
@@ -282,7 +282,7 @@ async fn the_baton_holder_timing_out_at_the_backend_passes_the_baton() {
     assert!(idle(&here));
 }
 
-/// A try never queues: `None` at once while a local task holds, and a try that took the baton
+/// A try never queues: `None` at once while a local task holds, and a try that took the duty
 /// and found the backend taken leaves the local lock idle.
 #[tokio::test]
 async fn tries_never_queue_and_never_leave_the_local_lock_busy() {
@@ -306,7 +306,7 @@ async fn tries_never_queue_and_never_leave_the_local_lock_busy() {
         .await
         .unwrap()
         .is_none());
-    assert!(idle(&here), "the failed try gave the baton back");
+    assert!(idle(&here), "the failed try gave the duty back");
     other.release().await.unwrap();
     let mine = lock(&backend, &here, queued(8), &t, Wait::Never)
         .await

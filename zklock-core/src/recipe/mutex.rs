@@ -47,7 +47,7 @@ impl Mutex {
         }
     }
 
-    /// The znode path of this lock (its contenders are its children).
+    /// The path of this lock (on ZooKeeper, its znode path: its contenders are its children).
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {

@@ -48,7 +48,7 @@ impl RwLock {
         RwLock { read, write }
     }
 
-    /// The znode path of this lock.
+    /// The path of this lock (its znode path on ZooKeeper).
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {

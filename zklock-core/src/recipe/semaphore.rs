@@ -279,7 +279,7 @@ impl Lease {
         self.hold().loss().lost().await
     }
 
-    /// Returns the lease and waits until ZooKeeper confirms it.
+    /// Returns the lease and waits until the server confirms it.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {

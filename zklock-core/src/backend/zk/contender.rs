@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use zookeeper_client::EventType;
 
-use super::hold::{Given, Hold, NodeWatch, REVOKE_MESSAGE};
+use super::hold::{HandedWatch, Hold, NodeWatch, REVOKE_MESSAGE};
 use super::node::{Attempt, Unfinished};
 use super::protocol::{check_path_acl, delete_in_background};
 use super::queue::{NodeKind, Queue};
@@ -296,9 +296,9 @@ impl Attempt<'_> {
             FencingToken::new(waiting.czxid, 0),
             ticket,
             match (waiting.alone, waiting.own) {
-                (Some(alone), _) => Given::Alone(alone),
-                (None, Some(own)) => Given::Node(own),
-                (None, None) => Given::Nothing,
+                (Some(alone), _) => HandedWatch::Children(alone),
+                (None, Some(own)) => HandedWatch::OwnNode(own),
+                (None, None) => HandedWatch::NoWatch,
             },
         ))
     }

@@ -39,14 +39,14 @@ enum Others {
     /// The listing showed no other contender; the children watch it set completes on any
     /// change of the lock path's children (a new contender, or any doubt: the session ended).
     /// Shared: [`Hold::others_waiting`] polls it in passing, a lingering hold's task awaits it.
-    None(Fired),
+    NoneYet(ChildrenChange),
     /// Another contender exists or existed, or the listing failed: the bound applies.
     Maybe,
 }
 
 /// A children watch's event, shared between its pollers; a watcher whose session task went
 /// away without a word (it panics when polled) counts as fired.
-type Fired = futures::future::Shared<BoxFuture<'static, ()>>;
+type ChildrenChange = futures::future::Shared<BoxFuture<'static, ()>>;
 
 /// The data watch a waiter set on its own node while it waited (one request in the round that
 /// watched the nodes ahead of it), handed to the hold it became: the node is then watched with
@@ -59,17 +59,17 @@ pub(crate) struct NodeWatch {
 }
 
 /// What watches a new hold's node with no request of its own.
-pub(crate) enum Given {
+pub(crate) enum HandedWatch {
     /// Nothing: the hold watches its node's data (one request), unless the manager opted out.
-    Nothing,
+    NoWatch,
     /// The children watch of the listing that showed the node alone and granted it.
-    Alone(zookeeper_client::OneshotWatcher),
+    Children(zookeeper_client::OneshotWatcher),
     /// The data watch the waiter set on its own node while it waited.
-    Node(NodeWatch),
+    OwnNode(NodeWatch),
 }
 
-/// A children watch's event as a [`Fired`].
-fn fired(watcher: zookeeper_client::OneshotWatcher) -> Fired {
+/// A children watch's event as a [`ChildrenChange`].
+fn children_change(watcher: zookeeper_client::OneshotWatcher) -> ChildrenChange {
     use futures::FutureExt;
     // A watcher whose session task went away without a word panics when polled: that too is
     // doubt.
@@ -97,25 +97,25 @@ fn data_event(fired: BoxFuture<'static, zookeeper_client::WatchedEvent>) -> Data
 /// may run after the caller) has acted on it. So `is_held()` never lags what this process has
 /// heard of a deletion, and a local handoff never goes ahead on a change still unread.
 #[derive(Default)]
-struct Heard(std::sync::Mutex<Option<Pending>>);
+struct ReceivedWatch(std::sync::Mutex<Option<MonitoredWatch>>);
 
-enum Pending {
+enum MonitoredWatch {
     /// The children watch of the listing that granted the node alone.
-    Children(Fired),
+    Children(ChildrenChange),
     /// A data watch on the node.
     Data(DataEvent),
 }
 
-impl Heard {
-    fn set(&self, pending: Option<Pending>) {
-        *self.0.lock().unwrap() = pending;
+impl ReceivedWatch {
+    fn set(&self, watch: Option<MonitoredWatch>) {
+        *self.0.lock().unwrap() = watch;
     }
 
     /// The data watch reported the node's deletion.
     fn deleted(&self) -> bool {
         use futures::FutureExt;
         match &*self.0.lock().unwrap() {
-            Some(Pending::Data(event)) => {
+            Some(MonitoredWatch::Data(event)) => {
                 event.clone().now_or_never() == Some(EventType::NodeDeleted)
             }
             _ => false,
@@ -127,7 +127,7 @@ impl Heard {
     fn children_changed(&self) -> bool {
         use futures::FutureExt;
         match &*self.0.lock().unwrap() {
-            Some(Pending::Children(fired)) => fired.clone().now_or_never().is_some(),
+            Some(MonitoredWatch::Children(fired)) => fired.clone().now_or_never().is_some(),
             _ => false,
         }
     }
@@ -151,7 +151,7 @@ pub(crate) struct LossWatch {
     node: watch::Receiver<NodeState>,
     health: watch::Receiver<Health>,
     /// The event the monitor waits on, seen as soon as the client has it.
-    heard: Arc<Heard>,
+    received: Arc<ReceivedWatch>,
 }
 
 impl Loss for LossWatch {
@@ -172,7 +172,7 @@ impl LossWatch {
         if let NodeState::Lost(reason) = *self.node.borrow() {
             return Some(reason);
         }
-        if self.heard.deleted() {
+        if self.received.deleted() {
             return Some(LossReason::NodeDeleted);
         }
         let h = self.health.borrow();
@@ -228,13 +228,13 @@ impl Hold {
     /// started, not the manager's current one), and starts watching the node if configured.
     ///
     /// `given` is a watch the acquire already set, so that the grant sends no request:
-    /// - [`Given::Alone`], the children watch of the listing that showed this node alone in the
+    /// - [`HandedWatch::Children`], the children watch of the listing that showed this node alone in the
     ///   lock path and granted it. The node is then watched through it: any change of the lock
     ///   path's children (this node deleted, another contender queued, the session's end) fires
     ///   it, and only then is the node's data watched (a request); meanwhile the node is as
     ///   confirmed as by a data watch set and not fired, and no other contender waits. A
     ///   contender that is alone and never contended for so pays no request for its watch.
-    /// - [`Given::Node`], the data watch the waiter set on its node while it waited: the hold's
+    /// - [`HandedWatch::OwnNode`], the data watch the waiter set on its node while it waited: the hold's
     ///   data watch, set early. A data change (a revoke request?) has the hold read the data.
     pub(crate) fn new(
         inner: Arc<Inner>,
@@ -243,7 +243,7 @@ impl Hold {
         node: String,
         token: FencingToken,
         ticket: DirTicket,
-        given: Given,
+        given: HandedWatch,
     ) -> Hold {
         let health = inner.session.health.subscribe();
         let (epoch, born_lost) = {
@@ -266,20 +266,20 @@ impl Hold {
         // Likewise the data watch set while waiting: a revocable hold reads the data again.
         let usable = eager && !inner.config.revocable && born_lost.is_none();
         let (fired, node_watch) = match given {
-            Given::Alone(watcher) if usable => (Some(fired(watcher)), None),
-            Given::Node(watch) if usable => (None, Some(watch)),
+            HandedWatch::Children(watcher) if usable => (Some(children_change(watcher)), None),
+            HandedWatch::OwnNode(watch) if usable => (None, Some(watch)),
             _ => (None, None),
         };
         if node_watch.as_ref().is_some_and(|w| w.revoke_requested) {
             revocation.requested.store(true, Ordering::SeqCst);
         }
-        let heard = Arc::new(Heard::default());
+        let received = Arc::new(ReceivedWatch::default());
         let node_event = node_watch.map(|w| data_event(w.fired));
         if let Some(fired) = &fired {
-            heard.set(Some(Pending::Children(fired.clone())));
+            received.set(Some(MonitoredWatch::Children(fired.clone())));
         }
         if let Some(event) = &node_event {
-            heard.set(Some(Pending::Data(event.clone())));
+            received.set(Some(MonitoredWatch::Data(event.clone())));
         }
         let (node_state, _) = watch::channel(if fired.is_some() || node_event.is_some() {
             NodeState::Watched
@@ -297,7 +297,7 @@ impl Hold {
                 born_lost,
                 node: node_state.subscribe(),
                 health,
-                heard,
+                received,
             },
             node_state: Arc::new(node_state),
             revocation,
@@ -306,7 +306,7 @@ impl Hold {
             released: AtomicBool::new(false),
             contenders: Arc::new(Contenders {
                 others: std::sync::Mutex::new(match &fired {
-                    Some(fired) => Others::None(fired.clone()),
+                    Some(fired) => Others::NoneYet(fired.clone()),
                     None => Others::Unasked,
                 }),
                 listed: watch::channel(()).0,
@@ -315,14 +315,14 @@ impl Hold {
         };
         match (fired, node_event) {
             (Some(fired), _) => {
-                let (state, heard) = (hold.node_state.clone(), hold.loss.heard.clone());
+                let (state, received) = (hold.node_state.clone(), hold.loss.received.clone());
                 hold.monitor_after(async move {
                     fired.await;
                     // Something changed in the lock path: not confirmed until the data watch
                     // answers. (Unconfirmed first, then the change is no longer pending: a
                     // local handoff waits throughout.)
                     unconfirm(&state);
-                    heard.set(None);
+                    received.set(None);
                     true
                 });
             }
@@ -340,18 +340,18 @@ impl Hold {
     /// that watch's event, and unless it settled the matter (`false`), the node's data is
     /// watched from then on (a request).
     fn monitor_after(&self, first: impl Future<Output = bool> + Send + 'static) {
-        let (client, node, state, revocation, heard) = (
+        let (client, node, state, revocation, received) = (
             self.session.client.clone(),
             self.node.clone(),
             self.node_state.clone(),
             self.revocation.clone(),
-            self.loss.heard.clone(),
+            self.loss.received.clone(),
         );
         let count = self.inner.clone();
         let monitor = self.inner.runtime.spawn(async move {
             if first.await {
                 count.count_requests(1);
-                watch_node(client, node, state, revocation, heard).await
+                watch_node(client, node, state, revocation, received).await
             }
         });
         *self.monitor.lock().unwrap() = Some(monitor.abort_handle());
@@ -383,7 +383,7 @@ impl Hold {
             current.abort();
             // Its watch is replaced by the data watch below (an unread change of the lock
             // path's children included: the read finds whatever it was).
-            self.loss.heard.set(None);
+            self.loss.received.set(None);
             unconfirm(&self.node_state);
         }
         self.data_watched.store(true, Ordering::SeqCst);
@@ -393,7 +393,7 @@ impl Hold {
             self.node.clone(),
             self.node_state.clone(),
             self.revocation.clone(),
-            self.loss.heard.clone(),
+            self.loss.received.clone(),
         );
         *monitor = Some(self.inner.runtime.spawn(watching).abort_handle());
     }
@@ -415,7 +415,7 @@ impl Hold {
             let listing = matches!(*self.contenders.others.lock().unwrap(), Others::Listing);
             // A change of the lock path's children that the client has received, and the
             // monitor not yet acted on, may be this node's deletion: wait for its read.
-            let unread = self.loss.heard.children_changed();
+            let unread = self.loss.received.children_changed();
             *self.node_state.borrow() != NodeState::Unconfirmed && !listing && !unread
         })
         .await
@@ -439,7 +439,7 @@ impl Hold {
                 true
             }
             Others::Listing | Others::Maybe => true,
-            Others::None(changed) => {
+            Others::NoneYet(changed) => {
                 if futures::FutureExt::now_or_never(changed.clone()).is_some() {
                     *others = Others::Maybe;
                     true
@@ -472,7 +472,7 @@ impl Hold {
             loop {
                 let fired = match &*contenders.others.lock().unwrap() {
                     Others::Listing => None,
-                    Others::None(fired) => Some(fired.clone()),
+                    Others::NoneYet(fired) => Some(fired.clone()),
                     Others::Unasked | Others::Maybe => return,
                 };
                 match fired {
@@ -501,7 +501,7 @@ impl Hold {
         self.inner.runtime.spawn(async move {
             let next = match client.list_and_watch_children(&parent).await {
                 Ok((children, watcher)) if children.iter().all(|c| *c == name) => {
-                    Others::None(fired(watcher))
+                    Others::NoneYet(children_change(watcher))
                 }
                 _ => Others::Maybe,
             };
@@ -525,7 +525,7 @@ impl Hold {
             monitor.abort();
         }
         // This process deletes the node now: that deletion is not a loss.
-        self.loss.heard.set(None);
+        self.loss.received.set(None);
     }
 
     /// Opts in to revocation: a revoke request (already made or to come) becomes a loss.
@@ -675,14 +675,14 @@ async fn watch_node(
     node: String,
     state: Arc<watch::Sender<NodeState>>,
     revocation: Arc<Revocation>,
-    heard: Arc<Heard>,
+    received: Arc<ReceivedWatch>,
 ) {
     loop {
         match client.get_and_watch_data(&node).await {
             Err(zookeeper_client::Error::NoNode) => return node_gone(&node, &state),
             Ok((data, _, watcher)) => {
                 let event = data_event(Box::pin(watcher.changed()));
-                heard.set(Some(Pending::Data(event.clone())));
+                received.set(Some(MonitoredWatch::Data(event.clone())));
                 if data == REVOKE_MESSAGE {
                     revocation.requested.store(true, Ordering::SeqCst);
                     if revocation.revocable.load(Ordering::SeqCst) {
@@ -799,7 +799,7 @@ impl BackendHold for Hold {
                 made.node,
                 made.token,
                 made.ticket,
-                Given::Nothing,
+                HandedWatch::NoWatch,
             );
             if let Some(reason) = self.loss_reason() {
                 // Lost while the read node was made: the read node goes when `read` drops.
@@ -837,7 +837,7 @@ mod tests {
         fut.shared()
     }
 
-    fn fired(ready: bool) -> Fired {
+    fn children_change(ready: bool) -> ChildrenChange {
         let fut: BoxFuture<'static, ()> = if ready {
             Box::pin(async {})
         } else {
@@ -849,38 +849,42 @@ mod tests {
     /// A deletion the client has delivered counts before any task has polled the watch.
     #[test]
     fn a_delivered_deletion_counts_before_the_monitor_runs() {
-        let heard = Heard::default();
-        assert!(!heard.deleted(), "nothing watched");
-        heard.set(Some(Pending::Data(event(None))));
-        assert!(!heard.deleted(), "nothing delivered");
-        heard.set(Some(Pending::Data(event(Some(EventType::NodeDataChanged)))));
+        let received = ReceivedWatch::default();
+        assert!(!received.deleted(), "nothing watched");
+        received.set(Some(MonitoredWatch::Data(event(None))));
+        assert!(!received.deleted(), "nothing delivered");
+        received.set(Some(MonitoredWatch::Data(event(Some(
+            EventType::NodeDataChanged,
+        )))));
         assert!(
-            !heard.deleted(),
+            !received.deleted(),
             "a data change (a revoke request?) is read first"
         );
-        heard.set(Some(Pending::Data(event(Some(EventType::NodeDeleted)))));
-        assert!(heard.deleted());
-        assert!(heard.deleted(), "and stays so");
+        received.set(Some(MonitoredWatch::Data(event(Some(
+            EventType::NodeDeleted,
+        )))));
+        assert!(received.deleted());
+        assert!(received.deleted(), "and stays so");
         // The holder's own release clears it: its own deletion is no loss.
-        heard.set(None);
-        assert!(!heard.deleted());
+        received.set(None);
+        assert!(!received.deleted());
     }
 
     /// A delivered change of the lock path's children is unread until the monitor reads the
     /// node: not a loss, but no local handoff may go ahead on it.
     #[test]
     fn a_delivered_change_of_the_children_is_pending_until_read() {
-        let heard = Heard::default();
-        heard.set(Some(Pending::Children(fired(false))));
-        assert!(!heard.children_changed());
-        heard.set(Some(Pending::Children(fired(true))));
-        assert!(heard.children_changed());
+        let received = ReceivedWatch::default();
+        received.set(Some(MonitoredWatch::Children(children_change(false))));
+        assert!(!received.children_changed());
+        received.set(Some(MonitoredWatch::Children(children_change(true))));
+        assert!(received.children_changed());
         assert!(
-            !heard.deleted(),
+            !received.deleted(),
             "the children watch cannot say which node went"
         );
-        heard.set(None);
-        assert!(!heard.children_changed());
+        received.set(None);
+        assert!(!received.children_changed());
     }
 
     /// The monitor runs its whole sequence (unconfirm, clear the unread flag, read, confirm)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use zookeeper_client::EventType;
 
 use super::contender::acquire_node;
-use super::hold::{Given, Hold};
+use super::hold::{HandedWatch, Hold};
 use super::node::create_node;
 use super::queue::NodeKind;
 use super::session::connection_lost;
@@ -68,7 +68,7 @@ pub(crate) async fn acquire_leases(
             made.node,
             made.token,
             made.ticket,
-            Given::Nothing,
+            HandedWatch::NoWatch,
         ));
         children = made.children;
     }
@@ -138,7 +138,7 @@ pub(crate) async fn acquire_leases(
             Err(err) => return Err(Error::zk("list the leases", &leases, err)),
         };
     }
-    // Given up before returning, not in the background: an acquirer that comes right after
+    // HandedWatch up before returning, not in the background: an acquirer that comes right after
     // this one returned (a `try_acquire` above all) must find the gate free. Cancel safe: a
     // drop here deletes the gate in the background, and the leases with it (the acquire did
     // not complete). A failure means the gate's session ended: so did the leases, and their
