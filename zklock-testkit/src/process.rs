@@ -1,5 +1,6 @@
 //! Child processes that die with the test: killed on drop, and — should the test process itself be killed
-//! outright — by a tiny watchdog shell that notices its stdin pipe close.
+//! outright — by a tiny watchdog shell that notices its stdin pipe close; and whether a pid is alive
+//! (for sweeping up what dead test processes left).
 
 use std::fs;
 use std::io;
