@@ -244,7 +244,7 @@ impl History {
         self.len() == 0
     }
 
-    /// Checks the history; see [`check`].
+    /// Checks the history; see [`check()`].
     ///
     /// # Examples
     ///
