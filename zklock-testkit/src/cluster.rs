@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::daemon::on_free_ports;
 use crate::install::{ensure_zookeeper_installed, tail};
 use crate::member::{Member, Options, QuorumPorts};
-use crate::ports::{self, PortLease};
-use crate::server::restart_member;
+use crate::ports::PortLease;
 use crate::workdir;
 
 const PORT_ATTEMPTS: usize = 4;
@@ -215,9 +215,7 @@ impl ZkClusterBuilder {
             ));
         }
         ensure_zookeeper_installed()?;
-        let mut last_err = None;
-        for _ in 0..PORT_ATTEMPTS {
-            let leases = ports::reserve(3 * n)?;
+        on_free_ports(3 * n, PORT_ATTEMPTS, "a ZooKeeper cluster", |leases| {
             let quorum: Vec<QuorumPorts> = (0..n)
                 .map(|i| QuorumPorts {
                     peer: leases[n + 2 * i].port(),
@@ -244,13 +242,9 @@ impl ZkClusterBuilder {
                 _leases: leases,
                 _dir: dir,
             };
-            match cluster.wait_all_serving(self.opts.startup_timeout) {
-                Ok(()) => return Ok(cluster),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => last_err = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("could not start a ZooKeeper cluster")))
+            cluster.wait_all_serving(self.opts.startup_timeout)?;
+            Ok(cluster)
+        })
     }
 }
 
@@ -463,7 +457,7 @@ impl ZkCluster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn restart_member(&mut self, i: usize) -> io::Result<()> {
-        restart_member(self.member_mut(i)?)
+        self.member_mut(i)?.restart()
     }
 
     /// Freezes member `i` with SIGSTOP: its connections stay open but nothing answers, as in a partition

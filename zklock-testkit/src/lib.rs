@@ -45,7 +45,9 @@
 
 mod cluster;
 mod curator;
+mod daemon;
 mod env;
+mod fault_switch;
 mod four_letter;
 mod history;
 mod install;

@@ -1,16 +1,15 @@
 //! One ZooKeeper JVM: its configuration, directories, log, process and readiness checks. Shared by
 //! [`ZkServer`](crate::ZkServer) (a standalone member) and [`ZkCluster`](crate::ZkCluster).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::daemon::{restart, Daemon, Log, Readiness};
 use crate::four_letter::{four_letter, mode_of};
-use crate::install::{classpath, java, tail};
-use crate::process::Supervised;
+use crate::install::{classpath, java};
 
 /// How often readiness is polled.
 const POLL: Duration = Duration::from_millis(50);
@@ -132,15 +131,13 @@ pub(crate) struct Member {
     root: PathBuf,
     data_dir: PathBuf,
     cfg: PathBuf,
-    log: PathBuf,
+    log: Log,
     client_port: u16,
     role: Role,
     heap_mb: u32,
     container_check_interval_ms: u32,
     startup_timeout: Duration,
-    process: Option<Supervised>,
-    /// Where the log of the current run starts.
-    log_offset: u64,
+    daemon: Daemon,
 }
 
 impl Member {
@@ -155,7 +152,7 @@ impl Member {
         let data_dir = root.join("data");
         fs::create_dir_all(&data_dir)?;
         let cfg = root.join("zoo.cfg");
-        let log = root.join("server.log");
+        let log = Log::new(root.join("server.log"));
         let role = if ensemble.is_empty() {
             Role::Standalone
         } else {
@@ -172,8 +169,7 @@ impl Member {
             heap_mb: opts.heap_mb,
             container_check_interval_ms: opts.container_check_interval_ms,
             startup_timeout: opts.startup_timeout,
-            process: None,
-            log_offset: 0,
+            daemon: Daemon::new("ZooKeeper", io::ErrorKind::NotConnected),
         };
         member.write_config(opts, client_port, ensemble)?;
         Ok(member)
@@ -200,25 +196,21 @@ impl Member {
     }
 
     pub(crate) fn pid(&self) -> Option<u32> {
-        self.process.as_ref().map(Supervised::id)
+        self.daemon.pid()
     }
 
     pub(crate) fn is_running(&self) -> bool {
-        self.process.is_some()
+        self.daemon.is_running()
     }
 
     pub(crate) fn is_paused(&self) -> bool {
-        self.process.as_ref().is_some_and(Supervised::is_paused)
+        self.daemon.is_paused()
     }
 
     /// Starts the JVM (no waiting). Stops a running one first.
     pub(crate) fn spawn(&mut self) -> io::Result<()> {
         self.stop()?;
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        self.log_offset = log.metadata()?.len();
+        let log = self.log.start_run()?;
         let mut cmd = Command::new(java());
         cmd.arg(format!("-Xmx{}m", self.heap_mb))
             .args([
@@ -251,42 +243,25 @@ impl Member {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        let process = Supervised::spawn(&mut cmd, false).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "could not start java ({}): {e}; is a JRE installed?",
-                    java().display()
-                ),
-            )
-        })?;
-        self.process = Some(process);
-        Ok(())
+        self.daemon.spawn(
+            &mut cmd,
+            false,
+            &java(),
+            "is a JRE installed? (JAVA_HOME picks one)",
+        )
     }
 
     /// SIGKILLs the JVM (even when paused) and reaps it. Does nothing when not running.
     pub(crate) fn stop(&mut self) -> io::Result<()> {
-        match self.process.take() {
-            Some(mut p) => p.kill(),
-            None => Ok(()),
-        }
+        self.daemon.kill()
     }
 
     pub(crate) fn pause(&self) -> io::Result<()> {
-        self.running()?.pause()
+        self.daemon.pause(self.client_port)
     }
 
     pub(crate) fn resume(&self) -> io::Result<()> {
-        self.running()?.resume()
-    }
-
-    fn running(&self) -> io::Result<&Supervised> {
-        self.process.as_ref().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!("server on port {} is stopped", self.client_port),
-            )
-        })
+        self.daemon.resume(self.client_port)
     }
 
     pub(crate) fn four_letter(&self, cmd: &str, timeout: Duration) -> io::Result<String> {
@@ -307,78 +282,50 @@ impl Member {
     /// Fails early when the JVM exits — with [`io::ErrorKind::AddrInUse`] if it could not bind a port —
     /// and with [`io::ErrorKind::TimedOut`] after the startup timeout; both with the log's tail.
     pub(crate) fn wait_serving(&mut self, deadline: Option<Instant>) -> io::Result<String> {
-        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.startup_timeout);
-        loop {
-            let process = self
-                .process
-                .as_mut()
-                .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "server is stopped"))?;
-            if let Some(status) = process.try_wait()? {
-                self.process = None;
-                let log = self.log_since_start();
-                let kind = if log.contains("Address already in use") {
-                    io::ErrorKind::AddrInUse
-                } else {
-                    io::ErrorKind::Other
-                };
-                return Err(io::Error::new(
-                    kind,
-                    format!(
-                        "ZooKeeper on port {} exited during startup ({status}); log {}:\n{}",
-                        self.client_port,
-                        self.log.display(),
-                        tail(&log, 30)
-                    ),
-                ));
+        let ready = Readiness {
+            port: self.client_port,
+            log: &self.log,
+            tail_lines: 30,
+            ready_when: "serve",
+            deadline: deadline.unwrap_or_else(|| Instant::now() + self.startup_timeout),
+            poll: POLL,
+            kill_on_timeout: false,
+        };
+        let (port, role) = (self.client_port, self.role);
+        self.daemon.wait_ready(ready, |process| {
+            if process.is_paused() {
+                return Ok(None);
             }
-            if !process.is_paused() {
-                let ok = self
-                    .four_letter("ruok", PROBE_TIMEOUT)
-                    .is_ok_and(|a| a.trim() == "imok");
-                if ok {
-                    if let Ok(srvr) = self.four_letter("srvr", PROBE_TIMEOUT) {
-                        if let Some(mode) = mode_of(&srvr).filter(|m| self.role.accepts(m)) {
-                            return Ok(mode.to_string());
-                        }
-                    }
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "ZooKeeper on port {} (pid {:?}) did not serve in time; log {}:\n{}",
-                        self.client_port,
-                        self.pid(),
-                        self.log.display(),
-                        tail(&self.log_since_start(), 30)
-                    ),
-                ));
-            }
-            thread::sleep(POLL);
-        }
+            let ok = four_letter(port, "ruok", PROBE_TIMEOUT).is_ok_and(|a| a.trim() == "imok");
+            let srvr = if ok {
+                four_letter(port, "srvr", PROBE_TIMEOUT).ok()
+            } else {
+                None
+            };
+            Ok(srvr
+                .as_deref()
+                .and_then(mode_of)
+                .filter(|m| role.accepts(m))
+                .map(str::to_string))
+        })
+    }
+
+    /// Starts the JVM again and waits until it serves, retrying while its port is still taken.
+    pub(crate) fn restart(&mut self) -> io::Result<()> {
+        restart(|| {
+            self.spawn()?;
+            self.wait_serving(None)
+        })
+        .map(drop)
     }
 
     /// The log written by the current (or last) run.
     pub(crate) fn log_since_start(&self) -> String {
-        let mut text = String::new();
-        if let Ok(mut f) = File::open(&self.log) {
-            let _ = f.seek(SeekFrom::Start(self.log_offset));
-            let mut bytes = Vec::new();
-            let _ = f.read_to_end(&mut bytes);
-            text = String::from_utf8_lossy(&bytes).into_owned();
-        }
-        text
+        self.log.since_start()
     }
 
     /// The path of the member's log file.
     pub(crate) fn log_path(&self) -> &Path {
-        &self.log
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.stop();
+        self.log.path()
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::workdir::is_alive;
+use crate::process::is_alive;
 
 /// Ports claimed by this process (the lock files guard against other processes).
 static CLAIMED: Mutex<Option<HashSet<u16>>> = Mutex::new(None);

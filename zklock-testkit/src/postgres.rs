@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::ports::{self, PortLease};
-use crate::process::Supervised;
+use crate::daemon::{on_free_ports, restart, Daemon, Log, Readiness};
+use crate::ports::PortLease;
 use crate::workdir;
 
 /// How long a fresh server gets to accept connections.
@@ -43,8 +43,10 @@ const PORT_ATTEMPTS: usize = 5;
 /// ```
 #[derive(Debug)]
 pub struct PostgresServer {
-    process: Option<Supervised>,
+    // Field order is drop order: the process first, then the port, then the files.
+    daemon: Daemon,
     lease: PortLease,
+    log: Log,
     dir: tempfile::TempDir,
     bin: PathBuf,
     durable: bool,
@@ -121,27 +123,28 @@ impl PostgresServer {
                 String::from_utf8_lossy(&initdb.stderr)
             )));
         }
-        let mut last_err = None;
+        // One data directory for every port tried: initdb runs once.
         let mut dir = Some(dir);
-        for _ in 0..PORT_ATTEMPTS {
-            let lease = ports::reserve(1)?.remove(0);
+        on_free_ports(1, PORT_ATTEMPTS, "postgres", |mut leases| {
+            let dir_now = dir.take().expect("kept");
             let mut server = PostgresServer {
-                process: None,
-                lease,
-                dir: dir.take().expect("kept"),
+                daemon: Daemon::new("postgres", io::ErrorKind::NotFound),
+                lease: leases.remove(0),
+                log: Log::new(dir_now.path().join("postgres.log")),
+                dir: dir_now,
                 bin: bin.clone(),
                 durable,
             };
             match server.spawn() {
-                Ok(()) => return Ok(server),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-                    last_err = Some(e);
-                    dir = Some(std::mem::replace(&mut server.dir, tempfile::tempdir()?));
+                Ok(()) => Ok(server),
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::AddrInUse {
+                        dir = Some(std::mem::replace(&mut server.dir, tempfile::tempdir()?));
+                    }
+                    Err(e)
                 }
-                Err(e) => return Err(e),
             }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("could not start postgres")))
+        })
     }
 
     /// The port it listens on (127.0.0.1).
@@ -183,7 +186,7 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn log_path(&self) -> PathBuf {
-        self.dir.path().join("postgres.log")
+        self.log.path().to_path_buf()
     }
 
     /// The postmaster's process id, while it runs.
@@ -196,7 +199,7 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn pid(&self) -> Option<u32> {
-        self.process.as_ref().map(Supervised::id)
+        self.daemon.pid()
     }
 
     /// Runs `sql` with `psql` as the superuser and returns its output (unaligned, tuples only),
@@ -249,7 +252,7 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn stop(&mut self) -> io::Result<()> {
-        let Some(mut postmaster) = self.process.take() else {
+        let Some(mut postmaster) = self.daemon.take() else {
             return Ok(());
         };
         // Each backend leads a session of its own (PostgreSQL's children call setsid), so a
@@ -286,7 +289,7 @@ impl PostgresServer {
     /// ```
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop()?;
-        self.spawn()
+        restart(|| self.spawn())
     }
 
     /// Freezes the server and every backend with SIGSTOP: connections stay open but nothing
@@ -307,7 +310,7 @@ impl PostgresServer {
     pub fn pause(&self) -> io::Result<()> {
         // The postmaster first (no new children), then every backend (each in a session of
         // its own, out of the postmaster's process group).
-        let postmaster = self.running()?;
+        let postmaster = self.daemon.running(self.port())?;
         postmaster.pause()?;
         for child in children(postmaster.id()) {
             signal(child, libc::SIGSTOP)?;
@@ -330,7 +333,7 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn resume(&self) -> io::Result<()> {
-        let postmaster = self.running()?;
+        let postmaster = self.daemon.running(self.port())?;
         for child in children(postmaster.id()) {
             signal(child, libc::SIGCONT)?;
         }
@@ -359,7 +362,7 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn freeze_wal_writer(&self) -> io::Result<u32> {
-        self.running()?;
+        self.daemon.running(self.port())?;
         let pid: u32 = self
             .psql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'")?
             .trim()
@@ -369,20 +372,14 @@ impl PostgresServer {
         Ok(pid)
     }
 
-    fn running(&self) -> io::Result<&Supervised> {
-        self.process
-            .as_ref()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "postgres is stopped"))
-    }
-
+    /// Starts the postmaster (killing a running one first) and waits until it accepts
+    /// connections.
     fn spawn(&mut self) -> io::Result<()> {
-        let log = self.log_path();
-        let _ = std::fs::remove_file(&log);
         let user = run_as()?;
         // The log file is opened here, as root: hand it to the server's user.
-        let file = std::fs::File::create(&log)?;
+        let file = self.log.start_run()?;
         if let Some((uid, gid)) = user {
-            chown(&log, uid, gid)?;
+            chown(self.log.path(), uid, gid)?;
         }
         let mut cmd = run_command(
             Command::new(self.bin.join("postgres"))
@@ -410,62 +407,37 @@ impl PostgresServer {
         cmd.stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
-        let process = Supervised::spawn(&mut cmd, true).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot run {} ({e}); install Debian's postgresql package (scripts/setup does)",
-                    self.bin.join("postgres").display()
-                ),
-            )
-        })?;
-        self.process = Some(process);
-        self.wait_ready()
-    }
-
-    fn wait_ready(&mut self) -> io::Result<()> {
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            let process = self.process.as_mut().expect("spawned");
-            if let Some(status) = process.try_wait()? {
-                let tail = self.log_tail();
-                self.process = None;
-                let kind = if tail.contains("Address already in use") {
-                    io::ErrorKind::AddrInUse
-                } else {
-                    io::ErrorKind::Other
-                };
-                return Err(io::Error::new(
-                    kind,
-                    format!("postgres exited during startup ({status}); its log:\n{tail}"),
-                ));
-            }
-            let ready = Command::new(self.bin.join("pg_isready"))
+        self.daemon.spawn(
+            &mut cmd,
+            true,
+            &self.bin.join("postgres"),
+            "install Debian's postgresql package (scripts/setup does)",
+        )?;
+        let ready = Readiness {
+            port: self.port(),
+            log: &self.log,
+            tail_lines: 20,
+            ready_when: "accept connections",
+            deadline: Instant::now() + STARTUP_TIMEOUT,
+            poll: Duration::from_millis(50),
+            // The backends must go too: see `stop`.
+            kill_on_timeout: false,
+        };
+        let (bin, port) = (&self.bin, self.port());
+        let ready = self.daemon.wait_ready(ready, |_| {
+            let ready = Command::new(bin.join("pg_isready"))
                 .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-p"])
-                .arg(self.port().to_string())
+                .arg(port.to_string())
                 .status()?;
-            if ready.success() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let tail = self.log_tail();
-                let _ = self.stop();
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "postgres did not accept connections on port {} within {STARTUP_TIMEOUT:?}; its log:\n{tail}",
-                        self.port()
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            Ok(ready.success().then_some(()))
+        });
+        if ready
+            .as_ref()
+            .is_err_and(|e| e.kind() == io::ErrorKind::TimedOut)
+        {
+            let _ = self.stop();
         }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        ready
     }
 }
 

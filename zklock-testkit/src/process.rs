@@ -1,13 +1,19 @@
 //! Child processes that die with the test: killed on drop, and — should the test process itself be killed
-//! outright — by a tiny watchdog shell that notices its stdin pipe close.
+//! outright — by a tiny watchdog shell that notices its stdin pipe close; and whether a pid is alive
+//! (for sweeping up what dead test processes left).
 
 use std::fs;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
+
+/// Whether `pid` names a live process (this one included).
+pub(crate) fn is_alive(pid: u32) -> bool {
+    pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+}
 
 /// A spawned child (optionally leading its own process group) with a watchdog.
 #[derive(Debug)]

@@ -8,15 +8,18 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
+
+use crate::fault_switch::{self, write_due, Due, End, FaultSwitch, Link};
 
 /// ZooKeeper opcodes of the requests that create a znode: create, create2, createContainer, createTTL.
 pub const CREATE_OPCODES: [i32; 4] = [1, 15, 19, 21];
@@ -26,32 +29,9 @@ pub const CREATE_OPCODES: [i32; 4] = [1, 15, 19, 21];
 const MAX_FRAME: usize = 64 << 20;
 
 /// The runtime every proxy of the process runs on: one worker thread, alive as long as the process.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("zklock-testkit-proxy")
-            .enable_all()
-            .build()
-            .expect("start the proxy runtime")
-    })
-}
-
-/// What the proxy does to traffic right now.
-#[derive(Clone, Copy, Debug, Default)]
-struct Faults {
-    /// Nothing goes through either way; connections stay open and new ones are accepted but not
-    /// connected upstream. Lifting it delivers what was held back, as TCP would after a partition.
-    blackhole: bool,
-    /// New connections are reset at once (a server that is down).
-    refuse: bool,
-    /// Added to every frame, each way.
-    delay: Duration,
-    /// Bumped to reset every open connection.
-    reset_generation: u64,
-    /// The proxy was dropped: everything closes.
-    closed: bool,
+fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    fault_switch::runtime(&RUNTIME, "zklock-testkit-proxy")
 }
 
 /// Drop the reply to the `remaining`-th next request with one of `opcodes`.
@@ -83,19 +63,19 @@ pub enum AfterDrop {
     ResetAndBlackhole,
 }
 
+/// What the proxy counts beyond the switch's connections and resets.
 #[derive(Default)]
 struct Counters {
-    connections: AtomicU64,
     requests: AtomicU64,
     replies: AtomicU64,
     creates: AtomicU64,
     replies_dropped: AtomicU64,
-    resets: AtomicU64,
 }
 
+/// What the proxy's connections share: the fault switch, the rule for the reply to drop, and
+/// the counts.
 struct Shared {
-    upstream: SocketAddr,
-    faults: watch::Sender<Faults>,
+    switch: FaultSwitch,
     drop_rule: Mutex<Option<DropRule>>,
     counters: Counters,
     /// Requests seen, by opcode.
@@ -171,8 +151,8 @@ impl fmt::Debug for Proxy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Proxy")
             .field("listen", &self.addr)
-            .field("upstream", &self.shared.upstream)
-            .field("faults", &*self.shared.faults.borrow())
+            .field("upstream", &self.shared.switch.upstream())
+            .field("faults", &self.shared.switch.now())
             .finish()
     }
 }
@@ -194,24 +174,17 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start(upstream: &str) -> io::Result<Proxy> {
-        let upstream = upstream.to_socket_addrs()?.next().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "upstream has no address")
-        })?;
-        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
+        let (shared, addr) = fault_switch::listen(
             upstream,
-            faults: watch::Sender::new(Faults::default()),
-            drop_rule: Mutex::new(None),
-            counters: Counters::default(),
-            opcodes: Mutex::new(HashMap::new()),
-        });
-        let listener = {
-            let _enter = runtime().enter();
-            TcpListener::from_std(listener)?
-        };
-        runtime().spawn(accept_loop(listener, shared.clone()));
+            runtime(),
+            |switch| Shared {
+                switch,
+                drop_rule: Mutex::new(None),
+                counters: Counters::default(),
+                opcodes: Mutex::new(HashMap::new()),
+            },
+            serve,
+        )?;
         Ok(Proxy { shared, addr })
     }
 
@@ -254,7 +227,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn upstream(&self) -> SocketAddr {
-        self.shared.upstream
+        self.shared.switch.upstream()
     }
 
     /// Cuts the client off, as a network partition does: nothing is forwarded either way, open
@@ -274,7 +247,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn blackhole(&self) {
-        self.shared.faults.send_modify(|f| f.blackhole = true);
+        self.shared.switch.blackhole();
     }
 
     /// Whether [`blackhole`](Self::blackhole) is in force.
@@ -288,7 +261,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn is_blackholed(&self) -> bool {
-        self.shared.faults.borrow().blackhole
+        self.shared.switch.is_blackholed()
     }
 
     /// Ends a [`blackhole`](Self::blackhole) and a [`refuse`](Self::refuse): traffic flows again (the
@@ -305,10 +278,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn heal(&self) {
-        self.shared.faults.send_modify(|f| {
-            f.blackhole = false;
-            f.refuse = false;
-        });
+        self.shared.switch.heal();
     }
 
     /// Resets (RST) every connection open through the proxy now, both towards the client and towards
@@ -323,7 +293,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn reset(&self) {
-        self.shared.faults.send_modify(|f| f.reset_generation += 1);
+        self.shared.switch.reset();
     }
 
     /// While `on`, new connections are reset as soon as they are accepted (a server that is down);
@@ -339,12 +309,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn refuse(&self, on: bool) {
-        self.shared.faults.send_modify(|f| {
-            f.refuse = on;
-            if on {
-                f.reset_generation += 1;
-            }
-        });
+        self.shared.switch.refuse(on);
     }
 
     /// Delays every frame by `delay`, each way (a round trip gets twice as long); `Duration::ZERO`
@@ -361,7 +326,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn set_delay(&self, delay: Duration) {
-        self.shared.faults.send_modify(|f| f.delay = delay);
+        self.shared.switch.set_delay(delay);
     }
 
     /// Loses the reply to the `n`-th create request (1 = the next one) that passes through from now
@@ -493,161 +458,56 @@ impl Proxy {
     pub fn stats(&self) -> ProxyStats {
         let c = &self.shared.counters;
         ProxyStats {
-            connections: c.connections.load(Ordering::SeqCst),
+            connections: self.shared.switch.connections(),
             requests: c.requests.load(Ordering::SeqCst),
             replies: c.replies.load(Ordering::SeqCst),
             creates: c.creates.load(Ordering::SeqCst),
             replies_dropped: c.replies_dropped.load(Ordering::SeqCst),
-            resets: c.resets.load(Ordering::SeqCst),
+            resets: self.shared.switch.resets(),
         }
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        self.shared.faults.send_modify(|f| f.closed = true);
+        self.shared.switch.close();
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut faults = shared.faults.subscribe();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            changed = faults.changed() => {
-                if changed.is_err() || faults.borrow().closed {
-                    return;
-                }
-                continue;
-            }
-        };
-        let Ok((client, _)) = accepted else {
-            // EMFILE and the like: try again shortly.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        shared.counters.connections.fetch_add(1, Ordering::SeqCst);
-        let now = *faults.borrow();
-        if now.closed {
-            return;
-        }
-        if now.refuse {
-            shared.counters.resets.fetch_add(1, Ordering::SeqCst);
-            abort(&client);
-            continue;
-        }
-        tokio::spawn(serve(client, shared.clone()));
+impl AsRef<FaultSwitch> for Shared {
+    fn as_ref(&self) -> &FaultSwitch {
+        &self.switch
     }
 }
 
-/// Makes the coming close an abortive one: RST instead of FIN.
-// A zero linger never blocks on drop (the deprecation warns of non-zero ones): the kernel discards
-// unsent data and resets the connection at once.
-#[allow(deprecated)]
-fn abort(stream: &TcpStream) {
-    let _ = stream.set_linger(Some(Duration::ZERO));
-}
-
-/// How a connection ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    /// One side closed or failed: close the other.
-    Closed,
-    /// Reset both sides (a reset, a refusal, a dropped reply, or the proxy's end).
-    Reset,
-}
-
-/// Waits while the proxy blackholes; `Err` when the connection must be reset.
-async fn wait_open(faults: &mut watch::Receiver<Faults>, generation: u64) -> Result<(), End> {
-    loop {
-        {
-            let f = faults.borrow_and_update();
-            if f.closed || f.reset_generation != generation {
-                return Err(End::Reset);
-            }
-            if !f.blackhole {
-                return Ok(());
-            }
-        }
-        if faults.changed().await.is_err() {
-            return Err(End::Reset);
-        }
-    }
-}
-
-/// Completes when the connection must be reset.
-async fn reset_signal(mut faults: watch::Receiver<Faults>, generation: u64) {
-    loop {
-        {
-            let f = faults.borrow_and_update();
-            if f.closed || f.reset_generation != generation {
-                return;
-            }
-        }
-        if faults.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
-async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
-    let mut faults = shared.faults.subscribe();
-    let generation = faults.borrow().reset_generation;
-    let _ = client.set_nodelay(true);
-    // A partition answers no one: don't even reach the server until it ends.
-    if wait_open(&mut faults, generation).await.is_err() {
-        shared.counters.resets.fetch_add(1, Ordering::SeqCst);
-        abort(&client);
+/// One client's connection: to the server, with a pump each way.
+async fn serve(client: TcpStream, shared: Arc<Shared>) {
+    let Some(mut link) = Link::open(&shared.switch, client).await else {
         return;
-    }
-    let connected = tokio::select! {
-        c = TcpStream::connect(shared.upstream) => c,
-        _ = reset_signal(faults.clone(), generation) => {
-            shared.counters.resets.fetch_add(1, Ordering::SeqCst);
-            abort(&client);
-            return;
-        }
     };
-    let mut server = match connected {
-        Ok(server) => server,
-        Err(_) => {
-            // The server is down: the client sees its connection reset, as with no proxy.
-            abort(&client);
-            return;
-        }
-    };
-    let _ = server.set_nodelay(true);
     let drop_xids = Mutex::new(HashMap::new());
+    let generation = link.generation;
     let end = {
-        let (client_read, client_write) = client.split();
-        let (server_read, server_write) = server.split();
+        let h = link.split();
         let up = pump(
-            client_read,
-            server_write,
+            h.client_read,
+            h.server_write,
             Direction::ToServer,
             &shared,
             &drop_xids,
             generation,
         );
         let down = pump(
-            server_read,
-            client_write,
+            h.server_read,
+            h.client_write,
             Direction::ToClient,
             &shared,
             &drop_xids,
             generation,
         );
-        tokio::select! {
-            end = up => end,
-            end = down => end,
-            _ = reset_signal(faults.clone(), generation) => End::Reset,
-        }
+        fault_switch::race(&shared.switch, generation, up, down).await
     };
-    if end == End::Reset {
-        shared.counters.resets.fetch_add(1, Ordering::SeqCst);
-        abort(&client);
-        abort(&server);
-    }
+    link.end(&shared.switch, end);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -712,7 +572,7 @@ fn inspect(
                 if let Some(after) = dropped {
                     counters.replies_dropped.fetch_add(1, Ordering::SeqCst);
                     if after == AfterDrop::ResetAndBlackhole {
-                        shared.faults.send_modify(|f| f.blackhole = true);
+                        shared.switch.blackhole();
                     }
                     return Verdict::DropAndReset;
                 }
@@ -726,7 +586,7 @@ fn inspect(
 /// Forwards frames from `from` to `to`, applying the proxy's faults.
 async fn pump<R, W>(
     mut from: R,
-    mut to: W,
+    to: W,
     dir: Direction,
     shared: &Shared,
     drop_xids: &Mutex<HashMap<i32, AfterDrop>>,
@@ -736,15 +596,16 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let (tx, rx) = mpsc::unbounded_channel::<Due<()>>();
+    let switch = &shared.switch;
     let reader = async move {
-        let mut faults = shared.faults.subscribe();
+        let mut faults = switch.subscribe();
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut chunk = vec![0u8; 64 * 1024];
         let mut handshake = true;
         let mut raw = false;
         loop {
-            if let Err(end) = wait_open(&mut faults, generation).await {
+            if let Err(end) = fault_switch::wait_open(&mut faults, generation).await {
                 return end;
             }
             // Hand on every complete frame in the buffer.
@@ -777,8 +638,8 @@ where
                     }
                     handshake = false;
                 }
-                let delay = faults.borrow().delay;
-                if tx.send((Instant::now() + delay, frame)).is_err() {
+                let delay = faults.borrow().delay();
+                if tx.send((Instant::now() + delay, frame, ())).is_err() {
                     return End::Closed;
                 }
             }
@@ -793,30 +654,8 @@ where
             }
         }
     };
-    let writer = async move {
-        let mut faults = shared.faults.subscribe();
-        while let Some((due, frame)) = rx.recv().await {
-            tokio::time::sleep_until(due).await;
-            if let Err(end) = wait_open(&mut faults, generation).await {
-                return end;
-            }
-            if to.write_all(&frame).await.is_err() {
-                return End::Closed;
-            }
-        }
-        End::Closed
-    };
-    tokio::pin!(reader, writer);
-    tokio::select! {
-        end = &mut reader => {
-            if end == End::Closed {
-                // Deliver what was read before the close (the sender is gone with the reader).
-                let _ = (&mut writer).await;
-            }
-            end
-        }
-        end = &mut writer => end,
-    }
+    let writer = write_due(to, rx, switch, generation, |()| {});
+    fault_switch::pump(reader, writer).await
 }
 
 #[cfg(test)]
@@ -831,8 +670,7 @@ mod tests {
 
     fn shared() -> Shared {
         Shared {
-            upstream: "127.0.0.1:1".parse().unwrap(),
-            faults: watch::Sender::new(Faults::default()),
+            switch: FaultSwitch::new("127.0.0.1:1".parse().unwrap()),
             drop_rule: Mutex::new(None),
             counters: Counters::default(),
             opcodes: Mutex::new(HashMap::new()),

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::ports::{self, PortLease};
-use crate::process::Supervised;
+use crate::daemon::{on_free_ports, restart, Daemon, Log, Readiness};
+use crate::ports::PortLease;
 use crate::workdir;
 
 /// How long a fresh server gets to answer `PING`.
@@ -40,8 +40,10 @@ const PORT_ATTEMPTS: usize = 5;
 /// ```
 #[derive(Debug)]
 pub struct RedisServer {
-    process: Option<Supervised>,
+    // Field order is drop order: the process first, then the port, then the files.
+    daemon: Daemon,
     lease: PortLease,
+    log: Log,
     dir: tempfile::TempDir,
     durable: bool,
 }
@@ -85,23 +87,18 @@ impl RedisServer {
     }
 
     fn start_with(durable: bool) -> io::Result<RedisServer> {
-        let mut last_err = None;
-        for _ in 0..PORT_ATTEMPTS {
-            let lease = ports::reserve(1)?.remove(0);
+        on_free_ports(1, PORT_ATTEMPTS, "redis-server", |mut leases| {
             let dir = workdir::create("redis")?;
             let mut server = RedisServer {
-                process: None,
-                lease,
+                daemon: Daemon::new("redis-server", io::ErrorKind::NotFound),
+                lease: leases.remove(0),
+                log: Log::new(dir.path().join("redis.log")),
                 dir,
                 durable,
             };
-            match server.spawn() {
-                Ok(()) => return Ok(server),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => last_err = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("could not start redis-server")))
+            server.spawn()?;
+            Ok(server)
+        })
     }
 
     /// The port it listens on (127.0.0.1).
@@ -142,7 +139,7 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn log_path(&self) -> PathBuf {
-        self.dir.path().join("redis.log")
+        self.log.path().to_path_buf()
     }
 
     /// The server's process id, while it runs.
@@ -155,7 +152,7 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn pid(&self) -> Option<u32> {
-        self.process.as_ref().map(Supervised::id)
+        self.daemon.pid()
     }
 
     /// Kills the server (SIGKILL): connections break, and everything it held is gone (nothing is
@@ -175,10 +172,7 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn stop(&mut self) -> io::Result<()> {
-        match self.process.take() {
-            Some(mut p) => p.kill(),
-            None => Ok(()),
-        }
+        self.daemon.kill()
     }
 
     /// Starts the server again on the same port (stopping it first if it runs), empty (with its
@@ -199,7 +193,7 @@ impl RedisServer {
     /// ```
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop()?;
-        self.spawn()
+        restart(|| self.spawn())
     }
 
     /// Freezes the server with SIGSTOP: connections stay open but nothing answers, as in a long
@@ -219,7 +213,7 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn pause(&self) -> io::Result<()> {
-        self.running()?.pause()
+        self.daemon.pause(self.port())
     }
 
     /// Lets a [`pause`](Self::pause)d server run again (SIGCONT).
@@ -238,7 +232,7 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn resume(&self) -> io::Result<()> {
-        self.running()?.resume()
+        self.daemon.resume(self.port())
     }
 
     /// Whether the server is paused.
@@ -251,19 +245,14 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn is_paused(&self) -> bool {
-        self.process.as_ref().is_some_and(Supervised::is_paused)
+        self.daemon.is_paused()
     }
 
-    fn running(&self) -> io::Result<&Supervised> {
-        self.process
-            .as_ref()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "redis-server is stopped"))
-    }
-
+    /// Starts `redis-server` (killing a running one first) and waits until it answers `PING`.
     fn spawn(&mut self) -> io::Result<()> {
         let binary = binary();
-        let log = self.log_path();
-        let _ = std::fs::remove_file(&log);
+        // redis-server appends to its log file itself.
+        drop(self.log.start_run()?);
         let mut cmd = Command::new(&binary);
         cmd.arg("--port")
             .arg(self.port().to_string())
@@ -277,62 +266,27 @@ impl RedisServer {
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
-            .arg(&log)
+            .arg(self.log.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let process = Supervised::spawn(&mut cmd, false).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!(
-                    "cannot run {} ({e}); install Debian's redis-server package (scripts/setup does)",
-                    binary.display()
-                ),
-            )
-        })?;
-        self.process = Some(process);
-        self.wait_ready()
-    }
-
-    fn wait_ready(&mut self) -> io::Result<()> {
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            let process = self.process.as_mut().expect("spawned");
-            if let Some(status) = process.try_wait()? {
-                let tail = self.log_tail();
-                self.process = None;
-                let kind = if tail.contains("Address already in use") {
-                    io::ErrorKind::AddrInUse
-                } else {
-                    io::ErrorKind::Other
-                };
-                return Err(io::Error::new(
-                    kind,
-                    format!("redis-server exited during startup ({status}); its log:\n{tail}"),
-                ));
-            }
-            if ping(self.port()).is_ok() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let tail = self.log_tail();
-                let _ = self.stop();
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "redis-server did not answer PING on port {} within {STARTUP_TIMEOUT:?}; its log:\n{tail}",
-                        self.port()
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        self.daemon.spawn(
+            &mut cmd,
+            false,
+            &binary,
+            "install Debian's redis-server package (scripts/setup does)",
+        )?;
+        let port = self.port();
+        let ready = Readiness {
+            port,
+            log: &self.log,
+            tail_lines: 20,
+            ready_when: "answer PING",
+            deadline: Instant::now() + STARTUP_TIMEOUT,
+            poll: Duration::from_millis(25),
+            kill_on_timeout: true,
+        };
+        self.daemon.wait_ready(ready, |_| Ok(ping(port).ok()))
     }
 }
 

@@ -9,15 +9,18 @@
 
 use std::fmt;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+
+use crate::fault_switch::{self, wait_open, write_due, Due, End, FaultSwitch, Link};
 
 /// How long a cut waits for the first reply after its request reached the server before it
 /// fires anyway (a request the server does not answer, such as a close).
@@ -28,32 +31,9 @@ const REPLY_GRACE: Duration = Duration::from_millis(500);
 const SETTLE: Duration = Duration::from_millis(30);
 
 /// The runtime every relay of the process runs on: one worker thread, alive as long as the process.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("zklock-testkit-relay")
-            .enable_all()
-            .build()
-            .expect("start the relay runtime")
-    })
-}
-
-/// What the relay does to traffic right now.
-#[derive(Clone, Copy, Debug, Default)]
-struct Faults {
-    /// Nothing goes through either way; connections stay open and new ones are accepted but not
-    /// connected upstream. Lifting it delivers what was held back, as TCP would after a partition.
-    blackhole: bool,
-    /// New connections are reset at once (a server that is down).
-    refuse: bool,
-    /// Added to every chunk, each way.
-    delay: Duration,
-    /// Bumped to reset every open connection.
-    reset_generation: u64,
-    /// The relay was dropped: everything closes.
-    closed: bool,
+fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    fault_switch::runtime(&RUNTIME, "zklock-testkit-relay")
 }
 
 /// What the relay does once the server received the request a cut was set for (see
@@ -90,20 +70,25 @@ struct CutRule {
     after: After,
 }
 
+/// What the relay counts beyond the switch's connections and resets.
 #[derive(Default)]
 struct Counters {
-    connections: AtomicU64,
     requests: AtomicU64,
     replies: AtomicU64,
     cuts: AtomicU64,
-    resets: AtomicU64,
 }
 
+/// What the relay's connections share: the fault switch, the cut to make, and the counts.
 struct Shared {
-    upstream: SocketAddr,
-    faults: watch::Sender<Faults>,
+    switch: FaultSwitch,
     cut: Mutex<Option<CutRule>>,
     counters: Counters,
+}
+
+impl AsRef<FaultSwitch> for Shared {
+    fn as_ref(&self) -> &FaultSwitch {
+        &self.switch
+    }
 }
 
 /// What the relay has seen so far; see [`Relay::stats`].
@@ -176,8 +161,8 @@ impl fmt::Debug for Relay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Relay")
             .field("listen", &self.addr)
-            .field("upstream", &self.shared.upstream)
-            .field("faults", &*self.shared.faults.borrow())
+            .field("upstream", &self.shared.switch.upstream())
+            .field("faults", &self.shared.switch.now())
             .finish()
     }
 }
@@ -199,23 +184,16 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start(upstream: &str) -> io::Result<Relay> {
-        let upstream = upstream.to_socket_addrs()?.next().ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "upstream has no address")
-        })?;
-        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared {
+        let (shared, addr) = fault_switch::listen(
             upstream,
-            faults: watch::Sender::new(Faults::default()),
-            cut: Mutex::new(None),
-            counters: Counters::default(),
-        });
-        let listener = {
-            let _enter = runtime().enter();
-            TcpListener::from_std(listener)?
-        };
-        runtime().spawn(accept_loop(listener, shared.clone()));
+            runtime(),
+            |switch| Shared {
+                switch,
+                cut: Mutex::new(None),
+                counters: Counters::default(),
+            },
+            serve,
+        )?;
         Ok(Relay { shared, addr })
     }
 
@@ -258,7 +236,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn upstream(&self) -> SocketAddr {
-        self.shared.upstream
+        self.shared.switch.upstream()
     }
 
     /// `url` (a server's URL, e.g. [`PostgresServer::url`](crate::PostgresServer::url) or
@@ -279,17 +257,15 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn url(&self, url: &str) -> String {
-        let port = self.shared.upstream.port();
-        for host in [self.shared.upstream.ip().to_string(), "localhost".into()] {
+        let upstream = self.upstream();
+        let port = upstream.port();
+        for host in [upstream.ip().to_string(), "localhost".into()] {
             let from = format!("{host}:{port}");
             if url.contains(&from) {
                 return url.replacen(&from, &self.addr.to_string(), 1);
             }
         }
-        panic!(
-            "{url} does not name the relay's upstream {}",
-            self.shared.upstream
-        );
+        panic!("{url} does not name the relay's upstream {upstream}");
     }
 
     /// Cuts the clients off, as a network partition does: nothing is forwarded either way, open
@@ -307,7 +283,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn blackhole(&self) {
-        self.shared.faults.send_modify(|f| f.blackhole = true);
+        self.shared.switch.blackhole();
     }
 
     /// Whether a [`blackhole`](Self::blackhole) is in force (set directly or by a cut).
@@ -321,7 +297,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn is_blackholed(&self) -> bool {
-        self.shared.faults.borrow().blackhole
+        self.shared.switch.is_blackholed()
     }
 
     /// Ends a [`blackhole`](Self::blackhole) and a [`refuse`](Self::refuse): traffic flows
@@ -338,10 +314,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn heal(&self) {
-        self.shared.faults.send_modify(|f| {
-            f.blackhole = false;
-            f.refuse = false;
-        });
+        self.shared.switch.heal();
     }
 
     /// Resets (RST) every connection open through the relay now, towards the client and
@@ -356,7 +329,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn reset(&self) {
-        self.shared.faults.send_modify(|f| f.reset_generation += 1);
+        self.shared.switch.reset();
     }
 
     /// While `on`, new connections are reset as soon as they are accepted (a server that is
@@ -373,12 +346,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn refuse(&self, on: bool) {
-        self.shared.faults.send_modify(|f| {
-            f.refuse = on;
-            if on {
-                f.reset_generation += 1;
-            }
-        });
+        self.shared.switch.refuse(on);
     }
 
     /// Delays every chunk by `delay`, each way (a round trip gets twice as long);
@@ -395,7 +363,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn set_delay(&self, delay: Duration) {
-        self.shared.faults.send_modify(|f| f.delay = delay);
+        self.shared.switch.set_delay(delay);
     }
 
     /// The adversary's cut: the `n`-th request from now on (1 = the next one; requests are
@@ -481,148 +449,37 @@ impl Relay {
     pub fn stats(&self) -> RelayStats {
         let c = &self.shared.counters;
         RelayStats {
-            connections: c.connections.load(Ordering::SeqCst),
+            connections: self.shared.switch.connections(),
             requests: c.requests.load(Ordering::SeqCst),
             replies: c.replies.load(Ordering::SeqCst),
             cuts: c.cuts.load(Ordering::SeqCst),
-            resets: c.resets.load(Ordering::SeqCst),
+            resets: self.shared.switch.resets(),
         }
     }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        self.shared.faults.send_modify(|f| f.closed = true);
+        self.shared.switch.close();
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    let mut faults = shared.faults.subscribe();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            changed = faults.changed() => {
-                if changed.is_err() || faults.borrow().closed {
-                    return;
-                }
-                continue;
-            }
-        };
-        let Ok((client, _)) = accepted else {
-            // EMFILE and the like: try again shortly.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        shared.counters.connections.fetch_add(1, Ordering::SeqCst);
-        let now = *faults.borrow();
-        if now.closed {
-            return;
-        }
-        if now.refuse {
-            shared.counters.resets.fetch_add(1, Ordering::SeqCst);
-            abort(&client);
-            continue;
-        }
-        tokio::spawn(serve(client, shared.clone()));
-    }
-}
-
-/// Makes the coming close an abortive one: RST instead of FIN.
-// A zero linger never blocks on drop (the deprecation warns of non-zero ones): the kernel discards
-// unsent data and resets the connection at once.
-#[allow(deprecated)]
-fn abort(stream: &TcpStream) {
-    let _ = stream.set_linger(Some(Duration::ZERO));
-}
-
-/// How a connection ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    /// One side closed or failed: close the other.
-    Closed,
-    /// Reset both sides (a reset, a refusal, a cut, or the relay's end).
-    Reset,
-}
-
-/// Waits while the relay blackholes; `Err` when the connection must be reset.
-async fn wait_open(faults: &mut watch::Receiver<Faults>, generation: u64) -> Result<(), End> {
-    loop {
-        {
-            let f = faults.borrow_and_update();
-            if f.closed || f.reset_generation != generation {
-                return Err(End::Reset);
-            }
-            if !f.blackhole {
-                return Ok(());
-            }
-        }
-        if faults.changed().await.is_err() {
-            return Err(End::Reset);
-        }
-    }
-}
-
-/// Completes when the connection must be reset.
-async fn reset_signal(mut faults: watch::Receiver<Faults>, generation: u64) {
-    loop {
-        {
-            let f = faults.borrow_and_update();
-            if f.closed || f.reset_generation != generation {
-                return;
-            }
-        }
-        if faults.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
-async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
-    let mut faults = shared.faults.subscribe();
-    let generation = faults.borrow().reset_generation;
-    let _ = client.set_nodelay(true);
-    // A partition answers no one: don't even reach the server until it ends.
-    if wait_open(&mut faults, generation).await.is_err() {
-        shared.counters.resets.fetch_add(1, Ordering::SeqCst);
-        abort(&client);
+/// One client's connection: to the server, with a pump each way.
+async fn serve(client: TcpStream, shared: Arc<Shared>) {
+    let Some(mut link) = Link::open(&shared.switch, client).await else {
         return;
-    }
-    let connected = tokio::select! {
-        c = TcpStream::connect(shared.upstream) => c,
-        _ = reset_signal(faults.clone(), generation) => {
-            shared.counters.resets.fetch_add(1, Ordering::SeqCst);
-            abort(&client);
-            return;
-        }
     };
-    let mut server = match connected {
-        Ok(server) => server,
-        Err(_) => {
-            // The server is down: the client sees its connection reset, as with no relay.
-            abort(&client);
-            return;
-        }
-    };
-    let _ = server.set_nodelay(true);
     // Set once this connection's request that a cut was set for was written to the server:
     // what to do, and when it was written.
     let armed = watch::Sender::new(None::<(After, Instant)>);
+    let generation = link.generation;
     let end = {
-        let (client_read, client_write) = client.split();
-        let (server_read, server_write) = server.split();
-        let up = upstream_pump(client_read, server_write, &shared, &armed, generation);
-        let down = downstream_pump(server_read, client_write, &shared, &armed, generation);
-        tokio::select! {
-            end = up => end,
-            end = down => end,
-            _ = reset_signal(faults.clone(), generation) => End::Reset,
-        }
+        let h = link.split();
+        let up = upstream_pump(h.client_read, h.server_write, &shared, &armed, generation);
+        let down = downstream_pump(h.server_read, h.client_write, &shared, &armed, generation);
+        fault_switch::race(&shared.switch, generation, up, down).await
     };
-    if end == End::Reset {
-        shared.counters.resets.fetch_add(1, Ordering::SeqCst);
-        abort(&client);
-        abort(&server);
-    }
+    link.end(&shared.switch, end);
 }
 
 /// Whether the chunk just read is the request a cut waits for; counts it either way.
@@ -639,13 +496,10 @@ fn count_request(shared: &Shared) -> Option<After> {
     Some(after)
 }
 
-/// A chunk on its way, due at an instant; a request a cut was set for carries the cut.
-type Chunk = (Instant, Vec<u8>, Option<After>);
-
 /// Client to server: counts requests, arms this connection's cut once its request was written.
 async fn upstream_pump<R, W>(
     mut from: R,
-    mut to: W,
+    to: W,
     shared: &Shared,
     armed: &watch::Sender<Option<(After, Instant)>>,
     generation: u64,
@@ -654,9 +508,9 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+    let (tx, rx) = mpsc::unbounded_channel::<Due<Option<After>>>();
     let reader = async move {
-        let mut faults = shared.faults.subscribe();
+        let mut faults = shared.switch.subscribe();
         let mut chunk = vec![0u8; 64 * 1024];
         loop {
             if let Err(end) = wait_open(&mut faults, generation).await {
@@ -672,7 +526,7 @@ where
                 Ok(n) => n,
             };
             let cut = count_request(shared);
-            let delay = faults.borrow().delay;
+            let delay = faults.borrow().delay();
             if tx
                 .send((Instant::now() + delay, chunk[..n].to_vec(), cut))
                 .is_err()
@@ -681,29 +535,17 @@ where
             }
         }
     };
-    let writer = async move {
-        let mut faults = shared.faults.subscribe();
-        while let Some((due, bytes, cut)) = rx.recv().await {
-            tokio::time::sleep_until(due).await;
-            if let Err(end) = wait_open(&mut faults, generation).await {
-                return end;
-            }
-            if to.write_all(&bytes).await.is_err() {
-                return End::Closed;
-            }
-            if let Some(after) = cut {
-                armed.send_replace(Some((after, Instant::now())));
-            }
+    let writer = write_due(to, rx, &shared.switch, generation, |cut: Option<After>| {
+        if let Some(after) = cut {
+            armed.send_replace(Some((after, Instant::now())));
         }
-        End::Closed
-    };
-    finish(reader, writer).await
+    });
+    fault_switch::pump(reader, writer).await
 }
 
-/// Server to client: withholds what a fired cut withholds.
 async fn downstream_pump<R, W>(
     mut from: R,
-    mut to: W,
+    to: W,
     shared: &Shared,
     armed: &watch::Sender<Option<(After, Instant)>>,
     generation: u64,
@@ -712,9 +554,9 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
+    let (tx, rx) = mpsc::unbounded_channel::<Due<()>>();
     let reader = async move {
-        let mut faults = shared.faults.subscribe();
+        let mut faults = shared.switch.subscribe();
         let mut armed_rx = armed.subscribe();
         let mut chunk = vec![0u8; 64 * 1024];
         loop {
@@ -745,26 +587,15 @@ where
                 match after {
                     After::Reset | After::ResetAndBlackhole => {
                         if after == After::ResetAndBlackhole {
-                            shared.faults.send_modify(|f| f.blackhole = true);
+                            shared.switch.blackhole();
                         }
                         // Swallow what else comes a moment, so the server has read the request.
-                        let settle = tokio::time::sleep(SETTLE);
-                        tokio::pin!(settle);
-                        loop {
-                            tokio::select! {
-                                _ = &mut settle => break,
-                                read = from.read(&mut chunk) => {
-                                    if !matches!(read, Ok(n) if n > 0) {
-                                        break;
-                                    }
-                                }
-                            }
-                        }
+                        swallow(&mut from, &mut chunk, SETTLE).await;
                         return End::Reset;
                     }
                     After::Blackhole => {
                         // Held, not lost: the writer waits for the partition to end.
-                        shared.faults.send_modify(|f| f.blackhole = true);
+                        shared.switch.blackhole();
                         armed.send_replace(None);
                         armed_rx.borrow_and_update();
                     }
@@ -772,45 +603,33 @@ where
             }
             if let Some(bytes) = bytes {
                 shared.counters.replies.fetch_add(1, Ordering::SeqCst);
-                let delay = faults.borrow().delay;
-                if tx.send((Instant::now() + delay, bytes, None)).is_err() {
+                let delay = faults.borrow().delay();
+                if tx.send((Instant::now() + delay, bytes, ())).is_err() {
                     return End::Closed;
                 }
             }
         }
     };
-    let writer = async move {
-        let mut faults = shared.faults.subscribe();
-        while let Some((due, bytes, _)) = rx.recv().await {
-            tokio::time::sleep_until(due).await;
-            if let Err(end) = wait_open(&mut faults, generation).await {
-                return end;
-            }
-            if to.write_all(&bytes).await.is_err() {
-                return End::Closed;
-            }
-        }
-        End::Closed
-    };
-    finish(reader, writer).await
+    let writer = write_due(to, rx, &shared.switch, generation, |()| {});
+    fault_switch::pump(reader, writer).await
 }
 
-/// Runs a pump's reader and writer: a reader that saw its side close lets the writer deliver
-/// what was read before.
-async fn finish(
-    reader: impl std::future::Future<Output = End>,
-    writer: impl std::future::Future<Output = End>,
-) -> End {
-    tokio::pin!(reader, writer);
-    tokio::select! {
-        end = &mut reader => {
-            if end == End::Closed {
-                // Deliver what was read before the close (the sender is gone with the reader).
-                let _ = (&mut writer).await;
+/// Reads and discards what `from` sends for `settle` (or until it closes).
+async fn swallow<R>(from: &mut R, chunk: &mut [u8], settle: Duration)
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let settle = tokio::time::sleep(settle);
+    tokio::pin!(settle);
+    loop {
+        tokio::select! {
+            _ = &mut settle => return,
+            read = from.read(chunk) => {
+                if !matches!(read, Ok(n) if n > 0) {
+                    return;
+                }
             }
-            end
         }
-        end = &mut writer => end,
     }
 }
 
@@ -818,6 +637,7 @@ async fn finish(
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::net::Ipv4Addr;
     use std::net::TcpStream as StdStream;
 
     /// A tiny echo server on a loopback port: every chunk it reads, it writes back.

@@ -2,14 +2,14 @@
 
 use std::io;
 use std::path::Path;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::daemon::on_free_ports;
 use crate::install::ensure_zookeeper_installed;
 use crate::member::{Member, Options};
-use crate::ports::{self, PortLease};
+use crate::ports::PortLease;
 use crate::tls::{self, TlsMaterial};
 use crate::workdir;
 
@@ -244,9 +244,8 @@ impl ZkServerBuilder {
         } else {
             None
         };
-        let mut last_err = None;
-        for _ in 0..PORT_ATTEMPTS {
-            let mut leases = ports::reserve(if self.tls { 2 } else { 1 })?;
+        let ports_needed = if self.tls { 2 } else { 1 };
+        on_free_ports(ports_needed, PORT_ATTEMPTS, "ZooKeeper", |mut leases| {
             let secure_lease = if self.tls { leases.pop() } else { None };
             let lease = leases.remove(0);
             let dir = workdir::create("server")?;
@@ -259,21 +258,15 @@ impl ZkServerBuilder {
             }
             let mut member = Member::create(dir.path().to_path_buf(), &opts, lease.port(), &[], 0)?;
             member.spawn()?;
-            match member.wait_serving(None) {
-                Ok(_) => {
-                    return Ok(ZkServer {
-                        member,
-                        lease,
-                        secure_lease,
-                        tls: material,
-                        _dir: dir,
-                    })
-                }
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => last_err = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last_err.unwrap_or_else(|| io::Error::other("could not start ZooKeeper")))
+            member.wait_serving(None)?;
+            Ok(ZkServer {
+                member,
+                lease,
+                secure_lease,
+                tls: material.clone(),
+                _dir: dir,
+            })
+        })
     }
 }
 
@@ -457,7 +450,7 @@ impl ZkServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn restart(&mut self) -> io::Result<()> {
-        restart_member(&mut self.member)
+        self.member.restart()
     }
 
     /// Freezes the JVM with SIGSTOP: connections stay open but nothing answers, as with a long GC pause or
@@ -557,19 +550,5 @@ impl Drop for ZkServer {
     fn drop(&mut self) {
         // Kill the JVM before the port lease and the directory go (field order does the rest).
         let _ = self.member.stop();
-    }
-}
-
-/// Starts `member` again with its configuration, retrying briefly should its ports still be busy.
-pub(crate) fn restart_member(member: &mut Member) -> io::Result<()> {
-    let give_up = Instant::now() + Duration::from_secs(10);
-    loop {
-        member.spawn()?;
-        match member.wait_serving(None) {
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse && Instant::now() < give_up => {
-                thread::sleep(Duration::from_millis(250));
-            }
-            other => return other.map(drop),
-        }
     }
 }

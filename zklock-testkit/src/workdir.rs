@@ -2,11 +2,12 @@
 
 use std::fs;
 use std::io;
-use std::path::Path;
 use std::sync::Once;
 use std::time::Duration;
 
 use tempfile::TempDir;
+
+use crate::process::is_alive;
 
 /// Every server directory's name starts with this.
 const PREFIX: &str = "zklock-zk-";
@@ -25,11 +26,6 @@ pub(crate) fn create(kind: &str) -> io::Result<TempDir> {
         .tempdir()?;
     fs::write(dir.path().join(OWNER), std::process::id().to_string())?;
     Ok(dir)
-}
-
-/// Whether `pid` names a live process (this one included).
-pub(crate) fn is_alive(pid: u32) -> bool {
-    pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
 }
 
 fn sweep() {

@@ -1,0 +1,241 @@
+//! The command line: the global options (where to connect, namespace, session timeout) and
+//! each command's arguments, as clap parses them, with the job rules clap cannot say.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The exit codes of `exec` and `elect`, shown after their help.
+const EXIT_CODES: &str = "\
+EXIT CODES (exec, elect):
+  CMD's own exit code when CMD ran (128+N when signal N ended it)
+  64   bad usage, invalid key or option
+  69   ZooKeeper unreachable, or the session failed before CMD ran
+  75   timed out waiting for the lock (--timeout)
+  76   the lock (or leadership) was lost while CMD ran; CMD was sent SIGTERM (or the
+       waiting node was deleted by someone else, and CMD never ran)
+  124  a job's CMD ran past --at-most; it was sent SIGTERM, then SIGKILL after --kill-after
+  126  CMD could not be executed
+  127  CMD not found";
+
+#[derive(Parser, Debug)]
+#[command(name = "zklock", version, about = "Distributed locks on ZooKeeper, from the shell (like flock(1) across machines)", after_help = EXIT_CODES)]
+pub(crate) struct Cli {
+    /// ZooKeeper servers, host:port[,host:port...], a Redis URL, redis://host:port[/db], or a PostgreSQL URL, postgres://user@host/db
+    #[arg(
+        long,
+        global = true,
+        env = "ZKLOCK_CONNECT",
+        default_value = "127.0.0.1:2181"
+    )]
+    pub(crate) connect: String,
+    /// Namespace znode under which keys live
+    #[arg(long, global = true, env = "ZKLOCK_NAMESPACE", default_value = zklock_core::DEFAULT_NAMESPACE)]
+    pub(crate) namespace: String,
+    /// ZooKeeper session timeout, or lease on Redis and PostgreSQL (e.g. 10s, 1500ms): a holder silent this long loses the lock
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) session_timeout: Duration,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Run CMD while holding the exclusive lock on KEY; exit with CMD's exit code.
+    ///
+    /// CMD gets ZKLOCK_FENCING_TOKEN (strictly increasing across holders: pass it to the store
+    /// you write to) and ZKLOCK_LOCK_PATH in its environment.
+    ///
+    /// With --skip-if-locked, --at-least or --at-most, KEY is a scheduled job (a cron entry
+    /// that every host runs, and one runs at a time): the lock of the job KEY, apart from the
+    /// plain lock KEY, shared with `LockManager::job(KEY)` and #[distributed_lock(KEY,
+    /// skip_if_locked)]. A skipped run prints one line on stderr and exits 0, or
+    /// --skipped-exit-code. Works on ZooKeeper and Redis; --at-least is measured by the
+    /// server's clock.
+    #[command(after_help = EXIT_CODES)]
+    Exec(ExecArgs),
+    /// List locks that have holders or waiters: key, kind, holders, waiters, age, token.
+    Ls(LsArgs),
+    /// The lock table refreshed live, like top(1): holders, waiters, the longest wait, how long
+    /// the lock has been held, and the holder's token; the locks waited for longest first.
+    Top(TopArgs),
+    /// Show one lock in detail: every holder and waiter with who, since when, and token.
+    Status(TargetArgs),
+    /// Ask the holder(s) of a lock to let go (Curator's revocation). Holders that opted in
+    /// are told their hold is lost; others are not forced.
+    Revoke(TargetArgs),
+    /// Run CMD while this process leads the election NAME (Curator's LeaderLatch); exit with
+    /// CMD's exit code.
+    ///
+    /// Waits to be elected, then runs CMD with ZKLOCK_LEADER_EPOCH (strictly increasing across
+    /// leaders: fence what the leader writes with it). If leadership is lost while CMD runs,
+    /// CMD gets SIGTERM, then SIGKILL after --kill-after, and zklock exits 76; a supervisor can
+    /// start it again to queue for the next election.
+    #[command(after_help = EXIT_CODES)]
+    Elect(ElectArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ElectArgs {
+    /// Election name (any text; encoded into one znode name under the namespace)
+    #[arg(required_unless_present = "path", conflicts_with = "path")]
+    pub(crate) name: Option<String>,
+    /// A raw znode election path instead of a name, e.g. one that Curator's LeaderLatch uses
+    #[arg(long, value_name = "ZNODE_PATH")]
+    pub(crate) path: Option<String>,
+    /// This participant's id, shown to the others (default: host:pid)
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+    /// How long CMD gets to stop after SIGTERM when leadership is lost, before SIGKILL
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) kill_after: Duration,
+    /// The command to run, after `--`
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub(crate) command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct LsArgs {
+    /// Only keys that start with this
+    #[arg(default_value = "")]
+    pub(crate) prefix: String,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct TopArgs {
+    /// Only keys that start with this
+    #[arg(default_value = "")]
+    pub(crate) prefix: String,
+    /// Time between refreshes
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub(crate) interval: Duration,
+    /// Show the table this many times, then exit (default: until interrupted)
+    #[arg(long, short = 'n', value_name = "N")]
+    pub(crate) iterations: Option<u64>,
+    /// Show the table once and exit (as --iterations 1)
+    #[arg(long, conflicts_with = "iterations")]
+    pub(crate) once: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct TargetArgs {
+    /// Lock key
+    #[arg(required_unless_present = "path", conflicts_with = "path")]
+    pub(crate) key: Option<String>,
+    /// A raw znode lock path instead of a key
+    #[arg(long, value_name = "ZNODE_PATH")]
+    pub(crate) path: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ExecArgs {
+    /// Lock key (any text; it is encoded into one znode name under the namespace)
+    #[arg(required_unless_present = "path", conflicts_with = "path")]
+    pub(crate) key: Option<String>,
+    /// Lock a raw znode path instead of a key, e.g. a path that Curator services also lock
+    #[arg(long, value_name = "ZNODE_PATH")]
+    pub(crate) path: Option<String>,
+    /// Give up waiting after this long (exit 75; a job run skips instead); default: wait
+    /// forever
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) timeout: Option<Duration>,
+    /// Take the read side of a read/write lock (shared with other readers)
+    #[arg(long, conflicts_with_all = ["write", "semaphore"])]
+    pub(crate) read: bool,
+    /// Take the write side of a read/write lock
+    #[arg(long, conflicts_with_all = ["read", "semaphore"])]
+    pub(crate) write: bool,
+    /// Take one lease of a semaphore with N leases (at most N commands run at once)
+    #[arg(long, value_name = "N", conflicts_with_all = ["read", "write"])]
+    pub(crate) semaphore: Option<u32>,
+    /// Job: skip the run (do not wait) when another host holds KEY or ran it within its
+    /// --at-least window
+    #[arg(long, conflicts_with_all = ["timeout", "read", "write", "semaphore"])]
+    pub(crate) skip_if_locked: bool,
+    /// Job: no other run starts within this long of this run's start, even after this one
+    /// ended (by the server's clock), e.g. 30s
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with_all = ["read", "write", "semaphore"])]
+    pub(crate) at_least: Option<Duration>,
+    /// Job: stop CMD if it still runs after this long (SIGTERM to its process group, SIGKILL
+    /// after --kill-after) and exit 124, e.g. 10m
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with_all = ["read", "write", "semaphore"])]
+    pub(crate) at_most: Option<Duration>,
+    /// Job: the exit code of a skipped run (default 0, so that cron stays quiet)
+    #[arg(long, value_name = "N")]
+    pub(crate) skipped_exit_code: Option<u8>,
+    /// Job: how long CMD gets to stop after SIGTERM (past --at-most or on a lost lock) before
+    /// SIGKILL
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub(crate) kill_after: Option<Duration>,
+    /// The command to run, after `--`
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub(crate) command: Vec<String>,
+}
+
+impl ExecArgs {
+    /// Whether KEY runs as a scheduled job.
+    pub(crate) fn is_job(&self) -> bool {
+        self.skip_if_locked || self.at_least.is_some() || self.at_most.is_some()
+    }
+
+    /// The rules for job options that clap cannot say, as one message for the user.
+    pub(crate) fn check_job(&self) -> Result<(), String> {
+        if !self.is_job() {
+            return self.check_no_job_options();
+        }
+        if !self.skip_if_locked && self.timeout.is_none() {
+            let flag = if self.at_least.is_some() {
+                "--at-least"
+            } else {
+                "--at-most"
+            };
+            return Err(format!(
+                "{flag} makes this a job run: say what it does when another host holds it, with --skip-if-locked (skip at once) or --timeout DUR (wait that long, then skip)"
+            ));
+        }
+        for (flag, value) in [("--at-least", self.at_least), ("--at-most", self.at_most)] {
+            if value == Some(Duration::ZERO) {
+                return Err(format!(
+                    "{flag} 0 is no bound: give a duration longer than zero, or leave it out"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A plain `exec` takes none of the options that only a job run has.
+    fn check_no_job_options(&self) -> Result<(), String> {
+        let stray = [
+            ("--skipped-exit-code", self.skipped_exit_code.is_some()),
+            ("--kill-after", self.kill_after.is_some()),
+        ];
+        match stray.iter().find(|(_, given)| *given) {
+            Some((flag, _)) => Err(format!(
+                "{flag} is an option of a job run: add --skip-if-locked (or --at-least/--at-most with --timeout)"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A duration as humans write it (`10s`, `500ms`, `2m`), with a hint when it is not one.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 10s, 500ms, 2m)"))
+}
+
+/// The lock a command names: by key, or by a raw znode path.
+pub(crate) enum Target<'a> {
+    /// A key, encoded into one node name under the namespace.
+    Key(&'a str),
+    /// A raw path (e.g. one a Curator service also uses).
+    Path(&'a str),
+}
+
+/// KEY or `--path`, which clap requires exactly one of.
+pub(crate) fn target<'a>(key: &'a Option<String>, path: &'a Option<String>) -> Target<'a> {
+    match (key, path) {
+        (Some(key), _) => Target::Key(key),
+        (None, Some(path)) => Target::Path(path),
+        (None, None) => unreachable!("clap requires KEY or --path"),
+    }
+}
