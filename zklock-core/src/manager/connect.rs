@@ -3,6 +3,7 @@
 //! place above the seam that names a backend's constructor.
 
 use std::sync::Arc;
+#[cfg(any(feature = "redis", feature = "postgres"))]
 use std::time::Duration;
 
 use super::builder::Builder;
