@@ -1,14 +1,25 @@
 //! The backend seam: what a lock service gives the layers above it (local table, frames,
-//! guards, recipes, `#[distributed_lock]`), none of which knows which service it is.
+//! guards, recipes, `#[distributed_lock]`), none of which knows which service it is. A new
+//! backend is a folder here that implements [`Backend`] and [`BackendHold`] (and the optional
+//! abilities it has), and one line in the connect string's scheme parser.
 //!
-//! A backend grants holds of a lock in a mode ([`HoldMode`]) by a deadline ([`Wait`]); each
-//! hold has a fencing token, a loss signal, and a release that is cancel safe (dropping a hold
-//! releases it in the background). What a backend does not support it refuses with
-//! [`Error::Unsupported`], naming itself.
+//! What every backend must do:
 //!
-//! ZooKeeper ([`zk`]) is the flagship; [`memory`] is a real in-process backend for users' unit
-//! tests; `redis` (feature `redis`) keeps leases in a Redis server; `postgres` (feature
-//! `postgres`) holds session-level advisory locks on connections it owns.
+//! - Grant holds of a lock in a mode ([`LockMode`]) by a deadline ([`Wait`]), with mutual
+//!   exclusion between holders of different processes and managers exactly as the mode says,
+//!   whatever the network or the servers do: a hold whose certainty is gone reports a loss
+//!   (and once lost stays lost) before another contender can be granted.
+//! - Give each grant a fencing token above every token of an earlier exclusive grant of the
+//!   lock, across restarts of the process and of the server as far as the server keeps its
+//!   writes.
+//! - Be cancel safe: a dropped acquire leaves nothing on the server (undone in the
+//!   background), a dropped hold is released in the background, and [`Backend::flush`] waits
+//!   for both.
+//! - Refuse what it cannot do with [`Error::Unsupported`](crate::types::error::Error), naming
+//!   itself and why, at the call, never by weakening a promise.
+//!
+//! Optional abilities are their own traits, asked for through [`Backend`]: [`Inspect`] (who
+//! holds and waits, read from the server), [`Revoke`], and the in-memory test hook [`Lose`].
 
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
@@ -44,7 +55,8 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) type SharedHold = Arc<dyn BackendHold>;
 
 /// One lock as a backend names it: the user's key (for errors and tracing) and the lock's
-/// path, unique per lock and recipe (ZooKeeper: the znode path under the namespace).
+/// path, unique per lock and recipe (see `types::layout`), which the backend maps to its own
+/// names injectively.
 #[derive(Clone, Debug)]
 pub(crate) struct LockTarget {
     pub(crate) key: Arc<str>,
@@ -71,7 +83,8 @@ pub(crate) trait BackendHold: Send + Sync + 'static {
     /// The fencing token of the grant; local handoffs extend it.
     fn token(&self) -> FencingToken;
 
-    /// Where the hold lives, for users (the znode path on ZooKeeper).
+    /// Where the hold lives on the server, for users and operators (what [`Inspect`] shows as
+    /// the contender's location).
     fn location(&self) -> &str;
 
     /// Why the hold is no longer certain, or `None` while it is held.
@@ -87,9 +100,8 @@ pub(crate) trait BackendHold: Send + Sync + 'static {
     fn loss(&self) -> LossSignal;
 
     /// The same signal, taken without showing interest: what the local table keeps of each
-    /// holder. It shows a loss once something watches the hold (always, unless a ZooKeeper
-    /// manager opted out of watching held nodes; then the first interest starts the watch).
-    /// By default [`loss`](Self::loss).
+    /// holder. A backend that watches holds only on interest may show a loss here only once
+    /// something else showed interest. By default [`loss`](Self::loss).
     fn loss_unwatched(&self) -> LossSignal {
         self.loss()
     }
@@ -100,27 +112,26 @@ pub(crate) trait BackendHold: Send + Sync + 'static {
 
     /// Whether another contender (another process, or another manager) may be waiting for
     /// this hold's lock: what the local queue's bound on handoffs applies to. `true` when in
-    /// doubt, as here by default. The ZooKeeper hold learns it from a children watch set on
-    /// the first call; [`confirmed`](Self::confirmed) waits for that watch's first answer.
+    /// doubt, as here by default. A backend that learns it with a request starts that request
+    /// on the first call and answers `true` meanwhile; [`confirmed`](Self::confirmed) waits
+    /// for its answer.
     fn others_waiting(&self) -> bool {
         true
     }
 
     /// Completes once another contender may be waiting for this hold's lock: what ends a
     /// lingering hold (see the local table's linger) at once. Completes at once when in doubt,
-    /// as here by default, so that a backend that cannot tell never lingers. The ZooKeeper
-    /// hold waits for its children watch (starting the listing if nobody asked yet); the
-    /// in-memory hold for another entry on its lock. It may also complete when the hold is
-    /// lost; callers watch [`loss`](Self::loss) as well.
+    /// as here by default, so that a backend that cannot tell never lingers. It may also
+    /// complete when the hold is lost; callers watch [`loss`](Self::loss) as well.
     fn others_appeared(&self) -> BoxFuture<'static, ()> {
         Box::pin(std::future::ready(()))
     }
 
     /// Whether the hold may be granted again by this process with no request (a lingering
-    /// hold taken again): it is held, and nothing known says otherwise. By default, while
-    /// [`loss_reason`](Self::loss_reason) is `None`; ZooKeeper also wants its session
-    /// connected now (under a disconnect grace a hold already granted is kept, but no new
-    /// grant is made on a connection that could not hear of the session's expiry).
+    /// hold taken again): it is held, and nothing known says otherwise, including anything
+    /// that would keep this process from hearing of a loss now (a backend that keeps holds
+    /// through a short disconnection grants nothing new during it). By default, while
+    /// [`loss_reason`](Self::loss_reason) is `None`.
     fn can_regrant(&self) -> bool {
         self.loss_reason().is_none()
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::metrics::KeyLabel;
 use crate::types::disconnect::DisconnectPolicy;
 
-/// Options for a [`LockManager`], built with [`LockManager::builder`].
+/// Options for a [`LockManager`](crate::LockManager), built with [`LockManager::builder`](crate::LockManager::builder).
 ///
 /// The connect string picks the backend: `host:port[,host:port...][/chroot]` is ZooKeeper;
 /// a URL `redis://[user:password@]host:port[/db]` (or `redis+unix:///path/to/socket`) is
@@ -70,7 +70,7 @@ pub struct Builder {
 /// The default namespace under which lock znodes live.
 pub const DEFAULT_NAMESPACE: &str = "/zklock/locks";
 
-/// The default lease of a hold on Redis; see [`Builder::lease`].
+/// The default lease of a hold on Redis; see [`Builder::lease`](crate::Builder::lease).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 impl Builder {
@@ -132,7 +132,7 @@ impl Builder {
     }
 
     /// How long [`connect`](Builder::connect) tries before giving up with
-    /// [`Error::Unreachable`] (default: the session timeout). On Redis, how long opening each
+    /// [`Error::Unreachable`](crate::Error::Unreachable) (default: the session timeout). On Redis, how long opening each
     /// connection may take (default 5 s).
     ///
     /// ```
@@ -209,14 +209,14 @@ impl Builder {
     /// key again within the linger costs no request: it is a local handoff, with a fencing
     /// token above the last one. The node is given up when the linger runs out, as soon as
     /// another contender appears (on ZooKeeper a children watch on the lock path tells; Curator
-    /// clients included), when the hold is lost, and on [`LockManager::flush`] or the
+    /// clients included), when the hold is lost, and on [`LockManager::flush`](crate::LockManager::flush) or the
     /// manager's drop. Needs the local queue ([`local_queue`](Self::local_queue)).
     ///
     /// The trade-off: a process that takes one key over and over saves a create and a delete
     /// (two commits) per cycle, and the first other process that wants the key pays about one
     /// notification more than a normal handoff. Meanwhile the node stays in the lock path: a
     /// lingering node looks held to tools in other processes (`zklock ls`), while
-    /// [`LockManager::inspect`] in this process marks it [`lingering`](crate::Contender::lingering).
+    /// [`LockManager::inspect`](crate::LockManager::inspect) in this process marks it [`lingering`](crate::Contender::lingering).
     /// PostgreSQL lingers too (a process that starts waiting notifies every process), and
     /// Redis for mutexes (the first process to queue for a key, or to try it, tells the
     /// holder's process; a Redis write lock, which keeps no queue, never lingers). On Redis and
@@ -279,7 +279,7 @@ impl Builder {
 
     /// Makes every hold of this manager revocable (see [`LockGuard::make_revocable`](crate::LockGuard::make_revocable)).
     /// ZooKeeper only: [`connect`](Self::connect) on Redis refuses it with
-    /// [`Error::Unsupported`].
+    /// [`Error::Unsupported`](crate::Error::Unsupported).
     ///
     /// ```
     /// let b = zklock_core::LockManager::builder("h:2181").revocable(true);
@@ -319,7 +319,7 @@ impl Builder {
 
     /// How long a `try_*` acquire (`try_lock`, `try_read`, `try_acquire`, ...) may take in all,
     /// when ZooKeeper is slow or unreachable (default 2 s). A try waits for no other holder,
-    /// but it needs the server's answer: past this it fails with [`Error::Timeout`] and leaves
+    /// but it needs the server's answer: past this it fails with [`Error::Timeout`](crate::Error::Timeout) and leaves
     /// nothing behind, instead of waiting for the connection to come back.
     ///
     /// ```
@@ -333,7 +333,7 @@ impl Builder {
     }
 
     /// Text that identifies this process in its contender nodes, beside host and pid (shown by
-    /// [`LockManager::inspect`] and `zklock ls`), e.g. an instance name or a request id. On
+    /// [`LockManager::inspect`](crate::LockManager::inspect) and `zklock ls`), e.g. an instance name or a request id. On
     /// Redis it follows the holder's uuid in the lock's value (`GET zklock:lock:<path>`).
     ///
     /// ```

@@ -28,7 +28,7 @@ const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[cfg(feature = "postgres")]
 const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What [`Builder::check_lease_backend`] says of one lease backend.
+/// What [`Builder::check_lease_backend`](crate::Builder::check_lease_backend) says of one lease backend.
 #[cfg(any(feature = "redis", feature = "postgres"))]
 struct LeaseBackend {
     /// As messages name it.

@@ -30,7 +30,7 @@ pub fn set_global(manager: LockManager) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::NoGlobalManager`] when neither is available; connection errors as
-/// [`LockManager::connect`].
+/// [`LockManager::connect`](crate::LockManager::connect).
 ///
 /// ```no_run
 /// # async fn run() -> zklock_core::Result<()> {

@@ -1,7 +1,7 @@
 //! `LockManager`, the top layer: the configuration of every layer below, the entry points to
 //! every recipe, and the global manager. One concern per file: the options ([`builder`]),
 //! connecting ([`connect`]), the recipes' handles ([`handles`]), the in-memory manager
-//! ([`memory`]) and the global one ([`global`]).
+//! ([`memory`]) and the global one ([`global`](mod@global)).
 
 mod builder;
 mod connect;
@@ -61,7 +61,7 @@ pub struct StatsSnapshot {
 /// On Redis (a `redis://` connect string, feature `redis`) the same paths name leases in
 /// Redis keys (`zklock:lock:<path>`), renewed while held; the guards, frames, local queue,
 /// fencing tokens, loss signal and `#[distributed_lock]` work the same. See
-/// [`Builder::lease`] and the README's "Redis backend" for what it promises.
+/// [`Builder::lease`](crate::Builder::lease) and the README's "Redis backend" for what it promises.
 ///
 /// # Examples
 ///
@@ -119,8 +119,8 @@ impl LockManager {
     /// `redis`) or to PostgreSQL (a `postgres://` URL, feature `postgres`).
     ///
     /// # Errors
-    /// [`Error::Unreachable`] when no ZooKeeper server answers within the session timeout;
-    /// [`Error::Redis`](Error) when the Redis server does not answer.
+    /// [`Error::Unreachable`](crate::Error::Unreachable) when no ZooKeeper server answers within the session timeout;
+    /// [`Error::Redis`](crate::Error::Redis) when the Redis server does not answer.
     ///
     /// ```no_run
     /// # async fn run() -> zklock_core::Result<()> {
@@ -222,7 +222,7 @@ impl LockManager {
     /// Waits at most `timeout` for the lock on `key`.
     ///
     /// # Errors
-    /// [`Error::Timeout`] when the wait runs out; nothing is held then and no node is left.
+    /// [`Error::Timeout`](crate::Error::Timeout) when the wait runs out; nothing is held then and no node is left.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
@@ -241,7 +241,7 @@ impl LockManager {
     /// `Locker.lock(key, command)` shape.
     ///
     /// If the hold is lost while `body` runs (see [`LockGuard::lost`](crate::LockGuard::lost)), `body` is dropped at its
-    /// next await point and [`Error::LockLost`] is returned.
+    /// next await point and [`Error::LockLost`](crate::Error::LockLost) is returned.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the returned future releases the lock (or removes the waiting node).
@@ -271,7 +271,7 @@ impl LockManager {
 
     /// Waits until every background release and cleanup of this manager has finished: call it
     /// before shutting down, or before checking from elsewhere that nothing is left behind.
-    /// Lingering nodes ([`Builder::linger`]) are given up first.
+    /// Lingering nodes ([`Builder::linger`](crate::Builder::linger)) are given up first.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
@@ -308,7 +308,7 @@ impl LockManager {
     /// ```
     ///
     /// # Panics
-    /// On a manager that is not on ZooKeeper ([`LockManager::in_memory`], Redis).
+    /// On a manager that is not on ZooKeeper ([`LockManager::in_memory`](crate::LockManager::in_memory), Redis).
     pub fn zk_client(&self) -> Client {
         self.inner
             .core

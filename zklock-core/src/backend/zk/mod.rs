@@ -65,7 +65,7 @@ pub(crate) struct Floor {
     pub(crate) sort_key: String,
 }
 
-/// Counters that tests and benchmarks read; see [`LockManager::stats`].
+/// Counters that tests and benchmarks read; see [`LockManager::stats`](crate::LockManager::stats).
 #[derive(Default, Debug)]
 pub(crate) struct Stats {
     pub(crate) predecessor_events: AtomicU64,

@@ -42,7 +42,7 @@ pub(crate) fn contender_options(inner: &Inner) -> &'static CreateOptions<'static
 }
 
 /// The data each contender node carries: who created it (Curator writes the client's address).
-/// `zklock host=<host> pid=<pid>[ id=<identity>]`; see [`crate::inspect::Owner`].
+/// `zklock host=<host> pid=<pid>[ id=<identity>]`; see [`Owner`](crate::Owner).
 pub(crate) fn node_data(identity: Option<&str>) -> Vec<u8> {
     static HOST: Lazy<String> = Lazy::new(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")

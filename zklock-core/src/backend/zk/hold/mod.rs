@@ -231,11 +231,11 @@ impl Hold {
         *monitor = Some(self.inner.runtime.spawn(watching).abort_handle());
     }
 
-    /// Waits until the watch on the node has answered once, so that [`loss_reason`]
-    /// (Self::loss_reason) then knows whether the node still exists: what a local task checks
+    /// Waits until the watch on the node has answered once, so that [`loss_reason`](Self::loss_reason)
+    /// then knows whether the node still exists: what a local task checks
     /// before it takes over a node handed on to it. Ends early when the hold is lost.
-    /// The same holds for the listing of other contenders, once [`others_waiting`]
-    /// (Self::others_waiting) started it.
+    /// The same holds for the listing of other contenders, once [`others_waiting`](Self::others_waiting)
+    /// started it.
     pub(crate) async fn confirmed(&self) {
         self.watch();
         let mut state = self.node_state.subscribe();

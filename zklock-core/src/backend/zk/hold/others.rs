@@ -61,8 +61,8 @@ impl Hold {
         }
     }
 
-    /// Completes once another contender may be waiting (see [`others_waiting`]
-    /// (Self::others_waiting)): at once if one is known or in doubt, else when the listing
+    /// Completes once another contender may be waiting (see [`others_waiting`](Self::others_waiting)
+    ///): at once if one is known or in doubt, else when the listing
     /// shows one or the children watch fires. Starts the listing if nobody asked yet.
     pub(crate) fn others_appeared(&self) -> BoxFuture<'static, ()> {
         if self.released.load(Ordering::SeqCst) || self.loss_reason().is_some() {
@@ -98,8 +98,8 @@ impl Hold {
         })
     }
 
-    /// Lists the lock path's children and watches them (see [`others_waiting`]
-    /// (Self::others_waiting)).
+    /// Lists the lock path's children and watches them (see [`others_waiting`](Self::others_waiting)
+    ///).
     fn list_contenders(&self) {
         let Some((parent, name)) = self.node.rsplit_once('/') else {
             *self.contenders.others.lock().unwrap() = Others::Maybe;
