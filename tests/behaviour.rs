@@ -2076,7 +2076,12 @@ async fn operators_see_holders_and_waiters(backend: Backend) {
     let info = ops.inspect(key).await.unwrap();
     assert_eq!(info.holders.len(), 1, "{info:?}");
     assert_eq!(info.holders[0].token, token, "{info:?}");
-    assert!(info.waiters.is_empty(), "{info:?}");
+    // A waiter's registration on the server may end just after its grant (PostgreSQL's
+    // registration is let go by the process once its task holds).
+    eventually("no waiter is shown", Duration::from_secs(10), || async {
+        ops.inspect(key).await.unwrap().waiters.is_empty()
+    })
+    .await;
     next.release().await.unwrap();
 
     // A reader holds the read/write lock of another key.

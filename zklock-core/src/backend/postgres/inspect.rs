@@ -147,8 +147,10 @@ impl PostgresBackend {
                 // A writer's intent: it waits, and new readers wait behind it.
                 (INTENT, true) => waiters.push(contender(r, "write", 0, at_us(r.since_us))),
                 // A process that registered a waiting task (one entry per process).
+                // (Its lock mode is the registration's own, not the wait's: shown as the
+                // lock's exclusive mode, which a process that waits to read does not say.)
                 (c, true) if c == WAIT_CLASS as i64 && !blocked.contains(&r.name.as_str()) => {
-                    waiters.push(contender(r, mode_of(r), 0, at_us(r.since_us)))
+                    waiters.push(contender(r, exclusive_mode, 0, at_us(r.since_us)))
                 }
                 _ => {}
             }
