@@ -1,0 +1,454 @@
+//! Where a behaviour runs: the backends, the managers of its "processes", and what it looks at
+//! on each server.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Zookeeper,
+    Redis,
+    Postgres,
+    Memory,
+}
+
+/// The lease of the Redis managers: long enough that a busy 2-core machine never misses a
+/// renewal (every lease/3), short enough that a lost hold shows within a second.
+pub(crate) const REDIS_LEASE: Duration = Duration::from_secs(3);
+
+/// The lease of the PostgreSQL managers (their sessions' `idle_session_timeout`), for the same
+/// reasons.
+pub(crate) const PG_LEASE: Duration = Duration::from_secs(3);
+
+/// The classes (first keys) of zklock's advisory locks, as `pg_locks.classid` shows them: the
+/// lock itself (`zkLK`) and a waiting writer's intent (`zkIN`).
+pub(crate) const PG_LOCK_CLASS: i64 = 0x7A6B_4C4B;
+pub(crate) const PG_INTENT_CLASS: i64 = 0x7A6B_494E;
+
+/// Whether tasks of one process queue behind one backend hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Queue {
+    /// The default: tasks of a process queue locally behind one hold per key.
+    Local,
+    /// `local_queue(false)`: every acquire contends at the backend with a hold of its own.
+    Strict,
+}
+
+pub(crate) const QUEUES: [Queue; 2] = [Queue::Local, Queue::Strict];
+
+/// Where a behaviour runs, and how it makes the managers of its "processes".
+pub(crate) struct Env {
+    pub(crate) backend: Backend,
+    pub(crate) zk: Option<ZkServer>,
+    pub(crate) redis: Option<RedisServer>,
+    pub(crate) pg: Option<PostgresServer>,
+    /// Memory: one manager per queue mode; its clones share its lock table.
+    pub(crate) local: Option<LockManager>,
+    pub(crate) strict: Option<LockManager>,
+}
+
+impl Env {
+    pub(crate) fn start(backend: Backend) -> Env {
+        match backend {
+            Backend::Zookeeper => Env {
+                backend,
+                zk: Some(server()),
+                redis: None,
+                pg: None,
+                local: None,
+                strict: None,
+            },
+            Backend::Redis => Env {
+                backend,
+                zk: None,
+                redis: Some(RedisServer::start().expect("start redis-server (test kit)")),
+                pg: None,
+                local: None,
+                strict: None,
+            },
+            Backend::Postgres => Env {
+                backend,
+                zk: None,
+                redis: None,
+                pg: Some(PostgresServer::start().expect("start postgres (test kit)")),
+                local: None,
+                strict: None,
+            },
+            Backend::Memory => Env {
+                backend,
+                zk: None,
+                redis: None,
+                pg: None,
+                local: Some(LockManager::in_memory()),
+                strict: Some(LockManager::in_memory_with(
+                    LockManager::builder("memory").local_queue(false),
+                )),
+            },
+        }
+    }
+
+    pub(crate) fn is_zk(&self) -> bool {
+        self.backend == Backend::Zookeeper
+    }
+
+    pub(crate) fn connect(&self) -> String {
+        self.zk.as_ref().expect("a ZooKeeper env").connect_string()
+    }
+
+    pub(crate) fn redis_url(&self) -> String {
+        self.redis.as_ref().expect("a Redis env").url()
+    }
+
+    /// A plain Redis connection, to look at and tamper with the backend's keys.
+    pub(crate) async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.redis_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test Redis")
+    }
+
+    pub(crate) fn pg_url(&self) -> String {
+        self.pg.as_ref().expect("a PostgreSQL env").url()
+    }
+
+    /// A plain PostgreSQL client, to look at the server's locks and end sessions.
+    pub(crate) async fn pg_client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.pg_url(), NoTls)
+            .await
+            .expect("connect to the test PostgreSQL");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// zklock's granted advisory locks (the lock and a writer's intent) of the lock at `path`
+    /// on PostgreSQL: `(class, mode, pid)`; none while the path has no id yet.
+    pub(crate) async fn pg_locks(
+        &self,
+        client: &tokio_postgres::Client,
+        path: &str,
+    ) -> Vec<(i64, String, i32)> {
+        client
+            .query(
+                "SELECT l.classid::bigint, l.mode, l.pid FROM pg_locks l \
+                 JOIN zklock_keys k ON l.objid::bigint = k.id \
+                 WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
+                 AND l.classid::bigint IN ($1, $2) AND k.path = $3",
+                &[&PG_LOCK_CLASS, &PG_INTENT_CLASS, &path],
+            )
+            .await
+            .expect("query pg_locks")
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
+    /// The manager of one more process: a session of its own on ZooKeeper, a manager with
+    /// connections of its own on Redis and PostgreSQL, a clone of the shared in-memory manager (of that queue
+    /// mode) in memory.
+    pub(crate) async fn process(&self, queue: Queue) -> LockManager {
+        match self.backend {
+            Backend::Redis => LockManager::builder(self.redis_url())
+                .lease(REDIS_LEASE)
+                .local_queue(queue == Queue::Local)
+                .connect()
+                .await
+                .expect("connect to the test Redis"),
+            Backend::Postgres => LockManager::builder(self.pg_url())
+                .lease(PG_LEASE)
+                .local_queue(queue == Queue::Local)
+                .connect()
+                .await
+                .expect("connect to the test PostgreSQL"),
+            Backend::Zookeeper => LockManager::builder(self.connect())
+                .session_timeout(Duration::from_secs(4))
+                .local_queue(queue == Queue::Local)
+                .connect()
+                .await
+                .expect("connect to the test server"),
+            Backend::Memory => match queue {
+                Queue::Local => self.local.clone().unwrap(),
+                Queue::Strict => self.strict.clone().unwrap(),
+            },
+        }
+    }
+
+    /// The manager of one more process with settings of its own, the `i`-th of a mixed fleet:
+    /// leases, session timeouts, the linger, the local queue and its handoff bound differ from
+    /// one process to the next (as in a rolling deploy, or services tuned apart that lock the
+    /// same keys). Memory: a manager with settings of its own would have a lock table of its
+    /// own, which no other manager sees, so the in-memory fleet shares one manager's.
+    pub(crate) async fn mixed_process(&self, i: usize) -> LockManager {
+        // (lease or session timeout, linger, local queue, local handoffs)
+        const MIX: [(u64, u64, bool, u32); 3] = [
+            (3_000, 0, true, 32),
+            (1_000, 300, false, 32),
+            (10_000, 50, true, 2),
+        ];
+        let (lease_ms, linger_ms, local, handoffs) = MIX[i % MIX.len()];
+        let configure = |b: zklock::Builder| {
+            b.local_queue(local)
+                .linger(Duration::from_millis(linger_ms))
+                .max_local_handoffs(handoffs)
+        };
+        let lease = Duration::from_millis(lease_ms);
+        match self.backend {
+            Backend::Redis => configure(LockManager::builder(self.redis_url()).lease(lease))
+                .connect()
+                .await
+                .expect("connect to the test Redis"),
+            Backend::Postgres => configure(LockManager::builder(self.pg_url()).lease(lease))
+                .connect()
+                .await
+                .expect("connect to the test PostgreSQL"),
+            Backend::Zookeeper => configure(
+                LockManager::builder(self.connect())
+                    .session_timeout(lease.max(Duration::from_secs(4))),
+            )
+            .connect()
+            .await
+            .expect("connect to the test server"),
+            // One lock table is one in-memory "server": its clones, whose settings are one.
+            Backend::Memory => self.process(Queue::Local).await,
+        }
+    }
+
+    pub(crate) async fn processes(&self, n: usize, queue: Queue) -> Vec<LockManager> {
+        let mut out = vec![];
+        for _ in 0..n {
+            out.push(self.process(queue).await);
+        }
+        out
+    }
+
+    /// After every background release of `managers`: the contender nodes left under `path` on
+    /// ZooKeeper; on Redis, the holder keys (exclusive key, shared set, writer's intent) of
+    /// the lock at `path` that still exist (a semaphore's `.../leases` and `.../locks` are one
+    /// lock there; the fencing counter stays by design); on PostgreSQL, the advisory locks (the
+    /// lock, a writer's intent) of the path's id that a session still holds (the key table's
+    /// row stays by design). Memory has nothing to list (the
+    /// behaviours check it with a try that must succeed at once).
+    pub(crate) async fn left_behind(&self, managers: &[LockManager], path: &str) -> Vec<String> {
+        for m in managers {
+            m.flush().await;
+        }
+        match self.backend {
+            Backend::Zookeeper => children(&managers[0], path).await,
+            Backend::Redis => {
+                let lock = path
+                    .strip_suffix("/leases")
+                    .or_else(|| path.strip_suffix("/locks"))
+                    .unwrap_or(path);
+                let mut conn = self.redis_conn().await;
+                let mut left = vec![];
+                for kind in ["lock", "shared", "intent"] {
+                    let name = format!("zklock:{kind}:{lock}");
+                    let exists: bool = redis::cmd("EXISTS")
+                        .arg(&name)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    if exists {
+                        left.push(name);
+                    }
+                }
+                left
+            }
+            Backend::Postgres => {
+                let client = self.pg_client().await;
+                self.pg_locks(&client, path)
+                    .await
+                    .into_iter()
+                    .map(|(class, mode, pid)| {
+                        format!("advisory lock ({class},id of {path}) {mode} by pid {pid}")
+                    })
+                    .collect()
+            }
+            Backend::Memory => vec![],
+        }
+    }
+
+    /// Makes `m`'s holds of `key` lost: `lose` in memory, the session expired on ZooKeeper,
+    /// the lock's key deleted on Redis (the holder's next renewal, within lease/3, finds it
+    /// gone), the holding session ended by the server on PostgreSQL (`pg_terminate_backend`:
+    /// every hold on that connection is lost with it).
+    pub(crate) async fn lose(&self, m: &LockManager, key: &str) {
+        match self.backend {
+            Backend::Memory => m.lose(key, LossReason::SessionExpired).unwrap(),
+            Backend::Zookeeper => expire_session(m, &self.connect()).await,
+            Backend::Redis => {
+                let name = format!("zklock:lock:{}", m.path_of(key).unwrap());
+                let deleted: i64 = redis::cmd("DEL")
+                    .arg(&name)
+                    .query_async(&mut self.redis_conn().await)
+                    .await
+                    .unwrap();
+                assert_eq!(deleted, 1, "{name} was not held");
+            }
+            Backend::Postgres => {
+                let path = m.path_of(key).unwrap();
+                let client = self.pg_client().await;
+                let locks = self.pg_locks(&client, &path).await;
+                let [(_, _, pid)] = locks.as_slice() else {
+                    panic!("{path} is not held by one session: {locks:?}")
+                };
+                let terminated: bool = client
+                    .query_one("SELECT pg_terminate_backend($1)", &[pid])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert!(
+                    terminated,
+                    "the holding session {pid} of {path} was not ended"
+                );
+            }
+        }
+    }
+
+    /// On Redis and PostgreSQL, waits (bounded) until a writer waits for the read/write lock at
+    /// `path`: its intent (a key on Redis, an advisory lock of the intent class on PostgreSQL),
+    /// which keeps new readers out, exists. Elsewhere a queued writer is visible from its first
+    /// poll (memory) or its node (ZooKeeper) already.
+    pub(crate) async fn until_writer_waits(&self, path: &str) {
+        let name = match self.backend {
+            Backend::Redis => format!("zklock:intent:{path}"),
+            Backend::Postgres => format!("the intent lock of {path}"),
+            Backend::Zookeeper | Backend::Memory => return,
+        };
+        let mut conn = match self.backend {
+            Backend::Redis => Some(self.redis_conn().await),
+            _ => None,
+        };
+        let client = match self.backend {
+            Backend::Postgres => Some(self.pg_client().await),
+            _ => None,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let exists = match (&mut conn, &client) {
+                (Some(conn), _) => redis::cmd("EXISTS")
+                    .arg(&name)
+                    .query_async::<bool>(conn)
+                    .await
+                    .unwrap(),
+                (None, Some(client)) => self
+                    .pg_locks(client, path)
+                    .await
+                    .iter()
+                    .any(|(class, _, _)| *class == PG_INTENT_CLASS),
+                (None, None) => unreachable!("a Redis or PostgreSQL env"),
+            };
+            if exists {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no writer's intent at {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The reasons a loss made by [`lose`](Self::lose) may be reported with.
+    pub(crate) fn loss_reason_ok(&self, reason: LossReason) -> bool {
+        match self.backend {
+            Backend::Memory => reason == LossReason::SessionExpired,
+            Backend::Redis => matches!(
+                reason,
+                LossReason::NodeDeleted | LossReason::LeaseExpired | LossReason::Disconnected
+            ),
+            Backend::Postgres => {
+                matches!(reason, LossReason::Disconnected | LossReason::LeaseExpired)
+            }
+            Backend::Zookeeper => matches!(
+                reason,
+                LossReason::SessionExpired | LossReason::Disconnected | LossReason::NodeDeleted
+            ),
+        }
+    }
+
+    /// Spawns the acquire `fut` and returns once it waits: its first poll queues it on every
+    /// backend (in memory the queue entry is made in that poll, on Redis its first attempt is
+    /// sent in it, on PostgreSQL its key lookup or first attempt); on ZooKeeper, also once
+    /// `path` (as `observer` lists it) has `nodes` contender nodes.
+    pub(crate) async fn spawn_queued<F>(
+        &self,
+        observer: &LockManager,
+        path: &str,
+        nodes: usize,
+        fut: F,
+    ) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (polled, first_poll) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut fut = pin!(fut);
+            let first = futures::poll!(fut.as_mut());
+            let _ = polled.send(());
+            match first {
+                Poll::Ready(out) => out,
+                Poll::Pending => fut.await,
+            }
+        });
+        first_poll.await.expect("the spawned acquire was polled");
+        if self.is_zk() {
+            until_children(observer, path, nodes).await;
+        }
+        task
+    }
+}
+
+/// Counts the holders inside a critical section and remembers the most seen at once.
+#[derive(Default)]
+pub(crate) struct Overlap {
+    pub(crate) inside: AtomicUsize,
+    pub(crate) max: AtomicUsize,
+    pub(crate) entries: AtomicUsize,
+}
+
+impl Overlap {
+    pub(crate) fn enter(&self, units: usize) {
+        let now = self.inside.fetch_add(units, Ordering::SeqCst) + units;
+        self.max.fetch_max(now, Ordering::SeqCst);
+        self.entries.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn leave(&self, units: usize) {
+        self.inside.fetch_sub(units, Ordering::SeqCst);
+    }
+
+    pub(crate) async fn critical_section(&self) {
+        self.enter(1);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.leave(1);
+    }
+
+    pub(crate) fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn entries(&self) -> usize {
+        self.entries.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) fn assert_increasing(tokens: &[FencingToken]) {
+    for w in tokens.windows(2) {
+        assert!(
+            w[0] < w[1],
+            "the token did not increase: {} then {}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+/// `err` is `Error::Unsupported` naming `backend`, in the variant and in the message.
+pub(crate) fn assert_unsupported(err: &Error, backend: &str) {
+    assert!(
+        matches!(err, Error::Unsupported { backend: b, .. } if *b == backend),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(backend), "{err}");
+}

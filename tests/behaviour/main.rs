@@ -1,0 +1,117 @@
+//! One behaviour suite, run against every backend.
+//!
+//! Each behaviour is written once, as an async fn of the backend it runs on, against managers
+//! made by an [`Env`]; the `every_backend!` macro instantiates it for ZooKeeper (a real server
+//! from the test kit, one session per "process"), for Redis (a real `redis-server` from the
+//! test kit, one manager with its own connections per "process"), for PostgreSQL (a real
+//! PostgreSQL from the test kit, one manager with its own connections per "process") and for
+//! the in-memory backend (clones of one in-memory manager, which share its lock table), so the
+//! tests read `mutex_excludes::zookeeper`, `mutex_excludes::redis`,
+//! `mutex_excludes::postgres` and `mutex_excludes::memory`.
+//! Behaviours that need distinct contenders at the backend run their scenario twice: with the
+//! local queue (tasks of a process queue behind one hold) and without it
+//! (`local_queue(false)`: every acquire is a contender of its own).
+//!
+//! What a backend leaves out on purpose (inspection and revocation off ZooKeeper, the
+//! ZooKeeper client, `lose` off memory, semaphores on PostgreSQL) is checked to fail with
+//! `Error::Unsupported` naming the backend. Where "a hold is lost" comes from differs: the
+//! session expired on ZooKeeper, the lock's key deleted behind the holder's back on Redis (as a
+//! failover to a replica that never got it would), the holding session ended by the server on
+//! PostgreSQL (`pg_terminate_backend`), `lose` in memory.
+
+mod attribute;
+#[path = "../common/mod.rs"]
+mod common;
+mod env;
+mod mutex;
+mod operators;
+mod reentry;
+mod rwlock;
+mod semaphore;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{oneshot, Barrier};
+use tokio::task::JoinHandle;
+use tokio_postgres::NoTls;
+use zklock::{
+    current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
+};
+use zklock_testkit::{PostgresServer, RedisServer};
+
+use attribute::*;
+use env::*;
+use mutex::*;
+use operators::*;
+use reentry::*;
+use rwlock::*;
+use semaphore::*;
+
+/// How long one behaviour may take on any backend before it counts as a hang.
+const BOUND: Duration = Duration::from_secs(120);
+
+/// Instantiates each behaviour for every backend: `name::zookeeper`, `name::redis`,
+/// `name::postgres` and `name::memory`.
+macro_rules! every_backend {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn zookeeper() {
+                tokio::time::timeout(BOUND, super::$name(Backend::Zookeeper))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on ZooKeeper"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                tokio::time::timeout(BOUND, super::$name(Backend::Redis))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on Redis"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                tokio::time::timeout(BOUND, super::$name(Backend::Postgres))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on PostgreSQL"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                tokio::time::timeout(BOUND, super::$name(Backend::Memory))
+                    .await
+                    .expect(concat!(stringify!($name), " hung in memory"));
+            }
+        }
+    )*};
+}
+
+every_backend!(
+    mutex_excludes,
+    fencing_tokens_increase,
+    lock_timeout_leaves_nothing,
+    try_lock_is_none_while_held,
+    cancelled_acquires_leave_nothing,
+    with_lock_frames_reenter,
+    readers_share_writers_exclude,
+    write_inside_read_would_deadlock,
+    downgrade_keeps_queued_writer_out,
+    semaphore_admits_at_most_n,
+    acquire_many_is_all_or_none,
+    loss_is_reported,
+    attribute_locks_on_either_manager,
+    one_name_is_one_lock,
+    reentry_keeps_its_deadline,
+    mixed_settings_keep_every_promise,
+    operators_see_holders_and_waiters,
+    backend_specific_features,
+);
