@@ -25,10 +25,11 @@
 //! ```
 #![warn(missing_docs)]
 
-// The modules are layered: types, metrics, session, backend, local, guard, recipe, then the top
+// The modules are layered: types, metrics, session, backend, local, fence, guard, recipe, then the top
 // (manager, inspect, multi, private). Each uses only the layers below it; `tests/layers.rs`
 // checks it.
 mod backend;
+pub mod fence;
 mod guard;
 mod inspect;
 mod local;

@@ -14,6 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["session"],
     &["backend"],
     &["local"],
+    &["fence"],
     &["guard"],
     &["recipe"],
     &["manager", "inspect", "multi", "private", "lib"],

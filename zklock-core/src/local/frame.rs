@@ -124,3 +124,11 @@ pub(crate) async fn reenter(
 pub fn current_fencing_token() -> Option<FencingToken> {
     FRAME.try_with(|f| f.grant.token).ok()
 }
+
+/// The token and lock path of the innermost lock held by the current frame, if any (what
+/// `fence::current` fences with).
+pub(crate) fn current_hold() -> Option<(FencingToken, Arc<str>)> {
+    FRAME
+        .try_with(|f| (f.grant.token, f.grant.path.clone()))
+        .ok()
+}
