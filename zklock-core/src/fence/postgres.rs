@@ -235,7 +235,8 @@ impl PgFence {
     /// [`ACCEPTED`] in its `WHERE`; the guard's parameters come after yours: `$params+1` the
     /// resource (`text`), `$params+2` the token as [`FencingToken::to_sortable_bytes`]
     /// (`bytea`). The statement's row count is your statement's: 0 when the token was stale
-    /// (or when your `WHERE` matched nothing).
+    /// (or when your `WHERE` matched nothing). A statement that starts with `WITH` gets the
+    /// guard as its first common table expression, so the later ones can use it too.
     ///
     /// # Errors
     /// [`FenceError::Invalid`] when `write` does not contain [`ACCEPTED`] (it would then write
@@ -259,6 +260,15 @@ impl PgFence {
     /// // sqlx::query(&sql).bind(41i64).bind("sku_7").bind("sku_7").bind(token_param)
     /// //     .execute(&pool).await?.rows_affected() == 1   when accepted
     /// # let _ = token_param;
+    ///
+    /// // A statement with CTEs of its own: the guard comes first, all of them may use it.
+    /// let both = fence.guarded_sql(
+    ///     &format!("WITH sold AS (UPDATE stock SET units = units - 1 WHERE sku = $1 AND {ACCEPTED} RETURNING sku) \
+    ///               INSERT INTO orders (sku) SELECT sku FROM sold"),
+    ///     1,
+    /// )?;
+    /// assert!(both.starts_with("WITH zklock_fence AS (INSERT"));
+    /// assert!(both.contains("RETURNING 1), sold AS (UPDATE stock"));
     /// # Ok::<(), zklock_core::fence::FenceError>(())
     /// ```
     pub fn guarded_sql(&self, write: &str, params: usize) -> Result<String, FenceError> {
@@ -267,11 +277,25 @@ impl PgFence {
                 "the fenced statement does not use the guard; put `{ACCEPTED}` in its WHERE (else it writes whatever the token): {write}"
             )));
         }
-        Ok(format!(
-            "WITH zklock_fence AS ({}) {write}",
-            self.advance_at(params + 1)
-        ))
+        let guard = format!("zklock_fence AS ({})", self.advance_at(params + 1));
+        // A statement with common table expressions of its own gets the guard as the first.
+        let trimmed = write.trim_start();
+        if let Some(rest) = strip_word(trimmed, "WITH") {
+            if let Some(rest) = strip_word(rest, "RECURSIVE") {
+                return Ok(format!("WITH RECURSIVE {guard}, {rest}"));
+            }
+            return Ok(format!("WITH {guard}, {rest}"));
+        }
+        Ok(format!("WITH {guard} {write}"))
     }
+}
+
+/// `text` without its leading keyword `word` (any case) and the blanks after it.
+fn strip_word<'t>(text: &'t str, word: &str) -> Option<&'t str> {
+    let head = text.get(..word.len())?;
+    let rest = &text[word.len()..];
+    (head.eq_ignore_ascii_case(word) && rest.starts_with(char::is_whitespace))
+        .then(|| rest.trim_start())
 }
 
 impl Default for PgFence {

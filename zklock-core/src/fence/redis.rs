@@ -14,7 +14,7 @@ use super::{check_resource, Fence, Outcome};
 use crate::types::token::FencingToken;
 
 /// The default prefix of the keys that hold the last accepted tokens.
-pub(crate) const DEFAULT_PREFIX: &str = "zklock:fence:";
+pub(crate) const DEFAULT_PREFIX: &str = "zklock:accepted:";
 
 /// The check every script starts with. KEYS[1] is the token key, ARGV[1] the token as 30
 /// digits. Equal-length digit strings compare in Lua (and any collation) as the numbers they
@@ -50,7 +50,8 @@ return {1, reply}
 /// after the token check, so the check, the write and the new token are one atomic step.
 ///
 /// The last accepted token of a resource is kept as a string key, `prefix + resource`
-/// (default prefix `zklock:fence:`), in [`FencingToken::to_sortable_string`]'s 30 digits.
+/// (default prefix `zklock:accepted:`; the Redis lock backend's own keys are
+/// `zklock:lock:`, `zklock:fence:`, ...), in [`FencingToken::to_sortable_string`]'s 30 digits.
 /// On Redis Cluster the token key and your keys must share a slot: give a prefix and keys with
 /// the same hash tag (`{sku_7}`).
 ///
@@ -86,7 +87,8 @@ impl<C> fmt::Debug for RedisFence<C> {
 /// A Lua script of yours that a [`RedisFence`] runs only after the token check passed, in the
 /// same script (so atomically). Inside it, `KEYS` and `ARGV` are yours (the fence's own key
 /// and token are not among them); what it returns comes back in [`Outcome::Accepted`]. The
-/// token is recorded after it returns; if it raises an error, the token is not recorded
+/// token is recorded after it returns; if it raises an error (or returns
+/// `redis.error_reply(..)`, which comes back as [`FenceError::Redis`]), the token is not recorded
 /// (and, as with any Redis script, what it wrote before the error stays written).
 ///
 /// Make it once and reuse it: it is sent by SHA after the first call.
@@ -130,6 +132,9 @@ for i = 2, #ARGV do argv[i - 1] = ARGV[i] end
 local reply = (function(KEYS, ARGV)
 {body}
 end)(keys, argv)
+if type(reply) == 'table' and reply.err then
+  return reply
+end
 redis.call('SET', KEYS[1], ARGV[1])
 return {{1, reply}}
 "
@@ -289,7 +294,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisFence<C> {
     /// ```no_run
     /// # fn run(conn: zklock_core::redis::aio::MultiplexedConnection) {
     /// let fence = zklock_core::fence::RedisFence::new(conn);
-    /// assert_eq!(fence.key_of("sku_7"), "zklock:fence:sku_7");
+    /// assert_eq!(fence.key_of("sku_7"), "zklock:accepted:sku_7");
     /// # }
     /// ```
     pub fn key_of(&self, resource: &str) -> String {
