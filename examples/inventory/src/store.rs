@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisResult};
-use zklock::fence::{Fence, FenceError, FencedScript, Fenced, Outcome, RedisFence, RedisWrite};
+use zklock::fence::{Fence, FenceError, Fenced, FencedScript, Outcome, RedisFence, RedisWrite};
 use zklock::{FencingToken, Key, DEFAULT_NAMESPACE};
 
 /// The write of an order: KEYS stock and orders, ARGV the new stock and the order record.
@@ -243,10 +243,7 @@ mod tests {
     async fn the_fence_resource_is_the_locks_path() {
         let manager = zklock::LockManager::in_memory();
         for sku in ["7", "a/b", "ü"] {
-            assert_eq!(
-                lock_resource(sku),
-                manager.path_of(&lock_key(sku)).unwrap()
-            );
+            assert_eq!(lock_resource(sku), manager.path_of(&lock_key(sku)).unwrap());
         }
     }
 }

@@ -132,10 +132,7 @@ fn the_fence_refuses_older_tokens_exactly() {
             let store = store.clone();
             async move {
                 let writer = token.map(|t| Fenced::new(store.fence(), lock_resource("7"), t));
-                store
-                    .write("7", stock, "o", writer.as_ref())
-                    .await
-                    .unwrap()
+                store.write("7", stock, "o", writer.as_ref()).await.unwrap()
             }
         };
         let t = FencingToken::new;
@@ -170,7 +167,10 @@ fn the_fence_refuses_older_tokens_exactly() {
         // A writer fenced on another lock's resource is refused before Redis.
         let other = Fenced::new(store.fence(), lock_resource("8"), t(big + 9, 0));
         let err = store.write("7", 0, "o", Some(&other)).await.unwrap_err();
-        assert!(err.to_string().contains("fence it with its own lock"), "{err}");
+        assert!(
+            err.to_string().contains("fence it with its own lock"),
+            "{err}"
+        );
         assert_eq!(store.stock("7").await.unwrap(), Some(2));
         assert_eq!(store.sold("7").await.unwrap(), accepted.len() as i64);
         // Without a token (the no-lock mode) nothing is checked.
