@@ -108,7 +108,8 @@ pub(crate) async fn reenter(
 }
 
 /// The fencing token of the innermost lock held by the current frame, if any: what a body run
-/// by `with_lock` or `#[distributed_lock]` sends with its writes.
+/// by `with_lock` or `#[distributed_lock]` sends with its writes. `fence::current(&store)`
+/// gives a writer that carries it (see [`fence`](crate::fence)).
 ///
 /// # Examples
 ///
