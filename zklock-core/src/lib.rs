@@ -7,6 +7,10 @@
 //! leases renewed while held), on PostgreSQL (feature `postgres`:
 //! `LockManager::connect("postgres://user@host/db")`, session-level advisory locks) and in memory (`LockManager::in_memory()`, for unit tests).
 //!
+//! A token is only safe if the store refuses stale ones: [`fence`] does that check in
+//! PostgreSQL, Redis, ZooKeeper or memory, in the same atomic step as the write
+//! (`guard.fenced(&store).write(..)`).
+//!
 //! Most users depend on the `zklock` crate, which re-exports this one with the
 //! `#[distributed_lock]` attribute.
 //!
