@@ -13,7 +13,7 @@
 //! #[distributed_lock("user_{id}", timeout = "5s")]
 //! async fn update_profile(id: u64, name: String) -> Result<(), zklock::Error> {
 //!     // no other instance runs this for the same user meanwhile
-//!     let token = zklock::current_fencing_token(); // send it with your writes
+//!     let token = zklock::current_fencing_token(); // fence your writes with it: zklock::fence
 //!     # let _ = (name, token);
 //!     Ok(())
 //! }

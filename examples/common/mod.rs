@@ -1,6 +1,8 @@
-//! What the examples share: a ZooKeeper to talk to.
+//! What the examples share: a ZooKeeper (or a PostgreSQL) to talk to.
+// Each example uses the servers it needs.
+#![allow(dead_code)]
 
-use zklock_testkit::ZkServer;
+use zklock_testkit::{PostgresServer, ZkServer};
 
 /// The connect string of `ZKLOCK_CONNECT`, or of a server started for the example (kept
 /// running while the returned handle lives).
@@ -14,6 +16,22 @@ pub fn zookeeper() -> (Option<ZkServer>, String) {
             let server = ZkServer::start().expect("start ZooKeeper");
             let connect = server.connect_string();
             (Some(server), connect)
+        }
+    }
+}
+
+/// The PostgreSQL URL of `ZKLOCK_POSTGRES_URL`, or of a server started for the example (kept
+/// running while the returned handle lives).
+pub fn postgres() -> (Option<PostgresServer>, String) {
+    match std::env::var("ZKLOCK_POSTGRES_URL") {
+        Ok(url) => (None, url),
+        Err(_) => {
+            eprintln!(
+                "starting a PostgreSQL server for the example (set ZKLOCK_POSTGRES_URL to use yours)..."
+            );
+            let server = PostgresServer::start().expect("start PostgreSQL");
+            let url = server.url();
+            (Some(server), url)
         }
     }
 }

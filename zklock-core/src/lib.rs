@@ -7,6 +7,10 @@
 //! leases renewed while held), on PostgreSQL (feature `postgres`:
 //! `LockManager::connect("postgres://user@host/db")`, session-level advisory locks) and in memory (`LockManager::in_memory()`, for unit tests).
 //!
+//! A token is only safe if the store refuses stale ones: [`fence`] does that check in
+//! PostgreSQL, Redis, ZooKeeper or memory, in the same atomic step as the write
+//! (`guard.fenced(&store).write(..)`).
+//!
 //! Most users depend on the `zklock` crate, which re-exports this one with the
 //! `#[distributed_lock]` attribute.
 //!
@@ -25,11 +29,12 @@
 //! ```
 #![warn(missing_docs)]
 
-// The modules are layered: types, metrics, background, backend, local, guard, recipe, then
-// the top (manager, inspect, multi, private). Each uses only the layers below it, and nothing
-// outside `backend` names a backend's insides; `tests/layers.rs` checks both.
+// The modules are layered: types, metrics, background, backend, local, fence, guard, recipe,
+// then the top (manager, inspect, multi, private). Each uses only the layers below it, and
+// nothing outside `backend` names a backend's insides; `tests/layers.rs` checks both.
 mod backend;
 mod background;
+pub mod fence;
 mod guard;
 mod inspect;
 mod local;

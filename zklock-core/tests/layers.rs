@@ -17,6 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["background"],
     &["backend"],
     &["local"],
+    &["fence"],
     &["guard"],
     &["recipe"],
     &["manager", "inspect", "multi", "private", "lib"],

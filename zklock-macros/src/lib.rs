@@ -230,9 +230,34 @@ use proc_macro::TokenStream;
 ///
 /// # The fencing token
 ///
-/// Inside the body, `zklock::current_fencing_token()` returns the token of the innermost hold:
-/// pass it to the store you protect so that it refuses writes from a holder that has since
-/// lost the lock.
+/// Inside the body, `zklock::current_fencing_token()` returns the token of the innermost hold,
+/// and `zklock::fence::current(&store)` a writer that carries it: the store (PostgreSQL, Redis,
+/// ZooKeeper, or `MemoryFence` in tests) then applies a write only if no newer holder of the
+/// lock wrote since, so a holder paused past its session or lease cannot write stale data.
+///
+/// ```
+/// use zklock::distributed_lock;
+/// use zklock::fence::{MemoryFence, Outcome};
+///
+/// #[distributed_lock("sku_{sku}", manager = manager)]
+/// async fn restock(
+///     manager: &zklock::LockManager,
+///     store: &MemoryFence<i64>,
+///     sku: u64,
+///     units: i64,
+/// ) -> Result<Outcome, Box<dyn std::error::Error>> {
+///     let writer = zklock::fence::current(store).expect("inside the lock");
+///     Ok(writer.write(units).await?)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let manager = zklock::LockManager::in_memory();
+/// let store = MemoryFence::new();
+/// assert_eq!(restock(&manager, &store, 7, 40).await?, Outcome::Accepted(()));
+/// assert_eq!(store.value(&manager.path_of("sku_7")?), Some(40));
+/// # Ok(()) }
+/// ```
 ///
 /// # Compile errors
 ///

@@ -6,9 +6,9 @@
 //!
 //! - [`service`]: an axum HTTP service that places orders against stock kept in Redis, read
 //!   and written in separate commands. With a [`LockManager`](zklock::LockManager) every order
-//!   runs under the lock `sku_{sku}`, and its write carries the lock's fencing token, which a
-//!   Lua script in Redis checks ([`store`]): a holder that lost its lock while paused cannot
-//!   write stale stock.
+//!   runs under the lock `sku_{sku}`, and its write goes through zklock's fence
+//!   (`zklock::fence::current`, a `RedisFence` in [`store`]), which Redis checks in the same
+//!   script as the write: a holder that lost its lock while paused cannot write stale stock.
 //! - [`backends`]: the lock services compared (ZooKeeper, Redis, PostgreSQL): the service takes a connect
 //!   string for any of them; the demo starts a throwaway server of each.
 //! - [`driver`]: starts several instances as separate processes, sends them many concurrent

@@ -22,6 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
+use zklock::fence::{FenceError, Fenced, RedisFence};
 use zklock::{distributed_lock, FencingToken, LockManager};
 
 use crate::store::{Store, WriteOutcome};
@@ -141,6 +142,12 @@ pub struct OrderError(String);
 impl From<zklock::Error> for OrderError {
     fn from(e: zklock::Error) -> OrderError {
         OrderError(format!("lock: {e}"))
+    }
+}
+
+impl From<FenceError> for OrderError {
+    fn from(e: FenceError) -> OrderError {
+        OrderError(format!("store: {e}"))
     }
 }
 
@@ -279,8 +286,9 @@ async fn place_order(
 }
 
 /// The order under the SKU's lock (`sku_{sku}` on the lock service, held across the read, the
-/// check and the write). The write carries the lock's fencing token, so a holder that lost the lock
-/// while it was paused cannot overwrite what the next holder wrote. `on_lost = "continue"`: the
+/// check and the write). The write goes through `zklock::fence::current`, a writer that carries
+/// the lock's fencing token, so a holder that lost the lock while it was paused cannot
+/// overwrite what the next holder wrote. `on_lost = "continue"`: the
 /// body runs to its end even if the hold is lost meanwhile, since the store's fence, not the
 /// process's belief, is what refuses a stale write (a process frozen by SIGSTOP or a long GC
 /// pause cannot notice its loss before it writes anyway).
@@ -291,19 +299,21 @@ async fn place_order_locked(
     sku: &str,
     request: &OrderRequest,
 ) -> Result<Sale, OrderError> {
-    let token = zklock::current_fencing_token()
+    let writer = zklock::fence::current(state.inner.store.fence())
         .ok_or_else(|| OrderError("no fencing token inside the lock".into()))?;
-    sell(state, sku, request, Some(token)).await
+    sell(state, sku, request, Some(&writer)).await
 }
 
-/// Read stock, check it, (work), write stock and record the order: separate Redis commands.
+/// Read stock, check it, (work), write stock and record the order: separate Redis commands,
+/// the write fenced when a lock's `writer` is given.
 async fn sell(
     state: &AppState,
     sku: &str,
     request: &OrderRequest,
-    token: Option<FencingToken>,
+    writer: Option<&Fenced<'_, RedisFence>>,
 ) -> Result<Sale, OrderError> {
     let store = &state.inner.store;
+    let token = writer.map(|w| w.token());
     let mut sale = Sale {
         outcome: Outcome::UnknownSku,
         stock_read: None,
@@ -330,7 +340,7 @@ async fn sell(
         state.inner.config.instance,
         token.map(|t| t.to_string()).unwrap_or_else(|| "-".into())
     );
-    match store.write(sku, stock - 1, &record, token).await? {
+    match store.write(sku, stock - 1, &record, writer).await? {
         WriteOutcome::Written => sale.outcome = Outcome::Sold,
         WriteOutcome::Stale { last } => {
             sale.outcome = Outcome::Fenced;

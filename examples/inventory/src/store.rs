@@ -1,42 +1,28 @@
 //! Stock in Redis, read and written in separate commands, with a fenced write.
 //!
-//! Keys for a SKU `s`: `stock:s` (units left), `orders:s` (one entry per order sold) and
-//! `fence:s` (the last fencing token a write was accepted with).
+//! Keys for a SKU `s`: `stock:s` (units left) and `orders:s` (one entry per order sold); the
+//! last fencing token a write was accepted with is zklock's: [`zklock::fence::RedisFence`]
+//! keeps it under `zklock:accepted:<lock path>`.
 //!
-//! The read is a plain `GET`. The write is one Lua script, atomic in Redis: when the caller
-//! holds a lock, it compares the caller's fencing token with `fence:s` and refuses the write if
-//! the token is older; otherwise it stores the token, sets the stock and records the order.
-//! Nothing makes the read and the write one step: that is the lock's job.
+//! The read is a plain `GET`. The write is one script, atomic in Redis: under a lock it goes
+//! through zklock's fence, which runs it only if the writer's token is not older than the last
+//! one accepted for the SKU's lock (and then records the token); without a lock (the demo's
+//! no-lock mode) it runs as is. Nothing makes the read and the write one step: that is the
+//! lock's job.
 
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisResult, Script};
-use zklock::FencingToken;
+use redis::{AsyncConnectionConfig, Client, RedisResult};
+use zklock::fence::{Fence, FenceError, Fenced, FencedScript, Outcome, RedisFence, RedisWrite};
+use zklock::{FencingToken, Key, DEFAULT_NAMESPACE};
 
-/// The fenced write. Tokens order by `(zxid, local)`. Lua numbers are doubles, exact only up to
-/// 2^53, while a zxid is 64 bits; so the zxid travels as its high and low 32-bit halves (signed
-/// epoch part, unsigned counter part), and the token compares as the triple
-/// `(high, low, local)`: every part fits a double exactly, and the triple orders as the token.
-///
-/// KEYS: stock, orders, fence. ARGV: new stock, order record, then (only under a lock) the
-/// token's high, low and local parts.
-/// Returns `{1}` when written, `{0, high, low, local}` (the last accepted token) when refused.
-const FENCED_WRITE: &str = r#"
-if ARGV[3] then
-  local last = redis.call('HMGET', KEYS[3], 'high', 'low', 'local')
-  if last[1] then
-    local high, low, loc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-    local lhigh, llow, lloc = tonumber(last[1]), tonumber(last[2]), tonumber(last[3])
-    if high < lhigh or (high == lhigh and (low < llow or (low == llow and loc < lloc))) then
-      return {0, last[1], last[2], last[3]}
-    end
-  end
-  redis.call('HSET', KEYS[3], 'high', ARGV[3], 'low', ARGV[4], 'local', ARGV[5])
-end
+/// The write of an order: KEYS stock and orders, ARGV the new stock and the order record.
+/// Under a lock, zklock's fence runs it only after the token check.
+const SELL: &str = r#"
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[2])
-return {1}
+return 1
 "#;
 
 /// How long a Redis command may take before it fails (the client's default, 500 ms, is too
@@ -60,7 +46,8 @@ pub enum WriteOutcome {
 pub struct Store {
     client: Client,
     conn: MultiplexedConnection,
-    script: Script,
+    fence: RedisFence,
+    sell: FencedScript,
 }
 
 impl std::fmt::Debug for Store {
@@ -84,9 +71,17 @@ pub fn orders_key(sku: &str) -> String {
     format!("orders:{sku}")
 }
 
-/// The key holding the last fencing token accepted for `sku`.
-pub fn fence_key(sku: &str) -> String {
-    format!("fence:{sku}")
+/// The lock an order for `sku` runs under (`#[distributed_lock("sku_{sku}")]`).
+pub fn lock_key(sku: &str) -> String {
+    format!("sku_{sku}")
+}
+
+/// The fence's resource name for `sku`: the path of its lock (what `LockManager::path_of`
+/// gives for [`lock_key`] on the demo's managers, which keep the default namespace), the name
+/// `zklock::fence::current` fences with inside the lock.
+pub fn lock_resource(sku: &str) -> String {
+    let key = Key::new(lock_key(sku)).expect("a SKU of at most 64 bytes makes a valid key");
+    format!("{DEFAULT_NAMESPACE}/{}", key.encoded())
 }
 
 impl Store {
@@ -104,8 +99,9 @@ impl Store {
             .await?;
         Ok(Store {
             client,
+            fence: RedisFence::new(conn.clone()),
             conn,
-            script: Script::new(FENCED_WRITE),
+            sell: FencedScript::new(SELL),
         })
     }
 
@@ -121,6 +117,12 @@ impl Store {
         self.client
             .get_multiplexed_async_connection_with_config(&config)
             .await
+    }
+
+    /// zklock's fence on this Redis: under a lock, `zklock::fence::current(store.fence())`
+    /// gives the writer that [`write`](Self::write) takes.
+    pub fn fence(&self) -> &RedisFence {
+        &self.fence
     }
 
     /// The shared connection, for commands of the caller's own.
@@ -139,40 +141,51 @@ impl Store {
             .await
     }
 
-    /// Sets the stock of `sku` to `stock` and records `order`, in one atomic step; with a
-    /// token, only if it is not older than the last token accepted for `sku`.
+    /// Sets the stock of `sku` to `stock` and records `order`, in one atomic step; through a
+    /// fenced writer (one made inside the SKU's lock), only if its token is not older than the
+    /// last one accepted for the SKU's lock.
     ///
     /// # Errors
-    /// Redis errors.
+    /// Redis errors; a writer fenced on another resource than `sku`'s lock.
     pub async fn write(
         &self,
         sku: &str,
         stock: i64,
         order: &str,
-        token: Option<FencingToken>,
-    ) -> RedisResult<WriteOutcome> {
-        let mut call = self.script.prepare_invoke();
-        call.key(stock_key(sku))
-            .key(orders_key(sku))
-            .key(fence_key(sku))
-            .arg(stock)
-            .arg(order);
-        if let Some(token) = token {
-            let (high, low) = split_zxid(token.zxid());
-            call.arg(high).arg(low).arg(token.local());
+        writer: Option<&Fenced<'_, RedisFence>>,
+    ) -> Result<WriteOutcome, FenceError> {
+        let keys = [stock_key(sku), orders_key(sku)];
+        let args = [stock.to_string(), order.to_string()];
+        let Some(writer) = writer else {
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .cmd("SET")
+                .arg(&keys[0])
+                .arg(stock)
+                .ignore()
+                .cmd("RPUSH")
+                .arg(&keys[1])
+                .arg(order)
+                .ignore();
+            pipe.query_async::<()>(&mut self.conn.clone()).await?;
+            return Ok(WriteOutcome::Written);
+        };
+        if writer.resource() != lock_resource(sku) {
+            return Err(FenceError::Invalid(format!(
+                "a write for SKU {sku} fenced with the token of {}; fence it with its own lock, {}",
+                writer.resource(),
+                lock_resource(sku)
+            )));
         }
-        let reply: Vec<i64> = call.invoke_async(&mut self.conn.clone()).await?;
-        match reply.as_slice() {
-            [1] => Ok(WriteOutcome::Written),
-            [0, high, low, local] => Ok(WriteOutcome::Stale {
-                last: FencingToken::new(join_zxid(*high, *low), *local as u32),
-            }),
-            other => Err(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected reply from the fenced write script",
-                format!("{other:?}"),
-            ))),
-        }
+        Ok(
+            match writer
+                .write(RedisWrite::script(&self.sell, &keys, &args))
+                .await?
+            {
+                Outcome::Accepted(_) => WriteOutcome::Written,
+                Outcome::Stale { last } => WriteOutcome::Stale { last },
+            },
+        )
     }
 
     /// Empties the database and stocks each `(sku, units)`.
@@ -195,7 +208,7 @@ impl Store {
         for (sku, units) in stock {
             pipe.cmd("DEL")
                 .arg(orders_key(sku))
-                .arg(fence_key(sku))
+                .arg(self.fence.key_of(&lock_resource(sku)))
                 .ignore();
             pipe.cmd("SET").arg(stock_key(sku)).arg(*units).ignore();
         }
@@ -217,56 +230,20 @@ impl Store {
     ///
     /// # Errors
     /// Redis errors.
-    pub async fn fence(&self, sku: &str) -> RedisResult<Option<FencingToken>> {
-        let parts: Vec<Option<i64>> = redis::cmd("HMGET")
-            .arg(fence_key(sku))
-            .arg("high")
-            .arg("low")
-            .arg("local")
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(match parts.as_slice() {
-            [Some(high), Some(low), Some(local)] => {
-                Some(FencingToken::new(join_zxid(*high, *low), *local as u32))
-            }
-            _ => None,
-        })
+    pub async fn last_token(&self, sku: &str) -> Result<Option<FencingToken>, FenceError> {
+        self.fence.last_token(&lock_resource(sku)).await
     }
-}
-
-/// A zxid as (high 32 bits, signed; low 32 bits, unsigned): each part is exact as a double.
-fn split_zxid(zxid: i64) -> (i64, i64) {
-    (zxid >> 32, zxid & 0xffff_ffff)
-}
-
-fn join_zxid(high: i64, low: i64) -> i64 {
-    (high << 32) | (low & 0xffff_ffff)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn zxid_halves_round_trip_and_order() {
-        let zxids = [
-            0,
-            1,
-            0xffff_ffff,
-            0x1_0000_0000,
-            0x7fff_ffff_ffff_ffff,
-            -1,
-            i64::MIN,
-        ];
-        for z in zxids {
-            let (h, l) = split_zxid(z);
-            assert_eq!(join_zxid(h, l), z);
-            assert!((0..=0xffff_ffff).contains(&l));
+    #[tokio::test]
+    async fn the_fence_resource_is_the_locks_path() {
+        let manager = zklock::LockManager::in_memory();
+        for sku in ["7", "a/b", "ü"] {
+            assert_eq!(lock_resource(sku), manager.path_of(&lock_key(sku)).unwrap());
         }
-        let mut sorted = zxids;
-        sorted.sort();
-        let mut by_parts = zxids;
-        by_parts.sort_by_key(|z| split_zxid(*z));
-        assert_eq!(sorted, by_parts);
     }
 }

@@ -8,15 +8,16 @@
 //!   fence in the store.
 //! - Each instance serves zklock's metrics on `/metrics`; the demo scrapes them after each
 //!   locked run, and what they count agrees with what the clients saw.
-//! - The fence itself: the Lua script orders tokens by (zxid, local) exactly, also where a
-//!   double could not tell two zxids apart.
+//! - The fence itself (zklock's, through the store): tokens order by (zxid, local) exactly,
+//!   also where a double could not tell two zxids apart.
 
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::Instant;
 
+use zklock::fence::Fenced;
 use zklock::FencingToken;
-use zklock_inventory::store::{Store, WriteOutcome};
+use zklock_inventory::store::{lock_resource, Store, WriteOutcome};
 use zklock_testkit::RedisServer;
 
 /// Parses the `prefix key=value key=value ...` line of the demo's output that contains
@@ -129,7 +130,10 @@ fn the_fence_refuses_older_tokens_exactly() {
         store.reset(&[("7".to_string(), 10)]).await.unwrap();
         let write = |stock: i64, token: Option<FencingToken>| {
             let store = store.clone();
-            async move { store.write("7", stock, "o", token).await.unwrap() }
+            async move {
+                let writer = token.map(|t| Fenced::new(store.fence(), lock_resource("7"), t));
+                store.write("7", stock, "o", writer.as_ref()).await.unwrap()
+            }
         };
         let t = FencingToken::new;
         // 2^53 and 2^53 + 1 are the same double: a naive Lua comparison would let the older pass.
@@ -159,7 +163,14 @@ fn the_fence_refuses_older_tokens_exactly() {
                 "{stale:?}"
             );
         }
-        assert_eq!(store.fence("7").await.unwrap(), Some(last));
+        assert_eq!(store.last_token("7").await.unwrap(), Some(last));
+        // A writer fenced on another lock's resource is refused before Redis.
+        let other = Fenced::new(store.fence(), lock_resource("8"), t(big + 9, 0));
+        let err = store.write("7", 0, "o", Some(&other)).await.unwrap_err();
+        assert!(
+            err.to_string().contains("fence it with its own lock"),
+            "{err}"
+        );
         assert_eq!(store.stock("7").await.unwrap(), Some(2));
         assert_eq!(store.sold("7").await.unwrap(), accepted.len() as i64);
         // Without a token (the no-lock mode) nothing is checked.

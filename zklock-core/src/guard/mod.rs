@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::backend::LockTarget;
+use crate::fence::{Fence, Fenced};
 use crate::local::frame;
 use crate::local::Grant;
 use crate::types::error::{Deadlock, Error, Result};
@@ -76,6 +77,30 @@ impl LockGuard {
     /// ```
     pub fn fencing_token(&self) -> FencingToken {
         self.grant().token
+    }
+
+    /// A writer to `fence` that carries this hold's fencing token, on the lock's own resource
+    /// name (its path, `LockManager::path_of(key)`): every write through it is applied only if
+    /// the store accepted no newer token of this lock. See [`fence`](crate::fence).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use zklock_core::fence::{MemoryFence, Outcome};
+    ///
+    /// let manager = zklock_core::LockManager::in_memory();
+    /// let stock = MemoryFence::new();
+    /// let first = manager.lock("sku_7").await?;
+    /// let late = first.fenced(&stock); // kept by a holder that will be paused
+    /// first.release().await?;
+    /// let next = manager.lock("sku_7").await?;
+    /// assert!(next.fenced(&stock).write(9).await?.is_accepted());
+    /// assert!(matches!(late.write(10).await?, Outcome::Stale { .. }));
+    /// assert_eq!(stock.value(&manager.path_of("sku_7")?), Some(9));
+    /// # Ok(()) }
+    /// ```
+    pub fn fenced<'f, F: Fence>(&self, fence: &'f F) -> Fenced<'f, F> {
+        let grant = self.grant();
+        Fenced::new(fence, grant.path.clone(), grant.token)
     }
 
     /// The key (or raw path, for [`mutex_at_path`](crate::LockManager::mutex_at_path)) of the lock.

@@ -108,7 +108,8 @@ pub(crate) async fn reenter(
 }
 
 /// The fencing token of the innermost lock held by the current frame, if any: what a body run
-/// by `with_lock` or `#[distributed_lock]` sends with its writes.
+/// by `with_lock` or `#[distributed_lock]` sends with its writes. `fence::current(&store)`
+/// gives a writer that carries it (see [`fence`](crate::fence)).
 ///
 /// # Examples
 ///
@@ -123,4 +124,12 @@ pub(crate) async fn reenter(
 /// ```
 pub fn current_fencing_token() -> Option<FencingToken> {
     FRAME.try_with(|f| f.grant.token).ok()
+}
+
+/// The token and lock path of the innermost lock held by the current frame, if any (what
+/// `fence::current` fences with).
+pub(crate) fn current_hold() -> Option<(FencingToken, Arc<str>)> {
+    FRAME
+        .try_with(|f| (f.grant.token, f.grant.path.clone()))
+        .ok()
 }
