@@ -204,3 +204,46 @@ mod tests {
         assert!("etcd".parse::<LockBackend>().is_err());
     }
 }
+
+/// Whether the instances lock, and on which lock service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Started with `--no-lock`: read, check and write with nothing around them.
+    NoLock,
+    /// Each order under the lock `sku_{sku}` on this backend, its write fenced in the store.
+    Lock(LockBackend),
+}
+
+impl Mode {
+    /// The name in the machine-readable line: `nolock` or `lock`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::NoLock => "nolock",
+            Mode::Lock(_) => "lock",
+        }
+    }
+
+    /// The lock backend, if the mode locks.
+    pub fn backend(self) -> Option<LockBackend> {
+        match self {
+            Mode::NoLock => None,
+            Mode::Lock(b) => Some(b),
+        }
+    }
+
+    /// The title in the table and in progress lines.
+    pub fn title(self) -> String {
+        match self {
+            Mode::NoLock => "without lock".into(),
+            Mode::Lock(b) => format!("lock on {}", b.title()),
+        }
+    }
+
+    /// Where its instances' logs go (under the demo's log directory).
+    pub(crate) fn log_dir(self) -> String {
+        match self {
+            Mode::NoLock => "nolock".into(),
+            Mode::Lock(b) => format!("lock-{}", b.name()),
+        }
+    }
+}

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::Rng;
 
+pub use crate::backends::Mode;
 use crate::backends::{LockBackend, LockService};
 use crate::instances::{self, Instance, InstanceConfig};
+pub use crate::report::DemoResults;
 use crate::report::{ModeReport, PauseReport};
 use crate::scrape::LockMetrics;
 use crate::service::{release_key, OrderRequest, OrderResponse, Outcome, HOLDING_EVENTS};
@@ -22,49 +24,6 @@ use crate::store::Store;
 
 /// An error of the driver, as text for the user.
 pub type DemoError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Whether the instances lock, and on which lock service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Started with `--no-lock`: read, check and write with nothing around them.
-    NoLock,
-    /// Each order under the lock `sku_{sku}` on this backend, its write fenced in the store.
-    Lock(LockBackend),
-}
-
-impl Mode {
-    /// The name in the machine-readable line: `nolock` or `lock`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::NoLock => "nolock",
-            Mode::Lock(_) => "lock",
-        }
-    }
-
-    /// The lock backend, if the mode locks.
-    pub fn backend(self) -> Option<LockBackend> {
-        match self {
-            Mode::NoLock => None,
-            Mode::Lock(b) => Some(b),
-        }
-    }
-
-    /// The title in the table and in progress lines.
-    pub fn title(self) -> String {
-        match self {
-            Mode::NoLock => "without lock".into(),
-            Mode::Lock(b) => format!("lock on {}", b.title()),
-        }
-    }
-
-    /// Where its instances' logs go (under the demo's log directory).
-    fn log_dir(self) -> String {
-        match self {
-            Mode::NoLock => "nolock".into(),
-            Mode::Lock(b) => format!("lock-{}", b.name()),
-        }
-    }
-}
 
 impl std::str::FromStr for Mode {
     type Err = String;
@@ -112,15 +71,6 @@ pub struct DemoOptions {
     pub progress: bool,
     /// Where instance logs go.
     pub log_dir: PathBuf,
-}
-
-/// Everything the demo measured.
-#[derive(Debug, Clone)]
-pub struct DemoResults {
-    /// One report per mode, in the order run.
-    pub modes: Vec<ModeReport>,
-    /// The pause scenario, once per lock backend, if run.
-    pub pauses: Vec<PauseReport>,
 }
 
 /// The SKU names: `100`, `101`, ...; the lock keys are then `sku_100`, ...

@@ -4,9 +4,18 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::backends::LockBackend;
-use crate::driver::{DemoResults, Mode};
+use crate::backends::Mode;
 use crate::scrape::LockMetrics;
 use crate::service::Outcome;
+
+/// Everything the demo measured.
+#[derive(Debug, Clone)]
+pub struct DemoResults {
+    /// One report per mode, in the order run.
+    pub modes: Vec<ModeReport>,
+    /// The pause scenario, once per lock backend, if run.
+    pub pauses: Vec<PauseReport>,
+}
 
 /// What one mode's run measured. `sold`, `left` and `oversold` come from the store itself;
 /// the other counts from the answers the clients got.
