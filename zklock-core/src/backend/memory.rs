@@ -175,7 +175,7 @@ impl MemoryBackend {
             lock.entries[lock.position(id).expect("just pushed")].granted
         };
         // From here on, an acquire that ends without a hold takes its entry out.
-        let pending = Pending {
+        let unfinished = Unfinished {
             shared: self.shared.clone(),
             path: target.path.clone(),
             id: Some(id),
@@ -196,7 +196,7 @@ impl MemoryBackend {
                 }
             }
         }
-        pending.disarm();
+        unfinished.disarm();
         Ok(Some((id, loss)))
     }
 
@@ -222,19 +222,19 @@ impl MemoryBackend {
 }
 
 /// An entry of an acquire in progress: removed if the acquire ends without a hold.
-struct Pending {
+struct Unfinished {
     shared: Arc<Shared>,
     path: Arc<str>,
     id: Option<u64>,
 }
 
-impl Pending {
+impl Unfinished {
     fn disarm(mut self) {
         self.id = None;
     }
 }
 
-impl Drop for Pending {
+impl Drop for Unfinished {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
             self.shared.remove(&self.path, id, true);
