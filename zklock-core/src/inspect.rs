@@ -35,7 +35,7 @@ impl LockManager {
 
     /// Who holds the lock on `key` and who waits, of whichever recipe uses the key (mutex,
     /// read/write lock, semaphore or leader latch), read from the server: on ZooKeeper, Redis
-    /// and PostgreSQL alike.
+    /// and PostgreSQL alike (in memory, from the manager's own lock table).
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
@@ -48,8 +48,7 @@ impl LockManager {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Unsupported`] on the in-memory backend;
-    /// the backend's error when its server does not answer.
+    /// The backend's error when its server does not answer.
     pub async fn inspect(&self, key: &str) -> Result<LockInfo> {
         let k = Key::new(key)?;
         let inspector = self.inspector()?;

@@ -5,11 +5,15 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard};
+use std::time::SystemTime;
 
 use tokio::sync::{oneshot, watch};
 
-use super::{Backend, BackendHold, BoxFuture, Downgraded, LockTarget, Lose, SharedHold};
+use super::{
+    Backend, BackendHold, BoxFuture, Downgraded, Inspect, LockTarget, Lose, SharedHold, HOST_PID,
+};
 use crate::types::error::{Error, Result};
+use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::loss::{Loss, LossReason, LossSignal};
 use crate::types::mode::{HoldMode, LockMode, Wait};
 use crate::types::token::FencingToken;
@@ -25,6 +29,10 @@ struct Entry {
     wake: Option<oneshot::Sender<()>>,
     /// Tells the holds of this entry that they are lost.
     loss: Arc<watch::Sender<Option<LossReason>>>,
+    /// When it arrived, and when it was granted: what inspection shows as since when.
+    since: SystemTime,
+    /// Its token once its hold was made (0 before).
+    token: i64,
 }
 
 #[derive(Default)]
@@ -54,6 +62,7 @@ impl Lock {
             };
             if !entry.granted && grantable {
                 entry.granted = true;
+                entry.since = SystemTime::now();
                 if let Some(wake) = entry.wake.take() {
                     let _ = wake.send(());
                 }
@@ -169,6 +178,8 @@ impl MemoryBackend {
                 granted: false,
                 wake: Some(tx),
                 loss: loss.clone(),
+                since: SystemTime::now(),
+                token: 0,
             });
             lock.grant();
             lock.arrivals.notify_waiters();
@@ -207,6 +218,11 @@ impl MemoryBackend {
         loss: Arc<watch::Sender<Option<LossReason>>>,
     ) -> Arc<dyn BackendHold> {
         let token = self.shared.next_token.fetch_add(1, Ordering::SeqCst);
+        if let Some(lock) = self.shared.locks().get_mut(&target.path) {
+            if let Some(at) = lock.position(id) {
+                lock.entries[at].token = token;
+            }
+        }
         let arrivals = self.shared.arrivals(&target.path);
         Arc::new(MemoryHold {
             shared: self.shared.clone(),
@@ -303,6 +319,10 @@ impl Backend for MemoryBackend {
     }
 
     fn loser(&self) -> std::result::Result<&dyn Lose, &'static str> {
+        Ok(self)
+    }
+
+    fn inspector(&self) -> std::result::Result<&dyn Inspect, &'static str> {
         Ok(self)
     }
 }
@@ -446,6 +466,7 @@ impl BackendHold for MemoryHold {
             let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
             let (loss, _) = watch::channel(None);
             let loss = Arc::new(loss);
+            let token;
             {
                 let mut locks = self.shared.locks();
                 // Lost meanwhile (`lose` took the entry out): nothing to continue.
@@ -458,6 +479,7 @@ impl BackendHold for MemoryHold {
                         reason: self.loss_reason().unwrap_or(LossReason::NodeDeleted),
                     });
                 };
+                token = self.shared.next_token.fetch_add(1, Ordering::SeqCst);
                 lock.entries.insert(
                     at + 1,
                     Entry {
@@ -467,10 +489,11 @@ impl BackendHold for MemoryHold {
                         granted: true,
                         wake: None,
                         loss: loss.clone(),
+                        since: SystemTime::now(),
+                        token,
                     },
                 );
             }
-            let token = self.shared.next_token.fetch_add(1, Ordering::SeqCst);
             let read = Arc::new(MemoryHold {
                 shared: self.shared.clone(),
                 path: self.path.clone(),
@@ -486,5 +509,69 @@ impl BackendHold for MemoryHold {
                 keep_write: false,
             })
         })
+    }
+}
+
+/// What the in-memory "server" holds: every entry of a lock, granted ones as holders and the
+/// others as waiters in arrival order, all of this process.
+impl Inspect for MemoryBackend {
+    fn inspect<'a>(
+        &'a self,
+        path: &'a str,
+        kind: Option<LockKind>,
+    ) -> BoxFuture<'a, Result<LockInfo>> {
+        let locks = self.shared.locks();
+        let entries = locks.get(path).map_or(&[][..], |l| &l.entries[..]);
+        let kind = kind.unwrap_or_else(|| match entries.first().map(|e| e.mode) {
+            Some(HoldMode::Lease) => LockKind::Semaphore,
+            Some(HoldMode::Read | HoldMode::Write) => LockKind::ReadWrite,
+            Some(HoldMode::Leader) => LockKind::Leader,
+            _ => LockKind::Mutex,
+        });
+        let owner = Owner::parse(format!("zklock {}", *HOST_PID).as_bytes());
+        let (mut holders, mut waiters) = (vec![], vec![]);
+        for e in entries {
+            let contender = Contender {
+                node: format!("entry {}", e.id),
+                mode: match e.mode {
+                    HoldMode::Exclusive => "mutex",
+                    HoldMode::Read => "read",
+                    HoldMode::Write => "write",
+                    HoldMode::Lease => "lease",
+                    HoldMode::Leader => "latch",
+                },
+                owner: owner.clone(),
+                since: e.since,
+                token: FencingToken::new(if e.granted { e.token } else { 0 }, 0),
+                session: 0,
+                lingering: false,
+                location: path.to_string(),
+            };
+            if e.granted {
+                holders.push(contender);
+            } else {
+                waiters.push(contender);
+            }
+        }
+        let info = LockInfo {
+            key: path.to_string(),
+            path: path.to_string(),
+            kind,
+            holders,
+            waiters,
+        };
+        Box::pin(std::future::ready(Ok(info)))
+    }
+
+    fn lock_paths<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<String>>> {
+        let prefix = format!("{namespace}/");
+        let paths = self
+            .shared
+            .locks()
+            .keys()
+            .filter(|p| p.starts_with(&prefix))
+            .map(|p| p.to_string())
+            .collect();
+        Box::pin(std::future::ready(Ok(paths)))
     }
 }

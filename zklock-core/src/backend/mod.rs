@@ -38,7 +38,6 @@ use crate::types::loss::{LossReason, LossSignal};
 use crate::types::mode::{LockMode, Wait};
 use crate::types::token::FencingToken;
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
 /// `host=<host> pid=<pid>`, read once.
 pub(crate) static HOST_PID: once_cell::sync::Lazy<String> = once_cell::sync::Lazy::new(|| {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")

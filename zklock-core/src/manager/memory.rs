@@ -13,9 +13,9 @@ impl LockManager {
     /// tasks of this process. For your unit tests: no server to start. Every manager made by
     /// one call shares one lock table; clones of it share it too, separate calls do not.
     ///
-    /// What only ZooKeeper has (inspection, revocation by other processes, the ZooKeeper
-    /// client) fails with [`Error::Unsupported`]. [`lose`](Self::lose) makes a hold lost, as a
-    /// session expiry would.
+    /// [`inspect`](Self::inspect) and [`list`](Self::list) show its lock table; what only
+    /// ZooKeeper has (revocation, the ZooKeeper client) fails with [`Error::Unsupported`].
+    /// [`lose`](Self::lose) makes a hold lost, as a session expiry would.
     ///
     /// # Examples
     ///
