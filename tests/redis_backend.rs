@@ -111,7 +111,7 @@ async fn keys_name_the_lock_path_and_the_holder() {
 async fn zookeeper_only_features_are_refused() {
     let redis = server();
     let m = LockManager::connect(&redis.url()).await.unwrap();
-    let err = m.inspect("k").await.unwrap_err();
+    let err = m.revoke("k").await.unwrap_err();
     assert!(
         matches!(
             err,
