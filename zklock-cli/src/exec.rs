@@ -140,14 +140,11 @@ fn acquire_semaphore(
 ) -> zklock_core::Result<(String, Acquire)> {
     let timeout = args.timeout;
     let (sem, path) = match at {
-        Target::Key(key) => (
-            manager.semaphore(key, n)?,
-            format!(
-                "{}/%SEM/{}",
-                manager.namespace(),
-                zklock_core::Key::new(key)?.encoded()
-            ),
-        ),
+        Target::Key(key) => {
+            let sem = manager.semaphore(key, n)?;
+            let path = sem.path().to_string();
+            (sem, path)
+        }
         Target::Path(path) => (manager.semaphore_at_path(path, n)?, path.to_string()),
     };
     let acquire = async move {

@@ -251,11 +251,7 @@ impl LockManager {
             let path = match &spec {
                 LockSpec::Mutex(k) => self.mutex(k)?.path().to_string(),
                 LockSpec::Read(k) | LockSpec::Write(k) => self.rwlock(k)?.path().to_string(),
-                LockSpec::Semaphore(k, _) => format!(
-                    "{}/%SEM/{}",
-                    self.namespace(),
-                    crate::Key::new(k.as_str())?.encoded()
-                ),
+                LockSpec::Semaphore(k, n) => self.semaphore(k, (*n).max(1))?.path().to_string(),
             };
             if let Some((_, other)) = ordered.iter().find(|(p, _)| *p == path) {
                 if *other == spec {

@@ -59,6 +59,18 @@ impl Semaphore {
         })
     }
 
+    /// The path of this semaphore (on ZooKeeper, its znode path: leases are under `leases`,
+    /// the gate under `locks`).
+    ///
+    /// ```no_run
+    /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
+    /// assert_eq!(m.semaphore("exports", 3)?.path(), "/zklock/locks/%SEM/exports");
+    /// # Ok(()) }
+    /// ```
+    pub fn path(&self) -> &str {
+        &self.target.path
+    }
+
     /// How many leases may be held at once.
     ///
     /// ```no_run
