@@ -67,7 +67,7 @@ fn timeout_exits_75_and_a_terminated_holder_exits_76() {
 }
 
 #[test]
-fn operator_commands_are_unsupported_on_postgres() {
+fn only_revoke_is_unsupported_on_postgres() {
     let pg = PostgresServer::start().unwrap();
-    operator_commands_are_unsupported(&pg.url(), "postgres");
+    only_revoke_is_unsupported(&pg.url(), "postgres");
 }

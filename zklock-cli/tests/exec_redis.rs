@@ -53,7 +53,7 @@ fn timeout_exits_75_and_a_lost_lease_exits_76() {
 }
 
 #[test]
-fn operator_commands_are_unsupported_on_redis() {
+fn only_revoke_is_unsupported_on_redis() {
     let redis = RedisServer::start().unwrap();
-    operator_commands_are_unsupported(&redis.url(), "redis");
+    only_revoke_is_unsupported(&redis.url(), "redis");
 }
