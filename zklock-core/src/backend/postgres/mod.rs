@@ -75,6 +75,19 @@ pub(crate) const MIN_LEASE: Duration = Duration::from_millis(300);
 /// How many times an acquire looks a path's id up again after finding it stale before giving
 /// up (someone keeps dropping the key table).
 const STALE_ID_RETRIES: u32 = 3;
+/// How many acquires of one backend wait in the server's lock queue at a time, each on a
+/// connection of its own; the others wait by retrying on notified releases.
+pub(crate) const QUEUED_WAITS: usize = 4;
+/// The longest one wait in the server's queue lasts before it is sent again (its
+/// `lock_timeout`): what bounds how long a waiter whose connection went silent without
+/// breaking (a partition) keeps waiting for an answer that cannot come.
+const QUEUE_SLICE: Duration = Duration::from_secs(30);
+/// A wait in the server's queue whose `lock_timeout` ends within this of its acquire being
+/// dropped is left to end by itself; a longer one is cancelled.
+const CANCEL_UNLESS_WITHIN: Duration = Duration::from_millis(50);
+/// How long a wait in the server's queue lasts before it is registered (see
+/// [`Hub::queued`]): a grant within this is taken as one of a free lock.
+const QUEUE_NOTICE: Duration = Duration::from_millis(5);
 
 /// What the PostgreSQL backend is configured with (its part of [`Builder`](crate::Builder)).
 #[derive(Debug, Clone)]
@@ -92,6 +105,9 @@ pub(crate) struct PostgresConfig {
 /// What the backend's holds and tasks share.
 pub(crate) struct Inner {
     pool: Pool,
+    cc: Arc<ConnConfig>,
+    /// One permit per acquire that waits in the server's lock queue ([`QUEUED_WAITS`]).
+    queued: Arc<tokio::sync::Semaphore>,
     hub: Hub,
     /// Lock path -> id, as read from the key table; checked by every acquire.
     ids: StdMutex<HashMap<Arc<str>, i32>>,
@@ -181,6 +197,25 @@ struct Pending {
     intent: bool,
     /// The lock may be held by this acquire (a statement was sent and no answer says it is not).
     armed: bool,
+    /// The connection is given to this acquire's wait in the server's queue
+    /// ([`HoldConn::try_block`]).
+    blocked: bool,
+    /// A wait in the server's queue may still run, until its `lock_timeout` at this instant.
+    in_flight: Option<tokio::time::Instant>,
+}
+
+impl Pending {
+    fn new(inner: &Arc<Inner>, reservation: Reservation, shared: bool, blocked: bool) -> Pending {
+        Pending {
+            inner: inner.clone(),
+            reservation: Some(reservation),
+            shared,
+            intent: false,
+            armed: false,
+            blocked,
+            in_flight: None,
+        }
+    }
 }
 
 impl Pending {
@@ -198,23 +233,44 @@ impl Drop for Pending {
         let Some(reservation) = self.reservation.take() else {
             return;
         };
-        if !self.armed && !self.intent {
+        if !self.armed && !self.intent && !self.blocked {
             return;
         }
-        let (shared, intent) = (self.shared, self.intent);
+        let (shared, intent, armed, blocked) = (self.shared, self.intent, self.armed, self.blocked);
+        let in_flight = self.in_flight;
         self.inner.background.spawn(&self.inner.runtime, async move {
             let conn = &reservation.conn;
             let id = reservation.id;
             if conn.reason().is_none() {
-                let undone = conn
-                    .run(conn.client().query_typed(
-                        sql::UNDO,
-                        &[(&id, Type::INT4), (&shared, Type::BOOL), (&intent, Type::BOOL)],
-                    ))
-                    .await;
-                if let Err(e) = undone {
-                    tracing::warn!(lock = id, error = %e, "zklock: could not undo a PostgreSQL acquire; closing its connection, which releases what it held");
+                // A wait in the server's queue that would go on is cancelled (one about to run
+                // out ends by itself); the undo is sent after it, and runs once it ended,
+                // granted or not: either way nothing is left held. A cancel that could not be
+                // sent, or that reaches the undo instead, closes the connection: the server
+                // then releases what the session held.
+                let cancel = in_flight.is_some_and(|ends| {
+                    ends > tokio::time::Instant::now() + CANCEL_UNLESS_WITHIN
+                });
+                if cancel && !conn.cancel().await {
                     conn.kill(LossReason::Disconnected);
+                }
+                if armed || intent {
+                    let sent = tokio::time::Instant::now();
+                    let undone = conn
+                        .run(conn.client().query_typed(
+                            sql::UNDO,
+                            &[(&id, Type::INT4), (&shared, Type::BOOL), (&intent, Type::BOOL)],
+                        ))
+                        .await;
+                    match undone {
+                        Ok(_) if blocked => conn.unblock(Some(sent)),
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(lock = id, error = %e, "zklock: could not undo a PostgreSQL acquire; closing its connection, which releases what it held");
+                            conn.kill(LossReason::Disconnected);
+                        }
+                    }
+                } else if blocked {
+                    conn.unblock(None);
                 }
             }
             drop(reservation);
@@ -276,8 +332,10 @@ impl PostgresBackend {
         });
         let pool = Pool::new(cc.clone());
         let inner = Arc::new(Inner {
-            hub: Hub::start(cc),
+            hub: Hub::start(cc.clone()),
             pool,
+            cc,
+            queued: Arc::new(tokio::sync::Semaphore::new(QUEUED_WAITS)),
             ids: StdMutex::default(),
             runtime: tokio::runtime::Handle::current(),
             background: Arc::default(),
@@ -326,8 +384,100 @@ impl PostgresBackend {
         })
     }
 
+    /// One wait in the server's lock queue on `pending`'s connection, given to it: one
+    /// statement that blocks in `pg_advisory_lock` (or `_shared`) until the server grants the
+    /// lock, then takes the grant's token as [`attempt`](Self::attempt) does. The wait lasts
+    /// until the caller's deadline or [`QUEUE_SLICE`] (the statement's `lock_timeout`); then
+    /// `Taken`, with whatever the statement may have got undone, and the connection still
+    /// given to the acquire for its next wait.
+    async fn block(
+        &self,
+        pending: &mut Pending,
+        path: &str,
+        shared: bool,
+        wait: Wait,
+    ) -> Result<Attempt, PostgresError> {
+        let inner = &self.inner;
+        let id = pending.id();
+        let conn = pending.conn().clone();
+        let statements = conn.statements().await?;
+        let now = tokio::time::Instant::now();
+        let limit = match wait {
+            Wait::Until(deadline, _) => deadline.saturating_duration_since(now),
+            _ => QUEUE_SLICE,
+        }
+        .clamp(Duration::from_millis(1), QUEUE_SLICE);
+        let lock_timeout = format!("{}ms", limit.as_millis().max(1));
+        let statement = if shared {
+            &statements.block_shared
+        } else {
+            &statements.block_exclusive
+        };
+        // Before the wait: a waiter registering after the grant is not missed.
+        let waiters = inner.hub.watch_waiters(id);
+        pending.armed = true;
+        let sent = tokio::time::Instant::now();
+        pending.in_flight = Some(sent + limit);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&id, &path, &lock_timeout];
+        let rows = conn.run_blocking(
+            conn.client().query(statement, &params),
+            limit + inner.cc.reply_timeout,
+        );
+        tokio::pin!(rows);
+        // A wait not granted at once is registered, so that holders learn of it (see the
+        // module docs of `sql`); one granted at once is not (a process that takes a free key
+        // again and again would find its own registration, and believe someone waits).
+        let mut _queued = None;
+        let rows = tokio::select! {
+            biased;
+            rows = &mut rows => rows,
+            _ = tokio::time::sleep(QUEUE_NOTICE) => {
+                _queued = Some(inner.hub.queued(id));
+                rows.await
+            }
+        };
+        pending.in_flight = None;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                // The wait ran out, perhaps after the lock was got (in the row's update).
+                conn.run(conn.client().query_typed(
+                    sql::UNDO,
+                    &[
+                        (&id, Type::INT4),
+                        (&shared, Type::BOOL),
+                        (&false, Type::BOOL),
+                    ],
+                ))
+                .await?;
+                pending.armed = false;
+                return Ok(Attempt::Taken);
+            }
+            Err(e) => return Err(e),
+        };
+        // The session answered after the wait ended: the server counts its idle timeout from
+        // then, no earlier than the statement's sending; after a long wait, ask it again.
+        let answered = if inner.cc.deadline(sent) < tokio::time::Instant::now() + inner.cc.lease / 3
+        {
+            let ping = tokio::time::Instant::now();
+            conn.run(conn.client().simple_query(sql::PING)).await?;
+            ping
+        } else {
+            sent
+        };
+        conn.unblock(Some(answered));
+        pending.blocked = false;
+        let row = rows.first();
+        let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
+        Ok(match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
+            Some(token) => Attempt::Granted(token, waiting, waiters),
+            None => Attempt::Stale,
+        })
+    }
+
     /// Acquires a hold of `target` (`shared` for a reader; `writer` takes an intent while it
-    /// waits), waiting as `wait` says.
+    /// waits), waiting as `wait` says: in the server's lock queue while fewer than
+    /// [`QUEUED_WAITS`] acquires of this backend do, else by retrying on notified releases.
     async fn acquire_hold(
         &self,
         target: &LockTarget,
@@ -340,6 +490,9 @@ impl PostgresBackend {
         let mut listener: Option<Listener> = None;
         let mut pause = RETRY_MIN;
         let mut stale = 0;
+        // A permit to wait in the server's queue, and whether a try found the lock taken.
+        let mut permit: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        let mut taken_once = false;
         loop {
             // A connection that was lost with our reservation on it: start again elsewhere.
             if pending
@@ -356,13 +509,9 @@ impl PostgresBackend {
                         inner.pool.reserve(id).await
                     };
                     match reserved.await {
-                        Ok(reservation) => pending.insert(Pending {
-                            inner: inner.clone(),
-                            reservation: Some(reservation),
-                            shared,
-                            intent: false,
-                            armed: false,
-                        }),
+                        Ok(reservation) => {
+                            pending.insert(Pending::new(inner, reservation, shared, false))
+                        }
                         Err(e) if e.is_transient() => {
                             tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
                             tokio::time::sleep(pause).await;
@@ -373,13 +522,54 @@ impl PostgresBackend {
                     }
                 }
             };
+            // Wait in the server's queue when a permit is free: on this connection if nothing
+            // else uses it (then the wait is the attempt), else, once a try found the lock
+            // taken, on one of its own.
+            if !matches!(wait, Wait::Never) && !p.blocked {
+                if permit.is_none() {
+                    permit = inner.queued.clone().try_acquire_owned().ok();
+                }
+                if permit.is_some() {
+                    if !p.intent && p.conn().try_block(p.id()) {
+                        p.blocked = true;
+                    } else if taken_once {
+                        let id = p.id();
+                        // Nothing armed: given back at once (a writer's intent undone).
+                        pending = None;
+                        match inner.pool.reserve_blocked(id).await {
+                            Ok(reservation) => {
+                                pending = Some(Pending::new(inner, reservation, shared, true));
+                            }
+                            Err(e) if e.is_transient() => {
+                                tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
+                                tokio::time::sleep(pause).await;
+                                pause = (pause * 2).min(RETRY_MAX);
+                                continue;
+                            }
+                            Err(e) => return Err(pg_error("acquire the lock")(e)),
+                        }
+                    } else {
+                        permit = None;
+                    }
+                }
+            }
+            let p = pending.as_mut().expect("reserved");
+            let blocked = p.blocked;
+            if blocked {
+                listener = None;
+            }
             if listener.as_ref().is_some_and(|l| l.id() != p.id()) {
                 listener = None;
             }
             if let Some(l) = &mut listener {
                 l.mark();
             }
-            match self.attempt(p, &target.path, shared).await {
+            let attempt = if blocked {
+                self.block(p, &target.path, shared, wait).await
+            } else {
+                self.attempt(p, &target.path, shared).await
+            };
+            match attempt {
                 Ok(Attempt::Granted(token, waiting, waiters)) => {
                     let mut p = pending.take().expect("reserved");
                     if p.intent {
@@ -423,6 +613,15 @@ impl PostgresBackend {
                     pause = RETRY_MIN;
                     if matches!(wait, Wait::Never) {
                         return Ok(None);
+                    }
+                    if blocked {
+                        // The wait's slice ran out: wait again.
+                        continue;
+                    }
+                    taken_once = true;
+                    if inner.queued.available_permits() > 0 {
+                        // A permit is free: wait in the server's queue.
+                        continue;
                     }
                     if writer && !p.intent {
                         let conn = p.conn().clone();

@@ -97,6 +97,11 @@ pub(crate) const INTENT_CLASS: i32 = 0x7A6B_494E;
 /// connection of each process with a task waiting for the id.
 #[allow(dead_code)] // the statements spell it as a literal; the tests check it
 pub(crate) const WAIT_CLASS: i32 = 0x7A6B_5749;
+/// The class of a process's registration of waiters queued in the server (`zkQU`): a shared
+/// lock held by the listening connection of each process with a task blocked in
+/// `pg_advisory_lock` for the id, and for a moment after (see [`QUEUE`]).
+#[allow(dead_code)] // the statements spell it as a literal; the tests check it
+pub(crate) const QUEUE_CLASS: i32 = 0x7A6B_5155;
 /// The channel every release notifies, with the lock id as payload.
 pub(crate) const CHANNEL: &str = "zklock_release";
 /// The channel a process notifies when it starts waiting for a lock id (the payload): a holder
@@ -132,19 +137,22 @@ pub(crate) const ADD_PATH: &str =
     "INSERT INTO zklock_keys (path) VALUES ($1) ON CONFLICT (path) DO NOTHING";
 
 /// What an attempt does once its lock is got (`l.got`, with the server's clock `l.now` in µs
-/// read then): raises the token of `$1` id in its row, while the row names `$2` path, and
-/// flushes the commit if the token is above the clock (see "Tokens" in the module's docs);
-/// and reads whether a waiter is registered for the lock now (see "Waking waiters"). Answers
+/// read then): raises the token of `$1` id in its row, while the row names `$2` path, commits
+/// it asynchronously when the token is the clock's reading and flushes it when the token is
+/// above the clock (see "Tokens" in the module's docs); and reads whether a waiter is
+/// registered for the lock now, or queued in the server (see "Waking waiters"). Answers
 /// `(got, token, waiting)`: no token when the row no longer names the path (nothing written).
 macro_rules! grant_under_lock {
     () => {
         ", r AS (UPDATE zklock_keys k SET fence = GREATEST(k.fence + 1, l.now), block = NULL \
          FROM l WHERE l.got AND k.id = $1 AND k.path = $2 \
-         RETURNING k.fence, CASE WHEN k.fence > l.now \
-         AND current_setting('synchronous_commit') = 'off' \
+         RETURNING k.fence, CASE WHEN k.fence <= l.now \
+         THEN set_config('synchronous_commit', 'off', true) \
+         WHEN current_setting('synchronous_commit') = 'off' \
          THEN set_config('synchronous_commit', 'local', true) END AS flush) \
          SELECT l.got, r.fence, CASE WHEN l.got \
-         THEN NOT pg_try_advisory_xact_lock(2053855049, $1) END AS waiting \
+         THEN NOT (pg_try_advisory_xact_lock(2053855049, $1) \
+         AND pg_try_advisory_xact_lock(2053853525, $1)) END AS waiting \
          FROM l LEFT JOIN r ON true"
     };
 }
@@ -175,6 +183,33 @@ pub(crate) const TRY_SHARED: &str = concat!(
     grant_under_lock!()
 );
 
+/// A wait in the server's queue for the lock of `$1` id, and its grant (`$2` path), as one
+/// statement on a connection given to it: `pg_advisory_lock` blocks until the server grants
+/// the lock (in the order the server queued its waiters), then the token is taken as in
+/// [`TRY_EXCLUSIVE`]: `(got, token, waiting)`, `got` always true. `$3` is the statement's
+/// `lock_timeout` (text, e.g. `1500ms`): past it the server ends the wait with
+/// `lock_not_available` and nothing is taken, unless the time ran out in the row's update,
+/// after the advisory lock was got (the caller undoes the lock after any error).
+pub(crate) const BLOCK_EXCLUSIVE: &str = concat!(
+    "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS s), \
+     w AS MATERIALIZED (SELECT pg_advisory_lock(2053852235, $1) FROM t), \
+     l AS MATERIALIZED (SELECT true AS got, \
+     floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM w)",
+    grant_under_lock!()
+);
+
+/// A reader's wait in the server's queue, as [`BLOCK_EXCLUSIVE`] but shared, and behind a
+/// writer's intent (a writer that waits by retrying holds one): the reader first waits for
+/// `(INTENT_CLASS, id)` shared for the statement, then for the lock.
+pub(crate) const BLOCK_SHARED: &str = concat!(
+    "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS s), \
+     i AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(2053851470, $1) FROM t), \
+     w AS MATERIALIZED (SELECT pg_advisory_lock_shared(2053852235, $1) FROM i), \
+     l AS MATERIALIZED (SELECT true AS got, \
+     floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM w)",
+    grant_under_lock!()
+);
+
 /// A waiting writer's intent: `true` when this session took it (one writer's is enough).
 pub(crate) const TAKE_INTENT: &str = "SELECT pg_try_advisory_lock(2053851470, $1)";
 
@@ -194,6 +229,15 @@ pub(crate) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053855049, $1), \
 
 /// Ends a registration of [`WAIT`].
 pub(crate) const UNWAIT: &str = "SELECT pg_advisory_unlock_shared(2053855049, $1)";
+
+/// Registers this process's waiters queued in the server for `$1` (on the listening
+/// connection) and tells the holders, as [`WAIT`] does but in a class of its own, so that a
+/// release does not notify for them (the server hands the lock to them itself).
+pub(crate) const QUEUE: &str = "SELECT pg_advisory_lock_shared(2053853525, $1), \
+     set_config('synchronous_commit', 'off', true), pg_notify('zklock_wait', $1::text)";
+
+/// Ends a registration of [`QUEUE`].
+pub(crate) const UNQUEUE: &str = "SELECT pg_advisory_unlock_shared(2053853525, $1)";
 
 /// Undoes whatever an acquire that ended without a hold may have left on its connection: the
 /// lock (`$2`: shared), the intent (`$3`), and wakes waiters (readers held back by the intent).
@@ -254,8 +298,17 @@ mod tests {
             assert!(s.contains(&INTENT_CLASS.to_string()), "{s}");
         }
         assert!(WAIT.contains(WAIT_CHANNEL));
-        for s in [RELEASE, WAIT, UNWAIT] {
+        for s in [RELEASE, WAIT, UNWAIT, TRY_EXCLUSIVE, BLOCK_SHARED] {
             assert!(s.contains(&WAIT_CLASS.to_string()), "{s}");
         }
+        assert_eq!(QUEUE_CLASS, 2053853525);
+        for s in [QUEUE, UNQUEUE, TRY_SHARED, BLOCK_EXCLUSIVE] {
+            assert!(s.contains(&QUEUE_CLASS.to_string()), "{s}");
+        }
+        assert!(QUEUE.contains(WAIT_CHANNEL));
+        for s in [BLOCK_EXCLUSIVE, BLOCK_SHARED] {
+            assert!(s.contains(&LOCK_CLASS.to_string()), "{s}");
+        }
+        assert!(BLOCK_SHARED.contains(&INTENT_CLASS.to_string()));
     }
 }
