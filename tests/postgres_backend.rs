@@ -908,10 +908,16 @@ async fn a_release_notifies_only_when_someone_waits() {
 
     let (mut guards, mut waiters, ids) = queue_then_retry(&a, &b, &look, "quiet").await;
     // The waits in the server's queue are registered (for holders to hear of them).
-    eventually("the queued waits' registrations", Duration::from_secs(10), || async {
-        let r = registrations_of(&look, QUEUE_CLASS).await;
-        ids[..QUEUED_WAITS].iter().all(|id| r.iter().any(|r| r.0 == *id))
-    })
+    eventually(
+        "the queued waits' registrations",
+        Duration::from_secs(10),
+        || async {
+            let r = registrations_of(&look, QUEUE_CLASS).await;
+            ids[..QUEUED_WAITS]
+                .iter()
+                .all(|id| r.iter().any(|r| r.0 == *id))
+        },
+    )
     .await;
     // A release with a waiter in the server's queue: handed over with no notification.
     let released = std::time::Instant::now();
@@ -921,7 +927,11 @@ async fn a_release_notifies_only_when_someone_waits() {
     guard.release().await.unwrap();
     listen.batch_execute("SELECT 1").await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(notified.load(Ordering::SeqCst), 0, "the queued waiter needs no notification");
+    assert_eq!(
+        notified.load(Ordering::SeqCst),
+        0,
+        "the queued waiter needs no notification"
+    );
 
     // The release of the key whose waiter retries wakes it at once.
     let released = std::time::Instant::now();

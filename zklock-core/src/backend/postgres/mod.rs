@@ -3,23 +3,35 @@
 //!
 //! - A lock path gets an id from the key table `zklock_keys` (a `serial`, so no two paths
 //!   share one), and its lock is the advisory lock `(LOCK_CLASS, id)`; see [`sql`].
-//! - An acquire is one statement on a holding connection: `pg_try_advisory_lock` (or
-//!   `_shared` for readers) and, if it got the lock, the raise of the path's `fence` under it,
-//!   which is the fencing token. See [`conn`] for which connection holds what.
+//! - An acquire is one statement on a holding connection: `pg_advisory_lock` (or `_shared` for
+//!   readers; `pg_try_advisory_lock` when it may not wait, or the connection holds other
+//!   locks) and, once it got the lock, the raise of the path's `fence` under it, which is the
+//!   fencing token, committed without waiting for the WAL flush when it is the server's clock
+//!   reading (see [`sql`]). See [`conn`] for which connection holds what.
 //! - A hold is lost the moment its connection breaks (the server ended the session:
 //!   `pg_terminate_backend`, a restart) or a liveness check (every lease/3) fails, and at the
 //!   latest when no check was confirmed before the server could have ended the idle session:
 //!   each holding session runs with `idle_session_timeout` = the lease, so the locks of a
 //!   holder that went silent (paused, partitioned) are released by the server after the
 //!   lease, and this side reports the loss before that (less the same margin as Redis).
-//! - Waiters hold no connection: they try, then sleep until a release of their lock is
+//! - Up to [`QUEUED_WAITS`] acquires of a backend wait in the server's lock queue, each
+//!   blocked in `pg_advisory_lock` on a connection given to it (the connection then holds the
+//!   lock once granted): the server grants in the order it queued them, inside the release.
+//!   The wait ends by the statement's own `lock_timeout` at the deadline; an acquire dropped
+//!   before sends a cancel request and then an undo, which releases a lock granted just as it
+//!   was dropped (see [`Pending`]). A waiting connection that breaks held nothing: the acquire
+//!   waits again on another one, at the back of the queue.
+//! - Further waiters hold no connection: they try, then sleep until a release of their lock is
 //!   notified (`LISTEN`/`NOTIFY` on one listening connection per backend, see [`hub`]) or
-//!   [`POLL_FALLBACK`] passes (a session that ended releases without notifying). The listening
-//!   session has the same lease and checks as the holding ones: a process cut off for good
-//!   leaves no session (and no waiter registration) on the server past the lease.
-//! - A waiting writer takes an intent lock that makes new readers wait (writers are not
-//!   starved by readers). No order is kept among waiting processes; the local queue keeps
-//!   FIFO within a process.
+//!   [`POLL_FALLBACK`] passes (a session that ended releases without notifying), and whenever
+//!   a wait in the server's queue is free they take it. The listening session has the same
+//!   lease and checks as the holding ones: a process cut off for good leaves no session (and
+//!   no waiter registration) on the server past the lease.
+//! - A writer waiting in the server's queue makes new readers wait behind it (the server does
+//!   not grant a lock that conflicts with a queued request); a writer that retries takes an
+//!   intent lock that does (writers are not starved by readers). Among waits in the server's
+//!   queue the order is the server's; retrying waiters keep none; the local queue keeps FIFO
+//!   within a process.
 //! - Semaphores and revocation do not fit advisory locks cleanly: [`Error::Unsupported`].
 //!   Job records (`claim_run`) live in the key table (`run_after`, by the server's clock).
 //!

@@ -46,7 +46,11 @@
 //!
 //! - A token that is its grant's clock reading `now` is below the clock reading of every
 //!   grant that runs after it, and so below that grant's token, whatever `fence` the server
-//!   then has: whether the earlier commit survived does not matter.
+//!   then has: whether the earlier commit survived does not matter. So its commit need not
+//!   wait for the WAL flush, and does not: the statement sets `synchronous_commit` to `off`
+//!   for its own transaction (the commit is in the WAL's buffers, visible to the next grant,
+//!   and reaches the disk within the WAL writer's delay, or with the next commit that is
+//!   flushed). A crash that loses it loses a token that every later grant is above anyway.
 //! - A token above its clock reading (the counter was ahead of the clock: an earlier version
 //!   of zklock reserved blocks of 2^20 tokens, about a second each; the server's clock was
 //!   stepped back; two grants within one µs) is flushed before it is handed out: the statement
@@ -57,9 +61,14 @@
 //!   catches up with it (grants raise it by 1 while ahead); from then on the first case holds.
 //!
 //! So a lost commit can only lose a token that later grants are above anyway, and the counter
-//! runs ahead of the clock only by grants less than a µs apart. The cost: every grant of the server's lock
-//! writes the row, one commit (which waits for the WAL flush unless `synchronous_commit` is
-//! off) in the same round trip as the lock; readers granted together take turns at the row.
+//! runs ahead of the clock only by grants less than a µs apart. (One more case is not covered:
+//! a crash that loses a clock token's commit *and* a clock stepped back across it, so that the
+//! next grant's clock reading is below the lost token. With every commit flushed it would
+//! take the clock's step alone, and be covered by the second case; the asynchronous commit of
+//! clock tokens gives that up for a grant that costs no flush.) The cost: every grant of the
+//! server's lock writes the row, one commit in the same round trip as the lock, which does
+//! not wait for the WAL flush unless its token is above the clock; readers granted together
+//! take turns at the row.
 //! A transaction that holds the row's lock (an administrator's open update of `zklock_keys`)
 //! holds up the key's grants until it ends. A process that takes one key again and again
 //! without another process in between can keep the lock instead (the linger), with no request.
@@ -71,7 +80,24 @@
 //! The floor at the server's clock also keeps tokens above every earlier one if the table is
 //! ever dropped and re-created.
 //!
+//! ## Waiting in the server's queue
+//!
+//! A waiter blocks in the server ([`BLOCK_EXCLUSIVE`], [`BLOCK_SHARED`]) on a connection given
+//! to the wait, at most a few per process (see the backend's `QUEUED_WAITS`); the server
+//! queues the waiters of a lock in order and grants the lock to the first of them inside the
+//! release (no round trip, no herd, and the releaser's next try finds the lock granted: it
+//! cannot get in ahead of the queue). The wait's statement is also its attempt, so an acquire
+//! of a free key is one statement. The statement sets its own `lock_timeout` (the caller's
+//! deadline, at most a slice) so that the server ends the wait by itself; an acquire dropped
+//! earlier sends a cancel request, then [`UNDO`] on the connection, which runs once the wait
+//! ended, granted or not: a lock granted just as the acquire was dropped is released there.
+//! The waits are registered by each process's listening connection ([`QUEUE`], a class of its
+//! own so that releases do not notify for them) once one lasted a few ms, which tells holders
+//! that someone waits, as a retrying waiter's registration does.
+//!
 //! ## Waking waiters
+//!
+//! Waiters beyond the bound on waits in the server's queue retry on notified releases.
 //!
 //! A release notifies only when someone waits. Each process's listening connection holds the
 //! shared lock `(WAIT_CLASS, id)` while any of its tasks waits for `id`, and a release, after

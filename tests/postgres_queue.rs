@@ -1,0 +1,280 @@
+//! Waiting in PostgreSQL's own lock queue, against a real PostgreSQL (the test kit's): an
+//! acquire that finds the lock taken blocks in `pg_advisory_lock` on a connection given to the
+//! wait, and the server hands the lock over on release. Checked on the server itself
+//! (`pg_locks`, `pg_stat_activity`): grants in the order the server queued the waiters, tokens
+//! increasing across the hand-over, the releaser not barging ahead, and that a wait ended any
+//! way — its deadline, its acquire dropped (also just as the lock is granted), its connection
+//! killed — leaves nothing held and nothing queued.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+use zklock::{Error, FencingToken, LockManager};
+use zklock_testkit::PostgresServer;
+
+use common::eventually;
+
+const LEASE: Duration = Duration::from_secs(3);
+
+/// The class of zklock's advisory locks (`zkLK`), as `pg_locks.classid` shows it.
+const LOCK_CLASS: i64 = 0x7A6B_4C4B;
+
+fn server() -> PostgresServer {
+    PostgresServer::start().expect("start postgres (see the test kit's error)")
+}
+
+async fn manager(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .lease(LEASE)
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// zklock's advisory locks on the server, held (`granted`) or waited for: `(objid, pid)`, the
+/// waits in the order the server queued them.
+async fn locks(client: &tokio_postgres::Client, granted: bool) -> Vec<(i64, i32)> {
+    client
+        .query(
+            "SELECT objid::bigint, pid FROM pg_locks \
+             WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 \
+             AND granted = $2 ORDER BY waitstart",
+            &[&LOCK_CLASS, &granted],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+async fn held(client: &tokio_postgres::Client) -> Vec<(i64, i32)> {
+    locks(client, true).await
+}
+
+async fn queued(client: &tokio_postgres::Client) -> Vec<(i64, i32)> {
+    locks(client, false).await
+}
+
+/// Waits until `n` waits are in the server's queue.
+async fn until_queued(look: &tokio_postgres::Client, n: usize) {
+    eventually(
+        &format!("{n} waits in the server's queue"),
+        Duration::from_secs(10),
+        || async { queued(look).await.len() == n },
+    )
+    .await;
+}
+
+/// Waiters of four other processes, queued one after the other behind a holder: the server
+/// grants them in that order, each with a token above the one before, and the holder, taking
+/// the key again right after its release, does not get in ahead of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_the_order_the_server_queued_them() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let holder = manager(&pg.url()).await;
+    let first = holder.lock("fifo").await.unwrap();
+    let grants: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
+    let mut tasks = vec![];
+    for i in 0..4 {
+        let m = manager(&pg.url()).await;
+        let grants = grants.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock("fifo").await.unwrap();
+            grants.lock().unwrap().push((i, g.fencing_token()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.unwrap();
+            m.flush().await;
+        }));
+        until_queued(&look, i + 1).await;
+    }
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    assert!(
+        holder.try_lock("fifo").await.unwrap().is_none(),
+        "the releaser got in ahead of the queue"
+    );
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    let order: Vec<usize> = grants.iter().map(|g| g.0).collect();
+    assert_eq!(order, vec![0, 1, 2, 3], "granted out of the queue's order");
+    let mut last = token;
+    for (i, t) in &grants {
+        assert!(
+            *t > last,
+            "waiter {i}: token {t} not above {last}: {grants:?}"
+        );
+        last = *t;
+    }
+    holder.flush().await;
+    assert!(held(&look).await.is_empty());
+    assert!(queued(&look).await.is_empty());
+}
+
+/// A deadline that runs out while the acquire waits in the server's queue: `Timeout`, on time,
+/// and the wait is gone from the server's queue at once; nothing is held once the holder
+/// lets go, and the waiting manager takes the key afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_in_the_queue_leaves_nothing() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("deadline").await.unwrap();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let waited = b.lock_timeout("deadline", Duration::from_millis(400)).await;
+        assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        eventually(
+            "the wait gone from the queue",
+            Duration::from_millis(500),
+            || async { queued(&look).await.is_empty() },
+        )
+        .await;
+        assert_eq!(held(&look).await.len(), 1, "only a's hold");
+    }
+    g.release().await.unwrap();
+    b.flush().await;
+    assert!(held(&look).await.is_empty(), "nothing held once a let go");
+    let g = tokio::time::timeout(Duration::from_secs(5), b.lock("deadline"))
+        .await
+        .expect("b takes the key")
+        .unwrap();
+    g.release().await.unwrap();
+    assert!(held(&look).await.is_empty());
+}
+
+/// An acquire dropped while it waits in the server's queue: its wait is cancelled on the
+/// server (gone from the queue while the holder still holds), and nothing is left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_in_the_queue_is_cancelled_on_the_server() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("dropped").await.unwrap();
+    let b2 = b.clone();
+    let waiting = tokio::spawn(async move { b2.lock("dropped").await });
+    until_queued(&look, 1).await;
+    waiting.abort();
+    let _ = waiting.await;
+    eventually(
+        "the dropped wait cancelled on the server",
+        Duration::from_secs(2),
+        || async { queued(&look).await.is_empty() },
+    )
+    .await;
+    b.flush().await;
+    assert_eq!(held(&look).await.len(), 1, "only a's hold");
+    g.release().await.unwrap();
+    assert!(held(&look).await.is_empty());
+    // b's connections still serve.
+    let g = tokio::time::timeout(Duration::from_secs(5), b.lock("dropped"))
+        .await
+        .expect("b takes the key")
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+/// The race of a grant and a drop: the holder releases while the waiter's acquire is dropped,
+/// at many offsets. However it falls — the wait cancelled first, or granted and then dropped —
+/// no lock is left held by nobody: once the waiter's manager has flushed, nothing is held, and
+/// the first holder takes the key again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_racing_a_drop_leaves_nothing_held() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    for round in 0..30u64 {
+        let g = a.lock("race").await.unwrap();
+        let b2 = b.clone();
+        let got = Arc::new(AtomicUsize::new(0));
+        let got2 = got.clone();
+        let waiting = tokio::spawn(async move {
+            let g = b2.lock("race").await.unwrap();
+            got2.fetch_add(1, Ordering::SeqCst);
+            // Kept until the task is dropped.
+            std::future::pending::<()>().await;
+            drop(g);
+        });
+        until_queued(&look, 1).await;
+        let release = g.release();
+        let abort = async {
+            tokio::time::sleep(Duration::from_micros(100 * (round % 10))).await;
+            waiting.abort();
+        };
+        let (released, ()) = tokio::join!(release, abort);
+        released.unwrap();
+        let _ = waiting.await;
+        b.flush().await;
+        assert!(
+            held(&look).await.is_empty() && queued(&look).await.is_empty(),
+            "round {round} (granted: {}): held {:?}, queued {:?}",
+            got.load(Ordering::SeqCst),
+            held(&look).await,
+            queued(&look).await
+        );
+        let again = tokio::time::timeout(Duration::from_secs(2), a.try_lock("race"))
+            .await
+            .expect("answered")
+            .unwrap()
+            .expect("the key is free");
+        again.release().await.unwrap();
+    }
+}
+
+/// The waiting connection killed by the server (`pg_terminate_backend`) while it is queued:
+/// the wait held nothing, and the acquire queues again on a new connection (at the back) and
+/// is granted when the holder lets go, with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_connection_killed_in_the_queue_waits_again() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("killed").await.unwrap();
+    let b2 = b.clone();
+    let waiting = tokio::spawn(async move {
+        let g = b2.lock("killed").await.unwrap();
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        token
+    });
+    until_queued(&look, 1).await;
+    let pid = queued(&look).await[0].1;
+    look.execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    eventually(
+        "queued again on a new connection",
+        Duration::from_secs(10),
+        || async { queued(&look).await.iter().any(|q| q.1 != pid) },
+    )
+    .await;
+    assert_eq!(held(&look).await.len(), 1, "only a's hold");
+    let first = g.fencing_token();
+    g.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("granted once a let go")
+        .unwrap();
+    assert!(second > first, "{first} {second}");
+    b.flush().await;
+    assert!(held(&look).await.is_empty());
+    assert!(queued(&look).await.is_empty());
+}
