@@ -212,8 +212,15 @@ struct Pending {
     /// The connection is given to this acquire's wait in the server's queue
     /// ([`HoldConn::try_block`]).
     blocked: bool,
-    /// A wait in the server's queue may still run, until its `lock_timeout` at this instant.
-    in_flight: Option<tokio::time::Instant>,
+    /// A wait in the server's queue that may still run.
+    in_flight: Option<InFlight>,
+}
+
+/// A wait in the server's queue under way: its statement's answer, and when its
+/// `lock_timeout` ends it on the server.
+struct InFlight {
+    ends: tokio::time::Instant,
+    answer: BoxFuture<'static, Result<Vec<tokio_postgres::Row>, PostgresError>>,
 }
 
 impl Pending {
@@ -249,22 +256,16 @@ impl Drop for Pending {
             return;
         }
         let (shared, intent, armed, blocked) = (self.shared, self.intent, self.armed, self.blocked);
-        let in_flight = self.in_flight;
+        let in_flight = self.in_flight.take();
         self.inner.background.spawn(&self.inner.runtime, async move {
             let conn = &reservation.conn;
             let id = reservation.id;
-            if conn.reason().is_none() {
-                // A wait in the server's queue that would go on is cancelled (one about to run
-                // out ends by itself); the undo is sent after it, and runs once it ended,
-                // granted or not: either way nothing is left held. A cancel that could not be
-                // sent, or that reaches the undo instead, closes the connection: the server
-                // then releases what the session held.
-                let cancel = in_flight.is_some_and(|ends| {
-                    ends > tokio::time::Instant::now() + CANCEL_UNLESS_WITHIN
-                });
-                if cancel && !conn.cancel().await {
+            if let Some(flight) = in_flight {
+                if !ended(conn, flight).await {
                     conn.kill(LossReason::Disconnected);
                 }
+            }
+            if conn.reason().is_none() {
                 if armed || intent {
                     let sent = tokio::time::Instant::now();
                     let undone = conn
@@ -287,6 +288,29 @@ impl Drop for Pending {
             }
             drop(reservation);
         });
+    }
+}
+
+/// Ends a wait in the server's queue whose acquire was dropped: cancels it unless its
+/// `lock_timeout` is about to end it, and waits for its answer. Whether the connection may be
+/// used again (then the caller undoes whatever the wait got): the wait ended by itself, or by
+/// the cancel (its answer says so). When a cancel was sent and the wait ended otherwise
+/// (granted just then, or out of time), the cancel may still reach the session and cancel
+/// whatever runs next on it; and when the cancel could not be sent, the wait may go on. The
+/// connection is closed then (`false`), which releases what the session holds.
+async fn ended(conn: &HoldConn, flight: InFlight) -> bool {
+    if conn.reason().is_some() {
+        return false;
+    }
+    let cancel = flight.ends > tokio::time::Instant::now() + CANCEL_UNLESS_WITHIN;
+    if cancel && !conn.cancel().await {
+        return false;
+    }
+    // Bounded: the wait's statement has its own limit.
+    let answer = flight.answer.await;
+    match answer {
+        Err(e) if cancel => e.get_ref().and_then(|e| e.code()) == Some(&SqlState::QUERY_CANCELED),
+        _ => !cancel,
     }
 }
 
@@ -429,23 +453,31 @@ impl PostgresBackend {
         let waiters = inner.hub.watch_waiters(id);
         pending.armed = true;
         let sent = tokio::time::Instant::now();
-        pending.in_flight = Some(sent + limit);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&id, &path, &lock_timeout];
-        let rows = conn.run_blocking(
-            conn.client().query(statement, &params),
-            limit + inner.cc.reply_timeout,
-        );
-        tokio::pin!(rows);
+        // Owned, so that a dropped acquire can still wait for its answer (see `ended`).
+        let answer: BoxFuture<'static, _> = Box::pin({
+            let (conn, statement, path) = (conn.clone(), statement.clone(), path.to_string());
+            let bound = limit + inner.cc.reply_timeout;
+            async move {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&id, &path, &lock_timeout];
+                conn.run_blocking(conn.client().query(&statement, &params), bound)
+                    .await
+            }
+        });
+        let flight = pending.in_flight.insert(InFlight {
+            ends: sent + limit,
+            answer,
+        });
         // A wait not granted at once is registered, so that holders learn of it (see the
         // module docs of `sql`); one granted at once is not (a process that takes a free key
         // again and again would find its own registration, and believe someone waits).
         let mut _queued = None;
         let rows = tokio::select! {
             biased;
-            rows = &mut rows => rows,
+            rows = &mut flight.answer => rows,
             _ = tokio::time::sleep(QUEUE_NOTICE) => {
                 _queued = Some(inner.hub.queued(id));
-                rows.await
+                (&mut flight.answer).await
             }
         };
         pending.in_flight = None;
