@@ -251,6 +251,49 @@ async fn a_grant_racing_a_drop_leaves_nothing_held() {
     eprintln!("granted before the drop in {granted} of 60 rounds");
 }
 
+/// The race of a grant and a deadline: the holder releases around the moment the waiter's
+/// deadline runs out, at many offsets. Whether the waiter got the lock (then it releases it)
+/// or timed out — its wait ended by the server's `lock_timeout`, or granted just as its
+/// acquire was dropped — nothing is left held once its manager has flushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_racing_a_deadline_leaves_nothing_held() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let (mut got, mut timed_out) = (0, 0);
+    for round in 0..40u64 {
+        let g = a.lock("deadline-race").await.unwrap();
+        let b2 = b.clone();
+        let deadline = Duration::from_millis(200);
+        let started = std::time::Instant::now();
+        let waiting =
+            tokio::spawn(async move { b2.lock_timeout("deadline-race", deadline).await });
+        // Released from 2 ms before the deadline to 2 ms after it.
+        let at = deadline - Duration::from_millis(2) + Duration::from_micros(round * 100);
+        tokio::time::sleep(at.saturating_sub(Duration::from_millis(5))).await;
+        while started.elapsed() < at {
+            std::hint::spin_loop();
+        }
+        g.release().await.unwrap();
+        match waiting.await.unwrap() {
+            Ok(g) => {
+                got += 1;
+                g.release().await.unwrap();
+            }
+            Err(Error::Timeout { .. }) => timed_out += 1,
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        b.flush().await;
+        eventually(
+            &format!("round {round}: nothing held or queued"),
+            Duration::from_secs(2),
+            || async { held(&look).await.is_empty() && queued(&look).await.is_empty() },
+        )
+        .await;
+    }
+    eprintln!("granted in {got} rounds, timed out in {timed_out}");
+}
+
 /// The waiting connection killed by the server (`pg_terminate_backend`) while it is queued:
 /// the wait held nothing, and the acquire queues again on a new connection (at the back) and
 /// is granted when the holder lets go, with a larger token.
@@ -304,8 +347,14 @@ async fn a_wait_longer_than_the_lease_is_granted_a_live_hold() {
     let b2 = b.clone();
     let waiting = tokio::spawn(async move { b2.lock("long").await.unwrap() });
     until_queued(&look, 1).await;
+    let pid = queued(&look).await[0].1;
     tokio::time::sleep(LEASE * 2).await;
     assert!(!waiting.is_finished());
+    assert_eq!(
+        queued(&look).await,
+        vec![(queued(&look).await[0].0, pid)],
+        "the same connection waits all along"
+    );
     g.release().await.unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
