@@ -266,8 +266,7 @@ async fn a_grant_racing_a_deadline_leaves_nothing_held() {
         let b2 = b.clone();
         let deadline = Duration::from_millis(200);
         let started = std::time::Instant::now();
-        let waiting =
-            tokio::spawn(async move { b2.lock_timeout("deadline-race", deadline).await });
+        let waiting = tokio::spawn(async move { b2.lock_timeout("deadline-race", deadline).await });
         // Released from 2 ms before the deadline to 2 ms after it.
         let at = deadline - Duration::from_millis(2) + Duration::from_micros(round * 100);
         tokio::time::sleep(at.saturating_sub(Duration::from_millis(5))).await;
