@@ -214,6 +214,9 @@ struct Pending {
     blocked: bool,
     /// A wait in the server's queue that may still run.
     in_flight: Option<InFlight>,
+    /// The permit of a wait in the server's queue, given back with the connection (once a
+    /// dropped wait is ended), so that no more connections wait than permits.
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// A wait in the server's queue under way: its statement's answer, and when its
@@ -233,6 +236,7 @@ impl Pending {
             armed: false,
             blocked,
             in_flight: None,
+            permit: None,
         }
     }
 }
@@ -257,6 +261,7 @@ impl Drop for Pending {
         }
         let (shared, intent, armed, blocked) = (self.shared, self.intent, self.armed, self.blocked);
         let in_flight = self.in_flight.take();
+        let permit = self.permit.take();
         self.inner.background.spawn(&self.inner.runtime, async move {
             let conn = &reservation.conn;
             let id = reservation.id;
@@ -287,6 +292,7 @@ impl Drop for Pending {
                 }
             }
             drop(reservation);
+            drop(permit);
         });
     }
 }
@@ -576,13 +582,16 @@ impl PostgresBackend {
                 if permit.is_some() {
                     if !p.intent && p.conn().try_block(p.id()) {
                         p.blocked = true;
+                        p.permit = permit.take();
                     } else if taken_once {
                         let id = p.id();
                         // Nothing armed: given back at once (a writer's intent undone).
                         pending = None;
                         match inner.pool.reserve_blocked(id).await {
                             Ok(reservation) => {
-                                pending = Some(Pending::new(inner, reservation, shared, true));
+                                let mut p = Pending::new(inner, reservation, shared, true);
+                                p.permit = permit.take();
+                                pending = Some(p);
                             }
                             Err(e) if e.is_transient() => {
                                 tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
