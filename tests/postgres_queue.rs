@@ -397,3 +397,84 @@ async fn other_keys_are_not_held_up_by_a_wait_in_the_queue() {
     got.release().await.unwrap();
     assert!(held(&look).await.is_empty());
 }
+
+/// A reader that waits in the server's queue stays behind a writer that waits by retrying (a
+/// manager's waits beyond the queue's bound): the writer's intent holds the reader's wait, so
+/// the writer gets in first when the holder lets go, and the reader after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_in_the_queue_waits_behind_a_retrying_writer() {
+    /// The class of a waiting writer's intent (`zkIN`).
+    const INTENT_CLASS: i64 = 0x7A6B_494E;
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (h, w, r) = (
+        manager(&pg.url()).await,
+        manager(&pg.url()).await,
+        manager(&pg.url()).await,
+    );
+    // w's waits in the server's queue all taken, on other keys.
+    let mut others = vec![];
+    for i in 0..4 {
+        let key = format!("other-{i}");
+        others.push(h.lock(&key).await.unwrap());
+        let w2 = w.clone();
+        tokio::spawn(async move { w2.lock(&key).await.unwrap().release().await.unwrap() });
+        until_queued(&look, i + 1).await;
+    }
+    let held_write = h.rwlock("rw").unwrap().write().await.unwrap();
+    let w2 = w.clone();
+    let writer = tokio::spawn(async move {
+        let g = w2.rwlock("rw").unwrap().write().await.unwrap();
+        let at = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        g.release().await.unwrap();
+        at
+    });
+    eventually("the writer's intent", Duration::from_secs(10), || async {
+        look.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid::bigint = $1 AND objsubid = 2 AND granted",
+            &[&INTENT_CLASS],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    let r2 = r.clone();
+    let reader = tokio::spawn(async move {
+        let g = r2.rwlock("rw").unwrap().read().await.unwrap();
+        let at = std::time::Instant::now();
+        g.release().await.unwrap();
+        at
+    });
+    // The reader's wait is in the server's queue (behind the intent).
+    eventually("the reader waits", Duration::from_secs(10), || async {
+        look.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+            == 5
+    })
+    .await;
+    held_write.release().await.unwrap();
+    let (wrote, read) = (writer.await.unwrap(), reader.await.unwrap());
+    assert!(
+        wrote < read,
+        "the reader got in ahead of the waiting writer"
+    );
+    for g in others {
+        g.release().await.unwrap();
+    }
+    for m in [&h, &w, &r] {
+        m.flush().await;
+    }
+    eventually("nothing held", Duration::from_secs(5), || async {
+        held(&look).await.is_empty()
+    })
+    .await;
+}
