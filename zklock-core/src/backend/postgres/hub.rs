@@ -8,6 +8,12 @@
 //! for `id` (see the module docs of [`sql`]). A waiter has its registration confirmed before
 //! its next attempt ([`Listener::registered`]), so a release that follows that attempt sees it.
 //!
+//! Waits in the server's lock queue ([`Hub::queued`]) need no wake-up (the server grants
+//! them), but holders must still learn of them: the listening connection registers them too,
+//! in a class of their own that releases do not look at, once a wait lasted a few ms, and
+//! keeps the registration a moment after the last one ended, so that a process that waits for a
+//! key again and again registers (and notifies the holders) once.
+//!
 //! Waiters hold no connection while they wait; the server keeps one lock per id waited for.
 //! When the listening connection breaks, its registrations end with it: the hub connects
 //! again, listens, registers every id still waited for, and only then wakes every waiter (each
