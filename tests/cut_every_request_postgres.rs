@@ -1,7 +1,9 @@
 //! The adversary made systematic on PostgreSQL: every protocol — mutex acquire and release,
-//! the hand-over to a waiter of another process, read and write locks, a job's claim with its
-//! `at_least` window, a leader's election — run once per request boundary k, cut there, and
-//! judged by the history checker. (Semaphores answer `Unsupported` on PostgreSQL: not here.)
+//! the hand-over to a waiter of another process (the victim waits in the server's lock queue,
+//! blocked in `pg_advisory_lock`, and the server hands it the lock), the same wait abandoned at
+//! its deadline, read and write locks, a job's claim with its `at_least` window, a leader's
+//! election — run once per request boundary k, cut there, and judged by the history checker.
+//! (Semaphores answer `Unsupported` on PostgreSQL: not here.)
 //!
 //! A victim process (a manager whose every connection goes through a [`Relay`]) runs the
 //! protocol: take, hold a moment (stopping at once when told the hold is lost), release. The
@@ -38,9 +40,9 @@ use tokio_postgres::NoTls;
 use zklock::LockManager;
 use zklock_testkit::PostgresServer;
 
-/// The classes of zklock's advisory locks (`zkLK`, `zkIN`, `zkWI`): the lock, a waiting
-/// writer's intent, a waiter's registration.
-const CLASSES: [i64; 3] = [0x7A6B_4C4B, 0x7A6B_494E, 0x7A6B_5749];
+/// The classes of zklock's advisory locks (`zkLK`, `zkIN`, `zkWI`, `zkQU`): the lock, a waiting
+/// writer's intent, a registration of waiters that retry, one of waits in the server's queue.
+const CLASSES: [i64; 4] = [0x7A6B_4C4B, 0x7A6B_494E, 0x7A6B_5749, 0x7A6B_5155];
 
 /// A plain client for looking at the server.
 async fn admin(url: &str) -> tokio_postgres::Client {
@@ -49,21 +51,23 @@ async fn admin(url: &str) -> tokio_postgres::Client {
     client
 }
 
-/// zklock's advisory locks on the lock of `key` (any class): `(class, mode, application)`.
-async fn pg_locks(admin: &tokio_postgres::Client, path: &str) -> Vec<(i64, String, String)> {
+/// zklock's advisory locks on the lock of `key` (any class), held or waited for in the
+/// server's queue: `(class, mode, granted, application)`.
+async fn pg_locks(admin: &tokio_postgres::Client, path: &str) -> Vec<(i64, String, bool, String)> {
     admin
         .query(
-            "SELECT l.classid::bigint, l.mode, coalesce(a.application_name, '') FROM pg_locks l \
+            "SELECT l.classid::bigint, l.mode, l.granted, coalesce(a.application_name, '') \
+             FROM pg_locks l \
              JOIN zklock_keys k ON l.objid::bigint = k.id \
              LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted \
+             WHERE l.locktype = 'advisory' AND l.objsubid = 2 \
              AND l.classid::bigint = ANY($1) AND k.path = $2",
             &[&CLASSES.to_vec(), &path],
         )
         .await
         .expect("query pg_locks")
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
         .collect()
 }
 
@@ -117,19 +121,22 @@ impl LeaseServer for Pg {
         m.path_of(key).unwrap()
     }
 
-    /// A waiter's registration (an advisory lock of its class) is held.
+    /// A waiter's registration (an advisory lock of its class) is held, or a wait for the
+    /// lock is in the server's queue.
     async fn waiting(&self, path: &str) -> bool {
         pg_locks(&self.admin, path)
             .await
             .iter()
-            .any(|(class, _, _)| *class == CLASSES[2])
+            .any(|(class, _, granted, _)| {
+                (*granted && CLASSES[2..].contains(class)) || (!granted && *class == CLASSES[0])
+            })
     }
 
     async fn window(&self, path: &str) -> Option<i64> {
         run_after(&self.admin, path).await
     }
 
-    /// Every advisory lock of the key, of any class.
+    /// Every advisory lock of the key, of any class, held or waited for.
     async fn left(&self, path: &str) -> Vec<String> {
         pg_locks(&self.admin, path)
             .await
@@ -171,6 +178,11 @@ async fn mutex_cut_at_every_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handover_cut_at_every_request() {
     sweep_postgres(Protocol::Handover, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_wait_cut_at_every_request() {
+    sweep_postgres(Protocol::Abandon, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

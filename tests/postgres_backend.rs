@@ -27,6 +27,12 @@ const LEASE: Duration = Duration::from_secs(3);
 
 /// The class of zklock's advisory locks (`zkLK`), as `pg_locks.classid` shows it.
 const LOCK_CLASS: i64 = 0x7A6B_4C4B;
+/// The class of a registration of waiters that retry (`zkWI`).
+const WAIT_CLASS: i64 = 0x7A6B_5749;
+/// The class of a registration of waits in the server's queue (`zkQU`).
+const QUEUE_CLASS: i64 = 0x7A6B_5155;
+/// How many acquires of one manager wait in the server's queue at a time (the README's bound).
+const QUEUED_WAITS: usize = 4;
 
 fn server() -> PostgresServer {
     PostgresServer::start().expect("start postgres (see the test kit's error)")
@@ -361,16 +367,19 @@ async fn a_silent_server_makes_the_holder_lost_by_its_lease() {
     second.release().await.unwrap();
 }
 
-/// The class of a waiter's registration (`zkWI`), as `pg_locks.classid` shows it.
-const WAIT_CLASS: i64 = 0x7A6B_5749;
-
-/// The registrations of waiters on the server: `(objid, pid)`.
+/// The registrations of waiters that retry on notified releases (`zkWI`), on the server:
+/// `(objid, pid)`.
 async fn registrations(client: &tokio_postgres::Client) -> Vec<(i64, i32)> {
+    registrations_of(client, WAIT_CLASS).await
+}
+
+/// The registrations of `class` on the server: `(objid, pid)`.
+async fn registrations_of(client: &tokio_postgres::Client, class: i64) -> Vec<(i64, i32)> {
     client
         .query(
             "SELECT objid::bigint, pid FROM pg_locks \
              WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 AND granted",
-            &[&WAIT_CLASS],
+            &[&class],
         )
         .await
         .unwrap()
@@ -379,6 +388,74 @@ async fn registrations(client: &tokio_postgres::Client) -> Vec<(i64, i32)> {
         .collect()
 }
 
+/// The waits in the server's queue for zklock's locks: `(objid, mode, pid)`, in the order the
+/// server queued them (`waitstart`).
+async fn queued(client: &tokio_postgres::Client) -> Vec<(i64, String, i32)> {
+    client
+        .query(
+            "SELECT objid::bigint, mode, pid FROM pg_locks \
+             WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 \
+             AND NOT granted ORDER BY waitstart",
+            &[&LOCK_CLASS],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// A task of `m` waiting for `key`: its guard and when it got it.
+fn waiter(
+    m: &LockManager,
+    key: &str,
+) -> tokio::task::JoinHandle<(zklock::LockGuard, std::time::Instant)> {
+    let (m, key) = (m.clone(), key.to_string());
+    tokio::spawn(async move {
+        let guard = m.lock(&key).await.unwrap();
+        (guard, std::time::Instant::now())
+    })
+}
+
+/// `a` holds one key more than a manager waits for in the server's queue (`{prefix}0..`), and
+/// `b` waits for each, one after the other: the first ones wait in the server's queue, the last
+/// one retries on notified releases, registered. Returns a's guards, b's waiters and the keys'
+/// ids.
+async fn queue_then_retry(
+    a: &LockManager,
+    b: &LockManager,
+    look: &tokio_postgres::Client,
+    prefix: &str,
+) -> (
+    Vec<zklock::LockGuard>,
+    Vec<tokio::task::JoinHandle<(zklock::LockGuard, std::time::Instant)>>,
+    Vec<i64>,
+) {
+    let (mut guards, mut waiters, mut ids) = (vec![], vec![], vec![]);
+    for i in 0..=QUEUED_WAITS {
+        let key = format!("{prefix}{i}");
+        guards.push(a.lock(&key).await.unwrap());
+        ids.push(id_of(look, &a.path_of(&key).unwrap()).await);
+        waiters.push(waiter(b, &key));
+        let id = ids[i];
+        if i < QUEUED_WAITS {
+            eventually("b's wait in the queue", Duration::from_secs(10), || async {
+                queued(look).await.iter().any(|q| q.0 == id)
+            })
+            .await;
+        } else {
+            eventually("b's registration", Duration::from_secs(10), || async {
+                registrations(look).await.iter().any(|r| r.0 == id)
+            })
+            .await;
+            assert!(
+                !queued(look).await.iter().any(|q| q.0 == id),
+                "the wait beyond the bound is not in the server's queue"
+            );
+        }
+    }
+    (guards, waiters, ids)
+}
 /// The key row's `(fence, block)`.
 async fn fence_and_block(client: &tokio_postgres::Client, path: &str) -> (i64, Option<i64>) {
     let row = client
@@ -425,9 +502,10 @@ async fn every_grant_writes_its_token_to_the_key_row() {
     }
 }
 
-/// A release notifies only while another process waits: many cycles with nobody waiting send
-/// no notification; a waiting manager's registration shows in `pg_locks`, the release that
-/// follows wakes it at once, and the registration goes with the last waiter.
+/// A release notifies only while another process waits by retrying: many cycles with nobody
+/// waiting send no notification, nor does a release whose waiter waits in the server's queue
+/// (the server hands it the lock); a waiter beyond the queue's bound registers in `pg_locks`,
+/// the release that follows wakes it at once, and the registrations go with the last waiters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_notifies_only_when_someone_waits() {
     use futures::StreamExt;
@@ -456,55 +534,72 @@ async fn a_release_notifies_only_when_someone_waits() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(notified.load(Ordering::SeqCst), 0, "nobody waited");
     assert!(registrations(&look).await.is_empty());
+    assert!(registrations_of(&look, QUEUE_CLASS).await.is_empty());
 
-    let held_by_a = a.lock("quiet").await.unwrap();
-    let b2 = b.clone();
-    let waiter = tokio::spawn(async move {
-        let guard = b2.lock("quiet").await.unwrap();
-        (guard, std::time::Instant::now())
-    });
-    let id = id_of(&look, &a.path_of("quiet").unwrap()).await;
-    eventually("b's registration", Duration::from_secs(10), || async {
-        registrations(&look).await.iter().any(|r| r.0 == id)
-    })
+    let (mut guards, mut waiters, ids) = queue_then_retry(&a, &b, &look, "quiet").await;
+    // The waits in the server's queue are registered (for holders to hear of them).
+    eventually(
+        "the queued waits' registrations",
+        Duration::from_secs(10),
+        || async {
+            let r = registrations_of(&look, QUEUE_CLASS).await;
+            ids[..QUEUED_WAITS]
+                .iter()
+                .all(|id| r.iter().any(|r| r.0 == *id))
+        },
+    )
     .await;
+    // A release with a waiter in the server's queue: handed over with no notification.
     let released = std::time::Instant::now();
-    held_by_a.release().await.unwrap();
-    let (guard, got) = waiter.await.unwrap();
+    guards.remove(0).release().await.unwrap();
+    let (guard, got) = waiters.remove(0).await.unwrap();
+    assert!(got.duration_since(released) < Duration::from_millis(300));
+    guard.release().await.unwrap();
+    listen.batch_execute("SELECT 1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        notified.load(Ordering::SeqCst),
+        0,
+        "the queued waiter needs no notification"
+    );
+
+    // The release of the key whose waiter retries wakes it at once.
+    let released = std::time::Instant::now();
+    guards.pop().unwrap().release().await.unwrap();
+    let (guard, got) = waiters.pop().unwrap().await.unwrap();
     let after = got.duration_since(released);
     assert!(after < Duration::from_millis(300), "woken after {after:?}");
     eventually("the notification", Duration::from_secs(10), || async {
         notified.load(Ordering::SeqCst) >= 1
     })
     .await;
+    guard.release().await.unwrap();
+    for (g, w) in guards.into_iter().zip(waiters) {
+        g.release().await.unwrap();
+        w.await.unwrap().0.release().await.unwrap();
+    }
     eventually(
         "no registration once nobody waits",
         Duration::from_secs(10),
-        || async { registrations(&look).await.is_empty() },
+        || async {
+            registrations(&look).await.is_empty()
+                && registrations_of(&look, QUEUE_CLASS).await.is_empty()
+        },
     )
     .await;
-    guard.release().await.unwrap();
     assert!(held(&look).await.is_empty());
 }
 
-/// The listening connection killed while a task waits: the hub connects again and registers
-/// the waiter again, so the next release still wakes it at once (not by the fallback poll).
+/// The listening connection killed while tasks wait: the hub connects again and registers
+/// the waiters again (the one retrying on notified releases, and those in the server's queue),
+/// so the next release still wakes the one retrying at once (not by the fallback poll).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_listening_connection_registers_its_waiters_again() {
     let pg = server();
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let look = admin(&pg.url()).await;
-    let held_by_a = a.lock("relisten").await.unwrap();
-    let b2 = b.clone();
-    let waiter = tokio::spawn(async move {
-        let guard = b2.lock("relisten").await.unwrap();
-        (guard, std::time::Instant::now())
-    });
-    let id = id_of(&look, &a.path_of("relisten").unwrap()).await;
-    eventually("b's registration", Duration::from_secs(10), || async {
-        registrations(&look).await.iter().any(|r| r.0 == id)
-    })
-    .await;
+    let (mut guards, mut waiters, ids) = queue_then_retry(&a, &b, &look, "relisten").await;
+    let id = *ids.last().unwrap();
     let pid = registrations(&look)
         .await
         .iter()
@@ -518,21 +613,29 @@ async fn a_killed_listening_connection_registers_its_waiters_again() {
         "b registered again on a new connection",
         Duration::from_secs(10),
         || async {
+            let queued = registrations_of(&look, QUEUE_CLASS).await;
             registrations(&look)
                 .await
                 .iter()
                 .any(|r| r.0 == id && r.1 != pid)
+                && ids[..QUEUED_WAITS]
+                    .iter()
+                    .all(|id| queued.iter().any(|r| r.0 == *id && r.1 != pid))
         },
     )
     .await;
     // The waiter was woken by the reconnection and went back to waiting, registered.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let released = std::time::Instant::now();
-    held_by_a.release().await.unwrap();
-    let (guard, got) = waiter.await.unwrap();
+    guards.pop().unwrap().release().await.unwrap();
+    let (guard, got) = waiters.pop().unwrap().await.unwrap();
     let after = got.duration_since(released);
     assert!(after < Duration::from_millis(300), "woken after {after:?}");
     guard.release().await.unwrap();
+    for (g, w) in guards.into_iter().zip(waiters) {
+        g.release().await.unwrap();
+        w.await.unwrap().0.release().await.unwrap();
+    }
     assert!(held(&look).await.is_empty());
 }
 

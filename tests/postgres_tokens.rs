@@ -117,6 +117,45 @@ async fn tokens_never_repeat_or_go_back_after_a_crash_loses_commits() {
     }
 }
 
+/// On a server that waits for the flush of every commit (`synchronous_commit = on`, its
+/// default), a grant whose token is the clock's reading does not: it commits asynchronously,
+/// so a crash with the WAL writer frozen loses it (the row goes back, which proves the commit
+/// did not wait), and every token granted after the crash is still above every token before
+/// it, the lost ones included: they were clock readings, and the clock is ahead of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_token_commits_without_waiting_and_a_crash_that_loses_it_is_safe() {
+    let mut pg = PostgresServer::start().expect("start postgres (see the test kit's error)");
+    assert_eq!(pg.psql("SHOW synchronous_commit").unwrap().trim(), "on");
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let path = a.path_of("async").unwrap();
+    let mut before = vec![grant(&a, "async").await, grant(&b, "async").await];
+    pg.psql("CHECKPOINT").unwrap();
+    let kept = fence(&pg, &path);
+
+    pg.freeze_wal_writer().unwrap();
+    for m in [&a, &b, &a] {
+        before.push(grant(m, "async").await);
+    }
+    let lost = fence(&pg, &path);
+    assert!(lost > kept, "{lost} {kept}");
+    pg.restart().unwrap();
+    let back = fence(&pg, &path);
+    assert!(
+        back < lost,
+        "a clock token's commit waited for the flush: {back} after {lost}"
+    );
+
+    let c = manager(&pg.url()).await;
+    let mut after = vec![];
+    for m in [&c, &a, &b, &c] {
+        after.push(grant(m, "async").await);
+    }
+    assert_above(&before, &after);
+    for m in [a, b, c] {
+        m.flush().await;
+    }
+}
+
 /// The server's clock in µs, as the backend reads it.
 async fn server_us(client: &tokio_postgres::Client) -> i64 {
     client

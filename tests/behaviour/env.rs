@@ -306,7 +306,8 @@ impl Env {
 
     /// On Redis and PostgreSQL, waits (bounded) until a writer waits for the read/write lock at
     /// `path`: its intent (a key on Redis, an advisory lock of the intent class on PostgreSQL),
-    /// which keeps new readers out, exists. Elsewhere a queued writer is visible from its first
+    /// or on PostgreSQL its request in the server's queue, which keeps new readers out, exists.
+    /// Elsewhere a queued writer is visible from its first
     /// poll (memory) or its node (ZooKeeper) already.
     pub(crate) async fn until_writer_waits(&self, path: &str) {
         let name = match self.backend {
@@ -330,11 +331,26 @@ impl Env {
                     .query_async::<bool>(conn)
                     .await
                     .unwrap(),
-                (None, Some(client)) => self
-                    .pg_locks(client, path)
-                    .await
-                    .iter()
-                    .any(|(class, _, _)| *class == PG_INTENT_CLASS),
+                (None, Some(client)) => {
+                    // A writer retrying holds its intent; one waiting in the server's queue
+                    // has its exclusive request queued there.
+                    self.pg_locks(client, path)
+                        .await
+                        .iter()
+                        .any(|(class, _, _)| *class == PG_INTENT_CLASS)
+                        || client
+                            .query_one(
+                                "SELECT EXISTS (SELECT 1 FROM pg_locks l \
+                                 JOIN zklock_keys k ON l.objid::bigint = k.id \
+                                 WHERE l.locktype = 'advisory' AND l.objsubid = 2 \
+                                 AND NOT l.granted AND l.mode = 'ExclusiveLock' \
+                                 AND l.classid::bigint = $1 AND k.path = $2)",
+                                &[&PG_LOCK_CLASS, &path],
+                            )
+                            .await
+                            .expect("query pg_locks")
+                            .get::<_, bool>(0)
+                }
                 (None, None) => unreachable!("a Redis or PostgreSQL env"),
             };
             if exists {

@@ -19,12 +19,17 @@ pub const WAIT: Duration = Duration::from_secs(20);
 pub const HOLD: Duration = Duration::from_millis(100);
 /// A job's `at_least` window: longer than any run of a sweep.
 pub const WINDOW: Duration = Duration::from_secs(60);
+/// How long the victim of [`Protocol::Abandon`] waits before it gives up.
+pub const ABANDON: Duration = Duration::from_millis(700);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
     Mutex,
     /// The victim queues behind a holder of another process and is handed the lock.
     Handover,
+    /// The victim queues behind a holder of another process and gives up at its deadline
+    /// ([`ABANDON`]) while the holder still holds; the holder lets go after.
+    Abandon,
     Read,
     Write,
     /// A lease of a semaphore of one.
@@ -92,7 +97,8 @@ impl Protocol {
     /// a writer against a reader; the lock of a job's name).
     pub async fn take(self, m: &LockManager, key: &str, other: bool) -> zklock::Result<Held> {
         Ok(match self {
-            Protocol::Mutex | Protocol::Handover | Protocol::Job => {
+            Protocol::Abandon if !other => Held::Guard(m.lock_timeout(key, ABANDON).await?),
+            Protocol::Mutex | Protocol::Handover | Protocol::Abandon | Protocol::Job => {
                 Held::Guard(m.lock_timeout(key, WAIT).await?)
             }
             Protocol::Read if !other => Held::Guard(m.rwlock(key)?.read_timeout(WAIT).await?),
@@ -280,8 +286,9 @@ pub async fn run_through_relay<S: LeaseServer>(
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = relay.requests();
 
-    // The hand-over: the other process holds first, and lets go once the victim waits.
-    let first = if protocol == Protocol::Handover {
+    // The hand-over: the other process holds first, and lets go once the victim waits (or,
+    // when the victim abandons its wait, once it gave up).
+    let first = if matches!(protocol, Protocol::Handover | Protocol::Abandon) {
         let rec = history.recorder("first");
         rec.acquire_invoked(key, Mode::Exclusive);
         let g = other.lock(key).await.unwrap();
@@ -323,13 +330,29 @@ pub async fn run_through_relay<S: LeaseServer>(
         })
     };
     if let Some((g, rec)) = first {
-        // Released once the victim waits, or after a while if it never did.
-        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-            while !server.waiting(&path).await {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+        if protocol == Protocol::Abandon {
+            // Released once the victim gave up (its deadline passes even when it is cut off).
+            let gave_up = || {
+                history.events().iter().any(|e| {
+                    e.worker == "victim"
+                        && matches!(e.op, Op::AcquireFailed { .. } | Op::AcquireOk { .. })
+                })
+            };
+            let _ = tokio::time::timeout(WAIT, async {
+                while !gave_up() && !run.is_finished() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+        } else {
+            // Released once the victim waits, or after a while if it never did.
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                while !server.waiting(&path).await {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+        }
         rec.release_invoked(key);
         g.release().await.unwrap();
         rec.release_ok(key);

@@ -39,12 +39,18 @@ pub(crate) struct ConnState {
     pub(crate) deadline: Instant,
     /// Set once the connection is lost; never cleared.
     pub(crate) lost: Option<LossReason>,
+    /// A statement that waits in the server's lock queue runs on the connection (see
+    /// [`HoldConn::try_block`]): the session is busy, so the server does not end it for being
+    /// idle, and nothing is held on it, so the deadline does not apply until the wait ends.
+    pub(crate) blocked: bool,
 }
 
 impl ConnState {
     pub(crate) fn reason_at(&self, now: Instant) -> Option<LossReason> {
         if self.lost.is_some() {
             self.lost
+        } else if self.blocked {
+            None
         } else if now >= self.deadline {
             Some(LossReason::LeaseExpired)
         } else {
@@ -93,6 +99,21 @@ pub(crate) struct Statements {
     pub(crate) try_exclusive: Statement,
     pub(crate) try_shared: Statement,
     pub(crate) release: Statement,
+    pub(crate) block_exclusive: Statement,
+    pub(crate) block_shared: Statement,
+}
+
+/// Who uses a connection, kept together so that a connection is given to a wait in the
+/// server's queue only while nothing else can send on it.
+#[derive(Default)]
+struct Uses {
+    /// Lock ids reserved on this connection by an acquire or a hold.
+    ids: HashSet<i32>,
+    /// Requests that take no lock under way ([`Pool::any`]).
+    lent: usize,
+    /// A wait in the server's lock queue runs on it: nothing else may be sent (it would wait
+    /// behind the wait), so the pool hands it to nobody.
+    blocked: bool,
 }
 
 /// One connection that holds advisory locks; see the module's docs.
@@ -100,8 +121,7 @@ pub(crate) struct HoldConn {
     client: Client,
     statements: tokio::sync::OnceCell<Statements>,
     state: Arc<watch::Sender<ConnState>>,
-    /// Lock ids reserved on this connection by an acquire or a hold.
-    ids: StdMutex<HashSet<i32>>,
+    uses: StdMutex<Uses>,
     /// The task that drives the connection (aborting it closes the socket) and the liveness
     /// checks.
     driver: AbortHandle,
@@ -122,6 +142,7 @@ impl HoldConn {
         let (state, _) = watch::channel(ConnState {
             deadline: cc.deadline(sent),
             lost: None,
+            blocked: false,
         });
         let state = Arc::new(state);
         let on_end = state.clone();
@@ -138,7 +159,7 @@ impl HoldConn {
             client,
             statements: tokio::sync::OnceCell::new(),
             state,
-            ids: StdMutex::default(),
+            uses: StdMutex::default(),
             driver,
             liveness: StdMutex::default(),
             reply_timeout: cc.reply_timeout,
@@ -188,15 +209,21 @@ impl HoldConn {
             .get_or_try_init(|| {
                 let c = &self.client;
                 self.run(async move {
-                    let (try_exclusive, try_shared, release) = futures::try_join!(
-                        c.prepare_typed(sql::TRY_EXCLUSIVE, &[Type::INT4, Type::TEXT]),
-                        c.prepare_typed(sql::TRY_SHARED, &[Type::INT4, Type::TEXT]),
+                    let both = [Type::INT4, Type::TEXT];
+                    let block = [Type::INT4, Type::TEXT, Type::TEXT];
+                    let (try_exclusive, try_shared, release, block_exclusive, block_shared) = futures::try_join!(
+                        c.prepare_typed(sql::TRY_EXCLUSIVE, &both),
+                        c.prepare_typed(sql::TRY_SHARED, &both),
                         c.prepare_typed(sql::RELEASE, &[Type::INT4, Type::BOOL]),
+                        c.prepare_typed(sql::BLOCK_EXCLUSIVE, &block),
+                        c.prepare_typed(sql::BLOCK_SHARED, &block),
                     )?;
                     Ok(Statements {
                         try_exclusive,
                         try_shared,
                         release,
+                        block_exclusive,
+                        block_shared,
                     })
                 })
             })
@@ -222,6 +249,75 @@ impl HoldConn {
         if let Some(l) = self.liveness.lock().expect("not poisoned").take() {
             l.abort();
         }
+    }
+
+    /// Gives the connection to a wait in the server's queue for `id`, if nothing else can use
+    /// it: `id` is the only id reserved on it (by the caller), no other request is under way,
+    /// and no other wait runs on it. From then on the pool hands it to nobody, its liveness
+    /// checks pause (they would wait behind the wait) and its deadline does not apply, until
+    /// [`unblock`](Self::unblock).
+    pub(crate) fn try_block(&self, id: i32) -> bool {
+        let mut uses = self.uses.lock().expect("not poisoned");
+        if uses.blocked || uses.lent > 0 || uses.ids.len() != 1 || !uses.ids.contains(&id) {
+            return false;
+        }
+        uses.blocked = true;
+        self.state.send_modify(|s| s.blocked = true);
+        true
+    }
+
+    /// Ends the connection's wait in the server's queue: `answered` is the send time of a
+    /// request the session answered after the wait ended (the wait's own statement, or one
+    /// sent after it), from which the server counts its idle timeout no earlier; its deadline
+    /// runs from there (`None`: no such answer, the old deadline stands). The connection is
+    /// lost if its deadline has passed.
+    pub(crate) fn unblock(&self, answered: Option<Instant>) {
+        let mut uses = self.uses.lock().expect("not poisoned");
+        uses.blocked = false;
+        let deadline = answered.map(|sent| self.cc.deadline(sent));
+        self.state.send_modify(|s| {
+            s.blocked = false;
+            if let Some(deadline) = deadline {
+                s.deadline = s.deadline.max(deadline);
+            }
+            if s.lost.is_none() {
+                s.lost = s.reason_at(Instant::now());
+            }
+        });
+    }
+
+    /// Asks the server to cancel the statement the session runs now (a wait in the lock
+    /// queue), over a connection of its own, within the connect timeout. `false` when the
+    /// request could not be sent: the wait may go on.
+    pub(crate) async fn cancel(&self) -> bool {
+        let token = self.client.cancel_token();
+        matches!(
+            tokio::time::timeout(self.cc.connect_timeout, token.cancel_query(NoTls)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    /// Runs a wait in the server's queue (the connection given to it by
+    /// [`try_block`](Self::try_block)), bounded by `limit` instead of the reply timeout. As
+    /// [`run`](Self::run), a request that times out or fails on the connection closes it.
+    pub(crate) async fn run_blocking<T, Fut>(
+        &self,
+        request: Fut,
+        limit: Duration,
+    ) -> Result<T, PostgresError>
+    where
+        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let result = match tokio::time::timeout(limit, request).await {
+            Ok(r) => r.map_err(PostgresError::from),
+            Err(_) => Err(PostgresError::timed_out()),
+        };
+        if let Err(e) = &result {
+            if e.is_transient() {
+                self.kill(LossReason::Disconnected);
+            }
+        }
+        result
     }
 
     /// A check sent at `sent` was answered: the session was alive then, so its locks are held
@@ -286,6 +382,25 @@ async fn liveness(conn: Weak<HoldConn>, cc: Arc<ConnConfig>, mut last_sent: Inst
     loop {
         tokio::time::sleep_until(last_sent + cc.lease / 3).await;
         let Some(c) = conn.upgrade() else { return };
+        if c.state.borrow().blocked {
+            // Any request would wait behind the wait in the lock queue: wait for its end, then
+            // count from the request that ended it.
+            let mut state = c.subscribe();
+            drop(c);
+            if state
+                .wait_for(|s| !s.blocked || s.lost.is_some())
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let Some(c) = conn.upgrade() else { return };
+            let deadline = c.state.borrow().deadline;
+            last_sent = (deadline + cc.margin)
+                .checked_sub(cc.lease)
+                .unwrap_or(deadline);
+            continue;
+        }
         if c.reason().is_some() {
             return c.kill(LossReason::LeaseExpired);
         }
@@ -317,7 +432,29 @@ pub(crate) struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.conn.ids.lock().expect("not poisoned").remove(&self.id);
+        self.conn
+            .uses
+            .lock()
+            .expect("not poisoned")
+            .ids
+            .remove(&self.id);
+    }
+}
+
+/// A connection lent for requests that take no lock ([`Pool::any`]): it is not given to a
+/// wait in the server's queue meanwhile.
+pub(crate) struct Lent(Arc<HoldConn>);
+
+impl std::ops::Deref for Lent {
+    type Target = HoldConn;
+    fn deref(&self) -> &HoldConn {
+        &self.0
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.uses.lock().expect("not poisoned").lent -= 1;
     }
 }
 
@@ -339,46 +476,81 @@ impl Pool {
         }
     }
 
-    /// A live connection on which `id` is free, reserved for it (`None`: any live one, not
-    /// reserved).
-    fn find(&self, id: Option<i32>) -> Option<(Arc<HoldConn>, bool)> {
+    /// A live connection not given to a wait, taken as `need` says.
+    fn find(&self, need: Need) -> Option<Arc<HoldConn>> {
         let mut conns = self.conns.lock().expect("not poisoned");
         conns.retain(|c| c.reason().is_none());
-        conns.iter().find_map(|c| match id {
-            None => Some((c.clone(), false)),
-            Some(id) => c
-                .ids
-                .lock()
-                .expect("not poisoned")
-                .insert(id)
-                .then(|| (c.clone(), true)),
+        conns.iter().find_map(|c| {
+            let mut uses = c.uses.lock().expect("not poisoned");
+            if uses.blocked {
+                return None;
+            }
+            need.take(c, &mut uses).then(|| c.clone())
         })
     }
 
-    async fn get(&self, id: Option<i32>) -> Result<Arc<HoldConn>, PostgresError> {
-        if let Some((c, _)) = self.find(id) {
+    async fn get(&self, need: Need) -> Result<Arc<HoldConn>, PostgresError> {
+        if let Some(c) = self.find(need) {
             return Ok(c);
         }
         let _turn = self.opening.lock().await;
-        if let Some((c, _)) = self.find(id) {
+        if let Some(c) = self.find(need) {
             return Ok(c);
         }
         let c = HoldConn::open(&self.cc).await?;
-        if let Some(id) = id {
-            c.ids.lock().expect("not poisoned").insert(id);
-        }
+        need.take(&c, &mut c.uses.lock().expect("not poisoned"));
         self.conns.lock().expect("not poisoned").push(c.clone());
         Ok(c)
     }
 
     /// Reserves `id` on a live connection, opening one if every connection has it.
     pub(crate) async fn reserve(&self, id: i32) -> Result<Reservation, PostgresError> {
-        let conn = self.get(Some(id)).await?;
+        let conn = self.get(Need::Reserve(id)).await?;
+        Ok(Reservation { conn, id })
+    }
+
+    /// Reserves `id` on a live connection that nothing else uses, given to a wait in the
+    /// server's queue (see [`HoldConn::try_block`]), opening one if there is none.
+    pub(crate) async fn reserve_blocked(&self, id: i32) -> Result<Reservation, PostgresError> {
+        let conn = self.get(Need::Block(id)).await?;
         Ok(Reservation { conn, id })
     }
 
     /// A live connection, for requests that take no lock (key lookups, job records).
-    pub(crate) async fn any(&self) -> Result<Arc<HoldConn>, PostgresError> {
-        self.get(None).await
+    pub(crate) async fn any(&self) -> Result<Lent, PostgresError> {
+        self.get(Need::Lend).await.map(Lent)
+    }
+}
+
+/// What a caller of [`Pool::get`] takes of a connection.
+#[derive(Clone, Copy)]
+enum Need {
+    /// A lock id, free on it.
+    Reserve(i32),
+    /// A lock id, on a connection nothing else uses, given to a wait.
+    Block(i32),
+    /// Requests that take no lock.
+    Lend,
+}
+
+impl Need {
+    /// Takes what is needed of `c` (whose `uses` are locked and not blocked), if it can.
+    fn take(self, c: &HoldConn, uses: &mut Uses) -> bool {
+        match self {
+            Need::Reserve(id) => uses.ids.insert(id),
+            Need::Block(id) => {
+                if !uses.ids.is_empty() || uses.lent > 0 {
+                    return false;
+                }
+                uses.ids.insert(id);
+                uses.blocked = true;
+                c.state.send_modify(|s| s.blocked = true);
+                true
+            }
+            Need::Lend => {
+                uses.lent += 1;
+                true
+            }
+        }
     }
 }

@@ -8,6 +8,12 @@
 //! for `id` (see the module docs of [`sql`]). A waiter has its registration confirmed before
 //! its next attempt ([`Listener::registered`]), so a release that follows that attempt sees it.
 //!
+//! Waits in the server's lock queue ([`Hub::queued`]) need no wake-up (the server grants
+//! them), but holders must still learn of them: the listening connection registers them too,
+//! in a class of their own that releases do not look at, once a wait lasted a few ms, and
+//! keeps the registration a moment after the last one ended, so that a process that waits for a
+//! key again and again registers (and notifies the holders) once.
+//!
 //! Waiters hold no connection while they wait; the server keeps one lock per id waited for.
 //! When the listening connection breaks, its registrations end with it: the hub connects
 //! again, listens, registers every id still waited for, and only then wakes every waiter (each
@@ -26,6 +32,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -46,10 +54,36 @@ struct Entry {
     registered: watch::Sender<bool>,
 }
 
-/// The ids waited for, and the hub task's orders: an id whose registration may need to change.
+/// The waits of one lock id in the server's queue (see [`Hub::queued`]).
+struct QueuedEntry {
+    /// How many wait now.
+    count: usize,
+    /// When the last one ended, while none does.
+    idle_since: Option<Instant>,
+}
+
+impl QueuedEntry {
+    /// Whether the registration is wanted at `now`: while some wait, and for
+    /// [`QUEUE_LINGER`] after.
+    fn wanted(&self, now: Instant) -> bool {
+        self.count > 0 || self.idle_since.is_some_and(|t| now < t + QUEUE_LINGER)
+    }
+}
+
+/// An id whose registration may need to change: of waiters retrying, or of waits in the
+/// server's queue.
+#[derive(Clone, Copy, Debug)]
+enum Order {
+    Wait(i32),
+    Queue(i32),
+}
+
+/// The ids waited for, and the hub task's orders.
 struct Shared {
     entries: StdMutex<HashMap<i32, Entry>>,
-    orders: mpsc::UnboundedSender<i32>,
+    /// The ids waited for in the server's queue.
+    queued: StdMutex<HashMap<i32, QueuedEntry>>,
+    orders: mpsc::UnboundedSender<Order>,
     /// Per lock id held here, a counter bumped by each registration of a waiter notified (by
     /// any process): what tells a holder that another contender appeared.
     appeared: StdMutex<HashMap<i32, watch::Sender<u64>>>,
@@ -88,6 +122,10 @@ impl Shared {
 
 /// The pause before connecting the listener again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+/// How long a registration of waits in the server's queue is kept after the last one ended
+/// (it is ended at the next liveness check after that): a process that waits for a key again
+/// and again registers once, and tells the holders once.
+const QUEUE_LINGER: Duration = Duration::from_millis(500);
 
 pub(crate) struct Hub {
     shared: Arc<Shared>,
@@ -100,6 +138,7 @@ impl Hub {
         let (orders, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             entries: StdMutex::default(),
+            queued: StdMutex::default(),
             orders,
             appeared: StdMutex::default(),
             listening: watch::channel(0).0,
@@ -126,9 +165,51 @@ impl Hub {
             shared: self.shared.clone(),
         };
         if !*entry.registered.borrow() {
-            let _ = self.shared.orders.send(id);
+            let _ = self.shared.orders.send(Order::Wait(id));
         }
         listener
+    }
+
+    /// Registers a wait of this backend in the server's queue for `id`, until the guard is
+    /// dropped (and [`QUEUE_LINGER`] after): holders learn of it as of a waiter's (a lingering
+    /// hold gives the lock up, local handoffs are bounded), but releases do not notify for it,
+    /// since the server hands the lock to it. The registration is made in the background; the
+    /// wait does not wait for it (a holder granted before it lands hears of it by
+    /// notification).
+    pub(crate) fn queued(&self, id: i32) -> Queued {
+        let mut queued = self.shared.queued.lock().expect("not poisoned");
+        let entry = queued.entry(id).or_insert(QueuedEntry {
+            count: 0,
+            idle_since: None,
+        });
+        entry.count += 1;
+        let fresh = entry.count == 1 && entry.idle_since.is_none();
+        entry.idle_since = None;
+        if fresh {
+            let _ = self.shared.orders.send(Order::Queue(id));
+        }
+        Queued {
+            id,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// A wait in the server's queue, registered: see [`Hub::queued`].
+pub(crate) struct Queued {
+    id: i32,
+    shared: Arc<Shared>,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        let mut queued = self.shared.queued.lock().expect("not poisoned");
+        if let Some(e) = queued.get_mut(&self.id) {
+            e.count -= 1;
+            if e.count == 0 {
+                e.idle_since = Some(Instant::now());
+            }
+        }
     }
 }
 
@@ -220,7 +301,7 @@ impl Drop for AbortOnDrop {
 
 /// Keeps a connection listening and registered for the ids waited for; connects again when it
 /// breaks.
-async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<i32>) {
+async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<Order>) {
     loop {
         let connected = tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls)).await;
         if let Ok(Ok((client, mut connection))) = connected {
@@ -264,7 +345,7 @@ async fn session(
     client: &Client,
     cc: &ConnConfig,
     shared: &Shared,
-    orders: &mut mpsc::UnboundedReceiver<i32>,
+    orders: &mut mpsc::UnboundedReceiver<Order>,
     driver: &mut JoinHandle<()>,
 ) {
     // The server ends the session once it hears nothing for the lease (see the module's docs);
@@ -282,10 +363,19 @@ async fn session(
     ) {
         return;
     }
-    let mut held = HashSet::new();
+    let mut held = Held::default();
     let waited: Vec<i32> = shared.entries().keys().copied().collect();
-    for id in waited {
-        if !register(client, cc, shared, &mut held, id).await {
+    let queued: Vec<i32> = shared
+        .queued
+        .lock()
+        .expect("not poisoned")
+        .keys()
+        .copied()
+        .collect();
+    let orders_now =
+        (waited.into_iter().map(Order::Wait)).chain(queued.into_iter().map(Order::Queue));
+    for order in orders_now.collect::<Vec<_>>() {
+        if !register(client, cc, shared, &mut held, order).await {
             return;
         }
     }
@@ -301,14 +391,21 @@ async fn session(
         tokio::select! {
             _ = &mut *driver => return,
             order = orders.recv() => match order {
-                Some(id) => {
-                    if !register(client, cc, shared, &mut held, id).await {
+                Some(order) => {
+                    if !register(client, cc, shared, &mut held, order).await {
                         return;
                     }
                 }
                 None => return,
             },
             _ = check.tick() => {
+                // Registrations of waits in the server's queue that are no longer wanted.
+                let ended: Vec<i32> = held.queue.iter().copied().collect();
+                for id in ended {
+                    if !register(client, cc, shared, &mut held, Order::Queue(id)).await {
+                        return;
+                    }
+                }
                 let answered = tokio::time::timeout(cc.reply_timeout, client.simple_query(sql::PING)).await;
                 if !matches!(answered, Ok(Ok(_))) {
                     tracing::warn!("zklock: the PostgreSQL listening connection did not answer a liveness check; connecting again");
@@ -319,19 +416,43 @@ async fn session(
     }
 }
 
-/// Makes the connection's registration for `id` match whether anyone waits for it, and tells
-/// the waiters. `false` when the connection failed.
+/// The registrations the listening connection holds.
+#[derive(Default)]
+struct Held {
+    wait: HashSet<i32>,
+    queue: HashSet<i32>,
+}
+
+/// Makes the connection's registration of `order`'s id match whether anyone waits for it (of
+/// its kind), and tells the waiters. `false` when the connection failed.
 async fn register(
     client: &Client,
     cc: &ConnConfig,
     shared: &Shared,
-    held: &mut HashSet<i32>,
-    id: i32,
+    held: &mut Held,
+    order: Order,
 ) -> bool {
-    let wanted = shared.entries().contains_key(&id);
+    let (wanted, held, id, take, end) = match order {
+        Order::Wait(id) => (
+            shared.entries().contains_key(&id),
+            &mut held.wait,
+            id,
+            sql::WAIT,
+            sql::UNWAIT,
+        ),
+        Order::Queue(id) => {
+            let mut queued = shared.queued.lock().expect("not poisoned");
+            let wanted = queued.get(&id).is_some_and(|e| e.wanted(Instant::now()));
+            if !wanted {
+                // Forgotten now; a wait that starts from here orders its registration again.
+                queued.remove(&id);
+            }
+            (wanted, &mut held.queue, id, sql::QUEUE, sql::UNQUEUE)
+        }
+    };
     let statement = match (wanted, held.contains(&id)) {
-        (true, false) => Some(sql::WAIT),
-        (false, true) => Some(sql::UNWAIT),
+        (true, false) => Some(take),
+        (false, true) => Some(end),
         _ => None,
     };
     if let Some(statement) = statement {
@@ -349,8 +470,10 @@ async fn register(
             held.remove(&id);
         }
     }
-    if let Some(e) = shared.entries().get(&id) {
-        e.registered.send_replace(held.contains(&id));
+    if let Order::Wait(id) = order {
+        if let Some(e) = shared.entries().get(&id) {
+            e.registered.send_replace(held.contains(&id));
+        }
     }
     true
 }
@@ -395,7 +518,7 @@ impl Drop for Listener {
             .is_some_and(|e| e.wake.receiver_count() <= 1)
         {
             entries.remove(&self.id);
-            let _ = self.shared.orders.send(self.id);
+            let _ = self.shared.orders.send(Order::Wait(self.id));
         }
     }
 }

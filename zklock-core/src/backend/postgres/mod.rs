@@ -3,23 +3,35 @@
 //!
 //! - A lock path gets an id from the key table `zklock_keys` (a `serial`, so no two paths
 //!   share one), and its lock is the advisory lock `(LOCK_CLASS, id)`; see [`sql`].
-//! - An acquire is one statement on a holding connection: `pg_try_advisory_lock` (or
-//!   `_shared` for readers) and, if it got the lock, the raise of the path's `fence` under it,
-//!   which is the fencing token. See [`conn`] for which connection holds what.
+//! - An acquire is one statement on a holding connection: `pg_advisory_lock` (or `_shared` for
+//!   readers; `pg_try_advisory_lock` when it may not wait, or the connection holds other
+//!   locks) and, once it got the lock, the raise of the path's `fence` under it, which is the
+//!   fencing token, committed without waiting for the WAL flush when it is the server's clock
+//!   reading (see [`sql`]). See [`conn`] for which connection holds what.
 //! - A hold is lost the moment its connection breaks (the server ended the session:
 //!   `pg_terminate_backend`, a restart) or a liveness check (every lease/3) fails, and at the
 //!   latest when no check was confirmed before the server could have ended the idle session:
 //!   each holding session runs with `idle_session_timeout` = the lease, so the locks of a
 //!   holder that went silent (paused, partitioned) are released by the server after the
 //!   lease, and this side reports the loss before that (less the same margin as Redis).
-//! - Waiters hold no connection: they try, then sleep until a release of their lock is
+//! - Up to [`QUEUED_WAITS`] acquires of a backend wait in the server's lock queue, each
+//!   blocked in `pg_advisory_lock` on a connection given to it (the connection then holds the
+//!   lock once granted): the server grants in the order it queued them, inside the release.
+//!   The wait ends by the statement's own `lock_timeout` at the deadline; an acquire dropped
+//!   before sends a cancel request and then an undo, which releases a lock granted just as it
+//!   was dropped (see [`Pending`]). A waiting connection that breaks held nothing: the acquire
+//!   waits again on another one, at the back of the queue.
+//! - Further waiters hold no connection: they try, then sleep until a release of their lock is
 //!   notified (`LISTEN`/`NOTIFY` on one listening connection per backend, see [`hub`]) or
-//!   [`POLL_FALLBACK`] passes (a session that ended releases without notifying). The listening
-//!   session has the same lease and checks as the holding ones: a process cut off for good
-//!   leaves no session (and no waiter registration) on the server past the lease.
-//! - A waiting writer takes an intent lock that makes new readers wait (writers are not
-//!   starved by readers). No order is kept among waiting processes; the local queue keeps
-//!   FIFO within a process.
+//!   [`POLL_FALLBACK`] passes (a session that ended releases without notifying), and whenever
+//!   a wait in the server's queue is free they take it. The listening session has the same
+//!   lease and checks as the holding ones: a process cut off for good leaves no session (and
+//!   no waiter registration) on the server past the lease.
+//! - A writer waiting in the server's queue makes new readers wait behind it (the server does
+//!   not grant a lock that conflicts with a queued request); a writer that retries takes an
+//!   intent lock that does (writers are not starved by readers). Among waits in the server's
+//!   queue the order is the server's; retrying waiters keep none; the local queue keeps FIFO
+//!   within a process.
 //! - Semaphores and revocation do not fit advisory locks cleanly: [`Error::Unsupported`].
 //!   Job records (`claim_run`) live in the key table (`run_after`, by the server's clock).
 //!
@@ -75,6 +87,19 @@ pub(crate) const MIN_LEASE: Duration = Duration::from_millis(300);
 /// How many times an acquire looks a path's id up again after finding it stale before giving
 /// up (someone keeps dropping the key table).
 const STALE_ID_RETRIES: u32 = 3;
+/// How many acquires of one backend wait in the server's lock queue at a time, each on a
+/// connection of its own; the others wait by retrying on notified releases.
+pub(crate) const QUEUED_WAITS: usize = 4;
+/// The longest one wait in the server's queue lasts before it is sent again (its
+/// `lock_timeout`): what bounds how long a waiter whose connection went silent without
+/// breaking (a partition) keeps waiting for an answer that cannot come.
+const QUEUE_SLICE: Duration = Duration::from_secs(30);
+/// A wait in the server's queue whose `lock_timeout` ends within this of its acquire being
+/// dropped is left to end by itself; a longer one is cancelled.
+const CANCEL_UNLESS_WITHIN: Duration = Duration::from_millis(50);
+/// How long a wait in the server's queue lasts before it is registered (see
+/// [`Hub::queued`]): a grant within this is taken as one of a free lock.
+const QUEUE_NOTICE: Duration = Duration::from_millis(5);
 
 /// What the PostgreSQL backend is configured with (its part of [`Builder`](crate::Builder)).
 #[derive(Debug, Clone)]
@@ -92,6 +117,9 @@ pub(crate) struct PostgresConfig {
 /// What the backend's holds and tasks share.
 pub(crate) struct Inner {
     pool: Pool,
+    cc: Arc<ConnConfig>,
+    /// One permit per acquire that waits in the server's lock queue ([`QUEUED_WAITS`]).
+    queued: Arc<tokio::sync::Semaphore>,
     hub: Hub,
     /// Lock path -> id, as read from the key table; checked by every acquire.
     ids: StdMutex<HashMap<Arc<str>, i32>>,
@@ -181,6 +209,36 @@ struct Pending {
     intent: bool,
     /// The lock may be held by this acquire (a statement was sent and no answer says it is not).
     armed: bool,
+    /// The connection is given to this acquire's wait in the server's queue
+    /// ([`HoldConn::try_block`]).
+    blocked: bool,
+    /// A wait in the server's queue that may still run.
+    in_flight: Option<InFlight>,
+    /// The permit of a wait in the server's queue, given back with the connection (once a
+    /// dropped wait is ended), so that no more connections wait than permits.
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// A wait in the server's queue under way: its statement's answer, and when its
+/// `lock_timeout` ends it on the server.
+struct InFlight {
+    ends: tokio::time::Instant,
+    answer: BoxFuture<'static, Result<Vec<tokio_postgres::Row>, PostgresError>>,
+}
+
+impl Pending {
+    fn new(inner: &Arc<Inner>, reservation: Reservation, shared: bool, blocked: bool) -> Pending {
+        Pending {
+            inner: inner.clone(),
+            reservation: Some(reservation),
+            shared,
+            intent: false,
+            armed: false,
+            blocked,
+            in_flight: None,
+            permit: None,
+        }
+    }
 }
 
 impl Pending {
@@ -198,27 +256,67 @@ impl Drop for Pending {
         let Some(reservation) = self.reservation.take() else {
             return;
         };
-        if !self.armed && !self.intent {
+        if !self.armed && !self.intent && !self.blocked {
             return;
         }
-        let (shared, intent) = (self.shared, self.intent);
+        let (shared, intent, armed, blocked) = (self.shared, self.intent, self.armed, self.blocked);
+        let in_flight = self.in_flight.take();
+        let permit = self.permit.take();
         self.inner.background.spawn(&self.inner.runtime, async move {
             let conn = &reservation.conn;
             let id = reservation.id;
-            if conn.reason().is_none() {
-                let undone = conn
-                    .run(conn.client().query_typed(
-                        sql::UNDO,
-                        &[(&id, Type::INT4), (&shared, Type::BOOL), (&intent, Type::BOOL)],
-                    ))
-                    .await;
-                if let Err(e) = undone {
-                    tracing::warn!(lock = id, error = %e, "zklock: could not undo a PostgreSQL acquire; closing its connection, which releases what it held");
+            if let Some(flight) = in_flight {
+                if !ended(conn, flight).await {
                     conn.kill(LossReason::Disconnected);
                 }
             }
+            if conn.reason().is_none() {
+                if armed || intent {
+                    let sent = tokio::time::Instant::now();
+                    let undone = conn
+                        .run(conn.client().query_typed(
+                            sql::UNDO,
+                            &[(&id, Type::INT4), (&shared, Type::BOOL), (&intent, Type::BOOL)],
+                        ))
+                        .await;
+                    match undone {
+                        Ok(_) if blocked => conn.unblock(Some(sent)),
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(lock = id, error = %e, "zklock: could not undo a PostgreSQL acquire; closing its connection, which releases what it held");
+                            conn.kill(LossReason::Disconnected);
+                        }
+                    }
+                } else if blocked {
+                    conn.unblock(None);
+                }
+            }
             drop(reservation);
+            drop(permit);
         });
+    }
+}
+
+/// Ends a wait in the server's queue whose acquire was dropped: cancels it unless its
+/// `lock_timeout` is about to end it, and waits for its answer. Whether the connection may be
+/// used again (then the caller undoes whatever the wait got): the wait ended by itself, or by
+/// the cancel (its answer says so). When a cancel was sent and the wait ended otherwise
+/// (granted just then, or out of time), the cancel may still reach the session and cancel
+/// whatever runs next on it; and when the cancel could not be sent, the wait may go on. The
+/// connection is closed then (`false`), which releases what the session holds.
+async fn ended(conn: &HoldConn, flight: InFlight) -> bool {
+    if conn.reason().is_some() {
+        return false;
+    }
+    let cancel = flight.ends > tokio::time::Instant::now() + CANCEL_UNLESS_WITHIN;
+    if cancel && !conn.cancel().await {
+        return false;
+    }
+    // Bounded: the wait's statement has its own limit.
+    let answer = flight.answer.await;
+    match answer {
+        Err(e) if cancel => e.get_ref().and_then(|e| e.code()) == Some(&SqlState::QUERY_CANCELED),
+        _ => !cancel,
     }
 }
 
@@ -276,8 +374,10 @@ impl PostgresBackend {
         });
         let pool = Pool::new(cc.clone());
         let inner = Arc::new(Inner {
-            hub: Hub::start(cc),
+            hub: Hub::start(cc.clone()),
             pool,
+            cc,
+            queued: Arc::new(tokio::sync::Semaphore::new(QUEUED_WAITS)),
             ids: StdMutex::default(),
             runtime: tokio::runtime::Handle::current(),
             background: Arc::default(),
@@ -326,8 +426,108 @@ impl PostgresBackend {
         })
     }
 
+    /// One wait in the server's lock queue on `pending`'s connection, given to it: one
+    /// statement that blocks in `pg_advisory_lock` (or `_shared`) until the server grants the
+    /// lock, then takes the grant's token as [`attempt`](Self::attempt) does. The wait lasts
+    /// until the caller's deadline or [`QUEUE_SLICE`] (the statement's `lock_timeout`); then
+    /// `Taken`, with whatever the statement may have got undone, and the connection still
+    /// given to the acquire for its next wait.
+    async fn block(
+        &self,
+        pending: &mut Pending,
+        path: &str,
+        shared: bool,
+        wait: Wait,
+    ) -> Result<Attempt, PostgresError> {
+        let inner = &self.inner;
+        let id = pending.id();
+        let conn = pending.conn().clone();
+        let statements = conn.statements().await?;
+        let now = tokio::time::Instant::now();
+        let limit = match wait {
+            Wait::Until(deadline, _) => deadline.saturating_duration_since(now),
+            _ => QUEUE_SLICE,
+        }
+        .clamp(Duration::from_millis(1), QUEUE_SLICE);
+        let lock_timeout = format!("{}ms", limit.as_millis().max(1));
+        let statement = if shared {
+            &statements.block_shared
+        } else {
+            &statements.block_exclusive
+        };
+        // Before the wait: a waiter registering after the grant is not missed.
+        let waiters = inner.hub.watch_waiters(id);
+        pending.armed = true;
+        let sent = tokio::time::Instant::now();
+        // Owned, so that a dropped acquire can still wait for its answer (see `ended`).
+        let answer: BoxFuture<'static, _> = Box::pin({
+            let (conn, statement, path) = (conn.clone(), statement.clone(), path.to_string());
+            let bound = limit + inner.cc.reply_timeout;
+            async move {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&id, &path, &lock_timeout];
+                conn.run_blocking(conn.client().query(&statement, &params), bound)
+                    .await
+            }
+        });
+        let flight = pending.in_flight.insert(InFlight {
+            ends: sent + limit,
+            answer,
+        });
+        // A wait not granted at once is registered, so that holders learn of it (see the
+        // module docs of `sql`); one granted at once is not (a process that takes a free key
+        // again and again would find its own registration, and believe someone waits).
+        let mut _queued = None;
+        let rows = tokio::select! {
+            biased;
+            rows = &mut flight.answer => rows,
+            _ = tokio::time::sleep(QUEUE_NOTICE) => {
+                _queued = Some(inner.hub.queued(id));
+                (&mut flight.answer).await
+            }
+        };
+        pending.in_flight = None;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                // The wait ran out, perhaps after the lock was got (in the row's update).
+                conn.run(conn.client().query_typed(
+                    sql::UNDO,
+                    &[
+                        (&id, Type::INT4),
+                        (&shared, Type::BOOL),
+                        (&false, Type::BOOL),
+                    ],
+                ))
+                .await?;
+                pending.armed = false;
+                return Ok(Attempt::Taken);
+            }
+            Err(e) => return Err(e),
+        };
+        // The session answered after the wait ended: the server counts its idle timeout from
+        // then, no earlier than the statement's sending; after a long wait, ask it again.
+        let answered = if inner.cc.deadline(sent) < tokio::time::Instant::now() + inner.cc.lease / 3
+        {
+            let ping = tokio::time::Instant::now();
+            conn.run(conn.client().simple_query(sql::PING)).await?;
+            ping
+        } else {
+            sent
+        };
+        conn.unblock(Some(answered));
+        pending.blocked = false;
+        let row = rows.first();
+        let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
+        Ok(match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
+            Some(token) => Attempt::Granted(token, waiting, waiters),
+            None => Attempt::Stale,
+        })
+    }
+
     /// Acquires a hold of `target` (`shared` for a reader; `writer` takes an intent while it
-    /// waits), waiting as `wait` says.
+    /// waits), waiting as `wait` says: in the server's lock queue while fewer than
+    /// [`QUEUED_WAITS`] acquires of this backend do, else by retrying on notified releases.
     async fn acquire_hold(
         &self,
         target: &LockTarget,
@@ -340,6 +540,9 @@ impl PostgresBackend {
         let mut listener: Option<Listener> = None;
         let mut pause = RETRY_MIN;
         let mut stale = 0;
+        // A permit to wait in the server's queue, and whether a try found the lock taken.
+        let mut permit: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        let mut taken_once = false;
         loop {
             // A connection that was lost with our reservation on it: start again elsewhere.
             if pending
@@ -356,13 +559,9 @@ impl PostgresBackend {
                         inner.pool.reserve(id).await
                     };
                     match reserved.await {
-                        Ok(reservation) => pending.insert(Pending {
-                            inner: inner.clone(),
-                            reservation: Some(reservation),
-                            shared,
-                            intent: false,
-                            armed: false,
-                        }),
+                        Ok(reservation) => {
+                            pending.insert(Pending::new(inner, reservation, shared, false))
+                        }
                         Err(e) if e.is_transient() => {
                             tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
                             tokio::time::sleep(pause).await;
@@ -373,13 +572,57 @@ impl PostgresBackend {
                     }
                 }
             };
+            // Wait in the server's queue when a permit is free: on this connection if nothing
+            // else uses it (then the wait is the attempt), else, once a try found the lock
+            // taken, on one of its own.
+            if !matches!(wait, Wait::Never) && !p.blocked {
+                if permit.is_none() {
+                    permit = inner.queued.clone().try_acquire_owned().ok();
+                }
+                if permit.is_some() {
+                    if !p.intent && p.conn().try_block(p.id()) {
+                        p.blocked = true;
+                        p.permit = permit.take();
+                    } else if taken_once {
+                        let id = p.id();
+                        // Nothing armed: given back at once (a writer's intent undone).
+                        pending = None;
+                        match inner.pool.reserve_blocked(id).await {
+                            Ok(reservation) => {
+                                let mut p = Pending::new(inner, reservation, shared, true);
+                                p.permit = permit.take();
+                                pending = Some(p);
+                            }
+                            Err(e) if e.is_transient() => {
+                                tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
+                                tokio::time::sleep(pause).await;
+                                pause = (pause * 2).min(RETRY_MAX);
+                                continue;
+                            }
+                            Err(e) => return Err(pg_error("acquire the lock")(e)),
+                        }
+                    } else {
+                        permit = None;
+                    }
+                }
+            }
+            let p = pending.as_mut().expect("reserved");
+            let blocked = p.blocked;
+            if blocked {
+                listener = None;
+            }
             if listener.as_ref().is_some_and(|l| l.id() != p.id()) {
                 listener = None;
             }
             if let Some(l) = &mut listener {
                 l.mark();
             }
-            match self.attempt(p, &target.path, shared).await {
+            let attempt = if blocked {
+                self.block(p, &target.path, shared, wait).await
+            } else {
+                self.attempt(p, &target.path, shared).await
+            };
+            match attempt {
                 Ok(Attempt::Granted(token, waiting, waiters)) => {
                     let mut p = pending.take().expect("reserved");
                     if p.intent {
@@ -423,6 +666,15 @@ impl PostgresBackend {
                     pause = RETRY_MIN;
                     if matches!(wait, Wait::Never) {
                         return Ok(None);
+                    }
+                    if blocked {
+                        // The wait's slice ran out: wait again.
+                        continue;
+                    }
+                    taken_once = true;
+                    if inner.queued.available_permits() > 0 {
+                        // A permit is free: wait in the server's queue.
+                        continue;
                     }
                     if writer && !p.intent {
                         let conn = p.conn().clone();

@@ -46,7 +46,11 @@
 //!
 //! - A token that is its grant's clock reading `now` is below the clock reading of every
 //!   grant that runs after it, and so below that grant's token, whatever `fence` the server
-//!   then has: whether the earlier commit survived does not matter.
+//!   then has: whether the earlier commit survived does not matter. So its commit need not
+//!   wait for the WAL flush, and does not: the statement sets `synchronous_commit` to `off`
+//!   for its own transaction (the commit is in the WAL's buffers, visible to the next grant,
+//!   and reaches the disk within the WAL writer's delay, or with the next commit that is
+//!   flushed). A crash that loses it loses a token that every later grant is above anyway.
 //! - A token above its clock reading (the counter was ahead of the clock: an earlier version
 //!   of zklock reserved blocks of 2^20 tokens, about a second each; the server's clock was
 //!   stepped back; two grants within one µs) is flushed before it is handed out: the statement
@@ -57,9 +61,14 @@
 //!   catches up with it (grants raise it by 1 while ahead); from then on the first case holds.
 //!
 //! So a lost commit can only lose a token that later grants are above anyway, and the counter
-//! runs ahead of the clock only by grants less than a µs apart. The cost: every grant of the server's lock
-//! writes the row, one commit (which waits for the WAL flush unless `synchronous_commit` is
-//! off) in the same round trip as the lock; readers granted together take turns at the row.
+//! runs ahead of the clock only by grants less than a µs apart. (One more case is not covered:
+//! a crash that loses a clock token's commit *and* a clock stepped back across it, so that the
+//! next grant's clock reading is below the lost token. With every commit flushed it would
+//! take the clock's step alone, and be covered by the second case; the asynchronous commit of
+//! clock tokens gives that up for a grant that costs no flush.) The cost: every grant of the
+//! server's lock writes the row, one commit in the same round trip as the lock, which does
+//! not wait for the WAL flush unless its token is above the clock; readers granted together
+//! take turns at the row.
 //! A transaction that holds the row's lock (an administrator's open update of `zklock_keys`)
 //! holds up the key's grants until it ends. A process that takes one key again and again
 //! without another process in between can keep the lock instead (the linger), with no request.
@@ -71,7 +80,24 @@
 //! The floor at the server's clock also keeps tokens above every earlier one if the table is
 //! ever dropped and re-created.
 //!
+//! ## Waiting in the server's queue
+//!
+//! A waiter blocks in the server ([`BLOCK_EXCLUSIVE`], [`BLOCK_SHARED`]) on a connection given
+//! to the wait, at most a few per process (see the backend's `QUEUED_WAITS`); the server
+//! queues the waiters of a lock in order and grants the lock to the first of them inside the
+//! release (no round trip, no herd, and the releaser's next try finds the lock granted: it
+//! cannot get in ahead of the queue). The wait's statement is also its attempt, so an acquire
+//! of a free key is one statement. The statement sets its own `lock_timeout` (the caller's
+//! deadline, at most a slice) so that the server ends the wait by itself; an acquire dropped
+//! earlier sends a cancel request, then [`UNDO`] on the connection, which runs once the wait
+//! ended, granted or not: a lock granted just as the acquire was dropped is released there.
+//! The waits are registered by each process's listening connection ([`QUEUE`], a class of its
+//! own so that releases do not notify for them) once one lasted a few ms, which tells holders
+//! that someone waits, as a retrying waiter's registration does.
+//!
 //! ## Waking waiters
+//!
+//! Waiters beyond the bound on waits in the server's queue retry on notified releases.
 //!
 //! A release notifies only when someone waits. Each process's listening connection holds the
 //! shared lock `(WAIT_CLASS, id)` while any of its tasks waits for `id`, and a release, after
@@ -97,6 +123,11 @@ pub(crate) const INTENT_CLASS: i32 = 0x7A6B_494E;
 /// connection of each process with a task waiting for the id.
 #[allow(dead_code)] // the statements spell it as a literal; the tests check it
 pub(crate) const WAIT_CLASS: i32 = 0x7A6B_5749;
+/// The class of a process's registration of waiters queued in the server (`zkQU`): a shared
+/// lock held by the listening connection of each process with a task blocked in
+/// `pg_advisory_lock` for the id, and for a moment after (see [`QUEUE`]).
+#[allow(dead_code)] // the statements spell it as a literal; the tests check it
+pub(crate) const QUEUE_CLASS: i32 = 0x7A6B_5155;
 /// The channel every release notifies, with the lock id as payload.
 pub(crate) const CHANNEL: &str = "zklock_release";
 /// The channel a process notifies when it starts waiting for a lock id (the payload): a holder
@@ -132,19 +163,22 @@ pub(crate) const ADD_PATH: &str =
     "INSERT INTO zklock_keys (path) VALUES ($1) ON CONFLICT (path) DO NOTHING";
 
 /// What an attempt does once its lock is got (`l.got`, with the server's clock `l.now` in µs
-/// read then): raises the token of `$1` id in its row, while the row names `$2` path, and
-/// flushes the commit if the token is above the clock (see "Tokens" in the module's docs);
-/// and reads whether a waiter is registered for the lock now (see "Waking waiters"). Answers
+/// read then): raises the token of `$1` id in its row, while the row names `$2` path, commits
+/// it asynchronously when the token is the clock's reading and flushes it when the token is
+/// above the clock (see "Tokens" in the module's docs); and reads whether a waiter is
+/// registered for the lock now, or queued in the server (see "Waking waiters"). Answers
 /// `(got, token, waiting)`: no token when the row no longer names the path (nothing written).
 macro_rules! grant_under_lock {
     () => {
         ", r AS (UPDATE zklock_keys k SET fence = GREATEST(k.fence + 1, l.now), block = NULL \
          FROM l WHERE l.got AND k.id = $1 AND k.path = $2 \
-         RETURNING k.fence, CASE WHEN k.fence > l.now \
-         AND current_setting('synchronous_commit') = 'off' \
+         RETURNING k.fence, CASE WHEN k.fence <= l.now \
+         THEN set_config('synchronous_commit', 'off', true) \
+         WHEN current_setting('synchronous_commit') = 'off' \
          THEN set_config('synchronous_commit', 'local', true) END AS flush) \
          SELECT l.got, r.fence, CASE WHEN l.got \
-         THEN NOT pg_try_advisory_xact_lock(2053855049, $1) END AS waiting \
+         THEN NOT (pg_try_advisory_xact_lock(2053855049, $1) \
+         AND pg_try_advisory_xact_lock(2053853525, $1)) END AS waiting \
          FROM l LEFT JOIN r ON true"
     };
 }
@@ -175,6 +209,33 @@ pub(crate) const TRY_SHARED: &str = concat!(
     grant_under_lock!()
 );
 
+/// A wait in the server's queue for the lock of `$1` id, and its grant (`$2` path), as one
+/// statement on a connection given to it: `pg_advisory_lock` blocks until the server grants
+/// the lock (in the order the server queued its waiters), then the token is taken as in
+/// [`TRY_EXCLUSIVE`]: `(got, token, waiting)`, `got` always true. `$3` is the statement's
+/// `lock_timeout` (text, e.g. `1500ms`): past it the server ends the wait with
+/// `lock_not_available` and nothing is taken, unless the time ran out in the row's update,
+/// after the advisory lock was got (the caller undoes the lock after any error).
+pub(crate) const BLOCK_EXCLUSIVE: &str = concat!(
+    "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS s), \
+     w AS MATERIALIZED (SELECT pg_advisory_lock(2053852235, $1) FROM t), \
+     l AS MATERIALIZED (SELECT true AS got, \
+     floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM w)",
+    grant_under_lock!()
+);
+
+/// A reader's wait in the server's queue, as [`BLOCK_EXCLUSIVE`] but shared, and behind a
+/// writer's intent (a writer that waits by retrying holds one): the reader first waits for
+/// `(INTENT_CLASS, id)` shared for the statement, then for the lock.
+pub(crate) const BLOCK_SHARED: &str = concat!(
+    "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS s), \
+     i AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(2053851470, $1) FROM t), \
+     w AS MATERIALIZED (SELECT pg_advisory_lock_shared(2053852235, $1) FROM i), \
+     l AS MATERIALIZED (SELECT true AS got, \
+     floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM w)",
+    grant_under_lock!()
+);
+
 /// A waiting writer's intent: `true` when this session took it (one writer's is enough).
 pub(crate) const TAKE_INTENT: &str = "SELECT pg_try_advisory_lock(2053851470, $1)";
 
@@ -194,6 +255,15 @@ pub(crate) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053855049, $1), \
 
 /// Ends a registration of [`WAIT`].
 pub(crate) const UNWAIT: &str = "SELECT pg_advisory_unlock_shared(2053855049, $1)";
+
+/// Registers this process's waiters queued in the server for `$1` (on the listening
+/// connection) and tells the holders, as [`WAIT`] does but in a class of its own, so that a
+/// release does not notify for them (the server hands the lock to them itself).
+pub(crate) const QUEUE: &str = "SELECT pg_advisory_lock_shared(2053853525, $1), \
+     set_config('synchronous_commit', 'off', true), pg_notify('zklock_wait', $1::text)";
+
+/// Ends a registration of [`QUEUE`].
+pub(crate) const UNQUEUE: &str = "SELECT pg_advisory_unlock_shared(2053853525, $1)";
 
 /// Undoes whatever an acquire that ended without a hold may have left on its connection: the
 /// lock (`$2`: shared), the intent (`$3`), and wakes waiters (readers held back by the intent).
@@ -254,8 +324,17 @@ mod tests {
             assert!(s.contains(&INTENT_CLASS.to_string()), "{s}");
         }
         assert!(WAIT.contains(WAIT_CHANNEL));
-        for s in [RELEASE, WAIT, UNWAIT] {
+        for s in [RELEASE, WAIT, UNWAIT, TRY_EXCLUSIVE, BLOCK_SHARED] {
             assert!(s.contains(&WAIT_CLASS.to_string()), "{s}");
         }
+        assert_eq!(QUEUE_CLASS, 2053853525);
+        for s in [QUEUE, UNQUEUE, TRY_SHARED, BLOCK_EXCLUSIVE] {
+            assert!(s.contains(&QUEUE_CLASS.to_string()), "{s}");
+        }
+        assert!(QUEUE.contains(WAIT_CHANNEL));
+        for s in [BLOCK_EXCLUSIVE, BLOCK_SHARED] {
+            assert!(s.contains(&LOCK_CLASS.to_string()), "{s}");
+        }
+        assert!(BLOCK_SHARED.contains(&INTENT_CLASS.to_string()));
     }
 }

@@ -1,0 +1,480 @@
+//! Waiting in PostgreSQL's own lock queue, against a real PostgreSQL (the test kit's): an
+//! acquire that finds the lock taken blocks in `pg_advisory_lock` on a connection given to the
+//! wait, and the server hands the lock over on release. Checked on the server itself
+//! (`pg_locks`, `pg_stat_activity`): grants in the order the server queued the waiters, tokens
+//! increasing across the hand-over, the releaser not barging ahead, and that a wait ended any
+//! way — its deadline, its acquire dropped (also just as the lock is granted), its connection
+//! killed — leaves nothing held and nothing queued.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_postgres::NoTls;
+use zklock::{Error, FencingToken, LockManager};
+use zklock_testkit::PostgresServer;
+
+use common::eventually;
+
+const LEASE: Duration = Duration::from_secs(3);
+
+/// The class of zklock's advisory locks (`zkLK`), as `pg_locks.classid` shows it.
+const LOCK_CLASS: i64 = 0x7A6B_4C4B;
+
+fn server() -> PostgresServer {
+    PostgresServer::start().expect("start postgres (see the test kit's error)")
+}
+
+async fn manager(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .lease(LEASE)
+        .connect()
+        .await
+        .unwrap()
+}
+
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// zklock's advisory locks on the server, held (`granted`) or waited for: `(objid, pid)`, the
+/// waits in the order the server queued them.
+async fn locks(client: &tokio_postgres::Client, granted: bool) -> Vec<(i64, i32)> {
+    client
+        .query(
+            "SELECT objid::bigint, pid FROM pg_locks \
+             WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 \
+             AND granted = $2 ORDER BY waitstart",
+            &[&LOCK_CLASS, &granted],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+async fn held(client: &tokio_postgres::Client) -> Vec<(i64, i32)> {
+    locks(client, true).await
+}
+
+async fn queued(client: &tokio_postgres::Client) -> Vec<(i64, i32)> {
+    locks(client, false).await
+}
+
+/// Waits until `n` waits are in the server's queue.
+async fn until_queued(look: &tokio_postgres::Client, n: usize) {
+    eventually(
+        &format!("{n} waits in the server's queue"),
+        Duration::from_secs(10),
+        || async { queued(look).await.len() == n },
+    )
+    .await;
+}
+
+/// Waiters of four other processes, queued one after the other behind a holder: the server
+/// grants them in that order, each with a token above the one before, and the holder, taking
+/// the key again right after its release, does not get in ahead of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_the_order_the_server_queued_them() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let holder = manager(&pg.url()).await;
+    let first = holder.lock("fifo").await.unwrap();
+    let grants: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
+    let mut tasks = vec![];
+    for i in 0..4 {
+        let m = manager(&pg.url()).await;
+        let grants = grants.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock("fifo").await.unwrap();
+            grants.lock().unwrap().push((i, g.fencing_token()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.unwrap();
+            m.flush().await;
+        }));
+        until_queued(&look, i + 1).await;
+    }
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    assert!(
+        holder.try_lock("fifo").await.unwrap().is_none(),
+        "the releaser got in ahead of the queue"
+    );
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    let order: Vec<usize> = grants.iter().map(|g| g.0).collect();
+    assert_eq!(order, vec![0, 1, 2, 3], "granted out of the queue's order");
+    let mut last = token;
+    for (i, t) in &grants {
+        assert!(
+            *t > last,
+            "waiter {i}: token {t} not above {last}: {grants:?}"
+        );
+        last = *t;
+    }
+    holder.flush().await;
+    assert!(held(&look).await.is_empty());
+    assert!(queued(&look).await.is_empty());
+}
+
+/// A deadline that runs out while the acquire waits in the server's queue: `Timeout`, on time,
+/// and the wait is gone from the server's queue at once; nothing is held once the holder
+/// lets go, and the waiting manager takes the key afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_in_the_queue_leaves_nothing() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("deadline").await.unwrap();
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let waited = b.lock_timeout("deadline", Duration::from_millis(400)).await;
+        assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        eventually(
+            "the wait gone from the queue",
+            Duration::from_millis(500),
+            || async { queued(&look).await.is_empty() },
+        )
+        .await;
+        assert_eq!(held(&look).await.len(), 1, "only a's hold");
+    }
+    g.release().await.unwrap();
+    b.flush().await;
+    assert!(held(&look).await.is_empty(), "nothing held once a let go");
+    let g = tokio::time::timeout(Duration::from_secs(5), b.lock("deadline"))
+        .await
+        .expect("b takes the key")
+        .unwrap();
+    g.release().await.unwrap();
+    assert!(held(&look).await.is_empty());
+}
+
+/// An acquire dropped while it waits in the server's queue: its wait is cancelled on the
+/// server (gone from the queue while the holder still holds), and nothing is left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_in_the_queue_is_cancelled_on_the_server() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("dropped").await.unwrap();
+    let b2 = b.clone();
+    let waiting = tokio::spawn(async move { b2.lock("dropped").await });
+    until_queued(&look, 1).await;
+    waiting.abort();
+    let _ = waiting.await;
+    eventually(
+        "the dropped wait cancelled on the server",
+        Duration::from_secs(2),
+        || async { queued(&look).await.is_empty() },
+    )
+    .await;
+    b.flush().await;
+    assert_eq!(held(&look).await.len(), 1, "only a's hold");
+    g.release().await.unwrap();
+    assert!(held(&look).await.is_empty());
+    // b's connections still serve.
+    let g = tokio::time::timeout(Duration::from_secs(5), b.lock("dropped"))
+        .await
+        .expect("b takes the key")
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+/// The race of a grant and a drop: the holder releases while the waiter's acquire is dropped,
+/// at many offsets. However it falls — the wait cancelled first, or granted and then dropped —
+/// no lock is left held by nobody: once the waiter's manager has flushed, nothing is held, and
+/// the first holder takes the key again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_racing_a_drop_leaves_nothing_held() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let mut granted = 0;
+    for round in 0..60u64 {
+        let g = a.lock("race").await.unwrap();
+        let b2 = b.clone();
+        let got = Arc::new(AtomicUsize::new(0));
+        let got2 = got.clone();
+        let waiting = tokio::spawn(async move {
+            let g = b2.lock("race").await.unwrap();
+            got2.fetch_add(1, Ordering::SeqCst);
+            // Kept until the task is dropped.
+            std::future::pending::<()>().await;
+            drop(g);
+        });
+        until_queued(&look, 1).await;
+        let release = g.release();
+        let abort = async {
+            // A spin, not a sleep: offsets finer than the timer's millisecond.
+            let offset = Duration::from_micros(round * 7 % 300);
+            let from = std::time::Instant::now();
+            while from.elapsed() < offset {
+                std::hint::spin_loop();
+            }
+            waiting.abort();
+        };
+        let (released, ()) = tokio::join!(release, abort);
+        released.unwrap();
+        let _ = waiting.await;
+        b.flush().await;
+        // A connection closed because a cancel may still be on its way releases its lock
+        // once the server sees the connection gone: at once, give or take a scheduling.
+        eventually(
+            &format!(
+                "round {round} (granted: {}): nothing held or queued",
+                got.load(Ordering::SeqCst)
+            ),
+            Duration::from_secs(2),
+            || async { held(&look).await.is_empty() && queued(&look).await.is_empty() },
+        )
+        .await;
+        granted += got.load(Ordering::SeqCst);
+        let again = tokio::time::timeout(Duration::from_secs(2), a.try_lock("race"))
+            .await
+            .expect("answered")
+            .unwrap()
+            .expect("the key is free");
+        again.release().await.unwrap();
+    }
+    eprintln!("granted before the drop in {granted} of 60 rounds");
+}
+
+/// The race of a grant and a deadline: the holder releases around the moment the waiter's
+/// deadline runs out, at many offsets. Whether the waiter got the lock (then it releases it)
+/// or timed out — its wait ended by the server's `lock_timeout`, or granted just as its
+/// acquire was dropped — nothing is left held once its manager has flushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_racing_a_deadline_leaves_nothing_held() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let (mut got, mut timed_out) = (0, 0);
+    for round in 0..40u64 {
+        let g = a.lock("deadline-race").await.unwrap();
+        let b2 = b.clone();
+        let deadline = Duration::from_millis(200);
+        let started = std::time::Instant::now();
+        let waiting = tokio::spawn(async move { b2.lock_timeout("deadline-race", deadline).await });
+        // Released from 2 ms before the deadline to 2 ms after it.
+        let at = deadline - Duration::from_millis(2) + Duration::from_micros(round * 100);
+        tokio::time::sleep(at.saturating_sub(Duration::from_millis(5))).await;
+        while started.elapsed() < at {
+            std::hint::spin_loop();
+        }
+        g.release().await.unwrap();
+        match waiting.await.unwrap() {
+            Ok(g) => {
+                got += 1;
+                g.release().await.unwrap();
+            }
+            Err(Error::Timeout { .. }) => timed_out += 1,
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        b.flush().await;
+        eventually(
+            &format!("round {round}: nothing held or queued"),
+            Duration::from_secs(2),
+            || async { held(&look).await.is_empty() && queued(&look).await.is_empty() },
+        )
+        .await;
+    }
+    eprintln!("granted in {got} rounds, timed out in {timed_out}");
+}
+
+/// The waiting connection killed by the server (`pg_terminate_backend`) while it is queued:
+/// the wait held nothing, and the acquire queues again on a new connection (at the back) and
+/// is granted when the holder lets go, with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_connection_killed_in_the_queue_waits_again() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("killed").await.unwrap();
+    let b2 = b.clone();
+    let waiting = tokio::spawn(async move {
+        let g = b2.lock("killed").await.unwrap();
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        token
+    });
+    until_queued(&look, 1).await;
+    let pid = queued(&look).await[0].1;
+    look.execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    eventually(
+        "queued again on a new connection",
+        Duration::from_secs(10),
+        || async { queued(&look).await.iter().any(|q| q.1 != pid) },
+    )
+    .await;
+    assert_eq!(held(&look).await.len(), 1, "only a's hold");
+    let first = g.fencing_token();
+    g.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("granted once a let go")
+        .unwrap();
+    assert!(second > first, "{first} {second}");
+    b.flush().await;
+    assert!(held(&look).await.is_empty());
+    assert!(queued(&look).await.is_empty());
+}
+
+/// A wait in the server's queue longer than the lease: the waiting connection is not checked
+/// while it waits (a check would wait behind the wait), and the hold it is granted is alive:
+/// the session is asked once more after the grant, not taken as lost, and it stays held past
+/// another lease (the connection's checks resumed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_longer_than_the_lease_is_granted_a_live_hold() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("long").await.unwrap();
+    let b2 = b.clone();
+    let waiting = tokio::spawn(async move { b2.lock("long").await.unwrap() });
+    until_queued(&look, 1).await;
+    let pid = queued(&look).await[0].1;
+    tokio::time::sleep(LEASE * 2).await;
+    assert!(!waiting.is_finished());
+    assert_eq!(
+        queued(&look).await,
+        vec![(queued(&look).await[0].0, pid)],
+        "the same connection waits all along"
+    );
+    g.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("granted once a let go")
+        .unwrap();
+    assert!(got.is_held(), "{:?}", got.loss_reason());
+    tokio::time::sleep(LEASE + LEASE / 2).await;
+    assert!(got.is_held(), "{:?}", got.loss_reason());
+    got.release().await.unwrap();
+    assert!(held(&look).await.is_empty());
+}
+
+/// While a task waits in the server's queue for one key, its manager's other acquires (of
+/// free keys) and its holds' checks are not held up behind the wait: they go to other
+/// connections, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_keys_are_not_held_up_by_a_wait_in_the_queue() {
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("busy").await.unwrap();
+    let b2 = b.clone();
+    let waiting = tokio::spawn(async move { b2.lock("busy").await.unwrap() });
+    until_queued(&look, 1).await;
+    for i in 0..20 {
+        let started = std::time::Instant::now();
+        let other = b.lock(&format!("free-{i}")).await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "held up for {:?}",
+            started.elapsed()
+        );
+        other.release().await.unwrap();
+    }
+    assert_eq!(queued(&look).await.len(), 1, "the wait is still queued");
+    g.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("granted once a let go")
+        .unwrap();
+    got.release().await.unwrap();
+    assert!(held(&look).await.is_empty());
+}
+
+/// A reader that waits in the server's queue stays behind a writer that waits by retrying (a
+/// manager's waits beyond the queue's bound): the writer's intent holds the reader's wait, so
+/// the writer gets in first when the holder lets go, and the reader after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_in_the_queue_waits_behind_a_retrying_writer() {
+    /// The class of a waiting writer's intent (`zkIN`).
+    const INTENT_CLASS: i64 = 0x7A6B_494E;
+    let pg = server();
+    let look = admin(&pg.url()).await;
+    let (h, w, r) = (
+        manager(&pg.url()).await,
+        manager(&pg.url()).await,
+        manager(&pg.url()).await,
+    );
+    // w's waits in the server's queue all taken, on other keys.
+    let mut others = vec![];
+    for i in 0..4 {
+        let key = format!("other-{i}");
+        others.push(h.lock(&key).await.unwrap());
+        let w2 = w.clone();
+        tokio::spawn(async move { w2.lock(&key).await.unwrap().release().await.unwrap() });
+        until_queued(&look, i + 1).await;
+    }
+    let held_write = h.rwlock("rw").unwrap().write().await.unwrap();
+    let w2 = w.clone();
+    let writer = tokio::spawn(async move {
+        let g = w2.rwlock("rw").unwrap().write().await.unwrap();
+        let at = std::time::Instant::now();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        g.release().await.unwrap();
+        at
+    });
+    eventually("the writer's intent", Duration::from_secs(10), || async {
+        look.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid::bigint = $1 AND objsubid = 2 AND granted",
+            &[&INTENT_CLASS],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    let r2 = r.clone();
+    let reader = tokio::spawn(async move {
+        let g = r2.rwlock("rw").unwrap().read().await.unwrap();
+        let at = std::time::Instant::now();
+        g.release().await.unwrap();
+        at
+    });
+    // The reader's wait is in the server's queue (behind the intent).
+    eventually("the reader waits", Duration::from_secs(10), || async {
+        look.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+            == 5
+    })
+    .await;
+    held_write.release().await.unwrap();
+    let (wrote, read) = (writer.await.unwrap(), reader.await.unwrap());
+    assert!(
+        wrote < read,
+        "the reader got in ahead of the waiting writer"
+    );
+    for g in others {
+        g.release().await.unwrap();
+    }
+    for m in [&h, &w, &r] {
+        m.flush().await;
+    }
+    eventually("nothing held", Duration::from_secs(5), || async {
+        held(&look).await.is_empty()
+    })
+    .await;
+}
