@@ -49,6 +49,7 @@ mod ops;
 mod peer;
 mod postgres;
 mod report;
+mod window;
 
 use std::fmt;
 use std::str::FromStr;

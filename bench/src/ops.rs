@@ -1,37 +1,14 @@
 //! The acquire/release loops: uncontended, contended, keys, inproc.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use crate::peer::{is_redis, redis_connection, Contender, Setup};
+use crate::window::{Gate, Overlap, Tally};
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
-
-/// Counts moments when two holders of one key overlap (CuratorBench's `violations`).
-pub(crate) struct Overlap {
-    holders: Vec<AtomicUsize>,
-    pub(crate) violations: AtomicU64,
-}
-
-impl Overlap {
-    pub(crate) fn new(keys: usize) -> Overlap {
-        Overlap {
-            holders: (0..keys).map(|_| AtomicUsize::new(0)).collect(),
-            violations: AtomicU64::new(0),
-        }
-    }
-
-    /// The critical section: enter key `k`, let the other tasks run once, leave.
-    pub(crate) async fn critical_section(&self, k: usize) {
-        if self.holders[k].fetch_add(1, Ordering::SeqCst) != 0 {
-            self.violations.fetch_add(1, Ordering::SeqCst);
-        }
-        tokio::task::yield_now().await;
-        self.holders[k].fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// Sum of the zklock managers' counters (requests, predecessor events).
 pub(crate) fn zk_stats(contenders: &[Arc<Contender>]) -> (u64, u64) {
@@ -44,17 +21,27 @@ pub(crate) fn zk_stats(contenders: &[Arc<Contender>]) -> (u64, u64) {
         })
 }
 
-/// Redis' count of the commands it has processed (`INFO stats`), from a connection of its own.
-async fn redis_commands(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+/// Redis' counters (`INFO stats`), from a connection of its own: the commands it ran
+/// (`total_commands_processed`: those a client sent and those a script ran inside the server),
+/// and the reads it processed from clients (`total_reads_processed`: one per batch of requests
+/// a client sent before waiting for replies, so one per round trip of a client that waits for
+/// each reply; pub/sub messages the server pushes are not reads).
+async fn redis_counters(conn: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("stats")
         .query_async(conn)
         .await
         .map_err(|e| BenchError(format!("redis INFO: {e}")))?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| BenchError("no total_commands_processed in INFO stats".into()))
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| BenchError(format!("no {name} in INFO stats")))
+    };
+    Ok((
+        field("total_commands_processed")?,
+        field("total_reads_processed")?,
+    ))
 }
 
 pub(crate) async fn run(options: &Options) -> Result<Report> {
@@ -90,9 +77,39 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         true => Some(redis_connection(&options.connect).await?),
         false => None,
     };
-    let commands_before = match &mut redis_admin {
-        Some(conn) => redis_commands(conn).await?,
-        None => 0,
+    let overlap = Arc::new(Overlap::new(keys));
+    let check = options.peer != Peer::Floor;
+    let gate = Arc::new(Gate::new(options.workers));
+    let mut tasks = Vec::with_capacity(options.workers);
+    for w in 0..options.workers {
+        let contender = contenders[w % sessions].clone();
+        let (overlap, gate) = (overlap.clone(), gate.clone());
+        let cycles = options.cycles;
+        tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(w as u64);
+            // Untimed: each worker's first acquire (which may create the lock's path).
+            let first = async { contender.acquire(w % keys).await?.release().await }.await;
+            gate.ready().await;
+            first?;
+            let mut tally = Tally::with_capacity(cycles);
+            for _ in 0..cycles {
+                let k = if keys > 1 { rng.gen_range(0..keys) } else { 0 };
+                let t0 = Instant::now();
+                let held = contender.acquire(k).await?;
+                let waited = t0.elapsed();
+                // The floor excludes nobody: it runs the same section (for the same timing)
+                // but its overlaps are not violations.
+                let changed = overlap.critical_section(k, w).await;
+                held.release().await?;
+                tally.record(t0, waited, changed);
+            }
+            Ok::<_, BenchError>(tally)
+        }));
+    }
+    gate.all_ready().await;
+    let counters_before = match &mut redis_admin {
+        Some(conn) => redis_counters(conn).await?,
+        None => (0, 0),
     };
     let attempts_before = setup.attempts.load(Ordering::SeqCst);
     let (requests_before, events_before) = zk_stats(&contenders);
@@ -100,51 +117,31 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         setup.naive.requests.load(Ordering::SeqCst),
         setup.naive.events.load(Ordering::SeqCst),
     );
-    let overlap = Arc::new(Overlap::new(keys));
-    let check = options.peer != Peer::Floor;
-    let (go, ready) = tokio::sync::watch::channel(false);
-    let mut tasks = Vec::with_capacity(options.workers);
-    for w in 0..options.workers {
-        let contender = contenders[w % sessions].clone();
-        let overlap = overlap.clone();
-        let mut ready = ready.clone();
-        let cycles = options.cycles;
-        tasks.push(tokio::spawn(async move {
-            let mut rng = StdRng::seed_from_u64(w as u64);
-            let mut latencies = Vec::with_capacity(cycles);
-            let _ = ready.wait_for(|go| *go).await;
-            for _ in 0..cycles {
-                let k = if keys > 1 { rng.gen_range(0..keys) } else { 0 };
-                let t0 = Instant::now();
-                let held = contender.acquire(k).await?;
-                // The floor excludes nobody: it runs the same section (for the same timing)
-                // but its overlaps are not violations.
-                overlap.critical_section(k).await;
-                held.release().await?;
-                latencies.push(t0.elapsed().as_nanos() as u64);
-            }
-            Ok::<_, BenchError>(latencies)
-        }));
-    }
-    let t0 = Instant::now();
-    let _ = go.send(true);
-    let mut latencies = Vec::with_capacity(options.workers * options.cycles);
+    let t0 = gate.open();
+    let mut tally = Tally::default();
     for task in tasks {
         let mine = task
             .await
             .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
-        latencies.extend(mine);
+        tally.merge(mine);
     }
     let elapsed = t0.elapsed();
     for c in &contenders {
         c.flush().await;
     }
     let (requests_after, events_after) = zk_stats(&contenders);
-    // Less the first INFO itself, counted once it had run.
-    let commands = match &mut redis_admin {
-        Some(conn) => (redis_commands(conn).await? - commands_before).saturating_sub(1),
-        None => 0,
+    // Less the first INFO itself (one command, one read), counted once it had run.
+    let (commands, reads) = match &mut redis_admin {
+        Some(conn) => {
+            let after = redis_counters(conn).await?;
+            (
+                (after.0 - counters_before.0).saturating_sub(1),
+                (after.1 - counters_before.1).saturating_sub(1),
+            )
+        }
+        None => (0, 0),
     };
+    let mut latencies = tally.latencies;
 
     let n = latencies.len().max(1) as f64;
     let mut report = Report::new();
@@ -152,6 +149,9 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("workload", workload);
     report.push("workers", options.workers);
     report.push_ops(elapsed, &mut latencies);
+    if options.workers > 1 {
+        report.push_contention(elapsed, tally.changes, tally.max_wait_ns);
+    }
     if check {
         report.push("violations", overlap.violations.load(Ordering::SeqCst));
     }
@@ -160,6 +160,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     }
     if redis {
         report.push("backend", "redis");
+        report.push("round_trips_per_cycle", format!("{:.2}", reads as f64 / n));
         report.push("commands_per_cycle", format!("{:.2}", commands as f64 / n));
         match options.peer {
             Peer::Zklock => report.push("local_queue", local_queue_field(options)),
