@@ -36,15 +36,23 @@ pub(crate) struct Cli {
     #[arg(long)]
     pub(crate) only: Option<Section>,
     /// How many rounds every section runs, its peers taking turns; each cell shows its median
-    /// run (default 3; 1 with `--quick`).
+    /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis 7,
+    /// PostgreSQL 5; 1 with `--quick`).
     #[arg(long)]
     pub(crate) rounds: Option<usize>,
 }
 
 impl Cli {
-    /// The rounds of every section.
-    pub(crate) fn rounds(&self) -> usize {
-        self.rounds.unwrap_or(if self.quick { 1 } else { 3 }).max(1)
+    /// The rounds of `section`: its runs are short on Redis and PostgreSQL, so they take more
+    /// turns; the ZooKeeper section's take minutes each.
+    pub(crate) fn rounds(&self, section: Section) -> usize {
+        let default = match (self.quick, section) {
+            (true, _) => 1,
+            (false, Section::Zookeeper) => 3,
+            (false, Section::Redis) => 7,
+            (false, Section::Postgres) => 5,
+        };
+        self.rounds.unwrap_or(default).max(1)
     }
 
     /// Whether `section` runs.

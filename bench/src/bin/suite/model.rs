@@ -168,3 +168,49 @@ pub(crate) fn value(metric: Metric, cells: &Cells, column: &str) -> Option<f64> 
         .and_then(|o| o.as_ref().ok())
         .and_then(|r| figure(metric, r))
 }
+
+/// One row's runs: every round's outcomes, and the median run of each cell.
+#[derive(Debug, Default)]
+pub(crate) struct RowRuns {
+    /// Each cell's median run (see `rounds`).
+    pub(crate) kept: Cells,
+    /// Every round's outcomes, in the order they ran.
+    pub(crate) rounds: Vec<Cells>,
+}
+
+impl RowRuns {
+    /// zklock's ratio to `peer` on `which`, paired by round: the median, over the rounds in
+    /// which both ran, of zklock's figure over the peer's in that round (for memory, the
+    /// peer's over zklock's). Runs side by side in one round meet the same load, so the ratio
+    /// keeps out a drift that the medians of each cell alone would let in.
+    pub(crate) fn paired(&self, metric: Metric, which: Figure, peer: &str) -> Option<f64> {
+        let mut ratios: Vec<f64> = self
+            .rounds
+            .iter()
+            .filter_map(|round| {
+                let of = |column: &str| {
+                    round
+                        .get(column)
+                        .and_then(|o| o.as_ref().ok())
+                        .and_then(|r| figure_of(metric, which, r))
+                        .filter(|v| *v > 0.0)
+                };
+                let (ours, theirs) = (of("zklock")?, of(peer)?);
+                Some(match (which, metric) {
+                    (Figure::Main, Metric::Memory) => theirs / ours,
+                    _ => ours / theirs,
+                })
+            })
+            .collect();
+        if ratios.is_empty() {
+            return None;
+        }
+        ratios.sort_by(f64::total_cmp);
+        let mid = ratios.len() / 2;
+        Some(if ratios.len() % 2 == 1 {
+            ratios[mid]
+        } else {
+            (ratios[mid - 1] + ratios[mid]) / 2.0
+        })
+    }
+}

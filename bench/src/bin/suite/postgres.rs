@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cli::Cli;
-use crate::model::{Cells, Figure, Row, Runner, Target, Want};
+use crate::cli::{Cli, Section};
+use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
 use crate::runner::Env;
@@ -67,7 +67,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         .unwrap_or_else(|_| "unknown".into());
     let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
     let rows = rows(cli.quick);
-    let rounds = cli.rounds();
+    let rounds = cli.rounds(Section::Postgres);
     let results = run_rounds(&mut env, &rows, rounds, "PostgreSQL");
     drop(server);
     Ok(render(
@@ -96,7 +96,7 @@ fn disk() -> String {
 
 fn render(
     rows: &[Row],
-    results: &[Cells],
+    results: &[RowRuns],
     version: &str,
     took: Duration,
     quick: bool,

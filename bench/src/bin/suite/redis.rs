@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cli::Cli;
-use crate::model::{Cells, Figure, Row, Runner, Target, Want};
+use crate::cli::{Cli, Section};
+use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
 use crate::runner::Env;
@@ -22,7 +22,7 @@ const COLUMNS: [(&str, &str); 3] = [
 /// The rows: zklock, the floor and rslock, uncontended and contended; and the linger's
 /// re-acquire.
 fn rows(quick: bool) -> Vec<Row> {
-    let (uncontended, contended) = if quick { (50, 5) } else { (20_000, 500) };
+    let (uncontended, contended) = if quick { (50, 5) } else { (10_000, 500) };
     let cells = || {
         COLUMNS
             .iter()
@@ -76,7 +76,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         .map_err(|e| format!("cannot start redis-server: {e}"))?;
     let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
     let rows = rows(cli.quick);
-    let rounds = cli.rounds();
+    let rounds = cli.rounds(Section::Redis);
     let results = run_rounds(&mut env, &rows, rounds, "Redis");
     drop(server);
     Ok(render(
@@ -102,7 +102,7 @@ fn version() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn render(rows: &[Row], results: &[Cells], took: Duration, quick: bool, rounds: usize) -> String {
+fn render(rows: &[Row], results: &[RowRuns], took: Duration, quick: bool, rounds: usize) -> String {
     let mut md = String::new();
     let _ = writeln!(
         md,

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::process::Command;
 
-use crate::model::{figure, Cells, Metric, Outcome, Row};
+use crate::model::{figure, Figure, Metric, Outcome, Row, RowRuns};
 use crate::verdict::verdict;
 
 /// `Machine: N CPUs (model), M GiB memory; date`.
@@ -66,24 +66,14 @@ pub(crate) fn show(metric: Metric, value: f64) -> String {
     }
 }
 
-/// zklock's ratio to a peer: throughput over throughput, or the peer's memory over zklock's.
-fn ratio(metric: Metric, ours: f64, theirs: f64) -> f64 {
-    match metric {
-        Metric::Memory => theirs / ours,
-        _ => ours / theirs,
-    }
-}
-
-/// A peer's cell: its figure and (given zklock's) zklock's ratio to it.
-pub(crate) fn cell_text(metric: Metric, ours: Option<f64>, outcome: Option<&Outcome>) -> String {
+/// A peer's cell: its figure and (if known) zklock's ratio to it.
+pub(crate) fn cell_text(metric: Metric, ratio: Option<f64>, outcome: Option<&Outcome>) -> String {
     match outcome {
         None => "n/a".into(),
         Some(Err(e)) if e == "timeout" => "timeout".into(),
         Some(Err(_)) => "failed".into(),
-        Some(Ok(report)) => match (figure(metric, report), ours) {
-            (Some(v), Some(o)) if o > 0.0 && v > 0.0 => {
-                format!("{} (×{:.2})", show(metric, v), ratio(metric, o, v))
-            }
+        Some(Ok(report)) => match (figure(metric, report), ratio) {
+            (Some(v), Some(r)) => format!("{} (×{r:.2})", show(metric, v)),
             (Some(v), _) => show(metric, v),
             (None, _) => "?".into(),
         },
@@ -120,7 +110,7 @@ pub(crate) fn heading(md: &mut String, first: &str, columns: &[(&str, &str)], la
 pub(crate) fn contention_table(
     md: &mut String,
     rows: &[Row],
-    results: &[Cells],
+    results: &[RowRuns],
     columns: &[(&str, &str)],
 ) {
     if !rows.iter().any(Row::contended) {
@@ -132,10 +122,11 @@ pub(crate) fn contention_table(
          to the grant:\n\n",
     );
     heading(md, "workload", columns, &[]);
-    for (row, cells) in rows.iter().zip(results) {
+    for (row, runs) in rows.iter().zip(results) {
         if !row.contended() {
             continue;
         }
+        let cells = &runs.kept;
         let _ = write!(md, "| {} |", row.title);
         for (column, _) in columns {
             let text = match cells.get(column) {
@@ -156,10 +147,10 @@ pub(crate) fn contention_table(
 }
 
 /// Every kept run's output line (a failed one as a comment), under `heading`.
-pub(crate) fn lines(md: &mut String, rows: &[Row], results: &[Cells], heading: &str) {
+pub(crate) fn lines(md: &mut String, rows: &[Row], results: &[RowRuns], heading: &str) {
     let _ = write!(md, "\n{heading}\n\n```text\n");
-    for (row, cells) in rows.iter().zip(results) {
-        for (column, outcome) in cells {
+    for (row, runs) in rows.iter().zip(results) {
+        for (column, outcome) in &runs.kept {
             match outcome {
                 Ok(r) => {
                     let _ = writeln!(md, "{r}");
@@ -196,22 +187,28 @@ pub(crate) struct BackendTables<'a> {
 
 /// Writes such a section's tables: throughput with targets, the contended rows' fairness,
 /// latency with figures per cycle, and the report lines.
-pub(crate) fn backend_tables(md: &mut String, rows: &[Row], results: &[Cells], t: &BackendTables) {
+pub(crate) fn backend_tables(
+    md: &mut String,
+    rows: &[Row],
+    results: &[RowRuns],
+    t: &BackendTables,
+) {
     heading(md, "workload", t.columns, &["target", ""]);
-    for (row, cells) in rows.iter().zip(results) {
-        let ours = cells
-            .get("zklock")
-            .and_then(|o| o.as_ref().ok())
-            .and_then(|r| figure(row.metric, r));
+    for (row, runs) in rows.iter().zip(results) {
+        let cells = &runs.kept;
         let _ = write!(md, "| {} |", row.title);
         for (column, _) in t.columns {
             let text = match *column {
                 "zklock" => zklock_cell(row.metric, cells.get(column)),
-                _ => cell_text(row.metric, ours, cells.get(column)),
+                _ => cell_text(
+                    row.metric,
+                    runs.paired(row.metric, Figure::Main, column),
+                    cells.get(column),
+                ),
             };
             let _ = write!(md, " {text} |");
         }
-        let (target, met) = verdict(row, cells);
+        let (target, met) = verdict(row, runs);
         let _ = writeln!(md, " {target} | {met} |");
     }
     contention_table(md, rows, results, t.columns);
@@ -221,10 +218,10 @@ pub(crate) fn backend_tables(md: &mut String, rows: &[Row], results: &[Cells], t
         t.per_cycle
     );
     heading(md, "workload", t.columns, &[]);
-    for (row, cells) in rows.iter().zip(results) {
+    for (row, runs) in rows.iter().zip(results) {
         let _ = write!(md, "| {} |", row.title);
         for (column, _) in t.columns {
-            let text = match cells.get(column) {
+            let text = match runs.kept.get(column) {
                 Some(Ok(r)) => {
                     let mut text = format!(
                         "{} / {} µs",

@@ -6,17 +6,31 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{figure_of, Cells, Outcome, Row};
+use crate::model::{figure_of, Cells, Outcome, Row, RowRuns};
 use crate::runner::Env;
 
-/// Runs `rows` `rounds` times in turn and keeps each cell's median run.
-pub(crate) fn run_rounds(env: &mut Env, rows: &[Row], rounds: usize, section: &str) -> Vec<Cells> {
+/// Runs `rows` `rounds` times in turn: every row's runs, with each cell's median run.
+pub(crate) fn run_rounds(
+    env: &mut Env,
+    rows: &[Row],
+    rounds: usize,
+    section: &str,
+) -> Vec<RowRuns> {
     let mut all = Vec::with_capacity(rounds);
     for round in 1..=rounds {
         eprintln!("{section} rows, round {round} of {rounds}");
         all.push(env.run_rows(rows));
     }
-    medians(rows, all)
+    let mut by_row: Vec<RowRuns> = rows.iter().map(|_| RowRuns::default()).collect();
+    for round in &all {
+        for (runs, cells) in by_row.iter_mut().zip(round) {
+            runs.rounds.push(cells.clone());
+        }
+    }
+    for (runs, kept) in by_row.iter_mut().zip(medians(rows, all)) {
+        runs.kept = kept;
+    }
+    by_row
 }
 
 /// Each cell's median run among the rounds, by the figure the row ranks by (failed runs count

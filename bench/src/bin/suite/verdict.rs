@@ -1,6 +1,6 @@
 //! Whether a row meets its target, from the figures of the same run.
 
-use crate::model::{figure_of, value, Cells, Figure, Metric, Row, Target, Want};
+use crate::model::{value, Figure, Metric, Row, RowRuns, Target, Want};
 
 /// A peer's column key as the verdicts name it.
 fn peer_name(column: &str) -> &str {
@@ -34,24 +34,6 @@ fn want_text(metric: Metric, w: &Want) -> String {
     }
 }
 
-/// zklock's ratio to a peer on `figure` (memory: the peer's peak over zklock's), when both ran.
-fn ratio(row: &Row, cells: &Cells, w: &Want) -> Option<f64> {
-    let of = |column: &str| {
-        cells
-            .get(column)
-            .and_then(|o| o.as_ref().ok())
-            .and_then(|r| figure_of(row.metric, w.figure, r))
-    };
-    let (ours, theirs) = (of("zklock")?, of(w.peer)?);
-    if ours <= 0.0 || theirs <= 0.0 {
-        return None;
-    }
-    Some(match (w.figure, row.metric) {
-        (Figure::Main, Metric::Memory) => theirs / ours,
-        _ => ours / theirs,
-    })
-}
-
 /// Whether a ratio meets its part of the target.
 fn meets(w: &Want, ratio: f64) -> bool {
     match w.figure {
@@ -60,13 +42,14 @@ fn meets(w: &Want, ratio: f64) -> bool {
     }
 }
 
-/// The row's target and its verdict: `met`, or `**missed**` with the ratios that fall short.
-pub(crate) fn verdict(row: &Row, cells: &Cells) -> (String, String) {
+/// The row's target and its verdict, from the ratios paired by round (see
+/// [`RowRuns::paired`]): `met`, or `**missed**` with the ratios that fall short.
+pub(crate) fn verdict(row: &Row, runs: &RowRuns) -> (String, String) {
     let text = target_text(row);
     let wants = match &row.target {
         None => return (text, String::new()),
         Some(Target::PeakMb(mb)) => {
-            let met = match value(row.metric, cells, "zklock") {
+            let met = match value(row.metric, &runs.kept, "zklock") {
                 Some(kb) if kb / 1024.0 <= *mb => "met".into(),
                 Some(kb) => format!("**missed** ({:.1} MB)", kb / 1024.0),
                 None => "no figure".into(),
@@ -83,7 +66,7 @@ pub(crate) fn verdict(row: &Row, cells: &Cells) -> (String, String) {
             Figure::HolderChanges => format!("{} holder changes", peer_name(w.peer)),
             Figure::P99 => format!("{} p99", peer_name(w.peer)),
         };
-        match ratio(row, cells, w) {
+        match runs.paired(row.metric, w.figure, w.peer) {
             Some(r) if meets(w, r) => all.push(format!("×{r:.2} {label}")),
             Some(r) => {
                 all.push(format!("×{r:.2} {label}"));
@@ -102,7 +85,7 @@ pub(crate) fn verdict(row: &Row, cells: &Cells) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Outcome, Row, Runner};
+    use crate::model::{Cells, Outcome, Row, Runner};
 
     fn line(s: &str) -> Outcome {
         Ok(zklock_bench::parse_line(s).unwrap())
@@ -125,20 +108,37 @@ mod tests {
                 ratio: 2.0,
             },
         ]));
-        let cells = Cells::from([
-            ("zklock", line("peer=zklock ops_per_s=95 p99_us=300")),
-            ("floor", line("peer=floor ops_per_s=100 p99_us=100")),
-        ]);
-        let (text, met) = verdict(&row, &cells);
+        let round = |ours: &str, floor: &str| {
+            Cells::from([
+                ("zklock", line(&format!("peer=zklock {ours}"))),
+                ("floor", line(&format!("peer=floor {floor}"))),
+            ])
+        };
+        let runs = |rounds: Vec<Cells>| RowRuns {
+            kept: Cells::new(),
+            rounds,
+        };
+        let r = runs(vec![round(
+            "ops_per_s=95 p99_us=300",
+            "ops_per_s=100 p99_us=100",
+        )]);
+        let (text, met) = verdict(&row, &r);
         assert_eq!(text, "≥ 0.9× floor, p99 ≤ 2× floor");
         assert_eq!(met, "**missed** (×3.00 floor p99)");
-        let cells = Cells::from([
-            ("zklock", line("peer=zklock ops_per_s=95 p99_us=150")),
-            ("floor", line("peer=floor ops_per_s=100 p99_us=100")),
+        // Paired by round: the median of 0.95, 1.9 and 0.5 is 0.95, whatever each cell's median.
+        let r = runs(vec![
+            round("ops_per_s=95 p99_us=150", "ops_per_s=100 p99_us=100"),
+            round("ops_per_s=95 p99_us=150", "ops_per_s=50 p99_us=100"),
+            round("ops_per_s=50 p99_us=150", "ops_per_s=100 p99_us=100"),
         ]);
-        assert_eq!(
-            verdict(&row, &cells).1,
-            "met (×0.95 floor, ×1.50 floor p99)"
-        );
+        assert_eq!(verdict(&row, &r).1, "met (×0.95 floor, ×1.50 floor p99)");
+        // A round in which a peer failed does not count.
+        let mut failed = round("ops_per_s=1 p99_us=150", "ops_per_s=1");
+        failed.insert("floor", Err("timeout".into()));
+        let r = runs(vec![
+            failed,
+            round("ops_per_s=95 p99_us=150", "ops_per_s=100 p99_us=100"),
+        ]);
+        assert_eq!(verdict(&row, &r).1, "met (×0.95 floor, ×1.50 floor p99)");
     }
 }

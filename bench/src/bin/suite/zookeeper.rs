@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cli::Cli;
+use crate::cli::{Cli, Section};
 use crate::model::{Metric, Outcome, Row, Runner, Target, Want};
 use crate::rounds::run_rounds;
 use crate::runner::Env;
@@ -300,7 +300,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     let sizes = Sizes::new(cli.quick);
     let rows = rows(&sizes, cli.extended);
     warm_up(&env, cli.quick);
-    let rounds = cli.rounds();
+    let rounds = cli.rounds(Section::Zookeeper);
     let results = run_rounds(&mut env, &rows, rounds, "ZooKeeper");
     let handover = handover(&mut env, sizes.handover);
     drop(server);

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::model::{value, Cells, Metric, Outcome, Row};
+use crate::model::{figure, value, Cells, Figure, Metric, Outcome, Row, RowRuns};
 use crate::report::{
     cell_text, contention_table, each_cell, heading, lines, lines_heading, machine, quick_note,
     zklock_cell,
@@ -24,7 +24,7 @@ const COLUMNS: [(&str, &str); 6] = [
 /// The whole section.
 pub(crate) fn render(
     rows: &[Row],
-    results: &[Cells],
+    results: &[RowRuns],
     handover: &Outcome,
     server_version: &str,
     took: Duration,
@@ -46,12 +46,13 @@ pub(crate) fn render(
          zklock's).\n",
         each_cell(rounds)
     );
-    throughput(&mut md, rows, results);
-    drain_scaling(&mut md, rows, results);
+    let kept: Vec<Cells> = results.iter().map(|r| r.kept.clone()).collect();
+    throughput(&mut md, rows, results, &kept);
+    drain_scaling(&mut md, rows, &kept);
     contention_table(&mut md, rows, results, &COLUMNS);
-    latency(&mut md, rows, results);
-    recipe(&mut md, rows, results);
-    memory(&mut md, rows, results);
+    latency(&mut md, rows, &kept);
+    recipe(&mut md, rows, &kept);
+    memory(&mut md, rows, &kept);
     lines(&mut md, rows, results, lines_heading(rounds));
     render_handover(&mut md, handover);
     md
@@ -72,25 +73,32 @@ fn earlier<'a>(rows: &[Row], results: &'a [Cells], row: &Row, column: &str) -> O
         .find_map(|(_, cells)| cells.get(column))
 }
 
-/// The main table: every peer's figure, zklock's ratio to it, the target.
-fn throughput(md: &mut String, rows: &[Row], results: &[Cells]) {
+/// The main table: every peer's figure, zklock's ratio to it (paired by round), the target.
+fn throughput(md: &mut String, rows: &[Row], results: &[RowRuns], kept: &[Cells]) {
     heading(md, "workload", &COLUMNS, &["target", ""]);
-    for (row, cells) in rows.iter().zip(results) {
+    for ((row, runs), cells) in rows.iter().zip(results).zip(kept) {
         let ours = value(row.metric, cells, "zklock");
         let _ = write!(md, "| {} |", row.title);
         for (column, _) in COLUMNS {
             let text = if column == "zklock" {
                 zklock_cell(row.metric, cells.get("zklock"))
             } else if let Some(outcome) = cells.get(column) {
-                cell_text(row.metric, ours, Some(outcome))
-            } else if let Some(outcome) = earlier(rows, results, row, column) {
-                format!("{}†", cell_text(row.metric, ours, Some(outcome)))
+                let ratio = runs.paired(row.metric, Figure::Main, column);
+                cell_text(row.metric, ratio, Some(outcome))
+            } else if let Some(outcome) = earlier(rows, kept, row, column) {
+                // Another row's run: the ratio of the kept figures.
+                let theirs = outcome.as_ref().ok().and_then(|r| figure(row.metric, r));
+                let ratio = match (ours, theirs) {
+                    (Some(o), Some(t)) if o > 0.0 && t > 0.0 => Some(o / t),
+                    _ => None,
+                };
+                format!("{}†", cell_text(row.metric, ratio, Some(outcome)))
             } else {
-                cell_text(row.metric, ours, None)
+                cell_text(row.metric, None, None)
             };
             let _ = write!(md, " {text} |");
         }
-        let (target, met) = verdict(row, cells);
+        let (target, met) = verdict(row, runs);
         let _ = writeln!(md, " {target} | {met} |");
     }
     md.push_str(
