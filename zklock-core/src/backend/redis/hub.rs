@@ -468,3 +468,70 @@ async fn connect(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hub whose connection counts as live, with no server behind it: what the listeners'
+    /// bookkeeping does, apart from the wire.
+    fn live_hub() -> Hub {
+        let client = Client::open("redis://127.0.0.1:1/").expect("a URL");
+        let hub = Hub::start(
+            client,
+            Duration::from_millis(50),
+            &tokio::runtime::Handle::current(),
+            Breaks::new(),
+        );
+        hub.shared.live.store(true, Ordering::SeqCst);
+        hub
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_before_the_waiter_listens_is_kept_for_it() {
+        let hub = live_hub();
+        let generation = hub.generation();
+        // The release's word comes between the refusal and the listener.
+        hub.shared.notified("zklock:wake:/a\n42\nid-1");
+        let listener = hub
+            .listen_direct_after("zklock:wake:/a", "id-1", generation)
+            .expect("live");
+        assert!(
+            listener.woken(),
+            "the waiter must not wait for a word it had"
+        );
+        assert_eq!(listener.take_grant(), Some(42));
+        assert!(hub.shared.orphans.lock().unwrap().is_empty());
+        // Another waiter's hand-over is not this one's.
+        hub.shared.notified("zklock:wake:/b\n43\nid-2");
+        let other = hub
+            .listen_direct_after("zklock:wake:/b", "id-3", generation)
+            .expect("live");
+        assert!(!other.woken());
+        assert_eq!(other.take_grant(), None);
+    }
+
+    #[tokio::test]
+    async fn a_connection_event_since_the_attempt_wakes_a_late_listener() {
+        let hub = live_hub();
+        let generation = hub.generation();
+        hub.shared.wake_all();
+        let listener = hub
+            .listen_direct_after("zklock:wake:/a", "id-1", generation)
+            .expect("live");
+        assert!(listener.woken());
+        let quiet = hub
+            .listen_direct_after("zklock:wake:/c", "id-2", hub.generation())
+            .expect("live");
+        assert!(!quiet.woken());
+    }
+
+    #[tokio::test]
+    async fn orphaned_hand_overs_stay_bounded() {
+        let hub = live_hub();
+        for i in 0..3 * MAX_ORPHANS {
+            hub.shared.notified(&format!("zklock:wake:/a\n{i}\nid-{i}"));
+        }
+        assert!(hub.shared.orphans.lock().unwrap().len() <= MAX_ORPHANS);
+    }
+}
