@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::ops::{local_queue_field, zk_stats, Overlap};
+use crate::ops::{local_queue_field, zk_stats};
 use crate::peer::{Contender, Setup};
+use crate::window::Overlap;
 use crate::{BenchError, Options, Peer, Report, Result};
 
 pub(crate) async fn run(options: &Options) -> Result<Report> {
@@ -26,14 +27,14 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     let overlap = Arc::new(Overlap::new(1));
     let started = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::with_capacity(waiters);
-    for _ in 0..waiters {
+    for w in 0..waiters {
         let contender = contender.clone();
         let overlap = overlap.clone();
         let started = started.clone();
         tasks.push(tokio::spawn(async move {
             started.fetch_add(1, Ordering::SeqCst);
             let held = contender.acquire(0).await?;
-            overlap.critical_section(0).await;
+            overlap.critical_section(0, w).await;
             held.release().await?;
             Ok::<_, BenchError>(())
         }));

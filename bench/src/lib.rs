@@ -15,9 +15,16 @@
 //!
 //! On Redis: `zklock` (its Redis backend), `floor` (`SET key id NX PX ttl`, released by a Lua
 //! compare-and-`DEL`; on a taken key it asks again at once) and `rslock` (the `rslock` crate's
-//! Redlock, on the one server). Their lines carry `backend=redis` and the server's
-//! `commands_per_cycle` (from `INFO stats`: every command any client sent, watchdog renewals
-//! and retries included).
+//! Redlock, on the one server). Their lines carry `backend=redis`, the round trips per cycle
+//! (`round_trips_per_cycle`, from the server's `total_reads_processed`: one per request a client
+//! sent and waited for) and the commands the server ran per cycle (`commands_per_cycle`, from
+//! `total_commands_processed`: those sent and those run inside scripts), over every client,
+//! watchdog renewals and retries included.
+//!
+//! Every run opens its connections and gives each worker one untimed acquire before the timed
+//! window opens. Runs with more than one worker also report `holder_changes_per_s` (grants to
+//! another worker than the key's last holder) and `max_wait_us` (the longest acquire), so that a
+//! lock whose waiters sleep while the releaser takes it again shows as such.
 //!
 //! On PostgreSQL (a `postgres://` connect string): `zklock` (its PostgreSQL backend) and `floor`
 //! (`pg_advisory_lock` + `pg_advisory_unlock` on a plain client), uncontended and contended;
@@ -49,6 +56,7 @@ mod ops;
 mod peer;
 mod postgres;
 mod report;
+mod window;
 
 use std::fmt;
 use std::str::FromStr;

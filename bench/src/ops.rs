@@ -1,37 +1,14 @@
 //! The acquire/release loops: uncontended, contended, keys, inproc.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use crate::peer::{is_redis, redis_connection, Contender, Setup};
+use crate::window::{Gate, Overlap, Tally};
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
-
-/// Counts moments when two holders of one key overlap (CuratorBench's `violations`).
-pub(crate) struct Overlap {
-    holders: Vec<AtomicUsize>,
-    pub(crate) violations: AtomicU64,
-}
-
-impl Overlap {
-    pub(crate) fn new(keys: usize) -> Overlap {
-        Overlap {
-            holders: (0..keys).map(|_| AtomicUsize::new(0)).collect(),
-            violations: AtomicU64::new(0),
-        }
-    }
-
-    /// The critical section: enter key `k`, let the other tasks run once, leave.
-    pub(crate) async fn critical_section(&self, k: usize) {
-        if self.holders[k].fetch_add(1, Ordering::SeqCst) != 0 {
-            self.violations.fetch_add(1, Ordering::SeqCst);
-        }
-        tokio::task::yield_now().await;
-        self.holders[k].fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// Sum of the zklock managers' counters (requests, predecessor events).
 pub(crate) fn zk_stats(contenders: &[Arc<Contender>]) -> (u64, u64) {
@@ -44,167 +21,249 @@ pub(crate) fn zk_stats(contenders: &[Arc<Contender>]) -> (u64, u64) {
         })
 }
 
-/// Redis' count of the commands it has processed (`INFO stats`), from a connection of its own.
-async fn redis_commands(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+/// Redis' counters (`INFO stats`), from a connection of its own: the commands it ran
+/// (`total_commands_processed`: those a client sent and those a script ran inside the server),
+/// and the reads it processed from clients (`total_reads_processed`: one per batch of requests
+/// a client sent before waiting for replies, so one per round trip of a client that waits for
+/// each reply; pub/sub messages the server pushes are not reads).
+async fn redis_counters(conn: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("stats")
         .query_async(conn)
         .await
         .map_err(|e| BenchError(format!("redis INFO: {e}")))?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| BenchError("no total_commands_processed in INFO stats".into()))
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| BenchError(format!("no {name} in INFO stats")))
+    };
+    Ok((
+        field("total_commands_processed")?,
+        field("total_reads_processed")?,
+    ))
 }
 
-pub(crate) async fn run(options: &Options) -> Result<Report> {
-    let workload = options.workload;
-    let redis = is_redis(&options.connect);
-    let keys = if workload == Workload::Keys {
-        options.keys.max(1)
-    } else {
-        1
-    };
-    let sessions = if workload == Workload::Inproc {
+/// The counters a run reads before and after its window: the server's (Redis), zklock's
+/// managers', and the bench's own (the floor's `SET NX` attempts, the naive herd's requests).
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    /// Redis: commands run, reads from clients.
+    commands: u64,
+    reads: u64,
+    /// Redis floor: `SET NX` sent.
+    attempts: u64,
+    /// zklock on ZooKeeper: requests, predecessor events.
+    requests: u64,
+    events: u64,
+    /// The naive herd: requests, watch events.
+    naive_requests: u64,
+    naive_events: u64,
+}
+
+impl Counters {
+    async fn read(
+        setup: &Setup,
+        contenders: &[Arc<Contender>],
+        redis_admin: Option<&mut redis::aio::MultiplexedConnection>,
+    ) -> Result<Counters> {
+        let (commands, reads) = match redis_admin {
+            Some(conn) => redis_counters(conn).await?,
+            None => (0, 0),
+        };
+        let (requests, events) = zk_stats(contenders);
+        Ok(Counters {
+            commands,
+            reads,
+            attempts: setup.attempts.load(Ordering::SeqCst),
+            requests,
+            events,
+            naive_requests: setup.naive.requests.load(Ordering::SeqCst),
+            naive_events: setup.naive.events.load(Ordering::SeqCst),
+        })
+    }
+
+    /// What happened between `before` and `self`; less the first `INFO` itself (one command,
+    /// one read), counted once it had run.
+    fn since(self, before: Counters) -> Counters {
+        Counters {
+            commands: (self.commands - before.commands).saturating_sub(1),
+            reads: (self.reads - before.reads).saturating_sub(1),
+            attempts: self.attempts - before.attempts,
+            requests: self.requests - before.requests,
+            events: self.events - before.events,
+            naive_requests: self.naive_requests - before.naive_requests,
+            naive_events: self.naive_events - before.naive_events,
+        }
+    }
+}
+
+/// Worker `w`'s task: one untimed cycle on its first key, then (once the gate opens) `cycles`
+/// timed ones, each on one of `keys` keys.
+fn worker(
+    w: usize,
+    contender: Arc<Contender>,
+    keys: usize,
+    cycles: usize,
+    overlap: Arc<Overlap>,
+    gate: Arc<Gate>,
+) -> tokio::task::JoinHandle<Result<Tally>> {
+    tokio::spawn(async move {
+        let mut rng = StdRng::seed_from_u64(w as u64);
+        // Untimed: each worker's first acquire (which may create the lock's path).
+        let first = async { contender.acquire(w % keys).await?.release().await }.await;
+        gate.ready().await;
+        first?;
+        let mut tally = Tally::with_capacity(cycles);
+        for _ in 0..cycles {
+            let k = if keys > 1 { rng.gen_range(0..keys) } else { 0 };
+            let t0 = Instant::now();
+            let held = contender.acquire(k).await?;
+            let waited = t0.elapsed();
+            // The floor excludes nobody: it runs the same section (for the same timing) but
+            // its overlaps are not violations.
+            let changed = overlap.critical_section(k, w).await;
+            held.release().await?;
+            tally.record(t0, waited, changed);
+        }
+        Ok(tally)
+    })
+}
+
+/// Opens the run's sessions (one per worker; one for `inproc`) and warms up on a key of its own,
+/// as CuratorBench does.
+async fn open(options: &Options, setup: &Setup, keys: usize) -> Result<Vec<Arc<Contender>>> {
+    let sessions = if options.workload == Workload::Inproc {
         1
     } else {
         options.workers
     };
-    let setup = Setup::new(options, keys).await?;
     let contenders: Vec<Arc<Contender>> =
         futures::future::try_join_all((0..sessions).map(|_| setup.contender(options, keys)))
             .await?
             .into_iter()
             .map(Arc::new)
             .collect();
-
-    // Warm-up on its own key, as CuratorBench does.
     for _ in 0..options.warmup {
         contenders[0].acquire(keys).await?.release().await?;
     }
     for c in &contenders {
         c.flush().await;
     }
+    Ok(contenders)
+}
 
-    let mut redis_admin = match redis {
+pub(crate) async fn run(options: &Options) -> Result<Report> {
+    let keys = if options.workload == Workload::Keys {
+        options.keys.max(1)
+    } else {
+        1
+    };
+    let setup = Setup::new(options, keys).await?;
+    let contenders = open(options, &setup, keys).await?;
+    let mut redis_admin = match is_redis(&options.connect) {
         true => Some(redis_connection(&options.connect).await?),
         false => None,
     };
-    let commands_before = match &mut redis_admin {
-        Some(conn) => redis_commands(conn).await?,
-        None => 0,
-    };
-    let attempts_before = setup.attempts.load(Ordering::SeqCst);
-    let (requests_before, events_before) = zk_stats(&contenders);
-    let naive_before = (
-        setup.naive.requests.load(Ordering::SeqCst),
-        setup.naive.events.load(Ordering::SeqCst),
-    );
     let overlap = Arc::new(Overlap::new(keys));
-    let check = options.peer != Peer::Floor;
-    let (go, ready) = tokio::sync::watch::channel(false);
-    let mut tasks = Vec::with_capacity(options.workers);
-    for w in 0..options.workers {
-        let contender = contenders[w % sessions].clone();
-        let overlap = overlap.clone();
-        let mut ready = ready.clone();
-        let cycles = options.cycles;
-        tasks.push(tokio::spawn(async move {
-            let mut rng = StdRng::seed_from_u64(w as u64);
-            let mut latencies = Vec::with_capacity(cycles);
-            let _ = ready.wait_for(|go| *go).await;
-            for _ in 0..cycles {
-                let k = if keys > 1 { rng.gen_range(0..keys) } else { 0 };
-                let t0 = Instant::now();
-                let held = contender.acquire(k).await?;
-                // The floor excludes nobody: it runs the same section (for the same timing)
-                // but its overlaps are not violations.
-                overlap.critical_section(k).await;
-                held.release().await?;
-                latencies.push(t0.elapsed().as_nanos() as u64);
-            }
-            Ok::<_, BenchError>(latencies)
-        }));
-    }
-    let t0 = Instant::now();
-    let _ = go.send(true);
-    let mut latencies = Vec::with_capacity(options.workers * options.cycles);
+    let gate = Arc::new(Gate::new(options.workers));
+    let tasks: Vec<_> = (0..options.workers)
+        .map(|w| {
+            let contender = contenders[w % contenders.len()].clone();
+            worker(
+                w,
+                contender,
+                keys,
+                options.cycles,
+                overlap.clone(),
+                gate.clone(),
+            )
+        })
+        .collect();
+    gate.all_ready().await;
+    let before = Counters::read(&setup, &contenders, redis_admin.as_mut()).await?;
+    let t0 = gate.open();
+    let mut tally = Tally::default();
     for task in tasks {
         let mine = task
             .await
             .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
-        latencies.extend(mine);
+        tally.merge(mine);
     }
     let elapsed = t0.elapsed();
     for c in &contenders {
         c.flush().await;
     }
-    let (requests_after, events_after) = zk_stats(&contenders);
-    // Less the first INFO itself, counted once it had run.
-    let commands = match &mut redis_admin {
-        Some(conn) => (redis_commands(conn).await? - commands_before).saturating_sub(1),
-        None => 0,
-    };
+    let counted = Counters::read(&setup, &contenders, redis_admin.as_mut())
+        .await?
+        .since(before);
 
-    let n = latencies.len().max(1) as f64;
     let mut report = Report::new();
     report.push("peer", options.peer);
-    report.push("workload", workload);
+    report.push("workload", options.workload);
     report.push("workers", options.workers);
-    report.push_ops(elapsed, &mut latencies);
-    if check {
+    let cycles = tally.latencies.len() as u64;
+    report.push_ops(elapsed, &mut tally.latencies);
+    if options.workers > 1 {
+        report.push_contention(elapsed, tally.changes, tally.max_wait_ns);
+    }
+    if options.peer != Peer::Floor {
         report.push("violations", overlap.violations.load(Ordering::SeqCst));
     }
-    if workload == Workload::Keys {
+    if options.workload == Workload::Keys {
         report.push("keys", keys);
     }
-    if redis {
-        report.push("backend", "redis");
-        report.push("commands_per_cycle", format!("{:.2}", commands as f64 / n));
-        match options.peer {
-            Peer::Zklock => report.push("local_queue", local_queue_field(options)),
-            Peer::Floor => report.push(
-                "set_nx_per_cycle",
-                format!(
-                    "{:.2}",
-                    (setup.attempts.load(Ordering::SeqCst) - attempts_before) as f64 / n
-                ),
-            ),
-            _ => {}
-        }
-        drop(contenders);
-        return Ok(report);
+    if redis_admin.is_some() {
+        push_redis(&mut report, options, counted, cycles);
+    } else {
+        push_zookeeper(&mut report, options, counted, cycles);
     }
+    drop(contenders);
+    if redis_admin.is_none() {
+        setup.cleanup().await;
+    }
+    Ok(report)
+}
+
+/// `n / cycles` with two decimals.
+fn per(n: u64, cycles: u64) -> String {
+    format!("{:.2}", n as f64 / cycles.max(1) as f64)
+}
+
+/// A Redis run's figures per cycle.
+fn push_redis(report: &mut Report, options: &Options, counted: Counters, cycles: u64) {
+    report.push("backend", "redis");
+    report.push("round_trips_per_cycle", per(counted.reads, cycles));
+    report.push("commands_per_cycle", per(counted.commands, cycles));
+    match options.peer {
+        Peer::Zklock => report.push("local_queue", local_queue_field(options)),
+        Peer::Floor => report.push("set_nx_per_cycle", per(counted.attempts, cycles)),
+        _ => {}
+    }
+}
+
+/// A ZooKeeper run's figures per cycle.
+fn push_zookeeper(report: &mut Report, options: &Options, counted: Counters, cycles: u64) {
     match options.peer {
         Peer::Zklock => {
-            report.push(
-                "requests_per_cycle",
-                format!("{:.2}", (requests_after - requests_before) as f64 / n),
-            );
-            report.push(
-                "events_per_cycle",
-                format!("{:.2}", (events_after - events_before) as f64 / n),
-            );
+            report.push("requests_per_cycle", per(counted.requests, cycles));
+            report.push("events_per_cycle", per(counted.events, cycles));
             report.push("local_queue", local_queue_field(options));
             if !options.linger.is_zero() {
                 report.push("linger_ms", options.linger.as_millis());
             }
         }
         Peer::Naive => {
-            let requests = setup.naive.requests.load(Ordering::SeqCst) - naive_before.0;
-            let events = setup.naive.events.load(Ordering::SeqCst) - naive_before.1;
+            // Each cycle's delete is one request the counters do not see.
             report.push(
                 "requests_per_cycle",
-                format!("{:.2}", (requests + latencies.len() as u64) as f64 / n),
+                per(counted.naive_requests + cycles, cycles),
             );
-            report.push("events_per_release", format!("{:.2}", events as f64 / n));
+            report.push("events_per_release", per(counted.naive_events, cycles));
         }
         Peer::Floor => report.push("requests_per_cycle", "2.00"),
         Peer::Zkclient | Peer::Rslock => {}
     }
-    drop(contenders);
-    setup.cleanup().await;
-    Ok(report)
 }
 
 /// `on` / `off`: whether the manager queued this process's tasks locally behind one znode.

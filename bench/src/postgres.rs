@@ -12,12 +12,13 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, NoTls, Statement};
 use zklock_core::{LockManager, Mutex};
 
-use crate::ops::{local_queue_field, Overlap};
+use crate::ops::local_queue_field;
+use crate::window::{Gate, Overlap, Tally};
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
 
 /// The lease of zklock's holds: long enough that the bench's load never makes a liveness check
@@ -101,13 +102,24 @@ impl Contender {
         }
     }
 
-    /// One acquire of key `k` (0: measured, 1: warm-up), the critical section, one release.
-    async fn cycle(&self, k: usize, overlap: Option<&Overlap>) -> Result<()> {
+    /// One acquire of key `k` (0: measured, 1: warm-up), the critical section of worker
+    /// `who` (when timed: `overlap`), one release. When timed: how long the acquire took, and
+    /// whether the key changed hands.
+    async fn cycle(
+        &self,
+        k: usize,
+        who: usize,
+        overlap: Option<&Overlap>,
+    ) -> Result<(Duration, bool)> {
+        let t0 = Instant::now();
+        let mut changed = false;
+        let waited;
         match self {
             Contender::Zklock { mutexes, .. } => {
                 let guard = mutexes[k].lock().await?;
+                waited = t0.elapsed();
                 if let Some(overlap) = overlap {
-                    overlap.critical_section(0).await;
+                    changed = overlap.critical_section(0, who).await;
                 }
                 guard.release().await?;
             }
@@ -118,8 +130,9 @@ impl Contender {
                 keys,
             } => {
                 client.query_one(lock, &[&keys[k]]).await.map_err(pg)?;
+                waited = t0.elapsed();
                 if let Some(overlap) = overlap {
-                    overlap.critical_section(0).await;
+                    changed = overlap.critical_section(0, who).await;
                 }
                 let row = client.query_one(unlock, &[&keys[k]]).await.map_err(pg)?;
                 if !row.get::<_, bool>(0) {
@@ -127,7 +140,7 @@ impl Contender {
                 }
             }
         }
-        Ok(())
+        Ok((waited, changed))
     }
 
     async fn flush(&self) {
@@ -160,47 +173,50 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
 
     // Warm-up on its own key, as CuratorBench does.
     for _ in 0..options.warmup {
-        contenders[0].cycle(1, None).await?;
+        contenders[0].cycle(1, 0, None).await?;
     }
     for c in &contenders {
         c.flush().await;
     }
 
     let admin = client(&options.connect).await?;
-    let wal_before = wal_position(&admin).await?;
     let overlap = Arc::new(Overlap::new(1));
     let check = options.peer != Peer::Floor;
-    let (go, ready) = tokio::sync::watch::channel(false);
+    let gate = Arc::new(Gate::new(options.workers));
     let mut tasks = Vec::with_capacity(options.workers);
-    for contender in &contenders {
-        let (contender, overlap) = (contender.clone(), overlap.clone());
-        let mut ready = ready.clone();
+    for (w, contender) in contenders.iter().enumerate() {
+        let (contender, overlap, gate) = (contender.clone(), overlap.clone(), gate.clone());
         let cycles = options.cycles;
         tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::with_capacity(cycles);
-            let _ = ready.wait_for(|go| *go).await;
+            // Untimed: each worker's first acquire.
+            let first = contender.cycle(0, w, None).await;
+            gate.ready().await;
+            first?;
+            let mut tally = Tally::with_capacity(cycles);
             for _ in 0..cycles {
                 let t0 = Instant::now();
-                contender.cycle(0, Some(&overlap)).await?;
-                latencies.push(t0.elapsed().as_nanos() as u64);
+                let (waited, changed) = contender.cycle(0, w, Some(&overlap)).await?;
+                tally.record(t0, waited, changed);
             }
-            Ok::<_, BenchError>(latencies)
+            Ok::<_, BenchError>(tally)
         }));
     }
-    let t0 = Instant::now();
-    let _ = go.send(true);
-    let mut latencies = Vec::with_capacity(options.workers * options.cycles);
+    gate.all_ready().await;
+    let wal_before = wal_position(&admin).await?;
+    let t0 = gate.open();
+    let mut tally = Tally::default();
     for task in tasks {
         let mine = task
             .await
             .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
-        latencies.extend(mine);
+        tally.merge(mine);
     }
     let elapsed = t0.elapsed();
     for c in &contenders {
         c.flush().await;
     }
     let wal = wal_position(&admin).await? - wal_before;
+    let mut latencies = tally.latencies;
 
     let n = latencies.len().max(1) as f64;
     let mut report = Report::new();
@@ -208,6 +224,9 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("workload", workload);
     report.push("workers", options.workers);
     report.push_ops(elapsed, &mut latencies);
+    if options.workers > 1 {
+        report.push_contention(elapsed, tally.changes, tally.max_wait_ns);
+    }
     if check {
         report.push("violations", overlap.violations.load(Ordering::SeqCst));
     }

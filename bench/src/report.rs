@@ -100,6 +100,19 @@ impl Report {
         self.push("p50_us", pct(0.5));
         self.push("p99_us", pct(0.99));
     }
+
+    /// Adds what a contended run's fairness shows beside its throughput: how often the key
+    /// changed hands per second (`holder_changes_per_s`), and the longest acquire, from the
+    /// call to the grant (`max_wait_us`). A lock whose waiters sleep and let the releaser take
+    /// it again runs fast with few changes and a long longest wait.
+    pub(crate) fn push_contention(&mut self, elapsed: Duration, changes: u64, max_wait_ns: u64) {
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        self.push(
+            "holder_changes_per_s",
+            format!("{:.1}", changes as f64 / secs),
+        );
+        self.push("max_wait_us", max_wait_ns / 1000);
+    }
 }
 
 impl fmt::Display for Report {
@@ -155,6 +168,9 @@ mod tests {
             r.to_string(),
             "peer=zklock workload=contended workers=2 cycles=100 secs=2.000 ops_per_s=50.0 p50_us=51 p99_us=100"
         );
-        assert_eq!(parse_line(&r.to_string()), Some(r));
+        assert_eq!(parse_line(&r.to_string()), Some(r.clone()));
+        r.push_contention(Duration::from_secs(2), 50, 7_500_000);
+        assert_eq!(r.get("holder_changes_per_s"), Some("25.0"));
+        assert_eq!(r.get("max_wait_us"), Some("7500"));
     }
 }

@@ -51,6 +51,14 @@ fn every_workload_prints_the_peers_line() {
         &["--workload", "contended", "--workers", "3", "--cycles", "5"],
     );
     assert_ops(&r, "zklock", "contended", 15.0);
+    // A mutex hands over: every grant goes to another worker than the last holder, or the
+    // same one again; never more changes than cycles, and some wait was measured.
+    let changes =
+        r.number("holder_changes_per_s").expect("holder changes") * r.number("secs").unwrap();
+    assert!(changes > 0.0 && changes <= 15.0 * 1.01, "{r}");
+    assert!(r.number("max_wait_us").is_some_and(|w| w > 0.0), "{r}");
+    let r = bench(&c, &["--workload", "uncontended", "--cycles", "5"]);
+    assert!(r.get("holder_changes_per_s").is_none(), "one worker: {r}");
 
     let r = bench(
         &c,

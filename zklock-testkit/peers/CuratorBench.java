@@ -7,8 +7,10 @@
 //   inproc                   WORKERS threads on one client, one key
 //   drain                    WORKERS threads queue on one key behind a hold, which is then released;
 //                            times the whole queue passing through
-// Prints one line:
+// Each worker connects and acquires once before the timed window opens. Prints one line:
 //   peer=curator workload=W workers=N cycles=C secs=S ops_per_s=X p50_us=P p99_us=Q violations=V
+//   (with more than one worker on one key, also holder_changes_per_s=H max_wait_us=M: how often
+//   the lock changed hands, and the longest acquire)
 //   peer=curator workload=drain waiters=N secs=S handoffs_per_s=X
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -18,6 +20,7 @@ import java.util.Map;
 import java.util.Random;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
@@ -67,25 +70,44 @@ public class CuratorBench {
         AtomicInteger done = new AtomicInteger();
         AtomicInteger holders = new AtomicInteger();
         AtomicInteger violations = new AtomicInteger();
+        AtomicInteger lastHolder = new AtomicInteger(-1);
+        AtomicLong changes = new AtomicLong();
+        AtomicLong maxWait = new AtomicLong();
+        CountDownLatch ready = new CountDownLatch(workers);
         CountDownLatch go = new CountDownLatch(1);
         List<Thread> threads = new ArrayList<>();
         List<Throwable> failures = new ArrayList<>();
         for (int w = 0; w < workers; w++) {
             CuratorFramework client = clients.get(w % sessions);
             Random random = new Random(w);
+            int me = w;
             Thread thread = new Thread(() -> {
                 Map<Integer, InterProcessMutex> locks = new HashMap<>();
                 try {
+                    try {
+                        // Untimed: the worker's first acquire (which creates the lock's path).
+                        InterProcessMutex first =
+                            locks.computeIfAbsent(me % keys, k -> new InterProcessMutex(client, root + "/k" + k));
+                        first.acquire();
+                        first.release();
+                    } finally {
+                        ready.countDown();
+                    }
                     go.await();
+                    long longest = 0;
                     for (int i = 0; i < cycles; i++) {
                         int key = keys > 1 ? random.nextInt(keys) : 0;
                         InterProcessMutex lock =
                             locks.computeIfAbsent(key, k -> new InterProcessMutex(client, root + "/k" + k));
                         long t0 = System.nanoTime();
                         lock.acquire();
+                        longest = Math.max(longest, System.nanoTime() - t0);
                         // One key: nobody else may hold it now.
                         if (keys == 1 && holders.incrementAndGet() != 1) {
                             violations.incrementAndGet();
+                        }
+                        if (keys == 1 && lastHolder.getAndSet(me) != me) {
+                            changes.incrementAndGet();
                         }
                         if (keys == 1) {
                             holders.decrementAndGet();
@@ -93,6 +115,8 @@ public class CuratorBench {
                         lock.release();
                         latencies[done.getAndIncrement()] = System.nanoTime() - t0;
                     }
+                    long mine = longest;
+                    maxWait.accumulateAndGet(mine, Math::max);
                 } catch (Throwable e) {
                     synchronized (failures) {
                         failures.add(e);
@@ -102,6 +126,7 @@ public class CuratorBench {
             thread.start();
             threads.add(thread);
         }
+        ready.await();
         long t0 = System.nanoTime();
         go.countDown();
         for (Thread thread : threads) {
@@ -115,9 +140,13 @@ public class CuratorBench {
         long[] sorted = Arrays.copyOf(latencies, n);
         Arrays.sort(sorted);
         System.out.printf(
-            "peer=curator workload=%s workers=%d cycles=%d secs=%.3f ops_per_s=%.1f p50_us=%d p99_us=%d violations=%d%n",
+            "peer=curator workload=%s workers=%d cycles=%d secs=%.3f ops_per_s=%.1f p50_us=%d p99_us=%d violations=%d",
             workload, workers, n, secs, n / secs, sorted[n / 2] / 1000, sorted[(int) (n * 0.99)] / 1000,
             violations.get());
+        if (keys == 1 && workers > 1) {
+            System.out.printf(" holder_changes_per_s=%.1f max_wait_us=%d", changes.get() / secs, maxWait.get() / 1000);
+        }
+        System.out.println();
         for (CuratorFramework client : clients) {
             client.close();
         }

@@ -186,8 +186,19 @@ impl Conn {
         Conn::count_break(&self.breaks, &self.counted, generation);
     }
 
+    /// The current connection if one is open and its driver has not ended, without waiting
+    /// (another task may be opening one: then `None`).
+    fn current_now(&self) -> Option<(u64, MultiplexedConnection)> {
+        let current = self.current.try_lock().ok()?;
+        let c = current.connection.as_ref()?;
+        (self.counted.load(Ordering::SeqCst) < current.generation)
+            .then(|| (current.generation, c.clone()))
+    }
+
     /// Runs one request on the current connection, bounded by `timeout` when given; a
-    /// connection that fails or stays silent is replaced for the next request.
+    /// connection that fails or stays silent is replaced for the next request. Getting a
+    /// connection has a timeout of its own only when one must be waited for (opened, or
+    /// another request is opening it).
     pub(crate) async fn run<T, F, Fut>(
         &self,
         timeout: Option<Duration>,
@@ -197,11 +208,12 @@ impl Conn {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let (generation, connection) = match timeout {
-            Some(t) => tokio::time::timeout(t, self.get())
+        let (generation, connection) = match (self.current_now(), timeout) {
+            (Some(current), _) => current,
+            (None, Some(t)) => tokio::time::timeout(t, self.get())
                 .await
                 .map_err(|_| timed_out())??,
-            None => self.get().await?,
+            (None, None) => self.get().await?,
         };
         let result = match timeout {
             Some(t) => tokio::time::timeout(t, request(connection))

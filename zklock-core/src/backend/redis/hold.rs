@@ -249,22 +249,24 @@ impl RedisHold {
         let epoch = inner.breaks.epoch();
         let sent = Instant::now();
         let request = inner.conn.run(None, |mut c| {
-            let invocation = match self.side {
+            let call = match self.side {
                 Side::Mutex | Side::Exclusive => {
-                    let mut i = scripts::CONFIRM_EXCLUSIVE.key(&keys.exclusive);
-                    i.key(&keys.fence)
-                        .arg(&self.id)
+                    let mut call = scripts::Call::new(
+                        &scripts::CONFIRM_EXCLUSIVE,
+                        &[&keys.exclusive, &keys.fence],
+                    );
+                    call.arg(&self.id)
                         .arg(inner.lease_ms())
                         .arg(self.token.zxid());
-                    i
+                    call
                 }
                 Side::Shared => {
-                    let mut i = scripts::RENEW_SHARED.key(&keys.shared);
-                    i.arg(&self.id).arg(inner.lease_ms());
-                    i
+                    let mut call = scripts::Call::new(&scripts::RENEW_SHARED, &[&keys.shared]);
+                    call.arg(&self.id).arg(inner.lease_ms());
+                    call
                 }
             };
-            async move { invocation.invoke_async::<i64>(&mut c).await }
+            async move { call.invoke::<i64>(&mut c).await }
         });
         let reason = match tokio::time::timeout_at(deadline, request).await {
             Ok(Ok(1)) => {

@@ -14,7 +14,7 @@
 //! queued for its lock (see `RedisHold::others_waiting`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -60,10 +60,25 @@ struct Shared {
     requests: mpsc::UnboundedSender<Request>,
     /// The pub/sub connection is up and subscribed to every channel with listeners.
     live: AtomicBool,
+    /// Bumped whenever every listener is woken (the connection opened or broke): a listener
+    /// registered later than an event it waits for compares it (see [`Hub::listen_direct_after`]).
+    generation: AtomicU64,
+    /// Mutex hand-overs to a holder id of this process that no listener of that lock was
+    /// registered for yet: holder id -> (channel, token). A waiter registers its listener
+    /// only once refused (see [`Hub::listen_direct_after`]), so a release may hand it the lock
+    /// first. Bounded by [`MAX_ORPHANS`]; locked after `channels`.
+    orphans: StdMutex<HashMap<String, (String, i64)>>,
 }
+
+/// The most hand-overs kept for listeners yet to register. A hand-over dropped past it (or to
+/// an acquire given up on) is not lost for the lock: the waiter finds the key its own at its
+/// next attempt (every waiter TTL/3 at the latest), and an abandoned one ends with its first
+/// lease.
+const MAX_ORPHANS: usize = 256;
 
 impl Shared {
     fn wake_all(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
         for channel in self.channels.lock().unwrap().values() {
             channel.wake.send_modify(|n| *n += 1);
         }
@@ -83,13 +98,23 @@ impl Shared {
         let mut parts = payload.splitn(3, '\n');
         let name = parts.next().unwrap_or_default();
         let mut channels = self.channels.lock().unwrap();
+        let grant = match (parts.next(), parts.next()) {
+            (Some(token), Some(id)) => token.parse::<i64>().ok().map(|t| (id, t)),
+            _ => None,
+        };
         let Some(channel) = channels.get_mut(name) else {
+            // A hand-over to a waiter that has not registered its listener yet.
+            if let Some((id, token)) = grant {
+                let mut orphans = self.orphans.lock().unwrap();
+                if orphans.len() >= MAX_ORPHANS {
+                    orphans.clear();
+                }
+                orphans.insert(id.to_string(), (name.to_string(), token));
+            }
             return;
         };
-        if let (Some(token), Some(id)) = (parts.next(), parts.next()) {
-            if let Ok(token) = token.parse() {
-                channel.grants.insert(id.to_string(), token);
-            }
+        if let Some((id, token)) = grant {
+            channel.grants.insert(id.to_string(), token);
         }
         channel.wake.send_modify(|n| *n += 1);
     }
@@ -132,6 +157,8 @@ impl Hub {
             channels: StdMutex::new(HashMap::new()),
             requests: tx,
             live: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            orphans: StdMutex::new(HashMap::new()),
         });
         runtime.spawn(run(client, timeout, Arc::downgrade(&shared), rx, breaks));
         Hub { shared, id }
@@ -172,13 +199,45 @@ impl Hub {
         matches!(tokio::time::timeout(timeout, rx).await, Ok(Ok(true)))
     }
 
-    /// A mutex waiter's listener (woken through the hub's own channel), at once and without a
-    /// word to the hub's task, if the hub's connection is live (so its own channel is
-    /// subscribed); else `None` (then [`listen`](Self::listen)).
-    pub(crate) fn listen_direct_now(&self, channel: &str, id: &str) -> Option<Listener> {
+    /// The hub's generation: read it before an attempt whose refusal may register a listener
+    /// with [`listen_direct_after`](Self::listen_direct_after).
+    pub(crate) fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::SeqCst)
+    }
+
+    /// A refused mutex waiter's listener (woken through the hub's own channel), at once and
+    /// without a word to the hub's task, if the hub's connection is live (so its own channel is
+    /// subscribed); else `None` (then [`listen`](Self::listen)). It takes a hand-over to `id`
+    /// that came before it (kept by the hub), and it is woken at once if that came, or if the
+    /// connection opened or broke since `generation` (read before the attempt: a word may have
+    /// been lost), so that nothing since the attempt goes unseen. An acquire pays for it only
+    /// once refused.
+    pub(crate) fn listen_direct_after(
+        &self,
+        channel: &str,
+        id: &str,
+        generation: u64,
+    ) -> Option<Listener> {
         // Registered before looking: a connection that breaks from here wakes it.
-        let listener = self.register(channel, true, Some(id));
-        self.shared.live.load(Ordering::SeqCst).then_some(listener)
+        let mut listener = self.register(channel, true, Some(id));
+        if !self.shared.live.load(Ordering::SeqCst) {
+            return None;
+        }
+        let handed = {
+            let mut channels = self.shared.channels.lock().unwrap();
+            let orphan = self.shared.orphans.lock().unwrap().remove(id);
+            match (orphan, channels.get_mut(channel)) {
+                (Some((on, token)), Some(entry)) if on == channel => {
+                    entry.grants.insert(id.to_string(), token);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if handed || self.generation() != generation {
+            listener.wake.mark_changed();
+        }
+        Some(listener)
     }
 
     /// Listens for wake-ups of `channel` that come through the hub's own channel (the word a
@@ -407,5 +466,72 @@ async fn connect(
             tracing::debug!("zklock: the Redis pub/sub connection did not open in time");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hub whose connection counts as live, with no server behind it: what the listeners'
+    /// bookkeeping does, apart from the wire.
+    fn live_hub() -> Hub {
+        let client = Client::open("redis://127.0.0.1:1/").expect("a URL");
+        let hub = Hub::start(
+            client,
+            Duration::from_millis(50),
+            &tokio::runtime::Handle::current(),
+            Breaks::new(),
+        );
+        hub.shared.live.store(true, Ordering::SeqCst);
+        hub
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_before_the_waiter_listens_is_kept_for_it() {
+        let hub = live_hub();
+        let generation = hub.generation();
+        // The release's word comes between the refusal and the listener.
+        hub.shared.notified("zklock:wake:/a\n42\nid-1");
+        let listener = hub
+            .listen_direct_after("zklock:wake:/a", "id-1", generation)
+            .expect("live");
+        assert!(
+            listener.woken(),
+            "the waiter must not wait for a word it had"
+        );
+        assert_eq!(listener.take_grant(), Some(42));
+        assert!(hub.shared.orphans.lock().unwrap().is_empty());
+        // Another waiter's hand-over is not this one's.
+        hub.shared.notified("zklock:wake:/b\n43\nid-2");
+        let other = hub
+            .listen_direct_after("zklock:wake:/b", "id-3", generation)
+            .expect("live");
+        assert!(!other.woken());
+        assert_eq!(other.take_grant(), None);
+    }
+
+    #[tokio::test]
+    async fn a_connection_event_since_the_attempt_wakes_a_late_listener() {
+        let hub = live_hub();
+        let generation = hub.generation();
+        hub.shared.wake_all();
+        let listener = hub
+            .listen_direct_after("zklock:wake:/a", "id-1", generation)
+            .expect("live");
+        assert!(listener.woken());
+        let quiet = hub
+            .listen_direct_after("zklock:wake:/c", "id-2", hub.generation())
+            .expect("live");
+        assert!(!quiet.woken());
+    }
+
+    #[tokio::test]
+    async fn orphaned_hand_overs_stay_bounded() {
+        let hub = live_hub();
+        for i in 0..3 * MAX_ORPHANS {
+            hub.shared.notified(&format!("zklock:wake:/a\n{i}\nid-{i}"));
+        }
+        assert!(hub.shared.orphans.lock().unwrap().len() <= MAX_ORPHANS);
     }
 }

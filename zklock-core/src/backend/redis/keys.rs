@@ -45,8 +45,17 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
+    /// The names of `path`'s keys. Built on every acquire: each name is one allocation of its
+    /// exact size, with no formatting machinery.
     pub(crate) fn new(path: &str) -> Keys {
-        let name = |kind: &str| format!("{PREFIX}{kind}:{path}");
+        let name = |kind: &str| {
+            let mut name = String::with_capacity(PREFIX.len() + kind.len() + 1 + path.len());
+            name.push_str(PREFIX);
+            name.push_str(kind);
+            name.push(':');
+            name.push_str(path);
+            name
+        };
         Keys {
             exclusive: name("lock"),
             shared: name("shared"),
@@ -60,9 +69,107 @@ impl Keys {
     }
 }
 
+/// The [`Keys`] of the lock paths a backend acquired lately, so that an acquire of a path seen
+/// before builds no name. Bounded: once it holds [`KeysCache::MAX`] paths it starts afresh.
+#[derive(Default)]
+pub(crate) struct KeysCache(
+    std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Keys>>>,
+);
+
+impl KeysCache {
+    /// The most paths kept.
+    pub(crate) const MAX: usize = 1024;
+
+    /// `path`'s keys.
+    pub(crate) fn get(&self, path: &str) -> std::sync::Arc<Keys> {
+        let mut paths = self.0.lock().expect("not poisoned");
+        if let Some(keys) = paths.get(path) {
+            return keys.clone();
+        }
+        if paths.len() >= Self::MAX {
+            paths.clear();
+        }
+        let keys = std::sync::Arc::new(Keys::new(path));
+        paths.insert(path.to_string(), keys.clone());
+        keys
+    }
+}
+
+/// Fresh holder ids for one backend: `<uuid> <tag>`, the uuid-shaped part unique for ever.
+///
+/// The first id's uuid is random; each next one adds one to it (in the bits a version-4 uuid
+/// leaves random), so ids never repeat within the backend, and ids of two backends (in this
+/// process, another one, or a later run) meet only if their random starts lie within the
+/// number of ids drawn of each other: about 2^-122 × ids² for any pair. Drawing an id takes no
+/// system call and no formatting machinery (a random uuid per id did both).
+pub(crate) struct HolderIds {
+    base: u128,
+    drawn: std::sync::atomic::AtomicU64,
+    /// ` host=<host> pid=<pid> hub=<hub id>[ id=<identity>]`, after the uuid.
+    tag: String,
+}
+
+impl HolderIds {
+    /// Ids ending in ` <tag>`.
+    pub(crate) fn new(tag: String) -> HolderIds {
+        HolderIds {
+            base: uuid::Uuid::new_v4().as_u128(),
+            drawn: std::sync::atomic::AtomicU64::new(0),
+            tag,
+        }
+    }
+
+    /// The next id.
+    pub(crate) fn next(&self) -> String {
+        let n = self
+            .drawn
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bytes = self.base.wrapping_add(u128::from(n)).to_be_bytes();
+        let uuid = uuid::Builder::from_random_bytes(bytes).into_uuid();
+        let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        let mut id = String::with_capacity(buf.len() + 1 + self.tag.len());
+        id.push_str(uuid.hyphenated().encode_lower(&mut buf));
+        id.push(' ');
+        id.push_str(&self.tag);
+        id
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cache_gives_each_path_its_own_keys_and_stays_bounded() {
+        let cache = KeysCache::default();
+        let a = cache.get("/a");
+        assert!(std::sync::Arc::ptr_eq(&a, &cache.get("/a")));
+        assert_eq!(*cache.get("/b"), Keys::new("/b"));
+        assert_eq!(*a, Keys::new("/a"));
+        for i in 0..3 * KeysCache::MAX {
+            assert_eq!(
+                cache.get(&format!("/p{i}")).exclusive,
+                format!("zklock:lock:/p{i}")
+            );
+        }
+        assert!(cache.0.lock().unwrap().len() <= KeysCache::MAX);
+    }
+
+    #[test]
+    fn holder_ids_are_distinct_uuids_with_the_tag() {
+        let ids = HolderIds::new("host=h pid=1 hub=x".into());
+        let other = HolderIds::new("host=h pid=1 hub=x".into());
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            for id in [ids.next(), other.next()] {
+                let (uuid, tag) = id.split_once(' ').unwrap();
+                assert_eq!(tag, "host=h pid=1 hub=x");
+                let uuid = uuid::Uuid::parse_str(uuid).unwrap();
+                assert_eq!(uuid.get_version_num(), 4, "{id}");
+                assert!(seen.insert(uuid), "{id} twice");
+            }
+        }
+    }
 
     #[test]
     fn names() {

@@ -118,8 +118,10 @@ pub(crate) struct Inner {
     margin: Duration,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) background: Arc<Background>,
-    /// `host=<host> pid=<pid> hub=<hub id>[ id=<identity>]`, after each holder's uuid.
-    holder_tag: String,
+    /// Holder ids: `<uuid> host=<host> pid=<pid> hub=<hub id>[ id=<identity>]`.
+    ids: keys::HolderIds,
+    /// The keys of the paths acquired lately.
+    keys: keys::KeysCache,
     /// See [`waiter_ttl`].
     waiter_ttl: Duration,
     /// Renews every hold's lease.
@@ -135,7 +137,7 @@ impl Inner {
     /// what the keys hold (`GET zklock:lock:<path>` shows who holds it). The hub id names the
     /// channel on which a first waiter tells the holder's process it wants the lock.
     pub(crate) fn new_id(&self) -> String {
-        format!("{} {}", uuid::Uuid::new_v4(), self.holder_tag)
+        self.ids.next()
     }
 
     /// Whether the mutex of `keys` has a live waiter in its queue (see
@@ -215,28 +217,28 @@ impl Inner {
             let freed = self
                 .conn
                 .run(Some(self.conn.reply_timeout), |mut c| {
-                    let invocation = match undo {
+                    let call = match undo {
                         Undo::Mutex { id, member } => {
-                            let mut i = scripts::RELEASE_MUTEX.key(&keys.exclusive);
-                            i.key(&keys.queue)
-                                .key(&keys.alive)
-                                .key(&keys.fence)
-                                .arg(id)
+                            let mut call = scripts::Call::new(
+                                &scripts::RELEASE_MUTEX,
+                                &[&keys.exclusive, &keys.queue, &keys.alive, &keys.fence],
+                            );
+                            call.arg(id)
                                 .arg(member)
                                 .arg(keys::NOTIFY_PREFIX)
                                 .arg(&keys.channel);
-                            i
+                            call
                         }
                         Undo::Any(ids) => {
-                            let mut i = scripts::RELEASE.key(&keys.exclusive);
-                            i.key(&keys.shared)
-                                .key(&keys.intent)
-                                .arg(&keys.channel)
-                                .arg(ids);
-                            i
+                            let mut call = scripts::Call::new(
+                                &scripts::RELEASE,
+                                &[&keys.exclusive, &keys.shared, &keys.intent],
+                            );
+                            call.arg(&keys.channel).arg(ids);
+                            call
                         }
                     };
-                    async move { invocation.invoke_async::<i64>(&mut c).await }
+                    async move { call.invoke::<i64>(&mut c).await }
                 })
                 .await;
             match freed {
@@ -362,7 +364,8 @@ impl RedisBackend {
             margin: Inner::margin(config.lease),
             runtime,
             background: Arc::default(),
-            holder_tag,
+            ids: keys::HolderIds::new(holder_tag),
+            keys: keys::KeysCache::default(),
             waiter_ttl: waiter_ttl(config.lease),
             watchdog: watchdog::Watchdog::default(),
             undos: StdMutex::default(),
@@ -390,13 +393,13 @@ impl RedisBackend {
         let reply: Vec<i64> = inner
             .conn
             .run(Some(inner.conn.reply_timeout), |mut c| {
-                let invocation = match ask {
+                let call = match ask {
                     Ask::Mutex => {
-                        let mut i = scripts::ACQUIRE_MUTEX.key(&keys.exclusive);
-                        i.key(&keys.fence)
-                            .key(&keys.queue)
-                            .key(&keys.alive)
-                            .arg(&ids[0])
+                        let mut call = scripts::Call::new(
+                            &scripts::ACQUIRE_MUTEX,
+                            &[&keys.exclusive, &keys.fence, &keys.queue, &keys.alive],
+                        );
+                        call.arg(&ids[0])
                             .arg(lease)
                             .arg(member)
                             .arg(if queue {
@@ -406,34 +409,34 @@ impl RedisBackend {
                             })
                             .arg(if queued { "1" } else { "0" })
                             .arg(keys::NOTIFY_PREFIX);
-                        i
+                        call
                     }
                     Ask::Write => {
-                        let mut i = scripts::ACQUIRE_EXCLUSIVE.key(&keys.exclusive);
-                        i.key(&keys.shared)
-                            .key(&keys.fence)
-                            .key(&keys.intent)
-                            .arg(&ids[0])
-                            .arg(lease)
-                            .arg("1");
-                        i
+                        let mut call = scripts::Call::new(
+                            &scripts::ACQUIRE_EXCLUSIVE,
+                            &[&keys.exclusive, &keys.shared, &keys.fence, &keys.intent],
+                        );
+                        call.arg(&ids[0]).arg(lease).arg("1");
+                        call
                     }
                     Ask::Read => {
-                        let mut i = scripts::ACQUIRE_READ.key(&keys.exclusive);
-                        i.key(&keys.shared)
-                            .key(&keys.fence)
-                            .key(&keys.intent)
-                            .arg(&ids[0])
-                            .arg(lease);
-                        i
+                        let mut call = scripts::Call::new(
+                            &scripts::ACQUIRE_READ,
+                            &[&keys.exclusive, &keys.shared, &keys.fence, &keys.intent],
+                        );
+                        call.arg(&ids[0]).arg(lease);
+                        call
                     }
                     Ask::Leases { max } => {
-                        let mut i = scripts::ACQUIRE_LEASES.key(&keys.shared);
-                        i.key(&keys.fence).arg(lease).arg(max).arg(ids);
-                        i
+                        let mut call = scripts::Call::new(
+                            &scripts::ACQUIRE_LEASES,
+                            &[&keys.shared, &keys.fence],
+                        );
+                        call.arg(lease).arg(max).arg(ids);
+                        call
                     }
                 };
-                async move { invocation.invoke_async(&mut c).await }
+                async move { call.invoke(&mut c).await }
             })
             .await?;
         let fence = reply.get(2).copied().unwrap_or(0);
@@ -455,13 +458,17 @@ impl RedisBackend {
         wait: Wait,
     ) -> Result<Option<Vec<RedisHold>>> {
         let inner = &self.inner;
-        let keys = Arc::new(Keys::new(&target.path));
+        let keys = inner.keys.get(&target.path);
         inner.undos_finished(&keys.exclusive).await;
         let ids: Vec<String> = (0..n.max(1)).map(|_| inner.new_id()).collect();
         let mutex = matches!(ask, Ask::Mutex);
         // A mutex waiter's place in the queue: `<hub id> <holder id>`.
         let member = if mutex {
-            format!("{} {}", inner.hub.id, ids[0])
+            let mut member = String::with_capacity(inner.hub.id.len() + 1 + ids[0].len());
+            member.push_str(&inner.hub.id);
+            member.push(' ');
+            member.push_str(&ids[0]);
+            member
         } else {
             String::new()
         };
@@ -475,13 +482,10 @@ impl RedisBackend {
         };
         let mut pending = Pending::new(inner.clone(), keys.clone(), undo);
         let queue = !matches!(wait, Wait::Never);
-        // A queued mutex waiter listens from its first attempt on when that costs nothing (the
-        // hub is live), so that a refused first attempt need not be repeated.
-        let mut listener: Option<Listener> = if mutex && queue {
-            inner.hub.listen_direct_now(&keys.channel, &ids[0])
-        } else {
-            None
-        };
+        // A mutex waiter listens once refused (an acquire that is granted at once registers
+        // nothing); a hand-over or a connection event between its attempt and then is not
+        // missed (see `Hub::listen_direct_after`).
+        let mut listener: Option<Listener> = None;
         let mut pause = RETRY_MIN;
         // Whether an attempt queued this mutex waiter (or may have: its reply was lost).
         let mut queued = false;
@@ -491,6 +495,7 @@ impl RedisBackend {
             }
             pending.armed = true;
             let epoch = inner.breaks.epoch();
+            let hub_generation = inner.hub.generation();
             let sent = Instant::now();
             match self.attempt(&keys, ask, &ids, &member, queue, queued).await {
                 // A connection broke while the attempt was under way: the grant may predate a
@@ -535,6 +540,12 @@ impl RedisBackend {
                     pending.armed = matches!(ask, Ask::Write) || (mutex && queue);
                     if matches!(wait, Wait::Never) {
                         return Ok(None);
+                    }
+                    if listener.is_none() && mutex {
+                        listener =
+                            inner
+                                .hub
+                                .listen_direct_after(&keys.channel, &ids[0], hub_generation);
                     }
                     let Some(listener) = &mut listener else {
                         // Listen, then try again at once: a release may have come before.

@@ -15,24 +15,93 @@
 //! it is kept, tokens increase whatever the clock does.
 
 use once_cell::sync::Lazy;
-use redis::Script;
+use redis::aio::MultiplexedConnection;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
-/// Shared Lua: the server's time in ms, pruning a sorted set of leases, and keeping the set's
-/// own expiry at its last lease's end.
-macro_rules! lua {
-    ($body:expr) => {
-        concat!(
-            r#"
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+/// One call of a script: `EVALSHA <sha> <n> keys… args…`, written straight into one command
+/// buffer (a `ScriptInvocation` keeps each key and argument in a vector of its own, then copies
+/// them into the command). Loads the script when the server does not know it yet, as
+/// `ScriptInvocation` does.
+pub(crate) struct Call {
+    script: &'static Script,
+    cmd: Cmd,
+}
+
+impl Call {
+    /// A call of `script` on `keys`; add its arguments with [`arg`](Self::arg).
+    pub(crate) fn new(script: &'static Script, keys: &[&str]) -> Call {
+        let bytes = keys.iter().map(|k| k.len() + 16).sum::<usize>() + 160;
+        let mut cmd = Cmd::with_capacity(keys.len() + 10, bytes);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        Call { script, cmd }
+    }
+
+    /// Adds an argument (`ARGV[i]`); a slice adds one per element.
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Call {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Sends the call (and, if the server has not got the script, loads it and sends it
+    /// again).
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut MultiplexedConnection,
+    ) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+// Lua helpers. Each script's text is the helpers it calls followed by its body, so a call
+// defines no function it does not use (the server runs a script's whole text on every call).
+
+/// The server's clock, read at most once per script run (`TIME`, on first use): `now_us()` and
+/// `now_ms()` give the same instant however often a script asks.
+macro_rules! clock {
+    () => {
+        r#"
+local clock_us
+local function now_us()
+  if not clock_us then
+    local t = redis.call('TIME')
+    clock_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return clock_us
 end
+local function now_ms()
+  return math.floor(now_us() / 1000)
+end
+"#
+    };
+}
+
+/// Pruning a sorted set of leases whose ends passed (needs [`clock`]'s time as `now`).
+macro_rules! prune {
+    () => {
+        r#"
 local function prune(set, now)
   redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
 end
+"#
+    };
+}
+
+/// The lock's next `n` tokens: the server time in µs, or the fence's last value + 1 when that
+/// is larger; one `SET … GET` (needs [`clock`]).
+macro_rules! next_tokens {
+    () => {
+        r#"
 local function next_tokens(fence, n)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local now = now_us()
   local last = now + n - 1
   local before = tonumber(redis.call('SET', fence, string.format('%d', last), 'GET'))
   if before and before >= now then
@@ -41,24 +110,28 @@ local function next_tokens(fence, n)
   end
   return last
 end
+"#
+    };
+}
+
+/// Keeping a sorted set's own expiry at its last lease's end.
+macro_rules! expire_set {
+    () => {
+        r#"
 local function expire_set(set, now)
   local last = redis.call('ZRANGE', set, -1, -1, 'WITHSCORES')
   if last[2] then
     redis.call('PEXPIRE', set, math.max(1, math.ceil(tonumber(last[2]) - now)))
   end
 end
-"#,
-            $body
-        )
+"#
     };
 }
 
-/// Shared Lua of the mutex queue: the first waiter still alive (pruning dead ones), and
-/// handing a freed key to it.
-macro_rules! queue_lua {
-    ($body:expr) => {
-        lua!(concat!(
-            r#"
+/// The first waiter of a mutex's queue still alive, pruning dead ones (needs [`clock`]).
+macro_rules! live_head {
+    () => {
+        r#"
 local function live_head(queue, alive)
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
   if not head then
@@ -72,6 +145,15 @@ local function live_head(queue, alive)
   end
   return head
 end
+"#
+    };
+}
+
+/// Handing a freed mutex key to its first live waiter, or deleting it when nobody waits
+/// (needs [`clock`], [`next_tokens`], [`live_head`]).
+macro_rules! hand_on {
+    () => {
+        r#"
 local function hand_on(key, queue, alive, fence, prefix, channel)
   local head = live_head(queue, alive)
   if not head then
@@ -88,9 +170,7 @@ local function hand_on(key, queue, alive, fence, prefix, channel)
   redis.call('PUBLISH', prefix .. string.sub(head, 1, space - 1),
     channel .. '\n' .. string.format('%d', token) .. '\n' .. id)
 end
-"#,
-            $body
-        ))
+"#
     };
 }
 
@@ -122,7 +202,9 @@ end
 /// later waiters find the queue already holding someone, which the holder was told of, or
 /// has seen.
 pub(crate) static ACQUIRE_MUTEX: Lazy<Script> = Lazy::new(|| {
-    Script::new(queue_lua!(
+    Script::new(concat!(
+        clock!(),
+        next_tokens!(),
         r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[5] == '1' then
@@ -140,10 +222,8 @@ if holder == ARGV[1] then
 end
 local alone
 if ARGV[4] ~= '0' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local added = redis.call('ZADD', KEYS[3], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[3])
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[3])
+  local added = redis.call('ZADD', KEYS[3], 'NX', now_us(), ARGV[3])
+  redis.call('ZADD', KEYS[4], now_ms() + tonumber(ARGV[4]), ARGV[3])
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
   alone = added == 1 and redis.call('ZCARD', KEYS[3]) == 1
@@ -167,7 +247,9 @@ return {0, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2])) or 
 ///
 /// KEYS: queue, alive. Returns 1 or 0.
 pub(crate) static OTHERS_QUEUED: Lazy<Script> = Lazy::new(|| {
-    Script::new(queue_lua!(
+    Script::new(concat!(
+        clock!(),
+        live_head!(),
         r#"
 if live_head(KEYS[1], KEYS[2]) then
   return 1
@@ -193,7 +275,11 @@ return 0
 /// KEYS: exclusive, queue, alive, fence. ARGV: holder id, queue member (`''`: none), notify
 /// prefix, wake channel. Returns 1 when something was freed, else 0.
 pub(crate) static RELEASE_MUTEX: Lazy<Script> = Lazy::new(|| {
-    Script::new(queue_lua!(
+    Script::new(concat!(
+        clock!(),
+        next_tokens!(),
+        live_head!(),
+        hand_on!(),
         r#"
 local freed = 0
 if ARGV[2] ~= '' and redis.call('ZREM', KEYS[2], ARGV[2]) == 1 then
@@ -218,7 +304,10 @@ return freed
 /// A writer that finds readers leaves an intent (its id, for one lease), which makes new
 /// readers queue behind it; it takes its intent away when it gets in.
 pub(crate) static ACQUIRE_EXCLUSIVE: Lazy<Script> = Lazy::new(|| {
-    Script::new(lua!(
+    Script::new(concat!(
+        clock!(),
+        prune!(),
+        next_tokens!(),
         r#"
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
@@ -253,7 +342,11 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// KEYS: exclusive, shared, fence, intent. ARGV: holder id, lease ms. Returns as
 /// [`ACQUIRE_EXCLUSIVE`].
 pub(crate) static ACQUIRE_READ: Lazy<Script> = Lazy::new(|| {
-    Script::new(lua!(
+    Script::new(concat!(
+        clock!(),
+        prune!(),
+        next_tokens!(),
+        expire_set!(),
         r#"
 local now = now_ms()
 prune(KEYS[2], now)
@@ -280,7 +373,11 @@ return {1, next_tokens(KEYS[3], 1)}
 /// `{1, last token}` (the leases get the `n` tokens up to it) or `{0, ms}` until the first
 /// lease held now runs out.
 pub(crate) static ACQUIRE_LEASES: Lazy<Script> = Lazy::new(|| {
-    Script::new(lua!(
+    Script::new(concat!(
+        clock!(),
+        prune!(),
+        next_tokens!(),
+        expire_set!(),
         r#"
 local now = now_ms()
 prune(KEYS[1], now)
@@ -343,7 +440,9 @@ return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 ///
 /// KEYS: shared. ARGV: holder id, lease ms. Returns 1 or 0 as [`RENEW_EXCLUSIVE`].
 pub(crate) static RENEW_SHARED: Lazy<Script> = Lazy::new(|| {
-    Script::new(lua!(
+    Script::new(concat!(
+        clock!(),
+        expire_set!(),
         r#"
 local now = now_ms()
 local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -392,7 +491,10 @@ return freed
 /// KEYS: exclusive, shared. ARGV: writer id, reader id, lease ms, channel. Returns 1, or 0
 /// when the write hold is not the writer's any more.
 pub(crate) static DOWNGRADE: Lazy<Script> = Lazy::new(|| {
-    Script::new(lua!(
+    Script::new(concat!(
+        clock!(),
+        prune!(),
+        expire_set!(),
         r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
@@ -413,7 +515,8 @@ return 1
 /// KEYS: run. ARGV: at_least ms. Returns 1 (run: no run may start before now + at_least) or 0
 /// (an earlier run's window covers now).
 pub(crate) static CLAIM_RUN: Lazy<Script> = Lazy::new(|| {
-    Script::new(lua!(
+    Script::new(concat!(
+        clock!(),
         r#"
 local now = now_ms()
 local before = tonumber(redis.call('GET', KEYS[1]))

@@ -1,0 +1,70 @@
+//! The suite's command line.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Runs every benchmark and prints the markdown tables.
+#[derive(Parser, Debug)]
+#[command(name = "zklock-bench-suite")]
+pub(crate) struct Cli {
+    /// Use this ZooKeeper instead of starting one.
+    #[arg(long)]
+    pub(crate) connect: Option<String>,
+    /// Tiny sizes: checks that every peer runs, figures mean nothing (one round).
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Also run the slow probes no target needs: zklock's memory with 10,000 waiters and the
+    /// local queue off (each waiter lists 10,000 siblings: about a minute).
+    #[arg(long)]
+    pub(crate) extended: bool,
+    /// Also write the markdown to this file.
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    /// Seconds one run may take before it is killed (its cell then says "timeout").
+    #[arg(long, default_value_t = 300)]
+    pub(crate) run_timeout: u64,
+    /// Only start the server, print its connect string, and serve until stdin closes (for
+    /// running `zklock-bench` and `peers/run` by hand).
+    #[arg(long)]
+    pub(crate) serve: bool,
+    /// ZooKeeper without fsync (`forceSync=no`): quick runs only. By default the suite's server
+    /// fsyncs its log before it acknowledges a write, as production servers do.
+    #[arg(long)]
+    pub(crate) no_fsync: bool,
+    /// Run one backend's section only: `zookeeper`, `redis` or `postgres`.
+    #[arg(long)]
+    pub(crate) only: Option<Section>,
+    /// How many rounds every section runs, its peers taking turns; each cell shows its median
+    /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis 7,
+    /// PostgreSQL 5; 1 with `--quick`).
+    #[arg(long)]
+    pub(crate) rounds: Option<usize>,
+}
+
+impl Cli {
+    /// The rounds of `section`: its runs are short on Redis and PostgreSQL, so they take more
+    /// turns; the ZooKeeper section's take minutes each.
+    pub(crate) fn rounds(&self, section: Section) -> usize {
+        let default = match (self.quick, section) {
+            (true, _) => 1,
+            (false, Section::Zookeeper) => 3,
+            (false, Section::Redis) => 7,
+            (false, Section::Postgres) => 5,
+        };
+        self.rounds.unwrap_or(default).max(1)
+    }
+
+    /// Whether `section` runs.
+    pub(crate) fn runs(&self, section: Section) -> bool {
+        self.only.is_none_or(|only| only == section)
+    }
+}
+
+/// A section of the suite: the backend its rows run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Section {
+    Zookeeper,
+    Redis,
+    Postgres,
+}

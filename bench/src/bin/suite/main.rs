@@ -1,0 +1,85 @@
+//! `zklock-bench-suite`: every workload for zklock and its peers, side by side, backend by
+//! backend, printed as markdown with zklock's ratio to each peer and each row's target ("met"
+//! or "missed" from the ratios of the same run):
+//!
+//! - ZooKeeper: zklock beside the floor (bare create + delete), zookeeper-client's recipe,
+//!   Curator, kazoo and the naive herd ([`zookeeper`]);
+//! - Redis: zklock's Redis backend beside rslock and a bare `SET NX PX` floor ([`redis`]);
+//! - PostgreSQL: zklock's PostgreSQL backend beside a bare `pg_advisory_lock` floor on a
+//!   durable server ([`postgres`]).
+//!
+//! ```text
+//! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
+//!                    [--only zookeeper|redis|postgres]
+//! ```
+//!
+//! Every section runs its cells in rounds, the peers taking turns, and shows each cell's
+//! median run ([`rounds`]). Every run is a child process ([`runner`]): `zklock-bench` (next to
+//! this binary) for zklock and the peers written in Rust, the test kit's `peers/run` for
+//! Curator and kazoo, `java CuratorMem` (this crate's `java/`) for Curator's memory. Servers
+//! are the test kit's: real ones on free loopback ports, stopped at exit.
+
+mod cli;
+mod model;
+mod postgres;
+mod redis;
+mod report;
+mod rounds;
+mod runner;
+mod verdict;
+mod zookeeper;
+mod zookeeper_tables;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Section};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = if cli.serve {
+        zookeeper::serve(!cli.no_fsync).map(|()| None)
+    } else {
+        suite(&cli).map(Some)
+    };
+    let markdown = match outcome {
+        Ok(Some(markdown)) => markdown,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zklock-bench-suite: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{markdown}");
+    if let Some(path) = &cli.out {
+        if let Err(e) = std::fs::write(path, &markdown) {
+            eprintln!("zklock-bench-suite: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// A section's run: its markdown.
+type SectionRun = fn(&Cli) -> Result<String, String>;
+
+/// Every section `--only` lets run, one after the other.
+fn suite(cli: &Cli) -> Result<String, String> {
+    let sections: [(Section, &str, SectionRun); 3] = [
+        (Section::Zookeeper, "ZooKeeper", zookeeper::section),
+        (Section::Redis, "Redis", redis::section),
+        (Section::Postgres, "PostgreSQL", postgres::section),
+    ];
+    let mut markdown = String::new();
+    for (section, title, run) in sections {
+        if !cli.runs(section) {
+            continue;
+        }
+        if !markdown.is_empty() {
+            markdown.push_str(&format!("\n## {title}\n\n"));
+        }
+        markdown.push_str(&run(cli)?);
+    }
+    Ok(markdown)
+}

@@ -1,0 +1,216 @@
+//! What the suite runs: rows of cells (one peer's way of running one workload), the figure a
+//! row compares, and its target.
+
+use std::collections::BTreeMap;
+
+use zklock_bench::Report;
+
+/// What a row's throughput column shows.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(crate) enum Metric {
+    /// ops_per_s, with p50/p99.
+    Ops,
+    /// handoffs_per_s.
+    Drain,
+    /// peak_kb (lower is better).
+    Memory,
+}
+
+/// One way of running one peer on one row.
+#[derive(Clone, Debug)]
+pub(crate) enum Runner {
+    /// `zklock-bench --peer <peer>`, optionally `--no-local-queue`.
+    Ours { peer: &'static str, no_queue: bool },
+    /// The test kit's `peers/run <curator|kazoo>`.
+    Peer(&'static str),
+    /// `java CuratorMem`.
+    CuratorMem,
+}
+
+impl Runner {
+    /// `zklock-bench --peer <peer>` with the local queue on.
+    pub(crate) fn ours(peer: &'static str) -> Runner {
+        Runner::Ours {
+            peer,
+            no_queue: false,
+        }
+    }
+}
+
+/// One row of a table: one workload, run by each of its cells.
+#[derive(Clone, Debug)]
+pub(crate) struct Row {
+    pub(crate) title: String,
+    pub(crate) workload: &'static str,
+    pub(crate) workers: usize,
+    pub(crate) cycles: usize,
+    pub(crate) keys: usize,
+    pub(crate) metric: Metric,
+    /// (column key, how that peer runs).
+    pub(crate) cells: Vec<(&'static str, Runner)>,
+    pub(crate) target: Option<Target>,
+}
+
+impl Row {
+    /// An `Ops` row of `workload` on one key with no target.
+    pub(crate) fn ops(
+        title: impl Into<String>,
+        workload: &'static str,
+        workers: usize,
+        cycles: usize,
+        cells: Vec<(&'static str, Runner)>,
+    ) -> Row {
+        Row {
+            title: title.into(),
+            workload,
+            workers,
+            cycles,
+            keys: 1,
+            metric: Metric::Ops,
+            cells,
+            target: None,
+        }
+    }
+
+    /// The same row with `target`.
+    pub(crate) fn with_target(mut self, target: Target) -> Row {
+        self.target = Some(target);
+        self
+    }
+
+    /// Whether the row is contended on one key: its lines carry holder changes and the
+    /// longest wait.
+    pub(crate) fn contended(&self) -> bool {
+        self.metric == Metric::Ops && self.workers > 1 && self.keys == 1
+    }
+
+    /// The figure that picks each cell's median run: the one its target judges first, else
+    /// the row's throughput.
+    pub(crate) fn ranked_by(&self) -> Figure {
+        match &self.target {
+            Some(Target::Ratios(wants)) => wants.first().map_or(Figure::Main, |w| w.figure),
+            _ => Figure::Main,
+        }
+    }
+}
+
+/// A figure of a run's line that a target compares.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(crate) enum Figure {
+    /// The row's metric: throughput, handoffs per second, or peak memory.
+    Main,
+    /// `holder_changes_per_s`.
+    HolderChanges,
+    /// `p99_us` (lower is better).
+    P99,
+}
+
+/// One part of a target: zklock's figure against a peer's, as a ratio bound.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Want {
+    /// The peer's column.
+    pub(crate) peer: &'static str,
+    pub(crate) figure: Figure,
+    /// zklock's figure over the peer's: at least this (throughputs, holder changes) or at
+    /// most this (p99; for memory the peer's over zklock's is at least this).
+    pub(crate) ratio: f64,
+}
+
+impl Want {
+    /// zklock's main figure at least `ratio`× the peer's (memory: the peer's at least `ratio`×
+    /// zklock's).
+    pub(crate) fn main(peer: &'static str, ratio: f64) -> Want {
+        Want {
+            peer,
+            figure: Figure::Main,
+            ratio,
+        }
+    }
+}
+
+/// A row's target.
+#[derive(Clone, Debug)]
+pub(crate) enum Target {
+    /// Every ratio met.
+    Ratios(Vec<Want>),
+    /// A peak of at most this many MB (memory rows).
+    PeakMb(f64),
+}
+
+/// What one run gave: its line, or why there is none.
+pub(crate) type Outcome = Result<Report, String>;
+
+/// One row's outcomes, by column.
+pub(crate) type Cells = BTreeMap<&'static str, Outcome>;
+
+/// A run's figure for `figure` on a row of `metric`.
+pub(crate) fn figure_of(metric: Metric, which: Figure, report: &Report) -> Option<f64> {
+    match which {
+        Figure::Main => figure(metric, report),
+        Figure::HolderChanges => report.number("holder_changes_per_s"),
+        Figure::P99 => report.number("p99_us"),
+    }
+}
+
+/// A run's main figure on a row of `metric`.
+pub(crate) fn figure(metric: Metric, report: &Report) -> Option<f64> {
+    match metric {
+        Metric::Ops => report.number("ops_per_s"),
+        Metric::Drain => report.number("handoffs_per_s"),
+        Metric::Memory => report.number("peak_kb"),
+    }
+}
+
+/// A column's main figure in `cells`, if it ran.
+pub(crate) fn value(metric: Metric, cells: &Cells, column: &str) -> Option<f64> {
+    cells
+        .get(column)
+        .and_then(|o| o.as_ref().ok())
+        .and_then(|r| figure(metric, r))
+}
+
+/// One row's runs: every round's outcomes, and the median run of each cell.
+#[derive(Debug, Default)]
+pub(crate) struct RowRuns {
+    /// Each cell's median run (see `rounds`).
+    pub(crate) kept: Cells,
+    /// Every round's outcomes, in the order they ran.
+    pub(crate) rounds: Vec<Cells>,
+}
+
+impl RowRuns {
+    /// zklock's ratio to `peer` on `which`, paired by round: the median, over the rounds in
+    /// which both ran, of zklock's figure over the peer's in that round (for memory, the
+    /// peer's over zklock's). Runs side by side in one round meet the same load, so the ratio
+    /// keeps out a drift that the medians of each cell alone would let in.
+    pub(crate) fn paired(&self, metric: Metric, which: Figure, peer: &str) -> Option<f64> {
+        let mut ratios: Vec<f64> = self
+            .rounds
+            .iter()
+            .filter_map(|round| {
+                let of = |column: &str| {
+                    round
+                        .get(column)
+                        .and_then(|o| o.as_ref().ok())
+                        .and_then(|r| figure_of(metric, which, r))
+                        .filter(|v| *v > 0.0)
+                };
+                let (ours, theirs) = (of("zklock")?, of(peer)?);
+                Some(match (which, metric) {
+                    (Figure::Main, Metric::Memory) => theirs / ours,
+                    _ => ours / theirs,
+                })
+            })
+            .collect();
+        if ratios.is_empty() {
+            return None;
+        }
+        ratios.sort_by(f64::total_cmp);
+        let mid = ratios.len() / 2;
+        Some(if ratios.len() % 2 == 1 {
+            ratios[mid]
+        } else {
+            (ratios[mid - 1] + ratios[mid]) / 2.0
+        })
+    }
+}

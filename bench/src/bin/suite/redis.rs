@@ -1,0 +1,140 @@
+//! The Redis section (`--only redis`): zklock's Redis backend beside rslock (Redlock on one
+//! server) and a bare `SET NX PX` + Lua compare-and-`DEL` floor, on a redis-server of the test
+//! kit (no persistence: the floor's cycle would not wait for `appendfsync everysec` either).
+
+use std::fmt::Write as _;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::cli::{Cli, Section};
+use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
+use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
+use crate::rounds::run_rounds;
+use crate::runner::Env;
+
+/// The columns of the Redis table, in order: (column key, heading).
+const COLUMNS: [(&str, &str); 3] = [
+    ("zklock", "zklock (Redis)"),
+    ("floor", "floor: SET NX PX + Lua DEL"),
+    ("rslock", "rslock (Redlock, 1 server)"),
+];
+
+/// The rows: zklock, the floor and rslock, uncontended and contended; and the linger's
+/// re-acquire.
+fn rows(quick: bool) -> Vec<Row> {
+    let (uncontended, contended) = if quick { (50, 5) } else { (10_000, 500) };
+    let cells = || {
+        COLUMNS
+            .iter()
+            .map(|(column, _)| (*column, Runner::ours(column)))
+            .collect::<Vec<_>>()
+    };
+    vec![
+        Row::ops(
+            "uncontended (1 connection, 1 key)",
+            "uncontended",
+            1,
+            uncontended,
+            cells(),
+        )
+        .with_target(Target::Ratios(vec![
+            Want::main("floor", 0.9),
+            Want::main("rslock", 1.1),
+        ])),
+        // rslock's refused waiters sleep 0–200 ms, so its releaser mostly takes the lock again:
+        // compared on how often the lock changes hands, not on cycles.
+        Row::ops(
+            "contended (8 connections, 1 key)",
+            "contended",
+            8,
+            contended,
+            cells(),
+        )
+        .with_target(Target::Ratios(vec![Want {
+            peer: "rslock",
+            figure: Figure::HolderChanges,
+            ratio: 1.5,
+        }])),
+        // The peers have no linger: they run it as `uncontended`. As on ZooKeeper: re-acquire
+        // without the floor's round trips.
+        Row::ops(
+            "reacquire (1 connection, 1 key, linger 1 s)",
+            "reacquire",
+            1,
+            uncontended,
+            cells(),
+        )
+        .with_target(Target::Ratios(vec![Want::main("floor", 10.0)])),
+    ]
+}
+
+/// The Redis rows, on a redis-server of the test kit.
+pub(crate) fn section(cli: &Cli) -> Result<String, String> {
+    let started = Instant::now();
+    eprintln!("starting redis-server (test kit)");
+    let server = zklock_testkit::RedisServer::start()
+        .map_err(|e| format!("cannot start redis-server: {e}"))?;
+    let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
+    let rows = rows(cli.quick);
+    let rounds = cli.rounds(Section::Redis);
+    let results = run_rounds(&mut env, &rows, rounds, "Redis");
+    drop(server);
+    Ok(render(
+        &rows,
+        &results,
+        started.elapsed(),
+        cli.quick,
+        rounds,
+    ))
+}
+
+/// `redis-server --version`'s version.
+fn version() -> String {
+    Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(str::to_string))
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn render(rows: &[Row], results: &[RowRuns], took: Duration, quick: bool, rounds: usize) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "{}; Redis {} (test kit: no persistence); section took {:.0} s{}.\n",
+        machine(),
+        version(),
+        took.as_secs_f64(),
+        quick_note(quick)
+    );
+    let _ = writeln!(
+        md,
+        "Throughput (acquire + release per second), {}. In parentheses: zklock's ratio to that \
+         peer.\n",
+        each_cell(rounds)
+    );
+    backend_tables(
+        &mut md,
+        rows,
+        results,
+        &BackendTables {
+            columns: &COLUMNS,
+            per_cycle: "per cycle, the round trips on the wire (the server's reads from \
+                        clients, `total_reads_processed`: one per request a client waits for) \
+                        and the commands the server ran (`total_commands_processed`: those sent \
+                        and those run inside scripts), over all clients, watchdog renewals \
+                        included",
+            per_cycle_fields: &[
+                ("round_trips_per_cycle", "round trips"),
+                ("commands_per_cycle", "commands"),
+            ],
+            rounds,
+        },
+    );
+    md
+}

@@ -1,0 +1,144 @@
+//! Whether a row meets its target, from the figures of the same run.
+
+use crate::model::{value, Figure, Metric, Row, RowRuns, Target, Want};
+
+/// A peer's column key as the verdicts name it.
+fn peer_name(column: &str) -> &str {
+    match column {
+        "curator" => "Curator",
+        "zkclient" => "zookeeper-client",
+        other => other,
+    }
+}
+
+/// The target's text, e.g. `≥ 2× Curator, ≥ 0.9× floor`.
+pub(crate) fn target_text(row: &Row) -> String {
+    match &row.target {
+        None => "—".into(),
+        Some(Target::PeakMb(mb)) => format!("≤ {mb} MB"),
+        Some(Target::Ratios(wants)) => wants
+            .iter()
+            .map(|w| want_text(row.metric, w))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+fn want_text(metric: Metric, w: &Want) -> String {
+    let peer = peer_name(w.peer);
+    match (w.figure, metric) {
+        (Figure::Main, Metric::Memory) => format!("≥ {}× less than {peer}", w.ratio),
+        (Figure::Main, _) => format!("≥ {}× {peer}", w.ratio),
+        (Figure::HolderChanges, _) => format!("holder changes ≥ {}× {peer}", w.ratio),
+        (Figure::P99, _) => format!("p99 ≤ {}× {peer}", w.ratio),
+    }
+}
+
+/// Whether a ratio meets its part of the target.
+fn meets(w: &Want, ratio: f64) -> bool {
+    match w.figure {
+        Figure::P99 => ratio <= w.ratio,
+        Figure::Main | Figure::HolderChanges => ratio >= w.ratio,
+    }
+}
+
+/// The row's target and its verdict, from the ratios paired by round (see
+/// [`RowRuns::paired`]): `met`, or `**missed**` with the ratios that fall short.
+pub(crate) fn verdict(row: &Row, runs: &RowRuns) -> (String, String) {
+    let text = target_text(row);
+    let wants = match &row.target {
+        None => return (text, String::new()),
+        Some(Target::PeakMb(mb)) => {
+            let met = match value(row.metric, &runs.kept, "zklock") {
+                Some(kb) if kb / 1024.0 <= *mb => "met".into(),
+                Some(kb) => format!("**missed** ({:.1} MB)", kb / 1024.0),
+                None => "no figure".into(),
+            };
+            return (text, met);
+        }
+        Some(Target::Ratios(wants)) => wants,
+    };
+    let mut short = vec![];
+    let mut all = vec![];
+    for w in wants {
+        let label = match w.figure {
+            Figure::Main => peer_name(w.peer).to_string(),
+            Figure::HolderChanges => format!("{} holder changes", peer_name(w.peer)),
+            Figure::P99 => format!("{} p99", peer_name(w.peer)),
+        };
+        match runs.paired(row.metric, w.figure, w.peer) {
+            Some(r) if meets(w, r) => all.push(format!("×{r:.2} {label}")),
+            Some(r) => {
+                all.push(format!("×{r:.2} {label}"));
+                short.push(format!("×{r:.2} {label}"));
+            }
+            None => short.push(format!("no {label} figure")),
+        }
+    }
+    if short.is_empty() {
+        (text, format!("met ({})", all.join(", ")))
+    } else {
+        (text, format!("**missed** ({})", short.join(", ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Cells, Outcome, Row, Runner};
+
+    fn line(s: &str) -> Outcome {
+        Ok(zklock_bench::parse_line(s).unwrap())
+    }
+
+    #[test]
+    fn every_part_of_a_target_is_judged() {
+        let row = Row::ops(
+            "c",
+            "contended",
+            8,
+            10,
+            vec![("zklock", Runner::ours("zklock"))],
+        )
+        .with_target(Target::Ratios(vec![
+            Want::main("floor", 0.9),
+            Want {
+                peer: "floor",
+                figure: Figure::P99,
+                ratio: 2.0,
+            },
+        ]));
+        let round = |ours: &str, floor: &str| {
+            Cells::from([
+                ("zklock", line(&format!("peer=zklock {ours}"))),
+                ("floor", line(&format!("peer=floor {floor}"))),
+            ])
+        };
+        let runs = |rounds: Vec<Cells>| RowRuns {
+            kept: Cells::new(),
+            rounds,
+        };
+        let r = runs(vec![round(
+            "ops_per_s=95 p99_us=300",
+            "ops_per_s=100 p99_us=100",
+        )]);
+        let (text, met) = verdict(&row, &r);
+        assert_eq!(text, "≥ 0.9× floor, p99 ≤ 2× floor");
+        assert_eq!(met, "**missed** (×3.00 floor p99)");
+        // Paired by round: the median of 0.95, 1.9 and 0.5 is 0.95, whatever each cell's median.
+        let r = runs(vec![
+            round("ops_per_s=95 p99_us=150", "ops_per_s=100 p99_us=100"),
+            round("ops_per_s=95 p99_us=150", "ops_per_s=50 p99_us=100"),
+            round("ops_per_s=50 p99_us=150", "ops_per_s=100 p99_us=100"),
+        ]);
+        assert_eq!(verdict(&row, &r).1, "met (×0.95 floor, ×1.50 floor p99)");
+        // A round in which a peer failed does not count.
+        let mut failed = round("ops_per_s=1 p99_us=150", "ops_per_s=1");
+        failed.insert("floor", Err("timeout".into()));
+        let r = runs(vec![
+            failed,
+            round("ops_per_s=95 p99_us=150", "ops_per_s=100 p99_us=100"),
+        ]);
+        assert_eq!(verdict(&row, &r).1, "met (×0.95 floor, ×1.50 floor p99)");
+    }
+}
