@@ -19,7 +19,7 @@
 //!   lock once granted): the server grants in the order it queued them, inside the release.
 //!   The wait ends by the statement's own `lock_timeout` at the deadline; an acquire dropped
 //!   before sends a cancel request and then an undo, which releases a lock granted just as it
-//!   was dropped (see [`Pending`]). A waiting connection that breaks held nothing: the acquire
+//!   was dropped (see [`Unfinished`]). A waiting connection that breaks held nothing: the acquire
 //!   waits again on another one, at the back of the queue.
 //! - Further waiters hold no connection: they try, then sleep until a release of their lock is
 //!   notified (`LISTEN`/`NOTIFY` on one listening connection per backend, see [`hub`]) or
@@ -201,7 +201,7 @@ impl Inner {
 
 /// A lock id reserved for an acquire on a connection, and what the acquire may have left
 /// there: undone in the background when dropped armed, and the id given back after.
-struct Pending {
+struct Unfinished {
     inner: Arc<Inner>,
     reservation: Option<Reservation>,
     shared: bool,
@@ -226,9 +226,14 @@ struct InFlight {
     answer: BoxFuture<'static, Result<Vec<tokio_postgres::Row>, PostgresError>>,
 }
 
-impl Pending {
-    fn new(inner: &Arc<Inner>, reservation: Reservation, shared: bool, blocked: bool) -> Pending {
-        Pending {
+impl Unfinished {
+    fn new(
+        inner: &Arc<Inner>,
+        reservation: Reservation,
+        shared: bool,
+        blocked: bool,
+    ) -> Unfinished {
+        Unfinished {
             inner: inner.clone(),
             reservation: Some(reservation),
             shared,
@@ -241,7 +246,7 @@ impl Pending {
     }
 }
 
-impl Pending {
+impl Unfinished {
     fn conn(&self) -> &Arc<HoldConn> {
         &self.reservation.as_ref().expect("reserved").conn
     }
@@ -251,7 +256,7 @@ impl Pending {
     }
 }
 
-impl Drop for Pending {
+impl Drop for Unfinished {
     fn drop(&mut self) {
         let Some(reservation) = self.reservation.take() else {
             return;
@@ -390,21 +395,21 @@ impl PostgresBackend {
         Ok(PostgresBackend { inner })
     }
 
-    /// One attempt on `pending`'s connection: one statement that tries the lock and, if it
+    /// One attempt on `unfinished`'s connection: one statement that tries the lock and, if it
     /// got it, takes the grant's token from the key row (see "Tokens" in the module docs of
     /// [`sql`]).
     async fn attempt(
         &self,
-        pending: &mut Pending,
+        unfinished: &mut Unfinished,
         path: &str,
         shared: bool,
     ) -> Result<Attempt, PostgresError> {
-        let id = pending.id();
-        let conn = pending.conn().clone();
+        let id = unfinished.id();
+        let conn = unfinished.conn().clone();
         let statements = conn.statements().await?;
         // Before the attempt: a waiter registering after it is not missed.
         let waiters = self.inner.hub.watch_waiters(id);
-        pending.armed = true;
+        unfinished.armed = true;
         let attempt = if shared {
             &statements.try_shared
         } else {
@@ -415,7 +420,7 @@ impl PostgresBackend {
             .await?;
         let row = rows.first();
         if !row.is_some_and(|r| r.get::<_, bool>(0)) {
-            pending.armed = false;
+            unfinished.armed = false;
             return Ok(Attempt::Taken);
         }
         let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
@@ -426,7 +431,7 @@ impl PostgresBackend {
         })
     }
 
-    /// One wait in the server's lock queue on `pending`'s connection, given to it: one
+    /// One wait in the server's lock queue on `unfinished`'s connection, given to it: one
     /// statement that blocks in `pg_advisory_lock` (or `_shared`) until the server grants the
     /// lock, then takes the grant's token as [`attempt`](Self::attempt) does. The wait lasts
     /// until the caller's deadline or [`QUEUE_SLICE`] (the statement's `lock_timeout`); then
@@ -434,14 +439,14 @@ impl PostgresBackend {
     /// given to the acquire for its next wait.
     async fn block(
         &self,
-        pending: &mut Pending,
+        unfinished: &mut Unfinished,
         path: &str,
         shared: bool,
         wait: Wait,
     ) -> Result<Attempt, PostgresError> {
         let inner = &self.inner;
-        let id = pending.id();
-        let conn = pending.conn().clone();
+        let id = unfinished.id();
+        let conn = unfinished.conn().clone();
         let statements = conn.statements().await?;
         let now = tokio::time::Instant::now();
         let limit = match wait {
@@ -457,7 +462,7 @@ impl PostgresBackend {
         };
         // Before the wait: a waiter registering after the grant is not missed.
         let waiters = inner.hub.watch_waiters(id);
-        pending.armed = true;
+        unfinished.armed = true;
         let sent = tokio::time::Instant::now();
         // Owned, so that a dropped acquire can still wait for its answer (see `ended`).
         let answer: BoxFuture<'static, _> = Box::pin({
@@ -470,7 +475,7 @@ impl PostgresBackend {
                     .await
             }
         });
-        let flight = pending.in_flight.insert(InFlight {
+        let flight = unfinished.in_flight.insert(InFlight {
             ends: sent + limit,
             answer,
         });
@@ -486,7 +491,7 @@ impl PostgresBackend {
                 (&mut flight.answer).await
             }
         };
-        pending.in_flight = None;
+        unfinished.in_flight = None;
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
@@ -500,7 +505,7 @@ impl PostgresBackend {
                     ],
                 ))
                 .await?;
-                pending.armed = false;
+                unfinished.armed = false;
                 return Ok(Attempt::Taken);
             }
             Err(e) => return Err(e),
@@ -516,7 +521,7 @@ impl PostgresBackend {
             sent
         };
         conn.unblock(Some(answered));
-        pending.blocked = false;
+        unfinished.blocked = false;
         let row = rows.first();
         let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
         Ok(match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
@@ -536,7 +541,7 @@ impl PostgresBackend {
         wait: Wait,
     ) -> Result<Option<PgHold>> {
         let inner = &self.inner;
-        let mut pending: Option<Pending> = None;
+        let mut unfinished: Option<Unfinished> = None;
         let mut listener: Option<Listener> = None;
         let mut pause = RETRY_MIN;
         let mut stale = 0;
@@ -545,13 +550,13 @@ impl PostgresBackend {
         let mut taken_once = false;
         loop {
             // A connection that was lost with our reservation on it: start again elsewhere.
-            if pending
+            if unfinished
                 .as_ref()
                 .is_some_and(|p| p.conn().reason().is_some())
             {
-                pending = None;
+                unfinished = None;
             }
-            let p = match &mut pending {
+            let p = match &mut unfinished {
                 Some(p) => p,
                 None => {
                     let reserved = async {
@@ -560,7 +565,7 @@ impl PostgresBackend {
                     };
                     match reserved.await {
                         Ok(reservation) => {
-                            pending.insert(Pending::new(inner, reservation, shared, false))
+                            unfinished.insert(Unfinished::new(inner, reservation, shared, false))
                         }
                         Err(e) if e.is_transient() => {
                             tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
@@ -586,12 +591,12 @@ impl PostgresBackend {
                     } else if taken_once {
                         let id = p.id();
                         // Nothing armed: given back at once (a writer's intent undone).
-                        pending = None;
+                        unfinished = None;
                         match inner.pool.reserve_blocked(id).await {
                             Ok(reservation) => {
-                                let mut p = Pending::new(inner, reservation, shared, true);
+                                let mut p = Unfinished::new(inner, reservation, shared, true);
                                 p.permit = permit.take();
-                                pending = Some(p);
+                                unfinished = Some(p);
                             }
                             Err(e) if e.is_transient() => {
                                 tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
@@ -606,7 +611,7 @@ impl PostgresBackend {
                     }
                 }
             }
-            let p = pending.as_mut().expect("reserved");
+            let p = unfinished.as_mut().expect("reserved");
             let blocked = p.blocked;
             if blocked {
                 listener = None;
@@ -624,7 +629,7 @@ impl PostgresBackend {
             };
             match attempt {
                 Ok(Attempt::Granted(token, waiting, waiters)) => {
-                    let mut p = pending.take().expect("reserved");
+                    let mut p = unfinished.take().expect("reserved");
                     if p.intent {
                         let conn = p.conn().clone();
                         let id = p.id();
@@ -653,7 +658,7 @@ impl PostgresBackend {
                 Ok(Attempt::Stale) => {
                     // Undone and given back in the background; look the id up again.
                     inner.forget(&target.path);
-                    pending = None;
+                    unfinished = None;
                     stale += 1;
                     if stale > STALE_ID_RETRIES {
                         return Err(Error::Config(format!(
@@ -706,7 +711,7 @@ impl PostgresBackend {
                 Err(e) if is_undefined_table(&e) => {
                     // Undone in the background; the next lookup makes the table again.
                     inner.forget(&target.path);
-                    pending = None;
+                    unfinished = None;
                     stale += 1;
                     if stale > STALE_ID_RETRIES {
                         return Err(pg_error("acquire the lock")(e));
@@ -714,7 +719,7 @@ impl PostgresBackend {
                 }
                 Err(e) if e.is_transient() => {
                     tracing::debug!(key = %target.key, error = %e, "zklock: a PostgreSQL acquire attempt failed; retrying");
-                    pending = None;
+                    unfinished = None;
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
                 }

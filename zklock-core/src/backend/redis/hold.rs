@@ -14,7 +14,7 @@ use super::keys::Keys;
 use super::lease::reason;
 pub(crate) use super::lease::{extend, lose, HoldState, Side};
 use super::watchdog::Renewal;
-use super::{scripts, Inner, Pending, Undo};
+use super::{scripts, Inner, Undo, Unfinished};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
@@ -425,12 +425,12 @@ impl BackendHold for RedisHold {
             let inner = &self.inner;
             let read_id = inner.new_id();
             // Until the answer is in, the read hold may exist: undone if this ends otherwise.
-            let mut pending = Pending::new(
+            let mut unfinished = Unfinished::new(
                 inner.clone(),
                 self.keys.clone(),
                 Undo::Any(vec![read_id.clone()]),
             );
-            pending.armed = true;
+            unfinished.armed = true;
             let epoch = inner.breaks.epoch();
             let sent = Instant::now();
             let keys = &self.keys;
@@ -452,11 +452,11 @@ impl BackendHold for RedisHold {
                     source: e.into(),
                 })?;
             if done != 1 {
-                pending.armed = false;
+                unfinished.armed = false;
                 lose(&self.state, LossReason::NodeDeleted, &keys.exclusive);
                 return Err(lost(self.loss_reason().unwrap_or(LossReason::NodeDeleted)));
             }
-            pending.armed = false;
+            unfinished.armed = false;
             // The write key is gone: this hold has ended.
             self.released.store(true, Ordering::SeqCst);
             self.end();

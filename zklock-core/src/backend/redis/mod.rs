@@ -279,16 +279,16 @@ enum Attempt {
 
 /// The ids of an acquire (or downgrade) whose request may have been applied: undone in the
 /// background when dropped armed.
-pub(crate) struct Pending {
+pub(crate) struct Unfinished {
     inner: Arc<Inner>,
     keys: Arc<Keys>,
     undo: Option<Undo>,
     pub(crate) armed: bool,
 }
 
-impl Pending {
-    pub(crate) fn new(inner: Arc<Inner>, keys: Arc<Keys>, undo: Undo) -> Pending {
-        Pending {
+impl Unfinished {
+    pub(crate) fn new(inner: Arc<Inner>, keys: Arc<Keys>, undo: Undo) -> Unfinished {
+        Unfinished {
             inner,
             keys,
             undo: Some(undo),
@@ -297,7 +297,7 @@ impl Pending {
     }
 }
 
-impl Drop for Pending {
+impl Drop for Unfinished {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -480,7 +480,7 @@ impl RedisBackend {
         } else {
             Undo::Any(ids.clone())
         };
-        let mut pending = Pending::new(inner.clone(), keys.clone(), undo);
+        let mut unfinished = Unfinished::new(inner.clone(), keys.clone(), undo);
         let queue = !matches!(wait, Wait::Never);
         // A mutex waiter listens once refused (an acquire that is granted at once registers
         // nothing); a hand-over or a connection event between its attempt and then is not
@@ -493,7 +493,7 @@ impl RedisBackend {
             if let Some(l) = &mut listener {
                 l.mark();
             }
-            pending.armed = true;
+            unfinished.armed = true;
             let epoch = inner.breaks.epoch();
             let hub_generation = inner.hub.generation();
             let sent = Instant::now();
@@ -506,7 +506,7 @@ impl RedisBackend {
                     continue;
                 }
                 Ok(Attempt::Granted(last)) => {
-                    pending.armed = false;
+                    unfinished.armed = false;
                     let first = last - i64::from(n.max(1)) + 1;
                     let side = match ask {
                         Ask::Mutex => Side::Mutex,
@@ -537,7 +537,7 @@ impl RedisBackend {
                     queued = mutex && queue;
                     // Nothing of ours is left, but a waiting writer's intent or a queued
                     // mutex waiter's place.
-                    pending.armed = matches!(ask, Ask::Write) || (mutex && queue);
+                    unfinished.armed = matches!(ask, Ask::Write) || (mutex && queue);
                     if matches!(wait, Wait::Never) {
                         return Ok(None);
                     }
@@ -590,7 +590,7 @@ impl RedisBackend {
                         if deadline > Instant::now() + inner.waiter_ttl / 4
                             && inner.breaks.epoch() == epoch
                         {
-                            pending.armed = false;
+                            unfinished.armed = false;
                             let hold = RedisHold::new(
                                 inner.clone(),
                                 keys.clone(),
