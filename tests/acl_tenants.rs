@@ -67,10 +67,12 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
         .connect()
         .await
         .unwrap();
-    // An anonymous manager locked the key first: the path it made is open to anyone.
+    // An anonymous manager locked the key first: the path it made is open to anyone. A child
+    // keeps the path from being reaped once the lock is let go: made while the anonymous hold
+    // still keeps the path (made after the release, it raced the server's reaping of the
+    // emptied path, and failed with NoNode now and then).
     let path = tenant.path_of("invoice_9").unwrap();
     let open = anonymous.lock("invoice_9").await.unwrap();
-    open.release().await.unwrap();
     anonymous
         .zk_client()
         .create(
@@ -89,6 +91,7 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
             }
         })
         .unwrap();
+    open.release().await.unwrap();
     match tenant.try_lock("invoice_9").await {
         Err(Error::UnprotectedPath { path: p, acl }) => {
             assert_eq!(p, path);
