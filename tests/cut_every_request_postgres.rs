@@ -35,21 +35,14 @@ mod cuts;
 
 use std::time::Duration;
 
+use common::pg_client;
 use cuts::{run_through_relay, sweep, LeaseServer, Protocol};
-use tokio_postgres::NoTls;
 use zklock::LockManager;
 use zklock_testkit::PostgresServer;
 
 /// The classes of zklock's advisory locks (`zkLK`, `zkIN`, `zkWI`, `zkQU`): the lock, a waiting
 /// writer's intent, a registration of waiters that retry, one of waits in the server's queue.
 const CLASSES: [i64; 4] = [0x7A6B_4C4B, 0x7A6B_494E, 0x7A6B_5749, 0x7A6B_5155];
-
-/// A plain client for looking at the server.
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
 
 /// zklock's advisory locks on the lock of `key` (any class), held or waited for in the
 /// server's queue: `(class, mode, granted, application)`.
@@ -158,7 +151,7 @@ impl LeaseServer for Pg {
 async fn sweep_postgres(protocol: Protocol, offset: usize) {
     let server = PostgresServer::start().expect("start postgres (see the test kit's error)");
     let pg = Pg {
-        admin: admin(&server.url()).await,
+        admin: pg_client(&server.url()).await,
         server,
     };
     // The last request of an uncut run is the release; a killed victim holds until told of

@@ -19,7 +19,7 @@ use zklock::{
 };
 use zklock_testkit::PostgresServer;
 
-use common::eventually;
+use common::{eventually, pg_client};
 
 /// The lease most tests run with: long enough that a busy 2-core machine never misses a
 /// liveness check, short enough for loss tests to be quick.
@@ -44,13 +44,6 @@ async fn manager(url: &str) -> LockManager {
         .connect()
         .await
         .unwrap()
-}
-
-/// A plain client, to look at and act on the server.
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
 }
 
 /// zklock's advisory locks on the server: `(objid, mode, pid)`.
@@ -87,7 +80,7 @@ async fn id_of(client: &tokio_postgres::Client, path: &str) -> i64 {
 async fn a_terminated_holding_connection_is_lost_and_the_next_token_is_larger() {
     let pg = server();
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let guard = a.lock("victim").await.unwrap();
     let first = guard.fencing_token();
     let id = id_of(&look, "/zklock/locks/victim").await;
@@ -145,7 +138,7 @@ async fn a_restarted_server_makes_the_holder_lost() {
         .unwrap();
     assert!(again.fencing_token() > first);
     again.release().await.unwrap();
-    assert!(held(&admin(&pg.url()).await).await.is_empty());
+    assert!(held(&pg_client(&pg.url()).await).await.is_empty());
 }
 
 /// Keys that look alike get ids of their own; an id that went stale (the row renamed under a
@@ -155,7 +148,7 @@ async fn a_restarted_server_makes_the_holder_lost() {
 async fn key_ids_never_collide_and_stale_ids_are_noticed() {
     let pg = server();
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let keys = ["a/b", "a%2Fb", "a_b", "A/b", "a/b/", "x"];
     let mut guards = vec![];
     for k in keys {
@@ -476,7 +469,7 @@ async fn fence_and_block(client: &tokio_postgres::Client, path: &str) -> (i64, O
 async fn every_grant_writes_its_token_to_the_key_row() {
     let pg = server();
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let path = a.path_of("blk").unwrap();
     a.lock("blk").await.unwrap().release().await.unwrap();
     // A row as an earlier version left it: a block's tag.
@@ -511,7 +504,7 @@ async fn a_release_notifies_only_when_someone_waits() {
     use futures::StreamExt;
     let pg = server();
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (listen, mut connection) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
     let notified = Arc::new(AtomicUsize::new(0));
     let count = notified.clone();
@@ -597,7 +590,7 @@ async fn a_release_notifies_only_when_someone_waits() {
 async fn a_killed_listening_connection_registers_its_waiters_again() {
     let pg = server();
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (mut guards, mut waiters, ids) = queue_then_retry(&a, &b, &look, "relisten").await;
     let id = *ids.last().unwrap();
     let pid = registrations(&look)
@@ -650,7 +643,7 @@ async fn an_update_of_the_key_row_in_progress_holds_up_a_grant_until_it_ends() {
     let first = g.fencing_token();
     g.release().await.unwrap();
     let path = m.path_of("busy-row").unwrap();
-    let mut updater = admin(&pg.url()).await;
+    let mut updater = pg_client(&pg.url()).await;
     let t = updater.transaction().await.unwrap();
     t.execute(
         "UPDATE zklock_keys SET run_after = now() WHERE path = $1",
@@ -688,7 +681,7 @@ async fn a_lingering_lock_is_taken_again_and_given_up_when_another_process_waits
         .await
         .unwrap();
     let b = manager(&pg.url()).await;
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let first = a.lock("lg").await.unwrap();
     let t1 = first.fencing_token();
     first.release().await.unwrap();
@@ -738,7 +731,7 @@ async fn a_local_handoff_of_a_terminated_session_hands_on_nothing() {
     let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
     let a = manager(&relay.url(&pg.url())).await;
     let b = manager(&pg.url()).await;
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let first = a.lock("handed").await.unwrap();
     let next = {
         let a = a.clone();

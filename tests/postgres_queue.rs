@@ -12,11 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio_postgres::NoTls;
 use zklock::{Error, FencingToken, LockManager};
 use zklock_testkit::PostgresServer;
 
-use common::eventually;
+use common::{eventually, pg_client};
 
 const LEASE: Duration = Duration::from_secs(3);
 
@@ -33,12 +32,6 @@ async fn manager(url: &str) -> LockManager {
         .connect()
         .await
         .unwrap()
-}
-
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
 }
 
 /// zklock's advisory locks on the server, held (`granted`) or waited for: `(objid, pid)`, the
@@ -82,7 +75,7 @@ async fn until_queued(look: &tokio_postgres::Client, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_granted_in_the_order_the_server_queued_them() {
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let holder = manager(&pg.url()).await;
     let first = holder.lock("fifo").await.unwrap();
     let grants: Arc<Mutex<Vec<(usize, FencingToken)>>> = Arc::default();
@@ -130,7 +123,7 @@ async fn waiters_are_granted_in_the_order_the_server_queued_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_in_the_queue_leaves_nothing() {
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let g = a.lock("deadline").await.unwrap();
     for _ in 0..3 {
@@ -166,7 +159,7 @@ async fn a_deadline_in_the_queue_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_acquire_in_the_queue_is_cancelled_on_the_server() {
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let g = a.lock("dropped").await.unwrap();
     let b2 = b.clone();
@@ -199,7 +192,7 @@ async fn a_dropped_acquire_in_the_queue_is_cancelled_on_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_racing_a_drop_leaves_nothing_held() {
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let mut granted = 0;
     for round in 0..60u64 {
@@ -258,7 +251,7 @@ async fn a_grant_racing_a_drop_leaves_nothing_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_racing_a_deadline_leaves_nothing_held() {
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let (mut got, mut timed_out) = (0, 0);
     for round in 0..40u64 {
@@ -299,7 +292,7 @@ async fn a_grant_racing_a_deadline_leaves_nothing_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_connection_killed_in_the_queue_waits_again() {
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let g = a.lock("killed").await.unwrap();
     let b2 = b.clone();
@@ -340,7 +333,7 @@ async fn a_waiting_connection_killed_in_the_queue_waits_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_longer_than_the_lease_is_granted_a_live_hold() {
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let g = a.lock("long").await.unwrap();
     let b2 = b.clone();
@@ -372,7 +365,7 @@ async fn a_wait_longer_than_the_lease_is_granted_a_live_hold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_keys_are_not_held_up_by_a_wait_in_the_queue() {
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let g = a.lock("busy").await.unwrap();
     let b2 = b.clone();
@@ -406,7 +399,7 @@ async fn a_reader_in_the_queue_waits_behind_a_retrying_writer() {
     /// The class of a waiting writer's intent (`zkIN`).
     const INTENT_CLASS: i64 = 0x7A6B_494E;
     let pg = server();
-    let look = admin(&pg.url()).await;
+    let look = pg_client(&pg.url()).await;
     let (h, w, r) = (
         manager(&pg.url()).await,
         manager(&pg.url()).await,

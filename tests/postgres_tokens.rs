@@ -10,7 +10,6 @@ mod common;
 
 use std::time::Duration;
 
-use tokio_postgres::NoTls;
 use zklock::{FencingToken, LockManager};
 use zklock_testkit::PostgresServer;
 
@@ -175,8 +174,7 @@ async fn server_us(client: &tokio_postgres::Client) -> i64 {
 async fn tokens_stay_at_the_server_clock() {
     let pg = PostgresServer::start().expect("start postgres (see the test kit's error)");
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
-    let (look, connection) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
-    tokio::spawn(connection);
+    let look = common::pg_client(&pg.url()).await;
     let mut last = None;
     for i in 0..12 {
         let m = if i % 2 == 0 { &a } else { &b };

@@ -41,7 +41,6 @@ use faults::{leader_worker, mutex_worker, rw_worker, Crew, Work};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
-use tokio_postgres::NoTls;
 use zklock::{Error, LockManager, Ran};
 use zklock_testkit::{now_ns, History, Mode, Op, PostgresServer, Recorder, RedisServer};
 
@@ -272,10 +271,7 @@ async fn postgres_fault(
     match kind {
         0 => {
             // A holding session, ended by the server: every hold on it is lost at once.
-            let (client, connection) = tokio_postgres::connect(&server.url(), NoTls)
-                .await
-                .expect("connect to the test PostgreSQL");
-            tokio::spawn(connection);
+            let client = common::pg_client(&server.url()).await;
             for _ in 0..100 {
                 let rows = client
                     .query(

@@ -113,11 +113,7 @@ impl Env {
 
     /// A plain PostgreSQL client, to look at the server's locks and end sessions.
     pub(crate) async fn pg_client(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.pg_url(), NoTls)
-            .await
-            .expect("connect to the test PostgreSQL");
-        tokio::spawn(connection);
-        client
+        pg_client(&self.pg_url()).await
     }
 
     /// zklock's granted advisory locks (the lock and a writer's intent) of the lock at `path`

@@ -40,7 +40,6 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use tokio::sync::{oneshot, Barrier};
 use tokio::task::JoinHandle;
-use tokio_postgres::NoTls;
 use zklock::{
     current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
 };

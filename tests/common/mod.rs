@@ -206,3 +206,13 @@ pub async fn redis_queued(url: &str, key: &str, n: usize) {
     .await
     .unwrap_or_else(|_| panic!("{n} waiters never queued for {key}"));
 }
+
+/// A plain PostgreSQL client on `url`, its connection driven by a task of its own: what a test
+/// looks at the server's locks and sessions with, beside the managers it tests.
+pub async fn pg_client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test PostgreSQL");
+    tokio::spawn(connection);
+    client
+}
