@@ -553,13 +553,7 @@ impl Inspect for MemoryBackend {
                 waiters.push(contender);
             }
         }
-        let info = LockInfo {
-            key: path.to_string(),
-            path: path.to_string(),
-            kind,
-            holders,
-            waiters,
-        };
+        let info = LockInfo::at(path, kind, holders, waiters);
         Box::pin(std::future::ready(Ok(info)))
     }
 

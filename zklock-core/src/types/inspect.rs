@@ -184,3 +184,22 @@ pub struct LockInfo {
     /// Who waits, first in line first.
     pub waiters: Vec<Contender>,
 }
+
+impl LockInfo {
+    /// What a backend saw at the lock path `path`, named by its path until the manager puts
+    /// the key it was asked for in its place.
+    pub(crate) fn at(
+        path: &str,
+        kind: LockKind,
+        holders: Vec<Contender>,
+        waiters: Vec<Contender>,
+    ) -> LockInfo {
+        LockInfo {
+            key: path.to_string(),
+            path: path.to_string(),
+            kind,
+            holders,
+            waiters,
+        }
+    }
+}

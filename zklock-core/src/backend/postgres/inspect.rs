@@ -155,13 +155,7 @@ impl PostgresBackend {
                 _ => {}
             }
         }
-        Ok(LockInfo {
-            key: path.to_string(),
-            path: path.to_string(),
-            kind,
-            holders,
-            waiters,
-        })
+        Ok(LockInfo::at(path, kind, holders, waiters))
     }
 
     async fn locked_paths(&self, namespace: &str) -> Result<Vec<String>, PostgresError> {

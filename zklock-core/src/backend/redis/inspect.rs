@@ -156,13 +156,7 @@ impl RedisBackend {
             };
             waiters.push(self.contender(id, mode, at_us(*queued_us as i64), 0, &keys.queue));
         }
-        Ok(LockInfo {
-            key: path.to_string(),
-            path: path.to_string(),
-            kind,
-            holders,
-            waiters,
-        })
+        Ok(LockInfo::at(path, kind, holders, waiters))
     }
 
     /// Every key name matching `pattern`, by `SCAN` (which never blocks the server).

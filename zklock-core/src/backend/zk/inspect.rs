@@ -131,13 +131,7 @@ impl ZkBackend {
             }
             LockKind::ReadWrite => split_read_write(self.contenders(path, NodeKind::Write).await?),
         };
-        Ok(LockInfo {
-            key: path.to_string(),
-            path: path.to_string(),
-            kind,
-            holders,
-            waiters,
-        })
+        Ok(LockInfo::at(path, kind, holders, waiters))
     }
 }
 
