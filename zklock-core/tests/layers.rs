@@ -200,8 +200,7 @@ fn module_path(src: &Path, file: &Path) -> ModPath {
 /// against the modules that exist: the longest existing prefix of each path.
 fn module_refs(line: &str, me: &ModPath, modules: &BTreeSet<ModPath>) -> Vec<ModPath> {
     let mut out = Vec::new();
-    let bytes: Vec<char> = line.chars().collect();
-    let text: String = bytes.iter().collect();
+    let text = line;
     for start in ["crate::", "super::", "self::"] {
         let mut from = 0;
         while let Some(at) = text[from..].find(start) {
