@@ -132,9 +132,9 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub async fn revoke(&self, key: &str) -> Result<Vec<String>> {
-        self.revoker()?;
+        let revoker = self.revoker()?;
         let info = self.inspect(key).await?;
-        self.revoker()?.revoke(&info).await
+        revoker.revoke(&info).await
     }
 
     /// [`revoke`](Self::revoke) for a raw lock path.
@@ -145,9 +145,9 @@ impl LockManager {
     /// # Ok(()) }
     /// ```
     pub async fn revoke_path(&self, path: &str) -> Result<Vec<String>> {
-        self.revoker()?;
+        let revoker = self.revoker()?;
         let info = self.inspect_path(path).await?;
-        self.revoker()?.revoke(&info).await
+        revoker.revoke(&info).await
     }
 
     fn revoker(&self) -> Result<&dyn crate::backend::Revoke> {
