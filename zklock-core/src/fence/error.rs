@@ -26,6 +26,14 @@ pub enum FenceError {
     #[error("{0}")]
     Invalid(String),
 
+    /// The write carries no token: its hold's manager was built with
+    /// [`fencing_tokens(false)`](crate::Builder::fencing_tokens). Nothing reached the store.
+    #[error("the fenced write on {resource} carries no fencing token: its lock's manager was built with fencing_tokens(false); build it with fencing_tokens(true) to write through a fence")]
+    NoToken {
+        /// The resource.
+        resource: String,
+    },
+
     /// A stored or given token is not in the expected encoding: the fence's key, row or node
     /// was written by something else.
     #[error("not a fencing token: found {found}, expected {expected}; keep the fence's keys, rows and nodes for the fence alone")]

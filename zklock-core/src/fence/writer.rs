@@ -94,7 +94,8 @@ impl<'f, F: Fence> Fenced<'f, F> {
     /// [`Fence::fenced_write`].
     ///
     /// # Errors
-    /// As [`Fence::fenced_write`].
+    /// As [`Fence::fenced_write`]; [`FenceError::NoToken`] when the token is
+    /// [`FencingToken::NONE`] (a hold of a manager without tokens), before the store is asked.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), zklock_core::fence::FenceError> {
@@ -109,6 +110,11 @@ impl<'f, F: Fence> Fenced<'f, F> {
     /// # Ok(()) }
     /// ```
     pub async fn write(&self, write: F::Write) -> Result<Outcome<F::Applied>, FenceError> {
+        if self.token.is_none() {
+            return Err(FenceError::NoToken {
+                resource: self.resource.to_string(),
+            });
+        }
         self.fence
             .fenced_write(&self.resource, self.token, write)
             .await

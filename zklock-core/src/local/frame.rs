@@ -109,7 +109,9 @@ pub(crate) async fn reenter(
 
 /// The fencing token of the innermost lock held by the current frame, if any: what a body run
 /// by `with_lock` or `#[distributed_lock]` sends with its writes. `fence::current(&store)`
-/// gives a writer that carries it (see [`fence`](crate::fence)).
+/// gives a writer that carries it (see [`fence`](crate::fence)). The lock's token is
+/// [`FencingToken::NONE`] when its manager issues none
+/// ([`fencing_tokens(false)`](crate::Builder::fencing_tokens)).
 ///
 /// # Examples
 ///

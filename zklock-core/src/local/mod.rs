@@ -40,6 +40,19 @@ pub(crate) struct LocalConfig {
     /// How long the hold of an exclusive hold (mutex, write) is kept after its last local
     /// release while no other contender exists; zero: not at all.
     pub(crate) linger: std::time::Duration,
+    /// Whether grants carry the backend's fencing tokens; without, every grant's token is
+    /// [`FencingToken::NONE`] (see [`Builder::fencing_tokens`](crate::Builder::fencing_tokens)).
+    pub(crate) tokens: bool,
+}
+
+/// The token of a grant of `hold` after `handoffs` local handoffs: the backend's, extended
+/// by the handoffs, or none when the manager issues none.
+fn token_of(tokens: bool, hold: &dyn BackendHold, handoffs: u32) -> FencingToken {
+    if tokens {
+        FencingToken::new(hold.token().zxid(), handoffs)
+    } else {
+        FencingToken::NONE
+    }
 }
 
 /// The local locks of one manager, by lock path and mode.
@@ -122,6 +135,7 @@ impl LocalTable {
             path: path.clone(),
             mode,
             max_handoffs: config.max_local_handoffs,
+            tokens: config.tokens,
             linger: match mode {
                 HoldMode::Exclusive | HoldMode::Write => config.linger,
                 _ => std::time::Duration::ZERO,
@@ -160,6 +174,8 @@ pub(crate) struct LocalLock {
     path: Arc<str>,
     mode: HoldMode,
     max_handoffs: u32,
+    /// See [`LocalConfig::tokens`].
+    tokens: bool,
     /// See [`LocalConfig::linger`]; zero for the modes that do not linger.
     linger: std::time::Duration,
     state: StdMutex<State>,
@@ -319,7 +335,7 @@ impl LocalLock {
                 };
                 state.handoffs += 1;
                 state.turn += 1;
-                let token = FencingToken::new(hold.token().zxid(), state.handoffs);
+                let token = token_of(self.tokens, &*hold, state.handoffs);
                 let grant = Grant::new(
                     self.table,
                     hold.clone(),
@@ -428,7 +444,7 @@ impl LocalLock {
         state.handoffs += 1;
         state.turn += 1;
         state.holder = Some(hold.loss_unwatched());
-        let token = FencingToken::new(hold.token().zxid(), state.handoffs);
+        let token = token_of(self.tokens, &*hold, state.handoffs);
         let grant = Grant::new(
             self.table,
             hold,
@@ -499,7 +515,7 @@ pub(crate) async fn acquire(
     let _waiting = (!matches!(wait, Wait::Never)).then(|| labels.waiting());
     let grant = |hold: Arc<dyn BackendHold>, local: Option<LocalTurn>| {
         labels.backend_grants(1);
-        let token = hold.token();
+        let token = token_of(config.tokens, &*hold, 0);
         Grant::new(
             table.id,
             hold,

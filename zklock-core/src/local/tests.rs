@@ -30,6 +30,7 @@ fn queued(max_local_handoffs: u32) -> LocalConfig {
         local_queue: true,
         max_local_handoffs,
         linger: Duration::ZERO,
+        tokens: true,
     }
 }
 

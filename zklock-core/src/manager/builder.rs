@@ -55,6 +55,7 @@ pub struct Builder {
     pub(crate) local_queue: bool,
     pub(crate) max_local_handoffs: u32,
     pub(crate) linger: Duration,
+    pub(crate) fencing_tokens: bool,
     pub(crate) revocable: bool,
     pub(crate) watch_held_nodes: bool,
     pub(crate) try_timeout: Duration,
@@ -94,6 +95,7 @@ impl Builder {
             local_queue: true,
             max_local_handoffs: 32,
             linger: Duration::ZERO,
+            fencing_tokens: true,
             revocable: false,
             watch_held_nodes: true,
             try_timeout: Duration::from_secs(2),
@@ -243,6 +245,41 @@ impl Builder {
     /// ```
     pub fn linger(mut self, linger: Duration) -> Builder {
         self.linger = linger;
+        self
+    }
+
+    /// Whether holds carry fencing tokens (default `true`).
+    ///
+    /// A fencing token is what a store checks to refuse a paused holder's late writes (see
+    /// [`fence`](crate::fence)). ZooKeeper's come free with each contender node, but on Redis
+    /// a grant takes its token from the server's clock and the lock's fence counter (a script,
+    /// where a bare `SET NX PX` would do), and on PostgreSQL it writes the key's row (a
+    /// transaction id and a commit per grant). If nothing you protect checks tokens, turn them
+    /// off: an uncontended acquire on Redis is then a bare `SET NX PX`, and a grant on
+    /// PostgreSQL writes nothing. See BENCHMARKS.md for what each costs.
+    ///
+    /// Without tokens, every hold of this manager, on every backend, reports
+    /// [`FencingToken::NONE`](crate::FencingToken::NONE), and a fenced write through one
+    /// ([`LockGuard::fenced`](crate::LockGuard::fenced)) fails with
+    /// [`FenceError::NoToken`](crate::fence::FenceError::NoToken) without reaching the store.
+    /// Exclusion is the same either way, and processes with and without tokens can share a
+    /// key: the holds of those with tokens still get increasing tokens in grant order.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use zklock_core::fence::{FenceError, MemoryFence};
+    /// use zklock_core::{FencingToken, LockManager};
+    ///
+    /// // On Redis or PostgreSQL this spares each grant its token's work.
+    /// let manager = LockManager::in_memory_with(LockManager::builder("memory").fencing_tokens(false));
+    /// let guard = manager.lock("report").await?;
+    /// assert_eq!(guard.fencing_token(), FencingToken::NONE);
+    /// let store = MemoryFence::new();
+    /// assert!(matches!(guard.fenced(&store).write(1).await, Err(FenceError::NoToken { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn fencing_tokens(mut self, on: bool) -> Builder {
+        self.fencing_tokens = on;
         self
     }
 

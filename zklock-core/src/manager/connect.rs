@@ -200,6 +200,7 @@ impl Builder {
                 .connect_timeout
                 .unwrap_or(DEFAULT_REDIS_CONNECT_TIMEOUT),
             identity: self.identity.clone(),
+            tokens: self.fencing_tokens,
         })
         .await?;
         Ok(LockManager::assemble(Arc::new(backend), &self))
@@ -223,6 +224,7 @@ impl Builder {
                 .connect_timeout
                 .unwrap_or(DEFAULT_POSTGRES_CONNECT_TIMEOUT),
             identity: self.identity.clone(),
+            tokens: self.fencing_tokens,
         })
         .await?;
         Ok(LockManager::assemble(Arc::new(backend), &self))

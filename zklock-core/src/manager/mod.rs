@@ -327,6 +327,7 @@ impl LockManager {
                         local_queue: builder.local_queue,
                         max_local_handoffs: builder.max_local_handoffs,
                         linger: builder.linger,
+                        tokens: builder.fencing_tokens,
                     },
                     try_timeout: builder.try_timeout,
                     key_label: builder.metrics_key_label,

@@ -191,6 +191,7 @@ impl Semaphore {
                 .into_iter()
                 .map(|hold| Lease {
                     hold: Some(hold),
+                    tokens: self.core.local.tokens,
                     key: key.clone(),
                     meter: self.labels.hold(granted),
                 })
@@ -223,6 +224,8 @@ fn one(leases: Vec<Lease>) -> Lease {
 #[clippy::has_significant_drop]
 pub struct Lease {
     hold: Option<Arc<dyn BackendHold>>,
+    /// Whether the manager issues fencing tokens (see [`FencingToken::NONE`]).
+    tokens: bool,
     key: Arc<str>,
     /// Counts this lease in the metrics until it ends.
     meter: HoldMeter,
@@ -243,6 +246,9 @@ impl Lease {
     /// # Ok(()) }
     /// ```
     pub fn fencing_token(&self) -> FencingToken {
+        if !self.tokens {
+            return FencingToken::NONE;
+        }
         self.hold().token()
     }
 

@@ -38,6 +38,29 @@ pub struct FencingToken {
 }
 
 impl FencingToken {
+    /// The token of a hold that has none: what every hold of a manager built with
+    /// [`fencing_tokens(false)`](crate::Builder::fencing_tokens) reports. It is below every
+    /// token, and a fenced write refuses to carry it.
+    ///
+    /// ```
+    /// use zklock_core::FencingToken;
+    /// assert!(FencingToken::NONE.is_none());
+    /// assert!(FencingToken::NONE < FencingToken::new(1, 0));
+    /// assert!(!FencingToken::new(1, 0).is_none());
+    /// ```
+    pub const NONE: FencingToken = FencingToken { zxid: 0, local: 0 };
+
+    /// Whether this is no token at all ([`NONE`](Self::NONE), or a local handoff of none):
+    /// the hold's manager issues none. Every backend's tokens start above zero.
+    ///
+    /// ```
+    /// assert!(zklock_core::FencingToken::new(0, 3).is_none());
+    /// assert!(!zklock_core::FencingToken::new(9, 0).is_none());
+    /// ```
+    pub fn is_none(&self) -> bool {
+        self.zxid == 0
+    }
+
     /// Makes a token from a node's czxid and a local handoff counter.
     ///
     /// ```

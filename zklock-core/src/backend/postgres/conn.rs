@@ -84,6 +84,9 @@ pub(crate) struct ConnConfig {
     /// How long one request may wait for its reply before its connection is closed.
     pub(crate) reply_timeout: Duration,
     pub(crate) runtime: tokio::runtime::Handle,
+    /// Whether grants take a fencing token (the key row's write); see
+    /// [`Builder::fencing_tokens`](crate::Builder::fencing_tokens).
+    pub(crate) tokens: bool,
 }
 
 impl ConnConfig {
@@ -211,12 +214,27 @@ impl HoldConn {
                 self.run(async move {
                     let both = [Type::INT4, Type::TEXT];
                     let block = [Type::INT4, Type::TEXT, Type::TEXT];
+                    let texts = if self.cc.tokens {
+                        [
+                            sql::TRY_EXCLUSIVE,
+                            sql::TRY_SHARED,
+                            sql::BLOCK_EXCLUSIVE,
+                            sql::BLOCK_SHARED,
+                        ]
+                    } else {
+                        [
+                            sql::TRY_EXCLUSIVE_UNFENCED,
+                            sql::TRY_SHARED_UNFENCED,
+                            sql::BLOCK_EXCLUSIVE_UNFENCED,
+                            sql::BLOCK_SHARED_UNFENCED,
+                        ]
+                    };
                     let (try_exclusive, try_shared, release, block_exclusive, block_shared) = futures::try_join!(
-                        c.prepare_typed(sql::TRY_EXCLUSIVE, &both),
-                        c.prepare_typed(sql::TRY_SHARED, &both),
+                        c.prepare_typed(texts[0], &both),
+                        c.prepare_typed(texts[1], &both),
                         c.prepare_typed(sql::RELEASE, &[Type::INT4, Type::BOOL]),
-                        c.prepare_typed(sql::BLOCK_EXCLUSIVE, &block),
-                        c.prepare_typed(sql::BLOCK_SHARED, &block),
+                        c.prepare_typed(texts[2], &block),
+                        c.prepare_typed(texts[3], &block),
                     )?;
                     Ok(Statements {
                         try_exclusive,

@@ -112,6 +112,8 @@ pub(crate) struct PostgresConfig {
     pub(crate) connect_timeout: Duration,
     /// Shown in the sessions' `application_name` beside host and pid.
     pub(crate) identity: Option<String>,
+    /// Whether grants take fencing tokens (a write of the key's row each).
+    pub(crate) tokens: bool,
 }
 
 /// What the backend's holds and tasks share.
@@ -376,6 +378,7 @@ impl PostgresBackend {
             connect_timeout: config.connect_timeout,
             reply_timeout: lease.min(MAX_REPLY_TIMEOUT),
             runtime: tokio::runtime::Handle::current(),
+            tokens: config.tokens,
         });
         let pool = Pool::new(cc.clone());
         let inner = Arc::new(Inner {

@@ -183,6 +183,25 @@ macro_rules! grant_under_lock {
     };
 }
 
+/// What an attempt of a backend without tokens does once its lock is got
+/// ([`Builder::fencing_tokens`](crate::Builder::fencing_tokens) off): it checks that the row
+/// of `$1` id still names `$2` path and writes nothing, answering `0` for the token (no token
+/// when the row no longer names the path), and reads whether a waiter is registered as
+/// [`grant_under_lock`] does. The check reads the statement's snapshot, taken when it started:
+/// a table dropped and re-created before is seen (a drop waits for the statement, which has
+/// the table open), but a row an administrator renames while the statement waits in the
+/// server's queue is not, where the token's `UPDATE` re-reads the row's latest version.
+macro_rules! check_under_lock {
+    () => {
+        ", r AS (SELECT 0::bigint AS fence FROM zklock_keys k, l \
+         WHERE l.got AND k.id = $1 AND k.path = $2) \
+         SELECT l.got, r.fence, CASE WHEN l.got \
+         THEN NOT (pg_try_advisory_xact_lock(2053855049, $1) \
+         AND pg_try_advisory_xact_lock(2053853525, $1)) END AS waiting \
+         FROM l LEFT JOIN r ON true"
+    };
+}
+
 /// The server's clock in µs, as a column `now` of the attempt's lock CTE.
 macro_rules! now_us {
     () => {
@@ -192,22 +211,40 @@ macro_rules! now_us {
 
 /// A mutex's or a writer's attempt at the lock of `$1` id, and its grant (`$2` path):
 /// `(got, token, waiting)`.
-pub(crate) const TRY_EXCLUSIVE: &str = concat!(
-    "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(2053852235, $1) AS got",
-    now_us!(),
-    grant_under_lock!()
-);
+pub(crate) const TRY_EXCLUSIVE: &str = concat!(try_exclusive!(), grant_under_lock!());
+
+/// [`TRY_EXCLUSIVE`] without a token (see [`check_under_lock`]): `(got, 0, waiting)`.
+pub(crate) const TRY_EXCLUSIVE_UNFENCED: &str = concat!(try_exclusive!(), check_under_lock!());
+
+macro_rules! try_exclusive {
+    () => {
+        concat!(
+            "WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(2053852235, $1) AS got",
+            now_us!()
+        )
+    };
+}
+use try_exclusive;
 
 /// A reader's attempt, as [`TRY_EXCLUSIVE`] but shared, and only while no writer waits (a
 /// writer's intent, `(INTENT_CLASS, id)`, refuses the reader's shared check; `CASE` evaluates
 /// the lock only after the check passed).
-pub(crate) const TRY_SHARED: &str = concat!(
-    "WITH l AS MATERIALIZED (SELECT CASE WHEN \
-     pg_try_advisory_xact_lock_shared(2053851470, $1) \
-     THEN pg_try_advisory_lock_shared(2053852235, $1) ELSE false END AS got",
-    now_us!(),
-    grant_under_lock!()
-);
+pub(crate) const TRY_SHARED: &str = concat!(try_shared!(), grant_under_lock!());
+
+/// [`TRY_SHARED`] without a token (see [`check_under_lock`]): `(got, 0, waiting)`.
+pub(crate) const TRY_SHARED_UNFENCED: &str = concat!(try_shared!(), check_under_lock!());
+
+macro_rules! try_shared {
+    () => {
+        concat!(
+            "WITH l AS MATERIALIZED (SELECT CASE WHEN \
+             pg_try_advisory_xact_lock_shared(2053851470, $1) \
+             THEN pg_try_advisory_lock_shared(2053852235, $1) ELSE false END AS got",
+            now_us!()
+        )
+    };
+}
+use try_shared;
 
 /// A wait in the server's queue for the lock of `$1` id, and its grant (`$2` path), as one
 /// statement on a connection given to it: `pg_advisory_lock` blocks until the server grants
@@ -216,25 +253,40 @@ pub(crate) const TRY_SHARED: &str = concat!(
 /// `lock_timeout` (text, e.g. `1500ms`): past it the server ends the wait with
 /// `lock_not_available` and nothing is taken, unless the time ran out in the row's update,
 /// after the advisory lock was got (the caller undoes the lock after any error).
-pub(crate) const BLOCK_EXCLUSIVE: &str = concat!(
-    "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS s), \
-     w AS MATERIALIZED (SELECT pg_advisory_lock(2053852235, $1) FROM t), \
-     l AS MATERIALIZED (SELECT true AS got, \
-     floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM w)",
-    grant_under_lock!()
-);
+pub(crate) const BLOCK_EXCLUSIVE: &str = concat!(block_exclusive!(), grant_under_lock!());
+
+/// [`BLOCK_EXCLUSIVE`] without a token (see [`check_under_lock`]): `(true, 0, waiting)`.
+pub(crate) const BLOCK_EXCLUSIVE_UNFENCED: &str =
+    concat!(block_exclusive!(), check_under_lock!());
+
+macro_rules! block_exclusive {
+    () => {
+        "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS s), \
+         w AS MATERIALIZED (SELECT pg_advisory_lock(2053852235, $1) FROM t), \
+         l AS MATERIALIZED (SELECT true AS got, \
+         floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM w)"
+    };
+}
+use block_exclusive;
 
 /// A reader's wait in the server's queue, as [`BLOCK_EXCLUSIVE`] but shared, and behind a
 /// writer's intent (a writer that waits by retrying holds one): the reader first waits for
 /// `(INTENT_CLASS, id)` shared for the statement, then for the lock.
-pub(crate) const BLOCK_SHARED: &str = concat!(
-    "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS s), \
-     i AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(2053851470, $1) FROM t), \
-     w AS MATERIALIZED (SELECT pg_advisory_lock_shared(2053852235, $1) FROM i), \
-     l AS MATERIALIZED (SELECT true AS got, \
-     floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM w)",
-    grant_under_lock!()
-);
+pub(crate) const BLOCK_SHARED: &str = concat!(block_shared!(), grant_under_lock!());
+
+/// [`BLOCK_SHARED`] without a token (see [`check_under_lock`]): `(true, 0, waiting)`.
+pub(crate) const BLOCK_SHARED_UNFENCED: &str = concat!(block_shared!(), check_under_lock!());
+
+macro_rules! block_shared {
+    () => {
+        "WITH t AS MATERIALIZED (SELECT set_config('lock_timeout', $3, true) AS s), \
+         i AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(2053851470, $1) FROM t), \
+         w AS MATERIALIZED (SELECT pg_advisory_lock_shared(2053852235, $1) FROM i), \
+         l AS MATERIALIZED (SELECT true AS got, \
+         floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now FROM w)"
+    };
+}
+use block_shared;
 
 /// A waiting writer's intent: `true` when this session took it (one writer's is enough).
 pub(crate) const TAKE_INTENT: &str = "SELECT pg_try_advisory_lock(2053851470, $1)";

@@ -104,6 +104,9 @@ pub(crate) struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     /// Shown in holders' ids beside host and pid.
     pub(crate) identity: Option<String>,
+    /// Whether grants take fencing tokens; without, an uncontended mutex acquire is a bare
+    /// `SET NX PX`.
+    pub(crate) tokens: bool,
 }
 
 /// What the backend's holds and tasks share.
@@ -114,6 +117,8 @@ pub(crate) struct Inner {
     pub(crate) breaks: Breaks,
     hub: Hub,
     pub(crate) lease: Duration,
+    /// See [`RedisConfig::tokens`].
+    tokens: bool,
     /// Taken off every deadline; see [`margin`](Self::margin).
     margin: Duration,
     pub(crate) runtime: tokio::runtime::Handle,
@@ -361,6 +366,7 @@ impl RedisBackend {
             breaks,
             hub,
             lease: config.lease,
+            tokens: config.tokens,
             margin: Inner::margin(config.lease),
             runtime,
             background: Arc::default(),
@@ -390,6 +396,26 @@ impl RedisBackend {
     ) -> redis::RedisResult<Attempt> {
         let inner = &self.inner;
         let lease = inner.lease_ms();
+        // Without tokens, a mutex's first attempt is the floor's bare `SET NX PX`: granted, it
+        // is the whole acquire (token 0: none). Refused (or the key already names this holder:
+        // a retry whose reply was lost), the script below decides, queueing the waiter.
+        if matches!(ask, Ask::Mutex) && !inner.tokens && !queued {
+            let set: Option<String> = inner
+                .conn
+                .run(Some(inner.conn.reply_timeout), |mut c| {
+                    let mut set = redis::cmd("SET");
+                    set.arg(&keys.exclusive)
+                        .arg(&ids[0])
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(lease);
+                    async move { set.query_async(&mut c).await }
+                })
+                .await?;
+            if set.is_some() {
+                return Ok(Attempt::Granted(0));
+            }
+        }
         let reply: Vec<i64> = inner
             .conn
             .run(Some(inner.conn.reply_timeout), |mut c| {

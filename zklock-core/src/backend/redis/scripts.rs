@@ -419,8 +419,9 @@ return 0
 /// linger's re-take): the key carries the holder's id and the lock's fence is not past the
 /// hold's token (no grant of the lock since this hold's), and renews it.
 ///
-/// KEYS: exclusive, fence. ARGV: holder id, lease ms, the hold's token. Returns 1 when
-/// confirmed and renewed, else 0.
+/// KEYS: exclusive, fence. ARGV: holder id, lease ms, the hold's token (`0`: the hold has
+/// none, granted by a bare `SET NX PX` of a backend without tokens; then only the key is
+/// checked). Returns 1 when confirmed and renewed, else 0.
 pub(crate) static CONFIRM_EXCLUSIVE: Lazy<Script> = Lazy::new(|| {
     Script::new(
         r#"
@@ -428,7 +429,8 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 local fence = tonumber(redis.call('GET', KEYS[2]))
-if fence and fence > tonumber(ARGV[3]) then
+local token = tonumber(ARGV[3])
+if fence and token > 0 and fence > token then
   return 0
 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
