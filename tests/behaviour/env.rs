@@ -143,28 +143,43 @@ impl Env {
     /// mode) in memory.
     pub(crate) async fn process(&self, queue: Queue) -> LockManager {
         match self.backend {
-            Backend::Redis => LockManager::builder(self.redis_url())
-                .lease(REDIS_LEASE)
-                .local_queue(queue == Queue::Local)
-                .connect()
-                .await
-                .expect("connect to the test Redis"),
-            Backend::Postgres => LockManager::builder(self.pg_url())
-                .lease(PG_LEASE)
-                .local_queue(queue == Queue::Local)
-                .connect()
-                .await
-                .expect("connect to the test PostgreSQL"),
-            Backend::Zookeeper => LockManager::builder(self.connect())
-                .session_timeout(Duration::from_secs(4))
-                .local_queue(queue == Queue::Local)
-                .connect()
-                .await
-                .expect("connect to the test server"),
             Backend::Memory => match queue {
                 Queue::Local => self.local.clone().unwrap(),
                 Queue::Strict => self.strict.clone().unwrap(),
             },
+            _ => self.process_with(queue, |b| b).await,
+        }
+    }
+
+    /// [`process`](Self::process) with more options. In memory a manager of its own (its own
+    /// lock table: it shares no lock with the env's other managers).
+    pub(crate) async fn process_with(
+        &self,
+        queue: Queue,
+        configure: impl FnOnce(zklock::Builder) -> zklock::Builder,
+    ) -> LockManager {
+        let local = queue == Queue::Local;
+        match self.backend {
+            Backend::Redis => configure(LockManager::builder(self.redis_url()).lease(REDIS_LEASE))
+                .local_queue(local)
+                .connect()
+                .await
+                .expect("connect to the test Redis"),
+            Backend::Postgres => configure(LockManager::builder(self.pg_url()).lease(PG_LEASE))
+                .local_queue(local)
+                .connect()
+                .await
+                .expect("connect to the test PostgreSQL"),
+            Backend::Zookeeper => configure(
+                LockManager::builder(self.connect()).session_timeout(Duration::from_secs(4)),
+            )
+            .local_queue(local)
+            .connect()
+            .await
+            .expect("connect to the test server"),
+            Backend::Memory => LockManager::in_memory_with(
+                configure(LockManager::builder("memory")).local_queue(local),
+            ),
         }
     }
 
@@ -174,17 +189,19 @@ impl Env {
     /// same keys). Memory: a manager with settings of its own would have a lock table of its
     /// own, which no other manager sees, so the in-memory fleet shares one manager's.
     pub(crate) async fn mixed_process(&self, i: usize) -> LockManager {
-        // (lease or session timeout, linger, local queue, local handoffs)
-        const MIX: [(u64, u64, bool, u32); 3] = [
-            (3_000, 0, true, 32),
-            (1_000, 300, false, 32),
-            (10_000, 50, true, 2),
+        // (lease or session timeout, linger, local queue, local handoffs, fencing tokens)
+        const MIX: [(u64, u64, bool, u32, bool); 4] = [
+            (3_000, 0, true, 32, true),
+            (1_000, 300, false, 32, true),
+            (10_000, 50, true, 2, true),
+            (3_000, 100, true, 32, false),
         ];
-        let (lease_ms, linger_ms, local, handoffs) = MIX[i % MIX.len()];
+        let (lease_ms, linger_ms, local, handoffs, tokens) = MIX[i % MIX.len()];
         let configure = |b: zklock::Builder| {
             b.local_queue(local)
                 .linger(Duration::from_millis(linger_ms))
                 .max_local_handoffs(handoffs)
+                .fencing_tokens(tokens)
         };
         let lease = Duration::from_millis(lease_ms);
         match self.backend {

@@ -28,6 +28,7 @@ mod operators;
 mod reentry;
 mod rwlock;
 mod semaphore;
+mod tokens;
 
 use std::future::Future;
 use std::pin::pin;
@@ -52,6 +53,7 @@ use operators::*;
 use reentry::*;
 use rwlock::*;
 use semaphore::*;
+use tokens::*;
 
 /// How long one behaviour may take on any backend before it counts as a hang.
 const BOUND: Duration = Duration::from_secs(120);
@@ -97,6 +99,7 @@ macro_rules! every_backend {
 every_backend!(
     mutex_excludes,
     fencing_tokens_increase,
+    fencing_tokens_can_be_off,
     lock_timeout_leaves_nothing,
     try_lock_is_none_while_held,
     cancelled_acquires_leave_nothing,

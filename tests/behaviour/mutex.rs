@@ -539,14 +539,17 @@ pub(crate) async fn reentry_keeps_its_deadline(backend: Backend) {
 }
 
 /// Managers whose settings differ (leases or session timeouts, linger, local queue, local
-/// handoffs) lock the same keys: the history checker finds no two believed holders (a hold
-/// counts from its grant to its release or its reported loss) and tokens strictly increasing
-/// in grant order, every task gets its turns, and nothing is left behind.
+/// handoffs, fencing tokens on or off) lock the same keys: the history checker finds no two
+/// believed holders (a hold counts from its grant to its release or its reported loss) and the
+/// tokens of the holds that have one strictly increasing in grant order, every task gets its
+/// turns, and nothing is left behind.
 pub(crate) async fn mixed_settings_keep_every_promise(backend: Backend) {
     use zklock_testkit::{History, Mode};
     let env = Env::start(backend);
+    // In memory the "processes" are clones of one manager, whose settings are one.
+    let env_tokens_differ = backend != Backend::Memory;
     let mut managers = vec![];
-    for i in 0..3 {
+    for i in 0..4 {
         managers.push(env.mixed_process(i).await);
     }
     let history = History::new();
@@ -566,7 +569,16 @@ pub(crate) async fn mixed_settings_keep_every_promise(backend: Backend) {
                             panic!("{key}: {e}");
                         }
                     };
-                    rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
+                    // A process without tokens (the fourth) holds with none: its holds must
+                    // exclude the others' all the same, and leave their tokens increasing.
+                    let token = guard.fencing_token();
+                    assert_eq!(token.is_none(), i == 3 && env_tokens_differ, "{key}: {token}");
+                    let token = if token.is_none() {
+                        zklock_testkit::NO_TOKEN
+                    } else {
+                        token.as_u128()
+                    };
+                    rec.acquire_ok(key, Mode::Exclusive, token);
                     tokio::select! {
                         biased;
                         reason = guard.lost() => rec.lost(key, reason),
