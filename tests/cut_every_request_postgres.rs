@@ -2,8 +2,9 @@
 //! the hand-over to a waiter of another process (the victim waits in the server's lock queue,
 //! blocked in `pg_advisory_lock`, and the server hands it the lock), the same wait abandoned at
 //! its deadline, read and write locks, a job's claim with its `at_least` window, a leader's
-//! election — run once per request boundary k, cut there, and judged by the history checker.
-//! (Semaphores answer `Unsupported` on PostgreSQL: not here.)
+//! election, and the mutex and the hand-over of a victim without fencing tokens (whose grants
+//! write nothing) — run once per request boundary k, cut there, and judged by the history
+//! checker. (Semaphores answer `Unsupported` on PostgreSQL: not here.)
 //!
 //! A victim process (a manager whose every connection goes through a [`Relay`]) runs the
 //! protocol: take, hold a moment (stopping at once when told the hold is lost), release. The
@@ -196,4 +197,14 @@ async fn job_cut_at_every_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_cut_at_every_request() {
     sweep_postgres(Protocol::Leader, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untokened_mutex_cut_at_every_request() {
+    sweep_postgres(Protocol::Untokened, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untokened_handover_cut_at_every_request() {
+    sweep_postgres(Protocol::UntokenedHandover, 2).await;
 }

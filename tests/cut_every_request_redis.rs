@@ -1,7 +1,8 @@
 //! The adversary made systematic on Redis: every protocol — mutex acquire and release, the
 //! FIFO hand-over to a waiter of another process, read and write locks, a semaphore lease, a
-//! job's claim with its `at_least` window, a leader's election — run once per request
-//! boundary k, cut there, and judged by the history checker.
+//! job's claim with its `at_least` window, a leader's election, and the mutex and the
+//! hand-over of a victim without fencing tokens (a bare `SET NX PX` first) — run once per
+//! request boundary k, cut there, and judged by the history checker.
 //!
 //! A victim process (a manager whose every connection, commands and pub/sub, goes through the
 //! test kit's [`Relay`]) runs the protocol: take, hold a moment (stopping at once when told the
@@ -173,4 +174,14 @@ async fn job_cut_at_every_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_cut_at_every_request() {
     sweep_redis(Protocol::Leader, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untokened_mutex_cut_at_every_request() {
+    sweep_redis(Protocol::Untokened, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untokened_handover_cut_at_every_request() {
+    sweep_redis(Protocol::UntokenedHandover, 2).await;
 }

@@ -572,7 +572,11 @@ pub(crate) async fn mixed_settings_keep_every_promise(backend: Backend) {
                     // A process without tokens (the fourth) holds with none: its holds must
                     // exclude the others' all the same, and leave their tokens increasing.
                     let token = guard.fencing_token();
-                    assert_eq!(token.is_none(), i == 3 && env_tokens_differ, "{key}: {token}");
+                    assert_eq!(
+                        token.is_none(),
+                        i == 3 && env_tokens_differ,
+                        "{key}: {token}"
+                    );
                     let token = if token.is_none() {
                         zklock_testkit::NO_TOKEN
                     } else {

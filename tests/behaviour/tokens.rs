@@ -67,7 +67,10 @@ pub(crate) async fn fencing_tokens_can_be_off(backend: Backend) {
             matches!(&refused, Err(FenceError::NoToken { resource }) if *resource == path),
             "round {round}: {refused:?}"
         );
-        assert!(refused.unwrap_err().to_string().contains("fencing_tokens(false)"));
+        assert!(refused
+            .unwrap_err()
+            .to_string()
+            .contains("fencing_tokens(false)"));
         if round == 1 {
             // A task queued behind this hold gets it by a local handoff.
             let queued = {
@@ -91,7 +94,11 @@ pub(crate) async fn fencing_tokens_can_be_off(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(inside, Some(FencingToken::NONE));
-    assert_eq!(store.value(&path), Some(1), "a write without a token got through");
+    assert_eq!(
+        store.value(&path),
+        Some(1),
+        "a write without a token got through"
+    );
     assert_eq!(
         token_state(&env, &path).await,
         state,
@@ -107,9 +114,17 @@ pub(crate) async fn fencing_tokens_can_be_off(backend: Backend) {
 
     // Semaphore leases too, where the backend has semaphores.
     if backend != Backend::Postgres {
-        let lease = without.semaphore("untokened_sem", 2).unwrap().acquire().await.unwrap();
+        let lease = without
+            .semaphore("untokened_sem", 2)
+            .unwrap()
+            .acquire()
+            .await
+            .unwrap();
         assert_eq!(lease.fencing_token(), FencingToken::NONE);
         lease.release().await.unwrap();
     }
-    assert_eq!(env.left_behind(&[with, without], &path).await, Vec::<String>::new());
+    assert_eq!(
+        env.left_behind(&[with, without], &path).await,
+        Vec::<String>::new()
+    );
 }

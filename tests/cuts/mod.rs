@@ -37,6 +37,12 @@ pub enum Protocol {
     /// `job(key).at_least(WINDOW).run(..)`.
     Job,
     Leader,
+    /// A mutex of a victim without fencing tokens (`fencing_tokens(false)`): on Redis a bare
+    /// `SET NX PX`, on PostgreSQL grants that write nothing.
+    Untokened,
+    /// [`Handover`](Self::Handover) to a victim without fencing tokens: on Redis its first
+    /// attempt's bare `SET NX PX` is refused, and the script that follows queues it.
+    UntokenedHandover,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +91,11 @@ impl Held {
 }
 
 impl Protocol {
+    /// Whether the victim's manager issues fencing tokens.
+    pub fn tokens(self) -> bool {
+        !matches!(self, Protocol::Untokened | Protocol::UntokenedHandover)
+    }
+
     /// The victim's mode in the history (a reader shares; everything else excludes).
     pub fn mode(self) -> Mode {
         match self {
@@ -98,9 +109,12 @@ impl Protocol {
     pub async fn take(self, m: &LockManager, key: &str, other: bool) -> zklock::Result<Held> {
         Ok(match self {
             Protocol::Abandon if !other => Held::Guard(m.lock_timeout(key, ABANDON).await?),
-            Protocol::Mutex | Protocol::Handover | Protocol::Abandon | Protocol::Job => {
-                Held::Guard(m.lock_timeout(key, WAIT).await?)
-            }
+            Protocol::Mutex
+            | Protocol::Handover
+            | Protocol::Abandon
+            | Protocol::Job
+            | Protocol::Untokened
+            | Protocol::UntokenedHandover => Held::Guard(m.lock_timeout(key, WAIT).await?),
             Protocol::Read if !other => Held::Guard(m.rwlock(key)?.read_timeout(WAIT).await?),
             Protocol::Read | Protocol::Write => {
                 Held::Guard(m.rwlock(key)?.write_timeout(WAIT).await?)
@@ -136,7 +150,7 @@ pub async fn take_hold_release(
             return;
         }
     };
-    rec.acquire_ok(key, mode, held.token().as_u128());
+    rec.acquire_ok(key, mode, recorded(held.token()));
     tokio::select! {
         biased;
         reason = held.lost() => rec.lost(key, reason),
@@ -167,7 +181,7 @@ pub async fn run_job(
     let ran = job
         .run(async {
             let token = current_fencing_token().expect("a job's body runs in a frame");
-            rec.acquire_ok(key, Mode::Exclusive, token.as_u128());
+            rec.acquire_ok(key, Mode::Exclusive, recorded(token));
             started.store(true, Ordering::SeqCst);
             bodies.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(hold).await;
@@ -244,10 +258,21 @@ pub trait LeaseServer {
     async fn sessions_left(&self, identity: &str) -> Vec<String>;
 }
 
-async fn lease_manager<S: LeaseServer>(url: &str, identity: &str) -> LockManager {
+/// A token as the history records it: [`NO_TOKEN`](zklock_testkit::NO_TOKEN) for a hold that
+/// has none (its manager issues none), which the checker leaves out of its token order.
+pub fn recorded(token: FencingToken) -> u128 {
+    if token.is_none() {
+        zklock_testkit::NO_TOKEN
+    } else {
+        token.as_u128()
+    }
+}
+
+async fn lease_manager<S: LeaseServer>(url: &str, identity: &str, tokens: bool) -> LockManager {
     LockManager::builder(url)
         .lease(S::LEASE)
         .identity(identity)
+        .fencing_tokens(tokens)
         .connect()
         .await
         .expect("connect to the test server")
@@ -275,10 +300,10 @@ pub async fn run_through_relay<S: LeaseServer>(
     use zklock_testkit::{After, History, Op, Relay};
     let url = server.url();
     let history = History::new();
-    let other = lease_manager::<S>(&url, &format!("other-{key}")).await;
+    let other = lease_manager::<S>(&url, &format!("other-{key}"), true).await;
     let relay = Relay::start(&server.addr()).unwrap();
     let victim_id = format!("victim-{key}");
-    let victim = lease_manager::<S>(&relay.url(&url), &victim_id).await;
+    let victim = lease_manager::<S>(&relay.url(&url), &victim_id, protocol.tokens()).await;
     let path = server.lock_path(&other, protocol, key);
     let bodies = std::sync::Arc::new(AtomicUsize::new(0));
     // The listening (pub/sub) connection starts in the background: let it settle, so that k
@@ -288,7 +313,10 @@ pub async fn run_through_relay<S: LeaseServer>(
 
     // The hand-over: the other process holds first, and lets go once the victim waits (or,
     // when the victim abandons its wait, once it gave up).
-    let first = if matches!(protocol, Protocol::Handover | Protocol::Abandon) {
+    let first = if matches!(
+        protocol,
+        Protocol::Handover | Protocol::Abandon | Protocol::UntokenedHandover
+    ) {
         let rec = history.recorder("first");
         rec.acquire_invoked(key, Mode::Exclusive);
         let g = other.lock(key).await.unwrap();

@@ -256,8 +256,7 @@ use try_shared;
 pub(crate) const BLOCK_EXCLUSIVE: &str = concat!(block_exclusive!(), grant_under_lock!());
 
 /// [`BLOCK_EXCLUSIVE`] without a token (see [`check_under_lock`]): `(true, 0, waiting)`.
-pub(crate) const BLOCK_EXCLUSIVE_UNFENCED: &str =
-    concat!(block_exclusive!(), check_under_lock!());
+pub(crate) const BLOCK_EXCLUSIVE_UNFENCED: &str = concat!(block_exclusive!(), check_under_lock!());
 
 macro_rules! block_exclusive {
     () => {
