@@ -19,6 +19,7 @@
 //! Curator and kazoo, `java CuratorMem` (this crate's `java/`) for Curator's memory. Servers
 //! are the test kit's: real ones on free loopback ports, stopped at exit.
 
+mod backend_memory;
 mod cli;
 mod model;
 mod postgres;
