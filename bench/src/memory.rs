@@ -72,6 +72,23 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             let secs = t0.elapsed().as_secs_f64();
             push_rss(&mut report, base_kb, tasks, secs);
             seen = settled.map(|s| (s.connections, Some(s.backend_waiters)));
+            // A waiter that ended (its acquire failed) was not waiting: the figure is not one
+            // of `tasks` waiters.
+            if let Some(ended) = waiters.iter().position(|w| w.is_finished()) {
+                for w in &waiters {
+                    w.abort();
+                }
+                let ended = waiters.swap_remove(ended);
+                let why = match ended.await {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(())) => "it was granted while the first task held the key".into(),
+                    Err(e) => format!("it panicked: {e}"),
+                };
+                return Err(BenchError(format!(
+                    "a waiter ended before the figure was taken, so fewer than {tasks} tasks \
+                     waited: {why}"
+                )));
+            }
             // Cancel the waiters: each removes its node (cancel safety), then release.
             for w in &waiters {
                 w.abort();

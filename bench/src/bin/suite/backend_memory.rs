@@ -22,7 +22,7 @@ fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -75,7 +75,8 @@ pub(crate) fn table(md: &mut String, rows: &[Row], results: &[RowRuns], bound: &
         "\nMemory of one process, one run per row (base = resident once connected, held = \
          resident with every task waiting, peak = VmHWM; server connections = the process's \
          connections on the server meanwhile, counted by a probe connection of its own; waiting \
-         on the server = the waiters the server shows on the lock). {bound}\n\n\
+         on the server = the waiters the server shows on the lock: with the local queue on, the \
+         tasks wait in the process behind its one hold, so none). {bound}\n\n\
          | probe | local queue | peak MB | base MB | held MB | peak KB per task | server \
          connections | waiting on the server | setup s | target | |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n"
