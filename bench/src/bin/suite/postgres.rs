@@ -66,6 +66,12 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         .psql("SHOW server_version")
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
+    // The memory row with the local queue off opens a connection per waiting task, up to this.
+    let max_connections = server
+        .psql("SHOW max_connections")
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let version = format!("{version}, max_connections {max_connections}");
     let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Postgres);
