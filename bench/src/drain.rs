@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::ops::{local_queue_field, zk_stats};
 use crate::peer::{Contender, Setup};
+use crate::server::{backend_queued, ServerProbe, Settled};
 use crate::window::Overlap;
 use crate::{BenchError, Options, Peer, Report, Result};
 
@@ -39,7 +40,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             Ok::<_, BenchError>(())
         }));
     }
-    wait_queued(options, &setup, &contender, &started, waiters).await?;
+    wait_queued(options, &setup, &contender, &started, waiters, None).await?;
 
     let contenders = [contender.clone()];
     let (requests_before, events_before) = zk_stats(&contenders);
@@ -98,15 +99,28 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
 
 /// Waits until every waiter is queued: its node exists (a znode recipe), its watch is set (the
 /// naive peer), or, with zklock's local queue, every task has started and the manager has
-/// gone quiet.
+/// gone quiet. zklock on Redis or PostgreSQL (given the `probe` of its server): what the
+/// server shows of the waiters and of the process's connections has settled (see
+/// [`backend_queued`]), which is returned.
 pub(crate) async fn wait_queued(
     options: &Options,
     setup: &Setup,
     contender: &Contender,
     started: &AtomicUsize,
     waiters: usize,
-) -> Result<()> {
+    probe: Option<&mut ServerProbe>,
+) -> Result<Option<Settled>> {
     let poll = Duration::from_millis(50);
+    if let Some(probe) = probe {
+        if options.peer != Peer::Zklock {
+            return Err(BenchError(format!(
+                "{} has no waiters to count on this server",
+                options.peer
+            )));
+        }
+        let settled = backend_queued(options, contender, started, waiters, probe).await?;
+        return Ok(Some(settled));
+    }
     match options.peer {
         Peer::Naive => {
             while setup.naive.watching.load(Ordering::SeqCst) < waiters as u64 {
@@ -134,5 +148,5 @@ pub(crate) async fn wait_queued(
             }
         }
     }
-    Ok(())
+    Ok(None)
 }

@@ -31,6 +31,9 @@
 //! their lines carry `backend=postgres` and the WAL written per cycle (see the `postgres`
 //! module).
 //!
+//! The memory probes run for zklock on every backend; on Redis and PostgreSQL their lines
+//! also carry the connections the process holds on the server (`server_connections`).
+//!
 //! Workloads (see [`Workload`]): `uncontended`, `contended`, `keys`, `inproc`, `drain`, the
 //! linger's `reacquire` and `handover`, and the memory probes `mem-waiters` and `mem-keys`. Each run prints one line of `key=value` fields,
 //! the format of the peers' benches ([`Report`], [`parse_line`]).
@@ -56,6 +59,7 @@ mod ops;
 mod peer;
 mod postgres;
 mod report;
+mod server;
 mod window;
 
 use std::fmt;
@@ -290,6 +294,9 @@ pub async fn run(options: &Options) -> Result<Report> {
     if options.workers == 0 {
         return Err(BenchError("--workers must be at least 1".into()));
     }
+    if matches!(options.workload, Workload::MemWaiters | Workload::MemKeys) {
+        return memory::run(options).await;
+    }
     if postgres::is_postgres(&options.connect) {
         return postgres::run(options).await;
     }
@@ -300,11 +307,12 @@ pub async fn run(options: &Options) -> Result<Report> {
         | Workload::Inproc
         | Workload::Reacquire => ops::run(options).await,
         other if peer::is_redis(&options.connect) => Err(BenchError(format!(
-            "{other} runs on ZooKeeper only; on Redis: uncontended, contended, keys, inproc"
+            "{other} runs on ZooKeeper only; on Redis: uncontended, contended, keys, inproc, \
+             mem-waiters, mem-keys"
         ))),
         Workload::Drain => drain::run(options).await,
         Workload::Handover => linger::handover(options).await,
-        Workload::MemWaiters | Workload::MemKeys => memory::run(options).await,
+        Workload::MemWaiters | Workload::MemKeys => unreachable!("run above"),
     }
 }
 

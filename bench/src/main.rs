@@ -18,7 +18,7 @@ use zklock_bench::{Options, Peer, Workload};
 struct Cli {
     /// ZooKeeper connect string, host:port[,host:port...]; or a Redis URL, redis://host:port/
     /// (peers zklock, floor, rslock); or a PostgreSQL URL, postgres://user@host:port/db (peers
-    /// zklock, floor; workloads uncontended, contended).
+    /// zklock, floor; workloads uncontended, contended; zklock also mem-waiters, mem-keys).
     #[arg(long, env = "ZKLOCK_CONNECT")]
     connect: String,
     /// uncontended | contended | keys | inproc | drain | reacquire | handover | mem-waiters |

@@ -1,5 +1,10 @@
 //! Memory probes: the resident set of one process with many tasks waiting on one key, or with
-//! many distinct keys held.
+//! many distinct keys held; on ZooKeeper, Redis and PostgreSQL.
+//!
+//! On Redis and PostgreSQL the line also carries `backend=`, the connections the process holds
+//! on the server at the moment of the figure (`server_connections`, counted by a probe
+//! connection of its own, see [`crate::server`]) and, for `mem-waiters`, the waiters the server
+//! shows on the lock (`backend_waiters`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -7,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::drain::wait_queued;
 use crate::ops::local_queue_field;
-use crate::peer::Setup;
+use crate::peer::{is_redis, Setup};
+use crate::server::ServerProbe;
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
 
 /// A field of `/proc/self/status` in kB (`VmRSS`, `VmHWM`); 0 where there is none.
@@ -35,6 +41,8 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     let manager = contender.manager().expect("a zklock contender").clone();
     contender.acquire(0).await?.release().await?;
     manager.flush().await;
+    // Opened before the base figure: its connection is in every figure alike.
+    let mut probe = ServerProbe::open(&options.connect).await?;
     let base_kb = status_kb("VmRSS");
     let t0 = Instant::now();
 
@@ -42,6 +50,8 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("peer", options.peer);
     report.push("workload", options.workload);
     report.push("tasks", tasks);
+    // What the server shows at the figure: (connections, waiters on the lock).
+    let mut seen: Option<(u64, Option<usize>)> = None;
     match options.workload {
         Workload::MemWaiters => {
             let first = contender.acquire(0).await?;
@@ -57,9 +67,28 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
                     Ok::<_, BenchError>(())
                 }));
             }
-            wait_queued(options, &setup, &contender, &started, tasks).await?;
+            let settled =
+                wait_queued(options, &setup, &contender, &started, tasks, probe.as_mut()).await?;
             let secs = t0.elapsed().as_secs_f64();
             push_rss(&mut report, base_kb, tasks, secs);
+            seen = settled.map(|s| (s.connections, Some(s.backend_waiters)));
+            // A waiter that ended (its acquire failed) was not waiting: the figure is not one
+            // of `tasks` waiters.
+            if let Some(ended) = waiters.iter().position(|w| w.is_finished()) {
+                for w in &waiters {
+                    w.abort();
+                }
+                let ended = waiters.swap_remove(ended);
+                let why = match ended.await {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(())) => "it was granted while the first task held the key".into(),
+                    Err(e) => format!("it panicked: {e}"),
+                };
+                return Err(BenchError(format!(
+                    "a waiter ended before the figure was taken, so fewer than {tasks} tasks \
+                     waited: {why}"
+                )));
+            }
             // Cancel the waiters: each removes its node (cancel safety), then release.
             for w in &waiters {
                 w.abort();
@@ -86,11 +115,26 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             }
             let secs = t0.elapsed().as_secs_f64();
             push_rss(&mut report, base_kb, tasks, secs);
+            if let Some(probe) = &mut probe {
+                seen = Some((probe.connections().await?, None));
+            }
             drop(guards);
         }
         _ => unreachable!("not a memory workload"),
     }
     report.push("local_queue", local_queue_field(options));
+    if let Some((connections, waiters)) = seen {
+        let backend = if is_redis(&options.connect) {
+            "redis"
+        } else {
+            "postgres"
+        };
+        report.push("backend", backend);
+        report.push("server_connections", connections);
+        if let Some(waiters) = waiters {
+            report.push("backend_waiters", waiters);
+        }
+    }
     let _ = tokio::time::timeout(Duration::from_secs(60), manager.flush()).await;
     drop(manager);
     drop(contender);

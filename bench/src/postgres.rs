@@ -154,7 +154,8 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     let workload = options.workload;
     if !matches!(workload, Workload::Uncontended | Workload::Contended) {
         return Err(BenchError(format!(
-            "{workload} does not run on PostgreSQL; on PostgreSQL: uncontended, contended"
+            "{workload} does not run on PostgreSQL; on PostgreSQL: uncontended, contended, \
+             mem-waiters, mem-keys"
         )));
     }
     let nanos = std::time::SystemTime::now()

@@ -138,3 +138,48 @@ fn the_floor_has_nothing_to_drain() {
         .expect("run zklock-bench");
     assert!(!out.status.success());
 }
+
+/// The memory probes on Redis and PostgreSQL: the line carries the process's connections on
+/// the server and the waiters the server shows, which the backends' code bounds (Redis: a
+/// command connection and a pub/sub one per manager; PostgreSQL with the local queue off: a
+/// connection per waiting task, the holder's, the listener's; at most 4 in the server's queue).
+#[test]
+fn the_memory_probes_count_server_connections_on_redis_and_postgres() {
+    let redis = zklock_testkit::RedisServer::start().expect("start redis-server");
+    let postgres = zklock_testkit::PostgresServer::start().expect("start PostgreSQL");
+    let probe = |url: &str, workload: &str, queue: bool| {
+        let mut args = vec!["--workload", workload, "--workers", "30"];
+        if !queue {
+            args.push("--no-local-queue");
+        }
+        let r = bench(url, &args);
+        assert_eq!(r.number("tasks"), Some(30.0), "{r}");
+        assert!(r.number("peak_kb").unwrap_or(0.0) > 0.0, "{r}");
+        r
+    };
+    let field = |r: &Report, name: &str| r.number(name).unwrap_or_else(|| panic!("{name}: {r}"));
+
+    // Redis: the holder's process waits in its local queue (no pub/sub connection needed)...
+    let r = probe(&redis.url(), "mem-waiters", true);
+    assert_eq!(r.get("backend"), Some("redis"), "{r}");
+    assert_eq!(field(&r, "server_connections"), 1.0, "{r}");
+    assert_eq!(field(&r, "backend_waiters"), 0.0, "{r}");
+    // ...or, without it, every task queues on the server, on the same two connections.
+    let r = probe(&redis.url(), "mem-waiters", false);
+    assert_eq!(field(&r, "server_connections"), 2.0, "{r}");
+    assert_eq!(field(&r, "backend_waiters"), 30.0, "{r}");
+    let r = probe(&redis.url(), "mem-keys", true);
+    assert!(field(&r, "server_connections") <= 2.0, "{r}");
+
+    // PostgreSQL: the listener and the holding connection...
+    let r = probe(&postgres.url(), "mem-waiters", true);
+    assert_eq!(r.get("backend"), Some("postgres"), "{r}");
+    assert_eq!(field(&r, "server_connections"), 2.0, "{r}");
+    assert_eq!(field(&r, "backend_waiters"), 0.0, "{r}");
+    // ...and without the local queue one more per waiting task, 4 of them in the lock queue.
+    let r = probe(&postgres.url(), "mem-waiters", false);
+    assert_eq!(field(&r, "server_connections"), 32.0, "{r}");
+    assert_eq!(field(&r, "backend_waiters"), 4.0, "{r}");
+    let r = probe(&postgres.url(), "mem-keys", true);
+    assert!(field(&r, "server_connections") >= 2.0, "{r}");
+}

@@ -15,7 +15,8 @@ pub(crate) struct Cli {
     #[arg(long)]
     pub(crate) quick: bool,
     /// Also run the slow probes no target needs: zklock's memory with 10,000 waiters and the
-    /// local queue off (each waiter lists 10,000 siblings: about a minute).
+    /// local queue off (on ZooKeeper each waiter lists 10,000 siblings: about a minute; on
+    /// Redis and PostgreSQL one run each, a few seconds).
     #[arg(long)]
     pub(crate) extended: bool,
     /// Also write the markdown to this file.

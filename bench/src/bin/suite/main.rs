@@ -8,6 +8,9 @@
 //! - PostgreSQL: zklock's PostgreSQL backend beside a bare `pg_advisory_lock` floor on a
 //!   durable server ([`postgres`]).
 //!
+//! The Redis and PostgreSQL sections end with zklock's memory with 10,000 tasks waiting on one
+//! key and the server connections of its process ([`backend_memory`]).
+//!
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
 //!                    [--only zookeeper|redis|postgres]
@@ -19,6 +22,7 @@
 //! Curator and kazoo, `java CuratorMem` (this crate's `java/`) for Curator's memory. Servers
 //! are the test kit's: real ones on free loopback ports, stopped at exit.
 
+mod backend_memory;
 mod cli;
 mod model;
 mod postgres;

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::backend_memory;
 use crate::cli::{Cli, Section};
 use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
@@ -65,14 +66,23 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         .psql("SHOW server_version")
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
+    // The memory row with the local queue off opens a connection per waiting task, up to this.
+    let max_connections = server
+        .psql("SHOW max_connections")
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    let version = format!("{version}, max_connections {max_connections}");
     let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Postgres);
     let results = run_rounds(&mut env, &rows, rounds, "PostgreSQL");
+    let memory_rows = backend_memory::rows(cli.quick, cli.extended);
+    let memory = backend_memory::run(&mut env, &memory_rows, "PostgreSQL");
     drop(server);
     Ok(render(
         &rows,
         &results,
+        (&memory_rows, &memory),
         &version,
         started.elapsed(),
         cli.quick,
@@ -94,9 +104,13 @@ fn disk() -> String {
     }
 }
 
+/// The bound on the server connections of one manager, as the backend's code sets it.
+const CONNECTION_BOUND: &str = "Bound (the PostgreSQL backend's code): 1 listening connection per manager, plus the holding connections, kept once opened: an acquire or hold of a lock id takes a connection on which that id is free, and a wait in the server's lock queue (at most 4 per manager at a time) a connection of its own. With the local queue on, one key costs at most 3 (the listener, one for attempts and holds, one for the key's wait in the server's queue); with it off, every task waiting on the key holds a connection of its own: 1 + N + 1 for N waiters behind one holder, unbounded, up to the server's `max_connections` (past it, the further waiters retry their connection instead of waiting on the server).";
+
 fn render(
     rows: &[Row],
     results: &[RowRuns],
+    memory: (&[Row], &[RowRuns]),
     version: &str,
     took: Duration,
     quick: bool,
@@ -129,5 +143,6 @@ fn render(
             rounds,
         },
     );
+    backend_memory::table(&mut md, memory.0, memory.1, CONNECTION_BOUND);
     md
 }

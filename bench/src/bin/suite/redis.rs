@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::backend_memory;
 use crate::cli::{Cli, Section};
 use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
@@ -78,10 +79,13 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Redis);
     let results = run_rounds(&mut env, &rows, rounds, "Redis");
+    let memory_rows = backend_memory::rows(cli.quick, cli.extended);
+    let memory = backend_memory::run(&mut env, &memory_rows, "Redis");
     drop(server);
     Ok(render(
         &rows,
         &results,
+        (&memory_rows, &memory),
         started.elapsed(),
         cli.quick,
         rounds,
@@ -102,7 +106,17 @@ fn version() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn render(rows: &[Row], results: &[RowRuns], took: Duration, quick: bool, rounds: usize) -> String {
+/// The bound on the server connections of one manager, as the backend's code sets it.
+const CONNECTION_BOUND: &str = "Bound (the Redis backend's code): at most 2 connections per manager, whatever the tasks or keys: one multiplexed command connection (attempts, releases, renewals) and one pub/sub connection for wake-ups, opened once a task waits on the server (with the local queue on and the key held by the same process, none does).";
+
+fn render(
+    rows: &[Row],
+    results: &[RowRuns],
+    memory: (&[Row], &[RowRuns]),
+    took: Duration,
+    quick: bool,
+    rounds: usize,
+) -> String {
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -136,5 +150,6 @@ fn render(rows: &[Row], results: &[RowRuns], took: Duration, quick: bool, rounds
             rounds,
         },
     );
+    backend_memory::table(&mut md, memory.0, memory.1, CONNECTION_BOUND);
     md
 }
