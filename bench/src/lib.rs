@@ -220,6 +220,9 @@ pub struct Options {
     /// zklock only: queue the tasks of this process locally behind one znode per key (the
     /// manager's default); `false` gives every task its own znode.
     pub local_queue: bool,
+    /// zklock only: whether holds carry fencing tokens (the manager's
+    /// [`fencing_tokens`](zklock_core::Builder::fencing_tokens), on by default).
+    pub fencing_tokens: bool,
     /// Warm-up cycles on a separate key before measuring.
     pub warmup: usize,
     /// Session timeout of every session the run opens.
@@ -246,6 +249,7 @@ impl Options {
             keys: 1,
             peer: Peer::Zklock,
             local_queue: true,
+            fencing_tokens: true,
             warmup: 200,
             session_timeout: Duration::from_secs(30),
             linger: match workload {

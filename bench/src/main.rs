@@ -44,6 +44,10 @@ struct Cli {
     /// locally behind one (the manager's `local_queue(false)`).
     #[arg(long)]
     no_local_queue: bool,
+    /// zklock: holds without fencing tokens (the manager's `fencing_tokens(false)`): on Redis
+    /// an uncontended acquire is a bare `SET NX PX`, on PostgreSQL a grant writes nothing.
+    #[arg(long)]
+    no_fencing_tokens: bool,
     /// Warm-up cycles on a separate key before measuring.
     #[arg(long, default_value_t = 200)]
     warmup: usize,
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
     options.keys = cli.keys;
     options.peer = cli.peer;
     options.local_queue = !cli.no_local_queue;
+    options.fencing_tokens = !cli.no_fencing_tokens;
     options.warmup = cli.warmup;
     options.session_timeout = Duration::from_secs(cli.session_timeout);
     if let Some(ms) = cli.linger_ms {

@@ -236,7 +236,12 @@ fn push_redis(report: &mut Report, options: &Options, counted: Counters, cycles:
     report.push("round_trips_per_cycle", per(counted.reads, cycles));
     report.push("commands_per_cycle", per(counted.commands, cycles));
     match options.peer {
-        Peer::Zklock => report.push("local_queue", local_queue_field(options)),
+        Peer::Zklock => {
+            report.push("local_queue", local_queue_field(options));
+            if !options.fencing_tokens {
+                report.push("fencing_tokens", "off");
+            }
+        }
         Peer::Floor => report.push("set_nx_per_cycle", per(counted.attempts, cycles)),
         _ => {}
     }

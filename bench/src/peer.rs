@@ -67,6 +67,7 @@ pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result
         .lease(REDIS_TTL);
     Ok(builder
         .local_queue(options.local_queue)
+        .fencing_tokens(options.fencing_tokens)
         .linger(options.linger)
         .connect()
         .await?)

@@ -74,6 +74,7 @@ impl Contender {
                     .namespace(namespace)
                     .lease(LEASE)
                     .local_queue(options.local_queue)
+                    .fencing_tokens(options.fencing_tokens)
                     .connect()
                     .await?;
                 let mutexes = [manager.mutex("bench")?, manager.mutex("warmup")?];
@@ -235,6 +236,9 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("wal_bytes_per_cycle", format!("{:.0}", wal as f64 / n));
     if options.peer == Peer::Zklock {
         report.push("local_queue", local_queue_field(options));
+        if !options.fencing_tokens {
+            report.push("fencing_tokens", "off");
+        }
     }
     Ok(report)
 }

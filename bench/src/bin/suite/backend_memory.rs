@@ -53,6 +53,7 @@ pub(crate) fn rows(quick: bool, extended: bool) -> Vec<Row> {
                 Runner::Ours {
                     peer: "zklock",
                     no_queue,
+                    no_tokens: false,
                 },
             )],
             target: (tasks >= TASKS).then_some(Target::PeakMb(TARGET_MB)),

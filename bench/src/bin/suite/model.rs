@@ -19,8 +19,12 @@ pub(crate) enum Metric {
 /// One way of running one peer on one row.
 #[derive(Clone, Debug)]
 pub(crate) enum Runner {
-    /// `zklock-bench --peer <peer>`, optionally `--no-local-queue`.
-    Ours { peer: &'static str, no_queue: bool },
+    /// `zklock-bench --peer <peer>`, optionally `--no-local-queue`, `--no-fencing-tokens`.
+    Ours {
+        peer: &'static str,
+        no_queue: bool,
+        no_tokens: bool,
+    },
     /// The test kit's `peers/run <curator|kazoo>`.
     Peer(&'static str),
     /// `java CuratorMem`.
@@ -33,6 +37,16 @@ impl Runner {
         Runner::Ours {
             peer,
             no_queue: false,
+            no_tokens: false,
+        }
+    }
+
+    /// zklock with the local queue on and without fencing tokens.
+    pub(crate) fn untokened() -> Runner {
+        Runner::Ours {
+            peer: "zklock",
+            no_queue: false,
+            no_tokens: true,
         }
     }
 }

@@ -20,7 +20,8 @@ const COLUMNS: [(&str, &str); 2] = [
     ("floor", "floor: pg_advisory_lock + unlock"),
 ];
 
-/// The rows: zklock and the floor, uncontended and contended.
+/// The rows: zklock (with and without fencing tokens) and the floor, uncontended and
+/// contended.
 fn rows(quick: bool) -> Vec<Row> {
     let (uncontended, contended) = if quick { (50, 5) } else { (20_000, 400) };
     let cells = || {
@@ -28,6 +29,23 @@ fn rows(quick: bool) -> Vec<Row> {
             ("zklock", Runner::ours("zklock")),
             ("floor", Runner::ours("floor")),
         ]
+    };
+    // The same, zklock without fencing tokens: what the floor gives (it issues none).
+    let untokened = || {
+        vec![
+            ("zklock", Runner::untokened()),
+            ("floor", Runner::ours("floor")),
+        ]
+    };
+    let contended_target = || {
+        Target::Ratios(vec![
+            Want::main("floor", 0.9),
+            Want {
+                peer: "floor",
+                figure: Figure::P99,
+                ratio: 2.0,
+            },
+        ])
     };
     vec![
         Row::ops(
@@ -39,20 +57,29 @@ fn rows(quick: bool) -> Vec<Row> {
         )
         .with_target(Target::Ratios(vec![Want::main("floor", 0.9)])),
         Row::ops(
+            "uncontended, no fencing tokens (1 connection, 1 key)",
+            "uncontended",
+            1,
+            uncontended,
+            untokened(),
+        )
+        .with_target(Target::Ratios(vec![Want::main("floor", 0.9)])),
+        Row::ops(
             "contended (8 managers / clients, 1 key)",
             "contended",
             8,
             contended,
             cells(),
         )
-        .with_target(Target::Ratios(vec![
-            Want::main("floor", 0.9),
-            Want {
-                peer: "floor",
-                figure: Figure::P99,
-                ratio: 2.0,
-            },
-        ])),
+        .with_target(contended_target()),
+        Row::ops(
+            "contended, no fencing tokens (8 managers / clients, 1 key)",
+            "contended",
+            8,
+            contended,
+            untokened(),
+        )
+        .with_target(contended_target()),
     ]
 }
 

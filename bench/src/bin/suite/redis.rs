@@ -20,8 +20,8 @@ const COLUMNS: [(&str, &str); 3] = [
     ("rslock", "rslock (Redlock, 1 server)"),
 ];
 
-/// The rows: zklock, the floor and rslock, uncontended and contended; and the linger's
-/// re-acquire.
+/// The rows: zklock, the floor and rslock, uncontended (zklock with and without fencing
+/// tokens) and contended; and the linger's re-acquire.
 fn rows(quick: bool) -> Vec<Row> {
     let (uncontended, contended) = if quick { (50, 5) } else { (10_000, 500) };
     let cells = || {
@@ -30,6 +30,12 @@ fn rows(quick: bool) -> Vec<Row> {
             .map(|(column, _)| (*column, Runner::ours(column)))
             .collect::<Vec<_>>()
     };
+    // The same, zklock without fencing tokens: what the peers give (neither issues a token).
+    let untokened = || {
+        let mut cells = cells();
+        cells[0].1 = Runner::untokened();
+        cells
+    };
     vec![
         Row::ops(
             "uncontended (1 connection, 1 key)",
@@ -37,6 +43,17 @@ fn rows(quick: bool) -> Vec<Row> {
             1,
             uncontended,
             cells(),
+        )
+        .with_target(Target::Ratios(vec![
+            Want::main("floor", 0.9),
+            Want::main("rslock", 1.1),
+        ])),
+        Row::ops(
+            "uncontended, no fencing tokens (1 connection, 1 key)",
+            "uncontended",
+            1,
+            uncontended,
+            untokened(),
         )
         .with_target(Target::Ratios(vec![
             Want::main("floor", 0.9),

@@ -48,13 +48,20 @@ impl Env {
     fn command(&self, row: &Row, runner: &Runner) -> Result<Command, String> {
         let (n, m) = (row.workers.to_string(), row.cycles.to_string());
         Ok(match runner {
-            Runner::Ours { peer, no_queue } => {
+            Runner::Ours {
+                peer,
+                no_queue,
+                no_tokens,
+            } => {
                 let mut cmd = Command::new(&self.bench);
                 cmd.args(["--connect", &self.connect, "--workload", row.workload])
                     .args(["--workers", &n, "--cycles", &m, "--peer", peer])
                     .args(["--keys", &row.keys.to_string()]);
                 if *no_queue {
                     cmd.arg("--no-local-queue");
+                }
+                if *no_tokens {
+                    cmd.arg("--no-fencing-tokens");
                 }
                 cmd
             }

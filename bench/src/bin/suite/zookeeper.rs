@@ -71,6 +71,7 @@ fn zk_noq() -> Runner {
     Runner::Ours {
         peer: "zklock",
         no_queue: true,
+        no_tokens: false,
     }
 }
 
