@@ -80,6 +80,12 @@
 //! The floor at the server's clock also keeps tokens above every earlier one if the table is
 //! ever dropped and re-created.
 //!
+//! A backend without tokens ([`Builder::fencing_tokens`](crate::Builder::fencing_tokens) off)
+//! prepares the `_UNFENCED` forms of the attempts and waits instead: the same lock, the same
+//! check that the row names the path ([`check_under_lock`]), no write, token 0 (none). Its
+//! grants leave `fence` as it was, which the grants of processes with tokens raise as before:
+//! their tokens still increase in grant order.
+//!
 //! ## Waiting in the server's queue
 //!
 //! A waiter blocks in the server ([`BLOCK_EXCLUSIVE`], [`BLOCK_SHARED`]) on a connection given

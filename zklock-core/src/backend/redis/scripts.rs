@@ -13,6 +13,12 @@
 //! failover to a replica that had not received it, an eviction), the next token still exceeds
 //! every token handed out before, as long as the server's clock has not gone back; and while
 //! it is kept, tokens increase whatever the clock does.
+//!
+//! A backend without tokens ([`Builder::fencing_tokens`](crate::Builder::fencing_tokens) off)
+//! sends a mutex's first attempt as a bare `SET NX PX` instead of [`ACQUIRE_MUTEX`]: granted,
+//! its hold has token 0 (none) and the fence is untouched; refused, the script runs as usual
+//! (and queues the waiter). The key is free only while nobody waits (see [`ACQUIRE_MUTEX`]),
+//! so the bare `SET` takes nothing from a queue.
 
 use once_cell::sync::Lazy;
 use redis::aio::MultiplexedConnection;
