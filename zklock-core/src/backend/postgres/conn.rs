@@ -87,6 +87,9 @@ pub(crate) struct ConnConfig {
     /// Whether grants take a fencing token (the key row's write); see
     /// [`Builder::fencing_tokens`](crate::Builder::fencing_tokens).
     pub(crate) tokens: bool,
+    /// Told whenever a connection's use ends (a reservation, a loan, a wait in the server's
+    /// queue): what an acquire waiting for a connection of a full [`Pool`] waits for.
+    pub(crate) freed: tokio::sync::Notify,
 }
 
 impl ConnConfig {
@@ -292,6 +295,7 @@ impl HoldConn {
     pub(crate) fn unblock(&self, answered: Option<Instant>) {
         let mut uses = self.uses.lock().expect("not poisoned");
         uses.blocked = false;
+        self.cc.freed.notify_waiters();
         let deadline = answered.map(|sent| self.cc.deadline(sent));
         self.state.send_modify(|s| {
             s.blocked = false;
@@ -456,6 +460,7 @@ impl Drop for Reservation {
             .expect("not poisoned")
             .ids
             .remove(&self.id);
+        self.conn.cc.freed.notify_waiters();
     }
 }
 
@@ -473,11 +478,25 @@ impl std::ops::Deref for Lent {
 impl Drop for Lent {
     fn drop(&mut self) {
         self.0.uses.lock().expect("not poisoned").lent -= 1;
+        self.0.cc.freed.notify_waiters();
     }
 }
 
+/// The most holding connections a backend opens (beside its listening one): the bound on its
+/// server connections, whatever its tasks do. Each acquire and hold of one lock id needs a
+/// connection of its own (a session holds an advisory lock for all its statements), so this is
+/// also how many of one process's acquires and holds of one lock id run at once: with the
+/// local queue off, or readers (which each hold), the others wait in the process for a
+/// connection. Different ids share connections.
+pub(crate) const MAX_CONNECTIONS: usize = 16;
+
+/// How often an acquire that waits for a connection of a full pool looks again without being
+/// told (a connection that broke frees its place without a word).
+const FULL_POLL: Duration = Duration::from_millis(100);
+
 /// The backend's holding connections: as many as the most acquires and holds of one lock id
-/// at a time in this process (one with the local queue), opened on demand.
+/// at a time in this process (one with the local queue), opened on demand, at most
+/// [`MAX_CONNECTIONS`].
 pub(crate) struct Pool {
     cc: Arc<ConnConfig>,
     conns: StdMutex<Vec<Arc<HoldConn>>>,
@@ -507,36 +526,62 @@ impl Pool {
         })
     }
 
-    async fn get(&self, need: Need) -> Result<Arc<HoldConn>, PostgresError> {
-        if let Some(c) = self.find(need) {
-            return Ok(c);
+    /// A connection as `need` says: one that has it, else a new one while the pool is below
+    /// [`MAX_CONNECTIONS`], else (`wait`) the first that has it once a use of one ends, or
+    /// (not `wait`) none.
+    async fn get(&self, need: Need, wait: bool) -> Result<Option<Arc<HoldConn>>, PostgresError> {
+        loop {
+            // Listening before looking: a use that ends after the look is not missed.
+            let freed = self.cc.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(c) = self.find(need) {
+                return Ok(Some(c));
+            }
+            {
+                let _turn = self.opening.lock().await;
+                if let Some(c) = self.find(need) {
+                    return Ok(Some(c));
+                }
+                if self.conns.lock().expect("not poisoned").len() < MAX_CONNECTIONS {
+                    let c = HoldConn::open(&self.cc).await?;
+                    need.take(&c, &mut c.uses.lock().expect("not poisoned"));
+                    self.conns.lock().expect("not poisoned").push(c.clone());
+                    return Ok(Some(c));
+                }
+            }
+            if !wait {
+                return Ok(None);
+            }
+            tokio::select! {
+                _ = freed => {}
+                _ = tokio::time::sleep(FULL_POLL) => {}
+            }
         }
-        let _turn = self.opening.lock().await;
-        if let Some(c) = self.find(need) {
-            return Ok(c);
-        }
-        let c = HoldConn::open(&self.cc).await?;
-        need.take(&c, &mut c.uses.lock().expect("not poisoned"));
-        self.conns.lock().expect("not poisoned").push(c.clone());
-        Ok(c)
     }
 
-    /// Reserves `id` on a live connection, opening one if every connection has it.
+    /// Reserves `id` on a live connection, opening one if every connection has it; when
+    /// [`MAX_CONNECTIONS`] are open and all have it, waits until one does not.
     pub(crate) async fn reserve(&self, id: i32) -> Result<Reservation, PostgresError> {
-        let conn = self.get(Need::Reserve(id)).await?;
+        let conn = self.get(Need::Reserve(id), true).await?.expect("waited for");
         Ok(Reservation { conn, id })
     }
 
     /// Reserves `id` on a live connection that nothing else uses, given to a wait in the
-    /// server's queue (see [`HoldConn::try_block`]), opening one if there is none.
-    pub(crate) async fn reserve_blocked(&self, id: i32) -> Result<Reservation, PostgresError> {
-        let conn = self.get(Need::Block(id)).await?;
-        Ok(Reservation { conn, id })
+    /// server's queue (see [`HoldConn::try_block`]), opening one if there is none; none when
+    /// [`MAX_CONNECTIONS`] are open and each is in use.
+    pub(crate) async fn reserve_blocked(
+        &self,
+        id: i32,
+    ) -> Result<Option<Reservation>, PostgresError> {
+        let conn = self.get(Need::Block(id), false).await?;
+        Ok(conn.map(|conn| Reservation { conn, id }))
     }
 
     /// A live connection, for requests that take no lock (key lookups, job records).
     pub(crate) async fn any(&self) -> Result<Lent, PostgresError> {
-        self.get(Need::Lend).await.map(Lent)
+        let conn = self.get(Need::Lend, true).await?.expect("waited for");
+        Ok(Lent(conn))
     }
 }
 

@@ -379,6 +379,7 @@ impl PostgresBackend {
             reply_timeout: lease.min(MAX_REPLY_TIMEOUT),
             runtime: tokio::runtime::Handle::current(),
             tokens: config.tokens,
+            freed: tokio::sync::Notify::new(),
         });
         let pool = Pool::new(cc.clone());
         let inner = Arc::new(Inner {
@@ -593,15 +594,19 @@ impl PostgresBackend {
                         p.permit = permit.take();
                     } else if taken_once {
                         let id = p.id();
-                        // Nothing armed: given back at once (a writer's intent undone).
-                        unfinished = None;
                         match inner.pool.reserve_blocked(id).await {
-                            Ok(reservation) => {
+                            Ok(Some(reservation)) => {
                                 let mut p = Unfinished::new(inner, reservation, shared, true);
                                 p.permit = permit.take();
+                                // Nothing armed on the one before: given back at once (a
+                                // writer's intent undone).
                                 unfinished = Some(p);
                             }
+                            // Every connection the backend may open is in use: this acquire
+                            // waits by retrying, as those beyond the bound on waits do.
+                            Ok(None) => permit = None,
                             Err(e) if e.is_transient() => {
+                                unfinished = None;
                                 tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
                                 tokio::time::sleep(pause).await;
                                 pause = (pause * 2).min(RETRY_MAX);
