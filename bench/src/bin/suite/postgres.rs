@@ -93,7 +93,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         .psql("SHOW server_version")
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
-    // The memory row with the local queue off opens a connection per waiting task, up to this.
+    // Shown beside the version: a manager opens at most 17 connections, well below it.
     let max_connections = server
         .psql("SHOW max_connections")
         .map(|v| v.trim().to_string())
@@ -132,7 +132,7 @@ fn disk() -> String {
 }
 
 /// The bound on the server connections of one manager, as the backend's code sets it.
-const CONNECTION_BOUND: &str = "Bound (the PostgreSQL backend's code): 1 listening connection per manager, plus the holding connections, kept once opened: an acquire or hold of a lock id takes a connection on which that id is free, and a wait in the server's lock queue (at most 4 per manager at a time) a connection of its own. With the local queue on, one key costs at most 3 (the listener, one for attempts and holds, one for the key's wait in the server's queue); with it off, every task waiting on the key holds a connection of its own: 1 + N + 1 for N waiters behind one holder, unbounded, up to the server's `max_connections` (past it, the further waiters retry their connection instead of waiting on the server).";
+const CONNECTION_BOUND: &str = "Bound (the PostgreSQL backend's code): at most 17 connections per manager, whatever the tasks or keys: 1 listening connection, and at most 16 holding connections, kept once opened. An acquire or hold of a lock id takes a connection on which that id is free (different ids share connections), and a wait in the server's lock queue (at most 4 per manager at a time) a connection of its own. With the local queue on, one key costs at most 3 (the listener, one for attempts and holds, one for the key's wait in the server's queue); with it off, or with many readers, every task of one key needs a connection of its own: at most 16 run at once, and the others wait in the process for one.";
 
 fn render(
     rows: &[Row],
