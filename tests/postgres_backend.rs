@@ -527,7 +527,15 @@ async fn a_release_notifies_only_when_someone_waits() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(notified.load(Ordering::SeqCst), 0, "nobody waited");
     assert!(registrations(&look).await.is_empty());
-    assert!(registrations_of(&look, QUEUE_CLASS).await.is_empty());
+    // A wait answered within a few ms is not registered; on a loaded machine a free key's
+    // answer can take longer, and its registration (which wakes nobody) then lasts half a
+    // second after the wait.
+    eventually(
+        "no registration of a wait in the server's queue",
+        Duration::from_secs(2),
+        || async { registrations_of(&look, QUEUE_CLASS).await.is_empty() },
+    )
+    .await;
 
     let (mut guards, mut waiters, ids) = queue_then_retry(&a, &b, &look, "quiet").await;
     // The waits in the server's queue are registered (for holders to hear of them).

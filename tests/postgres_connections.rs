@@ -95,7 +95,11 @@ async fn many_tasks_of_one_key_stay_within_the_connection_bound() {
             .expect("a waiter never got its turn")
             .unwrap();
     }
-    assert_eq!(most_holding.load(Ordering::SeqCst), 1, "two tasks held at once");
+    assert_eq!(
+        most_holding.load(Ordering::SeqCst),
+        1,
+        "two tasks held at once"
+    );
 
     // TASKS readers of one key, each holding a moment: at most the bound hold at once, and all
     // get in.

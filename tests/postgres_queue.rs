@@ -185,6 +185,57 @@ async fn a_dropped_acquire_in_the_queue_is_cancelled_on_the_server() {
     g.release().await.unwrap();
 }
 
+/// A process is not held up by its own abandoned waits: a wait in the server's queue whose
+/// acquire was dropped is granted the lock when the holder releases at once (its cancel
+/// request comes later: the waiting process's traffic is slowed by 100 ms each way), and is
+/// undone in the background; the process's next try of the key waits for that undo instead of
+/// finding the key held by its own abandoned wait (the mutation that skips the wait for undos
+/// fails in the first round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_after_an_abandoned_wait_finds_the_key_free() {
+    let pg = server();
+    let look = pg_client(&pg.url()).await;
+    let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
+    let a = manager(&pg.url()).await;
+    let b = LockManager::builder(relay.url(&pg.url()))
+        .lease(LEASE)
+        .local_queue(false)
+        .connect()
+        .await
+        .unwrap();
+    // b's connections are open before its traffic slows down: two acquires of the key at once
+    // (each needs a session of its own), the second waiting in the server's queue.
+    let first = b.lock("abandoned").await.unwrap();
+    let second = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("abandoned").await.unwrap().release().await.unwrap() }
+    });
+    until_queued(&look, 1).await;
+    first.release().await.unwrap();
+    second.await.unwrap();
+    relay.set_delay(Duration::from_millis(100));
+    for round in 0..3 {
+        let g = a.lock("abandoned").await.unwrap();
+        let b2 = b.clone();
+        let waiting = tokio::spawn(async move { b2.lock("abandoned").await });
+        until_queued(&look, 1).await;
+        waiting.abort();
+        let _ = waiting.await;
+        g.release().await.unwrap();
+        let again = tokio::time::timeout(Duration::from_secs(10), b.try_lock("abandoned"))
+            .await
+            .expect("the try answers")
+            .unwrap();
+        assert!(
+            again.is_some(),
+            "round {round}: b's try found the key held by its own abandoned wait"
+        );
+        again.unwrap().release().await.unwrap();
+        b.flush().await;
+        assert!(held(&look).await.is_empty(), "round {round}");
+    }
+}
+
 /// The race of a grant and a drop: the holder releases while the waiter's acquire is dropped,
 /// at many offsets. However it falls — the wait cancelled first, or granted and then dropped —
 /// no lock is left held by nobody: once the waiter's manager has flushed, nothing is held, and

@@ -26,6 +26,8 @@ pub(crate) mod memory;
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) mod undos;
 pub(crate) mod zk;
 
 use std::future::Future;

@@ -563,7 +563,10 @@ impl Pool {
     /// Reserves `id` on a live connection, opening one if every connection has it; when
     /// [`MAX_CONNECTIONS`] are open and all have it, waits until one does not.
     pub(crate) async fn reserve(&self, id: i32) -> Result<Reservation, PostgresError> {
-        let conn = self.get(Need::Reserve(id), true).await?.expect("waited for");
+        let conn = self
+            .get(Need::Reserve(id), true)
+            .await?
+            .expect("waited for");
         Ok(Reservation { conn, id })
     }
 

@@ -62,6 +62,7 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
+use super::undos::Undos;
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::background::Background;
 use crate::types::error::{Error, PostgresError, Result};
@@ -127,6 +128,10 @@ pub(crate) struct Inner {
     ids: StdMutex<HashMap<Arc<str>, i32>>,
     pub(crate) runtime: tokio::runtime::Handle,
     pub(crate) background: Arc<Background>,
+    /// Undos of dropped acquires under way, per lock id: a later acquire of the id in this
+    /// process waits for them, so that it never finds the lock held by a wait it gave up on
+    /// (granted just as it was dropped, and not released yet).
+    undos: Arc<Undos<i32>>,
 }
 
 /// A postgres error during `operation`.
@@ -269,6 +274,7 @@ impl Drop for Unfinished {
         let (shared, intent, armed, blocked) = (self.shared, self.intent, self.armed, self.blocked);
         let in_flight = self.in_flight.take();
         let permit = self.permit.take();
+        let undoing = self.inner.undos.start(&reservation.id);
         self.inner.background.spawn(&self.inner.runtime, async move {
             let conn = &reservation.conn;
             let id = reservation.id;
@@ -300,6 +306,7 @@ impl Drop for Unfinished {
             }
             drop(reservation);
             drop(permit);
+            drop(undoing);
         });
     }
 }
@@ -390,6 +397,7 @@ impl PostgresBackend {
             ids: StdMutex::default(),
             runtime: tokio::runtime::Handle::current(),
             background: Arc::default(),
+            undos: Arc::default(),
         });
         let conn = inner.pool.any().await.map_err(pg_error("connect"))?;
         inner
@@ -565,6 +573,7 @@ impl PostgresBackend {
                 None => {
                     let reserved = async {
                         let id = inner.id_of(&target.path).await?;
+                        inner.undos.finished(&id).await;
                         inner.pool.reserve(id).await
                     };
                     match reserved.await {

@@ -48,13 +48,12 @@ mod lease;
 mod scripts;
 mod watchdog;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::undos::Undos;
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
@@ -134,7 +133,7 @@ pub(crate) struct Inner {
     /// Undos of dropped acquires under way, per lock (its exclusive key's name): a later
     /// acquire of the lock in this process waits for them, so that it never finds what an
     /// acquire it gave up on left (a place in a mutex's queue, a hand-over to it, an intent).
-    undos: StdMutex<HashMap<String, watch::Sender<usize>>>,
+    undos: Arc<Undos<String>>,
 }
 
 impl Inner {
@@ -157,33 +156,6 @@ impl Inner {
             })
             .await?;
         Ok(n == 1)
-    }
-
-    fn undos_started(&self, lock: &str) {
-        self.undos
-            .lock()
-            .unwrap()
-            .entry(lock.to_string())
-            .or_insert_with(|| watch::channel(0).0)
-            .send_modify(|n| *n += 1);
-    }
-
-    fn undo_done(&self, lock: &str) {
-        let mut undos = self.undos.lock().unwrap();
-        if let Some(count) = undos.get(lock) {
-            count.send_modify(|n| *n -= 1);
-            if *count.borrow() == 0 {
-                undos.remove(lock);
-            }
-        }
-    }
-
-    /// Waits until no undo of an acquire of `lock` by this process is under way.
-    async fn undos_finished(&self, lock: &str) {
-        let pending = self.undos.lock().unwrap().get(lock).map(|c| c.subscribe());
-        if let Some(mut pending) = pending {
-            let _ = pending.wait_for(|n| *n == 0).await;
-        }
     }
 
     pub(crate) fn lease_ms(&self) -> u64 {
@@ -312,12 +284,12 @@ impl Drop for Unfinished {
         let keys = self.keys.clone();
         // Whatever the request left expires with its lease anyway.
         let until = Instant::now() + inner.lease;
-        inner.undos_started(&keys.exclusive);
+        let undoing = inner.undos.start(&keys.exclusive);
         self.inner.background.spawn(&self.inner.runtime, async move {
             if let Err(e) = inner.delete(&keys, &undo, until).await {
                 tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not undo an acquire on Redis; what it left ends when its lease runs out");
             }
-            inner.undo_done(&keys.exclusive);
+            drop(undoing);
         });
     }
 }
@@ -374,7 +346,7 @@ impl RedisBackend {
             keys: keys::KeysCache::default(),
             waiter_ttl: waiter_ttl(config.lease),
             watchdog: watchdog::Watchdog::default(),
-            undos: StdMutex::default(),
+            undos: Arc::default(),
         });
         inner.runtime.spawn(watchdog::run(
             Arc::downgrade(&inner),
@@ -485,7 +457,7 @@ impl RedisBackend {
     ) -> Result<Option<Vec<RedisHold>>> {
         let inner = &self.inner;
         let keys = inner.keys.get(&target.path);
-        inner.undos_finished(&keys.exclusive).await;
+        inner.undos.finished(&keys.exclusive).await;
         let ids: Vec<String> = (0..n.max(1)).map(|_| inner.new_id()).collect();
         let mutex = matches!(ask, Ask::Mutex);
         // A mutex waiter's place in the queue: `<hub id> <holder id>`.
