@@ -7,7 +7,9 @@
 //! their lock wait in their own processes (they listen for a release), so only a mutex's
 //! queue and a waiting writer appear as waiters; and the token of each reader or lease is not
 //! kept apart from the lock's counter, so they show token 0 and, as `since`, the start of
-//! their current lease period as this manager's lease reckons it.
+//! their current lease period as this manager's lease reckons it. Nor does a mutex taken
+//! without a token (a process with `fencing_tokens(false)`) leave its time: its holder shows
+//! the lock's last token and that token's time, the last grant's that had one.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
