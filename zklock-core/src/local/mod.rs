@@ -515,7 +515,11 @@ pub(crate) async fn acquire(
     let _waiting = (!matches!(wait, Wait::Never)).then(|| labels.waiting());
     let grant = |hold: Arc<dyn BackendHold>, local: Option<LocalTurn>| {
         labels.backend_grants(1);
-        let token = token_of(config.tokens, &*hold, 0);
+        let token = if config.tokens {
+            hold.token()
+        } else {
+            FencingToken::NONE
+        };
         Grant::new(
             table.id,
             hold,
