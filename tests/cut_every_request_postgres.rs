@@ -36,7 +36,7 @@ mod cuts;
 
 use std::time::Duration;
 
-use common::pg_client;
+use common::{pg_client, pg_server, PG_LEASE};
 use cuts::{run_through_relay, sweep, LeaseServer, Protocol};
 use zklock::LockManager;
 use zklock_testkit::PostgresServer;
@@ -101,7 +101,7 @@ struct Pg {
 
 impl LeaseServer for Pg {
     /// The server ends a holding session idle this long.
-    const LEASE: Duration = Duration::from_secs(3);
+    const LEASE: Duration = PG_LEASE;
 
     fn url(&self) -> String {
         self.server.url()
@@ -150,7 +150,7 @@ impl LeaseServer for Pg {
 
 /// Sweeps `protocol` on a server of its own.
 async fn sweep_postgres(protocol: Protocol, offset: usize) {
-    let server = PostgresServer::start().expect("start postgres (see the test kit's error)");
+    let server = pg_server();
     let pg = Pg {
         admin: pg_client(&server.url()).await,
         server,

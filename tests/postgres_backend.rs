@@ -17,34 +17,18 @@ use tokio_postgres::NoTls;
 use zklock::{
     current_fencing_token, distributed_lock, Error, FencingToken, LockManager, LossReason,
 };
-use zklock_testkit::PostgresServer;
 
-use common::{eventually, pg_client};
+use common::{
+    eventually, pg_client, pg_manager as manager, pg_server as server, PG_LEASE as LEASE,
+    PG_LOCK_CLASS as LOCK_CLASS,
+};
 
-/// The lease most tests run with: long enough that a busy 2-core machine never misses a
-/// liveness check, short enough for loss tests to be quick.
-const LEASE: Duration = Duration::from_secs(3);
-
-/// The class of zklock's advisory locks (`zkLK`), as `pg_locks.classid` shows it.
-const LOCK_CLASS: i64 = 0x7A6B_4C4B;
 /// The class of a registration of waiters that retry (`zkWI`).
 const WAIT_CLASS: i64 = 0x7A6B_5749;
 /// The class of a registration of waits in the server's queue (`zkQU`).
 const QUEUE_CLASS: i64 = 0x7A6B_5155;
 /// How many acquires of one manager wait in the server's queue at a time (the README's bound).
 const QUEUED_WAITS: usize = 4;
-
-fn server() -> PostgresServer {
-    PostgresServer::start().expect("start postgres (see the test kit's error)")
-}
-
-async fn manager(url: &str) -> LockManager {
-    LockManager::builder(url)
-        .lease(LEASE)
-        .connect()
-        .await
-        .unwrap()
-}
 
 /// zklock's advisory locks on the server: `(objid, mode, pid)`.
 async fn held(client: &tokio_postgres::Client) -> Vec<(i64, String, i32)> {

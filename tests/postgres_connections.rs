@@ -12,11 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use zklock::LockManager;
-use zklock_testkit::PostgresServer;
 
-use common::pg_client;
-
-const LEASE: Duration = Duration::from_secs(3);
+use common::{pg_client, pg_server, PG_LEASE as LEASE};
 
 /// The backend's holding connections at most, and its listening one.
 const BOUND: i64 = 16 + 1;
@@ -47,7 +44,7 @@ async fn peak(look: &tokio_postgres::Client, identity: &str, rounds: usize) -> i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_of_one_key_stay_within_the_connection_bound() {
-    let pg = PostgresServer::start().expect("start postgres (see the test kit's error)");
+    let pg = pg_server();
     let url = pg.url();
     let look = pg_client(&url).await;
     let identity = "bounded-conns";

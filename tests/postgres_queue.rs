@@ -13,26 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use zklock::{Error, FencingToken, LockManager};
-use zklock_testkit::PostgresServer;
 
-use common::{eventually, pg_client};
-
-const LEASE: Duration = Duration::from_secs(3);
-
-/// The class of zklock's advisory locks (`zkLK`), as `pg_locks.classid` shows it.
-const LOCK_CLASS: i64 = 0x7A6B_4C4B;
-
-fn server() -> PostgresServer {
-    PostgresServer::start().expect("start postgres (see the test kit's error)")
-}
-
-async fn manager(url: &str) -> LockManager {
-    LockManager::builder(url)
-        .lease(LEASE)
-        .connect()
-        .await
-        .unwrap()
-}
+use common::{
+    eventually, pg_client, pg_manager as manager, pg_server as server, PG_LEASE as LEASE,
+    PG_LOCK_CLASS as LOCK_CLASS,
+};
 
 /// zklock's advisory locks on the server, held (`granted`) or waited for: `(objid, pid)`, the
 /// waits in the order the server queued them.

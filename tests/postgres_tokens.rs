@@ -13,21 +13,11 @@ use std::time::Duration;
 use zklock::{FencingToken, LockManager};
 use zklock_testkit::PostgresServer;
 
-use common::eventually;
-
-const LEASE: Duration = Duration::from_secs(3);
-
-async fn manager(url: &str) -> LockManager {
-    LockManager::builder(url)
-        .lease(LEASE)
-        .connect()
-        .await
-        .unwrap()
-}
+use common::{eventually, pg_manager as manager, pg_server};
 
 /// A server whose commits do not wait for the WAL flush (new sessions read the setting).
 async fn lossy_server() -> PostgresServer {
-    let pg = PostgresServer::start().expect("start postgres (see the test kit's error)");
+    let pg = pg_server();
     pg.psql("ALTER SYSTEM SET synchronous_commit = off")
         .unwrap();
     pg.psql("SELECT pg_reload_conf()").unwrap();
@@ -123,7 +113,7 @@ async fn tokens_never_repeat_or_go_back_after_a_crash_loses_commits() {
 /// it, the lost ones included: they were clock readings, and the clock is ahead of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_token_commits_without_waiting_and_a_crash_that_loses_it_is_safe() {
-    let mut pg = PostgresServer::start().expect("start postgres (see the test kit's error)");
+    let mut pg = pg_server();
     assert_eq!(pg.psql("SHOW synchronous_commit").unwrap().trim(), "on");
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let path = a.path_of("async").unwrap();
@@ -172,7 +162,7 @@ async fn server_us(client: &tokio_postgres::Client) -> i64 {
 /// ahead, a crash that lost its last raise could let a later grant repeat a token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_stay_at_the_server_clock() {
-    let pg = PostgresServer::start().expect("start postgres (see the test kit's error)");
+    let pg = pg_server();
     let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
     let look = common::pg_client(&pg.url()).await;
     let mut last = None;

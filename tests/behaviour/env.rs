@@ -15,13 +15,8 @@ pub(crate) enum Backend {
 /// renewal (every lease/3), short enough that a lost hold shows within a second.
 pub(crate) const REDIS_LEASE: Duration = Duration::from_secs(3);
 
-/// The lease of the PostgreSQL managers (their sessions' `idle_session_timeout`), for the same
-/// reasons.
-pub(crate) const PG_LEASE: Duration = Duration::from_secs(3);
-
-/// The classes (first keys) of zklock's advisory locks, as `pg_locks.classid` shows them: the
-/// lock itself (`zkLK`) and a waiting writer's intent (`zkIN`).
-pub(crate) const PG_LOCK_CLASS: i64 = 0x7A6B_4C4B;
+/// The class of a waiting writer's intent (`zkIN`), as `pg_locks.classid` shows it, beside the
+/// lock's own (`common::PG_LOCK_CLASS`); the PostgreSQL managers run with `common::PG_LEASE`.
 pub(crate) const PG_INTENT_CLASS: i64 = 0x7A6B_494E;
 
 /// Whether tasks of one process queue behind one backend hold.
@@ -69,7 +64,7 @@ impl Env {
                 backend,
                 zk: None,
                 redis: None,
-                pg: Some(PostgresServer::start().expect("start postgres (test kit)")),
+                pg: Some(pg_server()),
                 local: None,
                 strict: None,
             },

@@ -207,6 +207,28 @@ pub async fn redis_queued(url: &str, key: &str, n: usize) {
     .unwrap_or_else(|_| panic!("{n} waiters never queued for {key}"));
 }
 
+/// The lease of the PostgreSQL tests' managers (their sessions' `idle_session_timeout`): long
+/// enough that a busy 2-core machine never misses a liveness check, short enough for loss
+/// tests to be quick.
+pub const PG_LEASE: Duration = Duration::from_secs(3);
+
+/// The class (first key) of zklock's advisory locks (`zkLK`), as `pg_locks.classid` shows it.
+pub const PG_LOCK_CLASS: i64 = 0x7A6B_4C4B;
+
+/// Starts a real PostgreSQL of the test kit on a free loopback port.
+pub fn pg_server() -> zklock_testkit::PostgresServer {
+    zklock_testkit::PostgresServer::start().expect("start postgres (see the test kit's error)")
+}
+
+/// A manager on the PostgreSQL at `url`, with [`PG_LEASE`].
+pub async fn pg_manager(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .lease(PG_LEASE)
+        .connect()
+        .await
+        .expect("connect to the test PostgreSQL")
+}
+
 /// A plain PostgreSQL client on `url`, its connection driven by a task of its own: what a test
 /// looks at the server's locks and sessions with, beside the managers it tests.
 pub async fn pg_client(url: &str) -> tokio_postgres::Client {
