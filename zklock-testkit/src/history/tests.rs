@@ -12,6 +12,20 @@ fn ev(at: u64, worker: &str, key: &str, mode: Mode, op: Op) -> Event {
     }
 }
 
+/// A silent fault (`what`) on `worker` at `at`: one the worker's holds do not hear of.
+fn silent_fault(at: u64, worker: &str, what: &str) -> Event {
+    ev(
+        at,
+        worker,
+        "",
+        Mode::Exclusive,
+        Op::Fault {
+            what: what.into(),
+            silent: true,
+        },
+    )
+}
+
 fn hold(events: &mut Vec<Event>, worker: &str, mode: Mode, token: u128, from: u64, to: u64) {
     events.push(ev(from - 1, worker, "k", mode, Op::AcquireInvoked));
     events.push(ev(from, worker, "k", mode, Op::AcquireOk { token }));
@@ -121,16 +135,7 @@ fn a_loss_reported_after_the_release_ends_nothing() {
 fn silent_faults_explain_overlaps_but_not_tokens() {
     let mut e = Vec::new();
     hold(&mut e, "a", Mode::Exclusive, 1, 10, 100);
-    e.push(ev(
-        15,
-        "a",
-        "",
-        Mode::Exclusive,
-        Op::Fault {
-            what: "SIGSTOP".into(),
-            silent: true,
-        },
-    ));
+    e.push(silent_fault(15, "a", "SIGSTOP"));
     hold(&mut e, "b", Mode::Exclusive, 2, 50, 60);
     let r = check(&e);
     assert!(r.is_ok(), "{r}");
@@ -138,31 +143,13 @@ fn silent_faults_explain_overlaps_but_not_tokens() {
     // A fault on b does not explain a's overlap, nor a fault after the second grant.
     let mut e = Vec::new();
     hold(&mut e, "a", Mode::Exclusive, 1, 10, 100);
-    e.push(ev(
-        55,
-        "a",
-        "",
-        Mode::Exclusive,
-        Op::Fault {
-            what: "late".into(),
-            silent: true,
-        },
-    ));
+    e.push(silent_fault(55, "a", "late"));
     hold(&mut e, "b", Mode::Exclusive, 2, 50, 60);
     assert_eq!(check(&e).violations.len(), 1);
     // The token must still increase.
     let mut e = Vec::new();
     hold(&mut e, "a", Mode::Exclusive, 3, 10, 100);
-    e.push(ev(
-        15,
-        "a",
-        "",
-        Mode::Exclusive,
-        Op::Fault {
-            what: "SIGSTOP".into(),
-            silent: true,
-        },
-    ));
+    e.push(silent_fault(15, "a", "SIGSTOP"));
     hold(&mut e, "b", Mode::Exclusive, 2, 50, 60);
     let r = check(&e);
     assert!(matches!(
@@ -176,18 +163,7 @@ fn a_grant_recorded_after_a_silent_fault_on_its_own_worker_is_unprotected() {
     // b's acquire is in flight when its session is expired from another handle; a is granted
     // after the expiry (token 7); b records the grant it had from before (token 5) only
     // later, and is told of the loss at 40.
-    let fault = |at| {
-        ev(
-            at,
-            "b",
-            "",
-            Mode::Exclusive,
-            Op::Fault {
-                what: "expired".into(),
-                silent: true,
-            },
-        )
-    };
+    let fault = |at| silent_fault(at, "b", "expired");
     let mut e = vec![
         ev(5, "b", "k", Mode::Exclusive, Op::AcquireInvoked),
         fault(8),
