@@ -36,6 +36,8 @@ fn rows(quick: bool) -> Vec<Row> {
         cells[0].1 = Runner::untokened();
         cells
     };
+    let uncontended_target =
+        || Target::Ratios(vec![Want::main("floor", 0.9), Want::main("rslock", 1.1)]);
     vec![
         Row::ops(
             "uncontended (1 connection, 1 key)",
@@ -44,10 +46,7 @@ fn rows(quick: bool) -> Vec<Row> {
             uncontended,
             cells(),
         )
-        .with_target(Target::Ratios(vec![
-            Want::main("floor", 0.9),
-            Want::main("rslock", 1.1),
-        ])),
+        .with_target(uncontended_target()),
         Row::ops(
             "uncontended, no fencing tokens (1 connection, 1 key)",
             "uncontended",
@@ -55,10 +54,7 @@ fn rows(quick: bool) -> Vec<Row> {
             uncontended,
             untokened(),
         )
-        .with_target(Target::Ratios(vec![
-            Want::main("floor", 0.9),
-            Want::main("rslock", 1.1),
-        ])),
+        .with_target(uncontended_target()),
         // rslock's refused waiters sleep 0–200 ms, so its releaser mostly takes the lock again:
         // compared on how often the lock changes hands, not on cycles.
         Row::ops(
