@@ -530,6 +530,10 @@ impl Pool {
     /// [`MAX_CONNECTIONS`], else (`wait`) the first that has it once a use of one ends, or
     /// (not `wait`) none.
     async fn get(&self, need: Need, wait: bool) -> Result<Option<Arc<HoldConn>>, PostgresError> {
+        // The common case, with nothing to listen for.
+        if let Some(c) = self.find(need) {
+            return Ok(Some(c));
+        }
         loop {
             // Listening before looking: a use that ends after the look is not missed.
             let freed = self.cc.freed.notified();
