@@ -310,3 +310,22 @@ async fn the_last_token_survives_a_restart_of_the_server() {
         Outcome::Accepted(())
     );
 }
+
+/// A hold without a token (its manager's `fencing_tokens(false)`) gives
+/// `FencingToken::NONE`, below every token: a first write would take it. Both ways of
+/// writing refuse it with `NoToken` before the server is asked, and nothing is written.
+#[tokio::test]
+async fn no_token_is_refused_before_the_store() {
+    let pg = server();
+    let s = PgSubject::new(&pg.url(), Mode::Statement).await;
+    let on = s.fence.on(&s.client);
+    let err = on
+        .execute("doc", FencingToken::NONE, &set_and_log(), &[&"doc", &"x"])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FenceError::NoToken { .. }), "{err}");
+    let err = on.advance("doc", FencingToken::NONE).await.unwrap_err();
+    assert!(matches!(err, FenceError::NoToken { .. }), "{err}");
+    assert_eq!(s.last("doc").await, None);
+    assert_eq!(s.value("doc").await, None);
+}

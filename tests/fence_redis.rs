@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
-use zklock::fence::{Fence, Fenced, FencedScript, Outcome, RedisFence, RedisWrite};
+use zklock::fence::{Fence, FenceError, Fenced, FencedScript, Outcome, RedisFence, RedisWrite};
 use zklock::{FencingToken, LockManager};
 use zklock_testkit::RedisServer;
 
@@ -291,4 +291,26 @@ async fn the_last_token_survives_a_restart_of_a_durable_server() {
         s.write("doc", FencingToken::new(71, 0), "next").await,
         Outcome::Accepted(())
     );
+}
+
+/// A hold without a token (its manager's `fencing_tokens(false)`) gives
+/// `FencingToken::NONE`, below every token: a first write would take it. The fence refuses it
+/// with `NoToken` before the server is asked, and nothing is written.
+#[tokio::test]
+async fn no_token_is_refused_before_the_store() {
+    let redis = server();
+    let s = RedisSubject::new(&redis.url()).await;
+    let keys = ["value:doc".to_string(), "log:doc".to_string()];
+    let err = s
+        .fence
+        .fenced_write(
+            "doc",
+            FencingToken::NONE,
+            RedisWrite::script(&s.script, &keys, &["x"]),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, FenceError::NoToken { .. }), "{err}");
+    assert_eq!(s.last("doc").await, None);
+    assert_eq!(s.value("doc").await, None);
 }

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use super::error::FenceError;
-use super::{check_resource, Fence, Outcome};
+use super::{check_write, Fence, Outcome};
 use crate::types::token::FencingToken;
 
 /// A fenced map from resource name to a value, in this process: a stand-in for a real store
@@ -86,7 +86,7 @@ impl<V: Clone + Send> Fence for MemoryFence<V> {
         token: FencingToken,
         write: V,
     ) -> impl Future<Output = Result<Outcome, FenceError>> + Send {
-        let result = check_resource(resource).map(|()| {
+        let result = check_write(resource, token).map(|()| {
             let mut entries = self.lock();
             match entries.get(resource) {
                 Some((last, _)) if token < *last => Outcome::Stale { last: *last },

@@ -207,8 +207,9 @@ pub trait Fence: Sync {
     /// and records `token`; otherwise applies nothing and says which token was newer.
     ///
     /// # Errors
-    /// [`FenceError`] when the store fails or the arguments are refused; the write's effect is
-    /// then as the store's error says (none, for a refused argument).
+    /// [`FenceError`] when the store fails or the arguments are refused (an empty resource,
+    /// [`FencingToken::NONE`]: [`FenceError::NoToken`]); the write's effect is then as the
+    /// store's error says (none, for a refused argument).
     fn fenced_write(
         &self,
         resource: &str,
@@ -226,12 +227,19 @@ pub trait Fence: Sync {
     ) -> impl Future<Output = Result<Option<FencingToken>, FenceError>> + Send;
 }
 
-/// Refuses an empty resource name (every store would accept it, and it names nothing).
-pub(crate) fn check_resource(resource: &str) -> Result<(), FenceError> {
+/// Refuses what no store may be asked to write: an empty resource name (every store would
+/// accept it, and it names nothing), and no token at all ([`FencingToken::NONE`], a hold of a
+/// manager without tokens: below every token, a first write would take it).
+pub(crate) fn check_write(resource: &str, token: FencingToken) -> Result<(), FenceError> {
     if resource.is_empty() {
         return Err(FenceError::Invalid(
             "the resource name of a fenced write is empty; name what the lock protects (a guard's fenced() uses the lock's path)".into(),
         ));
+    }
+    if token.is_none() {
+        return Err(FenceError::NoToken {
+            resource: resource.to_string(),
+        });
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::GenericClient;
 
 use super::error::FenceError;
-use super::{check_resource, Fence, Outcome};
+use super::{check_write, Fence, Outcome};
 use crate::types::token::FencingToken;
 
 /// The condition your guarded statement must contain: true when the fence accepted the token
@@ -336,7 +336,7 @@ impl<C: GenericClient + Sync> PgFenceOn<'_, C> {
         resource: &str,
         token: FencingToken,
     ) -> Result<Outcome, FenceError> {
-        check_resource(resource)?;
+        check_write(resource, token)?;
         let bytes = token.to_sortable_bytes().to_vec();
         let row = self
             .client
@@ -379,7 +379,7 @@ impl<C: GenericClient + Sync> PgFenceOn<'_, C> {
         write: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Outcome<u64>, FenceError> {
-        check_resource(resource)?;
+        check_write(resource, token)?;
         let sql = self.fence.guarded_sql(write, params.len())?;
         let bytes = token.to_sortable_bytes().to_vec();
         let mut all: Vec<&(dyn ToSql + Sync)> = params.to_vec();

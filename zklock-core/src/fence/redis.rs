@@ -10,7 +10,7 @@ use ::redis::{Script, ToRedisArgs, Value};
 
 use super::encoding::SORTABLE_STRING_LEN;
 use super::error::FenceError;
-use super::{check_resource, Fence, Outcome};
+use super::{check_write, Fence, Outcome};
 use crate::types::token::FencingToken;
 
 /// The default prefix of the keys that hold the last accepted tokens.
@@ -307,7 +307,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisFence<C> {
         token: FencingToken,
         write: RedisWrite,
     ) -> Result<Outcome<Value>, FenceError> {
-        check_resource(resource)?;
+        check_write(resource, token)?;
         let fence_key = self.key_of(resource);
         let token_arg = token.to_sortable_string();
         let reply: Value = match write.0 {

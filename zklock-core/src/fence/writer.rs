@@ -94,8 +94,8 @@ impl<'f, F: Fence> Fenced<'f, F> {
     /// [`Fence::fenced_write`].
     ///
     /// # Errors
-    /// As [`Fence::fenced_write`]; [`FenceError::NoToken`] when the token is
-    /// [`FencingToken::NONE`] (a hold of a manager without tokens), before the store is asked.
+    /// As [`Fence::fenced_write`], which refuses [`FencingToken::NONE`] (a hold of a manager
+    /// without tokens) with [`FenceError::NoToken`] before the store is asked.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), zklock_core::fence::FenceError> {
@@ -110,11 +110,6 @@ impl<'f, F: Fence> Fenced<'f, F> {
     /// # Ok(()) }
     /// ```
     pub async fn write(&self, write: F::Write) -> Result<Outcome<F::Applied>, FenceError> {
-        if self.token.is_none() {
-            return Err(FenceError::NoToken {
-                resource: self.resource.to_string(),
-            });
-        }
         self.fence
             .fenced_write(&self.resource, self.token, write)
             .await

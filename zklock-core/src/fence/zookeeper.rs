@@ -10,7 +10,7 @@ use zookeeper_client::{
 };
 
 use super::error::FenceError;
-use super::{check_resource, Fence, Outcome};
+use super::{check_write, Fence, Outcome};
 use crate::types::token::FencingToken;
 
 /// How many times a write re-reads the token node after losing a race for it.
@@ -154,7 +154,7 @@ impl ZkFence {
         token: FencingToken,
         write: ZkWrite,
     ) -> Result<Outcome<Vec<MultiWriteResult>>, FenceError> {
-        check_resource(resource)?;
+        check_write(resource, token)?;
         let node = self.node_of(resource);
         let data = token.to_sortable_string();
         let ours = |source| FenceError::ZooKeeper { op: None, source };
