@@ -134,8 +134,11 @@ pub(crate) struct PgHold {
     inner: Arc<Inner>,
     /// The user's key, for errors.
     key: Arc<str>,
-    /// `<path> (advisory lock <class>,<id>)`.
-    location: String,
+    /// The lock path and id, and `<path> (advisory lock <class>,<id>)` made of them once
+    /// asked for (most holds are never asked).
+    path: Arc<str>,
+    id: i32,
+    location: std::sync::OnceLock<String>,
     shared: bool,
     token: FencingToken,
     /// The lock id on its connection; `None` once released or downgraded.
@@ -155,12 +158,14 @@ impl PgHold {
         shared: bool,
         token: FencingToken,
     ) -> PgHold {
-        let location = super::inspect::location(&target.path, reservation.id);
+        let id = reservation.id;
         let conn_state = reservation.conn.subscribe();
         PgHold {
             inner,
             key: target.key.clone(),
-            location,
+            path: target.path.clone(),
+            id,
+            location: std::sync::OnceLock::new(),
             shared,
             token,
             reservation: Arc::new(StdMutex::new(Some(reservation))),
@@ -261,7 +266,8 @@ impl BackendHold for PgHold {
 
     /// The lock path and the advisory lock (`pg_locks`: `classid`, `objid`) behind the hold.
     fn location(&self) -> &str {
-        &self.location
+        self.location
+            .get_or_init(|| super::inspect::location(&self.path, self.id))
     }
 
     fn loss_reason(&self) -> Option<LossReason> {

@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use futures::StreamExt;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
@@ -84,9 +84,13 @@ struct Shared {
     /// The ids waited for in the server's queue.
     queued: StdMutex<HashMap<i32, QueuedEntry>>,
     orders: mpsc::UnboundedSender<Order>,
-    /// Per lock id held here, a counter bumped by each registration of a waiter notified (by
-    /// any process): what tells a holder that another contender appeared.
-    appeared: StdMutex<HashMap<i32, watch::Sender<u64>>>,
+    /// Per lock id held or tried here, a counter bumped by each registration of a waiter
+    /// notified (by any process), and how many [`WaiterWatch`]es read it (the entry goes with
+    /// the last): what tells a holder that another contender appeared.
+    appeared: StdMutex<HashMap<i32, Appeared>>,
+    /// Notified (all of its waiters) whenever a counter of `appeared` is bumped: a holder
+    /// waiting for a contender looks at its own counter again.
+    bumped: Notify,
     /// Bumped each time the listening connection starts or stops listening; odd while it
     /// listens. A holder that saw it change may have missed a registration.
     listening: watch::Sender<u64>,
@@ -99,9 +103,19 @@ impl Shared {
 
     /// Tells the holders of `id` that a waiter registered.
     fn appeared(&self, id: i32) {
-        if let Some(a) = self.appeared.lock().expect("not poisoned").get(&id) {
-            a.send_modify(|n| *n += 1);
+        if let Some(a) = self.appeared.lock().expect("not poisoned").get_mut(&id) {
+            a.count += 1;
+            self.bumped.notify_waiters();
         }
+    }
+
+    /// The counter of `id` (`None`: no watch reads it).
+    fn appeared_count(&self, id: i32) -> Option<u64> {
+        self.appeared
+            .lock()
+            .expect("not poisoned")
+            .get(&id)
+            .map(|a| a.count)
     }
 
     /// Wakes the waiters of `id`, or of every id.
@@ -141,6 +155,7 @@ impl Hub {
             queued: StdMutex::default(),
             orders,
             appeared: StdMutex::default(),
+            bumped: Notify::new(),
             listening: watch::channel(0).0,
         });
         let task = cc
@@ -217,18 +232,16 @@ impl Hub {
     /// Starts watching for waiters of `id` registering (in any process): call before the
     /// attempt that may take the lock, so none registering after it is missed.
     pub(crate) fn watch_waiters(&self, id: i32) -> WaiterWatch {
-        let appeared = self
-            .shared
-            .appeared
-            .lock()
-            .expect("not poisoned")
-            .entry(id)
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe();
+        let start = {
+            let mut appeared = self.shared.appeared.lock().expect("not poisoned");
+            let a = appeared.entry(id).or_default();
+            a.watchers += 1;
+            a.count
+        };
         let listening = self.shared.listening.subscribe();
         let listened = *listening.borrow() % 2 == 1;
         WaiterWatch {
-            appeared,
+            start,
             listening,
             listened,
             id,
@@ -239,7 +252,8 @@ impl Hub {
 
 /// A holder's watch for other contenders of its lock id: see [`Hub::watch_waiters`].
 pub(crate) struct WaiterWatch {
-    appeared: watch::Receiver<u64>,
+    /// The id's counter of registrations when the watch started.
+    start: u64,
     listening: watch::Receiver<u64>,
     /// The listening connection listened when the watch started.
     listened: bool,
@@ -252,8 +266,8 @@ impl WaiterWatch {
     /// listening connection did not listen all along (when in doubt, yes).
     pub(crate) fn appeared(&self) -> bool {
         !self.listened
-            || self.appeared.has_changed().unwrap_or(true)
             || self.listening.has_changed().unwrap_or(true)
+            || self.shared.appeared_count(self.id) != Some(self.start)
     }
 
     /// Completes once [`appeared`](Self::appeared) is true.
@@ -261,11 +275,21 @@ impl WaiterWatch {
         if self.appeared() {
             return Box::pin(std::future::ready(()));
         }
-        let (mut appeared, mut listening) = (self.appeared.clone(), self.listening.clone());
+        let (shared, id, start) = (self.shared.clone(), self.id, self.start);
+        let mut listening = self.listening.clone();
         Box::pin(async move {
-            tokio::select! {
-                _ = appeared.changed() => {}
-                _ = listening.changed() => {}
+            loop {
+                // Listening before looking: a bump after the look is not missed.
+                let bumped = shared.bumped.notified();
+                tokio::pin!(bumped);
+                bumped.as_mut().enable();
+                if shared.appeared_count(id) != Some(start) {
+                    return;
+                }
+                tokio::select! {
+                    _ = bumped => {}
+                    _ = listening.changed() => return,
+                }
             }
         })
     }
@@ -274,13 +298,20 @@ impl WaiterWatch {
 impl Drop for WaiterWatch {
     fn drop(&mut self) {
         let mut appeared = self.shared.appeared.lock().expect("not poisoned");
-        if appeared
-            .get(&self.id)
-            .is_some_and(|a| a.receiver_count() <= 1)
-        {
-            appeared.remove(&self.id);
+        if let Some(a) = appeared.get_mut(&self.id) {
+            a.watchers -= 1;
+            if a.watchers == 0 {
+                appeared.remove(&self.id);
+            }
         }
     }
+}
+
+/// The registrations of waiters notified for one lock id, while [`WaiterWatch`]es read them.
+#[derive(Default)]
+struct Appeared {
+    count: u64,
+    watchers: usize,
 }
 
 impl Drop for Hub {

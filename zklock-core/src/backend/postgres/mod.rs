@@ -3,9 +3,9 @@
 //!
 //! - A lock path gets an id from the key table `zklock_keys` (a `serial`, so no two paths
 //!   share one), and its lock is the advisory lock `(LOCK_CLASS, id)`; see [`sql`].
-//! - An acquire is one statement on a holding connection: `pg_advisory_lock` (or `_shared` for
-//!   readers; `pg_try_advisory_lock` when it may not wait, or the connection holds other
-//!   locks) and, once it got the lock, the raise of the path's `fence` under it, which is the
+//! - An acquire of a free key is one statement on a holding connection:
+//!   `pg_try_advisory_lock` (or `_shared` for readers) and, once it got the lock, the raise of
+//!   the path's `fence` under it, which is the
 //!   fencing token, committed without waiting for the WAL flush when it is the server's clock
 //!   reading (see [`sql`]). See [`conn`] for which connection holds what.
 //! - A hold is lost the moment its connection breaks (the server ended the session:
@@ -14,7 +14,9 @@
 //!   each holding session runs with `idle_session_timeout` = the lease, so the locks of a
 //!   holder that went silent (paused, partitioned) are released by the server after the
 //!   lease, and this side reports the loss before that (less the same margin as Redis).
-//! - Up to [`QUEUED_WAITS`] acquires of a backend wait in the server's lock queue, each
+//! - An acquire that found the key taken, or of a key found contended within
+//!   [`CONTENDED_FOR`], waits in the server's queue instead (its statement is then its
+//!   attempt): up to [`QUEUED_WAITS`] acquires of a backend wait in the server's lock queue, each
 //!   blocked in `pg_advisory_lock` on a connection given to it (the connection then holds the
 //!   lock once granted): the server grants in the order it queued them, inside the release.
 //!   The wait ends by the statement's own `lock_timeout` at the deadline; an acquire dropped
@@ -101,6 +103,13 @@ const CANCEL_UNLESS_WITHIN: Duration = Duration::from_millis(50);
 /// How long a wait in the server's queue lasts before it is registered (see
 /// [`Hub::queued`]): a grant within this is taken as one of a free lock.
 const QUEUE_NOTICE: Duration = Duration::from_millis(5);
+/// How long a lock id counts as contended in this process after an attempt found it taken or
+/// a grant found a waiter: meanwhile an acquire of it waits in the server's queue at once,
+/// where a try would most likely be refused first (a round trip lost); afterwards it tries
+/// first, which costs the server less than a wait's statement.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+/// Past this many lock ids counted as contended, those that no longer are are forgotten.
+const CONTENDED_PRUNE: usize = 256;
 
 /// What the PostgreSQL backend is configured with (its part of [`Builder`](crate::Builder)).
 #[derive(Debug, Clone)]
@@ -132,6 +141,9 @@ pub(crate) struct Inner {
     /// process waits for them, so that it never finds the lock held by a wait it gave up on
     /// (granted just as it was dropped, and not released yet).
     undos: Arc<Undos<i32>>,
+    /// Lock id -> when an attempt last found it taken or a grant found a waiter (see
+    /// [`CONTENDED_FOR`]).
+    contended: StdMutex<HashMap<i32, std::time::Instant>>,
 }
 
 /// A postgres error during `operation`.
@@ -203,6 +215,26 @@ impl Inner {
     /// Forgets the id of `path` (its row no longer names it).
     fn forget(&self, path: &str) {
         self.ids.lock().expect("not poisoned").remove(path);
+    }
+
+    /// Whether `id` was found contended within [`CONTENDED_FOR`]: an acquire of it then
+    /// waits in the server's queue at once instead of trying first.
+    fn contended(&self, id: i32) -> bool {
+        let contended = self.contended.lock().expect("not poisoned");
+        !contended.is_empty()
+            && contended
+                .get(&id)
+                .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
+    /// Notes that an attempt found `id` taken, or a grant found a waiter.
+    fn mark_contended(&self, id: i32) {
+        let mut contended = self.contended.lock().expect("not poisoned");
+        let now = std::time::Instant::now();
+        if contended.len() >= CONTENDED_PRUNE {
+            contended.retain(|_, at| now.duration_since(*at) < CONTENDED_FOR);
+        }
+        contended.insert(id, now);
     }
 }
 
@@ -398,6 +430,7 @@ impl PostgresBackend {
             runtime: tokio::runtime::Handle::current(),
             background: Arc::default(),
             undos: Arc::default(),
+            contended: StdMutex::default(),
         });
         let conn = inner.pool.any().await.map_err(pg_error("connect"))?;
         inner
@@ -590,10 +623,14 @@ impl PostgresBackend {
                     }
                 }
             };
-            // Wait in the server's queue when a permit is free: on this connection if nothing
-            // else uses it (then the wait is the attempt), else, once a try found the lock
-            // taken, on one of its own.
-            if !matches!(wait, Wait::Never) && !p.blocked {
+            // Wait in the server's queue when a permit is free, once a try found the lock
+            // taken or it was found contended lately (a free key is taken by a try, which
+            // costs the server less): on this connection if nothing else uses it (then the
+            // wait is the attempt), else, once a try found the lock taken, on one of its own.
+            if !matches!(wait, Wait::Never)
+                && !p.blocked
+                && (taken_once || inner.contended(p.id()))
+            {
                 if permit.is_none() {
                     permit = inner.queued.clone().try_acquire_owned().ok();
                 }
@@ -647,6 +684,9 @@ impl PostgresBackend {
             match attempt {
                 Ok(Attempt::Granted(token, waiting, waiters)) => {
                     let mut p = unfinished.take().expect("reserved");
+                    if waiting {
+                        inner.mark_contended(p.id());
+                    }
                     if p.intent {
                         let conn = p.conn().clone();
                         let id = p.id();
@@ -686,6 +726,7 @@ impl PostgresBackend {
                 }
                 Ok(Attempt::Taken) => {
                     pause = RETRY_MIN;
+                    inner.mark_contended(p.id());
                     if matches!(wait, Wait::Never) {
                         return Ok(None);
                     }
