@@ -507,3 +507,62 @@ async fn a_reader_in_the_queue_waits_behind_a_retrying_writer() {
     })
     .await;
 }
+
+/// Which statement an acquire sends first, read from the server's statement log: for a key
+/// this process has not found taken lately, a try (`pg_try_advisory_lock`, cheaper for the
+/// server than a wait's statement, and all a free key needs); once it found the key taken, a
+/// wait in the server's queue (`pg_advisory_lock`); and within a second of that, the wait at
+/// once, since a try would most likely be refused first (a round trip lost). The mutation that
+/// never counts a key contended sends a try before the third acquire's wait; the one that
+/// always does sends a wait for the first, free key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_key_is_tried_and_a_key_found_taken_lately_is_waited_for_at_once() {
+    let pg = server();
+    pg.psql("ALTER SYSTEM SET log_statement = 'all'").unwrap();
+    pg.psql("ALTER SYSTEM SET log_line_prefix = '[%a] '").unwrap();
+    pg.psql("SELECT pg_reload_conf()").unwrap();
+    eventually("statements logged", Duration::from_secs(10), || async {
+        pg.psql("SHOW log_statement").unwrap().trim() == "all"
+    })
+    .await;
+    let look = pg_client(&pg.url()).await;
+    let a = manager(&pg.url()).await;
+    let b = LockManager::builder(pg.url())
+        .lease(LEASE)
+        .identity("first-statement")
+        .connect()
+        .await
+        .unwrap();
+    // A free key.
+    b.lock("first").await.unwrap().release().await.unwrap();
+    // Taken by another process, twice in a row.
+    for _ in 0..2 {
+        let g = a.lock("first").await.unwrap();
+        let b2 = b.clone();
+        let waiting =
+            tokio::spawn(async move { b2.lock("first").await.unwrap().release().await.unwrap() });
+        until_queued(&look, 1).await;
+        g.release().await.unwrap();
+        waiting.await.unwrap();
+    }
+    let log = std::fs::read_to_string(pg.log_path()).unwrap();
+    let firsts: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("first-statement]"))
+        .filter_map(|l| {
+            if l.contains(&format!("pg_try_advisory_lock({LOCK_CLASS}")) {
+                Some("try")
+            } else if l.contains(&format!("pg_advisory_lock({LOCK_CLASS}")) {
+                Some("wait")
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(
+        firsts,
+        ["try", "try", "wait", "wait"],
+        "b's attempts at the lock, in order: the free key, the key taken (a try refused, then \
+         a wait), the key taken again within a second (the wait at once)"
+    );
+}
