@@ -519,7 +519,8 @@ async fn a_reader_in_the_queue_waits_behind_a_retrying_writer() {
 async fn a_free_key_is_tried_and_a_key_found_taken_lately_is_waited_for_at_once() {
     let pg = server();
     pg.psql("ALTER SYSTEM SET log_statement = 'all'").unwrap();
-    pg.psql("ALTER SYSTEM SET log_line_prefix = '[%a] '").unwrap();
+    pg.psql("ALTER SYSTEM SET log_line_prefix = '[%a] '")
+        .unwrap();
     pg.psql("SELECT pg_reload_conf()").unwrap();
     eventually("statements logged", Duration::from_secs(10), || async {
         pg.psql("SHOW log_statement").unwrap().trim() == "all"

@@ -627,9 +627,7 @@ impl PostgresBackend {
             // taken or it was found contended lately (a free key is taken by a try, which
             // costs the server less): on this connection if nothing else uses it (then the
             // wait is the attempt), else, once a try found the lock taken, on one of its own.
-            if !matches!(wait, Wait::Never)
-                && !p.blocked
-                && (taken_once || inner.contended(p.id()))
+            if !matches!(wait, Wait::Never) && !p.blocked && (taken_once || inner.contended(p.id()))
             {
                 if permit.is_none() {
                     permit = inner.queued.clone().try_acquire_owned().ok();
