@@ -92,8 +92,12 @@
 //! to the wait, at most a few per process (see the backend's `QUEUED_WAITS`); the server
 //! queues the waiters of a lock in order and grants the lock to the first of them inside the
 //! release (no round trip, no herd, and the releaser's next try finds the lock granted: it
-//! cannot get in ahead of the queue). The wait's statement is also its attempt, so an acquire
-//! of a free key is one statement. The statement sets its own `lock_timeout` (the caller's
+//! cannot get in ahead of the queue). An acquire of a free key is one try ([`TRY_EXCLUSIVE`],
+//! which costs the server less than a wait's statement); one that found the key taken, or of a
+//! key the process found taken within the last second, sends the wait's statement, which is
+//! then also its attempt (a try would most likely be refused first, a round trip lost). A try
+//! is refused while others are queued, so it never gets in ahead of the server's queue either.
+//! The statement sets its own `lock_timeout` (the caller's
 //! deadline, at most a slice) so that the server ends the wait by itself; an acquire dropped
 //! earlier sends a cancel request, then [`UNDO`] on the connection, which runs once the wait
 //! ended, granted or not: a lock granted just as the acquire was dropped is released there.
