@@ -5,9 +5,9 @@
 //!   share one), and its lock is the advisory lock `(LOCK_CLASS, id)`; see [`sql`].
 //! - An acquire of a free key is one statement on a holding connection:
 //!   `pg_try_advisory_lock` (or `_shared` for readers) and, once it got the lock, the raise of
-//!   the path's `fence` under it, which is the
-//!   fencing token, committed without waiting for the WAL flush when it is the server's clock
-//!   reading (see [`sql`]). See [`conn`] for which connection holds what.
+//!   the path's `fence` under it, which is the fencing token, committed without waiting for the
+//!   WAL flush when it is the server's clock reading (see [`sql`]). See [`conn`] for which
+//!   connection holds what.
 //! - A hold is lost the moment its connection breaks (the server ended the session:
 //!   `pg_terminate_backend`, a restart) or a liveness check (every lease/3) fails, and at the
 //!   latest when no check was confirmed before the server could have ended the idle session:
@@ -16,8 +16,8 @@
 //!   lease, and this side reports the loss before that (less the same margin as Redis).
 //! - An acquire that found the key taken, or of a key found contended within
 //!   [`CONTENDED_FOR`], waits in the server's queue instead (its statement is then its
-//!   attempt): up to [`QUEUED_WAITS`] acquires of a backend wait in the server's lock queue, each
-//!   blocked in `pg_advisory_lock` on a connection given to it (the connection then holds the
+//!   attempt): up to [`QUEUED_WAITS`] acquires of a backend wait in the server's lock queue,
+//!   each blocked in `pg_advisory_lock` on a connection given to it (the connection then holds the
 //!   lock once granted): the server grants in the order it queued them, inside the release.
 //!   The wait ends by the statement's own `lock_timeout` at the deadline; an acquire dropped
 //!   before sends a cancel request and then an undo, which releases a lock granted just as it

@@ -97,8 +97,8 @@
 //! key the process found taken within the last second, sends the wait's statement, which is
 //! then also its attempt (a try would most likely be refused first, a round trip lost). A try
 //! is refused while others are queued, so it never gets in ahead of the server's queue either.
-//! The statement sets its own `lock_timeout` (the caller's
-//! deadline, at most a slice) so that the server ends the wait by itself; an acquire dropped
+//! The wait's statement sets its own `lock_timeout` (the caller's deadline, at most a slice)
+//! so that the server ends the wait by itself; an acquire dropped
 //! earlier sends a cancel request, then [`UNDO`] on the connection, which runs once the wait
 //! ended, granted or not: a lock granted just as the acquire was dropped is released there.
 //! The waits are registered by each process's listening connection ([`QUEUE`], a class of its
