@@ -547,13 +547,17 @@ async fn a_free_key_is_tried_and_a_key_found_taken_lately_is_waited_for_at_once(
         waiting.await.unwrap();
     }
     let log = std::fs::read_to_string(pg.log_path()).unwrap();
+    let (try_lock, wait_lock) = (
+        format!("pg_try_advisory_lock({LOCK_CLASS}"),
+        format!("pg_advisory_lock({LOCK_CLASS}"),
+    );
     let firsts: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("first-statement]"))
         .filter_map(|l| {
-            if l.contains(&format!("pg_try_advisory_lock({LOCK_CLASS}")) {
+            if l.contains(&try_lock) {
                 Some("try")
-            } else if l.contains(&format!("pg_advisory_lock({LOCK_CLASS}")) {
+            } else if l.contains(&wait_lock) {
                 Some("wait")
             } else {
                 None

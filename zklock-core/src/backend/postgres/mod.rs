@@ -220,11 +220,11 @@ impl Inner {
     /// Whether `id` was found contended within [`CONTENDED_FOR`]: an acquire of it then
     /// waits in the server's queue at once instead of trying first.
     fn contended(&self, id: i32) -> bool {
-        let contended = self.contended.lock().expect("not poisoned");
-        !contended.is_empty()
-            && contended
-                .get(&id)
-                .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+        self.contended
+            .lock()
+            .expect("not poisoned")
+            .get(&id)
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
     }
 
     /// Notes that an attempt found `id` taken, or a grant found a waiter.
