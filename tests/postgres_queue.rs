@@ -571,3 +571,292 @@ async fn a_free_key_is_tried_and_a_key_found_taken_lately_is_waited_for_at_once(
          a wait), the key taken again within a second (the wait at once)"
     );
 }
+
+/// How many statements the server cancelled at a client's request, from its log.
+fn cancels_in_log(pg: &zklock_testkit::PostgresServer) -> usize {
+    std::fs::read_to_string(pg.log_path())
+        .unwrap_or_default()
+        .matches("canceling statement due to user request")
+        .count()
+}
+
+/// A cancel reaches only the wait whose acquire was dropped. One task's acquires are dropped
+/// while they wait in the server's queue, beside a task whose acquires are never dropped, on
+/// one manager and one key that another process takes again and again. The manager reaches
+/// the server through a relay that plays PostgreSQL's late second cancel signal: every cancel
+/// request is sent again once the cancelled statement has answered and a later statement of
+/// the same session has run for 20 ms. No acquire that was not dropped may fail, nor any
+/// dropped one with an error; the dropped waits were cancelled on the server; nothing is left
+/// held or queued. (With cancel requests, and no retry of a statement cancelled by someone
+/// else, the undisturbed task's wait met the late signal and `lock()` failed with 57014.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wait_s_cancel_fails_no_other_acquire() {
+    let pg = server();
+    let look = pg_client(&pg.url()).await;
+    let relay = zklock_testkit::LateCancel::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
+    let holder = manager(&pg.url()).await;
+    let m = LockManager::builder(relay.url(&pg.url()))
+        .lease(LEASE)
+        .local_queue(false)
+        .connect()
+        .await
+        .unwrap();
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    let failures: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (dropped, undisturbed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    // Takes the key for 15 ms at a time: the others wait in the server's queue.
+    let taking = tokio::spawn(async move {
+        while tokio::time::Instant::now() < until {
+            let g = holder.lock("late").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            g.release().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        holder.flush().await;
+    });
+    let dropping = tokio::spawn({
+        let (m, failures, dropped) = (m.clone(), failures.clone(), dropped.clone());
+        async move {
+            let mut i = 0u64;
+            while tokio::time::Instant::now() < until {
+                i += 1;
+                let within = Duration::from_millis(3 + i % 12);
+                match tokio::time::timeout(within, m.lock("late")).await {
+                    Err(_) => {
+                        dropped.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(Ok(g)) => g.release().await.unwrap(),
+                    Ok(Err(e)) => failures.lock().unwrap().push(format!("dropped task: {e}")),
+                }
+            }
+        }
+    });
+    let steady = tokio::spawn({
+        let (m, failures, undisturbed) = (m.clone(), failures.clone(), undisturbed.clone());
+        async move {
+            while tokio::time::Instant::now() < until {
+                match m.lock_timeout("late", Duration::from_secs(10)).await {
+                    Ok(g) => {
+                        undisturbed.fetch_add(1, Ordering::SeqCst);
+                        g.release().await.unwrap();
+                    }
+                    Err(e) => failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("undisturbed task: {e}")),
+                }
+            }
+        }
+    });
+    for t in [taking, dropping, steady] {
+        t.await.unwrap();
+    }
+    let stats = relay.stats();
+    eprintln!(
+        "{} acquires dropped, {} undisturbed granted, relay: {stats:?}",
+        dropped.load(Ordering::SeqCst),
+        undisturbed.load(Ordering::SeqCst)
+    );
+    assert_eq!(*failures.lock().unwrap(), Vec::<String>::new());
+    m.flush().await;
+    assert!(held(&look).await.is_empty(), "a lock left held");
+    assert!(queued(&look).await.is_empty(), "a wait left queued");
+    let cancelled = cancels_in_log(&pg);
+    assert!(
+        cancelled >= 10,
+        "only {cancelled} dropped waits were cancelled on the server: the test exercised no cancels"
+    );
+    assert!(undisturbed.load(Ordering::SeqCst) > 0);
+}
+
+/// A wait in the server's queue cancelled by someone else (an operator's `pg_cancel_backend`
+/// of the waiting session): the acquire is not failed by it, and is granted once the holder
+/// releases (the mutation that fails the acquire on a 57014 it did not ask for fails here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_cancelled_by_an_operator_goes_on() {
+    let pg = server();
+    let look = pg_client(&pg.url()).await;
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let g = a.lock("operator").await.unwrap();
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock_timeout("operator", Duration::from_secs(20)).await }
+    });
+    // When the wait in the server's queue began (seconds since the epoch).
+    let since = || async {
+        let rows = look
+            .query(
+                "SELECT extract(epoch FROM waitstart)::float8, pid FROM pg_locks \
+                 WHERE locktype = 'advisory' AND classid::bigint = $1 AND objsubid = 2 \
+                 AND NOT granted",
+                &[&LOCK_CLASS],
+            )
+            .await
+            .unwrap();
+        rows.first()
+            .map(|r| (r.get::<_, f64>(0), r.get::<_, i32>(1)))
+    };
+    for _ in 0..3 {
+        until_queued(&look, 1).await;
+        let (began, pid) = since().await.expect("queued");
+        let cancelled: bool = look
+            .query_one("SELECT pg_cancel_backend($1)", &[&pid])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(cancelled);
+        // The wait is sent again: queued once more, later, by a session that may be another.
+        eventually(
+            "the cancelled wait sent again",
+            Duration::from_secs(5),
+            || async { since().await.is_some_and(|(t, _)| t > began) },
+        )
+        .await;
+        assert!(
+            !waiting.is_finished(),
+            "the acquire ended on a cancel it did not ask for"
+        );
+    }
+    until_queued(&look, 1).await;
+    g.release().await.unwrap();
+    let granted = waiting
+        .await
+        .unwrap()
+        .expect("granted after the operator's cancels");
+    granted.release().await.unwrap();
+    b.flush().await;
+    a.flush().await;
+    assert!(held(&look).await.is_empty());
+}
+
+/// `flush` waits for every registration of waiters that gave up: acquires that waited in the
+/// server's queue and acquires that waited by retrying (their listening session's
+/// registrations), all dropped; once `flush` returns, the manager's listening session holds no
+/// registration (a wait's registration otherwise lingers for a moment after it ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_waits_for_the_registrations_of_waiters_that_gave_up() {
+    const WAIT_CLASS: i64 = 0x7A6B_5749;
+    const QUEUE_CLASS: i64 = 0x7A6B_5155;
+    let pg = server();
+    let look = pg_client(&pg.url()).await;
+    let registrations = |class: i64| {
+        let look = &look;
+        async move {
+            let rows = look
+                .query(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                     AND classid::bigint = $1 AND objsubid = 2",
+                    &[&class],
+                )
+                .await
+                .unwrap();
+            rows[0].get::<_, i64>(0)
+        }
+    };
+    let holder = manager(&pg.url()).await;
+    let m = LockManager::builder(&pg.url())
+        .lease(LEASE)
+        .local_queue(false)
+        .connect()
+        .await
+        .unwrap();
+    for round in 0..3 {
+        let g = holder.lock("gave-up").await.unwrap();
+        let waiters: Vec<_> = (0..7)
+            .map(|_| {
+                let m = m.clone();
+                tokio::spawn(async move { m.lock("gave-up").await })
+            })
+            .collect();
+        eventually(
+            "waits queued in the server and retrying waiters registered",
+            Duration::from_secs(10),
+            || async {
+                registrations(QUEUE_CLASS).await > 0 && registrations(WAIT_CLASS).await > 0
+            },
+        )
+        .await;
+        for w in &waiters {
+            w.abort();
+        }
+        for w in waiters {
+            let _ = w.await;
+        }
+        m.flush().await;
+        assert_eq!(
+            (
+                registrations(WAIT_CLASS).await,
+                registrations(QUEUE_CLASS).await
+            ),
+            (0, 0),
+            "round {round}: a registration held after flush"
+        );
+        assert!(queued(&look).await.is_empty(), "round {round}");
+        g.release().await.unwrap();
+        holder.flush().await;
+    }
+}
+
+/// A manager's acquires beyond its waits in the server's queue take freed waits in the order
+/// they came: four of its acquires wait in the server's queue, six more start one after the
+/// other and wait by retrying; when the holder lets go, all ten are granted in the order they
+/// started (with the permits taken by whichever retrying waiter looked first, a later one
+/// often got in ahead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_beyond_the_server_s_queue_take_freed_waits_in_the_order_they_came() {
+    let pg = server();
+    let look = pg_client(&pg.url()).await;
+    let holder = manager(&pg.url()).await;
+    let m = LockManager::builder(&pg.url())
+        .lease(LEASE)
+        .local_queue(false)
+        .connect()
+        .await
+        .unwrap();
+    // Ten connections open beforehand (each acquire of the key needs its own), so that each
+    // acquire below finds the key taken within a round trip of starting.
+    let warm: Vec<_> = (0..10)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move { m.lock("line").await.unwrap().release().await.unwrap() })
+        })
+        .collect();
+    for w in warm {
+        w.await.unwrap();
+    }
+    let g = holder.lock("line").await.unwrap();
+    let grants: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let mut tasks = vec![];
+    for i in 0..10 {
+        let (m, grants) = (m.clone(), grants.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = m.lock("line").await.unwrap();
+            grants.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            g.release().await.unwrap();
+        }));
+        if i < 4 {
+            until_queued(&look, i + 1).await;
+        } else {
+            // Started in this order: each has had time to try and find the key taken.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(
+        queued(&look).await.len(),
+        4,
+        "the server's queue holds four waits"
+    );
+    g.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    assert_eq!(
+        grants,
+        (0..10).collect::<Vec<_>>(),
+        "granted out of the order they came"
+    );
+    m.flush().await;
+    assert!(held(&look).await.is_empty());
+}

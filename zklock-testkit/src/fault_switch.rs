@@ -34,6 +34,23 @@ pub(crate) fn runtime(
     })
 }
 
+/// `url` with `upstream`'s `host:port` (`127.0.0.1:PORT` or `localhost:PORT`) replaced by
+/// `addr`: the same server, reached through a relay listening on `addr`.
+///
+/// # Panics
+///
+/// When `url` does not name `upstream`.
+pub(crate) fn reroute(url: &str, upstream: SocketAddr, addr: SocketAddr) -> String {
+    let port = upstream.port();
+    for host in [upstream.ip().to_string(), "localhost".into()] {
+        let from = format!("{host}:{port}");
+        if url.contains(&from) {
+            return url.replacen(&from, &addr.to_string(), 1);
+        }
+    }
+    panic!("{url} does not name the relay's upstream {upstream}");
+}
+
 /// What the switch does to traffic right now.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Faults {

@@ -51,6 +51,7 @@ mod fault_switch;
 mod four_letter;
 mod history;
 mod install;
+mod late_cancel;
 mod member;
 mod ports;
 mod postgres;
@@ -70,6 +71,7 @@ pub use history::{
     Recorder, Report, Violation, JOB_WINDOW_TOLERANCE, NO_TOKEN,
 };
 pub use install::ensure_zookeeper_installed;
+pub use late_cancel::{LateCancel, LateCancelStats};
 pub use postgres::PostgresServer;
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use redis::RedisServer;

@@ -257,15 +257,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn url(&self, url: &str) -> String {
-        let upstream = self.upstream();
-        let port = upstream.port();
-        for host in [upstream.ip().to_string(), "localhost".into()] {
-            let from = format!("{host}:{port}");
-            if url.contains(&from) {
-                return url.replacen(&from, &self.addr.to_string(), 1);
-            }
-        }
-        panic!("{url} does not name the relay's upstream {upstream}");
+        fault_switch::reroute(url, self.upstream(), self.addr)
     }
 
     /// Cuts the clients off, as a network partition does: nothing is forwarded either way, open

@@ -122,9 +122,19 @@ struct Uses {
     blocked: bool,
 }
 
+/// Which server session a connection is: its process id and start, as the server's activity
+/// view shows them. A cancel names both, so that it can only reach this session's process, not
+/// one that took over its process id after it ended (or of another server, where the URL names
+/// several).
+struct ServerSession {
+    pid: i32,
+    started: String,
+}
+
 /// One connection that holds advisory locks; see the module's docs.
 pub(crate) struct HoldConn {
     client: Client,
+    session: ServerSession,
     statements: tokio::sync::OnceCell<Statements>,
     state: Arc<watch::Sender<ConnState>>,
     uses: StdMutex<Uses>,
@@ -161,8 +171,33 @@ impl HoldConn {
                 lose(&on_end, LossReason::Disconnected);
             })
             .abort_handle();
+        // Each statement reads with a snapshot taken when it starts, whatever the server's
+        // default (a reservation must not fail to serialize with a job's record); and the
+        // session says who it is, for cancels (see `cancel`).
+        let session =
+            match tokio::time::timeout(cc.reply_timeout, client.simple_query(sql::OPEN_SESSION))
+                .await
+            {
+                Ok(Ok(messages)) => messages.iter().find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => Some(ServerSession {
+                        pid: row.get(0)?.parse().ok()?,
+                        started: row.get(1)?.to_string(),
+                    }),
+                    _ => None,
+                }),
+                Ok(Err(e)) => {
+                    driver.abort();
+                    return Err(e.into());
+                }
+                Err(_) => None,
+            };
+        let Some(session) = session else {
+            driver.abort();
+            return Err(PostgresError::timed_out());
+        };
         let conn = Arc::new(HoldConn {
             client,
+            session,
             statements: tokio::sync::OnceCell::new(),
             state,
             uses: StdMutex::default(),
@@ -171,18 +206,6 @@ impl HoldConn {
             reply_timeout: cc.reply_timeout,
             cc: cc.clone(),
         });
-        // Each statement reads with a snapshot taken when it starts, whatever the server's
-        // default (a reservation must not fail to serialize with a job's record).
-        if let Err(e) = conn
-            .run(
-                conn.client
-                    .batch_execute("SET default_transaction_isolation = 'read committed'"),
-            )
-            .await
-        {
-            conn.kill(LossReason::Disconnected);
-            return Err(e);
-        }
         let set = format!("SET idle_session_timeout = {}", cc.lease.as_millis());
         match conn.run(conn.client.batch_execute(&set)).await {
             Ok(()) => {}
@@ -308,15 +331,26 @@ impl HoldConn {
         });
     }
 
-    /// Asks the server to cancel the statement the session runs now (a wait in the lock
-    /// queue), over a connection of its own, within the connect timeout. `false` when the
-    /// request could not be sent: the wait may go on.
-    pub(crate) async fn cancel(&self) -> bool {
-        let token = self.client.cancel_token();
-        matches!(
-            tokio::time::timeout(self.cc.connect_timeout, token.cancel_query(NoTls)).await,
-            Ok(Ok(()))
-        )
+    /// Cancels the statement that `target`'s session runs now (a wait in the lock queue), by a
+    /// statement on this connection: `true` once the server has signalled that session's
+    /// process, `false` when it could not be told (`target`'s session is gone, or no answer).
+    ///
+    /// `pg_cancel_backend` signals the process once and returns after the signal was sent, so
+    /// the signal is pending on `target`'s process before anything else is sent on `target`:
+    /// it ends the running statement, or, arriving at an idle session, is ignored, and can
+    /// never reach a later statement. A cancel request on a connection of its own (the
+    /// protocol's, which `tokio-postgres`'s `cancel_query` sends) gives no such bound: the
+    /// server answers it by signalling twice, and returns to the client before it has, so
+    /// the second signal can land on whatever the session runs next.
+    pub(crate) async fn cancel(&self, target: &HoldConn) -> bool {
+        let session = &target.session;
+        let signalled = self
+            .run(self.client.query_typed(
+                sql::CANCEL,
+                &[(&session.pid, Type::INT4), (&session.started, Type::TEXT)],
+            ))
+            .await;
+        matches!(signalled, Ok(rows) if rows.first().is_some_and(|r| r.get::<_, bool>(0)))
     }
 
     /// Runs a wait in the server's queue (the connection given to it by

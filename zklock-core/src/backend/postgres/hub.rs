@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use futures::StreamExt;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
@@ -73,9 +73,17 @@ impl QueuedEntry {
 /// An id whose registration may need to change: of waiters retrying, or of waits in the
 /// server's queue.
 #[derive(Clone, Copy, Debug)]
-enum Order {
+enum Registration {
     Wait(i32),
     Queue(i32),
+}
+
+/// What the hub's task is asked to do: look at one registration, or flush (answered once
+/// every registration that nobody wants any more, lingering ones included, has ended).
+#[derive(Debug)]
+enum Order {
+    Register(Registration),
+    Flush(oneshot::Sender<()>),
 }
 
 /// The ids waited for, and the hub task's orders.
@@ -180,7 +188,10 @@ impl Hub {
             shared: self.shared.clone(),
         };
         if !*entry.registered.borrow() {
-            let _ = self.shared.orders.send(Order::Wait(id));
+            let _ = self
+                .shared
+                .orders
+                .send(Order::Register(Registration::Wait(id)));
         }
         listener
     }
@@ -201,11 +212,28 @@ impl Hub {
         let fresh = entry.count == 1 && entry.idle_since.is_none();
         entry.idle_since = None;
         if fresh {
-            let _ = self.shared.orders.send(Order::Queue(id));
+            let _ = self
+                .shared
+                .orders
+                .send(Order::Register(Registration::Queue(id)));
         }
         Queued {
             id,
             shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Hub {
+    /// Waits until the listening connection holds no registration that nobody wants: those
+    /// of waiters that gave up (ended in the background) and those of waits in the server's
+    /// queue that ended (kept for [`QUEUE_LINGER`] otherwise). While the connection is down
+    /// it holds none.
+    pub(crate) async fn flush(&self) {
+        let (done, flushed) = oneshot::channel();
+        if self.shared.orders.send(Order::Flush(done)).is_ok() {
+            // Dropped unanswered only with the hub's task: then nothing is registered.
+            let _ = flushed.await;
         }
     }
 }
@@ -334,7 +362,11 @@ impl Drop for AbortOnDrop {
 /// breaks.
 async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<Order>) {
     loop {
-        let connected = tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls)).await;
+        let connected = idle(
+            &mut orders,
+            tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls)),
+        )
+        .await;
         if let Ok(Ok((client, mut connection))) = connected {
             let notified = shared.clone();
             let mut driver = AbortOnDrop(tokio::spawn(async move {
@@ -366,7 +398,27 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
             shared.wake(None);
             tracing::debug!("zklock: the PostgreSQL listening connection ended; connecting again");
         }
-        tokio::time::sleep(RECONNECT_PAUSE).await;
+        idle(&mut orders, tokio::time::sleep(RECONNECT_PAUSE)).await;
+    }
+}
+
+/// Runs `step` while no listening connection is up: nothing is registered, so a flush is
+/// answered at once; other orders are dropped (a session registers every id waited for when
+/// it starts).
+async fn idle<T>(
+    orders: &mut mpsc::UnboundedReceiver<Order>,
+    step: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(step);
+    loop {
+        tokio::select! {
+            done = &mut step => return done,
+            Some(order) = orders.recv() => {
+                if let Order::Flush(done) = order {
+                    let _ = done.send(());
+                }
+            }
+        }
     }
 }
 
@@ -403,8 +455,8 @@ async fn session(
         .keys()
         .copied()
         .collect();
-    let orders_now =
-        (waited.into_iter().map(Order::Wait)).chain(queued.into_iter().map(Order::Queue));
+    let orders_now = (waited.into_iter().map(Registration::Wait))
+        .chain(queued.into_iter().map(Registration::Queue));
     for order in orders_now.collect::<Vec<_>>() {
         if !register(client, cc, shared, &mut held, order).await {
             return;
@@ -422,7 +474,13 @@ async fn session(
         tokio::select! {
             _ = &mut *driver => return,
             order = orders.recv() => match order {
-                Some(order) => {
+                Some(Order::Flush(done)) => {
+                    if !unwanted(client, cc, shared, &mut held).await {
+                        return;
+                    }
+                    let _ = done.send(());
+                }
+                Some(Order::Register(order)) => {
                     if !register(client, cc, shared, &mut held, order).await {
                         return;
                     }
@@ -433,7 +491,7 @@ async fn session(
                 // Registrations of waits in the server's queue that are no longer wanted.
                 let ended: Vec<i32> = held.queue.iter().copied().collect();
                 for id in ended {
-                    if !register(client, cc, shared, &mut held, Order::Queue(id)).await {
+                    if !register(client, cc, shared, &mut held, Registration::Queue(id)).await {
                         return;
                     }
                 }
@@ -454,6 +512,38 @@ struct Held {
     queue: HashSet<i32>,
 }
 
+/// Ends every registration that nobody wants now, lingering ones included (a flush). `false`
+/// when the connection failed.
+async fn unwanted(client: &Client, cc: &ConnConfig, shared: &Shared, held: &mut Held) -> bool {
+    let waits: Vec<i32> = {
+        let entries = shared.entries();
+        held.wait
+            .iter()
+            .copied()
+            .filter(|id| !entries.contains_key(id))
+            .collect()
+    };
+    let queues: Vec<i32> = {
+        let mut queued = shared.queued.lock().expect("not poisoned");
+        let ended: Vec<i32> = (held.queue.iter().copied())
+            .filter(|id| queued.get(id).is_none_or(|e| e.count == 0))
+            .collect();
+        // No linger: gone now, and a wait that starts from here registers again.
+        for id in &ended {
+            queued.remove(id);
+        }
+        ended
+    };
+    let orders = (waits.into_iter().map(Registration::Wait))
+        .chain(queues.into_iter().map(Registration::Queue));
+    for order in orders {
+        if !register(client, cc, shared, held, order).await {
+            return false;
+        }
+    }
+    true
+}
+
 /// Makes the connection's registration of `order`'s id match whether anyone waits for it (of
 /// its kind), and tells the waiters. `false` when the connection failed.
 async fn register(
@@ -461,17 +551,17 @@ async fn register(
     cc: &ConnConfig,
     shared: &Shared,
     held: &mut Held,
-    order: Order,
+    order: Registration,
 ) -> bool {
     let (wanted, held, id, take, end) = match order {
-        Order::Wait(id) => (
+        Registration::Wait(id) => (
             shared.entries().contains_key(&id),
             &mut held.wait,
             id,
             sql::WAIT,
             sql::UNWAIT,
         ),
-        Order::Queue(id) => {
+        Registration::Queue(id) => {
             let mut queued = shared.queued.lock().expect("not poisoned");
             let wanted = queued.get(&id).is_some_and(|e| e.wanted(Instant::now()));
             if !wanted {
@@ -501,7 +591,7 @@ async fn register(
             held.remove(&id);
         }
     }
-    if let Order::Wait(id) = order {
+    if let Registration::Wait(id) = order {
         if let Some(e) = shared.entries().get(&id) {
             e.registered.send_replace(held.contains(&id));
         }
@@ -549,7 +639,10 @@ impl Drop for Listener {
             .is_some_and(|e| e.wake.receiver_count() <= 1)
         {
             entries.remove(&self.id);
-            let _ = self.shared.orders.send(Order::Wait(self.id));
+            let _ = self
+                .shared
+                .orders
+                .send(Order::Register(Registration::Wait(self.id)));
         }
     }
 }

@@ -20,8 +20,11 @@
 //!   each blocked in `pg_advisory_lock` on a connection given to it (the connection then holds the
 //!   lock once granted): the server grants in the order it queued them, inside the release.
 //!   The wait ends by the statement's own `lock_timeout` at the deadline; an acquire dropped
-//!   before sends a cancel request and then an undo, which releases a lock granted just as it
-//!   was dropped (see [`Unfinished`]). A waiting connection that breaks held nothing: the acquire
+//!   before cancels it from another session (see [`HoldConn::cancel`]: the cancel cannot
+//!   reach any later statement of the waiting session) and then sends an undo, which releases
+//!   a lock granted just as it was dropped (see [`Unfinished`]). A statement of an acquire
+//!   cancelled by anyone else (`pg_cancel_backend` by an operator) is sent again, within the
+//!   acquire's deadline. A waiting connection that breaks held nothing: the acquire
 //!   waits again on another one, at the back of the queue.
 //! - Further waiters hold no connection: they try, then sleep until a release of their lock is
 //!   notified (`LISTEN`/`NOTIFY` on one listening connection per backend, see [`hub`]) or
@@ -61,6 +64,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
@@ -155,6 +159,13 @@ fn is_undefined_table(e: &PostgresError) -> bool {
     e.get_ref().and_then(|e| e.code()) == Some(&SqlState::UNDEFINED_TABLE)
 }
 
+/// A statement cancelled by someone else: this backend's own cancels end only waits whose
+/// acquire was dropped, so an acquire that meets one (an operator's `pg_cancel_backend`) sends
+/// its statement again.
+fn is_cancelled(e: &PostgresError) -> bool {
+    e.get_ref().and_then(|e| e.code()) == Some(&SqlState::QUERY_CANCELED)
+}
+
 impl Inner {
     /// Creates the key table unless it is there.
     async fn ensure_schema(&self, conn: &HoldConn) -> Result<(), PostgresError> {
@@ -225,6 +236,18 @@ impl Inner {
             .expect("not poisoned")
             .get(&id)
             .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
+    /// Cancels the statement `conn` runs now from another connection of the pool (see
+    /// [`HoldConn::cancel`]): `true` once the server has signalled `conn`'s session.
+    async fn cancel(&self, conn: &HoldConn) -> bool {
+        let bound = self.cc.connect_timeout + self.cc.reply_timeout;
+        let signalled = tokio::time::timeout(bound, async {
+            let sibling = self.pool.any().await?;
+            Ok::<_, PostgresError>(sibling.cancel(conn).await)
+        })
+        .await;
+        matches!(signalled, Ok(Ok(true)))
     }
 
     /// Notes that an attempt found `id` taken, or a grant found a waiter.
@@ -307,11 +330,12 @@ impl Drop for Unfinished {
         let in_flight = self.in_flight.take();
         let permit = self.permit.take();
         let undoing = self.inner.undos.start(&reservation.id);
+        let inner = self.inner.clone();
         self.inner.background.spawn(&self.inner.runtime, async move {
             let conn = &reservation.conn;
             let id = reservation.id;
             if let Some(flight) = in_flight {
-                if !ended(conn, flight).await {
+                if !ended(&inner, conn, flight).await {
                     conn.kill(LossReason::Disconnected);
                 }
             }
@@ -345,24 +369,24 @@ impl Drop for Unfinished {
 
 /// Ends a wait in the server's queue whose acquire was dropped: cancels it unless its
 /// `lock_timeout` is about to end it, and waits for its answer. Whether the connection may be
-/// used again (then the caller undoes whatever the wait got): the wait ended by itself, or by
-/// the cancel (its answer says so). When a cancel was sent and the wait ended otherwise
-/// (granted just then, or out of time), the cancel may still reach the session and cancel
-/// whatever runs next on it; and when the cancel could not be sent, the wait may go on. The
-/// connection is closed then (`false`), which releases what the session holds.
-async fn ended(conn: &HoldConn, flight: InFlight) -> bool {
+/// used again (then the caller undoes whatever the wait got): the wait answered (granted, out
+/// of time, or cancelled), and either no cancel was needed or the server confirmed that it
+/// signalled the session, which it does before anything else can be sent on it (see
+/// [`HoldConn::cancel`]): a signal that finds the wait over finds the session idle and is
+/// ignored. When the cancel could not be confirmed, the wait may go on, or the signal arrive
+/// later: the connection is closed then (`false`), which releases what the session holds.
+async fn ended(inner: &Inner, conn: &HoldConn, flight: InFlight) -> bool {
     if conn.reason().is_some() {
         return false;
     }
     let cancel = flight.ends > tokio::time::Instant::now() + CANCEL_UNLESS_WITHIN;
-    if cancel && !conn.cancel().await {
+    if cancel && !inner.cancel(conn).await {
         return false;
     }
     // Bounded: the wait's statement has its own limit.
-    let answer = flight.answer.await;
-    match answer {
-        Err(e) if cancel => e.get_ref().and_then(|e| e.code()) == Some(&SqlState::QUERY_CANCELED),
-        _ => !cancel,
+    match flight.answer.await {
+        Ok(_) => true,
+        Err(e) => !e.is_transient(),
     }
 }
 
@@ -593,6 +617,9 @@ impl PostgresBackend {
         // A permit to wait in the server's queue, and whether a try found the lock taken.
         let mut permit: Option<tokio::sync::OwnedSemaphorePermit> = None;
         let mut taken_once = false;
+        // This acquire's place in the line for a permit, once it waits by retrying: the
+        // backend's waiters take freed waits in the server's queue in the order they came.
+        let mut turn: Option<BoxFuture<'static, Option<tokio::sync::OwnedSemaphorePermit>>> = None;
         loop {
             // A connection that was lost with our reservation on it: start again elsewhere.
             if unfinished
@@ -630,7 +657,13 @@ impl PostgresBackend {
             if !matches!(wait, Wait::Never) && !p.blocked && (taken_once || inner.contended(p.id()))
             {
                 if permit.is_none() {
-                    permit = inner.queued.clone().try_acquire_owned().ok();
+                    permit = match &mut turn {
+                        Some(t) => t.now_or_never().flatten(),
+                        None => inner.queued.clone().try_acquire_owned().ok(),
+                    };
+                    if permit.is_some() {
+                        turn = None;
+                    }
                 }
                 if permit.is_some() {
                     if !p.intent && p.conn().try_block(p.id()) {
@@ -733,9 +766,14 @@ impl PostgresBackend {
                         continue;
                     }
                     taken_once = true;
-                    if inner.queued.available_permits() > 0 {
-                        // A permit is free: wait in the server's queue.
-                        continue;
+                    if turn.is_none() {
+                        if inner.queued.available_permits() > 0 {
+                            // A permit is free (nobody is in line): wait in the server's queue.
+                            continue;
+                        }
+                        // In line for a permit, behind the backend's waiters that came before.
+                        let queued = inner.queued.clone();
+                        turn = Some(Box::pin(async move { queued.acquire_owned().await.ok() }));
                     }
                     if writer && !p.intent {
                         let conn = p.conn().clone();
@@ -751,6 +789,11 @@ impl PostgresBackend {
                         {
                             Ok(rows) => p.intent = rows.first().is_some_and(|r| r.get(0)),
                             Err(e) if e.is_transient() => continue,
+                            // Whether the intent is held is unknown: undone in the background.
+                            Err(e) if is_cancelled(&e) => {
+                                unfinished = None;
+                                continue;
+                            }
                             Err(e) => return Err(pg_error("acquire the lock")(e)),
                         }
                     }
@@ -762,7 +805,16 @@ impl PostgresBackend {
                         listener = Some(l);
                         continue;
                     };
-                    l.wait(POLL_FALLBACK).await;
+                    match &mut turn {
+                        Some(t) => tokio::select! {
+                            got = t => {
+                                permit = got;
+                                turn = None;
+                            }
+                            _ = l.wait(POLL_FALLBACK) => {}
+                        },
+                        None => l.wait(POLL_FALLBACK).await,
+                    }
                 }
                 Err(e) if is_undefined_table(&e) => {
                     // Undone in the background; the next lookup makes the table again.
@@ -773,7 +825,7 @@ impl PostgresBackend {
                         return Err(pg_error("acquire the lock")(e));
                     }
                 }
-                Err(e) if e.is_transient() => {
+                Err(e) if e.is_transient() || is_cancelled(&e) => {
                     tracing::debug!(key = %target.key, error = %e, "zklock: a PostgreSQL acquire attempt failed; retrying");
                     unfinished = None;
                     tokio::time::sleep(pause).await;
@@ -857,7 +909,11 @@ impl Backend for PostgresBackend {
     }
 
     fn flush(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.inner.background.flush())
+        Box::pin(async {
+            self.inner.background.flush().await;
+            // The undos may have ended the last waits of some ids: their registrations too.
+            self.inner.hub.flush().await;
+        })
     }
 
     fn inspector(&self) -> std::result::Result<&dyn Inspect, &'static str> {

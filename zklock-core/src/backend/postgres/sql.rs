@@ -99,8 +99,10 @@
 //! is refused while others are queued, so it never gets in ahead of the server's queue either.
 //! The wait's statement sets its own `lock_timeout` (the caller's deadline, at most a slice)
 //! so that the server ends the wait by itself; an acquire dropped
-//! earlier sends a cancel request, then [`UNDO`] on the connection, which runs once the wait
-//! ended, granted or not: a lock granted just as the acquire was dropped is released there.
+//! earlier cancels it from another of the process's sessions ([`CANCEL`]: one signal, sent
+//! before the statement returns, so it cannot reach a later statement of the waiting session),
+//! then sends [`UNDO`] on the connection, which runs once the wait ended, granted or not: a
+//! lock granted just as the acquire was dropped is released there.
 //! The waits are registered by each process's listening connection ([`QUEUE`], a class of its
 //! own so that releases do not notify for them) once one lasted a few ms, which tells holders
 //! that someone waits, as a retrying waiter's registration does.
@@ -122,6 +124,19 @@
 //! process's listening connection hears. That tells a holder whether another contender
 //! appeared (when the listening connection was down meanwhile: in doubt, yes): what bounds the
 //! local queue's handoffs and ends a linger.
+
+/// What a holding connection runs first: statements read with a snapshot taken when they
+/// start, whatever the server's default (a reservation must not fail to serialize with a job's
+/// record); and the session's process id and start, which a cancel of its statements names
+/// ([`CANCEL`]).
+pub(crate) const OPEN_SESSION: &str = "SET default_transaction_isolation = 'read committed'; \
+     SELECT pid::text, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+
+/// Cancels the statement that the session `$1` (process id) started at `$2` (its
+/// `backend_start`, as text) runs now, from another session: `pg_cancel_backend` signals the
+/// process once, before it returns. No row, or `false`, when no such session is there.
+pub(crate) const CANCEL: &str = "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
+     WHERE pid = $1 AND backend_start::text = $2";
 
 /// The class (first key) of every advisory lock zklock takes: `zkLK` in ASCII.
 pub(crate) const LOCK_CLASS: i32 = 0x7A6B_4C4B;
