@@ -582,7 +582,7 @@ fn cancels_in_log(pg: &zklock_testkit::PostgresServer) -> usize {
 
 /// A cancel reaches only the wait whose acquire was dropped. One task's acquires are dropped
 /// while they wait in the server's queue, beside a task whose acquires are never dropped, on
-/// one manager and one key that another process takes again and again. The manager reaches
+/// one manager and one key that another process takes again and again, 60 ms at a time. The manager reaches
 /// the server through a relay that plays PostgreSQL's late second cancel signal: every cancel
 /// request is sent again once the cancelled statement has answered and a later statement of
 /// the same session has run for 20 ms. No acquire that was not dropped may fail, nor any
@@ -604,11 +604,12 @@ async fn a_dropped_wait_s_cancel_fails_no_other_acquire() {
     let until = tokio::time::Instant::now() + Duration::from_secs(4);
     let failures: Arc<Mutex<Vec<String>>> = Arc::default();
     let (dropped, undisturbed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    // Takes the key for 15 ms at a time: the others wait in the server's queue.
+    // Takes the key for 60 ms at a time: the others wait in the server's queue, long enough
+    // for a late signal to land while they wait.
     let taking = tokio::spawn(async move {
         while tokio::time::Instant::now() < until {
             let g = holder.lock("late").await.unwrap();
-            tokio::time::sleep(Duration::from_millis(15)).await;
+            tokio::time::sleep(Duration::from_millis(60)).await;
             g.release().await.unwrap();
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
