@@ -10,16 +10,17 @@ const EXIT_CODES: &str = "\
 EXIT CODES (exec, elect):
   CMD's own exit code when CMD ran (128+N when signal N ended it)
   64   bad usage, invalid key or option
-  69   ZooKeeper unreachable, or the session failed before CMD ran
+  69   the server unreachable (ZooKeeper, Redis or PostgreSQL), or the manager's session or
+       connection failed before CMD ran
   75   timed out waiting for the lock (--timeout)
-  76   the lock (or leadership) was lost while CMD ran; CMD was sent SIGTERM (or the
-       waiting node was deleted by someone else, and CMD never ran)
+  76   the lock (or leadership) was lost while CMD ran; CMD was sent SIGTERM (or, on
+       ZooKeeper, the waiting node was deleted by someone else, and CMD never ran)
   124  a job's CMD ran past --at-most; it was sent SIGTERM, then SIGKILL after --kill-after
   126  CMD could not be executed
   127  CMD not found";
 
 #[derive(Parser, Debug)]
-#[command(name = "zklock", version, about = "Distributed locks on ZooKeeper, from the shell (like flock(1) across machines)", after_help = EXIT_CODES)]
+#[command(name = "zklock", version, about = "Distributed locks on ZooKeeper, Redis or PostgreSQL, from the shell (like flock(1) across machines)", after_help = EXIT_CODES)]
 pub(crate) struct Cli {
     /// ZooKeeper servers, host:port[,host:port...], a Redis URL, redis://host:port[/db], or a PostgreSQL URL, postgres://user@host/db
     #[arg(
@@ -29,10 +30,12 @@ pub(crate) struct Cli {
         default_value = "127.0.0.1:2181"
     )]
     pub(crate) connect: String,
-    /// Namespace znode under which keys live
+    /// Namespace under which keys live (a znode path on ZooKeeper; on Redis and PostgreSQL, the
+    /// start of every lock's name)
     #[arg(long, global = true, env = "ZKLOCK_NAMESPACE", default_value = zklock_core::DEFAULT_NAMESPACE)]
     pub(crate) namespace: String,
-    /// ZooKeeper session timeout, or lease on Redis and PostgreSQL (e.g. 10s, 1500ms): a holder silent this long loses the lock
+    /// How long a holder may go silent before it loses the lock: its lease on Redis and
+    /// PostgreSQL, its session timeout on ZooKeeper (e.g. 10s, 1500ms)
     #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     pub(crate) session_timeout: Duration,
     #[command(subcommand)]
@@ -47,11 +50,12 @@ pub(crate) enum Command {
     /// you write to) and ZKLOCK_LOCK_PATH in its environment.
     ///
     /// With --skip-if-locked, --at-least or --at-most, KEY is a scheduled job (a cron entry
-    /// that every host runs, and one runs at a time): the lock of the job KEY, apart from the
-    /// plain lock KEY, shared with `LockManager::job(KEY)` and #[distributed_lock(KEY,
-    /// skip_if_locked)]. A skipped run prints one line on stderr and exits 0, or
-    /// --skipped-exit-code. Works on ZooKeeper and Redis; --at-least is measured by the
-    /// server's clock.
+    /// that every host runs, and one runs at a time). One name is one lock: the job's lock is
+    /// the lock of KEY itself, the one a plain `zklock exec KEY`, `LockManager::lock(KEY)`,
+    /// `LockManager::job(KEY)` and #[distributed_lock(KEY, ...)] take, so they all exclude each
+    /// other; the job's run record (its --at-least window) sits beside that lock. A skipped run
+    /// prints one line on stderr and exits 0, or --skipped-exit-code. Jobs work on every
+    /// backend (ZooKeeper, Redis, PostgreSQL); --at-least is measured by the server's clock.
     #[command(after_help = EXIT_CODES)]
     Exec(ExecArgs),
     /// List locks that have holders or waiters: key, kind, holders, waiters, age, token.
@@ -61,11 +65,12 @@ pub(crate) enum Command {
     Top(TopArgs),
     /// Show one lock in detail: every holder and waiter with who, since when, and token.
     Status(TargetArgs),
-    /// Ask the holder(s) of a lock to let go (Curator's revocation). Holders that opted in
-    /// are told their hold is lost; others are not forced.
+    /// Ask the holder(s) of a lock to let go (ZooKeeper only: Curator's revocation). Holders
+    /// that opted in are told their hold is lost; others are not forced. Redis and PostgreSQL
+    /// refuse it.
     Revoke(TargetArgs),
-    /// Run CMD while this process leads the election NAME (Curator's LeaderLatch); exit with
-    /// CMD's exit code.
+    /// Run CMD while this process leads the election NAME (on ZooKeeper, Curator's LeaderLatch
+    /// on the wire); exit with CMD's exit code.
     ///
     /// Waits to be elected, then runs CMD with ZKLOCK_LEADER_EPOCH (strictly increasing across
     /// leaders: fence what the leader writes with it). If leadership is lost while CMD runs,
@@ -77,11 +82,12 @@ pub(crate) enum Command {
 
 #[derive(Args, Debug)]
 pub(crate) struct ElectArgs {
-    /// Election name (any text; encoded into one znode name under the namespace)
+    /// Election name (any text; encoded into one name under the namespace)
     #[arg(required_unless_present = "path", conflicts_with = "path")]
     pub(crate) name: Option<String>,
-    /// A raw znode election path instead of a name, e.g. one that Curator's LeaderLatch uses
-    #[arg(long, value_name = "ZNODE_PATH")]
+    /// A raw election path instead of a name (on ZooKeeper a znode path, e.g. one that
+    /// Curator's LeaderLatch uses)
+    #[arg(long, value_name = "PATH")]
     pub(crate) path: Option<String>,
     /// This participant's id, shown to the others (default: host:pid)
     #[arg(long)]
@@ -122,18 +128,19 @@ pub(crate) struct TargetArgs {
     /// Lock key
     #[arg(required_unless_present = "path", conflicts_with = "path")]
     pub(crate) key: Option<String>,
-    /// A raw znode lock path instead of a key
-    #[arg(long, value_name = "ZNODE_PATH")]
+    /// A raw lock path instead of a key (on ZooKeeper a znode path)
+    #[arg(long, value_name = "PATH")]
     pub(crate) path: Option<String>,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct ExecArgs {
-    /// Lock key (any text; it is encoded into one znode name under the namespace)
+    /// Lock key (any text; it is encoded into one name under the namespace)
     #[arg(required_unless_present = "path", conflicts_with = "path")]
     pub(crate) key: Option<String>,
-    /// Lock a raw znode path instead of a key, e.g. a path that Curator services also lock
-    #[arg(long, value_name = "ZNODE_PATH")]
+    /// Lock a raw path instead of a key (on ZooKeeper a znode path, e.g. one that Curator
+    /// services also lock)
+    #[arg(long, value_name = "PATH")]
     pub(crate) path: Option<String>,
     /// Give up waiting after this long (exit 75; a job run skips instead); default: wait
     /// forever
@@ -145,7 +152,8 @@ pub(crate) struct ExecArgs {
     /// Take the write side of a read/write lock
     #[arg(long, conflicts_with_all = ["read", "semaphore"])]
     pub(crate) write: bool,
-    /// Take one lease of a semaphore with N leases (at most N commands run at once)
+    /// Take one lease of a semaphore with N leases (at most N commands run at once; on
+    /// ZooKeeper and Redis, PostgreSQL refuses semaphores)
     #[arg(long, value_name = "N", conflicts_with_all = ["read", "write"])]
     pub(crate) semaphore: Option<u32>,
     /// Job: skip the run (do not wait) when another host holds KEY or ran it within its
@@ -223,7 +231,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 10s, 500ms, 2m)"))
 }
 
-/// The lock a command names: by key, or by a raw znode path.
+/// The lock a command names: by key, or by a raw path.
 pub(crate) enum Target<'a> {
     /// A key, encoded into one node name under the namespace.
     Key(&'a str),

@@ -4,7 +4,8 @@ use zklock_core::Error;
 
 /// Exit code: bad usage, bad key or bad option.
 pub(crate) const EXIT_USAGE: u8 = 64;
-/// Exit code: ZooKeeper unreachable, or the session failed before CMD ran.
+/// Exit code: the server (ZooKeeper, Redis, PostgreSQL) unreachable, or the session failed
+/// before CMD ran.
 pub(crate) const EXIT_UNAVAILABLE: u8 = 69;
 /// Exit code: the lock was not acquired within `--timeout`.
 pub(crate) const EXIT_TIMEOUT: u8 = 75;

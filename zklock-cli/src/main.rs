@@ -2,23 +2,24 @@
 //!
 //! ```text
 //! zklock [--connect HOSTS|REDIS_URL|POSTGRES_URL] [--namespace NS] [--session-timeout DUR] \
-//!        exec (KEY | --path ZNODE_PATH) [--timeout DUR] -- CMD [ARGS...]
-//! zklock exec (KEY | --path ZNODE_PATH) --skip-if-locked [--at-least DUR] [--at-most DUR] \
+//!        exec (KEY | --path PATH) [--timeout DUR] -- CMD [ARGS...]
+//! zklock exec (KEY | --path PATH) --skip-if-locked [--at-least DUR] [--at-most DUR] \
 //!        [--skipped-exit-code N] [--kill-after DUR] -- CMD [ARGS...]
-//! zklock elect (NAME | --path ZNODE_PATH) [--id ID] [--kill-after DUR] -- CMD [ARGS...]
+//! zklock elect (NAME | --path PATH) [--id ID] [--kill-after DUR] -- CMD [ARGS...]
 //! zklock ls [PREFIX] | status KEY | revoke KEY
 //! zklock top [PREFIX] [--interval DUR] [--once | --iterations N]
 //! ```
 //!
-//! `--connect redis://host:port[/db]` runs on the Redis backend: `exec` works the same (the
-//! session timeout is then the lease), `ls`, `status` and `revoke` say they are unsupported.
-//! `--connect postgres://user@host/db` does the same on PostgreSQL's advisory locks (the
-//! session timeout is the lease: the server ends a holding session silent this long).
+//! `--connect redis://host:port[/db]` runs on the Redis backend, `--connect
+//! postgres://user@host/db` on PostgreSQL's advisory locks: `exec` (jobs included), `elect`,
+//! `ls`, `status` and `top` work the same, `--session-timeout` is then the lease (on
+//! PostgreSQL the server ends a holding session silent this long), and `revoke` says it is
+//! unsupported (revocation is ZooKeeper's).
 //!
 //! Exit codes of `exec`: CMD's own code when it ran (128+N when a signal N ended it);
-//! 64 bad usage or key; 69 ZooKeeper unreachable or the session failed; 75 timed out waiting
-//! for the lock; 76 the lock was lost while CMD ran (CMD got SIGTERM), or the waiting node was
-//! deleted by someone else before CMD ran; 124 a job's CMD ran past
+//! 64 bad usage or key; 69 the server unreachable or the session failed; 75 timed out waiting
+//! for the lock; 76 the lock was lost while CMD ran (CMD got SIGTERM), or (ZooKeeper) the
+//! waiting node was deleted by someone else before CMD ran; 124 a job's CMD ran past
 //! `--at-most` and was stopped; 126 CMD could not run; 127 CMD not found. A skipped job exits 0
 //! (or `--skipped-exit-code`).
 
