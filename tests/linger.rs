@@ -61,7 +61,7 @@ async fn taking_a_lingering_key_again_sends_no_request_and_the_token_increases()
         let g = m.lock("again").await.unwrap();
         assert_eq!(g.node_path(), node, "the lingering node is taken again");
         assert!(g.fencing_token() > last, "tokens must increase");
-        assert_eq!(g.fencing_token().zxid(), last.zxid());
+        assert_eq!(g.fencing_token().grant(), last.grant());
         last = g.fencing_token();
         drop(g);
     }
@@ -319,8 +319,8 @@ async fn read_locks_and_semaphores_do_not_linger_write_locks_do() {
     let w = rw.write().await.unwrap();
     assert!(w.fencing_token() > token);
     assert_eq!(
-        w.fencing_token().zxid(),
-        token.zxid(),
+        w.fencing_token().grant(),
+        token.grant(),
         "the write node lingered"
     );
     drop(w);
@@ -340,8 +340,8 @@ async fn in_memory_a_lingering_key_is_taken_again_and_given_up_for_another_conte
     let again = m.lock("unit").await.unwrap().fencing_token();
     assert!(again > first);
     assert_eq!(
-        again.zxid(),
-        first.zxid(),
+        again.grant(),
+        first.grant(),
         "taken again without the backend"
     );
     assert_eq!(again.local(), 1);

@@ -209,7 +209,7 @@ async fn without_other_contenders_local_handoffs_keep_the_node_then_a_waiter_get
     let g = m.lock("kept").await.unwrap();
     let node = g.node_path().to_string();
     let created = czxid(&m, &node).await;
-    assert_eq!(g.fencing_token().zxid(), created);
+    assert_eq!(g.fencing_token().grant(), created);
     let before = m.stats().requests;
 
     // (a) Nobody else wants the key: far more handoffs than the bound, one node.
@@ -220,7 +220,7 @@ async fn without_other_contenders_local_handoffs_keep_the_node_then_a_waiter_get
         "the node was let go with no other contender"
     );
     assert_eq!(g.node_path(), node);
-    assert_eq!(g.fencing_token().zxid(), created);
+    assert_eq!(g.fencing_token().grant(), created);
     assert_eq!(g.fencing_token().local() as usize, 10 * BOUND);
     assert_eq!(czxid(&m, &node).await, created, "the same node throughout");
     assert_eq!(children(&m, &path).await.len(), 1);
@@ -250,7 +250,7 @@ async fn without_other_contenders_local_handoffs_keep_the_node_then_a_waiter_get
         "{after} local handoffs after another process queued"
     );
     let theirs = waiter.await.unwrap();
-    assert!(theirs.zxid() > created);
+    assert!(theirs.grant() > created);
     assert!(
         g.fencing_token() > theirs,
         "our next node queued behind theirs"

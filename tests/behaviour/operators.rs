@@ -51,7 +51,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            assert_eq!(held.fencing_token().zxid(), fence);
+            assert_eq!(held.fencing_token().grant(), fence);
             held.release().await.unwrap();
             assert_eq!(
                 env.left_behind(std::slice::from_ref(&m), &path).await,
@@ -94,7 +94,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 held.node_path(),
                 format!("{path} (advisory lock {PG_LOCK_CLASS},{id})")
             );
-            assert_eq!(held.fencing_token().zxid(), fence);
+            assert_eq!(held.fencing_token().grant(), fence);
             let locks = env.pg_locks(&look, &path).await;
             let [(PG_LOCK_CLASS, mode, pid)] = locks.as_slice() else {
                 panic!("one advisory lock of {path}: {locks:?}")

@@ -34,7 +34,7 @@ impl FencingToken {
     /// ```
     pub fn to_sortable_bytes(&self) -> [u8; SORTABLE_BYTES_LEN] {
         let mut out = [0u8; SORTABLE_BYTES_LEN];
-        out[..8].copy_from_slice(&((self.zxid() as u64) ^ SIGN).to_be_bytes());
+        out[..8].copy_from_slice(&((self.grant() as u64) ^ SIGN).to_be_bytes());
         out[8..].copy_from_slice(&self.local().to_be_bytes());
         out
     }
@@ -73,7 +73,7 @@ impl FencingToken {
     /// # Ok::<(), zklock_core::fence::FenceError>(())
     /// ```
     pub fn to_sortable_string(&self) -> String {
-        format!("{:020}{:010}", (self.zxid() as u64) ^ SIGN, self.local())
+        format!("{:020}{:010}", (self.grant() as u64) ^ SIGN, self.local())
     }
 
     /// Reads back [`to_sortable_string`](Self::to_sortable_string).

@@ -161,7 +161,7 @@ impl Grant {
     pub(crate) async fn downgrade(self, target: LockTarget) -> Result<Grant> {
         let hold = self.hold().clone();
         let down = hold.downgrade(target).await?;
-        let token = FencingToken::new(self.token.zxid(), self.token.local() + 1);
+        let token = FencingToken::new(self.token.grant(), self.token.local() + 1);
         let path = self.path.clone();
         let table = self.table;
         let local = self.local_lock();

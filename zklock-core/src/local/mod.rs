@@ -49,7 +49,7 @@ pub(crate) struct LocalConfig {
 /// by the handoffs, or none when the manager issues none.
 fn token_of(tokens: bool, hold: &dyn BackendHold, handoffs: u32) -> FencingToken {
     if tokens {
-        FencingToken::new(hold.token().zxid(), handoffs)
+        FencingToken::new(hold.token().grant(), handoffs)
     } else {
         FencingToken::NONE
     }

@@ -129,7 +129,7 @@ async fn a_waiter_cancelled_while_queued_does_not_stall_the_queue() {
     first.release().await.unwrap();
     let third = granted(third, "the waiter behind a cancelled one").await;
     assert!(third.token > token);
-    assert_eq!(third.token.zxid(), token.zxid(), "handed on locally");
+    assert_eq!(third.token.grant(), token.grant(), "handed on locally");
     assert!(!other_process_gets_it(&backend).await);
     third.release().await.unwrap();
     assert!(idle(&table));
@@ -185,7 +185,7 @@ async fn a_waiter_cancelled_with_its_grant_in_flight_passes_the_grant_on() {
     first.release().await.unwrap(); // handed to `second`, which never looks at it
     drop(second);
     let third = granted(third, "the waiter behind a cancelled taker").await;
-    assert_eq!(third.token.zxid(), token.zxid(), "still the first hold");
+    assert_eq!(third.token.grant(), token.grant(), "still the first hold");
     assert!(third.token > token);
     assert!(
         !other_process_gets_it(&backend).await,
@@ -484,7 +484,7 @@ async fn tokens_increase_across_local_handoffs_and_processes() {
     // A local part follows its predecessor on the same hold.
     for w in tokens.windows(2) {
         if w[1].local() > 0 {
-            assert_eq!(w[1].zxid(), w[0].zxid(), "{w:?}");
+            assert_eq!(w[1].grant(), w[0].grant(), "{w:?}");
             assert_eq!(w[1].local(), w[0].local() + 1, "{w:?}");
         }
     }
@@ -532,7 +532,7 @@ async fn a_lost_hold_kept_by_user_code_does_not_hold_up_local_waiters() {
     let token = second.token;
     second.release().await.unwrap();
     let third = granted(third, "handed on by the real holder").await;
-    assert_eq!(third.token.zxid(), token.zxid());
+    assert_eq!(third.token.grant(), token.grant());
     assert_eq!(third.token.local(), 1);
     third.release().await.unwrap();
     assert!(idle(&table));

@@ -4,13 +4,16 @@ use std::fmt;
 
 /// A number that strictly increases across successive holders of one key.
 ///
-/// It is the czxid of the holder's contender node (the zxid of the transaction that created
-/// it), extended by a local counter when a process hands the lock from task to task without a
-/// new node. Pass it to the store you protect and have the store refuse writes that carry an
-/// older token than the last it accepted: a holder that was paused past its session timeout
-/// then cannot overwrite what the next holder wrote.
+/// It has two parts. The first, [`grant`](Self::grant), is what the store handed out with the
+/// grant to this process: on ZooKeeper the czxid of the holder's contender node (the zxid of
+/// the transaction that created it); on Redis and PostgreSQL the key's counter, raised to the
+/// server's clock in microseconds at each grant. The second, [`local`](Self::local), counts
+/// the handoffs from task to task within the process that followed that grant without asking
+/// the store again. Pass the token to the store you protect and have the store refuse writes
+/// that carry an older token than the last it accepted: a holder that was paused past its
+/// session or lease then cannot overwrite what the next holder wrote.
 ///
-/// Tokens order by `(zxid, local)`; [`as_u128`](Self::as_u128) packs them into one number.
+/// Tokens order by `(grant, local)`; [`as_u128`](Self::as_u128) packs them into one number.
 ///
 /// What it promises: across holders that exclude each other (mutex holders, writers, a writer
 /// and the readers before or after it), a later holder's token is larger. Readers that share
@@ -33,7 +36,7 @@ use std::fmt;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken {
-    zxid: i64,
+    grant: i64,
     local: u32,
 }
 
@@ -48,7 +51,7 @@ impl FencingToken {
     /// assert!(FencingToken::NONE < FencingToken::new(1, 0));
     /// assert!(!FencingToken::new(1, 0).is_none());
     /// ```
-    pub const NONE: FencingToken = FencingToken { zxid: 0, local: 0 };
+    pub const NONE: FencingToken = FencingToken { grant: 0, local: 0 };
 
     /// Whether this is no token at all ([`NONE`](Self::NONE), or a local handoff of none):
     /// the hold's manager issues none. Every backend's tokens start above zero.
@@ -58,26 +61,48 @@ impl FencingToken {
     /// assert!(!zklock_core::FencingToken::new(9, 0).is_none());
     /// ```
     pub fn is_none(&self) -> bool {
-        self.zxid == 0
+        self.grant == 0
     }
 
-    /// Makes a token from a node's czxid and a local handoff counter.
+    /// Makes a token from the store's grant and a local handoff counter.
     ///
     /// ```
     /// let t = zklock_core::FencingToken::new(42, 0);
-    /// assert_eq!(t.zxid(), 42);
+    /// assert_eq!(t.grant(), 42);
     /// ```
-    pub fn new(zxid: i64, local: u32) -> FencingToken {
-        FencingToken { zxid, local }
+    pub fn new(grant: i64, local: u32) -> FencingToken {
+        FencingToken { grant, local }
     }
 
-    /// The czxid of the contender node behind the hold.
+    /// The part the store handed out with the grant behind this hold: the contender node's
+    /// czxid on ZooKeeper, the key's counter (at least the server's clock in µs) on Redis and
+    /// PostgreSQL, a counter on the in-memory backend. It orders before
+    /// [`local`](Self::local).
     ///
     /// ```
+    /// use zklock_core::FencingToken;
+    /// // A handoff within the process keeps the grant and counts on.
+    /// let granted = FencingToken::new(7, 0);
+    /// let handed_on = FencingToken::new(7, 2);
+    /// assert_eq!(granted.grant(), handed_on.grant());
+    /// assert!(granted < handed_on);
+    /// ```
+    pub fn grant(&self) -> i64 {
+        self.grant
+    }
+
+    /// The czxid of the contender node behind the hold, on ZooKeeper; on other backends the
+    /// same number is their own grant, not a zxid.
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
     /// assert_eq!(zklock_core::FencingToken::new(7, 2).zxid(), 7);
     /// ```
+    #[deprecated(
+        note = "use `grant()`: on ZooKeeper it is the czxid, elsewhere the store's own grant"
+    )]
     pub fn zxid(&self) -> i64 {
-        self.zxid
+        self.grant
     }
 
     /// How many local handoffs happened on the same node before this hold.
@@ -89,23 +114,23 @@ impl FencingToken {
         self.local
     }
 
-    /// The token as one unsigned number, ordered as the token (`zxid << 32 | local`).
+    /// The token as one unsigned number, ordered as the token (`grant << 32 | local`).
     ///
     /// ```
     /// use zklock_core::FencingToken;
     /// assert!(FencingToken::new(7, 9).as_u128() < FencingToken::new(8, 0).as_u128());
     /// ```
     pub fn as_u128(&self) -> u128 {
-        ((self.zxid as u64 as u128) << 32) | self.local as u128
+        ((self.grant as u64 as u128) << 32) | self.local as u128
     }
 }
 
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.local == 0 {
-            write!(f, "{}", self.zxid)
+            write!(f, "{}", self.grant)
         } else {
-            write!(f, "{}.{}", self.zxid, self.local)
+            write!(f, "{}.{}", self.grant, self.local)
         }
     }
 }

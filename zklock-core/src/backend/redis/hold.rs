@@ -257,7 +257,7 @@ impl RedisHold {
                     );
                     call.arg(&self.id)
                         .arg(inner.lease_ms())
-                        .arg(self.token.zxid());
+                        .arg(self.token.grant());
                     call
                 }
                 Side::Shared => {

@@ -124,7 +124,7 @@ impl Hold {
             session,
             key,
             node,
-            czxid: token.zxid(),
+            czxid: token.grant(),
             loss: LossWatch {
                 epoch,
                 born_lost,
