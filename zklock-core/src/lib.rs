@@ -1,15 +1,12 @@
 //! # zklock-core
 //!
-//! Distributed locks on Apache ZooKeeper for Rust services that run as several instances:
-//! RAII guards, fencing tokens, a signal when a hold is lost, timeouts and cancel safety, in
-//! Apache Curator's wire format so that JVM services locking the same paths exclude each other.
-//! The same API runs on Redis (feature `redis`: `LockManager::connect("redis://host:6379")`,
-//! leases renewed while held), on PostgreSQL (feature `postgres`:
-//! `LockManager::connect("postgres://user@host/db")`, session-level advisory locks) and in memory (`LockManager::in_memory()`, for unit tests).
-//!
-//! A token is only safe if the store refuses stale ones: [`fence`] does that check in
-//! PostgreSQL, Redis, ZooKeeper or memory, in the same atomic step as the write
-//! (`guard.fenced(&store).write(..)`).
+//! The library behind the `zklock` crate: distributed locks for Rust services that run as
+//! several instances, on Apache ZooKeeper (in Apache Curator's wire format, so that JVM services
+//! locking the same paths exclude each other), on Redis (feature `redis`), on PostgreSQL
+//! (feature `postgres`), or in memory for unit tests ([`LockManager::in_memory`]). RAII guards,
+//! reentrancy scoped to holder frames, read/write locks, semaphores, multi-locks, leader
+//! election, scheduled jobs, fencing tokens, timeouts, cancel safety and a signal when a hold is
+//! lost.
 //!
 //! Most users depend on the `zklock` crate, which re-exports this one with the
 //! `#[distributed_lock]` attribute.
@@ -27,6 +24,21 @@
 //!     .await?;
 //! # Ok(()) }
 //! ```
+//!
+//! The connect string of [`LockManager::connect`] picks the backend: `host:port[,host:port...]`
+//! is ZooKeeper, `redis://host:6379` is Redis (leases renewed while held), and
+//! `postgres://user@host/db` is PostgreSQL (session-level advisory locks). The same guards,
+//! frames, tokens and loss signal run on each; what differs is speed and what each promises
+//! when things go wrong.
+//!
+//! A fencing token is only safe if the store refuses stale ones: [`fence`] does that check in
+//! PostgreSQL, Redis, ZooKeeper or memory, in the same atomic step as the write
+//! (`guard.fenced(&store).write(..)`). [`metrics`] lists what zklock emits.
+//!
+//! The user guide is in the repository's `docs/` folder (`docs/README.md` is its index:
+//! recipes, fencing, each backend and what it promises under each fault, operating,
+//! performance), and `ARCHITECTURE.md` maps this crate's layers and its backend seam for
+//! maintainers.
 #![warn(missing_docs)]
 
 // The modules are layered: types, metrics, background, backend, local, fence, guard, recipe,
