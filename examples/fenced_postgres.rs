@@ -70,8 +70,14 @@ pub async fn run(url: &str) -> Result<Report, Box<dyn std::error::Error>> {
     let db = fence.on(&client);
 
     // Two instances, each its own lock manager (its own connection to the lock service).
-    let a = LockManager::builder(url).lease(LEASE).connect().await?;
-    let b = LockManager::builder(url).lease(LEASE).connect().await?;
+    let a = LockManager::builder(url)
+        .postgres(|pg| pg.lease(LEASE))
+        .connect()
+        .await?;
+    let b = LockManager::builder(url)
+        .postgres(|pg| pg.lease(LEASE))
+        .connect()
+        .await?;
 
     // A: lock, read, compute a withdrawal of 30 ... and stop before writing.
     let a_guard = a.lock("account_1").await?;

@@ -87,7 +87,7 @@ pub fn run(duration: Duration) -> Report {
 async fn instance_main(instance: &str, connect: &str, duration: Duration) {
     let manager = LockManager::builder(connect)
         .identity(format!("instance-{instance}"))
-        .session_timeout(Duration::from_secs(4))
+        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(4)))
         .connect()
         .await
         .expect("connect to ZooKeeper");
@@ -115,7 +115,7 @@ struct ServerClock {
 
 impl ServerClock {
     async fn new(manager: &LockManager) -> ServerClock {
-        let client = manager.zk_client();
+        let client = manager.zookeeper_client().expect("a ZooKeeper manager");
         let path = format!("/zklock-example-clock-{}", std::process::id());
         let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
         client

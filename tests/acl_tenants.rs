@@ -10,17 +10,17 @@ use zklock::{zookeeper_client, Error, LockManager};
 async fn another_tenant_cannot_delete_or_revoke_your_contender_nodes() {
     let zk = server();
     let billing = LockManager::builder(zk.connect_string())
-        .digest_auth("billing", "s3cret")
+        .zookeeper(|zk| zk.digest_auth("billing", "s3cret"))
         .connect()
         .await
         .unwrap();
     let intruder = LockManager::builder(zk.connect_string())
-        .digest_auth("shop", "other")
+        .zookeeper(|zk| zk.digest_auth("shop", "other"))
         .connect()
         .await
         .unwrap();
     let held = billing.lock("invoice_1").await.unwrap();
-    let client = intruder.zk_client();
+    let client = intruder.zookeeper_client().expect("a ZooKeeper manager");
     assert_eq!(
         client.delete(held.node_path(), None).await,
         Err(zookeeper_client::Error::NoAuth)
@@ -46,7 +46,7 @@ async fn another_tenant_cannot_delete_or_revoke_your_contender_nodes() {
     );
     // The same credentials (another instance of the billing service) can lock and unlock.
     let twin = LockManager::builder(zk.connect_string())
-        .digest_auth("billing", "s3cret")
+        .zookeeper(|zk| zk.digest_auth("billing", "s3cret"))
         .connect()
         .await
         .unwrap();
@@ -63,7 +63,7 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
     let zk = server();
     let anonymous = manager(&zk.connect_string()).await;
     let tenant = LockManager::builder(zk.connect_string())
-        .digest_auth("billing", "s3cret")
+        .zookeeper(|zk| zk.digest_auth("billing", "s3cret"))
         .connect()
         .await
         .unwrap();
@@ -74,7 +74,8 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
     let path = tenant.path_of("invoice_9").unwrap();
     let open = anonymous.lock("invoice_9").await.unwrap();
     anonymous
-        .zk_client()
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
         .create(
             &format!("{path}/keep-open"),
             b"",
@@ -112,21 +113,34 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
     // Where the tenant made the path, its nodes are safe, and it locks.
     let own = tenant.lock("invoice_10").await.unwrap();
     assert_eq!(
-        anonymous.zk_client().delete(own.node_path(), None).await,
+        anonymous
+            .zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .delete(own.node_path(), None)
+            .await,
         Err(zookeeper_client::Error::NoAuth)
     );
     own.release().await.unwrap();
     // Once the open path is gone (reaped when empty) and made again by the tenant, it locks.
     anonymous
-        .zk_client()
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
         .delete(&format!("{path}/keep-open"), None)
         .await
         .unwrap();
-    let _ = anonymous.zk_client().delete(&path, None).await;
+    let _ = anonymous
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .delete(&path, None)
+        .await;
     let got = tenant.lock("invoice_9").await.unwrap();
     assert!(got.is_held());
     assert_eq!(
-        anonymous.zk_client().delete(got.node_path(), None).await,
+        anonymous
+            .zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .delete(got.node_path(), None)
+            .await,
         Err(zookeeper_client::Error::NoAuth),
         "the path the tenant made again protects its node"
     );

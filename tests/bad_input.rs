@@ -124,7 +124,12 @@ async fn oversized_node_data_and_paths_are_refused_before_they_reach_the_server(
             .all(|p| before.contains(p) || p.starts_with("/zklock/")),
         "{after:?}"
     );
-    assert_no_contenders(&m.zk_client(), "/", Duration::from_secs(5)).await;
+    assert_no_contenders(
+        &m.zookeeper_client().expect("a ZooKeeper manager"),
+        "/",
+        Duration::from_secs(5),
+    )
+    .await;
 }
 
 /// A TCP server that is not ZooKeeper: it answers anything with an HTTP error and hangs up.
@@ -164,7 +169,7 @@ async fn unreachable_and_wrong_connect_strings_are_clear_errors_in_bounded_time(
     ] {
         let started = Instant::now();
         let result = LockManager::builder(connect)
-            .session_timeout(Duration::from_secs(2))
+            .zookeeper(|zk| zk.session_timeout(Duration::from_secs(2)))
             .connect_timeout(connect_timeout)
             .connect()
             .await;
@@ -206,7 +211,8 @@ async fn a_chroot_is_honoured_and_a_missing_one_is_a_clear_error() {
     assert_eq!(everything(&admin).await, before, "nothing was created");
 
     admin
-        .zk_client()
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
         .mkdir(
             "/tenant_a",
             &zookeeper_client::CreateMode::Persistent
@@ -234,7 +240,12 @@ async fn a_chroot_is_honoured_and_a_missing_one_is_a_clear_error() {
             "created outside the chroot: {p}"
         );
     }
-    assert_no_contenders(&admin.zk_client(), "/", Duration::from_secs(5)).await;
+    assert_no_contenders(
+        &admin.zookeeper_client().expect("a ZooKeeper manager"),
+        "/",
+        Duration::from_secs(5),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,7 +284,7 @@ async fn a_path_the_client_may_not_write_is_a_clear_error_and_leaves_nothing() {
         .unwrap();
     let stranger = LockManager::builder(&c)
         .namespace("/protected/locks")
-        .digest_auth("stranger", "guess")
+        .zookeeper(|zk| zk.digest_auth("stranger", "guess"))
         .connect()
         .await
         .unwrap();

@@ -54,7 +54,13 @@ impl Waiter {
     /// nodes under `path` (the lock path's contenders), as its `wchc` answer lists them: so a
     /// step that follows cannot race the waiter's watch requests.
     async fn until_watching(&self, zk: &ZkServer, path: &str, n: usize) {
-        let session = self.manager.zk_client().session().id().to_string();
+        let session = self
+            .manager
+            .zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .session()
+            .id()
+            .to_string();
         let prefix = format!("{path}/");
         let what = format!("{n} watches of session {session} under {path}");
         eventually(&what, LONG, || {
@@ -390,7 +396,8 @@ async fn a_waiter_whose_node_is_deleted_while_it_waits_is_told_and_never_granted
 
     // Someone else (an operator) deletes the waiting node.
     q.holder
-        .zk_client()
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
         .delete(&q.waiting_node, None)
         .await
         .unwrap();
@@ -411,7 +418,7 @@ async fn a_node_deleted_just_before_its_grant_is_never_granted() {
 
     // The waiting node and then the holder's go in one transaction: the waiter hears of both
     // at once, its own node's deletion first. It must not take the lock.
-    let client = q.holder.zk_client();
+    let client = q.holder.zookeeper_client().expect("a ZooKeeper manager");
     let mut multi = client.new_multi_writer();
     multi.add_delete(&q.waiting_node, None).unwrap();
     multi.add_delete(q.held.node_path(), None).unwrap();

@@ -255,7 +255,12 @@ async fn a_storm_of_cancelled_acquires_leaves_the_lock_paths_empty() {
             children(m, &path).await
         );
     }
-    assert_no_contenders(&m.zk_client(), ROOT, Duration::from_secs(5)).await;
+    assert_no_contenders(
+        &m.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(5),
+    )
+    .await;
     assert_no_watches(
         || zk.four_letter("wchp").into_iter().collect(),
         ROOT,

@@ -31,9 +31,12 @@ async fn killing_and_isolating_the_leader_never_grants_a_lock_twice() {
     let mut disconnections = Vec::new();
     let mut tasks = Vec::new();
     for i in 0..4 {
-        let mut builder = LockManager::builder(&connect).session_timeout(session);
+        let mut builder =
+            LockManager::builder(&connect).zookeeper(|zk| zk.session_timeout(session));
         if i % 2 == 1 {
-            builder = builder.disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(3)));
+            builder = builder.zookeeper(|zk| {
+                zk.disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(3)))
+            });
         }
         let m = builder.connect().await.unwrap();
         disconnections.push(count_disconnections(&m));
@@ -116,7 +119,12 @@ async fn killing_and_isolating_the_leader_never_grants_a_lock_twice() {
     for m in &managers {
         m.flush().await;
     }
-    assert_no_contenders(&managers[0].zk_client(), ROOT, Duration::from_secs(20)).await;
+    assert_no_contenders(
+        &managers[0].zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(20),
+    )
+    .await;
     assert_no_watches(
         || {
             (0..cluster.len())

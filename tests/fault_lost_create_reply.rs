@@ -157,7 +157,12 @@ async fn a_lost_reply_to_the_contenders_create_leaves_one_node_and_the_acquire_c
     report.assert_ok();
     direct.flush().await;
     m.flush().await;
-    assert_no_contenders(&direct.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
     assert_no_watches(
         || zk.four_letter("wchp").into_iter().collect(),
         ROOT,

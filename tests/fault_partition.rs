@@ -24,13 +24,15 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
     // Two holders behind the proxy: Curator's policy (a disconnection is a loss) and a grace well
     // under the session timeout. The waiters talk to the server directly.
     let strict = LockManager::builder(proxy.connect_string())
-        .session_timeout(session)
+        .zookeeper(|zk| zk.session_timeout(session))
         .connect()
         .await
         .unwrap();
     let lenient = LockManager::builder(proxy.connect_string())
-        .session_timeout(session)
-        .disconnect_policy(DisconnectPolicy::Grace(grace))
+        .zookeeper(|zk| {
+            zk.session_timeout(session)
+                .disconnect_policy(DisconnectPolicy::Grace(grace))
+        })
         .connect()
         .await
         .unwrap();
@@ -134,7 +136,12 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
     for m in [&strict, &lenient, &waiters] {
         m.flush().await;
     }
-    assert_no_contenders(&waiters.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &waiters.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
     assert_no_watches(
         || zk.four_letter("wchp").into_iter().collect(),
         ROOT,
@@ -157,13 +164,15 @@ async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader
     let grace = Duration::from_millis(600);
     let history = History::new();
     let strict = LockManager::builder(proxy.connect_string())
-        .session_timeout(session)
+        .zookeeper(|zk| zk.session_timeout(session))
         .connect()
         .await
         .unwrap();
     let lenient = LockManager::builder(proxy.connect_string())
-        .session_timeout(session)
-        .disconnect_policy(DisconnectPolicy::Grace(grace))
+        .zookeeper(|zk| {
+            zk.session_timeout(session)
+                .disconnect_policy(DisconnectPolicy::Grace(grace))
+        })
         .connect()
         .await
         .unwrap();
@@ -260,5 +269,10 @@ async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader
     for m in [&strict, &lenient, &others] {
         m.flush().await;
     }
-    assert_no_contenders(&others.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &others.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
 }

@@ -120,7 +120,7 @@ fn pause_worker_process() {
         .unwrap();
     runtime.block_on(async move {
         let m = LockManager::builder(&connect)
-            .session_timeout(Duration::from_secs(1))
+            .zookeeper(|zk| zk.session_timeout(Duration::from_secs(1)))
             .connect()
             .await
             .unwrap();
@@ -320,7 +320,8 @@ async fn run(zk: &ZkServer, variant: &str) -> Outcome {
     let store = format!("/store_{variant}");
     let admin = manager(&connect).await;
     admin
-        .zk_client()
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
         .create(
             &store,
             &encode(0, 0),
@@ -352,7 +353,15 @@ async fn run(zk: &ZkServer, variant: &str) -> Outcome {
             .unwrap();
     }
     let report = history.check();
-    let (value, _) = decode(&admin.zk_client().get_data(&store).await.unwrap().0);
+    let (value, _) = decode(
+        &admin
+            .zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .get_data(&store)
+            .await
+            .unwrap()
+            .0,
+    );
     let read = |name: &str| fs::read_to_string(dir.path().join(format!("{name}.outcome"))).unwrap();
     let outcome = Outcome {
         report,
@@ -368,7 +377,7 @@ async fn run(zk: &ZkServer, variant: &str) -> Outcome {
         outcome.report.summary()
     );
     assert_no_contenders(
-        &admin.zk_client(),
+        &admin.zookeeper_client().expect("a ZooKeeper manager"),
         &admin.path_of(&key).unwrap(),
         Duration::from_secs(10),
     )
@@ -408,7 +417,12 @@ async fn a_paused_holder_overlaps_the_next_one_and_only_fencing_saves_the_shared
         }
     }
     let admin = manager(&zk.connect_string()).await;
-    assert_no_contenders(&admin.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &admin.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
     assert_no_watches(
         || zk.four_letter("wchp").into_iter().collect(),
         ROOT,

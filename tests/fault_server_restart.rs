@@ -24,8 +24,10 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     let long = Duration::from_secs(20);
     let strict = manager_with(&connect, long).await;
     let lenient = LockManager::builder(&connect)
-        .session_timeout(long)
-        .disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(10)))
+        .zookeeper(|zk| {
+            zk.session_timeout(long)
+                .disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(10)))
+        })
         .connect()
         .await
         .unwrap();
@@ -77,14 +79,17 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
 
     // A quick restart, with the data.
     history.fault("server stopped and restarted with its data");
-    let session = lenient.zk_client().session_id();
+    let session = lenient
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .session_id();
     zk.stop().unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(10), s_guard.lost())
         .await
         .expect("the strict holder is told at the disconnection");
     s_rec.lost("k1", reason);
     zk.restart().unwrap();
-    let client = lenient.zk_client();
+    let client = lenient.zookeeper_client().expect("a ZooKeeper manager");
     eventually(
         "the lenient holder's session to answer again",
         long,
@@ -92,7 +97,10 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     )
     .await;
     assert_eq!(
-        lenient.zk_client().session_id(),
+        lenient
+            .zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .session_id(),
         session,
         "the session resumed"
     );
@@ -129,7 +137,7 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
 
     // A long outage: the client gives its short session up before the server is back.
     let short = LockManager::builder(&connect)
-        .session_timeout(Duration::from_secs(2))
+        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(2)))
         .connect()
         .await
         .unwrap();
@@ -152,7 +160,7 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
         }
     });
     until_children(&strict, &strict.path_of("k3").unwrap(), 2).await;
-    let old_client = short.zk_client();
+    let old_client = short.zookeeper_client().expect("a ZooKeeper manager");
     history.fault("server stopped past the short session's timeout");
     zk.stop().unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(10), sh_guard.lost())
@@ -200,7 +208,12 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     for m in workers.iter().chain([&strict, &lenient, &short]) {
         m.flush().await;
     }
-    assert_no_contenders(&strict.zk_client(), ROOT, Duration::from_secs(15)).await;
+    assert_no_contenders(
+        &strict.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(15),
+    )
+    .await;
     assert_no_watches(
         || zk.four_letter("wchp").into_iter().collect(),
         ROOT,

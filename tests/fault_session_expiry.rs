@@ -31,13 +31,18 @@ async fn in_line(
     kids.sort_by(|a, b| a.rsplit('-').next().cmp(&b.rsplit('-').next()));
     let node = kids.get(nth)?;
     let stat = direct
-        .zk_client()
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
         .check_stat(&format!("{path}/{node}"))
         .await
         .ok()??;
-    managers
-        .iter()
-        .position(|m| m.zk_client().session_id().0 == stat.ephemeral_owner)
+    managers.iter().position(|m| {
+        m.zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .session_id()
+            .0
+            == stat.ephemeral_owner
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +156,12 @@ async fn sessions_expired_while_holding_and_while_waiting_are_reported_and_never
     for m in &managers {
         m.flush().await;
     }
-    assert_no_contenders(&direct.zk_client(), ROOT, Duration::from_secs(15)).await;
+    assert_no_contenders(
+        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(15),
+    )
+    .await;
     assert_no_watches(
         || zk.four_letter("wchp").into_iter().collect(),
         ROOT,

@@ -11,8 +11,12 @@ async fn global_manager_comes_from_zklock_connect() {
     let a = zklock::global().await.unwrap();
     let b = zklock::global().await.unwrap();
     assert_eq!(
-        a.zk_client().session_id(),
-        b.zk_client().session_id(),
+        a.zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .session_id(),
+        b.zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .session_id(),
         "one session for the process"
     );
     let g = a.lock("global").await.unwrap();

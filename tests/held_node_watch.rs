@@ -40,8 +40,10 @@ async fn an_uncontended_cycle_costs_three_requests() {
 async fn with_held_nodes_unwatched_a_grant_costs_no_watch_until_asked() {
     let zk = server();
     let m = zklock::LockManager::builder(zk.connect_string())
-        .session_timeout(Duration::from_secs(4))
-        .watch_held_nodes(false)
+        .zookeeper(|zk| {
+            zk.session_timeout(Duration::from_secs(4))
+                .watch_held_nodes(false)
+        })
         .connect()
         .await
         .unwrap();

@@ -76,7 +76,8 @@ async fn with_lock_aborts_the_body_when_the_hold_is_lost() {
     let result = a
         .with_lock("abort", async {
             let node = children(&ops, &path).await.pop().unwrap();
-            ops.zk_client()
+            ops.zookeeper_client()
+                .expect("a ZooKeeper manager")
                 .delete(&format!("{path}/{node}"), None)
                 .await
                 .unwrap();
@@ -137,7 +138,7 @@ async fn unreachable_server_is_a_clear_error() {
         l.local_addr().unwrap().port()
     };
     let err = zklock::LockManager::builder(format!("127.0.0.1:{port}"))
-        .session_timeout(Duration::from_secs(2))
+        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(2)))
         .connect_timeout(Duration::from_secs(1))
         .connect()
         .await
@@ -175,8 +176,10 @@ async fn disconnection_loses_the_hold_and_drop_still_deletes_the_node_after_reco
 async fn a_grace_policy_keeps_the_hold_through_a_short_disconnection() {
     let mut zk = server();
     let a = zklock::LockManager::builder(zk.connect_string())
-        .session_timeout(Duration::from_secs(20))
-        .disconnect_policy(zklock::DisconnectPolicy::Grace(Duration::from_secs(10)))
+        .zookeeper(|zk| {
+            zk.session_timeout(Duration::from_secs(20))
+                .disconnect_policy(zklock::DisconnectPolicy::Grace(Duration::from_secs(10)))
+        })
         .connect()
         .await
         .unwrap();
@@ -184,7 +187,7 @@ async fn a_grace_policy_keeps_the_hold_through_a_short_disconnection() {
     zk.stop().unwrap();
     zk.restart().unwrap();
     // Prove the session is back (a request answered) before judging the hold.
-    let client = a.zk_client();
+    let client = a.zookeeper_client().expect("a ZooKeeper manager");
     let mut answered = false;
     for _ in 0..100 {
         if client
@@ -211,8 +214,10 @@ async fn a_grace_policy_keeps_the_hold_through_a_short_disconnection() {
 async fn a_grace_longer_than_the_session_can_keep_is_refused() {
     let zk = server();
     let err = zklock::LockManager::builder(zk.connect_string())
-        .session_timeout(Duration::from_secs(4))
-        .disconnect_policy(zklock::DisconnectPolicy::Grace(Duration::from_secs(3)))
+        .zookeeper(|zk| {
+            zk.session_timeout(Duration::from_secs(4))
+                .disconnect_policy(zklock::DisconnectPolicy::Grace(Duration::from_secs(3)))
+        })
         .connect()
         .await
         .unwrap_err();

@@ -14,7 +14,7 @@ const LONG: Duration = Duration::from_secs(30);
 
 async fn lingering_manager(connect: &str, linger: Duration) -> LockManager {
     LockManager::builder(connect)
-        .session_timeout(Duration::from_secs(4))
+        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(4)))
         .linger(linger)
         .connect()
         .await
@@ -234,7 +234,12 @@ async fn a_lingering_node_deleted_by_someone_else_is_not_taken_again() {
     let admin = manager(&zk.connect_string()).await;
     let path = m.path_of("deleted").unwrap();
     let (node, mine) = linger_node(&m, "deleted").await;
-    admin.zk_client().delete(&node, None).await.unwrap();
+    admin
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .delete(&node, None)
+        .await
+        .unwrap();
     // The node's watch tells `m` (its event comes before the answer to a later request of the
     // same session), which gives the node up.
     eventually(

@@ -194,7 +194,12 @@ async fn hand_on(
 
 /// The node's creation zxid, read on the server.
 async fn czxid(m: &zklock::LockManager, node: &str) -> i64 {
-    let (_, stat) = m.zk_client().get_data(node).await.unwrap();
+    let (_, stat) = m
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .get_data(node)
+        .await
+        .unwrap();
     stat.czxid
 }
 

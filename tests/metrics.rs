@@ -208,7 +208,11 @@ async fn a_scripted_sequence_on_zookeeper_emits_exact_metrics() {
 
     script(&m, &mut captured, "zk", |guard| async {
         // Someone else deletes the holder's node.
-        m.zk_client().delete(guard.node_path(), None).await.unwrap();
+        m.zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .delete(guard.node_path(), None)
+            .await
+            .unwrap();
         assert_eq!(guard.lost().await, LossReason::NodeDeleted);
         guard
     })

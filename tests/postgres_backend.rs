@@ -182,7 +182,12 @@ async fn schema_creation_races_safely() {
     let starts: Vec<_> = (0..4)
         .map(|_| {
             let url = url.clone();
-            tokio::spawn(async move { LockManager::builder(url).lease(LEASE).connect().await })
+            tokio::spawn(async move {
+                LockManager::builder(url)
+                    .postgres(|pg| pg.lease(LEASE))
+                    .connect()
+                    .await
+            })
         })
         .collect();
     let mut managers = vec![];
@@ -215,34 +220,29 @@ async fn what_does_not_fit_is_refused() {
         ),
         "{err}"
     );
+    // Another backend's settings would have no effect: refused, naming both backends.
+    for err in [
+        LockManager::builder(pg.url())
+            .zookeeper(|zk| zk.revocable(true).digest_auth("u", "p"))
+            .connect()
+            .await
+            .unwrap_err(),
+        LockManager::builder(pg.url())
+            .redis(|r| r.lease(Duration::from_secs(3)))
+            .connect()
+            .await
+            .unwrap_err(),
+    ] {
+        let text = err.to_string();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(
+            text.contains("names PostgreSQL") && text.contains("Builder::postgres"),
+            "says which backend the URL names, and where its settings go: {text}"
+        );
+        assert!(!text.contains("secret"), "no password in {text}");
+    }
     let err = LockManager::builder(pg.url())
-        .revocable(true)
-        .connect()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Unsupported {
-                backend: "postgres",
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let err = LockManager::builder(pg.url())
-        .digest_auth("u", "p")
-        .connect()
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("digest_auth"), "{err}");
-    assert!(
-        err.to_string()
-            .contains("put PostgreSQL credentials in the URL (postgres://user:password@host/db)"),
-        "{err}"
-    );
-    let err = LockManager::builder(pg.url())
-        .lease(Duration::from_millis(10))
+        .postgres(|pg| pg.lease(Duration::from_millis(10)))
         .connect()
         .await
         .unwrap_err();
@@ -314,7 +314,7 @@ async fn a_silent_server_makes_the_holder_lost_by_its_lease() {
     let pg = server();
     let lease = Duration::from_secs(1);
     let holder = LockManager::builder(pg.url())
-        .lease(lease)
+        .postgres(|pg| pg.lease(lease))
         .connect()
         .await
         .unwrap();
@@ -671,7 +671,7 @@ async fn an_update_of_the_key_row_in_progress_holds_up_a_grant_until_it_ends() {
 async fn a_lingering_lock_is_taken_again_and_given_up_when_another_process_waits() {
     let pg = server();
     let a = LockManager::builder(pg.url())
-        .lease(LEASE)
+        .postgres(|pg| pg.lease(LEASE))
         .linger(Duration::from_secs(30))
         .connect()
         .await

@@ -49,14 +49,14 @@ async fn many_tasks_of_one_key_stay_within_the_connection_bound() {
     let look = pg_client(&url).await;
     let identity = "bounded-conns";
     let m = LockManager::builder(&url)
-        .lease(LEASE)
+        .postgres(|pg| pg.lease(LEASE))
         .local_queue(false)
         .identity(identity)
         .connect()
         .await
         .unwrap();
     let other = LockManager::builder(&url)
-        .lease(LEASE)
+        .postgres(|pg| pg.lease(LEASE))
         .connect()
         .await
         .unwrap();

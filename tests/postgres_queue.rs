@@ -183,7 +183,7 @@ async fn a_try_after_an_abandoned_wait_finds_the_key_free() {
     let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
     let a = manager(&pg.url()).await;
     let b = LockManager::builder(relay.url(&pg.url()))
-        .lease(LEASE)
+        .postgres(|pg| pg.lease(LEASE))
         .local_queue(false)
         .connect()
         .await
@@ -529,7 +529,7 @@ async fn a_free_key_is_tried_and_a_key_found_taken_lately_is_waited_for_at_once(
     let look = pg_client(&pg.url()).await;
     let a = manager(&pg.url()).await;
     let b = LockManager::builder(pg.url())
-        .lease(LEASE)
+        .postgres(|pg| pg.lease(LEASE))
         .identity("first-statement")
         .connect()
         .await
@@ -596,7 +596,7 @@ async fn a_dropped_wait_s_cancel_fails_no_other_acquire() {
     let relay = zklock_testkit::LateCancel::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
     let holder = manager(&pg.url()).await;
     let m = LockManager::builder(relay.url(&pg.url()))
-        .lease(LEASE)
+        .postgres(|pg| pg.lease(LEASE))
         .local_queue(false)
         .connect()
         .await
@@ -756,7 +756,7 @@ async fn flush_waits_for_the_registrations_of_waiters_that_gave_up() {
     };
     let holder = manager(&pg.url()).await;
     let m = LockManager::builder(&pg.url())
-        .lease(LEASE)
+        .postgres(|pg| pg.lease(LEASE))
         .local_queue(false)
         .connect()
         .await
@@ -809,7 +809,7 @@ async fn waiters_beyond_the_server_s_queue_take_freed_waits_in_the_order_they_ca
     let look = pg_client(&pg.url()).await;
     let holder = manager(&pg.url()).await;
     let m = LockManager::builder(&pg.url())
-        .lease(LEASE)
+        .postgres(|pg| pg.lease(LEASE))
         .local_queue(false)
         .connect()
         .await

@@ -35,7 +35,7 @@ fn factory(url: String, lease: Duration) -> Factory {
         let url = url.clone();
         Box::pin(async move {
             LockManager::builder(url)
-                .lease(lease)
+                .redis(|r| r.lease(lease))
                 .connect()
                 .await
                 .expect("connect to the test Redis")
@@ -122,34 +122,38 @@ async fn zookeeper_only_features_are_refused() {
         ),
         "{err}"
     );
-    let err = LockManager::builder(redis.url())
-        .revocable(true)
+    // Another backend's settings would have no effect: refused, naming both backends.
+    for err in [
+        LockManager::builder(redis.url())
+            .zookeeper(|zk| zk.revocable(true).digest_auth("u", "p"))
+            .connect()
+            .await
+            .unwrap_err(),
+        LockManager::builder(redis.url())
+            .postgres(|pg| pg.lease(Duration::from_secs(3)))
+            .connect()
+            .await
+            .unwrap_err(),
+    ] {
+        let text = err.to_string();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(
+            text.contains("names Redis") && text.contains("Builder::redis"),
+            "says which backend the URL names, and where its settings go: {text}"
+        );
+    }
+    let err = LockManager::builder("127.0.0.1:2181")
+        .redis(|r| r.lease(Duration::from_secs(3)))
         .connect()
         .await
         .unwrap_err();
     assert!(
-        matches!(
-            err,
-            Error::Unsupported {
-                backend: "redis",
-                ..
-            }
-        ),
+        matches!(&err, Error::Config(text) if text.contains("Redis settings were given")
+            && text.contains("names ZooKeeper")),
         "{err}"
     );
     let err = LockManager::builder(redis.url())
-        .digest_auth("u", "p")
-        .connect()
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::Config(_)), "{err}");
-    let text = err.to_string();
-    assert!(
-        text.contains("no effect on Redis") && text.contains("redis://user:password@host:6379"),
-        "says where Redis credentials go: {text}"
-    );
-    let err = LockManager::builder(redis.url())
-        .lease(Duration::from_millis(10))
+        .redis(|r| r.lease(Duration::from_millis(10)))
         .connect()
         .await
         .unwrap_err();
@@ -179,12 +183,12 @@ async fn a_partitioned_holder_is_lost_before_the_next_holder_gets_in() {
     let proxy = Proxy::start(&format!("127.0.0.1:{}", redis.port())).unwrap();
     let lease = Duration::from_secs(1);
     let holder = LockManager::builder(format!("redis://{}/", proxy.connect_string()))
-        .lease(lease)
+        .redis(|r| r.lease(lease))
         .connect()
         .await
         .unwrap();
     let next = LockManager::builder(redis.url())
-        .lease(lease)
+        .redis(|r| r.lease(lease))
         .connect()
         .await
         .unwrap();
@@ -424,7 +428,7 @@ async fn a_silent_waiter_at_the_head_of_the_queue_does_not_block_the_next() {
     let holder = f().await;
     let held = holder.lock("silent").await.unwrap();
     let silent = LockManager::builder(format!("redis://{}/", proxy.connect_string()))
-        .lease(LEASE)
+        .redis(|r| r.lease(LEASE))
         .connect()
         .await
         .unwrap();
@@ -568,7 +572,7 @@ async fn a_late_hand_over_does_not_make_a_second_holder() {
 /// any test below waits, so a newcomer that gets in did so because the linger was given up.
 async fn lingering(url: &str) -> LockManager {
     LockManager::builder(url)
-        .lease(LEASE)
+        .redis(|r| r.lease(LEASE))
         .linger(Duration::from_secs(30))
         .connect()
         .await

@@ -28,7 +28,7 @@ fn server() -> RedisServer {
 
 async fn manager(url: &str, lease: Duration) -> LockManager {
     LockManager::builder(url)
-        .lease(lease)
+        .redis(|r| r.lease(lease))
         .connect()
         .await
         .expect("connect to the test Redis")
@@ -253,7 +253,7 @@ async fn a_linger_re_take_of_a_key_deleted_from_outside_takes_nothing() {
     let lease = Duration::from_secs(6);
     let p = Arc::new(
         LockManager::builder(url.as_str())
-            .lease(lease)
+            .redis(|r| r.lease(lease))
             .linger(Duration::from_secs(30))
             .connect()
             .await

@@ -114,7 +114,12 @@ async fn requests_failed_by_a_reset_connection_are_retried_as_a_connection_loss(
     guard.release().await.unwrap();
 
     m.flush().await;
-    assert_no_contenders(&direct.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,5 +139,10 @@ async fn a_lost_reply_to_the_first_create_on_a_fresh_lock_path_is_retried() {
     assert_eq!(children(&direct, &path).await.len(), 1);
     guard.release().await.unwrap();
     m.flush().await;
-    assert_no_contenders(&direct.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
 }

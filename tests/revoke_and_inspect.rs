@@ -95,7 +95,7 @@ async fn revoke_asks_a_revocable_holder_to_let_go() {
 
     // Opted in first (builder option), then revoked.
     let revocable = LockManager::builder(zk.connect_string())
-        .revocable(true)
+        .zookeeper(|zk| zk.revocable(true))
         .connect()
         .await
         .unwrap();

@@ -98,7 +98,9 @@ async fn until_disconnected(m: &LockManager) {
     eventually(
         "the client to notice the partition",
         2 * SESSION,
-        || async { m.zk_client().state() == SessionState::Disconnected },
+        || async {
+            m.zookeeper_client().expect("a ZooKeeper manager").state() == SessionState::Disconnected
+        },
     )
     .await;
 }
@@ -109,7 +111,12 @@ async fn heal_and_check(proxy: &Proxy, m: &LockManager, direct: &LockManager) {
     tokio::time::timeout(3 * SESSION, m.flush())
         .await
         .expect("background cleanups end once the partition healed");
-    assert_no_contenders(&direct.zk_client(), ROOT, 2 * SESSION).await;
+    assert_no_contenders(
+        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        2 * SESSION,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

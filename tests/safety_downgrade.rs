@@ -28,7 +28,7 @@ async fn until_renewed(m: &zklock::LockManager, old: zklock::zookeeper_client::S
         "the manager to renew its session",
         Duration::from_secs(30),
         || async {
-            let client = m.zk_client();
+            let client = m.zookeeper_client().expect("a ZooKeeper manager");
             client.session_id() != old
                 && client.state() == zklock::zookeeper_client::SessionState::SyncConnected
         },
@@ -60,7 +60,10 @@ async fn downgrading_an_expired_write_hold_while_another_writer_holds_is_refused
         async move { b.rwlock(key).unwrap().write().await.unwrap() }
     });
     until_children(&b, &path, 2).await;
-    let old = a.zk_client().session_id();
+    let old = a
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .session_id();
     expire_session(&a, &zk.connect_string()).await;
     until_lost(&write).await;
     until_renewed(&a, old).await;
@@ -92,7 +95,12 @@ async fn downgrading_an_expired_write_hold_while_another_writer_holds_is_refused
         "only the other writer's node may be left"
     );
     other.release().await.unwrap();
-    assert_no_contenders(&b.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &b.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,14 +113,22 @@ async fn downgrading_an_expired_write_hold_is_refused_and_creates_no_node() {
     let path = rw.path().to_string();
     let write = rw.write().await.unwrap();
 
-    let old = a.zk_client().session_id();
+    let old = a
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .session_id();
     expire_session(&a, &zk.connect_string()).await;
     until_lost(&write).await;
     until_renewed(&a, old).await;
     // The expired session's node is gone; from here on any change of the path's children is a
     // node made (or removed) by the downgrade.
     until_children(&observer, &path, 0).await;
-    let before = observer.zk_client().check_stat(&path).await.unwrap();
+    let before = observer
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .check_stat(&path)
+        .await
+        .unwrap();
 
     let downgraded = tokio::time::timeout(Duration::from_secs(20), write.downgrade())
         .await
@@ -123,7 +139,12 @@ async fn downgrading_an_expired_write_hold_is_refused_and_creates_no_node() {
     tokio::time::timeout(Duration::from_secs(20), a.flush())
         .await
         .expect("background work ends");
-    let after = observer.zk_client().check_stat(&path).await.unwrap();
+    let after = observer
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .check_stat(&path)
+        .await
+        .unwrap();
     let left = children(&observer, &path).await;
     println!(
         "downgrade after expiry: {described}; children version {:?} -> {:?}; left {left:?}",

@@ -67,5 +67,10 @@ async fn a_downgraded_read_hold_carries_a_token_below_the_next_writers() {
     );
     a.flush().await;
     b.flush().await;
-    assert_no_contenders(&a.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &a.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
 }

@@ -31,8 +31,17 @@ use zklock::LockManager;
 
 /// Deletes `node` from another session, then makes one round trip on the holder's own client.
 async fn delete_behind_its_back(holder: &LockManager, ops: &LockManager, node: &str) {
-    ops.zk_client().delete(node, None).await.unwrap();
-    let seen = holder.zk_client().check_stat(node).await.unwrap();
+    ops.zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .delete(node, None)
+        .await
+        .unwrap();
+    let seen = holder
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .check_stat(node)
+        .await
+        .unwrap();
     assert!(seen.is_none(), "the holder's session sees the node gone");
 }
 
@@ -139,9 +148,19 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
     // For a failure's message: which session is whose.
     println!(
         "sessions: m {:#x}, other {:#x}, ops {:#x}",
-        m.zk_client().session_id().0,
-        other.zk_client().session_id().0,
-        ops.zk_client().session_id().0
+        m.zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .session_id()
+            .0,
+        other
+            .zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .session_id()
+            .0,
+        ops.zookeeper_client()
+            .expect("a ZooKeeper manager")
+            .session_id()
+            .0
     );
     let key = "handoff";
     let path = m.path_of(key).unwrap();
@@ -153,7 +172,11 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
         async move { m.lock(key).await }
     });
     // The second task queues locally behind the first (it makes no node of its own).
-    m.zk_client().check_stat(&deleted).await.unwrap();
+    m.zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .check_stat(&deleted)
+        .await
+        .unwrap();
     assert_eq!(children(&ops, &path).await.len(), 1);
 
     // Someone deletes the first task's node; another process asks for the lock.
@@ -255,5 +278,10 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
             .await
             .expect("background work ends");
     }
-    assert_no_contenders(&ops.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &ops.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
 }

@@ -31,8 +31,10 @@ async fn a_grace_fitting_the_asked_timeout_but_not_the_negotiated_one_never_over
         .unwrap();
     let proxy = Proxy::start(&zk.connect_string()).unwrap();
     let connected = LockManager::builder(proxy.connect_string())
-        .session_timeout(Duration::from_secs(60))
-        .disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(30)))
+        .zookeeper(|zk| {
+            zk.session_timeout(Duration::from_secs(60))
+                .disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(30)))
+        })
         .connect()
         .await;
     let holder = match connected {
@@ -49,7 +51,10 @@ async fn a_grace_fitting_the_asked_timeout_but_not_the_negotiated_one_never_over
         Err(other) => panic!("connect failed otherwise than by refusing the grace: {other}"),
         Ok(holder) => holder,
     };
-    let negotiated = holder.zk_client().session_timeout();
+    let negotiated = holder
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .session_timeout();
     println!("accepted; asked 60 s, the server negotiated {negotiated:?}");
 
     let key = "negotiated";

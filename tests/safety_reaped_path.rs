@@ -36,7 +36,7 @@ const SECOND_ACQUIRE: Duration = Duration::from_secs(3);
 
 async fn manager_local_queue(connect: &str, local_queue: bool) -> LockManager {
     LockManager::builder(connect)
-        .session_timeout(Duration::from_secs(4))
+        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(4)))
         .local_queue(local_queue)
         .connect()
         .await
@@ -54,7 +54,8 @@ fn seq(node: &str) -> i64 {
 /// The czxid of `path` (its incarnation), `None` when it does not exist.
 async fn incarnation(direct: &LockManager, path: &str) -> Option<i64> {
     direct
-        .zk_client()
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
         .check_stat(path)
         .await
         .unwrap_or_else(|e| panic!("stat {path}: {e}"))
@@ -69,7 +70,8 @@ async fn owners(direct: &LockManager, path: &str, who: &[(&str, &LockManager)]) 
     let mut out = Vec::new();
     for k in kids {
         let stat = direct
-            .zk_client()
+            .zookeeper_client()
+            .expect("a ZooKeeper manager")
             .check_stat(&format!("{path}/{k}"))
             .await
             .unwrap_or_else(|e| panic!("stat {path}/{k}: {e}"));
@@ -77,7 +79,13 @@ async fn owners(direct: &LockManager, path: &str, who: &[(&str, &LockManager)]) 
             None => "gone",
             Some(s) => who
                 .iter()
-                .find(|(_, m)| m.zk_client().session_id().0 == s.ephemeral_owner)
+                .find(|(_, m)| {
+                    m.zookeeper_client()
+                        .expect("a ZooKeeper manager")
+                        .session_id()
+                        .0
+                        == s.ephemeral_owner
+                })
                 .map_or("?", |(name, _)| *name),
         };
         out.push(format!("{k} (owner {owner})"));
@@ -107,13 +115,16 @@ async fn expire_and_renew(m: &LockManager, connect: &str, kept: impl Fn() -> Opt
 /// The second handle of [`expire_session`] sometimes loses the connection back to the original
 /// one before its close reaches the server, and the session lives on: then it tries again.
 async fn expire_until_renewed(m: &LockManager, connect: &str) {
-    let old = m.zk_client().session_id();
+    let old = m
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .session_id();
     let started = Instant::now();
     for attempt in 1..=5 {
         expire_session(m, connect).await;
         let deadline = Instant::now() + Duration::from_secs(6);
         while Instant::now() < deadline {
-            let client = m.zk_client();
+            let client = m.zookeeper_client().expect("a ZooKeeper manager");
             if client.session_id() != old && client.state() == SessionState::SyncConnected {
                 eprintln!(
                     "session expired and renewed after {:?} ({attempt} attempts)",
@@ -132,7 +143,8 @@ async fn until_reaped(direct: &LockManager, path: &str, old: i64) {
     let deadline = Instant::now() + WITHIN;
     loop {
         let stat = direct
-            .zk_client()
+            .zookeeper_client()
+            .expect("a ZooKeeper manager")
             .check_stat(path)
             .await
             .unwrap_or_else(|e| panic!("stat {path}: {e}"));
@@ -140,7 +152,11 @@ async fn until_reaped(direct: &LockManager, path: &str, old: i64) {
         if Instant::now() >= deadline {
             let mut kids = vec![];
             for k in children(direct, path).await {
-                let s = direct.zk_client().check_stat(&format!("{path}/{k}")).await;
+                let s = direct
+                    .zookeeper_client()
+                    .expect("a ZooKeeper manager")
+                    .check_stat(&format!("{path}/{k}"))
+                    .await;
                 kids.push(format!("{k} {:?}", s.map(|s| s.map(|s| s.ephemeral_owner))));
             }
             panic!(
@@ -489,7 +505,11 @@ async fn semaphore_gate_and_leases_never_double_grant_on_a_recreated_path() {
 
     // m1 acquires with a bounded wait: it must neither pass m2's gate holder (a lease node of
     // m1 appears only past the gate) nor get a second lease.
-    let m1_id = m1.zk_client().session_id().0;
+    let m1_id = m1
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .session_id()
+        .0;
     let second = tokio::spawn({
         let s1 = s1.clone();
         async move { s1.acquire_timeout(SECOND_ACQUIRE).await }
@@ -498,7 +518,8 @@ async fn semaphore_gate_and_leases_never_double_grant_on_a_recreated_path() {
     while !second.is_finished() {
         for lease in children(&direct, &leases).await {
             let stat = direct
-                .zk_client()
+                .zookeeper_client()
+                .expect("a ZooKeeper manager")
                 .check_stat(&format!("{leases}/{lease}"))
                 .await
                 .unwrap();

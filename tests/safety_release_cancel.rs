@@ -100,7 +100,12 @@ async fn assert_nothing_left(holder: &LockManager, other: &LockManager) {
         .await
         .expect("the holder's background releases finish once the partition healed");
     other.flush().await;
-    assert_no_contenders(&other.zk_client(), ROOT, Duration::from_secs(5)).await;
+    assert_no_contenders(
+        &other.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(5),
+    )
+    .await;
 }
 
 async fn mutex_release_cancelled(cancel: Cancel) {
@@ -158,7 +163,13 @@ async fn a_lease_release_cancelled_in_flight_leaves_no_node_and_frees_the_lease(
         taken.as_ref().map(|l| l.fencing_token()),
         healed.elapsed()
     );
-    let still_there = other.zk_client().check_stat(&node).await.unwrap().is_some();
+    let still_there = other
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .check_stat(&node)
+        .await
+        .unwrap()
+        .is_some();
     let lease = taken.unwrap_or_else(|e| {
         panic!(
             "the semaphore is wedged after a cancelled lease release: a second manager could not \
@@ -187,7 +198,11 @@ async fn a_multi_lock_release_cancelled_in_flight_leaves_no_node_and_lets_the_ne
         taken.as_ref().map(|g| g.tokens()),
         healed.elapsed()
     );
-    let left = contenders(&other.zk_client(), ROOT).await;
+    let left = contenders(
+        &other.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+    )
+    .await;
     let all = taken.unwrap_or_else(|e| {
         panic!(
             "the multi-lock is wedged after a cancelled release: a second manager could not take \

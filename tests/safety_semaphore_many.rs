@@ -75,5 +75,10 @@ async fn two_processes_asking_for_every_lease_at_once_both_get_them_in_turn() {
             .await
             .expect("background work ends");
     }
-    assert_no_contenders(&c.zk_client(), ROOT, Duration::from_secs(10)).await;
+    assert_no_contenders(
+        &c.zookeeper_client().expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
 }

@@ -529,7 +529,7 @@ async fn soak_random_faults_under_mixed_traffic() {
     .unwrap();
     let direct = cluster.connect_string();
     let admin = LockManager::builder(&direct)
-        .session_timeout(Duration::from_secs(20))
+        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(20)))
         .connect()
         .await
         .unwrap();
@@ -582,8 +582,10 @@ async fn soak_random_faults_under_mixed_traffic() {
         let ask = if clamped { CLAMPED_ASK } else { SESSION };
         if clamped {
             let refused = LockManager::builder(connect.clone())
-                .session_timeout(ask)
-                .disconnect_policy(DisconnectPolicy::Grace(REFUSED_GRACE))
+                .zookeeper(|zk| {
+                    zk.session_timeout(ask)
+                        .disconnect_policy(DisconnectPolicy::Grace(REFUSED_GRACE))
+                })
                 .connect()
                 .await;
             match refused {
@@ -597,16 +599,16 @@ async fn soak_random_faults_under_mixed_traffic() {
                 Err(e) => panic!("a grace that fits only the asked session: {e}"),
                 Ok(m) => panic!(
                     "a grace of {REFUSED_GRACE:?} was accepted with a session of {:?}",
-                    m.negotiated_session_timeout()
+                    m.lease()
                 ),
             }
         }
-        let mut builder = LockManager::builder(connect).session_timeout(ask);
+        let mut builder = LockManager::builder(connect).zookeeper(|zk| zk.session_timeout(ask));
         if i % 2 == 1 {
-            builder = builder.disconnect_policy(DisconnectPolicy::Grace(GRACE));
+            builder = builder.zookeeper(|zk| zk.disconnect_policy(DisconnectPolicy::Grace(GRACE)));
         }
         let manager = builder.connect().await.unwrap();
-        let session = manager.negotiated_session_timeout();
+        let session = manager.lease().expect("a ZooKeeper session");
         if clamped {
             assert_eq!(session, MAX_SESSION, "the ensemble clamps the session");
         }
@@ -650,7 +652,7 @@ async fn soak_random_faults_under_mixed_traffic() {
     }
     let watching = Arc::new(AtomicBool::new(false));
     let reaping = tokio::spawn(watch_reaping(
-        admin.zk_client(),
+        admin.zookeeper_client().expect("a ZooKeeper manager"),
         paths.values().cloned().collect(),
         counters.clone(),
         watching.clone(),
@@ -793,7 +795,7 @@ async fn soak_random_faults_under_mixed_traffic() {
                             // and is re-created by the traffic (sequence numbers from 0 again).
                             let (slot, name) = Keys::slot_of(&key);
                             let path = &paths[&(slot, name.clone())];
-                            let zk = admin.zk_client();
+                            let zk = admin.zookeeper_client().expect("a ZooKeeper manager");
                             let stat = || async {
                                 zk.check_stat(path).await.ok().map(|s| s.map(|s| s.czxid))
                             };
@@ -906,7 +908,11 @@ async fn soak_random_faults_under_mixed_traffic() {
     // servers still keep for the lock paths.
     let leak_deadline = Instant::now() + Duration::from_secs(20);
     let (leaked_nodes, leaked_watches) = loop {
-        let nodes = contenders(&admin.zk_client(), ROOT).await;
+        let nodes = contenders(
+            &admin.zookeeper_client().expect("a ZooKeeper manager"),
+            ROOT,
+        )
+        .await;
         let watches: Vec<String> = (0..cluster.len())
             .filter_map(|i| cluster.member_four_letter(i, "wchp").ok())
             .flat_map(|w| watched_paths(&w, ROOT))

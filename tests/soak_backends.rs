@@ -433,12 +433,17 @@ async fn soak(mut server: Server) {
     let url = server.url();
     let mut managers = Vec::new();
     for (i, (lease_ms, linger_ms, local)) in MIX.into_iter().enumerate() {
+        let lease = Duration::from_millis(lease_ms);
+        let builder = LockManager::builder(url.clone());
+        let builder = match zklock::BackendKind::of(&url).unwrap() {
+            zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(lease)),
+            _ => builder.redis(|r| r.lease(lease)),
+        };
         managers.push(
-            LockManager::builder(url.clone())
+            builder
                 // Names the manager's sessions on PostgreSQL (`application_name`): a session
                 // ended by the server is the fault of every worker of that manager.
                 .identity(format!("m{i}"))
-                .lease(Duration::from_millis(lease_ms))
                 .linger(Duration::from_millis(linger_ms))
                 .local_queue(local)
                 .connect()

@@ -21,9 +21,9 @@ async fn locks_exclude_each_other_over_tls_and_plain_or_untrusted_clients_are_re
     let ca = zk.tls_ca_pem().expect("a certificate").to_string();
     let connect = |connect: String, tls: zookeeper_client::TlsOptions| {
         LockManager::builder(connect)
-            .session_timeout(Duration::from_secs(4))
+            .zookeeper(|zk| zk.session_timeout(Duration::from_secs(4)))
             .connect_timeout(Duration::from_secs(3))
-            .tls(tls)
+            .zookeeper(|zk| zk.tls(tls))
             .connect()
     };
 
@@ -40,7 +40,7 @@ async fn locks_exclude_each_other_over_tls_and_plain_or_untrusted_clients_are_re
 
     // The port really speaks TLS: a plain client cannot start a session there.
     let plain = LockManager::builder(secure.clone())
-        .session_timeout(Duration::from_secs(2))
+        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(2)))
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await;

@@ -43,7 +43,11 @@ async fn lock_life_is_traced_with_key_and_token() {
         .unwrap();
     let g = m.lock("traced").await.unwrap();
     let ops = manager(&zk.connect_string()).await;
-    ops.zk_client().delete(g.node_path(), None).await.unwrap();
+    ops.zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .delete(g.node_path(), None)
+        .await
+        .unwrap();
     g.lost().await;
     drop(g);
 

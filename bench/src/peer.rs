@@ -61,10 +61,12 @@ pub(crate) async fn redis_connection(url: &str) -> Result<MultiplexedConnection>
 
 /// Opens a zklock manager with the run's options under `namespace`.
 pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result<LockManager> {
-    let builder = LockManager::builder(options.connect.clone())
-        .namespace(namespace)
-        .session_timeout(options.session_timeout)
-        .lease(REDIS_TTL);
+    let builder = LockManager::builder(options.connect.clone()).namespace(namespace);
+    let builder = match zklock_core::BackendKind::of(&options.connect)? {
+        zklock_core::BackendKind::Redis => builder.redis(|r| r.lease(REDIS_TTL)),
+        zklock_core::BackendKind::Postgres => builder,
+        _ => builder.zookeeper(|zk| zk.session_timeout(options.session_timeout)),
+    };
     Ok(builder
         .local_queue(options.local_queue)
         .fencing_tokens(options.fencing_tokens)
@@ -423,7 +425,9 @@ impl Contender {
     pub(crate) async fn children(&self, k: usize) -> Result<Vec<String>> {
         let dir = self.lock_dir(k)?;
         let client = match self {
-            Contender::Zklock { manager, .. } => manager.zk_client(),
+            Contender::Zklock { manager, .. } => {
+                manager.zookeeper_client().expect("a ZooKeeper manager")
+            }
             other => other.client().expect("a bare peer has a client").clone(),
         };
         match client.list_children(&dir).await {

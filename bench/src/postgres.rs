@@ -72,7 +72,7 @@ impl Contender {
             Peer::Zklock => {
                 let manager = LockManager::builder(options.connect.clone())
                     .namespace(namespace)
-                    .lease(LEASE)
+                    .postgres(|pg| pg.lease(LEASE))
                     .local_queue(options.local_queue)
                     .fencing_tokens(options.fencing_tokens)
                     .connect()

@@ -155,18 +155,23 @@ impl Env {
     ) -> LockManager {
         let local = queue == Queue::Local;
         match self.backend {
-            Backend::Redis => configure(LockManager::builder(self.redis_url()).lease(REDIS_LEASE))
-                .local_queue(local)
-                .connect()
-                .await
-                .expect("connect to the test Redis"),
-            Backend::Postgres => configure(LockManager::builder(self.pg_url()).lease(PG_LEASE))
-                .local_queue(local)
-                .connect()
-                .await
-                .expect("connect to the test PostgreSQL"),
+            Backend::Redis => {
+                configure(LockManager::builder(self.redis_url()).redis(|r| r.lease(REDIS_LEASE)))
+                    .local_queue(local)
+                    .connect()
+                    .await
+                    .expect("connect to the test Redis")
+            }
+            Backend::Postgres => {
+                configure(LockManager::builder(self.pg_url()).postgres(|pg| pg.lease(PG_LEASE)))
+                    .local_queue(local)
+                    .connect()
+                    .await
+                    .expect("connect to the test PostgreSQL")
+            }
             Backend::Zookeeper => configure(
-                LockManager::builder(self.connect()).session_timeout(Duration::from_secs(4)),
+                LockManager::builder(self.connect())
+                    .zookeeper(|zk| zk.session_timeout(Duration::from_secs(4))),
             )
             .local_queue(local)
             .connect()
@@ -200,17 +205,21 @@ impl Env {
         };
         let lease = Duration::from_millis(lease_ms);
         match self.backend {
-            Backend::Redis => configure(LockManager::builder(self.redis_url()).lease(lease))
-                .connect()
-                .await
-                .expect("connect to the test Redis"),
-            Backend::Postgres => configure(LockManager::builder(self.pg_url()).lease(lease))
-                .connect()
-                .await
-                .expect("connect to the test PostgreSQL"),
+            Backend::Redis => {
+                configure(LockManager::builder(self.redis_url()).redis(|r| r.lease(lease)))
+                    .connect()
+                    .await
+                    .expect("connect to the test Redis")
+            }
+            Backend::Postgres => {
+                configure(LockManager::builder(self.pg_url()).postgres(|pg| pg.lease(lease)))
+                    .connect()
+                    .await
+                    .expect("connect to the test PostgreSQL")
+            }
             Backend::Zookeeper => configure(
                 LockManager::builder(self.connect())
-                    .session_timeout(lease.max(Duration::from_secs(4))),
+                    .zookeeper(|zk| zk.session_timeout(lease.max(Duration::from_secs(4)))),
             )
             .connect()
             .await

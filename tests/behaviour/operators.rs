@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// ZooKeeper-only features (revocation, `zk_client()`) fail in memory, on Redis and on
-/// PostgreSQL with `Error::Unsupported` naming the backend (`zk_client()` panics); the
+/// ZooKeeper-only features (revocation) fail in memory, on Redis and on PostgreSQL with
+/// `Error::Unsupported` naming the backend (there is no ZooKeeper client to hand out); the
 /// memory-only `lose` fails on ZooKeeper, Redis and PostgreSQL the same way.
 pub(crate) async fn backend_specific_features(backend: Backend) {
     let env = Env::start(backend);
@@ -30,9 +30,11 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 );
                 assert!(err.to_string().contains("redis"), "{err}");
             }
-            let client = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.zk_client()));
-            assert!(client.is_err(), "zk_client() panics on Redis");
-            assert_eq!(m.negotiated_session_timeout(), Duration::ZERO);
+            assert!(
+                m.zookeeper_client().is_none(),
+                "no ZooKeeper client on Redis"
+            );
+            assert_eq!(m.lease(), Some(REDIS_LEASE));
 
             // What Redis has instead: the hold is a key that names its holder, and the token
             // is the lock's fence counter.
@@ -65,7 +67,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 m.revoke_path("/some/lock").await.unwrap_err(),
                 m.lose("k", LossReason::SessionExpired).unwrap_err(),
                 LockManager::builder(env.pg_url())
-                    .revocable(true)
+                    .zookeeper(|zk| zk.revocable(true))
                     .connect()
                     .await
                     .unwrap_err(),
@@ -73,9 +75,11 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
             for err in &errors {
                 assert_unsupported(err, "postgres");
             }
-            let client = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.zk_client()));
-            assert!(client.is_err(), "zk_client() panics on PostgreSQL");
-            assert_eq!(m.negotiated_session_timeout(), Duration::ZERO);
+            assert!(
+                m.zookeeper_client().is_none(),
+                "no ZooKeeper client on PostgreSQL"
+            );
+            assert_eq!(m.lease(), Some(PG_LEASE));
 
             // What PostgreSQL has instead: the hold is an advisory lock on a session that names
             // its process, and the token is the key row's fence, which each grant raises.
@@ -134,9 +138,11 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 );
                 assert!(err.to_string().contains("memory"), "{err}");
             }
-            let client = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.zk_client()));
-            assert!(client.is_err(), "zk_client() panics in memory");
-            assert_eq!(m.negotiated_session_timeout(), Duration::ZERO);
+            assert!(
+                m.zookeeper_client().is_none(),
+                "no ZooKeeper client in memory"
+            );
+            assert_eq!(m.lease(), None);
             assert_eq!(m.stats(), Default::default());
 
             // What memory has instead: `lose`, for every recipe of the key.
@@ -170,8 +176,13 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
             assert_eq!(info.holders.len(), 1);
             assert_eq!(info.holders[0].token, held.fencing_token());
             assert_eq!(m.list("k").await.unwrap().len(), 1);
-            assert!(m.zk_client().list_children("/").await.is_ok());
-            assert!(m.negotiated_session_timeout() > Duration::ZERO);
+            assert!(m
+                .zookeeper_client()
+                .expect("a ZooKeeper manager")
+                .list_children("/")
+                .await
+                .is_ok());
+            assert!(m.lease().is_some_and(|t| t > Duration::ZERO));
             assert!(m.stats().requests > 0);
         }
     }

@@ -19,7 +19,7 @@ pub async fn manager(connect: &str) -> LockManager {
 
 pub async fn manager_with(connect: &str, session_timeout: Duration) -> LockManager {
     LockManager::builder(connect)
-        .session_timeout(session_timeout)
+        .zookeeper(|zk| zk.session_timeout(session_timeout))
         .connect()
         .await
         .expect("connect to the test server")
@@ -27,7 +27,12 @@ pub async fn manager_with(connect: &str, session_timeout: Duration) -> LockManag
 
 /// Children of `path`, empty when the path does not exist.
 pub async fn children(m: &LockManager, path: &str) -> Vec<String> {
-    match m.zk_client().list_children(path).await {
+    match m
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .list_children(path)
+        .await
+    {
         Ok(c) => c,
         Err(zookeeper_client::Error::NoNode) => vec![],
         Err(e) => panic!("list {path}: {e}"),
@@ -36,7 +41,7 @@ pub async fn children(m: &LockManager, path: &str) -> Vec<String> {
 
 /// Every znode path in the tree below `root` (excluding `/zookeeper`).
 pub async fn tree(m: &LockManager, root: &str) -> Vec<String> {
-    let client = m.zk_client();
+    let client = m.zookeeper_client().expect("a ZooKeeper manager");
     let mut out = vec![];
     let mut todo = vec![root.to_string()];
     while let Some(p) = todo.pop() {
@@ -81,7 +86,7 @@ pub async fn until_children(m: &LockManager, path: &str, n: usize) {
 /// with the same session id and password, then closed.
 pub async fn expire_session(m: &LockManager, connect: &str) {
     use zookeeper_client::SessionState;
-    let original = m.zk_client();
+    let original = m.zookeeper_client().expect("a ZooKeeper manager");
     let session = original.session().clone();
     let mut attempts = Vec::new();
     // A second handle attaches to the session (the server drops the original's connection) and
@@ -129,7 +134,8 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
 /// Deletes `held`'s node through `ops` (as an operator would), and checks that the hold says
 /// it is lost, because its node was deleted.
 pub async fn delete_and_see_it_lost(ops: &LockManager, held: &zklock::LockGuard) {
-    ops.zk_client()
+    ops.zookeeper_client()
+        .expect("a ZooKeeper manager")
         .delete(held.node_path(), None)
         .await
         .unwrap();
@@ -223,7 +229,7 @@ pub fn pg_server() -> zklock_testkit::PostgresServer {
 /// A manager on the PostgreSQL at `url`, with [`PG_LEASE`].
 pub async fn pg_manager(url: &str) -> LockManager {
     LockManager::builder(url)
-        .lease(PG_LEASE)
+        .postgres(|pg| pg.lease(PG_LEASE))
         .connect()
         .await
         .expect("connect to the test PostgreSQL")

@@ -269,13 +269,16 @@ pub fn recorded(token: FencingToken) -> u128 {
 }
 
 async fn lease_manager<S: LeaseServer>(url: &str, identity: &str, tokens: bool) -> LockManager {
-    LockManager::builder(url)
-        .lease(S::LEASE)
-        .identity(identity)
-        .fencing_tokens(tokens)
-        .connect()
-        .await
-        .expect("connect to the test server")
+    let builder = LockManager::builder(url);
+    match zklock::BackendKind::of(url).unwrap() {
+        zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(S::LEASE)),
+        _ => builder.redis(|r| r.lease(S::LEASE)),
+    }
+    .identity(identity)
+    .fencing_tokens(tokens)
+    .connect()
+    .await
+    .expect("connect to the test server")
 }
 
 /// How long a cut-off victim is left waiting before its future is dropped (`Cancel`).

@@ -333,7 +333,10 @@ where
 /// Counts the disconnections of `m`'s current session from now on (to prove a fault reached it).
 pub fn count_disconnections(m: &LockManager) -> Arc<AtomicU64> {
     let count = Arc::new(AtomicU64::new(0));
-    let mut watcher = m.zk_client().state_watcher();
+    let mut watcher = m
+        .zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .state_watcher();
     tokio::spawn({
         let count = count.clone();
         async move {

@@ -1,4 +1,4 @@
-//! The command line: the global options (where to connect, namespace, session timeout) and
+//! The command line: the global options (where to connect, namespace, each backend's own) and
 //! each command's arguments, as clap parses them, with the job rules clap cannot say.
 
 use std::time::Duration;
@@ -34,10 +34,14 @@ pub(crate) struct Cli {
     /// start of every lock's name)
     #[arg(long, global = true, env = "ZKLOCK_NAMESPACE", default_value = zklock_core::DEFAULT_NAMESPACE)]
     pub(crate) namespace: String,
-    /// How long a holder may go silent before it loses the lock: its lease on Redis and
-    /// PostgreSQL, its session timeout on ZooKeeper (e.g. 10s, 1500ms)
-    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
-    pub(crate) session_timeout: Duration,
+    /// How long a holder may go silent before it loses the lock: the session timeout asked of
+    /// the ZooKeeper servers (default 10s; e.g. 4s, 1500ms)
+    #[arg(long, global = true, value_parser = parse_duration, help_heading = "ZooKeeper")]
+    pub(crate) session_timeout: Option<Duration>,
+    /// How long a holder may go silent before it loses the lock: its lease on Redis, its
+    /// sessions' idle_session_timeout on PostgreSQL (default 10s; e.g. 4s, 1500ms)
+    #[arg(long, global = true, value_parser = parse_duration, help_heading = "Redis and PostgreSQL")]
+    pub(crate) lease: Option<Duration>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

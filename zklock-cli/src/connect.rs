@@ -3,20 +3,36 @@
 use std::future::Future;
 use std::time::Duration;
 
-use zklock_core::LockManager;
+use zklock_core::{BackendKind, LockManager};
 
 use crate::args::Cli;
 use crate::exit::fail;
 
-/// A manager for `--connect`, `--namespace` and `--session-timeout` (the lease on Redis and
-/// PostgreSQL).
+/// A manager for `--connect`, `--namespace` and the backend's own flags (`--session-timeout`
+/// on ZooKeeper, `--lease` on Redis and PostgreSQL). A flag of another backend than the one
+/// `--connect` names is refused: it would have no effect.
 pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
-    LockManager::builder(&cli.connect)
-        .namespace(&cli.namespace)
-        .session_timeout(cli.session_timeout)
-        .lease(cli.session_timeout)
-        .connect()
-        .await
+    let kind = BackendKind::of(&cli.connect)?;
+    let foreign = match kind {
+        BackendKind::ZooKeeper => cli.lease.map(|_| ("--lease", "--session-timeout")),
+        _ => cli
+            .session_timeout
+            .map(|_| ("--session-timeout", "--lease")),
+    };
+    if let Some((flag, instead)) = foreign {
+        return Err(zklock_core::Error::Config(format!(
+            "{flag} has no effect on {}; give {instead}",
+            kind.name()
+        )));
+    }
+    let builder = LockManager::builder(&cli.connect).namespace(&cli.namespace);
+    let builder = match (kind, cli.session_timeout, cli.lease) {
+        (BackendKind::ZooKeeper, Some(t), _) => builder.zookeeper(|zk| zk.session_timeout(t)),
+        (BackendKind::Redis, _, Some(lease)) => builder.redis(|r| r.lease(lease)),
+        (BackendKind::Postgres, _, Some(lease)) => builder.postgres(|pg| pg.lease(lease)),
+        _ => builder,
+    };
+    builder.connect().await
 }
 
 /// Lets background releases and cleanups reach the server before the process exits (at most

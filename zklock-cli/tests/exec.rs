@@ -11,7 +11,11 @@ use zklock_core::LockManager;
 use zklock_testkit::ZkServer;
 
 async fn children(m: &LockManager, path: &str) -> Vec<String> {
-    m.zk_client().list_children(path).await.unwrap_or_default()
+    m.zookeeper_client()
+        .expect("a ZooKeeper manager")
+        .list_children(path)
+        .await
+        .unwrap_or_default()
 }
 
 async fn until_children(m: &LockManager, path: &str, n: usize) {
@@ -67,7 +71,8 @@ async fn timeout_exits_75_and_lost_hold_exits_76() {
     until_children(&m, &path, 1).await;
     let node = children(&m, &path).await.pop().unwrap();
     let started = Instant::now();
-    m.zk_client()
+    m.zookeeper_client()
+        .expect("a ZooKeeper manager")
         .delete(&format!("{path}/{node}"), None)
         .await
         .unwrap();

@@ -39,12 +39,7 @@ fn timeout_exits_75_and_a_lost_lease_exits_76() {
 
     // The server stops answering past the holder's 1 s lease: the holder loses the lock, sends
     // its command SIGTERM and exits 76.
-    let holder = spawn_holder(
-        &redis.url(),
-        &["--session-timeout", "1s"],
-        "paused",
-        dir.path(),
-    );
+    let holder = spawn_holder(&redis.url(), &["--lease", "1s"], "paused", dir.path());
     redis.pause().unwrap();
     let out = holder.wait_with_output().unwrap();
     redis.resume().unwrap();

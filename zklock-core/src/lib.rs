@@ -60,8 +60,13 @@ mod types;
 
 pub use guard::LockGuard;
 pub use local::frame::current_fencing_token;
+#[cfg(feature = "postgres")]
+pub use manager::PostgresOptions;
+#[cfg(feature = "redis")]
+pub use manager::RedisOptions;
 pub use manager::{
-    global, set_global, Builder, LockManager, StatsSnapshot, DEFAULT_LEASE, DEFAULT_NAMESPACE,
+    global, set_global, BackendKind, Builder, LockManager, StatsSnapshot, ZooKeeperOptions,
+    DEFAULT_LEASE, DEFAULT_NAMESPACE,
 };
 pub use metrics::KeyLabel;
 pub use multi::{LockSpec, MultiGuard};

@@ -142,13 +142,17 @@ fn serve(args: ServeArgs) -> Result<ExitCode, BoxError> {
         let manager = if args.no_lock {
             None
         } else {
-            // Each backend takes the option it has: ZooKeeper the session timeout, Redis and
+            // Each backend takes the setting it has: ZooKeeper the session timeout, Redis and
             // PostgreSQL the lease.
-            let manager = LockManager::builder(args.lock.as_str())
-                .session_timeout(args.session_timeout)
-                .lease(args.session_timeout)
-                .connect()
-                .await?;
+            let builder = LockManager::builder(args.lock.as_str());
+            let silence = args.session_timeout;
+            let manager = match zklock::BackendKind::of(&args.lock)? {
+                zklock::BackendKind::Redis => builder.redis(|r| r.lease(silence)),
+                zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(silence)),
+                _ => builder.zookeeper(|zk| zk.session_timeout(silence)),
+            }
+            .connect()
+            .await?;
             Some(manager)
         };
         let store = Store::connect(&args.redis).await?;

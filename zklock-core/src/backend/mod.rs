@@ -50,6 +50,9 @@ pub(crate) static HOST_PID: once_cell::sync::Lazy<String> = once_cell::sync::Laz
 });
 
 /// A boxed, sendable future: what the seam's async methods return.
+/// The default lease of a hold on Redis and PostgreSQL (see their options' `lease`).
+pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A shared backend hold.
@@ -218,6 +221,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// How long the server keeps this backend's holds once it hears nothing from it (the
+    /// session timeout it granted, a lease), if it has such a bound.
+    fn lease(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// The ZooKeeper client handle of the current session, on the backend that has one.
     fn zookeeper_client(&self) -> Option<zookeeper_client::Client> {
         None
@@ -238,8 +247,6 @@ pub(crate) struct BackendStats {
 pub(crate) struct SessionInfo {
     /// The session's id.
     pub(crate) id: i64,
-    /// The session timeout the server granted.
-    pub(crate) timeout: std::time::Duration,
 }
 
 /// An optional ability: showing operators who holds a lock and who waits, read from what the

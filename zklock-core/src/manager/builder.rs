@@ -2,17 +2,23 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "postgres")]
+pub use crate::backend::postgres::PostgresOptions;
+#[cfg(feature = "redis")]
+pub use crate::backend::redis::RedisOptions;
+pub use crate::backend::zk::ZooKeeperOptions;
+pub use crate::backend::DEFAULT_LEASE;
 use crate::metrics::KeyLabel;
-use crate::types::disconnect::DisconnectPolicy;
 
 /// Options for a [`LockManager`](crate::LockManager), built with [`LockManager::builder`](crate::LockManager::builder).
 ///
 /// The connect string picks the backend: `host:port[,host:port...][/chroot]` is ZooKeeper;
 /// a URL `redis://[user:password@]host:port[/db]` (or `redis+unix:///path/to/socket`) is
 /// Redis (feature `redis`); a URL `postgres://[user[:password]@]host[:port]/db` (or
-/// `postgresql://`) is PostgreSQL (feature `postgres`). Most options apply to all; those that do not say so, and
-/// [`connect`](Self::connect) refuses a ZooKeeper-only option that would weaken safety on
-/// Redis (`digest_auth`, `tls`, `revocable`).
+/// `postgresql://`) is PostgreSQL (feature `postgres`). The options on this type apply to
+/// every backend; each backend's own settings go through its own method
+/// ([`zookeeper`](Self::zookeeper), `redis`, `postgres`) and type, and
+/// [`connect`](Self::connect) refuses those of a backend the connect string does not name.
 ///
 /// # Examples
 ///
@@ -23,20 +29,20 @@ use crate::types::disconnect::DisconnectPolicy;
 ///
 /// let manager = LockManager::builder("zk1:2181,zk2:2181,zk3:2181")
 ///     .namespace("/myapp/locks")
-///     .session_timeout(Duration::from_secs(10))
+///     .zookeeper(|zk| zk.session_timeout(Duration::from_secs(10)))
 ///     .connect()
 ///     .await?;
 ///
 /// // The same locks, guards and #[distributed_lock] on Redis: a holder that cannot renew
 /// // its 5 s lease loses the lock.
 /// let on_redis = LockManager::builder("redis://127.0.0.1:6379")
-///     .lease(Duration::from_secs(5))
+///     .redis(|r| r.lease(Duration::from_secs(5)))
 ///     .connect()
 ///     .await?;
 ///
 /// // And on PostgreSQL's advisory locks: the server ends a holding session silent for 5 s.
 /// let on_postgres = LockManager::builder("postgres://app@db.internal/app")
-///     .lease(Duration::from_secs(5))
+///     .postgres(|pg| pg.lease(Duration::from_secs(5)))
 ///     .connect()
 ///     .await?;
 /// # Ok(()) }
@@ -45,34 +51,26 @@ use crate::types::disconnect::DisconnectPolicy;
 pub struct Builder {
     pub(crate) connect: String,
     pub(crate) namespace: String,
-    pub(crate) session_timeout: Duration,
     pub(crate) connect_timeout: Option<Duration>,
-    /// The lease of a Redis hold.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) lease: Duration,
-    pub(crate) disconnect_policy: DisconnectPolicy,
-    pub(crate) renew_session: bool,
     pub(crate) local_queue: bool,
     pub(crate) max_local_handoffs: u32,
     pub(crate) linger: Duration,
     pub(crate) fencing_tokens: bool,
-    pub(crate) revocable: bool,
-    pub(crate) watch_held_nodes: bool,
     pub(crate) try_timeout: Duration,
     pub(crate) identity: Option<String>,
     /// Whether the metrics carry a `key` label.
     pub(crate) metrics_key_label: KeyLabel,
-    /// `user:password` for ZooKeeper's digest scheme; lock nodes are then protected by ACLs.
-    pub(crate) digest: Option<String>,
-    #[cfg(feature = "tls")]
-    pub(crate) tls: Option<zookeeper_client::TlsOptions>,
+    /// Each backend's own settings, when given (refused for a connect string that names
+    /// another backend).
+    pub(crate) zookeeper: Option<ZooKeeperOptions>,
+    #[cfg(feature = "redis")]
+    pub(crate) redis: Option<RedisOptions>,
+    #[cfg(feature = "postgres")]
+    pub(crate) postgres: Option<PostgresOptions>,
 }
 
 /// The default namespace under which lock znodes live.
 pub const DEFAULT_NAMESPACE: &str = "/zklock/locks";
-
-/// The default lease of a hold on Redis; see [`Builder::lease`](crate::Builder::lease).
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 impl Builder {
     /// Starts options for the given connect string: ZooKeeper's
@@ -87,23 +85,19 @@ impl Builder {
         Builder {
             connect: connect.into(),
             namespace: DEFAULT_NAMESPACE.to_string(),
-            session_timeout: Duration::from_secs(10),
             connect_timeout: None,
-            lease: DEFAULT_LEASE,
-            disconnect_policy: DisconnectPolicy::Immediate,
-            renew_session: true,
             local_queue: true,
             max_local_handoffs: 32,
             linger: Duration::ZERO,
             fencing_tokens: true,
-            revocable: false,
-            watch_held_nodes: true,
             try_timeout: Duration::from_secs(2),
             identity: None,
             metrics_key_label: KeyLabel::None,
-            digest: None,
-            #[cfg(feature = "tls")]
-            tls: None,
+            zookeeper: None,
+            #[cfg(feature = "redis")]
+            redis: None,
+            #[cfg(feature = "postgres")]
+            postgres: None,
         }
     }
 
@@ -118,21 +112,6 @@ impl Builder {
         self
     }
 
-    /// The session timeout asked of the server (default 10 s; the server clamps it to
-    /// `[2, 20] x tickTime` unless configured otherwise). A process that stops talking to
-    /// ZooKeeper for this long loses its locks. ZooKeeper only: on Redis, see
-    /// [`lease`](Self::lease).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let b = zklock_core::LockManager::builder("h:2181").session_timeout(Duration::from_secs(4));
-    /// # let _ = b;
-    /// ```
-    pub fn session_timeout(mut self, timeout: Duration) -> Builder {
-        self.session_timeout = timeout;
-        self
-    }
-
     /// How long [`connect`](Builder::connect) tries before giving up with
     /// [`Error::Unreachable`](crate::Error::Unreachable) (default: the session timeout). On Redis, how long opening each
     /// connection may take (default 5 s).
@@ -144,34 +123,6 @@ impl Builder {
     /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Builder {
         self.connect_timeout = Some(timeout);
-        self
-    }
-
-    /// What a disconnection means for held locks (default [`DisconnectPolicy::Immediate`]).
-    /// ZooKeeper only: on Redis a hold is lost as soon as a renewal fails (see
-    /// [`lease`](Self::lease)).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// use zklock_core::DisconnectPolicy;
-    /// let b = zklock_core::LockManager::builder("h:2181")
-    ///     .disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(1)));
-    /// # let _ = b;
-    /// ```
-    pub fn disconnect_policy(mut self, policy: DisconnectPolicy) -> Builder {
-        self.disconnect_policy = policy;
-        self
-    }
-
-    /// Whether the manager opens a new session after its session expires (default `true`).
-    /// Locks held by the expired session are reported lost either way. ZooKeeper only.
-    ///
-    /// ```
-    /// let b = zklock_core::LockManager::builder("h:2181").renew_session(false);
-    /// # let _ = b;
-    /// ```
-    pub fn renew_session(mut self, renew: bool) -> Builder {
-        self.renew_session = renew;
         self
     }
 
@@ -283,77 +234,6 @@ impl Builder {
         self
     }
 
-    /// Authenticates the session with ZooKeeper's `digest` scheme. Lock paths and contender
-    /// nodes are then created with the `creator_all` ACL: only sessions with the same
-    /// credentials can delete, revoke or queue on them, so another tenant cannot take your
-    /// locks away. ZooKeeper only: Redis credentials go in the URL
-    /// (`redis://user:password@host:6379`), and [`connect`](Self::connect) refuses this option
-    /// on Redis.
-    ///
-    /// ```
-    /// let b = zklock_core::LockManager::builder("h:2181").digest_auth("billing", "s3cret");
-    /// # let _ = b;
-    /// ```
-    pub fn digest_auth(mut self, user: &str, password: &str) -> Builder {
-        self.digest = Some(format!("{user}:{password}"));
-        self
-    }
-
-    /// Connects over TLS (the servers' `secureClientPort`), with zookeeper-client's options
-    /// (CA and client identity). Needs the `tls` feature. ZooKeeper only (refused on Redis).
-    ///
-    /// ```no_run
-    /// # fn run(ca_pem: &str) -> Result<(), zookeeper_client::Error> {
-    /// let tls = zookeeper_client::TlsOptions::default().with_pem_ca_certs(ca_pem)?;
-    /// let b = zklock_core::LockManager::builder("zk1:2281").tls(tls);
-    /// # let _ = b; Ok(()) }
-    /// ```
-    #[cfg(feature = "tls")]
-    pub fn tls(mut self, options: zookeeper_client::TlsOptions) -> Builder {
-        self.tls = Some(options);
-        self
-    }
-
-    /// Makes every hold of this manager revocable (see [`LockGuard::make_revocable`](crate::LockGuard::make_revocable)).
-    /// ZooKeeper only: [`connect`](Self::connect) on Redis refuses it with
-    /// [`Error::Unsupported`](crate::Error::Unsupported).
-    ///
-    /// ```
-    /// let b = zklock_core::LockManager::builder("h:2181").revocable(true);
-    /// # let _ = b;
-    /// ```
-    pub fn revocable(mut self, on: bool) -> Builder {
-        self.revocable = on;
-        self
-    }
-
-    /// Whether every held node is watched from the moment it is granted (default `true`).
-    /// ZooKeeper only: a Redis hold learns of a deleted lease at its next renewal.
-    ///
-    /// The watch is what tells a holder that someone else deleted its node (an operator, a
-    /// revocation): with it, [`is_held`](crate::LockGuard::is_held) turns false as soon as
-    /// this process has heard of the deletion. A hold granted on the listing that followed its
-    /// create, with no other node in the lock path, is watched through that listing's children
-    /// watch at no cost, and costs one read request (the node's data watch) only once the lock
-    /// path's children change (so its own deletion shows after that read); a hold granted
-    /// after waiting takes over the data watch its
-    /// waiter set on its own node, also at no cost. Either way each grant starts a task that
-    /// waits for the watch. Turned off, a grant starts no task and sends no watch request
-    /// until first interest (`lost()`, `is_held()`, `make_revocable()`, a `with_lock` body
-    /// that aborts on loss, a local handoff of the node), so the first `is_held()` after a
-    /// deletion may still answer `true`. Session loss is noticed either way. (Measured on an
-    /// uncontended cycle, turning it off saved no time: see BENCHMARKS.md.)
-    ///
-    /// ```
-    /// // No watch task per grant, at the price of a later notice of a deleted node.
-    /// let b = zklock_core::LockManager::builder("h:2181").watch_held_nodes(false);
-    /// # let _ = b;
-    /// ```
-    pub fn watch_held_nodes(mut self, on: bool) -> Builder {
-        self.watch_held_nodes = on;
-        self
-    }
-
     /// How long a `try_*` acquire (`try_lock`, `try_read`, `try_acquire`, ...) may take in all,
     /// when ZooKeeper is slow or unreachable (default 2 s). A try waits for no other holder,
     /// but it needs the server's answer: past this it fails with [`Error::Timeout`](crate::Error::Timeout) and leaves
@@ -402,30 +282,57 @@ impl Builder {
         self
     }
 
-    /// How long a hold on Redis lives without a renewal (default [`DEFAULT_LEASE`], 10 s; at
-    /// least 100 ms). Redis and PostgreSQL only: ZooKeeper holds live as long as their session.
+    /// The ZooKeeper backend's own settings (session, credentials, TLS, revocation, watches):
+    /// `options` gets the settings given so far (the defaults at first) and returns them
+    /// changed. [`connect`](Self::connect) refuses them with [`Error::Config`](crate::Error::Config)
+    /// when the connect string names another backend.
     ///
-    /// On PostgreSQL (at least 300 ms) it is the `idle_session_timeout` of the sessions that
-    /// hold advisory locks: they are checked every lease/3, a hold is reported lost at once
-    /// when its connection breaks or a check fails, and at 94% of the lease after the last
-    /// confirmed check otherwise, before the server ends a silent session and frees its locks.
-    ///
-    /// A watchdog renews every hold every lease/3 while it lives. The hold is reported lost
-    /// ([`LockGuard::lost`](crate::LockGuard::lost)) the moment a renewal fails, or when the
-    /// lease could have run out without a confirmed renewal: at 94% of the lease (less 2 ms)
-    /// after the last confirmed renewal was sent, leaving 1% + 2 ms for clock drift and 5% for
-    /// the process to notice and stop before the server lets another holder in. A
-    /// shorter lease hands a crashed holder's lock on sooner; a longer one survives longer
-    /// server or network stalls.
+    /// ```
+    /// # use std::time::Duration;
+    /// let b = zklock_core::LockManager::builder("zk1:2181,zk2:2181")
+    ///     .zookeeper(|zk| zk.session_timeout(Duration::from_secs(6)))
+    ///     .zookeeper(|zk| zk.revocable(true)); // adds to the settings before
+    /// # let _ = b;
+    /// ```
+    pub fn zookeeper(
+        mut self,
+        options: impl FnOnce(ZooKeeperOptions) -> ZooKeeperOptions,
+    ) -> Builder {
+        self.zookeeper = Some(options(self.zookeeper.take().unwrap_or_default()));
+        self
+    }
+
+    /// The Redis backend's own settings (the lease): `options` gets the settings given so far
+    /// (the defaults at first) and returns them changed. [`connect`](Self::connect) refuses
+    /// them with [`Error::Config`](crate::Error::Config) when the connect string names
+    /// another backend.
     ///
     /// ```
     /// # use std::time::Duration;
     /// let b = zklock_core::LockManager::builder("redis://127.0.0.1:6379")
-    ///     .lease(Duration::from_secs(3));
+    ///     .redis(|r| r.lease(Duration::from_secs(3)));
     /// # let _ = b;
     /// ```
-    pub fn lease(mut self, lease: Duration) -> Builder {
-        self.lease = lease;
+    #[cfg(feature = "redis")]
+    pub fn redis(mut self, options: impl FnOnce(RedisOptions) -> RedisOptions) -> Builder {
+        self.redis = Some(options(self.redis.take().unwrap_or_default()));
+        self
+    }
+
+    /// The PostgreSQL backend's own settings (the lease): `options` gets the settings given
+    /// so far (the defaults at first) and returns them changed. [`connect`](Self::connect)
+    /// refuses them with [`Error::Config`](crate::Error::Config) when the connect string
+    /// names another backend.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let b = zklock_core::LockManager::builder("postgres://app@db.internal/app")
+    ///     .postgres(|pg| pg.lease(Duration::from_secs(3)));
+    /// # let _ = b;
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres(mut self, options: impl FnOnce(PostgresOptions) -> PostgresOptions) -> Builder {
+        self.postgres = Some(options(self.postgres.take().unwrap_or_default()));
         self
     }
 }

@@ -1,6 +1,6 @@
-//! Connecting: the connect string's scheme picks the backend (the one scheme parser), the
-//! options are checked against what that backend can do, and the backend is opened. The only
-//! place above the seam that names a backend's constructor.
+//! Connecting: the connect string's scheme picks the backend (the one scheme parser,
+//! [`BackendKind::of`]), the settings are checked against that backend, and the backend is
+//! opened. With the builder, the only place above the seam that names a backend's types.
 
 use std::sync::Arc;
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -28,45 +28,67 @@ const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[cfg(feature = "postgres")]
 const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What [`Builder::check_lease_backend`](crate::Builder::check_lease_backend) says of one lease backend.
-#[cfg(any(feature = "redis", feature = "postgres"))]
-struct LeaseBackend {
-    /// As messages name it.
-    name: &'static str,
-    /// As [`Error::Unsupported`] names it.
-    id: &'static str,
-    /// A URL that carries credentials.
-    credentials: &'static str,
-    /// What to do instead of `Builder::tls`.
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-    tls: &'static str,
-    min_lease: Duration,
-    /// What goes out every lease/3 to keep a hold.
-    renewals: &'static str,
+/// Which backend a connect string names.
+///
+/// # Examples
+///
+/// ```
+/// use zklock_core::BackendKind;
+///
+/// assert_eq!(BackendKind::of("zk1:2181,zk2:2181/app")?, BackendKind::ZooKeeper);
+/// assert_eq!(BackendKind::of("redis://127.0.0.1:6379")?, BackendKind::Redis);
+/// assert_eq!(BackendKind::of("postgresql://app@db/app")?, BackendKind::Postgres);
+/// assert!(BackendKind::of("mysql://db").is_err());
+/// # Ok::<(), zklock_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// `host:port[,host:port…][/chroot]`.
+    ZooKeeper,
+    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`.
+    Redis,
+    /// `postgres://`, `postgresql://`.
+    Postgres,
 }
 
-/// Whether `connect` names a PostgreSQL server (`postgres://`, `postgresql://`).
-fn is_postgres_url(connect: &str) -> bool {
-    let lower = connect.trim_start().to_ascii_lowercase();
-    ["postgres://", "postgresql://"]
-        .iter()
-        .any(|scheme| lower.starts_with(scheme))
-}
+impl BackendKind {
+    /// The backend `connect` names, by its scheme (a ZooKeeper connect string has none).
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a scheme that no backend takes.
+    pub fn of(connect: &str) -> Result<BackendKind> {
+        let lower = connect.trim_start().to_ascii_lowercase();
+        let has = |schemes: &[&str]| schemes.iter().any(|s| lower.starts_with(s));
+        if has(&["redis://", "rediss://", "redis+unix://", "unix://"]) {
+            return Ok(BackendKind::Redis);
+        }
+        if has(&["postgres://", "postgresql://"]) {
+            return Ok(BackendKind::Postgres);
+        }
+        match connect.trim_start().split_once("://") {
+            None => Ok(BackendKind::ZooKeeper),
+            Some((scheme, _)) => Err(Error::Config(format!(
+                "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
+                 servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
+                 rediss://, redis+unix://, unix://), PostgreSQL as postgres://user@host/db",
+                redacted(connect)
+            ))),
+        }
+    }
 
-/// Whether `connect` names a Redis server rather than ZooKeeper servers.
-fn is_redis_url(connect: &str) -> bool {
-    let lower = connect.trim_start().to_ascii_lowercase();
-    ["redis://", "rediss://", "redis+unix://", "unix://"]
-        .iter()
-        .any(|scheme| lower.starts_with(scheme))
-}
-
-/// The scheme of `connect` when it names one (`foo://…`) that no backend takes: a ZooKeeper
-/// connect string is `host:port[,host:port…][/chroot]` with no scheme.
-fn unknown_scheme(connect: &str) -> Option<&str> {
-    let (scheme, _) = connect.trim_start().split_once("://")?;
-    let known = is_redis_url(connect) || is_postgres_url(connect);
-    (!known).then_some(scheme)
+    /// The backend's name as messages give it: `ZooKeeper`, `Redis`, `PostgreSQL`.
+    ///
+    /// ```
+    /// assert_eq!(zklock_core::BackendKind::Postgres.name(), "PostgreSQL");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::ZooKeeper => "ZooKeeper",
+            BackendKind::Redis => "Redis",
+            BackendKind::Postgres => "PostgreSQL",
+        }
+    }
 }
 
 /// `connect` without the password a URL may carry.
@@ -81,15 +103,17 @@ pub(crate) fn redacted(connect: &str) -> String {
 }
 
 impl Builder {
-    /// Opens the session (ZooKeeper) or the connection (Redis) and returns the manager.
+    /// Opens the backend the connect string names (a ZooKeeper session, Redis or PostgreSQL
+    /// connections) and returns the manager.
     ///
-    /// Must run inside a tokio runtime, which then serves the session.
+    /// Must run inside a tokio runtime, which then serves the backend's background work.
     ///
     /// # Errors
-    /// [`Error::Config`] for a bad namespace or option (a connect string whose scheme no
-    /// backend takes, a Redis URL without the `redis` feature, a ZooKeeper-only option on
-    /// Redis), [`Error::Unreachable`] when no ZooKeeper
-    /// server answers in time, [`Error::Redis`](Error) when the Redis server does not.
+    /// [`Error::Config`] for a bad namespace or setting: a connect string whose scheme no
+    /// backend takes, a Redis or PostgreSQL URL without its feature, settings of a backend
+    /// the connect string does not name, a lease too short; [`Error::Unreachable`] when no
+    /// ZooKeeper server answers in time, [`Error::Redis`](Error) or
+    /// [`Error::Postgres`](Error) when the server does not.
     pub async fn connect(self) -> Result<LockManager> {
         // A namespace is configuration, not an argument of a call.
         validate_path(&self.namespace, "namespace").map_err(|e| match e {
@@ -109,93 +133,83 @@ impl Builder {
                 id.len()
             )));
         }
-        if let Some(scheme) = unknown_scheme(&self.connect) {
-            return Err(Error::Config(format!(
-                "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
-                 servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
-                 rediss://, redis+unix://, unix://), PostgreSQL as postgres://user@host/db",
-                redacted(&self.connect)
-            )));
+        let kind = BackendKind::of(&self.connect)?;
+        self.refuse_other_backends(kind)?;
+        match kind {
+            BackendKind::ZooKeeper => self.connect_zookeeper().await,
+            BackendKind::Redis => self.connect_redis().await,
+            BackendKind::Postgres => self.connect_postgres().await,
         }
-        if is_redis_url(&self.connect) {
-            return self.connect_redis().await;
-        }
-        if is_postgres_url(&self.connect) {
-            return self.connect_postgres().await;
-        }
-        let session = SessionOwner::connect(SessionConfig {
-            connect: self.connect.clone(),
-            session_timeout: self.session_timeout,
-            connect_timeout: self.connect_timeout,
-            disconnect_policy: self.disconnect_policy,
-            renew_session: self.renew_session,
-            digest: self.digest.clone(),
-            #[cfg(feature = "tls")]
-            tls: self.tls.clone(),
-        })
-        .await?;
-        let zk = Arc::new(ZkBackend::new(
-            session,
-            ZkConfig {
-                revocable: self.revocable,
-                watch_held_nodes: self.watch_held_nodes,
-                identity: self.identity.clone(),
-                protected: self.digest.is_some(),
-                owner: self.digest.as_deref().map(crate::backend::zk::digest_id),
-            },
-        ));
-        Ok(LockManager::assemble(zk as Arc<dyn Backend>, &self))
     }
 
-    /// Refuses what a lease backend (Redis, PostgreSQL) cannot do: ZooKeeper's options, and a
-    /// lease too short for its renewals.
-    #[cfg(any(feature = "redis", feature = "postgres"))]
-    fn check_lease_backend(&self, b: &LeaseBackend) -> Result<()> {
-        let zookeeper_only = |option: &str, instead: &str| {
-            Error::Config(format!(
-                "{option} is a ZooKeeper option and has no effect on {}; {instead}",
-                b.name
-            ))
-        };
-        if self.digest.is_some() {
-            return Err(zookeeper_only(
-                "digest_auth",
-                &format!("put {} credentials in the URL ({})", b.name, b.credentials),
-            ));
-        }
-        #[cfg(feature = "tls")]
-        if self.tls.is_some() {
-            return Err(zookeeper_only("tls", b.tls));
-        }
-        if self.revocable {
-            return Err(Error::Unsupported {
-                backend: b.id,
-                feature: "revocation (Builder::revocable)",
-            });
-        }
-        if self.lease < b.min_lease {
-            return Err(Error::Config(format!(
-                "the lease is {:?}; give at least {:?} ({} go out every lease/3)",
-                self.lease, b.min_lease, b.renewals
-            )));
+    /// Refuses the settings of a backend other than `kind`: they would be silently ignored.
+    fn refuse_other_backends(&self, kind: BackendKind) -> Result<()> {
+        let given = [
+            (
+                BackendKind::ZooKeeper,
+                "zookeeper",
+                self.zookeeper.is_some(),
+            ),
+            #[cfg(feature = "redis")]
+            (BackendKind::Redis, "redis", self.redis.is_some()),
+            #[cfg(feature = "postgres")]
+            (BackendKind::Postgres, "postgres", self.postgres.is_some()),
+        ];
+        for (other, method, set) in given {
+            if set && other != kind {
+                return Err(Error::Config(format!(
+                    "{} settings were given (Builder::{method}), but the connect string {} names \
+                     {}: they would have no effect; give {} settings through Builder::{}",
+                    other.name(),
+                    redacted(&self.connect),
+                    kind.name(),
+                    kind.name(),
+                    match kind {
+                        BackendKind::ZooKeeper => "zookeeper",
+                        BackendKind::Redis => "redis",
+                        BackendKind::Postgres => "postgres",
+                    }
+                )));
+            }
         }
         Ok(())
+    }
+
+    /// Connects the ZooKeeper backend.
+    async fn connect_zookeeper(self) -> Result<LockManager> {
+        let zk = self.zookeeper.clone().unwrap_or_default();
+        let session = SessionOwner::connect(SessionConfig {
+            connect: self.connect.clone(),
+            session_timeout: zk.session_timeout,
+            connect_timeout: self.connect_timeout,
+            disconnect_policy: zk.disconnect_policy,
+            renew_session: zk.renew_session,
+            digest: zk.digest.clone(),
+            #[cfg(feature = "tls")]
+            tls: zk.tls.clone(),
+        })
+        .await?;
+        let backend = Arc::new(ZkBackend::new(
+            session,
+            ZkConfig {
+                revocable: zk.revocable,
+                watch_held_nodes: zk.watch_held_nodes,
+                identity: self.identity.clone(),
+                protected: zk.digest.is_some(),
+                owner: zk.digest.as_deref().map(crate::backend::zk::digest_id),
+            },
+        ));
+        Ok(LockManager::assemble(backend as Arc<dyn Backend>, &self))
     }
 
     /// Connects the Redis backend.
     #[cfg(feature = "redis")]
     async fn connect_redis(self) -> Result<LockManager> {
-        self.check_lease_backend(&LeaseBackend {
-            name: "Redis",
-            id: "redis",
-            credentials: "redis://user:password@host:6379",
-            tls: "TLS to Redis (rediss://) is not built in; use a TLS tunnel",
-            min_lease: MIN_LEASE,
-            renewals: "renewals",
-        })?;
+        let lease = self.redis.clone().unwrap_or_default().lease;
+        check_lease("Redis", lease, MIN_LEASE, "renewals")?;
         let backend = RedisBackend::connect(RedisConfig {
             url: self.connect.clone(),
-            lease: self.lease,
+            lease,
             connect_timeout: self
                 .connect_timeout
                 .unwrap_or(DEFAULT_REDIS_CONNECT_TIMEOUT),
@@ -209,17 +223,11 @@ impl Builder {
     /// Connects the PostgreSQL backend.
     #[cfg(feature = "postgres")]
     async fn connect_postgres(self) -> Result<LockManager> {
-        self.check_lease_backend(&LeaseBackend {
-            name: "PostgreSQL",
-            id: "postgres",
-            credentials: "postgres://user:password@host/db",
-            tls: "TLS to PostgreSQL is not built in; use a TLS tunnel",
-            min_lease: postgres::MIN_LEASE,
-            renewals: "liveness checks",
-        })?;
+        let lease = self.postgres.clone().unwrap_or_default().lease;
+        check_lease("PostgreSQL", lease, postgres::MIN_LEASE, "liveness checks")?;
         let backend = PostgresBackend::connect(PostgresConfig {
             url: self.connect.clone(),
-            lease: self.lease,
+            lease,
             connect_timeout: self
                 .connect_timeout
                 .unwrap_or(DEFAULT_POSTGRES_CONNECT_TIMEOUT),
@@ -249,6 +257,18 @@ impl Builder {
                 .into(),
         ))
     }
+}
+
+/// Refuses a lease too short for what goes out every lease/3 to keep a hold (`renewals`).
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn check_lease(backend: &str, lease: Duration, min: Duration, renewals: &str) -> Result<()> {
+    if lease < min {
+        return Err(Error::Config(format!(
+            "the {backend} lease is {lease:?}; give at least {min:?} ({renewals} go out every \
+             lease/3)"
+        )));
+    }
+    Ok(())
 }
 
 /// A new in-memory backend (one lock table).

@@ -15,8 +15,13 @@ use std::time::Duration;
 
 use zookeeper_client::Client;
 
-pub use builder::{Builder, DEFAULT_LEASE, DEFAULT_NAMESPACE};
+#[cfg(feature = "postgres")]
+pub use builder::PostgresOptions;
+#[cfg(feature = "redis")]
+pub use builder::RedisOptions;
+pub use builder::{Builder, ZooKeeperOptions, DEFAULT_LEASE, DEFAULT_NAMESPACE};
 pub(crate) use connect::redacted;
+pub use connect::BackendKind;
 pub use global::{global, set_global};
 
 use crate::backend::Backend;
@@ -86,8 +91,6 @@ pub(crate) struct Inner {
     pub(crate) namespace: String,
     /// Where it connects, for `Debug` and errors (`memory` for the in-memory backend).
     connect: String,
-    /// The session timeout asked for (ZooKeeper only).
-    session_timeout: Duration,
 }
 
 impl std::fmt::Debug for LockManager {
@@ -143,34 +146,22 @@ impl LockManager {
         &self.inner.namespace
     }
 
-    /// The session timeout that was asked for.
+    /// How long the server keeps this manager's holds once it hears nothing from the process
+    /// (a pause, a partition, a crash): the session timeout the ZooKeeper server granted to
+    /// the current session (servers clamp the one asked for to `[minSessionTimeout,
+    /// maxSessionTimeout]`, by default `[2, 20] x tickTime`), the lease on Redis and
+    /// PostgreSQL; `None` in memory. Past it another process can be granted the key, and this
+    /// process reports its holds lost before that.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) {
-    /// println!("{:?}", m.session_timeout());
-    /// # }
-    /// ```
-    pub fn session_timeout(&self) -> Duration {
-        self.inner.session_timeout
-    }
-
-    /// The session timeout the server granted to the current session: servers clamp the one
-    /// asked for to `[minSessionTimeout, maxSessionTimeout]` (by default `[2, 20] x tickTime`).
-    /// A process that stops talking to ZooKeeper this long loses its locks.
-    ///
-    /// ```no_run
-    /// # async fn run(m: zklock_core::LockManager) {
-    /// if m.negotiated_session_timeout() < m.session_timeout() {
-    ///     eprintln!("the server shortened the session timeout");
+    /// if let Some(lease) = m.lease() {
+    ///     println!("a silent holder loses its locks within {lease:?}");
     /// }
     /// # }
     /// ```
-    pub fn negotiated_session_timeout(&self) -> Duration {
-        self.inner
-            .core
-            .backend
-            .session()
-            .map_or(Duration::ZERO, |session| session.timeout)
+    pub fn lease(&self) -> Option<Duration> {
+        self.inner.core.backend.lease()
     }
 
     /// The znode path of the lock for `key` (namespace + encoded key).
@@ -299,22 +290,20 @@ impl LockManager {
         }
     }
 
-    /// The underlying zookeeper-client handle of the current session (for inspection and tests).
+    /// The zookeeper-client handle of the current ZooKeeper session, for requests of your own
+    /// beside the locks (inspection, [`ZkFence`](crate::fence::ZkFence)); `None` on a manager
+    /// on another backend.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) {
-    /// let children = m.zk_client().list_children("/zklock/locks").await;
-    /// # let _ = children; }
+    /// if let Some(client) = m.zookeeper_client() {
+    ///     let children = client.list_children("/zklock/locks").await;
+    ///     # let _ = children;
+    /// }
+    /// # }
     /// ```
-    ///
-    /// # Panics
-    /// On a manager that is not on ZooKeeper ([`LockManager::in_memory`](crate::LockManager::in_memory), Redis).
-    pub fn zk_client(&self) -> Client {
-        self.inner
-            .core
-            .backend
-            .zookeeper_client()
-            .expect("zk_client() needs a LockManager on ZooKeeper; this one is on another backend")
+    pub fn zookeeper_client(&self) -> Option<Client> {
+        self.inner.core.backend.zookeeper_client()
     }
 
     fn assemble(backend: Arc<dyn Backend>, builder: &Builder) -> LockManager {
@@ -334,7 +323,6 @@ impl LockManager {
                 }),
                 namespace: builder.namespace.clone(),
                 connect: builder.connect.clone(),
-                session_timeout: builder.session_timeout,
             }),
         }
     }

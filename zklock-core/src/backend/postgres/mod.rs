@@ -58,6 +58,7 @@ mod conn;
 mod hold;
 mod hub;
 mod inspect;
+mod options;
 mod sql;
 
 use std::collections::HashMap;
@@ -78,6 +79,7 @@ use crate::types::token::FencingToken;
 use conn::{ConnConfig, HoldConn, Pool, Reservation};
 use hold::PgHold;
 use hub::{Hub, Listener, WaiterWatch};
+pub use options::PostgresOptions;
 
 /// The longest any single request waits for its reply; shorter when the lease is.
 const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -838,6 +840,10 @@ impl PostgresBackend {
 }
 
 impl Backend for PostgresBackend {
+    fn lease(&self) -> Option<Duration> {
+        Some(self.inner.cc.lease)
+    }
+
     fn name(&self) -> &'static str {
         "postgres"
     }

@@ -45,6 +45,7 @@ mod hub;
 mod inspect;
 mod keys;
 mod lease;
+mod options;
 mod scripts;
 mod watchdog;
 
@@ -62,6 +63,7 @@ use conn::{transient, Background, Breaks, Conn};
 use hold::{RedisHold, Side};
 use hub::{Hub, Listener};
 use keys::Keys;
+pub use options::RedisOptions;
 
 /// The longest any single request waits for its reply (acquire attempts, releases); shorter
 /// when the lease is.
@@ -622,6 +624,10 @@ impl RedisBackend {
 }
 
 impl Backend for RedisBackend {
+    fn lease(&self) -> Option<Duration> {
+        Some(self.inner.lease)
+    }
+
     fn name(&self) -> &'static str {
         "redis"
     }

@@ -5,6 +5,7 @@ pub(crate) mod contender;
 pub(crate) mod hold;
 mod inspect;
 pub(crate) mod node;
+mod options;
 pub(crate) mod protocol;
 pub(crate) mod queue;
 pub(crate) mod semaphore;
@@ -21,6 +22,7 @@ use super::{
 };
 use crate::types::error::Result;
 use crate::types::mode::{LockMode, Wait};
+pub use options::ZooKeeperOptions;
 pub(crate) use protocol::digest_id;
 use queue::NodeKind;
 use session::Session;
@@ -272,8 +274,11 @@ impl Backend for ZkBackend {
         let client = self.inner.session.client();
         Some(SessionInfo {
             id: client.session_id().0,
-            timeout: client.session_timeout(),
         })
+    }
+
+    fn lease(&self) -> Option<std::time::Duration> {
+        Some(self.inner.session.client().session_timeout())
     }
 
     fn zookeeper_client(&self) -> Option<zookeeper_client::Client> {
