@@ -66,11 +66,6 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 m.revoke("k").await.unwrap_err(),
                 m.revoke_path("/some/lock").await.unwrap_err(),
                 m.lose("k", LossReason::SessionExpired).unwrap_err(),
-                LockManager::builder(env.pg_url())
-                    .zookeeper(|zk| zk.revocable(true))
-                    .connect()
-                    .await
-                    .unwrap_err(),
             ];
             for err in &errors {
                 assert_unsupported(err, "postgres");
