@@ -35,12 +35,14 @@ use crate::metrics::KeyLabel;
 ///
 /// // The same locks, guards and #[distributed_lock] on Redis: a holder that cannot renew
 /// // its 5 s lease loses the lock.
+/// # #[cfg(feature = "redis")]
 /// let on_redis = LockManager::builder("redis://127.0.0.1:6379")
 ///     .redis(|r| r.lease(Duration::from_secs(5)))
 ///     .connect()
 ///     .await?;
 ///
 /// // And on PostgreSQL's advisory locks: the server ends a holding session silent for 5 s.
+/// # #[cfg(feature = "postgres")]
 /// let on_postgres = LockManager::builder("postgres://app@db.internal/app")
 ///     .postgres(|pg| pg.lease(Duration::from_secs(5)))
 ///     .connect()

@@ -22,7 +22,7 @@
 //!   The wait ends by the statement's own `lock_timeout` at the deadline; an acquire dropped
 //!   before cancels it from another session (see [`HoldConn::cancel`]: the cancel cannot
 //!   reach any later statement of the waiting session) and then sends an undo, which releases
-//!   a lock granted just as it was dropped (see [`Unfinished`]). A statement of an acquire
+//!   a lock granted just as it was dropped (see [`Unfinished`](acquire::Unfinished)). A statement of an acquire
 //!   cancelled by anyone else (`pg_cancel_backend` by an operator) is sent again, within the
 //!   acquire's deadline. A waiting connection that breaks held nothing: the acquire
 //!   waits again on another one, at the back of the queue.
@@ -54,6 +54,7 @@
 //! Advisory locks need a real session: behind PgBouncer in transaction pooling mode they do
 //! not work (use session pooling or a direct connection).
 
+mod acquire;
 mod conn;
 mod hold;
 mod hub;
@@ -65,7 +66,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use futures::FutureExt;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
@@ -73,12 +73,10 @@ use super::undos::Undos;
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::background::Background;
 use crate::types::error::{Error, PostgresError, Result};
-use crate::types::loss::LossReason;
 use crate::types::mode::{LockMode, Wait};
-use crate::types::token::FencingToken;
-use conn::{ConnConfig, HoldConn, Pool, Reservation};
-use hold::PgHold;
-use hub::{Hub, Listener, WaiterWatch};
+use acquire::Acquire;
+use conn::{ConnConfig, HoldConn, Pool};
+use hub::Hub;
 pub use options::PostgresOptions;
 
 /// The longest any single request waits for its reply; shorter when the lease is.
@@ -263,145 +261,6 @@ impl Inner {
     }
 }
 
-/// A lock id reserved for an acquire on a connection, and what the acquire may have left
-/// there: undone in the background when dropped armed, and the id given back after.
-struct Unfinished {
-    inner: Arc<Inner>,
-    reservation: Option<Reservation>,
-    shared: bool,
-    /// A writer's intent is held on the connection.
-    intent: bool,
-    /// The lock may be held by this acquire (a statement was sent and no answer says it is not).
-    armed: bool,
-    /// The connection is given to this acquire's wait in the server's queue
-    /// ([`HoldConn::try_block`]).
-    blocked: bool,
-    /// A wait in the server's queue that may still run.
-    in_flight: Option<InFlight>,
-    /// The permit of a wait in the server's queue, given back with the connection (once a
-    /// dropped wait is ended), so that no more connections wait than permits.
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// A wait in the server's queue under way: its statement's answer, and when its
-/// `lock_timeout` ends it on the server.
-struct InFlight {
-    ends: tokio::time::Instant,
-    answer: BoxFuture<'static, Result<Vec<tokio_postgres::Row>, PostgresError>>,
-}
-
-impl Unfinished {
-    fn new(
-        inner: &Arc<Inner>,
-        reservation: Reservation,
-        shared: bool,
-        blocked: bool,
-    ) -> Unfinished {
-        Unfinished {
-            inner: inner.clone(),
-            reservation: Some(reservation),
-            shared,
-            intent: false,
-            armed: false,
-            blocked,
-            in_flight: None,
-            permit: None,
-        }
-    }
-}
-
-impl Unfinished {
-    fn conn(&self) -> &Arc<HoldConn> {
-        &self.reservation.as_ref().expect("reserved").conn
-    }
-
-    fn id(&self) -> i32 {
-        self.reservation.as_ref().expect("reserved").id
-    }
-}
-
-impl Drop for Unfinished {
-    fn drop(&mut self) {
-        let Some(reservation) = self.reservation.take() else {
-            return;
-        };
-        if !self.armed && !self.intent && !self.blocked {
-            return;
-        }
-        let (shared, intent, armed, blocked) = (self.shared, self.intent, self.armed, self.blocked);
-        let in_flight = self.in_flight.take();
-        let permit = self.permit.take();
-        let undoing = self.inner.undos.start(&reservation.id);
-        let inner = self.inner.clone();
-        self.inner.background.spawn(&self.inner.runtime, async move {
-            let conn = &reservation.conn;
-            let id = reservation.id;
-            if let Some(flight) = in_flight {
-                if !ended(&inner, conn, flight).await {
-                    conn.kill(LossReason::Disconnected);
-                }
-            }
-            if conn.reason().is_none() {
-                if armed || intent {
-                    let sent = tokio::time::Instant::now();
-                    let undone = conn
-                        .run(conn.client().query_typed(
-                            sql::UNDO,
-                            &[(&id, Type::INT4), (&shared, Type::BOOL), (&intent, Type::BOOL)],
-                        ))
-                        .await;
-                    match undone {
-                        Ok(_) if blocked => conn.unblock(Some(sent)),
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::warn!(lock = id, error = %e, "zklock: could not undo a PostgreSQL acquire; closing its connection, which releases what it held");
-                            conn.kill(LossReason::Disconnected);
-                        }
-                    }
-                } else if blocked {
-                    conn.unblock(None);
-                }
-            }
-            drop(reservation);
-            drop(permit);
-            drop(undoing);
-        });
-    }
-}
-
-/// Ends a wait in the server's queue whose acquire was dropped: cancels it unless its
-/// `lock_timeout` is about to end it, and waits for its answer. Whether the connection may be
-/// used again (then the caller undoes whatever the wait got): the wait answered (granted, out
-/// of time, or cancelled), and either no cancel was needed or the server confirmed that it
-/// signalled the session, which it does before anything else can be sent on it (see
-/// [`HoldConn::cancel`]): a signal that finds the wait over finds the session idle and is
-/// ignored. When the cancel could not be confirmed, the wait may go on, or the signal arrive
-/// later: the connection is closed then (`false`), which releases what the session holds.
-async fn ended(inner: &Inner, conn: &HoldConn, flight: InFlight) -> bool {
-    if conn.reason().is_some() {
-        return false;
-    }
-    let cancel = flight.ends > tokio::time::Instant::now() + CANCEL_UNLESS_WITHIN;
-    if cancel && !inner.cancel(conn).await {
-        return false;
-    }
-    // Bounded: the wait's statement has its own limit.
-    match flight.answer.await {
-        Ok(_) => true,
-        Err(e) => !e.is_transient(),
-    }
-}
-
-/// What an attempt found.
-enum Attempt {
-    /// Granted, with the token, whether a waiter was registered then, and the watch for
-    /// waiters registering since.
-    Granted(i64, bool, WaiterWatch),
-    /// The lock is held on the session, but the key table's row no longer names the path.
-    Stale,
-    Taken,
-}
-
 /// The PostgreSQL backend; see [`LockManager::connect`](crate::LockManager::connect).
 pub(crate) struct PostgresBackend {
     inner: Arc<Inner>,
@@ -465,378 +324,6 @@ impl PostgresBackend {
             .map_err(pg_error("create the table zklock_keys"))?;
         Ok(PostgresBackend { inner })
     }
-
-    /// One attempt on `unfinished`'s connection: one statement that tries the lock and, if it
-    /// got it, takes the grant's token from the key row (see "Tokens" in the module docs of
-    /// [`sql`]).
-    async fn attempt(
-        &self,
-        unfinished: &mut Unfinished,
-        path: &str,
-        shared: bool,
-    ) -> Result<Attempt, PostgresError> {
-        let id = unfinished.id();
-        let conn = unfinished.conn().clone();
-        let statements = conn.statements().await?;
-        // Before the attempt: a waiter registering after it is not missed.
-        let waiters = self.inner.hub.watch_waiters(id);
-        unfinished.armed = true;
-        let attempt = if shared {
-            &statements.try_shared
-        } else {
-            &statements.try_exclusive
-        };
-        let rows = conn
-            .run(conn.client().query(attempt, &[&id, &path]))
-            .await?;
-        let row = rows.first();
-        if !row.is_some_and(|r| r.get::<_, bool>(0)) {
-            unfinished.armed = false;
-            return Ok(Attempt::Taken);
-        }
-        let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
-        Ok(match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
-            Some(token) => Attempt::Granted(token, waiting, waiters),
-            // The row no longer names the path: nothing was written.
-            None => Attempt::Stale,
-        })
-    }
-
-    /// One wait in the server's lock queue on `unfinished`'s connection, given to it: one
-    /// statement that blocks in `pg_advisory_lock` (or `_shared`) until the server grants the
-    /// lock, then takes the grant's token as [`attempt`](Self::attempt) does. The wait lasts
-    /// until the caller's deadline or [`QUEUE_SLICE`] (the statement's `lock_timeout`); then
-    /// `Taken`, with whatever the statement may have got undone, and the connection still
-    /// given to the acquire for its next wait.
-    async fn block(
-        &self,
-        unfinished: &mut Unfinished,
-        path: &str,
-        shared: bool,
-        wait: Wait,
-    ) -> Result<Attempt, PostgresError> {
-        let inner = &self.inner;
-        let id = unfinished.id();
-        let conn = unfinished.conn().clone();
-        let statements = conn.statements().await?;
-        let now = tokio::time::Instant::now();
-        let limit = match wait {
-            Wait::Until(deadline, _) => deadline.saturating_duration_since(now),
-            _ => QUEUE_SLICE,
-        }
-        .clamp(Duration::from_millis(1), QUEUE_SLICE);
-        let lock_timeout = format!("{}ms", limit.as_millis().max(1));
-        let statement = if shared {
-            &statements.block_shared
-        } else {
-            &statements.block_exclusive
-        };
-        // Before the wait: a waiter registering after the grant is not missed.
-        let waiters = inner.hub.watch_waiters(id);
-        unfinished.armed = true;
-        let sent = tokio::time::Instant::now();
-        // Owned, so that a dropped acquire can still wait for its answer (see `ended`).
-        let answer: BoxFuture<'static, _> = Box::pin({
-            let (conn, statement, path) = (conn.clone(), statement.clone(), path.to_string());
-            let bound = limit + inner.cc.reply_timeout;
-            async move {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                    [&id, &path, &lock_timeout];
-                conn.run_blocking(conn.client().query(&statement, &params), bound)
-                    .await
-            }
-        });
-        let flight = unfinished.in_flight.insert(InFlight {
-            ends: sent + limit,
-            answer,
-        });
-        // A wait not granted at once is registered, so that holders learn of it (see the
-        // module docs of `sql`); one granted at once is not (a process that takes a free key
-        // again and again would find its own registration, and believe someone waits).
-        let mut _queued = None;
-        let rows = tokio::select! {
-            biased;
-            rows = &mut flight.answer => rows,
-            _ = tokio::time::sleep(QUEUE_NOTICE) => {
-                _queued = Some(inner.hub.queued(id));
-                (&mut flight.answer).await
-            }
-        };
-        unfinished.in_flight = None;
-        let rows = match rows {
-            Ok(rows) => rows,
-            Err(e) if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                // The wait ran out, perhaps after the lock was got (in the row's update).
-                conn.run(conn.client().query_typed(
-                    sql::UNDO,
-                    &[
-                        (&id, Type::INT4),
-                        (&shared, Type::BOOL),
-                        (&false, Type::BOOL),
-                    ],
-                ))
-                .await?;
-                unfinished.armed = false;
-                return Ok(Attempt::Taken);
-            }
-            Err(e) => return Err(e),
-        };
-        // The session answered after the wait ended: the server counts its idle timeout from
-        // then, no earlier than the statement's sending; after a long wait, ask it again.
-        let answered = if inner.cc.deadline(sent) < tokio::time::Instant::now() + inner.cc.lease / 3
-        {
-            let ping = tokio::time::Instant::now();
-            conn.run(conn.client().simple_query(sql::PING)).await?;
-            ping
-        } else {
-            sent
-        };
-        conn.unblock(Some(answered));
-        unfinished.blocked = false;
-        let row = rows.first();
-        let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
-        Ok(match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
-            Some(token) => Attempt::Granted(token, waiting, waiters),
-            None => Attempt::Stale,
-        })
-    }
-
-    /// Acquires a hold of `target` (`shared` for a reader; `writer` takes an intent while it
-    /// waits), waiting as `wait` says: in the server's lock queue while fewer than
-    /// [`QUEUED_WAITS`] acquires of this backend do, else by retrying on notified releases.
-    async fn acquire_hold(
-        &self,
-        target: &LockTarget,
-        shared: bool,
-        writer: bool,
-        wait: Wait,
-    ) -> Result<Option<PgHold>> {
-        let inner = &self.inner;
-        let mut unfinished: Option<Unfinished> = None;
-        let mut listener: Option<Listener> = None;
-        let mut pause = RETRY_MIN;
-        let mut stale = 0;
-        // A permit to wait in the server's queue, and whether a try found the lock taken.
-        let mut permit: Option<tokio::sync::OwnedSemaphorePermit> = None;
-        let mut taken_once = false;
-        // This acquire's place in the line for a permit, once it waits by retrying: the
-        // backend's waiters take freed waits in the server's queue in the order they came.
-        let mut turn: Option<BoxFuture<'static, Option<tokio::sync::OwnedSemaphorePermit>>> = None;
-        loop {
-            // A connection that was lost with our reservation on it: start again elsewhere.
-            if unfinished
-                .as_ref()
-                .is_some_and(|p| p.conn().reason().is_some())
-            {
-                unfinished = None;
-            }
-            let p = match &mut unfinished {
-                Some(p) => p,
-                None => {
-                    let reserved = async {
-                        let id = inner.id_of(&target.path).await?;
-                        inner.undos.finished(&id).await;
-                        inner.pool.reserve(id).await
-                    };
-                    match reserved.await {
-                        Ok(reservation) => {
-                            unfinished.insert(Unfinished::new(inner, reservation, shared, false))
-                        }
-                        Err(e) if e.is_transient() => {
-                            tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(RETRY_MAX);
-                            continue;
-                        }
-                        Err(e) => return Err(pg_error("acquire the lock")(e)),
-                    }
-                }
-            };
-            // Wait in the server's queue when a permit is free, once a try found the lock
-            // taken or it was found contended lately (a free key is taken by a try, which
-            // costs the server less): on this connection if nothing else uses it (then the
-            // wait is the attempt), else, once a try found the lock taken, on one of its own.
-            if !matches!(wait, Wait::Never) && !p.blocked && (taken_once || inner.contended(p.id()))
-            {
-                if permit.is_none() {
-                    permit = match &mut turn {
-                        Some(t) => t.now_or_never().flatten(),
-                        None => inner.queued.clone().try_acquire_owned().ok(),
-                    };
-                    if permit.is_some() {
-                        turn = None;
-                    }
-                }
-                if permit.is_some() {
-                    if !p.intent && p.conn().try_block(p.id()) {
-                        p.blocked = true;
-                        p.permit = permit.take();
-                    } else if taken_once {
-                        let id = p.id();
-                        match inner.pool.reserve_blocked(id).await {
-                            Ok(Some(reservation)) => {
-                                let mut p = Unfinished::new(inner, reservation, shared, true);
-                                p.permit = permit.take();
-                                // Nothing armed on the one before: given back at once (a
-                                // writer's intent undone).
-                                unfinished = Some(p);
-                            }
-                            // Every connection the backend may open is in use: this acquire
-                            // waits by retrying, as those beyond the bound on waits do.
-                            Ok(None) => permit = None,
-                            Err(e) if e.is_transient() => {
-                                unfinished = None;
-                                tracing::debug!(key = %target.key, error = %e, "zklock: no PostgreSQL connection for an acquire; retrying");
-                                tokio::time::sleep(pause).await;
-                                pause = (pause * 2).min(RETRY_MAX);
-                                continue;
-                            }
-                            Err(e) => return Err(pg_error("acquire the lock")(e)),
-                        }
-                    } else {
-                        permit = None;
-                    }
-                }
-            }
-            let p = unfinished.as_mut().expect("reserved");
-            let blocked = p.blocked;
-            if blocked {
-                listener = None;
-            }
-            if listener.as_ref().is_some_and(|l| l.id() != p.id()) {
-                listener = None;
-            }
-            if let Some(l) = &mut listener {
-                l.mark();
-            }
-            let attempt = if blocked {
-                self.block(p, &target.path, shared, wait).await
-            } else {
-                self.attempt(p, &target.path, shared).await
-            };
-            match attempt {
-                Ok(Attempt::Granted(token, waiting, waiters)) => {
-                    let mut p = unfinished.take().expect("reserved");
-                    if waiting {
-                        inner.mark_contended(p.id());
-                    }
-                    if p.intent {
-                        let conn = p.conn().clone();
-                        let id = p.id();
-                        // Failing closes the connection: the hold is then lost, and says so.
-                        let _ = conn
-                            .run(
-                                conn.client()
-                                    .query_typed(sql::DROP_INTENT, &[(&id, Type::INT4)]),
-                            )
-                            .await;
-                        p.intent = false;
-                    }
-                    p.armed = false;
-                    let reservation = p.reservation.take().expect("reserved");
-                    return Ok(Some(
-                        PgHold::new(
-                            inner.clone(),
-                            target,
-                            reservation,
-                            shared,
-                            FencingToken::new(token, 0),
-                        )
-                        .watching(waiting, waiters),
-                    ));
-                }
-                Ok(Attempt::Stale) => {
-                    // Undone and given back in the background; look the id up again.
-                    inner.forget(&target.path);
-                    unfinished = None;
-                    stale += 1;
-                    if stale > STALE_ID_RETRIES {
-                        return Err(Error::Config(format!(
-                            "the row of {} in the table zklock_keys keeps changing; do not delete rows of zklock_keys while zklock runs",
-                            target.key
-                        )));
-                    }
-                }
-                Ok(Attempt::Taken) => {
-                    pause = RETRY_MIN;
-                    inner.mark_contended(p.id());
-                    if matches!(wait, Wait::Never) {
-                        return Ok(None);
-                    }
-                    if blocked {
-                        // The wait's slice ran out: wait again.
-                        continue;
-                    }
-                    taken_once = true;
-                    if turn.is_none() {
-                        if inner.queued.available_permits() > 0 {
-                            // A permit is free (nobody is in line): wait in the server's queue.
-                            continue;
-                        }
-                        // In line for a permit, behind the backend's waiters that came before.
-                        let queued = inner.queued.clone();
-                        turn = Some(Box::pin(async move { queued.acquire_owned().await.ok() }));
-                    }
-                    if writer && !p.intent {
-                        let conn = p.conn().clone();
-                        let id = p.id();
-                        // Set before the answer: if this is dropped, the undo drops it.
-                        p.intent = true;
-                        match conn
-                            .run(
-                                conn.client()
-                                    .query_typed(sql::TAKE_INTENT, &[(&id, Type::INT4)]),
-                            )
-                            .await
-                        {
-                            Ok(rows) => p.intent = rows.first().is_some_and(|r| r.get(0)),
-                            Err(e) if e.is_transient() => continue,
-                            // Whether the intent is held is unknown: undone in the background.
-                            Err(e) if is_cancelled(&e) => {
-                                unfinished = None;
-                                continue;
-                            }
-                            Err(e) => return Err(pg_error("acquire the lock")(e)),
-                        }
-                    }
-                    let Some(l) = &mut listener else {
-                        // Register as a waiter (so the next release notifies), then try
-                        // again at once: a release may have come before.
-                        let mut l = inner.hub.listen(p.id());
-                        l.registered(POLL_FALLBACK).await;
-                        listener = Some(l);
-                        continue;
-                    };
-                    match &mut turn {
-                        Some(t) => tokio::select! {
-                            got = t => {
-                                permit = got;
-                                turn = None;
-                            }
-                            _ = l.wait(POLL_FALLBACK) => {}
-                        },
-                        None => l.wait(POLL_FALLBACK).await,
-                    }
-                }
-                Err(e) if is_undefined_table(&e) => {
-                    // Undone in the background; the next lookup makes the table again.
-                    inner.forget(&target.path);
-                    unfinished = None;
-                    stale += 1;
-                    if stale > STALE_ID_RETRIES {
-                        return Err(pg_error("acquire the lock")(e));
-                    }
-                }
-                Err(e) if e.is_transient() || is_cancelled(&e) => {
-                    tracing::debug!(key = %target.key, error = %e, "zklock: a PostgreSQL acquire attempt failed; retrying");
-                    unfinished = None;
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
-                }
-                Err(e) => return Err(pg_error("acquire the lock")(e)),
-            }
-        }
-    }
 }
 
 impl Backend for PostgresBackend {
@@ -861,7 +348,9 @@ impl Backend for PostgresBackend {
                 LockMode::Write => (false, true),
                 LockMode::Read => (true, false),
             };
-            let hold = self.acquire_hold(target, shared, writer, wait).await?;
+            let hold = Acquire::new(&self.inner, target, shared, writer, wait)
+                .run()
+                .await?;
             Ok(hold.map(|h| Arc::new(h) as _))
         })
     }
