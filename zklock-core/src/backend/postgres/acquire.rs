@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use super::conn::{HoldConn, Reservation};
 use super::hold::PgHold;
@@ -527,12 +527,8 @@ async fn attempt(
         unfinished.armed = false;
         return Ok(Attempt::Taken);
     }
-    let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
-    Ok(match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
-        Some(token) => Attempt::Granted(token, waiting, waiters),
-        // The row no longer names the path: nothing was written.
-        None => Attempt::Stale,
-    })
+    // No token: the row no longer names the path, and nothing was written.
+    Ok(grant_of(&rows, waiters))
 }
 
 /// One wait in the server's lock queue on `unfinished`'s connection, given to it: one
@@ -599,15 +595,13 @@ async fn block(
         Ok(rows) => rows,
         Err(e) if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
             // The wait ran out, perhaps after the lock was got (in the row's update).
-            conn.run(conn.client().query_typed(
-                sql::UNDO,
-                &[
-                    (&id, Type::INT4),
-                    (&shared, Type::BOOL),
-                    (&false, Type::BOOL),
-                ],
-            ))
-            .await?;
+            let undo: [(&(dyn ToSql + Sync), Type); 3] = [
+                (&id, Type::INT4),
+                (&shared, Type::BOOL),
+                (&false, Type::BOOL),
+            ];
+            conn.run(conn.client().query_typed(sql::UNDO, &undo))
+                .await?;
             unfinished.armed = false;
             return Ok(Attempt::Taken);
         }
@@ -624,10 +618,17 @@ async fn block(
     };
     conn.unblock(Some(answered));
     unfinished.blocked = false;
+    Ok(grant_of(&rows, waiters))
+}
+
+/// What the answer of an attempt that got the lock says: the grant's token and whether a
+/// waiter was registered then, or (no token) that the key table's row no longer names the
+/// path.
+fn grant_of(rows: &[tokio_postgres::Row], waiters: WaiterWatch) -> Attempt {
     let row = rows.first();
     let waiting = row.is_none_or(|r| r.get::<_, Option<bool>>(2) != Some(false));
-    Ok(match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
+    match row.and_then(|r| r.get::<_, Option<i64>>(1)) {
         Some(token) => Attempt::Granted(token, waiting, waiters),
         None => Attempt::Stale,
-    })
+    }
 }
