@@ -5,6 +5,7 @@
 //! - [`ZkCluster`]: an ensemble (3 members is typical) on loopback; find the leader, stop, restart, pause
 //!   and resume members, wait for a quorum.
 //! - [`CuratorHold`]: an Apache Curator client holding a lock, to prove interoperability.
+//! - [`KazooPeer`]: a kazoo (Python) client taking and releasing locks on command, the same for kazoo.
 //! - [`Proxy`]: a fault-injecting TCP proxy between a client and a server that understands ZooKeeper's
 //!   framing: partitions (blackhole), resets, delays, and the lost reply to the Nth create.
 //! - [`Relay`]: its protocol-blind counterpart for Redis and PostgreSQL: the same faults, and the
@@ -51,6 +52,7 @@ mod fault_switch;
 mod four_letter;
 mod history;
 mod install;
+mod kazoo;
 mod late_cancel;
 mod member;
 mod ports;
@@ -71,6 +73,7 @@ pub use history::{
     Recorder, Report, Violation, JOB_WINDOW_TOLERANCE, NO_TOKEN,
 };
 pub use install::ensure_zookeeper_installed;
+pub use kazoo::{KazooEvent, KazooPeer};
 pub use late_cancel::{LateCancel, LateCancelStats};
 pub use postgres::PostgresServer;
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
@@ -91,6 +94,7 @@ mod tests {
         send_sync::<crate::ZkServerBuilder>();
         send_sync::<crate::ZkClusterBuilder>();
         send::<crate::CuratorHold>();
+        send::<crate::KazooPeer>();
         send_sync::<crate::Proxy>();
         send_sync::<crate::Relay>();
         send_sync::<crate::History>();

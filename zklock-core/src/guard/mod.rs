@@ -132,7 +132,7 @@ impl LockGuard {
     ///
     /// It answers from what this process has heard. On ZooKeeper the node is watched from the
     /// grant (see
-    /// [`Builder::watch_held_nodes`](crate::Builder::watch_held_nodes)), so once any later answer
+    /// [`ZooKeeperOptions::watch_held_nodes`](crate::ZooKeeperOptions::watch_held_nodes)), so once any later answer
     /// from ZooKeeper has reached this process, a deletion before it has been seen too, even if
     /// the task that watches has not run yet. One exception: a node granted while alone in its
     /// lock path is watched through the path's children, which tells that the path changed but

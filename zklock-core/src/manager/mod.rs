@@ -66,7 +66,8 @@ pub struct StatsSnapshot {
 /// On Redis (a `redis://` connect string, feature `redis`) the same paths name leases in
 /// Redis keys (`zklock:lock:<path>`), renewed while held; the guards, frames, local queue,
 /// fencing tokens, loss signal and `#[distributed_lock]` work the same. See
-/// [`Builder::lease`](crate::Builder::lease) and the README's "Redis backend" for what it promises.
+/// [`Builder::redis`](crate::Builder::redis) and the guide's page on the Redis backend
+/// (`docs/backends/redis.md`) for what it promises.
 ///
 /// # Examples
 ///

@@ -35,8 +35,10 @@
 //! - A writer waiting in the server's queue makes new readers wait behind it (the server does
 //!   not grant a lock that conflicts with a queued request); a writer that retries takes an
 //!   intent lock that does (writers are not starved by readers). Among waits in the server's
-//!   queue the order is the server's; retrying waiters keep none; the local queue keeps FIFO
-//!   within a process.
+//!   queue the order is the server's; a backend's retrying waiters take freed waits there in
+//!   the order they came (one line per backend), but a retrying waiter that finds the lock
+//!   free between two grants takes it, whatever came before it in other processes; the local
+//!   queue keeps FIFO within a process.
 //! - Semaphores and revocation do not fit advisory locks cleanly: [`Error::Unsupported`].
 //!   Job records (`claim_run`) live in the key table (`run_after`, by the server's clock).
 //!
@@ -46,7 +48,8 @@
 //! a minute of a 2-core build. `sqlx` brings its own pool, compile-time query macros, a
 //! runtime abstraction and more, several times the build, for nothing this backend uses: it
 //! needs to own its connections (a lock belongs to one session, so no pool may hand the
-//! session to someone else), one round trip per statement (`query_typed`: no prepare), and
+//! session to someone else), one round trip per statement (the hot path's statements are
+//! prepared once per connection, the rest sent with `query_typed`, which needs no prepare), and
 //! the connection's `LISTEN` messages, which `tokio-postgres` gives directly
 //! (`Connection::poll_message`). No TLS is built in (a TLS tunnel, or a server on a private
 //! network); a URL asking for `sslmode=require` fails to connect with the client's error.

@@ -10,7 +10,7 @@ use zookeeper_client::EventType;
 use super::hold::{HandedWatch, Hold, NodeWatch, REVOKE_MESSAGE};
 use super::node::{Attempt, Unfinished};
 use super::protocol::{check_path_acl, delete_in_background};
-use super::queue::{NodeKind, Queue};
+use super::queue::{NodeKind, Queue, Refused};
 use super::{DirTicket, Incarnation, Inner};
 use crate::types::error::{Error, Result};
 use crate::types::mode::Wait;
@@ -328,10 +328,14 @@ impl Attempt<'_> {
     }
 
     /// The blockers of our node `name` in a listing; our node missing from it means it was
-    /// deleted (by someone else, or with its session).
+    /// deleted (by someone else, or with its session). A child that is no lock contender ends
+    /// the acquire (our node is deleted with the error): where it would queue is unknown.
     fn queue(&self, children: Vec<String>, name: &str, protect: &str) -> Result<Queue> {
-        Queue::new(self.kind, children, name, protect).ok_or_else(|| Error::Dequeued {
-            key: self.key.to_string(),
+        Queue::new(self.kind, children, name, protect).map_err(|refused| match refused {
+            Refused::Gone => Error::Dequeued {
+                key: self.key.to_string(),
+            },
+            Refused::Unknown(node) => unknown_node(self.path, &node),
         })
     }
 
@@ -379,6 +383,20 @@ impl Watches {
             None => std::future::pending().await,
         }
     }
+}
+
+/// The error of an acquire that found `node` under the lock path `path`, a child that is
+/// neither a lock node of zklock or Curator nor one of kazoo's.
+fn unknown_node(path: &str, node: &str) -> Error {
+    tracing::warn!(%path, %node, "a child of the lock path is no lock contender");
+    Error::InvalidArgument(format!(
+        "the lock path {path} holds the node {node}, which is neither a lock node of zklock or \
+         Curator (_c_<uuid>-lock-<seq>, -__READ__<seq>, -__WRIT__<seq>) nor one of kazoo \
+         (<uuid hex>__lock__<seq>, __rlock__<seq>), so zklock cannot tell whether it holds the \
+         lock and refuses to take it; nothing is held and no node is left. Lock a path that \
+         only lock clients use (another recipe, such as a Curator semaphore or leader latch, \
+         keeps its own path), or delete {path}/{node} if nothing uses it"
+    ))
 }
 
 /// The error of an acquire whose session ended while it waited.

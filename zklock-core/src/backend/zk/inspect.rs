@@ -1,11 +1,16 @@
 //! What an operator sees of a lock on ZooKeeper, read from its nodes: the contender nodes in
-//! Curator's order, each node's data (who) and stat (since when, token, session); and
-//! Curator's revocation, which writes `__REVOKE__` into a holder's node.
+//! Curator's order (kazoo's among them), each node's data (who) and stat (since when, token,
+//! session); a node that is no lock contender is shown as a holder of mode `unknown`, since
+//! no zklock acquire gets past it. And Curator's revocation, which writes `__REVOKE__` into a
+//! holder's node.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::hold::REVOKE_MESSAGE;
-use super::queue::{NodeKind, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME, WRITE_NAME};
+use super::queue::{
+    lock_contender, LockContender, NodeKind, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME, MUTEX_NAME,
+    READ_NAME, WRITE_NAME,
+};
 use super::ZkBackend;
 use crate::backend::{BoxFuture, Inspect, Revoke};
 use crate::types::error::{Error, Result};
@@ -13,8 +18,19 @@ use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::layout;
 use crate::types::token::FencingToken;
 
-/// The mode a contender node's name says.
-fn mode_of(node: &str) -> &'static str {
+/// The mode a contender node's name says, on a path of `kind`'s recipe. On a mutex's or
+/// read/write lock's path, kazoo's `__lock__` is a mutex or a writer as the path's recipe is,
+/// its `__rlock__` a reader, and a node that is no lock contender `unknown`.
+fn mode_of(node: &str, kind: NodeKind) -> &'static str {
+    if kind.is_lock() {
+        return match lock_contender(node) {
+            None => "unknown",
+            Some(LockContender::Shared(_)) => "read",
+            Some(_) if node.contains(WRITE_NAME) => "write",
+            Some(_) if kind == NodeKind::Mutex || node.contains(MUTEX_NAME) => "mutex",
+            Some(_) => "write",
+        };
+    }
     if node.contains(WRITE_NAME) {
         "write"
     } else if node.contains(READ_NAME) {
@@ -38,7 +54,7 @@ fn kind_of(children: &[String]) -> LockKind {
         LockKind::Leader
     } else if children
         .iter()
-        .any(|c| c.contains(READ_NAME) || c.contains(WRITE_NAME))
+        .any(|c| c.contains(READ_NAME) || c.contains(WRITE_NAME) || c.contains(KAZOO_READ_NAME))
     {
         LockKind::ReadWrite
     } else {
@@ -47,13 +63,13 @@ fn kind_of(children: &[String]) -> LockKind {
 }
 
 /// Splits a read/write lock's contenders, in queue order, into holders and waiters: the first
-/// node holds, and a reader holds while no writer is ahead of it.
+/// node holds, and a reader holds while no writer (nor mutex) is ahead of it.
 fn split_read_write(all: Vec<Contender>) -> (Vec<Contender>, Vec<Contender>) {
     let (mut holders, mut waiters) = (vec![], vec![]);
     let mut writer_ahead = false;
     for (i, c) in all.into_iter().enumerate() {
         let holds = i == 0 || (c.mode == "read" && !writer_ahead);
-        writer_ahead |= c.mode == "write";
+        writer_ahead |= c.mode != "read";
         if holds {
             holders.push(c);
         } else {
@@ -61,6 +77,24 @@ fn split_read_write(all: Vec<Contender>) -> (Vec<Contender>, Vec<Contender>) {
         }
     }
     (holders, waiters)
+}
+
+/// Who a node is, from its data; a node that is no lock contender on a lock's path is named
+/// as such (its data, if any, follows), so that a listing of holders shows it.
+fn owner_of(node: &str, kind: NodeKind, data: &[u8]) -> Owner {
+    let mut owner = Owner::parse(data);
+    if mode_of(node, kind) == "unknown" {
+        owner.data = match owner.data.is_empty() {
+            true => format!("unknown node {node}"),
+            false => format!("unknown node {node} ({})", owner.data),
+        };
+    }
+    owner
+}
+
+/// The contenders of mode `unknown` (first), apart from the others (second), each in order.
+fn unknown_apart(all: Vec<Contender>) -> (Vec<Contender>, Vec<Contender>) {
+    all.into_iter().partition(|c| c.mode == "unknown")
 }
 
 impl ZkBackend {
@@ -82,7 +116,14 @@ impl ZkBackend {
     async fn contenders(&self, dir: &str, kind: NodeKind) -> Result<Vec<Contender>> {
         let client = self.client();
         let mut names = self.children(dir, "list the contenders").await?;
-        names.sort_by(|a, b| kind.sort_key(a).cmp(kind.sort_key(b)));
+        // On a lock's path, nodes that are no contender come last.
+        fn order(kind: NodeKind, n: &str) -> (bool, &str) {
+            (
+                kind.is_lock() && lock_contender(n).is_none(),
+                kind.sort_key(n),
+            )
+        }
+        names.sort_by(|a, b| order(kind, a).cmp(&order(kind, b)));
         let reads: Vec<_> = names
             .iter()
             .map(|n| client.get_data(&format!("{dir}/{n}")))
@@ -91,8 +132,8 @@ impl ZkBackend {
         for (name, read) in names.into_iter().zip(reads) {
             match read.await {
                 Ok((data, stat)) => out.push(Contender {
-                    mode: mode_of(&name),
-                    owner: Owner::parse(&data),
+                    mode: mode_of(&name, kind),
+                    owner: owner_of(&name, kind, &data),
                     since: UNIX_EPOCH + Duration::from_millis(stat.ctime.max(0) as u64),
                     token: FencingToken::new(stat.czxid, 0),
                     session: stat.ephemeral_owner,
@@ -121,15 +162,21 @@ impl ZkBackend {
                     LockKind::Leader => NodeKind::Latch,
                     _ => NodeKind::Mutex,
                 };
-                let mut all = self.contenders(path, node).await?;
+                let (unknown, mut all) = unknown_apart(self.contenders(path, node).await?);
                 let waiters = if all.is_empty() {
                     vec![]
                 } else {
                     all.split_off(1)
                 };
+                all.extend(unknown);
                 (all, waiters)
             }
-            LockKind::ReadWrite => split_read_write(self.contenders(path, NodeKind::Write).await?),
+            LockKind::ReadWrite => {
+                let (unknown, all) = unknown_apart(self.contenders(path, NodeKind::Write).await?);
+                let (mut holders, waiters) = split_read_write(all);
+                holders.extend(unknown);
+                (holders, waiters)
+            }
         };
         Ok(LockInfo::at(path, kind, holders, waiters))
     }

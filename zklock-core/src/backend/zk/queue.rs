@@ -1,6 +1,11 @@
 //! The queue rules of Curator's lock recipes, apart from any request: what kind of contender
 //! node each recipe makes, how nodes sort, which lower nodes block a waiter, and the window of
 //! blockers a waiter remembers and watches.
+//!
+//! A mutex's or read/write lock's path may also hold kazoo's contenders (`<uuid hex>__lock__<seq>`
+//! of its `Lock` and `WriteLock`, `__rlock__` of its `ReadLock`): they queue with Curator's by
+//! sequence number, since the parent's counter numbers every child (see [`lock_contender`]).
+//! Any other child there is refused ([`Refused::Unknown`]), never ignored.
 
 /// How many of the nearest lower blockers an exclusive waiter remembers from its listing, and
 /// watches: the last one's deletion is its grant, with no listing or check after it. Only when
@@ -30,6 +35,71 @@ pub(crate) const WRITE_NAME: &str = "__WRIT__";
 pub(crate) const MUTEX_NAME: &str = "lock-";
 pub(crate) const LEASE_NAME: &str = "lease-";
 pub(crate) const LATCH_NAME: &str = "latch-";
+/// kazoo's `Lock` and `WriteLock` node (`<uuid hex>__lock__<seq>`): excludes every later one.
+pub(crate) const KAZOO_LOCK_NAME: &str = "__lock__";
+/// kazoo's `ReadLock` node (`<uuid hex>__rlock__<seq>`): waits only for lower exclusive ones.
+pub(crate) const KAZOO_READ_NAME: &str = "__rlock__";
+
+/// What a child of a mutex's or read/write lock's path is, told by its name, with its sequence
+/// number (the server's `%010d`, which sorts them all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockContender<'a> {
+    /// Excludes every later contender: Curator's mutex (`lock-`) and writer (`__WRIT__`),
+    /// kazoo's `Lock`/`WriteLock` (`__lock__`).
+    Exclusive(&'a str),
+    /// Waits only for lower exclusive contenders: Curator's reader (`__READ__`), kazoo's
+    /// `ReadLock` (`__rlock__`).
+    Shared(&'a str),
+}
+
+impl<'a> LockContender<'a> {
+    /// Its sequence number, as the server wrote it: what contenders sort by.
+    pub(crate) fn sequence(self) -> &'a str {
+        match self {
+            LockContender::Exclusive(seq) | LockContender::Shared(seq) => seq,
+        }
+    }
+}
+
+/// The lock contender a child of a mutex's or read/write lock's path is: a name that ends in one
+/// of the lock names of Curator or kazoo followed by a sequence number. `None` for anything
+/// else (another recipe's node, a plain node): no rule says where such a node queues.
+pub(crate) fn lock_contender(node: &str) -> Option<LockContender<'_>> {
+    let names = [
+        (WRITE_NAME, true),
+        (MUTEX_NAME, true),
+        (KAZOO_LOCK_NAME, true),
+        (READ_NAME, false),
+        (KAZOO_READ_NAME, false),
+    ];
+    names.into_iter().find_map(|(name, exclusive)| {
+        let seq = &node[node.rfind(name)? + name.len()..];
+        match (is_sequence(seq), exclusive) {
+            (false, _) => None,
+            (true, true) => Some(LockContender::Exclusive(seq)),
+            (true, false) => Some(LockContender::Shared(seq)),
+        }
+    })
+}
+
+/// Whether `text` is a sequence number as the server writes it: `%010d`, so ten digits, or a
+/// minus and nine or ten digits once the counter wrapped past 2^31.
+fn is_sequence(text: &str) -> bool {
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    match text.strip_prefix('-') {
+        Some(rest) => (9..=10).contains(&rest.len()) && digits(rest),
+        None => text.len() == 10 && digits(text),
+    }
+}
+
+/// Why a listing gives no queue for our node.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// Our node is not among the children: it was deleted.
+    Gone,
+    /// A child that is no lock contender of Curator or kazoo (see [`lock_contender`]).
+    Unknown(String),
+}
 
 impl NodeKind {
     pub(crate) fn lock_name(self) -> &'static str {
@@ -42,26 +112,34 @@ impl NodeKind {
         }
     }
 
-    /// Curator's sort key for a child of a path of this kind's recipe.
+    /// Curator's sort key for a child of a path of this kind's recipe. On a mutex's or
+    /// read/write lock's path, every lock contender (Curator's or kazoo's) sorts by its
+    /// sequence number: for Curator's own nodes that is exactly the text Curator's drivers
+    /// keep after stripping the lock name.
     pub(crate) fn sort_key(self, node: &str) -> &str {
         match self {
-            NodeKind::Mutex => super::protocol::sort_key(node, MUTEX_NAME),
+            NodeKind::Mutex | NodeKind::Read | NodeKind::Write => {
+                lock_contender(node).map_or(node, LockContender::sequence)
+            }
             NodeKind::Lease => super::protocol::sort_key(node, LEASE_NAME),
             NodeKind::Latch => super::protocol::sort_key(node, LATCH_NAME),
-            // InterProcessReadWriteLock's driver strips both names, read then write.
-            NodeKind::Read | NodeKind::Write => {
-                super::protocol::sort_key(super::protocol::sort_key(node, READ_NAME), WRITE_NAME)
-            }
         }
     }
 
-    /// Whether `other` (a lower node) blocks a contender of this kind.
+    /// Whether `other` (a lower node) blocks a contender of this kind: a reader waits only
+    /// for exclusive contenders (Curator's or kazoo's).
     pub(crate) fn blocked_by(self, other: &str) -> bool {
         match self {
             NodeKind::Mutex | NodeKind::Write | NodeKind::Latch => true,
-            NodeKind::Read => other.contains(WRITE_NAME),
+            NodeKind::Read => matches!(lock_contender(other), Some(LockContender::Exclusive(_))),
             NodeKind::Lease => false,
         }
+    }
+
+    /// Whether this kind's path holds lock contenders only (see [`lock_contender`]): a
+    /// mutex's or a read/write lock's.
+    pub(crate) fn is_lock(self) -> bool {
+        matches!(self, NodeKind::Mutex | NodeKind::Read | NodeKind::Write)
     }
 
     /// Exclusive grants prove that every lower node is gone.
@@ -93,15 +171,21 @@ impl Queue {
     /// The blockers of `me` in `children`. Other children with our protected prefix `protect`
     /// are ours too (a create whose reply was lost): they never block, and are set aside in
     /// `strays` for deletion.
-    /// `None` when `me` is not among the children: our node is gone.
+    /// Refused when `me` is not among the children (our node is gone), or when a mutex's or
+    /// read/write lock's path holds a child that is no lock contender.
     pub(crate) fn new(
         kind: NodeKind,
         mut children: Vec<String>,
         me: &str,
         protect: &str,
-    ) -> Option<Queue> {
+    ) -> Result<Queue, Refused> {
         if !children.iter().any(|c| c == me) {
-            return None;
+            return Err(Refused::Gone);
+        }
+        if kind.is_lock() {
+            if let Some(unknown) = children.iter().find(|c| lock_contender(c).is_none()) {
+                return Err(Refused::Unknown(unknown.clone()));
+            }
         }
         let mut strays = Vec::new();
         children.retain(|c| {
@@ -120,7 +204,7 @@ impl Queue {
         if !kind.exclusive() {
             below.retain(|c| kind.blocked_by(c));
             below.sort_unstable_by(order);
-            return Some(Queue {
+            return Ok(Queue {
                 kind,
                 below,
                 hidden: false,
@@ -153,7 +237,7 @@ impl Queue {
         kept.sort_unstable_by(order);
         kept.append(&mut below);
         let below = kept;
-        Some(Queue {
+        Ok(Queue {
             kind,
             below,
             hidden,
@@ -272,6 +356,67 @@ mod tests {
         q.remove("_c_0-__WRIT__0000000001");
         assert_eq!(q.to_watch().len(), WINDOW);
         assert!(q.to_watch()[WINDOW - 1].ends_with("0000000009"));
+    }
+
+    #[test]
+    fn curator_and_kazoo_nodes_are_lock_contenders_by_their_sequence() {
+        use LockContender::{Exclusive, Shared};
+        let cases = [
+            ("_c_8d0f-lock-0000000007", Some(Exclusive("0000000007"))),
+            ("lock-0000000003", Some(Exclusive("0000000003"))),
+            ("_c_ab-__WRIT__0000000003", Some(Exclusive("0000000003"))),
+            ("_c_ab-__READ__-2147483648", Some(Shared("-2147483648"))),
+            ("5f1e0c__lock__0000000000", Some(Exclusive("0000000000"))),
+            ("5f1e0c__rlock__0000000012", Some(Shared("0000000012"))),
+            ("_c_ab-lock--000000005", Some(Exclusive("-000000005"))),
+            ("_c_ab-latch-0000000001", None),
+            ("_c_ab-lease-0000000001", None),
+            ("leases", None),
+            ("locks", None),
+            ("_c_ab-lock-12", None),
+            ("_c_ab-lock-00000000012", None),
+            ("5f1e0c__lock__0000000000x", None),
+        ];
+        for (node, expected) in cases {
+            assert_eq!(lock_contender(node), expected, "{node}");
+        }
+    }
+
+    #[test]
+    fn kazoo_nodes_queue_with_curator_nodes_by_sequence() {
+        let kids = vec![
+            "aa__lock__0000000000".to_string(),
+            "_c_1-lock-0000000001".to_string(),
+            "bb__rlock__0000000002".to_string(),
+            "_c_3-__READ__0000000003".to_string(),
+            "cc__lock__0000000004".to_string(),
+            "_c_5-__WRIT__0000000005".to_string(),
+        ];
+        let q = Queue::new(NodeKind::Mutex, kids.clone(), &kids[1], "_c_1-").unwrap();
+        assert_eq!(q.below, vec![kids[0].clone()]);
+        // A reader waits for kazoo's Lock and Curator's mutex and writers, not for readers.
+        let q = Queue::new(NodeKind::Read, kids.clone(), &kids[3], "_c_3-").unwrap();
+        assert_eq!(q.below, vec![kids[0].clone(), kids[1].clone()]);
+        // A writer waits for every lower node, kazoo's reader included; the nearest is last.
+        let q = Queue::new(NodeKind::Write, kids.clone(), &kids[5], "_c_5-").unwrap();
+        assert_eq!(q.below, kids[..5].to_vec());
+        assert_eq!(q.to_watch().last(), Some(&kids[4]));
+    }
+
+    #[test]
+    fn a_child_that_is_no_lock_contender_is_refused_by_name() {
+        for kind in [NodeKind::Mutex, NodeKind::Read, NodeKind::Write] {
+            let me = format!("_c_me-{}0000000002", kind.lock_name());
+            let kids = vec!["stranger".to_string(), me.clone()];
+            assert_eq!(
+                Queue::new(kind, kids, &me, "_c_me-").err(),
+                Some(Refused::Unknown("stranger".into()))
+            );
+        }
+        // A leader latch's path keeps Curator's rule: every child is a participant.
+        let me = "_c_me-latch-0000000002".to_string();
+        let kids = vec!["stranger".to_string(), me.clone()];
+        assert!(Queue::new(NodeKind::Latch, kids, &me, "_c_me-").is_ok());
     }
 
     fn mutex_nodes(seqs: &[&str]) -> Vec<String> {

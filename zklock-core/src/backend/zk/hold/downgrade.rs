@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::super::node::create_node;
-use super::super::queue::{NodeKind, WRITE_NAME};
+use super::super::queue::NodeKind;
 use super::monitor::HandedWatch;
 use super::Hold;
 use crate::backend::{BoxFuture, Downgraded, LockTarget};
@@ -54,9 +54,10 @@ pub(crate) fn downgrade(
         let write_key = NodeKind::Write
             .sort_key(write.node.rsplit('/').next().unwrap_or_default())
             .to_string();
+        // A writer (zklock's, Curator's or kazoo's) queued between the two.
         let keep_write = children.iter().any(|c| {
             let k = NodeKind::Write.sort_key(c);
-            c.contains(WRITE_NAME) && k > write_key.as_str() && k < read_key.as_str()
+            NodeKind::Read.blocked_by(c) && k > write_key.as_str() && k < read_key.as_str()
         });
         Ok(Downgraded {
             read: Arc::new(read),
