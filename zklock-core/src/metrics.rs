@@ -224,7 +224,7 @@ const RECIPES: &[(&str, &str)] = &[
 
 /// Which backend a metric is about (its `backend` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BackendKind {
+pub(crate) enum BackendLabel {
     Zk,
     Redis,
     Postgres,
@@ -238,14 +238,14 @@ const BACKENDS: &[(&str, &str)] = &[
     ("backend", "memory"),
 ];
 
-impl BackendKind {
+impl BackendLabel {
     /// The kind of the backend named `name` (`Backend::name`).
-    pub(crate) fn from_name(name: &str) -> BackendKind {
+    pub(crate) fn from_name(name: &str) -> BackendLabel {
         match name {
-            "redis" => BackendKind::Redis,
-            "postgres" => BackendKind::Postgres,
-            "memory" => BackendKind::Memory,
-            _ => BackendKind::Zk,
+            "redis" => BackendLabel::Redis,
+            "postgres" => BackendLabel::Postgres,
+            "memory" => BackendLabel::Memory,
+            _ => BackendLabel::Zk,
         }
     }
 }
@@ -421,7 +421,7 @@ fn record(family: &Family, index: usize, key: Option<&Arc<str>>, value: Duration
 #[derive(Debug, Clone)]
 pub(crate) struct Labels {
     recipe: Recipe,
-    backend: BackendKind,
+    backend: BackendLabel,
     key: Option<Arc<str>>,
 }
 
@@ -430,7 +430,7 @@ impl Labels {
     pub(crate) fn new(recipe: Recipe, backend: &str, key_label: KeyLabel, key: &str) -> Labels {
         Labels {
             recipe,
-            backend: BackendKind::from_name(backend),
+            backend: BackendLabel::from_name(backend),
             key: key_label.label(key),
         }
     }
@@ -551,18 +551,18 @@ impl Drop for HoldMeter {
 
 /// A ZooKeeper session changed state.
 pub(crate) fn session_state(state: SessionState) {
-    let index = BackendKind::Zk as usize * STATES.len() + state as usize;
+    let index = BackendLabel::Zk as usize * STATES.len() + state as usize;
     increment(&STATE_KEYS, index, None, 1);
 }
 
 /// An attempt to open a new ZooKeeper session after expiry ended (`ok`: it opened).
 pub(crate) fn session_renewal(ok: bool) {
-    let index = BackendKind::Zk as usize * RENEWALS.len() + usize::from(!ok);
+    let index = BackendLabel::Zk as usize * RENEWALS.len() + usize::from(!ok);
     increment(&RENEWAL_KEYS, index, None, 1);
 }
 
 /// A release was sent again after a connection loss.
-pub(crate) fn release_retry(backend: BackendKind) {
+pub(crate) fn release_retry(backend: BackendLabel) {
     increment(&RETRY_KEYS, backend as usize, None, 1);
 }
 
@@ -591,7 +591,7 @@ mod tests {
             &HOLDS_LOST_KEYS.keys[l.base(REASONS.len()) + reason_index(LossReason::HoldLimit)];
         assert_eq!(lost.labels().last().unwrap().value(), "hold_limit");
         let state = &STATE_KEYS.keys
-            [BackendKind::Zk as usize * STATES.len() + SessionState::AuthFailed as usize];
+            [BackendLabel::Zk as usize * STATES.len() + SessionState::AuthFailed as usize];
         assert_eq!(
             state.labels().map(|l| l.value()).collect::<Vec<_>>(),
             ["zk", "auth_failed"]

@@ -223,7 +223,7 @@ impl Inner {
             match freed {
                 Ok(n) => return Ok(n == 1),
                 Err(e) if transient(&e) && Instant::now() + pause < until => {
-                    crate::metrics::release_retry(crate::metrics::BackendKind::Redis);
+                    crate::metrics::release_retry(crate::metrics::BackendLabel::Redis);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
                 }
