@@ -55,6 +55,140 @@ impl Default for Options {
     }
 }
 
+/// The setters of the options every ZooKeeper server the kit starts takes, for the builders of
+/// one server and of an ensemble: `$builder` is the expression that makes the builder, for the
+/// examples.
+macro_rules! server_options {
+    ($builder:literal) => {
+        /// ZooKeeper's `tickTime` in milliseconds (default 200). The shortest session timeout the server
+        /// grants is two ticks, and leader/follower timeouts are counted in ticks.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("let zk = ", $builder, ".tick_time(100).start()?;")]
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn tick_time(mut self, ms: u32) -> Self {
+            self.opts.tick_time_ms = ms;
+            self
+        }
+
+        /// `minSessionTimeout` in milliseconds (default: two ticks).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("let zk = ", $builder, ".min_session_timeout(1_000).start()?;")]
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn min_session_timeout(mut self, ms: u32) -> Self {
+            self.opts.min_session_timeout_ms = Some(ms);
+            self
+        }
+
+        /// `maxSessionTimeout` in milliseconds (default 60 000); longer requested timeouts are cut to it.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("let zk = ", $builder, ".max_session_timeout(10_000).start()?;")]
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn max_session_timeout(mut self, ms: u32) -> Self {
+            self.opts.max_session_timeout_ms = ms;
+            self
+        }
+
+        /// Adds a `key=value` line to the `zoo.cfg` of every server it starts, replacing the kit's default for that key.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("let zk = ", $builder, ".config(\"syncLimit\", \"20\").start()?;")]
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+            self.opts.extra.push((key.into(), value.into()));
+            self
+        }
+
+        /// Adds several `zoo.cfg` lines, as [`config`](Self::config) does for one.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// let lines = vec![("initLimit".to_string(), "50".to_string())];
+        #[doc = concat!("let zk = ", $builder, ".extra_config(lines).start()?;")]
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn extra_config(mut self, lines: impl IntoIterator<Item = (String, String)>) -> Self {
+            self.opts.extra.extend(lines);
+            self
+        }
+
+        /// How long to wait for the servers it starts (or restarts) to serve (default 60 s).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// use std::time::Duration;
+        ///
+        #[doc = concat!("let zk = ", $builder, "")]
+        ///     .startup_timeout(Duration::from_secs(120))
+        ///     .start()?;
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+            self.opts.startup_timeout = timeout;
+            self
+        }
+
+        /// The maximum heap of each server's JVM in MiB (default 128).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = concat!("let zk = ", $builder, ".heap_mb(96).start()?;")]
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn heap_mb(mut self, mb: u32) -> Self {
+            self.opts.heap_mb = mb;
+            self
+        }
+
+        /// How often the server deletes empty CONTAINER nodes, in milliseconds (default 100; ZooKeeper's
+        /// own default is 60 000). Passed as the JVM property `znode.container.checkIntervalMs`, which
+        /// ZooKeeper does not read from `zoo.cfg`.
+        ///
+        /// zklock's lock paths are containers: the server deletes a path once its last contender is gone,
+        /// and the next contender re-creates it with sequence numbers starting again at 0. The kit's short
+        /// default makes that happen in tests within a fraction of a second, as it happens in production
+        /// after about a minute, so that tests can exercise a lock path that is reaped and re-created.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// // Production's pace: empty lock paths stay for up to a minute.
+        #[doc = concat!("let zk = ", $builder, ".container_check_interval(60_000).start()?;")]
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn container_check_interval(mut self, ms: u32) -> Self {
+            self.opts.container_check_interval_ms = ms;
+            self
+        }
+    };
+}
+pub(crate) use server_options;
+
 /// Peer and election ports of one ensemble member.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct QuorumPorts {
