@@ -51,6 +51,106 @@ pub(crate) fn reroute(url: &str, upstream: SocketAddr, addr: SocketAddr) -> Stri
     panic!("{url} does not name the relay's upstream {upstream}");
 }
 
+/// The controls of the [`FaultSwitch`] that a proxy or relay (`$var`, made by the example lines
+/// `$open`) stands in front of its server with: partition, heal, reset, refuse, delay.
+macro_rules! switch_controls {
+    ($open:literal, $var:literal) => {
+        /// Cuts the clients off, as a network partition does: nothing is forwarded either way,
+        /// open connections stay open (no error, no FIN), new connections are accepted but lead
+        /// nowhere. A client hears nothing until it gives up on the connection; the server ends
+        /// the session when its timeout or lease runs out. [`heal`](Self::heal) delivers what
+        /// was held back, as TCP would once the partition ends.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $open]
+        #[doc = concat!($var, ".blackhole();")]
+        #[doc = concat!("assert!(", $var, ".is_blackholed());")]
+        #[doc = concat!($var, ".heal();")]
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn blackhole(&self) {
+            self.shared.switch.blackhole();
+        }
+
+        /// Whether [`blackhole`](Self::blackhole) is in force.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $open]
+        #[doc = concat!("assert!(!", $var, ".is_blackholed());")]
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn is_blackholed(&self) -> bool {
+            self.shared.switch.is_blackholed()
+        }
+
+        /// Ends a [`blackhole`](Self::blackhole) and a [`refuse`](Self::refuse): traffic flows again (the
+        /// delay, if any, stays).
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $open]
+        #[doc = concat!($var, ".blackhole();")]
+        #[doc = concat!($var, ".heal();")]
+        #[doc = concat!("assert!(!", $var, ".is_blackholed());")]
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn heal(&self) {
+            self.shared.switch.heal();
+        }
+
+        /// Resets (RST) every connection open through it now, both towards the client and towards
+        /// the server. New connections are accepted as usual.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $open]
+        #[doc = concat!($var, ".reset(); // clients see connection loss and reconnect")]
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn reset(&self) {
+            self.shared.switch.reset();
+        }
+
+        /// While `on`, new connections are reset as soon as they are accepted (a server that is down);
+        /// with `on`, open connections are reset too. [`heal`](Self::heal) or `refuse(false)` ends it.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        #[doc = $open]
+        #[doc = concat!($var, ".refuse(true);")]
+        #[doc = concat!($var, ".refuse(false);")]
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn refuse(&self, on: bool) {
+            self.shared.switch.refuse(on);
+        }
+
+        /// Delays every frame or chunk by `delay`, each way (a round trip gets twice as long);
+        /// `Duration::ZERO` ends it. Order is kept.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # use std::time::Duration;
+        #[doc = $open]
+        #[doc = concat!($var, ".set_delay(Duration::from_millis(100));")]
+        #[doc = concat!($var, ".set_delay(Duration::ZERO);")]
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn set_delay(&self, delay: Duration) {
+            self.shared.switch.set_delay(delay);
+        }
+    };
+}
+pub(crate) use switch_controls;
+
 /// What the switch does to traffic right now.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Faults {

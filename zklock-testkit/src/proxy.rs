@@ -230,104 +230,10 @@ impl Proxy {
         self.shared.switch.upstream()
     }
 
-    /// Cuts the client off, as a network partition does: nothing is forwarded either way, open
-    /// connections stay open (no error, no FIN), new connections are accepted but lead nowhere. The
-    /// client hears nothing until it gives up on the connection; the server expires the session after
-    /// its timeout. [`heal`](Self::heal) delivers what was held back, as TCP would once the partition
-    /// ends.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let server = zklock_testkit::ZkServer::start()?;
-    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
-    /// proxy.blackhole();
-    /// assert!(proxy.is_blackholed());
-    /// proxy.heal();
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn blackhole(&self) {
-        self.shared.switch.blackhole();
-    }
-
-    /// Whether [`blackhole`](Self::blackhole) is in force.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let server = zklock_testkit::ZkServer::start()?;
-    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
-    /// assert!(!proxy.is_blackholed());
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn is_blackholed(&self) -> bool {
-        self.shared.switch.is_blackholed()
-    }
-
-    /// Ends a [`blackhole`](Self::blackhole) and a [`refuse`](Self::refuse): traffic flows again (the
-    /// delay, if any, stays).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let server = zklock_testkit::ZkServer::start()?;
-    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
-    /// proxy.blackhole();
-    /// proxy.heal();
-    /// assert!(!proxy.is_blackholed());
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn heal(&self) {
-        self.shared.switch.heal();
-    }
-
-    /// Resets (RST) every connection open through the proxy now, both towards the client and towards
-    /// the server. New connections are accepted as usual.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let server = zklock_testkit::ZkServer::start()?;
-    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
-    /// proxy.reset(); // clients see connection loss and reconnect
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn reset(&self) {
-        self.shared.switch.reset();
-    }
-
-    /// While `on`, new connections are reset as soon as they are accepted (a server that is down);
-    /// with `on`, open connections are reset too. [`heal`](Self::heal) or `refuse(false)` ends it.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let server = zklock_testkit::ZkServer::start()?;
-    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
-    /// proxy.refuse(true);
-    /// proxy.refuse(false);
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn refuse(&self, on: bool) {
-        self.shared.switch.refuse(on);
-    }
-
-    /// Delays every frame by `delay`, each way (a round trip gets twice as long); `Duration::ZERO`
-    /// ends it. Order is kept.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # let server = zklock_testkit::ZkServer::start()?;
-    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
-    /// proxy.set_delay(Duration::from_millis(100));
-    /// proxy.set_delay(Duration::ZERO);
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn set_delay(&self, delay: Duration) {
-        self.shared.switch.set_delay(delay);
-    }
+    fault_switch::switch_controls!(
+        "# let server = zklock_testkit::ZkServer::start()?;\nlet proxy = zklock_testkit::Proxy::start(&server.connect_string())?;",
+        "proxy"
+    );
 
     /// Loses the reply to the `n`-th create request (1 = the next one) that passes through from now
     /// on: the server performs the create, the reply is withheld, and the connection is reset at that

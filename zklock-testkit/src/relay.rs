@@ -260,103 +260,10 @@ impl Relay {
         fault_switch::reroute(url, self.upstream(), self.addr)
     }
 
-    /// Cuts the clients off, as a network partition does: nothing is forwarded either way, open
-    /// connections stay open (no error, no FIN), new connections are accepted but lead nowhere.
-    /// [`heal`](Self::heal) delivers what was held back, as TCP would once the partition ends.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let pg = zklock_testkit::PostgresServer::start()?;
-    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
-    /// relay.blackhole();
-    /// assert!(relay.is_blackholed());
-    /// relay.heal();
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn blackhole(&self) {
-        self.shared.switch.blackhole();
-    }
-
-    /// Whether a [`blackhole`](Self::blackhole) is in force (set directly or by a cut).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let pg = zklock_testkit::PostgresServer::start()?;
-    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
-    /// assert!(!relay.is_blackholed());
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn is_blackholed(&self) -> bool {
-        self.shared.switch.is_blackholed()
-    }
-
-    /// Ends a [`blackhole`](Self::blackhole) and a [`refuse`](Self::refuse): traffic flows
-    /// again (the delay, if any, stays).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let pg = zklock_testkit::PostgresServer::start()?;
-    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
-    /// relay.blackhole();
-    /// relay.heal();
-    /// assert!(!relay.is_blackholed());
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn heal(&self) {
-        self.shared.switch.heal();
-    }
-
-    /// Resets (RST) every connection open through the relay now, towards the client and
-    /// towards the server. New connections are accepted as usual.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let pg = zklock_testkit::PostgresServer::start()?;
-    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
-    /// relay.reset(); // clients see their connections fail; the server ends their sessions
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn reset(&self) {
-        self.shared.switch.reset();
-    }
-
-    /// While `on`, new connections are reset as soon as they are accepted (a server that is
-    /// down); with `on`, open connections are reset too. [`heal`](Self::heal) or
-    /// `refuse(false)` ends it.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # let pg = zklock_testkit::PostgresServer::start()?;
-    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
-    /// relay.refuse(true);
-    /// relay.refuse(false);
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn refuse(&self, on: bool) {
-        self.shared.switch.refuse(on);
-    }
-
-    /// Delays every chunk by `delay`, each way (a round trip gets twice as long);
-    /// `Duration::ZERO` ends it. Order is kept.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # let pg = zklock_testkit::PostgresServer::start()?;
-    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", pg.port()))?;
-    /// relay.set_delay(Duration::from_millis(100));
-    /// relay.set_delay(Duration::ZERO);
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn set_delay(&self, delay: Duration) {
-        self.shared.switch.set_delay(delay);
-    }
+    fault_switch::switch_controls!(
+        "# let pg = zklock_testkit::PostgresServer::start()?;\nlet relay = zklock_testkit::Relay::start(&format!(\"127.0.0.1:{}\", pg.port()))?;",
+        "relay"
+    );
 
     /// The adversary's cut: the `n`-th request from now on (1 = the next one; requests are
     /// counted as [`requests`](Self::requests) counts them, over every connection) is delivered
