@@ -391,7 +391,7 @@ fn unknown_node(path: &str, node: &str) -> Error {
     tracing::warn!(%path, %node, "a child of the lock path is no lock contender");
     Error::InvalidArgument(format!(
         "the lock path {path} holds the node {node}, which is neither a lock node of zklock or \
-         Curator (_c_<uuid>-lock-<seq>, -__READ__<seq>, -__WRIT__<seq>) nor one of kazoo \
+         Curator (_c_<uuid>-lock-<seq>, -__READ__<seq>, -__WRIT__<seq>) nor one of kazoo's \
          (<uuid hex>__lock__<seq>, __rlock__<seq>), so zklock cannot tell whether it holds the \
          lock and refuses to take it; nothing is held and no node is left. Lock a path that \
          only lock clients use (another recipe, such as a Curator semaphore or leader latch, \
