@@ -44,6 +44,7 @@
 
 #![warn(missing_docs)]
 
+mod clock;
 mod cluster;
 mod curator;
 mod daemon;
@@ -65,6 +66,7 @@ mod server;
 mod tls;
 mod workdir;
 
+pub use clock::ServerClock;
 pub use cluster::{ZkCluster, ZkClusterBuilder};
 pub use curator::CuratorHold;
 pub use env::{now_epoch_ms, peers_dir};

@@ -50,6 +50,8 @@ pub struct PostgresServer {
     dir: tempfile::TempDir,
     bin: PathBuf,
     durable: bool,
+    /// Variables the server runs with (a [`ServerClock`](crate::ServerClock)'s).
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 impl PostgresServer {
@@ -70,7 +72,7 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start() -> io::Result<PostgresServer> {
-        Self::start_with(false)
+        Self::start_with(false, Vec::new())
     }
 
     /// As [`start`](Self::start), with `fsync` on, as production servers run (for benchmarks).
@@ -87,10 +89,35 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_durable() -> io::Result<PostgresServer> {
-        Self::start_with(true)
+        Self::start_with(true, Vec::new())
     }
 
-    fn start_with(durable: bool) -> io::Result<PostgresServer> {
+    /// As [`start`](Self::start), on a wall clock that the test moves with `clock` (its
+    /// restarts too): `clock_timestamp()`, `now()` and everything the server times by the
+    /// wall clock follow it.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let clock = zklock_testkit::ServerClock::new()?;
+    /// let pg = zklock_testkit::PostgresServer::start_with_clock(&clock)?;
+    /// clock.step_forward(Duration::from_secs(3600));
+    /// println!("{}", pg.psql("SELECT clock_timestamp()")?); // an hour ahead
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_with_clock(clock: &crate::ServerClock) -> io::Result<PostgresServer> {
+        Self::start_with(false, clock.env())
+    }
+
+    fn start_with(
+        durable: bool,
+        env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    ) -> io::Result<PostgresServer> {
         let bin = bin_dir()?;
         let dir = workdir::create("postgres")?;
         let user = run_as()?;
@@ -134,6 +161,7 @@ impl PostgresServer {
                 dir: dir_now,
                 bin: bin.clone(),
                 durable,
+                env: env.clone(),
             };
             match server.spawn() {
                 Ok(()) => Ok(server),
@@ -404,7 +432,8 @@ impl PostgresServer {
                 ]),
             user,
         );
-        cmd.stdin(Stdio::null())
+        cmd.envs(self.env.iter().cloned())
+            .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
         self.daemon.spawn(

@@ -46,6 +46,8 @@ pub struct RedisServer {
     log: Log,
     dir: tempfile::TempDir,
     durable: bool,
+    /// Variables the server runs with (a [`ServerClock`](crate::ServerClock)'s).
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 impl RedisServer {
@@ -64,7 +66,7 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start() -> io::Result<RedisServer> {
-        Self::start_with(false)
+        Self::start_with(false, Vec::new())
     }
 
     /// As [`start`](Self::start), with an append-only file written and fsynced before every reply
@@ -83,10 +85,34 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_durable() -> io::Result<RedisServer> {
-        Self::start_with(true)
+        Self::start_with(true, Vec::new())
     }
 
-    fn start_with(durable: bool) -> io::Result<RedisServer> {
+    /// As [`start`](Self::start), on a wall clock that the test moves with `clock` (its
+    /// restarts too): `TIME`, and the expiry of every key, follow it.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let clock = zklock_testkit::ServerClock::new()?;
+    /// let redis = zklock_testkit::RedisServer::start_with_clock(&clock)?;
+    /// clock.step_forward(Duration::from_secs(60)); // keys with less than 60 s to live expire
+    /// # let _ = redis;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_with_clock(clock: &crate::ServerClock) -> io::Result<RedisServer> {
+        Self::start_with(false, clock.env())
+    }
+
+    fn start_with(
+        durable: bool,
+        env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    ) -> io::Result<RedisServer> {
         on_free_ports(1, PORT_ATTEMPTS, "redis-server", |mut leases| {
             let dir = workdir::create("redis")?;
             let mut server = RedisServer {
@@ -95,6 +121,7 @@ impl RedisServer {
                 log: Log::new(dir.path().join("redis.log")),
                 dir,
                 durable,
+                env: env.clone(),
             };
             server.spawn()?;
             Ok(server)
@@ -267,6 +294,7 @@ impl RedisServer {
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(self.log.path())
+            .envs(self.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
