@@ -39,6 +39,7 @@
 //! readers wait (writers are not starved by readers): it leaves an intent key, renewed every
 //! lease/3 while it waits.
 
+mod acquire;
 mod conn;
 mod hold;
 mod hub;
@@ -58,10 +59,9 @@ use super::undos::Undos;
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
-use crate::types::token::FencingToken;
+use acquire::Acquire;
 use conn::{transient, Background, Breaks, Conn};
-use hold::{RedisHold, Side};
-use hub::{Hub, Listener};
+use hub::Hub;
 use keys::Keys;
 pub use options::RedisOptions;
 
@@ -448,179 +448,6 @@ impl RedisBackend {
             _ => Attempt::Taken(None, fence),
         })
     }
-
-    /// Acquires `n` holds of `ask` on `target` (all or none), waiting as `wait` says.
-    async fn acquire_holds(
-        &self,
-        target: &LockTarget,
-        ask: Ask,
-        n: u32,
-        wait: Wait,
-    ) -> Result<Option<Vec<RedisHold>>> {
-        let inner = &self.inner;
-        let keys = inner.keys.get(&target.path);
-        inner.undos.finished(&keys.exclusive).await;
-        let ids: Vec<String> = (0..n.max(1)).map(|_| inner.new_id()).collect();
-        let mutex = matches!(ask, Ask::Mutex);
-        // A mutex waiter's place in the queue: `<hub id> <holder id>`.
-        let member = if mutex {
-            let mut member = String::with_capacity(inner.hub.id.len() + 1 + ids[0].len());
-            member.push_str(&inner.hub.id);
-            member.push(' ');
-            member.push_str(&ids[0]);
-            member
-        } else {
-            String::new()
-        };
-        let undo = if mutex {
-            Undo::Mutex {
-                id: ids[0].clone(),
-                member: member.clone(),
-            }
-        } else {
-            Undo::Any(ids.clone())
-        };
-        let mut unfinished = Unfinished::new(inner.clone(), keys.clone(), undo);
-        let queue = !matches!(wait, Wait::Never);
-        // A mutex waiter listens once refused (an acquire that is granted at once registers
-        // nothing); a hand-over or a connection event between its attempt and then is not
-        // missed (see `Hub::listen_direct_after`).
-        let mut listener: Option<Listener> = None;
-        let mut pause = RETRY_MIN;
-        // Whether an attempt queued this mutex waiter (or may have: its reply was lost).
-        let mut queued = false;
-        loop {
-            if let Some(l) = &mut listener {
-                l.mark();
-            }
-            unfinished.armed = true;
-            let epoch = inner.breaks.epoch();
-            let hub_generation = inner.hub.generation();
-            let sent = Instant::now();
-            match self.attempt(&keys, ask, &ids, &member, queue, queued).await {
-                // A connection broke while the attempt was under way: the grant may predate a
-                // restart that lost it. Asked again (idempotent for these ids): granted anew,
-                // or refused.
-                Ok(Attempt::Granted(_)) if inner.breaks.epoch() != epoch => {
-                    queued = mutex && queue;
-                    continue;
-                }
-                Ok(Attempt::Granted(last)) => {
-                    unfinished.armed = false;
-                    let first = last - i64::from(n.max(1)) + 1;
-                    let side = match ask {
-                        Ask::Mutex => Side::Mutex,
-                        Ask::Write => Side::Exclusive,
-                        Ask::Read | Ask::Leases { .. } => Side::Shared,
-                    };
-                    let holds = ids
-                        .iter()
-                        .zip(first..)
-                        .map(|(id, token)| {
-                            RedisHold::new(
-                                inner.clone(),
-                                keys.clone(),
-                                side,
-                                id.clone(),
-                                target.key.clone(),
-                                FencingToken::new(token, 0),
-                                sent,
-                                inner.lease,
-                                epoch,
-                            )
-                        })
-                        .collect();
-                    return Ok(Some(holds));
-                }
-                Ok(Attempt::Taken(free_in, refused_at)) => {
-                    pause = RETRY_MIN;
-                    queued = mutex && queue;
-                    // Nothing of ours is left, but a waiting writer's intent or a queued
-                    // mutex waiter's place.
-                    unfinished.armed = matches!(ask, Ask::Write) || (mutex && queue);
-                    if matches!(wait, Wait::Never) {
-                        return Ok(None);
-                    }
-                    if listener.is_none() && mutex {
-                        listener =
-                            inner
-                                .hub
-                                .listen_direct_after(&keys.channel, &ids[0], hub_generation);
-                    }
-                    let Some(listener) = &mut listener else {
-                        // Listen, then try again at once: a release may have come before.
-                        listener = Some(
-                            inner
-                                .hub
-                                .listen(
-                                    &keys.channel,
-                                    mutex,
-                                    mutex.then_some(ids[0].as_str()),
-                                    inner.conn.reply_timeout,
-                                )
-                                .await,
-                        );
-                        continue;
-                    };
-                    // Woken by a release, or when the lease in the way could run out (a
-                    // millisecond late, so that the server has let it go). A writer behind
-                    // readers comes back every lease/3 to renew its intent.
-                    // A queued mutex waiter comes back every waiter TTL/3 to stay alive in the
-                    // queue (and to get in if the release's word to it was lost).
-                    let mut fallback =
-                        free_in.map_or(inner.lease, |d| d + Duration::from_millis(1));
-                    match ask {
-                        Ask::Write => fallback = fallback.min(inner.lease / 3),
-                        Ask::Mutex => fallback = fallback.min(inner.waiter_ttl / 3),
-                        Ask::Read | Ask::Leases { .. } => {}
-                    }
-                    listener.wait(fallback).await;
-                    // Handed the lock by a release? Only a hand-over made after this refused
-                    // attempt was applied counts: its token is larger than the lock's last
-                    // token at the refusal (`refused_at`). An older one (its word delayed
-                    // past its short lease, which then ran out and someone else took the key)
-                    // is void. The release set the key's expiry to the end of this waiter's
-                    // liveness, which the refused attempt (sent at `sent`) set to its server
-                    // time plus this waiter's own TTL: so the first lease runs until `sent` +
-                    // waiter TTL at the earliest, whatever the releaser's lease. Too little
-                    // of it left: the next attempt renews it instead.
-                    // A connection break since: the next attempt finds out.
-                    if let Some(token) = listener.take_grant().filter(|t| *t > refused_at) {
-                        let deadline = Inner::deadline_for(sent, inner.waiter_ttl);
-                        if deadline > Instant::now() + inner.waiter_ttl / 4
-                            && inner.breaks.epoch() == epoch
-                        {
-                            unfinished.armed = false;
-                            let hold = RedisHold::new(
-                                inner.clone(),
-                                keys.clone(),
-                                Side::Mutex,
-                                ids[0].clone(),
-                                target.key.clone(),
-                                FencingToken::new(token, 0),
-                                sent,
-                                inner.waiter_ttl,
-                                epoch,
-                            );
-                            return Ok(Some(vec![hold]));
-                        }
-                    }
-                }
-                Err(e) if transient(&e) => {
-                    queued = mutex && queue;
-                    tracing::debug!(key = %target.key, error = %e, "zklock: a Redis acquire attempt failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
-                }
-                Err(e) => {
-                    return Err(Error::Redis {
-                        operation: "acquire the lock",
-                        source: e.into(),
-                    })
-                }
-            }
-        }
-    }
 }
 
 impl Backend for RedisBackend {
@@ -645,7 +472,7 @@ impl Backend for RedisBackend {
                 LockMode::Write => Ask::Write,
                 LockMode::Read => Ask::Read,
             };
-            let holds = self.acquire_holds(target, ask, 1, wait).await?;
+            let holds = Acquire::new(self, target, ask, 1, wait).run().await?;
             Ok(holds
                 .and_then(|h| h.into_iter().next())
                 .map(|h| Arc::new(h) as _))
@@ -660,9 +487,8 @@ impl Backend for RedisBackend {
         wait: Wait,
     ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
         Box::pin(async move {
-            let holds = self
-                .acquire_holds(target, Ask::Leases { max: max_leases }, n, wait)
-                .await?;
+            let ask = Ask::Leases { max: max_leases };
+            let holds = Acquire::new(self, target, ask, n, wait).run().await?;
             Ok(holds.map(|h| h.into_iter().map(|h| Arc::new(h) as _).collect()))
         })
     }
