@@ -755,7 +755,7 @@ async fn flush_waits_for_the_registrations_of_waiters_that_gave_up() {
         }
     };
     let holder = manager(&pg.url()).await;
-    let m = LockManager::builder(&pg.url())
+    let m = LockManager::builder(pg.url())
         .postgres(|pg| pg.lease(LEASE))
         .local_queue(false)
         .connect()
@@ -808,7 +808,7 @@ async fn waiters_beyond_the_server_s_queue_take_freed_waits_in_the_order_they_ca
     let pg = server();
     let look = pg_client(&pg.url()).await;
     let holder = manager(&pg.url()).await;
-    let m = LockManager::builder(&pg.url())
+    let m = LockManager::builder(pg.url())
         .postgres(|pg| pg.lease(LEASE))
         .local_queue(false)
         .connect()
