@@ -185,3 +185,40 @@ fn the_memory_probes_count_server_connections_on_redis_and_postgres() {
     let r = probe(&postgres.url(), "mem-keys", true);
     assert!(field(&r, "server_connections") >= 2.0, "{r}");
 }
+
+/// The soak's bounded sample: a few seconds of mixed traffic with faults on each backend
+/// prints its growth figures, and once drained leaves no hold on any server (no ephemeral
+/// node, no lock key or shared set, no advisory lock). No figure is asserted.
+#[test]
+fn the_soak_prints_growth_and_leaves_no_hold_once_drained() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zklock-soak"))
+        .args(["--seconds", "6", "--sample-secs", "1", "--fault-secs", "3"])
+        .output()
+        .expect("run zklock-soak");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "zklock-soak failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results: Vec<std::collections::HashMap<&str, &str>> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("soak-result "))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|f| f.split_once('='))
+                .collect()
+        })
+        .collect();
+    assert_eq!(results.len(), 3, "one result per backend: {stdout}");
+    for (r, held) in results
+        .iter()
+        .zip(["drained_ephemerals", "drained_held", "drained_locks"])
+    {
+        let number = |k: &str| r.get(k).and_then(|v| v.parse::<f64>().ok());
+        assert!(number("cycles").is_some_and(|c| c > 0.0), "{r:?}");
+        assert!(number("rss_mb_per_million").is_some(), "{r:?}");
+        assert_eq!(number(held), Some(0.0), "a hold left once drained: {r:?}");
+    }
+}

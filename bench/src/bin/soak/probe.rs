@@ -108,19 +108,34 @@ impl Server {
                 };
                 vec![
                     ("znodes", field("zk_znode_count")),
+                    ("ephemerals", field("zk_ephemerals_count")),
                     ("watches", field("zk_watch_count")),
                     ("connections", field("zk_num_alive_connections")),
                 ]
             }
             Server::Redis(_, conn) => {
                 let keys: u64 = redis::cmd("DBSIZE").query_async(conn).await.unwrap_or(0);
+                // Keys that are holds (a mutex's or writer's key, readers' and leases' sets).
+                let mut held = 0;
+                for pattern in ["zklock:lock:*", "zklock:shared:*"] {
+                    let found: Vec<String> = redis::cmd("KEYS")
+                        .arg(pattern)
+                        .query_async(conn)
+                        .await
+                        .unwrap_or_default();
+                    held += found.len() as u64;
+                }
                 let list: String = redis::cmd("CLIENT")
                     .arg("LIST")
                     .query_async(conn)
                     .await
                     .unwrap_or_default();
                 let clients = list.lines().filter(|l| !l.trim().is_empty()).count() as u64;
-                vec![("keys", keys), ("clients", clients.saturating_sub(1))]
+                vec![
+                    ("keys", keys),
+                    ("held", held),
+                    ("clients", clients.saturating_sub(1)),
+                ]
             }
             Server::Postgres(_, client) => {
                 let mut kept = Vec::new();
