@@ -12,7 +12,10 @@
 //!   and the fence refuses the old holder's write after the new holder's. A step back keeps
 //!   the holder's lease (its renewals set a relative expiry).
 //! - A job's `at_least` window, measured by the server's clock: a step forward shortens it
-//!   by the step (the job may run again early), a step back lengthens it.
+//!   by the step (the job may run again early), a step back lengthens it (PostgreSQL and
+//!   ZooKeeper, whose run record's mtime is the server's wall clock).
+//! - ZooKeeper's tokens (czxids) and sessions (timed by the server's elapsed time): kept. A
+//!   hold outlives steps of an hour either way, past its session timeout.
 
 mod common;
 
@@ -21,7 +24,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use zklock::fence::{Fence, Outcome, RedisFence, RedisWrite};
 use zklock::{FencingToken, LockManager, Ran};
-use zklock_testkit::{PostgresServer, RedisServer, ServerClock};
+use zklock_testkit::{PostgresServer, RedisServer, ServerClock, ZkServer};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -191,4 +194,102 @@ async fn a_job_window_follows_the_postgres_clock() {
     // An hour back: the last run is an hour in the server's future, and the window with it.
     clock.step_back(HOUR);
     assert!(matches!(job.run(async {}).await.unwrap(), Ran::Skipped));
+}
+
+/// ZooKeeper takes no token and no session deadline from its wall clock: with the server's
+/// clock stepped an hour forward, then back, a hold outlives twice its session timeout (no
+/// other process gets in), and tokens keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_holds_and_tokens_ignore_clock_steps() {
+    let clock = clock();
+    let zk = ZkServer::builder().clock(&clock).start().unwrap();
+    let session = Duration::from_secs(2);
+    let manager = || {
+        LockManager::builder(zk.connect_string())
+            .zookeeper(|z| z.session_timeout(session))
+            .connect()
+    };
+    let managers = [manager().await.unwrap(), manager().await.unwrap()];
+    let held = managers[0].lock("held").await.unwrap();
+    for step in [HOUR.as_secs() as i64, -2 * HOUR.as_secs() as i64] {
+        match step.signum() {
+            1 => clock.step_forward(Duration::from_secs(step.unsigned_abs())),
+            _ => clock.step_back(Duration::from_secs(step.unsigned_abs())),
+        }
+        tokio::time::sleep(session * 2).await;
+        assert!(held.is_held(), "the hold ended after a step of {step} s");
+        assert!(managers[1].try_lock("held").await.unwrap().is_none());
+    }
+    held.release().await.unwrap();
+    let tokens = tokens_across_steps(&managers, &clock, &STEPS).await;
+    assert_increasing(&tokens);
+}
+
+/// On ZooKeeper a job's window is measured by the run record's mtime, the server's wall
+/// clock: a step forward past the window lets the job run again, a step back holds it off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_window_follows_the_zookeeper_clock() {
+    let clock = clock();
+    let zk = ZkServer::builder().clock(&clock).start().unwrap();
+    let m = LockManager::connect(zk.connect_string()).await.unwrap();
+    let job = m.job("nightly").unwrap().at_least(Duration::from_secs(60));
+    assert!(matches!(job.run(async {}).await.unwrap(), Ran::Ran(())));
+    assert!(matches!(job.run(async {}).await.unwrap(), Ran::Skipped));
+    clock.step_forward(Duration::from_secs(61));
+    assert!(
+        matches!(job.run(async {}).await.unwrap(), Ran::Ran(())),
+        "the window ended by the server's clock"
+    );
+    clock.step_back(HOUR);
+    assert!(matches!(job.run(async {}).await.unwrap(), Ran::Skipped));
+}
+
+/// A PostgreSQL holder across a step of its server's clock: a live holder's session answers a
+/// check every lease/3, so the server does not end it for being idle, whichever way the clock
+/// steps (the server's idle timer is relative; a step forward can make it fire at its next
+/// check of its timers, ending a session that has been idle since its last check): either the
+/// hold survives two leases and no other process gets in, or, if the server ended the session,
+/// the holder reports the loss within a check of the other's grant, with a larger token
+/// after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_hold_across_clock_steps_is_kept_or_lost_within_a_check() {
+    let clock = clock();
+    let pg = PostgresServer::start_with_clock(&clock).unwrap();
+    let lease = Duration::from_millis(1500);
+    let manager = || {
+        LockManager::builder(pg.url())
+            .postgres(|p| p.lease(lease))
+            .connect()
+    };
+    let (a, b) = (manager().await.unwrap(), manager().await.unwrap());
+    for (round, forward) in [true, false].into_iter().enumerate() {
+        let key = format!("stepped-{round}");
+        let held = a.lock(&key).await.unwrap();
+        if forward {
+            clock.step_forward(HOUR);
+        } else {
+            clock.step_back(HOUR);
+        }
+        match tokio::time::timeout(lease * 2, b.lock(&key)).await {
+            Err(_) => {
+                eprintln!("step forward={forward}: the hold was kept for two leases");
+                assert!(held.is_held());
+                held.release().await.unwrap();
+            }
+            Ok(next) => {
+                let next = next.unwrap();
+                let granted = Instant::now();
+                eprintln!("step forward={forward}: the server ended the holder's session");
+                assert!(next.fencing_token() > held.fencing_token());
+                tokio::time::timeout(lease / 3 + Duration::from_secs(1), held.lost())
+                    .await
+                    .expect("the holder reports the loss within a check");
+                eprintln!(
+                    "  believed held for {:?} after the next grant",
+                    granted.elapsed()
+                );
+                next.release().await.unwrap();
+            }
+        }
+    }
 }

@@ -39,6 +39,8 @@ pub(crate) struct Options {
     /// `-Dznode.container.checkIntervalMs`: see [`DEFAULT_CONTAINER_CHECK_INTERVAL_MS`].
     pub(crate) container_check_interval_ms: u32,
     pub(crate) extra: Vec<(String, String)>,
+    /// Variables the JVMs run with (a [`ServerClock`](crate::ServerClock)'s).
+    pub(crate) env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
 }
 
 impl Default for Options {
@@ -51,6 +53,7 @@ impl Default for Options {
             heap_mb: 128,
             container_check_interval_ms: DEFAULT_CONTAINER_CHECK_INTERVAL_MS,
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -185,6 +188,25 @@ macro_rules! server_options {
             self.opts.container_check_interval_ms = ms;
             self
         }
+
+        /// Runs the servers on a wall clock that the test moves with `clock` (their restarts
+        /// too): nodes' `ctime` and `mtime` follow it; sessions, timed by the servers' elapsed
+        /// time, do not.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// # use std::time::Duration;
+        /// let clock = zklock_testkit::ServerClock::new()?;
+        #[doc = concat!("let zk = ", $builder, ".clock(&clock).start()?;")]
+        /// clock.step_forward(Duration::from_secs(3600));
+        /// # drop(zk);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn clock(mut self, clock: &crate::ServerClock) -> Self {
+            self.opts.env = clock.env();
+            self
+        }
     };
 }
 pub(crate) use server_options;
@@ -271,6 +293,7 @@ pub(crate) struct Member {
     heap_mb: u32,
     container_check_interval_ms: u32,
     startup_timeout: Duration,
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     daemon: Daemon,
 }
 
@@ -301,6 +324,7 @@ impl Member {
             client_port,
             role,
             heap_mb: opts.heap_mb,
+            env: opts.env.clone(),
             container_check_interval_ms: opts.container_check_interval_ms,
             startup_timeout: opts.startup_timeout,
             daemon: Daemon::new("ZooKeeper", io::ErrorKind::NotConnected),
@@ -374,6 +398,7 @@ impl Member {
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
             .arg(&self.cfg)
             .current_dir(&self.root)
+            .envs(self.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
