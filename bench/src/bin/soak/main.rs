@@ -183,6 +183,11 @@ fn report(
         warm.len(),
         warm.first().map_or(0, |s| s.cycles)
     );
+    let series: Vec<String> = samples
+        .iter()
+        .map(|s| format!("{:.1}", s.rss_kb as f64 / 1024.0))
+        .collect();
+    println!("  rss by sample (MB): {}", series.join(" "));
     let mut line = String::from("  after warm-up (first -> last, min..max):");
     let mut result = format!(
         "soak-result backend={backend} cycles={cycles} secs={secs:.0} failed={errors} faults={faults} rss_mb_per_million={per_million:.3}"
@@ -201,6 +206,12 @@ fn report(
     }
     println!("{line}");
     println!("  drained:{}", drained.server_text());
+    let kinds = counts.kinds.lock().expect("not poisoned");
+    let mut kinds: Vec<(&String, &u64)> = kinds.iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(a.1));
+    for (kind, n) in kinds.iter().take(5) {
+        println!("  failed {n}x: {kind}");
+    }
     result.push_str(&drained.server_text().replace(' ', " drained_"));
     println!("{result}");
 }

@@ -4,14 +4,15 @@
 //! cycle (a fault cut the connection, a session ended) counts as an error and the worker goes
 //! on.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
-use zklock_core::LockManager;
+use zklock_core::{Error, LockManager};
 
 /// The mutex keys the workers share: a fixed set, so that nothing on the server may grow with
 /// the number of cycles.
@@ -23,12 +24,25 @@ pub(crate) struct Counts {
     pub(crate) stop: AtomicBool,
     pub(crate) cycles: AtomicU64,
     pub(crate) errors: AtomicU64,
+    /// How often each kind of error was seen: the worker's work and the error's text.
+    pub(crate) kinds: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Counts {
-    fn done(&self, ok: bool) {
-        let counter = if ok { &self.cycles } else { &self.errors };
-        counter.fetch_add(1, Ordering::Relaxed);
+    fn done(&self, work: Work, outcome: Result<(), Error>) {
+        match outcome {
+            Ok(()) => self.cycles.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                let kind = format!("{work:?}: {e}");
+                *self
+                    .kinds
+                    .lock()
+                    .expect("not poisoned")
+                    .entry(kind)
+                    .or_default() += 1;
+                self.errors.fetch_add(1, Ordering::Relaxed)
+            }
+        };
     }
 }
 
@@ -97,83 +111,63 @@ async fn worker(manager: LockManager, counts: Arc<Counts>, work: Work, seed: u64
             Work::Job => job(&manager).await,
             Work::Leader => leader(&manager, &participant).await,
         };
-        counts.done(ok);
-        if !ok {
+        let failed = ok.is_err();
+        counts.done(work, ok);
+        if failed {
             // A fault: let the backend reconnect rather than spin on it.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
 
-async fn mutex(manager: &LockManager, key: &str) -> bool {
-    match manager.lock(key).await {
-        Ok(g) => {
-            tokio::task::yield_now().await;
-            g.release().await.is_ok()
-        }
-        Err(_) => false,
+async fn mutex(manager: &LockManager, key: &str) -> Result<(), Error> {
+    let g = manager.lock(key).await?;
+    tokio::task::yield_now().await;
+    g.release().await
+}
+
+async fn try_lock(manager: &LockManager, key: &str) -> Result<(), Error> {
+    match manager.try_lock(key).await? {
+        Some(g) => g.release().await,
+        None => Ok(()),
     }
 }
 
-async fn try_lock(manager: &LockManager, key: &str) -> bool {
-    match manager.try_lock(key).await {
-        Ok(Some(g)) => g.release().await.is_ok(),
-        Ok(None) => true,
-        Err(_) => false,
-    }
-}
-
-async fn dropped(manager: &LockManager, key: &str, ms: u64) -> bool {
+async fn dropped(manager: &LockManager, key: &str, ms: u64) -> Result<(), Error> {
     match tokio::time::timeout(Duration::from_millis(ms), manager.lock(key)).await {
-        Err(_) => true,
-        Ok(Ok(g)) => g.release().await.is_ok(),
-        Ok(Err(_)) => false,
+        Err(_) => Ok(()),
+        Ok(held) => held?.release().await,
     }
 }
 
-async fn read_write(manager: &LockManager, write: bool) -> bool {
-    let Ok(lock) = manager.rwlock("soak-rw") else {
-        return false;
-    };
+async fn read_write(manager: &LockManager, write: bool) -> Result<(), Error> {
+    let lock = manager.rwlock("soak-rw")?;
     let held = if write {
-        lock.write().await
+        lock.write().await?
     } else {
-        lock.read().await
+        lock.read().await?
     };
-    match held {
-        Ok(g) => g.release().await.is_ok(),
-        Err(_) => false,
-    }
+    held.release().await
 }
 
-async fn lease(manager: &LockManager) -> bool {
-    let Ok(semaphore) = manager.semaphore("soak-slots", 2) else {
-        return false;
-    };
-    match semaphore.acquire().await {
-        Ok(lease) => lease.release().await.is_ok(),
-        Err(_) => false,
-    }
+async fn lease(manager: &LockManager) -> Result<(), Error> {
+    let semaphore = manager.semaphore("soak-slots", 2)?;
+    semaphore.acquire().await?.release().await
 }
 
-async fn job(manager: &LockManager) -> bool {
-    let Ok(job) = manager.job("soak-job") else {
-        return false;
-    };
-    let job = job.at_least(Duration::from_millis(20));
-    job.run(tokio::task::yield_now()).await.is_ok()
+async fn job(manager: &LockManager) -> Result<(), Error> {
+    let job = manager.job("soak-job")?.at_least(Duration::from_millis(20));
+    job.run(tokio::task::yield_now()).await.map(|_| ())
 }
 
-async fn leader(manager: &LockManager, participant: &str) -> bool {
-    let Ok(latch) = manager.leader_latch("soak-leader", participant) else {
-        return false;
-    };
+async fn leader(manager: &LockManager, participant: &str) -> Result<(), Error> {
+    let latch = manager.leader_latch("soak-leader", participant)?;
     match latch.lead_timeout(Duration::from_millis(50)).await {
         Ok(leadership) => {
             drop(leadership);
-            true
+            Ok(())
         }
-        Err(zklock_core::Error::Timeout { .. }) => true,
-        Err(_) => false,
+        Err(Error::Timeout { .. }) => Ok(()),
+        Err(e) => Err(e),
     }
 }
