@@ -282,3 +282,39 @@ async fn an_unknown_node_on_a_lock_path_is_a_clear_error() {
     assert_eq!(nodes, ["stranger-0000000001"]);
     assert_eq!(listed[0].holders[0].mode, "unknown");
 }
+
+/// A kazoo holder whose process dies: its session lives on in the server until it expires,
+/// and zklock's waiter is not granted before; once it has expired (the server deletes kazoo's
+/// ephemeral node), the waiter is granted, and no node of kazoo's is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kazoo_holder_whose_session_expires_hands_the_lock_on() {
+    let zk = server();
+    let m = manager(&zk.connect_string()).await;
+    let path = "/kz-expires";
+    let session = Duration::from_secs(2);
+    let mut peer = KazooPeer::spawn_with_session(&zk.connect_string(), session).unwrap();
+    peer.acquire("k", "lock", path, &[]).unwrap();
+    expect(&mut peer, "acquired", "k");
+    let mutex = m.mutex_at_path(path).unwrap();
+    let waiting = tokio::spawn(async move {
+        let g = mutex.lock_timeout(Duration::from_secs(30)).await;
+        (g, std::time::Instant::now())
+    });
+    tokio::time::sleep(STILL_WAITING).await;
+    assert!(!waiting.is_finished(), "granted while kazoo held");
+    let killed = std::time::Instant::now();
+    tokio::task::block_in_place(|| peer.kill()).unwrap();
+    let (granted, at) = waiting.await.unwrap();
+    let granted = granted.expect("granted once kazoo's session expired");
+    let after = at.duration_since(killed);
+    eprintln!("granted {after:?} after kazoo's process died (session {session:?})");
+    assert!(
+        after >= session / 2,
+        "granted {after:?} after the kill: before kazoo's session could have expired"
+    );
+    let client = m.zookeeper_client().expect("a ZooKeeper manager");
+    let children = client.list_children(path).await.unwrap();
+    assert_eq!(children.len(), 1, "only zklock's node: {children:?}");
+    assert!(!children[0].contains("__lock__"), "{children:?}");
+    granted.release().await.unwrap();
+}

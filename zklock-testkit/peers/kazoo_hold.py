@@ -1,7 +1,8 @@
 """kazoo's peer in zklock's interoperability tests: kazoo's Lock, ReadLock and WriteLock on a real
 ZooKeeper, driven line by line over stdin, telling on stdout what happened and when.
 
-Usage: kazoo_hold.py CONNECT   (one kazoo client, one session, for the whole run)
+Usage: kazoo_hold.py CONNECT [SESSION_SECS]   (one kazoo client, one session of SESSION_SECS,
+       default 10, for the whole run)
 
 Commands, one a line on stdin:
   acquire NAME KIND PATH [PATTERNS]  a new kazoo lock object NAME of KIND (lock | read | write) on
@@ -51,9 +52,10 @@ def acquire(name, lock):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: kazoo_hold.py CONNECT")
-    client = KazooClient(hosts=sys.argv[1], timeout=10)
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: kazoo_hold.py CONNECT [SESSION_SECS]")
+    session = float(sys.argv[2]) if len(sys.argv) == 3 else 10.0
+    client = KazooClient(hosts=sys.argv[1], timeout=session)
     client.start(timeout=60)
     say("ready")
     locks = {}

@@ -69,12 +69,32 @@ impl KazooPeer {
     ///
     /// When kazoo cannot be installed, the script cannot be started, or it never connects.
     pub fn spawn(connect: &str) -> io::Result<KazooPeer> {
+        Self::spawn_with_session(connect, Duration::from_secs(10))
+    }
+
+    /// As [`spawn`](Self::spawn), with a kazoo session of `session` (the server may clamp it).
+    ///
+    /// # Errors
+    ///
+    /// As [`spawn`](Self::spawn).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let zk = zklock_testkit::ZkServer::start()?;
+    /// let peer = zklock_testkit::KazooPeer::spawn_with_session(&zk.connect_string(), Duration::from_secs(2))?;
+    /// # drop(peer);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn spawn_with_session(connect: &str, session: Duration) -> io::Result<KazooPeer> {
         ensure_kazoo_installed()?;
         let script = peers_dir().join("kazoo_hold.py");
         let mut cmd = Command::new(PYTHON);
         cmd.arg("-u")
             .arg(&script)
             .arg(connect)
+            .arg(format!("{}", session.as_secs_f64()))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -120,6 +140,28 @@ impl KazooPeer {
     /// When the peer cannot be written to.
     pub fn release(&mut self, name: &str) -> io::Result<()> {
         self.send(&format!("release {name}"))
+    }
+
+    /// Kills the peer (SIGKILL): its session lives on in the server until it expires, and
+    /// its locks with it.
+    ///
+    /// # Errors
+    ///
+    /// When the process cannot be killed.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let zk = zklock_testkit::ZkServer::start()?;
+    /// let mut peer = zklock_testkit::KazooPeer::spawn(&zk.connect_string())?;
+    /// peer.kill()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn kill(&mut self) -> io::Result<()> {
+        match self.process.as_mut() {
+            Some(process) => process.kill(),
+            None => Ok(()),
+        }
     }
 
     /// Waits up to `timeout` for the peer's next event.
