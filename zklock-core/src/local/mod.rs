@@ -540,80 +540,32 @@ pub(crate) async fn acquire(
     }
     let lock = table.entry(path, mode.into(), config);
     let duty = loop {
-        let mut stale = None;
-        let receiver = {
-            let mut state = lock.state();
-            if state.busy && lock.holder_lost(&state) {
-                // The holder's hold is lost but user code keeps it: it holds nothing up. (A
-                // queued task would have moved the queue on already; a try must too.)
-                lock.pass_duty(&mut state);
-            }
-            if !state.busy {
-                match lock.take_lingering(&mut state, labels) {
-                    Ok(Some(grant)) => Admission::Lingered(grant),
-                    taken => {
-                        stale = taken.err();
-                        state.busy = true;
-                        Admission::Acquire(state.turn)
-                    }
-                }
-            } else if matches!(wait, Wait::Never) {
-                return Ok(None);
-            } else {
-                let (tx, rx) = oneshot::channel();
-                state.queue.push_back(tx);
-                Admission::Queued(rx)
-            }
-        };
-        // A lingering hold that could not be taken again is released in the background.
-        drop(stale);
-        let rx = match receiver {
-            Admission::Queued(rx) => rx,
-            Admission::Acquire(turn) => {
+        let rx = match admit(&lock, wait, labels) {
+            None => return Ok(None),
+            Some(Admission::Acquire(turn)) => {
                 break AcquireDuty {
                     lock: Some(lock.clone()),
                     turn,
                 }
             }
-            Admission::Lingered(grant) => {
+            Some(Admission::Lingered(grant)) => {
                 lock.holder_changed.notify_waiters();
-                grant.hold().confirmed().await;
-                if grant.loss_reason().is_none() {
+                match confirmed(grant).await {
+                    Some(grant) => return Ok(Some(grant)),
+                    None => continue,
+                }
+            }
+            Some(Admission::Queued(rx)) => rx,
+        };
+        match queued_turn(&lock, rx, wait, key).await? {
+            // Handed over by the last holder: ours once its hold is confirmed still there;
+            // otherwise dropping it passed the lock on, and we queue again.
+            Wake::Granted(grant) => {
+                if let Some(grant) = confirmed(grant).await {
                     return Ok(Some(grant));
                 }
-                // Lost meanwhile: dropping it passes the lock on; try again.
-                drop(grant);
-                continue;
             }
-        };
-        let woken = match wait {
-            Wait::Until(deadline, waited) => {
-                match tokio::time::timeout_at(deadline, lock.wait_turn(rx)).await {
-                    Ok(woken) => woken,
-                    Err(_) => {
-                        return Err(Error::Timeout {
-                            key: key.to_string(),
-                            waited,
-                        })
-                    }
-                }
-            }
-            _ => lock.wait_turn(rx).await,
-        };
-        match woken {
-            Ok(Wake::Granted(grant)) => {
-                // The hold was fine when the last holder let go; make sure it still exists
-                // (someone may have deleted it) before this task relies on it. Once the hold's
-                // watch has answered, this costs nothing.
-                grant.hold().confirmed().await;
-                if grant.loss_reason().is_none() {
-                    return Ok(Some(grant));
-                }
-                // Dropping it passes the lock on; queue again for a hold of our own.
-                drop(grant);
-            }
-            Ok(Wake::Acquire(duty)) => break duty,
-            Err(_) => return Err(Error::Closed),
+            Wake::Acquire(duty) => break duty,
         }
     };
     // We carry the duty: acquire the hold. If this fails or is cancelled, the duty's drop
@@ -627,6 +579,67 @@ pub(crate) async fn acquire(
         }
         None => Ok(None),
     }
+}
+
+/// What the local queue says to an acquire of `lock` now: take the lingering hold again, go
+/// and acquire a hold (carrying the duty), or wait in line; `None` for a try that finds the
+/// lock busy.
+fn admit(lock: &Arc<LocalLock>, wait: Wait, labels: &Labels) -> Option<Admission> {
+    let mut stale = None;
+    let admission = {
+        let mut state = lock.state();
+        if state.busy && lock.holder_lost(&state) {
+            // The holder's hold is lost but user code keeps it: it holds nothing up. (A
+            // queued task would have moved the queue on already; a try must too.)
+            lock.pass_duty(&mut state);
+        }
+        if !state.busy {
+            match lock.take_lingering(&mut state, labels) {
+                Ok(Some(grant)) => Admission::Lingered(grant),
+                taken => {
+                    stale = taken.err();
+                    state.busy = true;
+                    Admission::Acquire(state.turn)
+                }
+            }
+        } else if matches!(wait, Wait::Never) {
+            return None;
+        } else {
+            let (tx, rx) = oneshot::channel();
+            state.queue.push_back(tx);
+            Admission::Queued(rx)
+        }
+    };
+    // A lingering hold that could not be taken again is released in the background.
+    drop(stale);
+    Some(admission)
+}
+
+/// Waits in `lock`'s line until woken, by `wait`'s deadline.
+async fn queued_turn(
+    lock: &Arc<LocalLock>,
+    rx: oneshot::Receiver<Wake>,
+    wait: Wait,
+    key: &str,
+) -> Result<Wake> {
+    let woken = match wait {
+        Wait::Until(deadline, waited) => tokio::time::timeout_at(deadline, lock.wait_turn(rx))
+            .await
+            .map_err(|_| Error::Timeout {
+                key: key.to_string(),
+                waited,
+            })?,
+        _ => lock.wait_turn(rx).await,
+    };
+    woken.map_err(|_| Error::Closed)
+}
+
+/// A grant handed over locally or taken again from the linger, once its hold is confirmed
+/// still there (someone may have deleted it; once the hold's watch has answered, this costs
+/// nothing); `None` when it was lost meanwhile: dropping it passed the lock on.
+async fn confirmed(grant: Grant) -> Option<Grant> {
+    grant.hold().confirmed().await;
+    grant.loss_reason().is_none().then_some(grant)
 }
 
 impl LocalLock {
