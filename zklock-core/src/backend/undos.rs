@@ -8,15 +8,24 @@
 //! a process from being held up by its own abandoned acquires; other processes can still meet
 //! such a moment, as they would meet a holder.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::watch;
 
+/// The undos of one lock under way: each numbered in the order it started.
+#[derive(Default)]
+struct Running {
+    /// The number the next undo gets.
+    next: u64,
+    /// The numbers of those under way.
+    running: BTreeSet<u64>,
+}
+
 /// Undos under way, per lock.
 pub(crate) struct Undos<K> {
-    pending: StdMutex<HashMap<K, watch::Sender<usize>>>,
+    pending: StdMutex<HashMap<K, watch::Sender<Running>>>,
 }
 
 impl<K> Default for Undos<K> {
@@ -31,39 +40,52 @@ impl<K: Hash + Eq + Clone> Undos<K> {
     /// An undo of an acquire of `lock` starts: it counts until the returned [`Undoing`] is
     /// dropped (move it into the undo's task: a task dropped unrun ends it too).
     pub(crate) fn start(self: &Arc<Self>, lock: &K) -> Undoing<K> {
+        let mut number = 0;
         self.pending
             .lock()
             .expect("not poisoned")
             .entry(lock.clone())
-            .or_insert_with(|| watch::channel(0).0)
-            .send_modify(|n| *n += 1);
+            .or_insert_with(|| watch::channel(Running::default()).0)
+            .send_modify(|r| {
+                number = r.next;
+                r.next += 1;
+                r.running.insert(number);
+            });
         Undoing {
             undos: self.clone(),
             lock: lock.clone(),
+            number,
         }
     }
 
-    /// An undo of an acquire of `lock` ended, done or failed.
-    fn done(&self, lock: &K) {
+    /// The undo `number` of an acquire of `lock` ended, done or failed.
+    fn done(&self, lock: &K, number: u64) {
         let mut pending = self.pending.lock().expect("not poisoned");
-        if let Some(count) = pending.get(lock) {
-            count.send_modify(|n| *n -= 1);
-            if *count.borrow() == 0 {
+        if let Some(running) = pending.get(lock) {
+            running.send_modify(|r| {
+                r.running.remove(&number);
+            });
+            if running.borrow().running.is_empty() {
                 pending.remove(lock);
             }
         }
     }
 
-    /// Waits until no undo of an acquire of `lock` is under way.
+    /// Waits until every undo of an acquire of `lock` that had started when it was called has
+    /// ended. Undos that start later are not waited for: a stream of dropped acquires cannot
+    /// hold a later acquire up for ever.
     pub(crate) async fn finished(&self, lock: &K) {
         let pending = self
             .pending
             .lock()
             .expect("not poisoned")
             .get(lock)
-            .map(|c| c.subscribe());
-        if let Some(mut pending) = pending {
-            let _ = pending.wait_for(|n| *n == 0).await;
+            .map(|r| (r.subscribe(), r.borrow().next));
+        if let Some((mut pending, upto)) = pending {
+            // The lock's entry goes (the sender with it) once none runs: done too.
+            let _ = pending
+                .wait_for(|r| r.running.first().is_none_or(|first| *first >= upto))
+                .await;
         }
     }
 }
@@ -72,11 +94,12 @@ impl<K: Hash + Eq + Clone> Undos<K> {
 pub(crate) struct Undoing<K: Hash + Eq + Clone> {
     undos: Arc<Undos<K>>,
     lock: K,
+    number: u64,
 }
 
 impl<K: Hash + Eq + Clone> Drop for Undoing<K> {
     fn drop(&mut self) {
-        self.undos.done(&self.lock);
+        self.undos.done(&self.lock, self.number);
     }
 }
 
@@ -113,5 +136,30 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(100), undos.finished(&2))
             .await
             .expect_err("lock 2's undo is under way");
+    }
+
+    /// `finished` waits for the undos under way when it was called, not for those that start
+    /// later: a stream of overlapping undos (an acquire dropped again and again) does not hold
+    /// it up for ever. (Waiting for the count to reach zero, it never returned here.)
+    #[tokio::test]
+    async fn finished_is_not_held_up_by_undos_that_start_later() {
+        let undos = Arc::new(Undos::default());
+        let mut under_way = undos.start(&1);
+        let waiting = tokio::spawn({
+            let undos = undos.clone();
+            async move { undos.finished(&1).await }
+        });
+        tokio::task::yield_now().await;
+        // Each undo ends only after the next has started: never none under way.
+        for _ in 0..20 {
+            let next = undos.start(&1);
+            drop(std::mem::replace(&mut under_way, next));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("finished once the undo under way at the call ended")
+            .unwrap();
+        drop(under_way);
     }
 }
