@@ -66,6 +66,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use memory::status_kb;
 pub use report::{parse_line, Report};
 
 /// What a benchmark run does; the names match the test kit's `peers/run`'s workloads.

@@ -16,8 +16,14 @@ use crate::peer::{is_redis, Setup};
 use crate::server::ServerProbe;
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
 
-/// A field of `/proc/self/status` in kB (`VmRSS`, `VmHWM`); 0 where there is none.
-pub(crate) fn status_kb(field: &str) -> u64 {
+/// A number field of `/proc/self/status`: in kB for `VmRSS` and `VmHWM`, a count for
+/// `Threads`; 0 where there is none.
+///
+/// ```
+/// assert!(zklock_bench::status_kb("VmRSS") > 0);
+/// assert_eq!(zklock_bench::status_kb("NoSuchField"), 0);
+/// ```
+pub fn status_kb(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {

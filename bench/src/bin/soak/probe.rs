@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 
+use zklock_bench::status_kb;
 use zklock_testkit::{PostgresServer, RedisServer, ZkServer};
 
 /// The server under soak, with a way to look at it and to hurt it.
@@ -23,19 +24,6 @@ pub(crate) struct Sample {
     pub(crate) threads: u64,
     /// What the server keeps, by name.
     pub(crate) server: Vec<(&'static str, u64)>,
-}
-
-/// A field of `/proc/self/status` (`VmRSS` in kB, `Threads`); 0 where there is none.
-fn status(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status.lines().find_map(|line| {
-                let rest = line.strip_prefix(field)?.strip_prefix(':')?;
-                rest.split_whitespace().next()?.parse().ok()
-            })
-        })
-        .unwrap_or(0)
 }
 
 fn open_fds() -> u64 {
@@ -89,9 +77,9 @@ impl Server {
     pub(crate) async fn sample(&mut self, cycles: u64) -> Sample {
         Sample {
             cycles,
-            rss_kb: status("VmRSS"),
+            rss_kb: status_kb("VmRSS"),
             fds: open_fds(),
-            threads: status("Threads"),
+            threads: status_kb("Threads"),
             server: self.kept().await,
         }
     }
