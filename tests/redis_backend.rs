@@ -135,12 +135,7 @@ async fn zookeeper_only_features_are_refused() {
             .await
             .unwrap_err(),
     ] {
-        let text = err.to_string();
-        assert!(matches!(err, Error::Config(_)), "{err}");
-        assert!(
-            text.contains("names Redis") && text.contains("Builder::redis"),
-            "says which backend the URL names, and where its settings go: {text}"
-        );
+        common::assert_refused_as_another_backends(&err, "Redis", "redis");
     }
     let err = LockManager::builder("127.0.0.1:2181")
         .redis(|r| r.lease(Duration::from_secs(3)))

@@ -244,3 +244,16 @@ pub async fn pg_client(url: &str) -> tokio_postgres::Client {
     tokio::spawn(connection);
     client
 }
+
+/// `err` refuses another backend's settings for a connect string that names `backend`
+/// (`Redis`, `PostgreSQL`): a configuration error that names the backend, says where its own
+/// settings go (`Builder::<method>`), and shows no password.
+pub fn assert_refused_as_another_backends(err: &zklock::Error, backend: &str, method: &str) {
+    let text = err.to_string();
+    assert!(matches!(err, zklock::Error::Config(_)), "{err}");
+    assert!(
+        text.contains(&format!("names {backend}")) && text.contains(&format!("Builder::{method}")),
+        "says which backend the URL names, and where its settings go: {text}"
+    );
+    assert!(!text.contains("secret"), "no password in {text}");
+}
