@@ -115,7 +115,9 @@ struct ServerClock {
 
 impl ServerClock {
     async fn new(manager: &LockManager) -> ServerClock {
-        let client = manager.zookeeper_client().expect("a ZooKeeper manager");
+        let client = manager
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager");
         let path = format!("/zklock-example-clock-{}", std::process::id());
         let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
         client

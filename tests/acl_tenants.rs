@@ -20,7 +20,9 @@ async fn another_tenant_cannot_delete_or_revoke_your_contender_nodes() {
         .await
         .unwrap();
     let held = billing.lock("invoice_1").await.unwrap();
-    let client = intruder.zookeeper_client().expect("a ZooKeeper manager");
+    let client = intruder
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     assert_eq!(
         client.delete(held.node_path(), None).await,
         Err(zookeeper_client::Error::NoAuth)
@@ -74,7 +76,7 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
     let path = tenant.path_of("invoice_9").unwrap();
     let open = anonymous.lock("invoice_9").await.unwrap();
     anonymous
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .create(
             &format!("{path}/keep-open"),
@@ -114,7 +116,7 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
     let own = tenant.lock("invoice_10").await.unwrap();
     assert_eq!(
         anonymous
-            .zookeeper_client()
+            .client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .delete(own.node_path(), None)
             .await,
@@ -123,13 +125,13 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
     own.release().await.unwrap();
     // Once the open path is gone (reaped when empty) and made again by the tenant, it locks.
     anonymous
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(&format!("{path}/keep-open"), None)
         .await
         .unwrap();
     let _ = anonymous
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(&path, None)
         .await;
@@ -137,7 +139,7 @@ async fn a_lock_path_others_may_delete_in_is_refused() {
     assert!(got.is_held());
     assert_eq!(
         anonymous
-            .zookeeper_client()
+            .client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .delete(got.node_path(), None)
             .await,

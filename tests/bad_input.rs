@@ -125,7 +125,8 @@ async fn oversized_node_data_and_paths_are_refused_before_they_reach_the_server(
         "{after:?}"
     );
     assert_no_contenders(
-        &m.zookeeper_client().expect("a ZooKeeper manager"),
+        &m.client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         "/",
         Duration::from_secs(5),
     )
@@ -211,7 +212,7 @@ async fn a_chroot_is_honoured_and_a_missing_one_is_a_clear_error() {
     assert_eq!(everything(&admin).await, before, "nothing was created");
 
     admin
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .mkdir(
             "/tenant_a",
@@ -241,7 +242,9 @@ async fn a_chroot_is_honoured_and_a_missing_one_is_a_clear_error() {
         );
     }
     assert_no_contenders(
-        &admin.zookeeper_client().expect("a ZooKeeper manager"),
+        &admin
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         "/",
         Duration::from_secs(5),
     )

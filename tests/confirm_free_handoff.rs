@@ -56,7 +56,7 @@ impl Waiter {
     async fn until_watching(&self, zk: &ZkServer, path: &str, n: usize) {
         let session = self
             .manager
-            .zookeeper_client()
+            .client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .session()
             .id()
@@ -396,7 +396,7 @@ async fn a_waiter_whose_node_is_deleted_while_it_waits_is_told_and_never_granted
 
     // Someone else (an operator) deletes the waiting node.
     q.holder
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(&q.waiting_node, None)
         .await
@@ -418,7 +418,10 @@ async fn a_node_deleted_just_before_its_grant_is_never_granted() {
 
     // The waiting node and then the holder's go in one transaction: the waiter hears of both
     // at once, its own node's deletion first. It must not take the lock.
-    let client = q.holder.zookeeper_client().expect("a ZooKeeper manager");
+    let client = q
+        .holder
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     let mut multi = client.new_multi_writer();
     multi.add_delete(&q.waiting_node, None).unwrap();
     multi.add_delete(q.held.node_path(), None).unwrap();

@@ -256,7 +256,8 @@ async fn a_storm_of_cancelled_acquires_leaves_the_lock_paths_empty() {
         );
     }
     assert_no_contenders(
-        &m.zookeeper_client().expect("a ZooKeeper manager"),
+        &m.client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(5),
     )

@@ -120,7 +120,9 @@ async fn killing_and_isolating_the_leader_never_grants_a_lock_twice() {
         m.flush().await;
     }
     assert_no_contenders(
-        &managers[0].zookeeper_client().expect("a ZooKeeper manager"),
+        &managers[0]
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(20),
     )

@@ -158,7 +158,9 @@ async fn a_lost_reply_to_the_contenders_create_leaves_one_node_and_the_acquire_c
     direct.flush().await;
     m.flush().await;
     assert_no_contenders(
-        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        &direct
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )

@@ -137,7 +137,9 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
         m.flush().await;
     }
     assert_no_contenders(
-        &waiters.zookeeper_client().expect("a ZooKeeper manager"),
+        &waiters
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )
@@ -270,7 +272,9 @@ async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader
         m.flush().await;
     }
     assert_no_contenders(
-        &others.zookeeper_client().expect("a ZooKeeper manager"),
+        &others
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )

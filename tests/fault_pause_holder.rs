@@ -320,7 +320,7 @@ async fn run(zk: &ZkServer, variant: &str) -> Outcome {
     let store = format!("/store_{variant}");
     let admin = manager(&connect).await;
     admin
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .create(
             &store,
@@ -355,7 +355,7 @@ async fn run(zk: &ZkServer, variant: &str) -> Outcome {
     let report = history.check();
     let (value, _) = decode(
         &admin
-            .zookeeper_client()
+            .client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .get_data(&store)
             .await
@@ -377,7 +377,9 @@ async fn run(zk: &ZkServer, variant: &str) -> Outcome {
         outcome.report.summary()
     );
     assert_no_contenders(
-        &admin.zookeeper_client().expect("a ZooKeeper manager"),
+        &admin
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         &admin.path_of(&key).unwrap(),
         Duration::from_secs(10),
     )
@@ -418,7 +420,9 @@ async fn a_paused_holder_overlaps_the_next_one_and_only_fencing_saves_the_shared
     }
     let admin = manager(&zk.connect_string()).await;
     assert_no_contenders(
-        &admin.zookeeper_client().expect("a ZooKeeper manager"),
+        &admin
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )

@@ -80,7 +80,7 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     // A quick restart, with the data.
     history.fault("server stopped and restarted with its data");
     let session = lenient
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .session_id();
     zk.stop().unwrap();
@@ -89,7 +89,9 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
         .expect("the strict holder is told at the disconnection");
     s_rec.lost("k1", reason);
     zk.restart().unwrap();
-    let client = lenient.zookeeper_client().expect("a ZooKeeper manager");
+    let client = lenient
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     eventually(
         "the lenient holder's session to answer again",
         long,
@@ -98,7 +100,7 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
     .await;
     assert_eq!(
         lenient
-            .zookeeper_client()
+            .client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .session_id(),
         session,
@@ -160,7 +162,9 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
         }
     });
     until_children(&strict, &strict.path_of("k3").unwrap(), 2).await;
-    let old_client = short.zookeeper_client().expect("a ZooKeeper manager");
+    let old_client = short
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     history.fault("server stopped past the short session's timeout");
     zk.stop().unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(10), sh_guard.lost())
@@ -209,7 +213,9 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
         m.flush().await;
     }
     assert_no_contenders(
-        &strict.zookeeper_client().expect("a ZooKeeper manager"),
+        &strict
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(15),
     )

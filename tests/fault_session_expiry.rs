@@ -31,13 +31,13 @@ async fn in_line(
     kids.sort_by(|a, b| a.rsplit('-').next().cmp(&b.rsplit('-').next()));
     let node = kids.get(nth)?;
     let stat = direct
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .check_stat(&format!("{path}/{node}"))
         .await
         .ok()??;
     managers.iter().position(|m| {
-        m.zookeeper_client()
+        m.client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .session_id()
             .0
@@ -157,7 +157,9 @@ async fn sessions_expired_while_holding_and_while_waiting_are_reported_and_never
         m.flush().await;
     }
     assert_no_contenders(
-        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        &direct
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(15),
     )

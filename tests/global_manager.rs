@@ -11,10 +11,10 @@ async fn global_manager_comes_from_zklock_connect() {
     let a = zklock::global().await.unwrap();
     let b = zklock::global().await.unwrap();
     assert_eq!(
-        a.zookeeper_client()
+        a.client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .session_id(),
-        b.zookeeper_client()
+        b.client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .session_id(),
         "one session for the process"

@@ -76,7 +76,7 @@ async fn with_lock_aborts_the_body_when_the_hold_is_lost() {
     let result = a
         .with_lock("abort", async {
             let node = children(&ops, &path).await.pop().unwrap();
-            ops.zookeeper_client()
+            ops.client::<zookeeper_client::Client>()
                 .expect("a ZooKeeper manager")
                 .delete(&format!("{path}/{node}"), None)
                 .await
@@ -187,7 +187,9 @@ async fn a_grace_policy_keeps_the_hold_through_a_short_disconnection() {
     zk.stop().unwrap();
     zk.restart().unwrap();
     // Prove the session is back (a request answered) before judging the hold.
-    let client = a.zookeeper_client().expect("a ZooKeeper manager");
+    let client = a
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     let mut answered = false;
     for _ in 0..100 {
         if client

@@ -251,7 +251,9 @@ async fn kazoo_and_zklock_waiters_are_granted_in_queue_order() {
 async fn an_unknown_node_on_a_lock_path_is_a_clear_error() {
     let zk = server();
     let m = manager(&zk.connect_string()).await;
-    let client = m.zookeeper_client().expect("a ZooKeeper manager");
+    let client = m
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     let path = m.path_of("sku_7").unwrap();
     let open = zklock::zookeeper_client::CreateMode::Persistent
         .with_acls(zklock::zookeeper_client::Acls::anyone_all());
@@ -312,7 +314,9 @@ async fn a_kazoo_holder_whose_session_expires_hands_the_lock_on() {
         after >= session / 2,
         "granted {after:?} after the kill: before kazoo's session could have expired"
     );
-    let client = m.zookeeper_client().expect("a ZooKeeper manager");
+    let client = m
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     let children = client.list_children(path).await.unwrap();
     assert_eq!(children.len(), 1, "only zklock's node: {children:?}");
     assert!(!children[0].contains("__lock__"), "{children:?}");

@@ -235,7 +235,7 @@ async fn a_lingering_node_deleted_by_someone_else_is_not_taken_again() {
     let path = m.path_of("deleted").unwrap();
     let (node, mine) = linger_node(&m, "deleted").await;
     admin
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(&node, None)
         .await

@@ -195,7 +195,7 @@ async fn hand_on(
 /// The node's creation zxid, read on the server.
 async fn czxid(m: &zklock::LockManager, node: &str) -> i64 {
     let (_, stat) = m
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .get_data(node)
         .await

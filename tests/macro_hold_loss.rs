@@ -16,7 +16,7 @@ async fn delete_my_node(m: &LockManager, ops: &LockManager, key: &str) {
     let mut nodes = children(ops, &path).await;
     assert_eq!(nodes.len(), 1, "{nodes:?}");
     let node = nodes.pop().unwrap();
-    ops.zookeeper_client()
+    ops.client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(&format!("{path}/{node}"), None)
         .await

@@ -208,7 +208,7 @@ async fn a_scripted_sequence_on_zookeeper_emits_exact_metrics() {
 
     script(&m, &mut captured, "zk", |guard| async {
         // Someone else deletes the holder's node.
-        m.zookeeper_client()
+        m.client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .delete(guard.node_path(), None)
             .await

@@ -132,7 +132,7 @@ async fn nodes_use_curators_format() {
     );
     // The lock path's parent chain is made of CONTAINER nodes (ephemeralOwner 0, removed when empty).
     let (_, stat) = m
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .get_data(&m.path_of("fmt").unwrap())
         .await

@@ -249,7 +249,16 @@ async fn what_does_not_fit_is_refused() {
         .connect()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Postgres { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Server {
+                backend: "postgres",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.is_retryable());
     assert!(!err.to_string().contains("secret"), "{err}");
 }

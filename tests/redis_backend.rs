@@ -165,7 +165,16 @@ async fn an_unreachable_server_is_a_redis_error() {
     let url = redis.url();
     drop(redis);
     let err = LockManager::connect(&url).await.unwrap_err();
-    assert!(matches!(err, Error::Redis { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Server {
+                backend: "redis",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.is_retryable());
 }
 

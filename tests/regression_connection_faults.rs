@@ -115,7 +115,9 @@ async fn requests_failed_by_a_reset_connection_are_retried_as_a_connection_loss(
 
     m.flush().await;
     assert_no_contenders(
-        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        &direct
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )
@@ -140,7 +142,9 @@ async fn a_lost_reply_to_the_first_create_on_a_fresh_lock_path_is_retried() {
     guard.release().await.unwrap();
     m.flush().await;
     assert_no_contenders(
-        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        &direct
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )

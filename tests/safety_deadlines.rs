@@ -99,7 +99,10 @@ async fn until_disconnected(m: &LockManager) {
         "the client to notice the partition",
         2 * SESSION,
         || async {
-            m.zookeeper_client().expect("a ZooKeeper manager").state() == SessionState::Disconnected
+            m.client::<zookeeper_client::Client>()
+                .expect("a ZooKeeper manager")
+                .state()
+                == SessionState::Disconnected
         },
     )
     .await;
@@ -112,7 +115,9 @@ async fn heal_and_check(proxy: &Proxy, m: &LockManager, direct: &LockManager) {
         .await
         .expect("background cleanups end once the partition healed");
     assert_no_contenders(
-        &direct.zookeeper_client().expect("a ZooKeeper manager"),
+        &direct
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         2 * SESSION,
     )

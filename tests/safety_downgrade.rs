@@ -28,7 +28,9 @@ async fn until_renewed(m: &zklock::LockManager, old: zklock::zookeeper_client::S
         "the manager to renew its session",
         Duration::from_secs(30),
         || async {
-            let client = m.zookeeper_client().expect("a ZooKeeper manager");
+            let client = m
+                .client::<zookeeper_client::Client>()
+                .expect("a ZooKeeper manager");
             client.session_id() != old
                 && client.state() == zklock::zookeeper_client::SessionState::SyncConnected
         },
@@ -61,7 +63,7 @@ async fn downgrading_an_expired_write_hold_while_another_writer_holds_is_refused
     });
     until_children(&b, &path, 2).await;
     let old = a
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .session_id();
     expire_session(&a, &zk.connect_string()).await;
@@ -96,7 +98,8 @@ async fn downgrading_an_expired_write_hold_while_another_writer_holds_is_refused
     );
     other.release().await.unwrap();
     assert_no_contenders(
-        &b.zookeeper_client().expect("a ZooKeeper manager"),
+        &b.client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )
@@ -114,7 +117,7 @@ async fn downgrading_an_expired_write_hold_is_refused_and_creates_no_node() {
     let write = rw.write().await.unwrap();
 
     let old = a
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .session_id();
     expire_session(&a, &zk.connect_string()).await;
@@ -124,7 +127,7 @@ async fn downgrading_an_expired_write_hold_is_refused_and_creates_no_node() {
     // node made (or removed) by the downgrade.
     until_children(&observer, &path, 0).await;
     let before = observer
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .check_stat(&path)
         .await
@@ -140,7 +143,7 @@ async fn downgrading_an_expired_write_hold_is_refused_and_creates_no_node() {
         .await
         .expect("background work ends");
     let after = observer
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .check_stat(&path)
         .await

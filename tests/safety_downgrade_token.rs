@@ -68,7 +68,8 @@ async fn a_downgraded_read_hold_carries_a_token_below_the_next_writers() {
     a.flush().await;
     b.flush().await;
     assert_no_contenders(
-        &a.zookeeper_client().expect("a ZooKeeper manager"),
+        &a.client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )

@@ -31,13 +31,13 @@ use zklock::LockManager;
 
 /// Deletes `node` from another session, then makes one round trip on the holder's own client.
 async fn delete_behind_its_back(holder: &LockManager, ops: &LockManager, node: &str) {
-    ops.zookeeper_client()
+    ops.client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(node, None)
         .await
         .unwrap();
     let seen = holder
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .check_stat(node)
         .await
@@ -148,16 +148,16 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
     // For a failure's message: which session is whose.
     println!(
         "sessions: m {:#x}, other {:#x}, ops {:#x}",
-        m.zookeeper_client()
+        m.client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .session_id()
             .0,
         other
-            .zookeeper_client()
+            .client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .session_id()
             .0,
-        ops.zookeeper_client()
+        ops.client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .session_id()
             .0
@@ -172,7 +172,7 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
         async move { m.lock(key).await }
     });
     // The second task queues locally behind the first (it makes no node of its own).
-    m.zookeeper_client()
+    m.client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .check_stat(&deleted)
         .await
@@ -279,7 +279,8 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
             .expect("background work ends");
     }
     assert_no_contenders(
-        &ops.zookeeper_client().expect("a ZooKeeper manager"),
+        &ops.client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )

@@ -27,7 +27,7 @@ const WINDOW: Duration = Duration::from_secs(60);
 /// The recorded `not-before` (server ms) of the job at `lock_path`, if any.
 async fn not_before(m: &LockManager, lock_path: &str) -> Option<i64> {
     let (data, _) = m
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .get_data(&format!("{lock_path}%RUN"))
         .await

@@ -52,7 +52,7 @@ async fn a_grace_fitting_the_asked_timeout_but_not_the_negotiated_one_never_over
         Ok(holder) => holder,
     };
     let negotiated = holder
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .session_timeout();
     println!("accepted; asked 60 s, the server negotiated {negotiated:?}");

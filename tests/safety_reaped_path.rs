@@ -54,7 +54,7 @@ fn seq(node: &str) -> i64 {
 /// The czxid of `path` (its incarnation), `None` when it does not exist.
 async fn incarnation(direct: &LockManager, path: &str) -> Option<i64> {
     direct
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .check_stat(path)
         .await
@@ -70,7 +70,7 @@ async fn owners(direct: &LockManager, path: &str, who: &[(&str, &LockManager)]) 
     let mut out = Vec::new();
     for k in kids {
         let stat = direct
-            .zookeeper_client()
+            .client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .check_stat(&format!("{path}/{k}"))
             .await
@@ -80,7 +80,7 @@ async fn owners(direct: &LockManager, path: &str, who: &[(&str, &LockManager)]) 
             Some(s) => who
                 .iter()
                 .find(|(_, m)| {
-                    m.zookeeper_client()
+                    m.client::<zookeeper_client::Client>()
                         .expect("a ZooKeeper manager")
                         .session_id()
                         .0
@@ -116,7 +116,7 @@ async fn expire_and_renew(m: &LockManager, connect: &str, kept: impl Fn() -> Opt
 /// one before its close reaches the server, and the session lives on: then it tries again.
 async fn expire_until_renewed(m: &LockManager, connect: &str) {
     let old = m
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .session_id();
     let started = Instant::now();
@@ -124,7 +124,9 @@ async fn expire_until_renewed(m: &LockManager, connect: &str) {
         expire_session(m, connect).await;
         let deadline = Instant::now() + Duration::from_secs(6);
         while Instant::now() < deadline {
-            let client = m.zookeeper_client().expect("a ZooKeeper manager");
+            let client = m
+                .client::<zookeeper_client::Client>()
+                .expect("a ZooKeeper manager");
             if client.session_id() != old && client.state() == SessionState::SyncConnected {
                 eprintln!(
                     "session expired and renewed after {:?} ({attempt} attempts)",
@@ -143,7 +145,7 @@ async fn until_reaped(direct: &LockManager, path: &str, old: i64) {
     let deadline = Instant::now() + WITHIN;
     loop {
         let stat = direct
-            .zookeeper_client()
+            .client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
             .check_stat(path)
             .await
@@ -153,7 +155,7 @@ async fn until_reaped(direct: &LockManager, path: &str, old: i64) {
             let mut kids = vec![];
             for k in children(direct, path).await {
                 let s = direct
-                    .zookeeper_client()
+                    .client::<zookeeper_client::Client>()
                     .expect("a ZooKeeper manager")
                     .check_stat(&format!("{path}/{k}"))
                     .await;
@@ -506,7 +508,7 @@ async fn semaphore_gate_and_leases_never_double_grant_on_a_recreated_path() {
     // m1 acquires with a bounded wait: it must neither pass m2's gate holder (a lease node of
     // m1 appears only past the gate) nor get a second lease.
     let m1_id = m1
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .session_id()
         .0;
@@ -518,7 +520,7 @@ async fn semaphore_gate_and_leases_never_double_grant_on_a_recreated_path() {
     while !second.is_finished() {
         for lease in children(&direct, &leases).await {
             let stat = direct
-                .zookeeper_client()
+                .client::<zookeeper_client::Client>()
                 .expect("a ZooKeeper manager")
                 .check_stat(&format!("{leases}/{lease}"))
                 .await

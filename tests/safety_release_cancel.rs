@@ -101,7 +101,9 @@ async fn assert_nothing_left(holder: &LockManager, other: &LockManager) {
         .expect("the holder's background releases finish once the partition healed");
     other.flush().await;
     assert_no_contenders(
-        &other.zookeeper_client().expect("a ZooKeeper manager"),
+        &other
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(5),
     )
@@ -164,7 +166,7 @@ async fn a_lease_release_cancelled_in_flight_leaves_no_node_and_frees_the_lease(
         healed.elapsed()
     );
     let still_there = other
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .check_stat(&node)
         .await
@@ -199,7 +201,9 @@ async fn a_multi_lock_release_cancelled_in_flight_leaves_no_node_and_lets_the_ne
         healed.elapsed()
     );
     let left = contenders(
-        &other.zookeeper_client().expect("a ZooKeeper manager"),
+        &other
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
     )
     .await;

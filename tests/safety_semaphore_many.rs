@@ -76,7 +76,8 @@ async fn two_processes_asking_for_every_lease_at_once_both_get_them_in_turn() {
             .expect("background work ends");
     }
     assert_no_contenders(
-        &c.zookeeper_client().expect("a ZooKeeper manager"),
+        &c.client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         ROOT,
         Duration::from_secs(10),
     )

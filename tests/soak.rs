@@ -652,7 +652,9 @@ async fn soak_random_faults_under_mixed_traffic() {
     }
     let watching = Arc::new(AtomicBool::new(false));
     let reaping = tokio::spawn(watch_reaping(
-        admin.zookeeper_client().expect("a ZooKeeper manager"),
+        admin
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
         paths.values().cloned().collect(),
         counters.clone(),
         watching.clone(),
@@ -795,7 +797,9 @@ async fn soak_random_faults_under_mixed_traffic() {
                             // and is re-created by the traffic (sequence numbers from 0 again).
                             let (slot, name) = Keys::slot_of(&key);
                             let path = &paths[&(slot, name.clone())];
-                            let zk = admin.zookeeper_client().expect("a ZooKeeper manager");
+                            let zk = admin
+                                .client::<zookeeper_client::Client>()
+                                .expect("a ZooKeeper manager");
                             let stat = || async {
                                 zk.check_stat(path).await.ok().map(|s| s.map(|s| s.czxid))
                             };
@@ -909,7 +913,9 @@ async fn soak_random_faults_under_mixed_traffic() {
     let leak_deadline = Instant::now() + Duration::from_secs(20);
     let (leaked_nodes, leaked_watches) = loop {
         let nodes = contenders(
-            &admin.zookeeper_client().expect("a ZooKeeper manager"),
+            &admin
+                .client::<zookeeper_client::Client>()
+                .expect("a ZooKeeper manager"),
             ROOT,
         )
         .await;

@@ -43,7 +43,7 @@ async fn lock_life_is_traced_with_key_and_token() {
         .unwrap();
     let g = m.lock("traced").await.unwrap();
     let ops = manager(&zk.connect_string()).await;
-    ops.zookeeper_client()
+    ops.client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(g.node_path(), None)
         .await

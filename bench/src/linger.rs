@@ -35,7 +35,9 @@ pub(crate) async fn handover(options: &Options) -> Result<Report> {
     let holder = zklock_manager(&plain_options, &root).await?;
     let other = zklock_manager(&plain_options, &root).await?;
     let path = other.path_of(KEY)?;
-    let client = holder.zookeeper_client().expect("a ZooKeeper manager");
+    let client = holder
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     let (mut on_linger, mut on_handoff, mut on_free) = (vec![], vec![], vec![]);
     for _ in 0..options.cycles {
         // 1. The first other process on a lingering node.

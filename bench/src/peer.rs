@@ -425,9 +425,9 @@ impl Contender {
     pub(crate) async fn children(&self, k: usize) -> Result<Vec<String>> {
         let dir = self.lock_dir(k)?;
         let client = match self {
-            Contender::Zklock { manager, .. } => {
-                manager.zookeeper_client().expect("a ZooKeeper manager")
-            }
+            Contender::Zklock { manager, .. } => manager
+                .client::<zookeeper_client::Client>()
+                .expect("a ZooKeeper manager"),
             other => other.client().expect("a bare peer has a client").clone(),
         };
         match client.list_children(&dir).await {

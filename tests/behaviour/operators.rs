@@ -31,7 +31,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 assert!(err.to_string().contains("redis"), "{err}");
             }
             assert!(
-                m.zookeeper_client().is_none(),
+                m.client::<zookeeper_client::Client>().is_none(),
                 "no ZooKeeper client on Redis"
             );
             assert_eq!(m.lease(), Some(REDIS_LEASE));
@@ -71,7 +71,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 assert_unsupported(err, "postgres");
             }
             assert!(
-                m.zookeeper_client().is_none(),
+                m.client::<zookeeper_client::Client>().is_none(),
                 "no ZooKeeper client on PostgreSQL"
             );
             assert_eq!(m.lease(), Some(PG_LEASE));
@@ -134,7 +134,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
                 assert!(err.to_string().contains("memory"), "{err}");
             }
             assert!(
-                m.zookeeper_client().is_none(),
+                m.client::<zookeeper_client::Client>().is_none(),
                 "no ZooKeeper client in memory"
             );
             assert_eq!(m.lease(), None);
@@ -172,7 +172,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
             assert_eq!(info.holders[0].token, held.fencing_token());
             assert_eq!(m.list("k").await.unwrap().len(), 1);
             assert!(m
-                .zookeeper_client()
+                .client::<zookeeper_client::Client>()
                 .expect("a ZooKeeper manager")
                 .list_children("/")
                 .await

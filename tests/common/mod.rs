@@ -28,7 +28,7 @@ pub async fn manager_with(connect: &str, session_timeout: Duration) -> LockManag
 /// Children of `path`, empty when the path does not exist.
 pub async fn children(m: &LockManager, path: &str) -> Vec<String> {
     match m
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .list_children(path)
         .await
@@ -41,7 +41,9 @@ pub async fn children(m: &LockManager, path: &str) -> Vec<String> {
 
 /// Every znode path in the tree below `root` (excluding `/zookeeper`).
 pub async fn tree(m: &LockManager, root: &str) -> Vec<String> {
-    let client = m.zookeeper_client().expect("a ZooKeeper manager");
+    let client = m
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     let mut out = vec![];
     let mut todo = vec![root.to_string()];
     while let Some(p) = todo.pop() {
@@ -86,7 +88,9 @@ pub async fn until_children(m: &LockManager, path: &str, n: usize) {
 /// with the same session id and password, then closed.
 pub async fn expire_session(m: &LockManager, connect: &str) {
     use zookeeper_client::SessionState;
-    let original = m.zookeeper_client().expect("a ZooKeeper manager");
+    let original = m
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     let session = original.session().clone();
     let mut attempts = Vec::new();
     // A second handle attaches to the session (the server drops the original's connection) and
@@ -134,7 +138,7 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
 /// Deletes `held`'s node through `ops` (as an operator would), and checks that the hold says
 /// it is lost, because its node was deleted.
 pub async fn delete_and_see_it_lost(ops: &LockManager, held: &zklock::LockGuard) {
-    ops.zookeeper_client()
+    ops.client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(held.node_path(), None)
         .await

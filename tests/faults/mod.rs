@@ -334,7 +334,7 @@ where
 pub fn count_disconnections(m: &LockManager) -> Arc<AtomicU64> {
     let count = Arc::new(AtomicU64::new(0));
     let mut watcher = m
-        .zookeeper_client()
+        .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .state_watcher();
     tokio::spawn({

@@ -82,7 +82,9 @@ async fn a_leader_that_loses_leadership_stops_its_command_and_exits_76() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let client = watcher.zookeeper_client().expect("a ZooKeeper manager");
+    let client = watcher
+        .client::<zklock_core::zookeeper_client::Client>()
+        .expect("a ZooKeeper manager");
     let deadline = Instant::now() + Duration::from_secs(30);
     let node = loop {
         let kids = client

@@ -11,7 +11,7 @@ use zklock_core::LockManager;
 use zklock_testkit::ZkServer;
 
 async fn children(m: &LockManager, path: &str) -> Vec<String> {
-    m.zookeeper_client()
+    m.client::<zklock_core::zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .list_children(path)
         .await
@@ -71,7 +71,7 @@ async fn timeout_exits_75_and_lost_hold_exits_76() {
     until_children(&m, &path, 1).await;
     let node = children(&m, &path).await.pop().unwrap();
     let started = Instant::now();
-    m.zookeeper_client()
+    m.client::<zklock_core::zookeeper_client::Client>()
         .expect("a ZooKeeper manager")
         .delete(&format!("{path}/{node}"), None)
         .await

@@ -82,11 +82,7 @@ pub use redis;
 #[cfg(feature = "postgres")]
 pub use tokio_postgres;
 pub use types::disconnect::DisconnectPolicy;
-#[cfg(feature = "postgres")]
-pub use types::error::PostgresError;
-#[cfg(feature = "redis")]
-pub use types::error::RedisError;
-pub use types::error::{Deadlock, Error, Result};
+pub use types::error::{Deadlock, Error, Result, ServerError};
 pub use types::inspect::{Contender, LockInfo, LockKind, Owner};
 pub use types::key::{Key, MAX_KEY_LEN};
 pub use types::loss::LossReason;

@@ -171,7 +171,7 @@ impl MultiGuard {
         futures::future::select_all(losses).await.0
     }
 
-    /// Releases every lock, in reverse order, and waits for ZooKeeper to confirm; the first
+    /// Releases every lock, in reverse order, and waits for the server to confirm; the first
     /// error is returned after all were tried.
     ///
     /// ```no_run
@@ -227,7 +227,7 @@ impl LockManager {
     /// [`flush`](LockManager::flush) waits until it is gone.
     ///
     /// # Cancel safety
-    /// Cancel safe: what was taken is released and no node is left, both in the background
+    /// Cancel safe: what was taken is released and nothing is left on the server, both in the background
     /// (a dropped future cannot wait): [`flush`](LockManager::flush) waits until they are
     /// gone.
     ///

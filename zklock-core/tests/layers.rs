@@ -182,6 +182,104 @@ fn nothing_above_the_seam_names_a_backends_insides() {
     );
 }
 
+/// The backends' client crates. Outside each backend's own folder, only the files that build a manager and the
+/// fence stores (each an adapter to the user's own store of that kind) may name one: the
+/// shared types, the recipes, the guards and the manager's face stay the same whichever backend
+/// runs underneath, and a new backend adds its folder without touching them.
+const CLIENT_CRATES: &[&str] = &["zookeeper_client", "redis", "tokio_postgres", "etcd_client"];
+const STORE_ADAPTERS: &[&str] = &[
+    "fence/zookeeper.rs",
+    "fence/redis.rs",
+    "fence/postgres.rs",
+    "fence/error.rs",
+    "fence/mod.rs",
+];
+
+/// Every path in a line of code that starts with one of `crates` (`redis::Cmd`,
+/// `::redis::Value`, `tokio_postgres::Error`), by crate name.
+fn client_paths<'a>(code: &str, crates: &[&'a str]) -> Vec<&'a str> {
+    let mut found = Vec::new();
+    for name in crates {
+        let needle = format!("{name}::");
+        let mut from = 0;
+        while let Some(at) = code[from..].find(&needle) {
+            let at = from + at;
+            from = at + needle.len();
+            let head = &code[..at];
+            let prefixed = match head.strip_suffix("::") {
+                // `zklock_core::redis::x`: a re-export reached through another crate.
+                Some(rest) => rest.ends_with(|c: char| c.is_alphanumeric() || c == '_'),
+                // `my_redis::x`, `conn.redis::<T>()`: another name.
+                None => head.ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '.'),
+            };
+            if !prefixed {
+                found.push(*name);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_shared_face_names_no_backend_client() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut violations = Vec::new();
+    for file in &files {
+        let rel = file
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        // A backend's own folder is its own; the seam (`backend/mod.rs`) and the shared
+        // pieces beside it are not.
+        let own = BACKENDS
+            .iter()
+            .any(|b| rel.starts_with(&format!("backend/{b}/")) || rel == format!("backend/{b}.rs"));
+        if own || OPENS_BACKENDS.contains(&rel.as_str()) || STORE_ADAPTERS.contains(&rel.as_str()) {
+            continue;
+        }
+        let text = fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            for name in client_paths(code, CLIENT_CRATES) {
+                violations.push(format!("{rel}:{}: names the client crate `{name}`", n + 1));
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "outside backend/, reach a backend's client through the seam (`Backend::client`, \
+         `ServerError`), not by its type:\n{}",
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn the_client_check_sees_a_client_path() {
+    let crates = CLIENT_CRATES;
+    assert_eq!(
+        client_paths("use zookeeper_client::Client;", crates),
+        vec!["zookeeper_client"]
+    );
+    assert_eq!(
+        client_paths("let c: ::redis::Value = v;", crates),
+        vec!["redis"]
+    );
+    assert_eq!(
+        client_paths("fn f(e: tokio_postgres::Error) {}", crates),
+        vec!["tokio_postgres"]
+    );
+    assert!(client_paths("let r = conn.redis::<u8>();", crates).is_empty());
+    assert!(client_paths("use zklock_core::redis::Client;", crates).is_empty());
+    assert!(client_paths("let my_redis::x = 1;", crates).is_empty());
+}
+
 /// A module path in a crate: `["backend", "zk", "hold"]`.
 type ModPath = Vec<String>;
 

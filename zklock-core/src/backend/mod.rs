@@ -227,8 +227,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
         None
     }
 
-    /// The ZooKeeper client handle of the current session, on the backend that has one.
-    fn zookeeper_client(&self) -> Option<zookeeper_client::Client> {
+    /// The client the backend talks to its server through, for users' own requests beside
+    /// the locks, if it has one that users may share: boxed so that the seam names no
+    /// backend's types (`LockManager::client` downcasts it to the type the caller names).
+    fn client(&self) -> Option<Box<dyn std::any::Any + Send>> {
         None
     }
 }

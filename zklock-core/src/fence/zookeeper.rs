@@ -33,7 +33,7 @@ const MAX_ATTEMPTS: u32 = 64;
 /// # async fn run(manager: zklock_core::LockManager) -> Result<(), Box<dyn std::error::Error>> {
 /// use zklock_core::fence::{ZkFence, ZkWrite};
 ///
-/// let fence = ZkFence::new(manager.zookeeper_client().expect("a ZooKeeper manager"), "/shop/fence")?;
+/// let fence = ZkFence::new(manager.client::<zklock_core::zookeeper_client::Client>().expect("a ZooKeeper manager"), "/shop/fence")?;
 /// let guard = manager.lock("config").await?;
 /// let outcome = guard
 ///     .fenced(&fence)
@@ -101,7 +101,7 @@ impl ZkFence {
     ///
     /// ```no_run
     /// # fn run(manager: zklock_core::LockManager) -> Result<(), zklock_core::fence::FenceError> {
-    /// let fence = zklock_core::fence::ZkFence::new(manager.zookeeper_client().expect("a ZooKeeper manager"), "/myapp/fence")?;
+    /// let fence = zklock_core::fence::ZkFence::new(manager.client::<zklock_core::zookeeper_client::Client>().expect("a ZooKeeper manager"), "/myapp/fence")?;
     /// # let _ = fence; Ok(()) }
     /// ```
     pub fn new(client: Client, root: impl Into<String>) -> Result<ZkFence, FenceError> {
@@ -118,7 +118,7 @@ impl ZkFence {
     ///
     /// ```no_run
     /// # fn run(manager: zklock_core::LockManager) -> Result<(), zklock_core::fence::FenceError> {
-    /// let fence = zklock_core::fence::ZkFence::new(manager.zookeeper_client().expect("a ZooKeeper manager"), "/f")?;
+    /// let fence = zklock_core::fence::ZkFence::new(manager.client::<zklock_core::zookeeper_client::Client>().expect("a ZooKeeper manager"), "/f")?;
     /// assert_eq!(fence.node_of("/zklock/locks/sku_7"), "/f/%2Fzklock%2Flocks%2Fsku_7");
     /// # Ok(()) }
     /// ```

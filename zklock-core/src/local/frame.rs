@@ -1,7 +1,7 @@
 //! Holder frames: reentrancy scoped to the code that holds a lock, not to threads or tasks.
 //!
 //! `with_lock`, `#[distributed_lock]` and `LockGuard::scope` run their body in a frame (a tokio
-//! task-local). Acquiring a key that an enclosing frame holds re-enters: no ZooKeeper traffic,
+//! task-local). Acquiring a key that an enclosing frame holds re-enters: no request to the server,
 //! the hold kept until the outermost hold ends. Concurrent branches inside one frame that
 //! re-enter the same key wait for each other at the frame's gate, so re-entry never lets two
 //! concurrent code paths into one critical section. Spawned tasks start with no frame.

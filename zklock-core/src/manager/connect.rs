@@ -111,9 +111,9 @@ impl Builder {
     /// # Errors
     /// [`Error::Config`] for a bad namespace or setting: a connect string whose scheme no
     /// backend takes, a Redis or PostgreSQL URL without its feature, settings of a backend
-    /// the connect string does not name, a lease too short; [`Error::Unreachable`] when no
-    /// ZooKeeper server answers in time, [`Error::Redis`](Error) or
-    /// [`Error::Postgres`](Error) when the server does not.
+    /// the connect string does not name, a lease too short; [`Error::Unreachable`] or
+    /// [`Error::Refused`] when no ZooKeeper server answers in time, [`Error::Server`] when a
+    /// Redis or PostgreSQL server does not.
     pub async fn connect(self) -> Result<LockManager> {
         // A namespace is configuration, not an argument of a call.
         validate_path(&self.namespace, "namespace").map_err(|e| match e {

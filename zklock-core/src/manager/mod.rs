@@ -13,8 +13,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use zookeeper_client::Client;
-
 #[cfg(feature = "postgres")]
 pub use builder::PostgresOptions;
 #[cfg(feature = "redis")]
@@ -52,14 +50,15 @@ pub struct StatsSnapshot {
     /// deletion is its grant with no request after it: a release is seen by at most 8 waiters,
     /// however long the queue. A herd (every waiter woken by every change) shows up here.
     pub predecessor_events: u64,
-    /// Requests the recipes sent to ZooKeeper.
+    /// Requests the recipes sent to the server (counted on ZooKeeper; zero elsewhere).
     pub requests: u64,
 }
 
-/// One ZooKeeper session (or Redis connection) and the locks taken through it.
+/// One connection to a lock service (a ZooKeeper session, Redis or PostgreSQL connections, or
+/// the in-memory table) and the locks taken through it.
 ///
 /// Create one per process (or use the [global](crate::global) one) and share it: it is a
-/// cheap handle (`Clone`) to the session. Locks are znodes under the manager's namespace
+/// cheap handle (`Clone`) to the session. On ZooKeeper locks are znodes under the manager's namespace
 /// (default [`DEFAULT_NAMESPACE`]), written in Apache Curator's format so that JVM services
 /// locking the same path exclude each other.
 ///
@@ -124,7 +123,7 @@ impl LockManager {
     ///
     /// # Errors
     /// [`Error::Unreachable`](crate::Error::Unreachable) when no ZooKeeper server answers within the session timeout;
-    /// [`Error::Redis`](crate::Error::Redis) when the Redis server does not answer.
+    /// [`Error::Server`](crate::Error::Server) when a Redis or PostgreSQL server does not answer.
     ///
     /// ```no_run
     /// # async fn run() -> zklock_core::Result<()> {
@@ -165,7 +164,8 @@ impl LockManager {
         self.inner.core.backend.lease()
     }
 
-    /// The znode path of the lock for `key` (namespace + encoded key).
+    /// The path of the lock for `key` (namespace + encoded key): a znode path on ZooKeeper, the
+    /// name inside the keys on the other backends.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
@@ -214,7 +214,7 @@ impl LockManager {
     /// Waits at most `timeout` for the lock on `key`.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when the wait runs out; nothing is held then and no node is left.
+    /// [`Error::Timeout`](crate::Error::Timeout) when the wait runs out; nothing is held then and nothing is left on the server.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
@@ -291,20 +291,31 @@ impl LockManager {
         }
     }
 
-    /// The zookeeper-client handle of the current ZooKeeper session, for requests of your own
-    /// beside the locks (inspection, [`ZkFence`](crate::fence::ZkFence)); `None` on a manager
-    /// on another backend.
+    /// The client this manager's backend talks to its server through, for requests of your
+    /// own beside the locks (inspection, a [`ZkFence`](crate::fence::ZkFence)), as the type
+    /// `C` you name: on ZooKeeper, the current session's [`zookeeper_client::Client`]
+    /// (a new session after an expiry, so ask again rather than keep it). `None` when the
+    /// backend has no client of that type to share: the other backends keep their
+    /// connections to themselves, because a request of yours on a lock's connection could
+    /// change what it holds (on PostgreSQL, a session's advisory locks).
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) {
-    /// if let Some(client) = m.zookeeper_client() {
-    ///     let children = client.list_children("/zklock/locks").await;
-    ///     # let _ = children;
+    /// use zklock_core::zookeeper_client::Client;
+    ///
+    /// match m.client::<Client>() {
+    ///     Some(zk) => {
+    ///         let children = zk.list_children("/zklock/locks").await;
+    ///         # let _ = children;
+    ///     }
+    ///     None => println!("not a ZooKeeper manager: no zookeeper-client to share"),
     /// }
     /// # }
     /// ```
-    pub fn zookeeper_client(&self) -> Option<Client> {
-        self.inner.core.backend.zookeeper_client()
+    pub fn client<C: std::any::Any>(&self) -> Option<C> {
+        let boxed = self.inner.core.backend.client()?;
+        let any: Box<dyn std::any::Any> = boxed;
+        any.downcast::<C>().ok().map(|c| *c)
     }
 
     fn assemble(backend: Arc<dyn Backend>, builder: &Builder) -> LockManager {

@@ -101,7 +101,7 @@ impl LeaderLatch {
     /// Joins the election and waits until this participant leads.
     ///
     /// # Cancel safety
-    /// Cancel safe: a dropped wait leaves the election (no node is left behind).
+    /// Cancel safe: a dropped wait leaves the election (nothing is left behind on the server).
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {

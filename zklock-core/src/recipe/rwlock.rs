@@ -116,7 +116,7 @@ impl RwLock {
     /// Waits at most `timeout` for a read hold.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when the time runs out; no node is left.
+    /// [`Error::Timeout`](crate::Error::Timeout) when the time runs out; nothing is left on the server.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {
@@ -131,7 +131,7 @@ impl RwLock {
     /// Waits at most `timeout` for the write hold.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when the time runs out; no node is left.
+    /// [`Error::Timeout`](crate::Error::Timeout) when the time runs out; nothing is left on the server.
     ///
     /// ```no_run
     /// # async fn run(m: zklock_core::LockManager) -> zklock_core::Result<()> {

@@ -19,21 +19,22 @@ use std::time::Duration;
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    /// No ZooKeeper server could be reached to start a session.
+    /// No server of the connect string could be reached to start a session (on ZooKeeper,
+    /// within the connection timeout).
     #[error(
-        "cannot reach ZooKeeper at {connect} ({source}); check the connect string and that the servers are up"
+        "cannot reach the lock servers at {connect} ({source}); check the connect string and that the servers are up"
     )]
     Unreachable {
-        /// The connect string that was tried.
+        /// The connect string that was tried (without its password).
         connect: String,
         /// What the client reported.
         #[source]
-        source: zookeeper_client::Error,
+        source: ServerError,
     },
 
-    /// Every ZooKeeper server of the connect string refused the connection (nothing listens
-    /// on those ports), again and again for about a second: reported then, rather than after
-    /// the whole connection timeout.
+    /// Every server of the connect string refused the connection (nothing listens on those
+    /// ports), again and again for about a second: reported then, rather than after the whole
+    /// connection timeout.
     ///
     /// ```no_run
     /// # async fn run() {
@@ -44,24 +45,25 @@ pub enum Error {
     /// # }
     /// ```
     #[error(
-        "every ZooKeeper server in {connect} refused the connection; check the ports in the connect string and that the servers are up"
+        "every server in {connect} refused the connection; check the ports in the connect string and that the servers are up"
     )]
     Refused {
         /// The connect string that was tried.
         connect: String,
     },
 
-    /// The ZooKeeper session behind the manager expired; every lock it held is gone.
-    #[error("the ZooKeeper session expired and every lock it held is lost; retry the operation (the manager opens a new session)")]
+    /// The server session behind the manager (a ZooKeeper session) expired; every lock it held
+    /// is gone.
+    #[error("the server session expired and every lock it held is lost; retry the operation (the manager opens a new session)")]
     SessionExpired,
 
     /// The manager was closed (or its last handle dropped) while the operation ran.
     #[error("the lock manager is closed; create a new LockManager to take locks again")]
     Closed,
 
-    /// The connection to ZooKeeper was lost and did not come back in time.
+    /// The connection to the lock servers was lost and did not come back in time.
     #[error(
-        "lost the connection to ZooKeeper during {operation}; retry once the servers are reachable"
+        "lost the connection to the lock servers during {operation}; retry once the servers are reachable"
     )]
     ConnectionLoss {
         /// What was being done.
@@ -79,24 +81,26 @@ pub enum Error {
         reason: crate::types::loss::LossReason,
     },
 
-    /// The acquire's waiting node was deleted by someone else (an operator or a tool, or the
-    /// session closed by another handle) before the lock was granted: nothing is held and no
-    /// node is left. Acquire again if the work should still happen.
+    /// The acquire's place in the lock's queue (a waiting node on ZooKeeper) was deleted by
+    /// someone else (an operator or a tool, or the session closed by another handle) before the
+    /// lock was granted: nothing is held and nothing is left. Acquire again if the work should
+    /// still happen.
     ///
     /// ```
     /// let err = zklock_core::Error::Dequeued { key: "order_42".into() };
     /// assert!(err.is_retryable());
     /// assert!(err.to_string().contains("nothing is held"));
     /// ```
-    #[error("the waiting node for the lock on {key} was deleted by someone else before the lock was granted; nothing is held: acquire again if the work should still happen")]
+    #[error("the place in the queue for the lock on {key} was deleted by someone else before the lock was granted; nothing is held: acquire again if the work should still happen")]
     Dequeued {
         /// The key (or raw path) of the lock.
         key: String,
     },
 
-    /// Waiting for the lock took longer than the given timeout; nothing is held and no node is left.
+    /// Waiting for the lock took longer than the given timeout; nothing is held and nothing is
+    /// left on the server.
     #[error(
-        "timed out after {waited:?} waiting for the lock on {key}: another process holds it, or ZooKeeper did not answer in time; nothing is held and no node is left"
+        "timed out after {waited:?} waiting for the lock on {key}: another process holds it, or the server did not answer in time; nothing is held and nothing is left"
     )]
     Timeout {
         /// The key (or raw path) of the lock.
@@ -114,7 +118,7 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// An argument cannot be used: a raw lock path that is not a znode path, a semaphore with
+    /// An argument cannot be used: a raw lock path that is not a lock path, a semaphore with
     /// no leases, more leases asked for than a semaphore has, a multi-lock that names a key
     /// twice.
     #[error("invalid argument: {0}")]
@@ -130,7 +134,7 @@ pub enum Error {
     NoAuth {
         /// What was being done.
         operation: &'static str,
-        /// The znode path.
+        /// The lock path.
         path: String,
     },
 
@@ -178,227 +182,142 @@ pub enum Error {
     #[error("no global LockManager: call zklock::set_global(manager) first or set ZKLOCK_CONNECT=host:port (or redis://host:port, postgres://user@host/db)")]
     NoGlobalManager,
 
-    /// A request to Redis failed: the server could not be reached, the connection broke, or
-    /// the server refused the request (the Redis backend, feature `redis`).
-    #[cfg(feature = "redis")]
-    #[error("Redis error during {operation} ({source}); check the URL, that the server is up and that it allows EVAL and PUBLISH, then retry")]
-    Redis {
-        /// What was being done.
-        operation: &'static str,
-        /// What the client reported.
-        #[source]
-        source: RedisError,
-    },
-
-    /// A request to PostgreSQL failed: the server could not be reached, the connection broke
-    /// or stayed silent, or the server refused the request (the PostgreSQL backend, feature
-    /// `postgres`).
-    #[cfg(feature = "postgres")]
-    #[error("PostgreSQL error during {operation} ({source}); check the URL, that the server is up and that the role may create and update the table zklock_keys, then retry")]
-    Postgres {
-        /// What was being done.
-        operation: &'static str,
-        /// What the client reported.
-        #[source]
-        source: PostgresError,
-    },
-
-    /// Any other error reported by ZooKeeper.
-    #[error("ZooKeeper error during {operation}: {source}")]
-    ZooKeeper {
-        /// What was being done.
-        operation: &'static str,
-        /// What the client reported.
-        #[source]
-        source: zookeeper_client::Error,
-    },
-}
-
-/// What the `redis` client reported, in [`Error::Redis`]: the client's own error, comparable
-/// so that [`Error`] stays `PartialEq`.
-///
-/// ```
-/// # #[cfg(feature = "redis")] {
-/// use zklock_core::{redis, Error, RedisError};
-///
-/// let refused = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-/// let err = Error::Redis { operation: "connect", source: RedisError::from(refused) };
-/// assert!(err.is_retryable());
-/// # }
-/// ```
-#[cfg(feature = "redis")]
-#[derive(Debug, Clone)]
-pub struct RedisError(redis::RedisError);
-
-#[cfg(feature = "redis")]
-impl RedisError {
-    /// The client's error, e.g. to look at its [`kind`](redis::RedisError::kind).
+    /// A request to the lock server failed: the server could not be reached, the connection
+    /// broke or stayed silent, or the server refused the request. `backend` names the backend
+    /// (as in [`Unsupported`](Error::Unsupported)); `source` carries the client's own error.
     ///
-    /// ```
-    /// # #[cfg(feature = "redis")] {
-    /// let io = zklock_core::redis::RedisError::from(std::io::Error::other("boom"));
-    /// assert!(zklock_core::RedisError::from(io).get_ref().is_io_error());
+    /// ```no_run
+    /// # async fn run() {
+    /// match zklock_core::LockManager::connect("redis://127.0.0.1:1/").await {
+    ///     Err(zklock_core::Error::Server { backend, operation, source }) => {
+    ///         eprintln!("{backend} failed during {operation}: {source}");
+    ///         if source.is_transient() { /* try again later */ }
+    ///     }
+    ///     other => drop(other),
+    /// }
     /// # }
     /// ```
-    pub fn get_ref(&self) -> &redis::RedisError {
-        &self.0
-    }
-
-    /// Whether the same request may succeed later: the connection broke, was refused, or timed
-    /// out.
-    fn is_transient(&self) -> bool {
-        let e = &self.0;
-        e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.is_unrecoverable_error()
-    }
+    #[error("{backend} error during {operation} ({source}); {}", source.advice)]
+    Server {
+        /// The backend's name (`zookeeper`, `redis`, `postgres`).
+        backend: &'static str,
+        /// What was being done.
+        operation: &'static str,
+        /// What the client reported.
+        #[source]
+        source: ServerError,
+    },
 }
 
-#[cfg(feature = "redis")]
-impl From<redis::RedisError> for RedisError {
-    fn from(e: redis::RedisError) -> RedisError {
-        RedisError(e)
-    }
-}
-
-#[cfg(feature = "redis")]
-impl PartialEq for RedisError {
-    /// Same kind, same message.
-    fn eq(&self, other: &RedisError) -> bool {
-        self.0.kind() == other.0.kind() && self.0.to_string() == other.0.to_string()
-    }
-}
-
-#[cfg(feature = "redis")]
-impl Eq for RedisError {}
-
-#[cfg(feature = "redis")]
-impl std::fmt::Display for RedisError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-#[cfg(feature = "redis")]
-impl std::error::Error for RedisError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
-    }
-}
-
-/// What went wrong talking to PostgreSQL, in [`Error::Postgres`]: the client's error, or no
-/// reply in time. Comparable by message, so that [`Error`] stays `PartialEq`.
+/// What a backend's client reported, in [`Error::Server`] and [`Error::Unreachable`]: the
+/// client's own error (reach it with [`downcast_ref`](Self::downcast_ref)), or a request that
+/// got no reply in time, with whether the same request may succeed later. Comparable by
+/// message, so that [`Error`] stays `PartialEq`.
 ///
 /// ```
-/// # #[cfg(feature = "postgres")] {
-/// use zklock_core::{Error, PostgresError};
+/// use zklock_core::{Error, ServerError};
 ///
-/// let err = Error::Postgres { operation: "connect", source: PostgresError::timed_out() };
+/// let err = Error::Server {
+///     backend: "postgres",
+///     operation: "connect",
+///     source: ServerError::timed_out("PostgreSQL"),
+/// };
 /// assert!(err.is_retryable());
-/// assert!(err.to_string().contains("no reply"));
-/// # }
+/// assert!(err.to_string().contains("no reply from PostgreSQL in time"));
 /// ```
-#[cfg(feature = "postgres")]
 #[derive(Debug, Clone)]
-pub struct PostgresError(PostgresRepr);
-
-#[cfg(feature = "postgres")]
-#[derive(Debug, Clone)]
-enum PostgresRepr {
-    Client(std::sync::Arc<tokio_postgres::Error>),
-    TimedOut,
+pub struct ServerError {
+    message: String,
+    client: Option<std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>>,
+    transient: bool,
+    advice: &'static str,
 }
 
-#[cfg(feature = "postgres")]
-impl PostgresError {
-    /// The error of a request that got no reply in time (the connection is then closed: what
-    /// it held is released by the server).
-    ///
-    /// ```
-    /// # #[cfg(feature = "postgres")]
-    /// assert!(zklock_core::PostgresError::timed_out().get_ref().is_none());
-    /// ```
-    pub fn timed_out() -> PostgresError {
-        PostgresError(PostgresRepr::TimedOut)
-    }
-
-    /// The client's error, if the client reported one (`None` for a request that timed out),
-    /// e.g. to look at its [`code`](tokio_postgres::Error::code).
-    ///
-    /// ```
-    /// # #[cfg(feature = "postgres")]
-    /// assert!(zklock_core::PostgresError::timed_out().get_ref().is_none());
-    /// ```
-    pub fn get_ref(&self) -> Option<&tokio_postgres::Error> {
-        match &self.0 {
-            PostgresRepr::Client(e) => Some(e),
-            PostgresRepr::TimedOut => None,
+impl ServerError {
+    /// The client's `error`, with its `message` as users should read it, whether the same
+    /// request may succeed later, and what to check.
+    pub(crate) fn new(
+        error: std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>,
+        message: String,
+        transient: bool,
+        advice: &'static str,
+    ) -> Self {
+        ServerError {
+            message,
+            client: Some(error),
+            transient,
+            advice,
         }
     }
 
-    /// Whether the same request may succeed later, on another connection: the connection
-    /// broke, was refused, or timed out, or the server is shutting down or starting.
-    pub(crate) fn is_transient(&self) -> bool {
-        match &self.0 {
-            PostgresRepr::TimedOut => true,
-            PostgresRepr::Client(e) => {
-                use tokio_postgres::error::SqlState;
-                e.is_closed()
-                    || e.as_db_error().is_none() && e.code().is_none()
-                    || e.code().is_some_and(|c| {
-                        c.code().starts_with("08")
-                            || *c == SqlState::ADMIN_SHUTDOWN
-                            || *c == SqlState::CRASH_SHUTDOWN
-                            || *c == SqlState::CANNOT_CONNECT_NOW
-                            || *c == SqlState::IDLE_SESSION_TIMEOUT
-                            || *c == SqlState::TOO_MANY_CONNECTIONS
-                    })
-            }
+    /// The error of a request to `server` (as users call it: `PostgreSQL`) that got no reply in
+    /// time. The connection is then closed, and what it held is released by the server.
+    ///
+    /// ```
+    /// let e = zklock_core::ServerError::timed_out("Redis");
+    /// assert!(e.is_transient() && e.get_ref().is_none());
+    /// ```
+    pub fn timed_out(server: &str) -> ServerError {
+        ServerError {
+            message: format!("no reply from {server} in time"),
+            client: None,
+            transient: true,
+            advice: "check that the server is up and not overloaded, then retry",
         }
     }
-}
 
-#[cfg(feature = "postgres")]
-impl From<tokio_postgres::Error> for PostgresError {
-    fn from(e: tokio_postgres::Error) -> PostgresError {
-        PostgresError(PostgresRepr::Client(std::sync::Arc::new(e)))
+    /// The client's own error, if it reported one (`None` for a request that timed out).
+    ///
+    /// ```
+    /// assert!(zklock_core::ServerError::timed_out("Redis").get_ref().is_none());
+    /// ```
+    pub fn get_ref(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.client.as_deref()
+    }
+
+    /// The client's own error as the type `E` the backend's client uses
+    /// (`zookeeper_client::Error`, `redis::RedisError`, `tokio_postgres::Error`), e.g. to look
+    /// at its code.
+    ///
+    /// ```
+    /// let e = zklock_core::ServerError::timed_out("ZooKeeper");
+    /// assert!(e.downcast_ref::<zklock_core::zookeeper_client::Error>().is_none());
+    /// ```
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.get_ref()?.downcast_ref::<E>()
+    }
+
+    /// Whether the same request may succeed later: the connection broke, was refused or timed
+    /// out, or the server is starting or shutting down.
+    ///
+    /// ```
+    /// assert!(zklock_core::ServerError::timed_out("Redis").is_transient());
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        self.transient
     }
 }
 
-#[cfg(feature = "postgres")]
-impl PartialEq for PostgresError {
-    /// Same message.
-    fn eq(&self, other: &PostgresError) -> bool {
-        self.to_string() == other.to_string()
+impl PartialEq for ServerError {
+    /// Same message, same verdict.
+    fn eq(&self, other: &ServerError) -> bool {
+        self.message == other.message && self.transient == other.transient
     }
 }
 
-#[cfg(feature = "postgres")]
-impl Eq for PostgresError {}
+impl Eq for ServerError {}
 
-#[cfg(feature = "postgres")]
-impl std::fmt::Display for PostgresError {
+impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            // The client's `Display` of a server error is only its severity and message;
-            // the code tells which.
-            PostgresRepr::Client(e) => match e.as_db_error() {
-                Some(db) => write!(f, "{} (SQLSTATE {})", db, db.code().code()),
-                None => e.fmt(f),
-            },
-            PostgresRepr::TimedOut => f.write_str("no reply from PostgreSQL in time"),
-        }
+        f.write_str(&self.message)
     }
 }
 
-#[cfg(feature = "postgres")]
-impl std::error::Error for PostgresError {
+impl std::error::Error for ServerError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.0 {
-            PostgresRepr::Client(e) => Some(&**e),
-            PostgresRepr::TimedOut => None,
+        match &self.client {
+            Some(e) => Some(&**e),
+            None => None,
         }
     }
 }
@@ -439,26 +358,6 @@ impl std::fmt::Display for Deadlock {
 }
 
 impl Error {
-    /// Wraps a client error that happened during `operation` on `path`.
-    pub(crate) fn zk(operation: &'static str, path: &str, err: zookeeper_client::Error) -> Error {
-        use zookeeper_client::Error as Zk;
-        match err {
-            Zk::SessionExpired => Error::SessionExpired,
-            Zk::ClientClosed => Error::Closed,
-            // A connection broken otherwise than by a clean close fails requests with the
-            // transport's error (see `recipe::connection_lost`).
-            Zk::ConnectionLoss | Zk::Custom(_) => Error::ConnectionLoss { operation },
-            Zk::NoAuth => Error::NoAuth {
-                operation,
-                path: path.to_string(),
-            },
-            other => Error::ZooKeeper {
-                operation,
-                source: other,
-            },
-        }
-    }
-
     /// Whether retrying the same operation later may succeed.
     ///
     /// ```
@@ -474,10 +373,7 @@ impl Error {
             | Error::Dequeued { .. }
             | Error::Unreachable { .. }
             | Error::Refused { .. } => true,
-            #[cfg(feature = "redis")]
-            Error::Redis { source, .. } => source.is_transient(),
-            #[cfg(feature = "postgres")]
-            Error::Postgres { source, .. } => source.is_transient(),
+            Error::Server { source, .. } => source.is_transient(),
             _ => false,
         }
     }

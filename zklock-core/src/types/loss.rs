@@ -11,7 +11,8 @@ use std::sync::Arc;
 ///
 /// ```
 /// use zklock_core::LossReason;
-/// assert_eq!(LossReason::SessionExpired.to_string(), "the ZooKeeper session expired");
+/// assert_eq!(LossReason::SessionExpired.to_string(), "the server session expired");
+/// assert!(LossReason::Disconnected.to_string().contains("disconnect policy"));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -45,9 +46,9 @@ pub enum LossReason {
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            LossReason::SessionExpired => "the ZooKeeper session expired",
+            LossReason::SessionExpired => "the server session expired",
             LossReason::Disconnected => {
-                "the connection to the lock server broke (past the disconnect policy on ZooKeeper)"
+                "the connection to the lock server broke (for longer than the disconnect policy allows, where the backend has one)"
             }
             LossReason::NodeDeleted => "the lock node or lease was deleted by someone else",
             LossReason::LeaseExpired => {

@@ -91,21 +91,7 @@ impl FencingToken {
         self.grant
     }
 
-    /// The czxid of the contender node behind the hold, on ZooKeeper; on other backends the
-    /// same number is their own grant, not a zxid.
-    ///
-    /// ```
-    /// # #![allow(deprecated)]
-    /// assert_eq!(zklock_core::FencingToken::new(7, 2).zxid(), 7);
-    /// ```
-    #[deprecated(
-        note = "use `grant()`: on ZooKeeper it is the czxid, elsewhere the store's own grant"
-    )]
-    pub fn zxid(&self) -> i64 {
-        self.grant
-    }
-
-    /// How many local handoffs happened on the same node before this hold.
+    /// How many local handoffs followed the same grant before this hold.
     ///
     /// ```
     /// assert_eq!(zklock_core::FencingToken::new(7, 2).local(), 2);

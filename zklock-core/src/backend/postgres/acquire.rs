@@ -14,6 +14,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::conn::{HoldConn, Reservation};
+use super::error::PostgresError;
 use super::hold::PgHold;
 use super::hub::{Listener, WaiterWatch};
 use super::{
@@ -21,7 +22,7 @@ use super::{
     QUEUE_NOTICE, QUEUE_SLICE, RETRY_MAX, RETRY_MIN, STALE_ID_RETRIES,
 };
 use crate::backend::{BoxFuture, LockTarget};
-use crate::types::error::{Error, PostgresError, Result};
+use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;

@@ -27,8 +27,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, NoTls, Statement};
 
+use super::error::PostgresError;
 use super::sql;
-use crate::types::error::PostgresError;
 use crate::types::loss::LossReason;
 
 /// What the holds of one connection share.

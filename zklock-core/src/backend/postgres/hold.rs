@@ -7,10 +7,11 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::conn::{ConnState, HoldConn, Reservation};
+use super::error::PostgresError;
 use super::hub::WaiterWatch;
 use super::{sql, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
-use crate::types::error::{Error, PostgresError, Result};
+use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
 use crate::types::token::FencingToken;
 
@@ -241,10 +242,7 @@ impl PgHold {
             (None, Ok(false)) => Err(self.lost_error(LossReason::NodeDeleted)),
             (None, Err(e)) => Err(match lost_now {
                 Some(reason) => self.lost_error(reason),
-                None => Error::Postgres {
-                    operation: "release the lock",
-                    source: e,
-                },
+                None => e.during("release the lock"),
             }),
         }
     }
@@ -384,10 +382,7 @@ impl BackendHold for PgHold {
                     self.end(reason.or(Some(LossReason::Disconnected)));
                     Err(match reason {
                         Some(reason) => self.lost_error(reason),
-                        None => Error::Postgres {
-                            operation: "downgrade the write lock",
-                            source: e,
-                        },
+                        None => e.during("downgrade the write lock"),
                     })
                 }
                 _ => {

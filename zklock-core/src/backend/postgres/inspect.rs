@@ -10,10 +10,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::error::PostgresError;
 use super::sql::{LOCK_CLASS, WAIT_CLASS};
 use super::{pg_error, PostgresBackend};
 use crate::backend::{BoxFuture, Inspect};
-use crate::types::error::{PostgresError, Result};
+use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::token::FencingToken;
 

@@ -59,6 +59,7 @@
 
 mod acquire;
 mod conn;
+mod error;
 mod hold;
 mod hub;
 mod inspect;
@@ -75,10 +76,11 @@ use tokio_postgres::types::Type;
 use super::undos::Undos;
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::background::Background;
-use crate::types::error::{Error, PostgresError, Result};
+use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
 use conn::{ConnConfig, HoldConn, Pool};
+use error::PostgresError;
 use hub::Hub;
 pub use options::PostgresOptions;
 
@@ -155,7 +157,7 @@ pub(crate) struct Inner {
 
 /// A postgres error during `operation`.
 fn pg_error(operation: &'static str) -> impl FnOnce(PostgresError) -> Error {
-    move |source| Error::Postgres { operation, source }
+    move |source| source.during(operation)
 }
 
 fn is_undefined_table(e: &PostgresError) -> bool {
@@ -274,7 +276,7 @@ impl PostgresBackend {
     /// listening for releases.
     ///
     /// # Errors
-    /// [`Error::Config`] for a URL the client refuses, [`Error::Postgres`] when the server
+    /// [`Error::Config`] for a URL the client refuses, [`Error::Server`] when the server
     /// does not answer or refuses the schema.
     pub(crate) async fn connect(config: PostgresConfig) -> Result<PostgresBackend> {
         // The URL may carry a password: errors name the problem, not the URL.

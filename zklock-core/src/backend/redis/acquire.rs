@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::conn::transient;
+use super::conn::{server_error, transient};
 use super::hold::{RedisHold, Side};
 use super::hub::Listener;
 use super::keys::Keys;
 use super::{Ask, Attempt, Inner, RedisBackend, Undo, Unfinished, RETRY_MAX, RETRY_MIN};
 use crate::backend::LockTarget;
-use crate::types::error::{Error, Result};
+use crate::types::error::Result;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
 
@@ -268,10 +268,7 @@ impl<'a> Acquire<'a> {
     /// error otherwise.
     async fn failed(&mut self, e: redis::RedisError) -> Result<Next> {
         if !transient(&e) {
-            return Err(Error::Redis {
-                operation: "acquire the lock",
-                source: e.into(),
-            });
+            return Err(server_error("acquire the lock", e));
         }
         self.queued = self.mutex && self.queue;
         tracing::debug!(key = %self.target.key, error = %e, "zklock: a Redis acquire attempt failed; retrying");

@@ -11,6 +11,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError, RedisResult};
 use tokio::sync::{watch, Mutex as AsyncMutex};
 
+use crate::types::error::{Error, ServerError};
+
 pub(crate) use crate::background::Background;
 
 /// The epoch of a backend's connections: bumped whenever one of them (the command connection,
@@ -71,6 +73,20 @@ pub(crate) fn transient(err: &RedisError) -> bool {
         || err.is_connection_dropped()
         || err.is_connection_refusal()
         || err.is_unrecoverable_error()
+}
+
+/// A client error during `operation`, as zklock's [`Error`].
+pub(crate) fn server_error(operation: &'static str, err: RedisError) -> Error {
+    Error::Server {
+        backend: "redis",
+        operation,
+        source: ServerError::new(
+            Arc::new(err.clone()),
+            err.to_string(),
+            transient(&err),
+            "check the URL, that the server is up and that it allows EVAL and PUBLISH, then retry",
+        ),
+    }
 }
 
 /// The error of a request that got no reply in time.

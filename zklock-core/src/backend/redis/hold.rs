@@ -9,6 +9,7 @@ use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use super::conn::server_error;
 use super::conn::Breaks;
 use super::keys::Keys;
 use super::lease::reason;
@@ -329,10 +330,7 @@ impl RedisHold {
             (None, Ok(false)) => lost_now.map_or(Ok(()), |r| Err(self.lost_error(r))),
             (None, Err(e)) => Err(match lost_now {
                 Some(reason) => self.lost_error(reason),
-                None => Error::Redis {
-                    operation: "release the lock",
-                    source: e.into(),
-                },
+                None => server_error("release the lock", e),
             }),
         }
     }
@@ -447,10 +445,7 @@ impl BackendHold for RedisHold {
                     async move { invocation.invoke_async::<i64>(&mut c).await }
                 })
                 .await
-                .map_err(|e| Error::Redis {
-                    operation: "downgrade the write lock",
-                    source: e.into(),
-                })?;
+                .map_err(|e| server_error("downgrade the write lock", e))?;
             if done != 1 {
                 unfinished.armed = false;
                 lose(&self.state, LossReason::NodeDeleted, &keys.exclusive);

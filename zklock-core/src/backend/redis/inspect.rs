@@ -16,10 +16,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use once_cell::sync::Lazy;
 use redis::Script;
 
+use super::conn::server_error;
 use super::keys::{Keys, PREFIX};
 use super::RedisBackend;
 use crate::backend::{BoxFuture, Inspect};
-use crate::types::error::{Error, RedisError, Result};
+use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::token::FencingToken;
 
@@ -86,10 +87,7 @@ impl RedisBackend {
             async move { call.invoke_async::<Snapshot>(&mut c).await }
         })
         .await
-        .map_err(|e| Error::Redis {
-            operation: "inspect a lock",
-            source: RedisError::from(e),
-        })
+        .map_err(|e| server_error("inspect a lock", e))
     }
 
     fn contender(
@@ -179,10 +177,7 @@ impl RedisBackend {
                         .await
                 })
                 .await
-                .map_err(|e| Error::Redis {
-                    operation: "list the locks",
-                    source: RedisError::from(e),
-                })?;
+                .map_err(|e| server_error("list the locks", e))?;
             out.extend(names);
             if next == 0 {
                 return Ok(out);

@@ -60,7 +60,7 @@ use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HO
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
-use conn::{transient, Background, Breaks, Conn};
+use conn::{server_error, transient, Background, Breaks, Conn};
 use hub::Hub;
 use keys::Keys;
 pub use options::RedisOptions;
@@ -305,7 +305,7 @@ impl RedisBackend {
     /// Opens the connection and checks that the server answers.
     ///
     /// # Errors
-    /// [`Error::Config`] for a URL the client refuses, [`Error::Redis`] when the server does
+    /// [`Error::Config`] for a URL the client refuses, [`Error::Server`] when the server does
     /// not answer `PING` in time.
     pub(crate) async fn connect(config: RedisConfig) -> Result<RedisBackend> {
         // The URL may carry a password: errors name the problem, not the URL.
@@ -325,10 +325,7 @@ impl RedisBackend {
             redis::cmd("PING").query_async::<String>(&mut c).await
         })
         .await
-        .map_err(|e| Error::Redis {
-            operation: "connect",
-            source: e.into(),
-        })?;
+        .map_err(|e| server_error("connect", e))?;
         let hub = Hub::start(client, reply_timeout, &runtime, breaks.clone());
         let mut holder_tag = format!("{} hub={}", *HOST_PID, hub.id);
         if let Some(id) = &config.identity {
@@ -510,10 +507,7 @@ impl Backend for RedisBackend {
                     async move { invocation.invoke_async::<i64>(&mut c).await }
                 })
                 .await
-                .map_err(|e| Error::Redis {
-                    operation: "record the job's run",
-                    source: e.into(),
-                })?;
+                .map_err(|e| server_error("record the job's run", e))?;
             Ok(claimed == 1)
         })
     }

@@ -2,6 +2,7 @@
 //! the granted floors, holds and their watches, semaphore leases, downgrades.
 
 pub(crate) mod contender;
+mod error;
 pub(crate) mod hold;
 mod inspect;
 pub(crate) mod node;
@@ -281,7 +282,7 @@ impl Backend for ZkBackend {
         Some(self.inner.session.client().session_timeout())
     }
 
-    fn zookeeper_client(&self) -> Option<zookeeper_client::Client> {
-        Some(self.inner.session.client())
+    fn client(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        Some(Box::new(self.inner.session.client()))
     }
 }

@@ -172,10 +172,7 @@ impl Attempt<'_> {
         }
         let listing = match self.list().await {
             Ok(listing) => listing,
-            Err(Error::ZooKeeper {
-                source: zookeeper_client::Error::NoNode,
-                ..
-            }) => return Ok(None),
+            Err(err) if super::error::is_no_node(&err) => return Ok(None),
             Err(err) => return Err(err),
         };
         let mut ours: Vec<&String> = listing

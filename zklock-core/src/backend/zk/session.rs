@@ -123,11 +123,11 @@ async fn open_session(config: &SessionConfig) -> Result<Client> {
         Ok(Some(Ok(client))) => Ok(client),
         Ok(Some(Err(source))) => Err(Error::Unreachable {
             connect: config.connect.clone(),
-            source,
+            source: super::error::server_error(source),
         }),
         Err(_) => Err(Error::Unreachable {
             connect: config.connect.clone(),
-            source: zookeeper_client::Error::Timeout,
+            source: super::error::server_error(zookeeper_client::Error::Timeout),
         }),
     }
 }

@@ -1,0 +1,87 @@
+//! What went wrong talking to PostgreSQL: the client's error or no reply in time, inside the
+//! backend; zklock's [`Error::Server`] once it leaves it.
+
+use crate::types::error::{Error, ServerError};
+
+/// What to check when PostgreSQL fails a request.
+const ADVICE: &str =
+    "check the URL, that the server is up and that the role may create and update the table zklock_keys, then retry";
+
+/// The client's error, or no reply in time.
+#[derive(Debug, Clone)]
+pub(crate) enum PostgresError {
+    Client(std::sync::Arc<tokio_postgres::Error>),
+    TimedOut,
+}
+
+impl PostgresError {
+    /// The error of a request that got no reply in time (the connection is then closed: what
+    /// it held is released by the server).
+    pub(crate) fn timed_out() -> PostgresError {
+        PostgresError::TimedOut
+    }
+
+    /// The client's error, if the client reported one (`None` for a request that timed out).
+    pub(crate) fn get_ref(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            PostgresError::Client(e) => Some(e),
+            PostgresError::TimedOut => None,
+        }
+    }
+
+    /// Whether the same request may succeed later, on another connection: the connection
+    /// broke, was refused, or timed out, or the server is shutting down or starting.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            PostgresError::TimedOut => true,
+            PostgresError::Client(e) => {
+                use tokio_postgres::error::SqlState;
+                e.is_closed()
+                    || e.as_db_error().is_none() && e.code().is_none()
+                    || e.code().is_some_and(|c| {
+                        c.code().starts_with("08")
+                            || *c == SqlState::ADMIN_SHUTDOWN
+                            || *c == SqlState::CRASH_SHUTDOWN
+                            || *c == SqlState::CANNOT_CONNECT_NOW
+                            || *c == SqlState::IDLE_SESSION_TIMEOUT
+                            || *c == SqlState::TOO_MANY_CONNECTIONS
+                    })
+            }
+        }
+    }
+
+    /// This error during `operation`, as zklock's [`Error`].
+    pub(crate) fn during(self, operation: &'static str) -> Error {
+        let source = match &self {
+            PostgresError::TimedOut => ServerError::timed_out("PostgreSQL"),
+            PostgresError::Client(e) => {
+                ServerError::new(e.clone(), self.to_string(), self.is_transient(), ADVICE)
+            }
+        };
+        Error::Server {
+            backend: "postgres",
+            operation,
+            source,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for PostgresError {
+    fn from(e: tokio_postgres::Error) -> PostgresError {
+        PostgresError::Client(std::sync::Arc::new(e))
+    }
+}
+
+impl std::fmt::Display for PostgresError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // The client's `Display` of a server error is only its severity and message;
+            // the code tells which.
+            PostgresError::Client(e) => match e.as_db_error() {
+                Some(db) => write!(f, "{} (SQLSTATE {})", db, db.code().code()),
+                None => e.fmt(f),
+            },
+            PostgresError::TimedOut => f.write_str("no reply from PostgreSQL in time"),
+        }
+    }
+}
