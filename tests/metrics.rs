@@ -206,7 +206,7 @@ async fn a_scripted_sequence_on_zookeeper_emits_exact_metrics() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let m = manager(&zk.connect_string()).await;
 
-    script(&m, &mut captured, "zk", |guard| async {
+    script(&m, &mut captured, "zookeeper", |guard| async {
         // Someone else deletes the holder's node.
         m.client::<zookeeper_client::Client>()
             .expect("a ZooKeeper manager")
@@ -218,10 +218,10 @@ async fn a_scripted_sequence_on_zookeeper_emits_exact_metrics() {
     })
     .await;
 
-    assert_eq!(captured.table(), scripted("zk"));
+    assert_eq!(captured.table(), scripted("zookeeper"));
     // Waits and holds are times in seconds.
     let Some(Value::Histogram(waits)) =
-        captured.get("zklock_acquire_wait_seconds{recipe=mutex,backend=zk}")
+        captured.get("zklock_acquire_wait_seconds{recipe=mutex,backend=zookeeper}")
     else {
         panic!("no wait times")
     };
@@ -273,14 +273,14 @@ async fn a_session_expiry_shows_as_a_state_change_a_renewal_and_lost_holds() {
     drop((guard, lease));
     captured
         .until(
-            "zklock_session_renewals_total{backend=zk,outcome=ok}",
+            "zklock_session_renewals_total{backend=zookeeper,outcome=ok}",
             Value::Counter(1),
         )
         .await;
     m.flush().await;
 
     let lost = |recipe: &str, reason: &str| {
-        format!("zklock_holds_lost_total{{recipe={recipe},backend=zk,reason={reason}}}")
+        format!("zklock_holds_lost_total{{recipe={recipe},backend=zookeeper,reason={reason}}}")
     };
     let mut table = captured.table();
     // Whether the server's close reaches this session as a disconnection first depends on a
@@ -292,42 +292,51 @@ async fn a_session_expiry_shows_as_a_state_change_a_renewal_and_lost_holds() {
         table,
         expected(&[
             (
-                "zklock_acquires_total{recipe=mutex,backend=zk,outcome=ok}",
+                "zklock_acquires_total{recipe=mutex,backend=zookeeper,outcome=ok}",
                 "1"
             ),
             (
-                "zklock_acquires_total{recipe=semaphore,backend=zk,outcome=ok}",
+                "zklock_acquires_total{recipe=semaphore,backend=zookeeper,outcome=ok}",
                 "1"
             ),
             (
-                "zklock_acquire_wait_seconds{recipe=mutex,backend=zk}",
+                "zklock_acquire_wait_seconds{recipe=mutex,backend=zookeeper}",
                 "1 samples"
             ),
             (
-                "zklock_acquire_wait_seconds{recipe=semaphore,backend=zk}",
+                "zklock_acquire_wait_seconds{recipe=semaphore,backend=zookeeper}",
                 "1 samples"
             ),
-            ("zklock_backend_grants_total{recipe=mutex,backend=zk}", "1"),
             (
-                "zklock_backend_grants_total{recipe=semaphore,backend=zk}",
+                "zklock_backend_grants_total{recipe=mutex,backend=zookeeper}",
                 "1"
             ),
-            ("zklock_hold_seconds{recipe=mutex,backend=zk}", "1 samples"),
             (
-                "zklock_hold_seconds{recipe=semaphore,backend=zk}",
+                "zklock_backend_grants_total{recipe=semaphore,backend=zookeeper}",
+                "1"
+            ),
+            (
+                "zklock_hold_seconds{recipe=mutex,backend=zookeeper}",
+                "1 samples"
+            ),
+            (
+                "zklock_hold_seconds{recipe=semaphore,backend=zookeeper}",
                 "1 samples"
             ),
             (&lost("mutex", mutex_reason), "1"),
             (&lost("semaphore", lease_reason), "1"),
-            ("zklock_holds{recipe=mutex,backend=zk}", "0"),
-            ("zklock_holds{recipe=semaphore,backend=zk}", "0"),
-            ("zklock_waiters{recipe=mutex,backend=zk}", "0"),
-            ("zklock_waiters{recipe=semaphore,backend=zk}", "0"),
+            ("zklock_holds{recipe=mutex,backend=zookeeper}", "0"),
+            ("zklock_holds{recipe=semaphore,backend=zookeeper}", "0"),
+            ("zklock_waiters{recipe=mutex,backend=zookeeper}", "0"),
+            ("zklock_waiters{recipe=semaphore,backend=zookeeper}", "0"),
             (
-                "zklock_session_state_changes_total{backend=zk,state=expired}",
+                "zklock_session_state_changes_total{backend=zookeeper,state=expired}",
                 "1"
             ),
-            ("zklock_session_renewals_total{backend=zk,outcome=ok}", "1"),
+            (
+                "zklock_session_renewals_total{backend=zookeeper,outcome=ok}",
+                "1"
+            ),
         ])
     );
 }

@@ -232,20 +232,24 @@ pub(crate) enum BackendLabel {
 }
 
 const BACKENDS: &[(&str, &str)] = &[
-    ("backend", "zk"),
+    ("backend", "zookeeper"),
     ("backend", "redis"),
     ("backend", "postgres"),
     ("backend", "memory"),
 ];
 
 impl BackendLabel {
-    /// The kind of the backend named `name` (`Backend::name`).
+    /// The label of the backend named `name` (`Backend::name`): the label's value is that
+    /// name, so that a backend is called the same in errors, tracing and metrics.
     pub(crate) fn from_name(name: &str) -> BackendLabel {
         match name {
+            "zookeeper" => BackendLabel::Zk,
             "redis" => BackendLabel::Redis,
             "postgres" => BackendLabel::Postgres,
             "memory" => BackendLabel::Memory,
-            _ => BackendLabel::Zk,
+            other => {
+                unreachable!("the backend {other:?} has no metrics label: add it to BackendLabel")
+            }
         }
     }
 }
@@ -594,7 +598,7 @@ mod tests {
             [BackendLabel::Zk as usize * STATES.len() + SessionState::AuthFailed as usize];
         assert_eq!(
             state.labels().map(|l| l.value()).collect::<Vec<_>>(),
-            ["zk", "auth_failed"]
+            ["zookeeper", "auth_failed"]
         );
     }
 }

@@ -30,10 +30,10 @@ impl LockMetrics {
     /// let mut m = LockMetrics::default();
     /// m.add_scrape(concat!(
     ///     "# TYPE zklock_acquires_total counter\n",
-    ///     "zklock_acquires_total{recipe=\"mutex\",backend=\"zk\",outcome=\"ok\"} 7\n",
-    ///     "zklock_acquire_wait_seconds_bucket{recipe=\"mutex\",backend=\"zk\",le=\"0.01\"} 6\n",
-    ///     "zklock_acquire_wait_seconds_bucket{recipe=\"mutex\",backend=\"zk\",le=\"+Inf\"} 7\n",
-    ///     "zklock_acquire_wait_seconds_count{recipe=\"mutex\",backend=\"zk\"} 7\n",
+    ///     "zklock_acquires_total{recipe=\"mutex\",backend=\"zookeeper\",outcome=\"ok\"} 7\n",
+    ///     "zklock_acquire_wait_seconds_bucket{recipe=\"mutex\",backend=\"zookeeper\",le=\"0.01\"} 6\n",
+    ///     "zklock_acquire_wait_seconds_bucket{recipe=\"mutex\",backend=\"zookeeper\",le=\"+Inf\"} 7\n",
+    ///     "zklock_acquire_wait_seconds_count{recipe=\"mutex\",backend=\"zookeeper\"} 7\n",
     /// ));
     /// assert_eq!(m.acquires_ok, 7.0);
     /// assert_eq!(m.wait_quantile(0.5), Some(0.01));
