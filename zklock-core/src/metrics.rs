@@ -202,7 +202,9 @@ pub fn describe() {
     );
 }
 
-/// Which recipe a per-lock metric is about (its `recipe` label).
+/// Which recipe a per-lock metric is about (its `recipe` label): the API an acquire came
+/// through, not only what it holds (`types::mode::HoldMode`), so that a job's acquire counts as
+/// `job` rather than as a mutex.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recipe {
     Mutex,

@@ -11,7 +11,9 @@ use crate::manager::LockManager;
 pub use crate::recipe::job::Ran;
 pub use crate::types::error::Error;
 
-/// The lock mode of an annotated fn.
+/// The lock mode of an annotated fn: what `mode = ...` of `#[distributed_lock]` may say. The
+/// attribute takes a mutex or one side of a read/write lock, never a lease or a leadership, so
+/// it has its own three values rather than every mode a backend can be asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// The exclusive mutex (default).

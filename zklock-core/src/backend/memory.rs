@@ -522,24 +522,17 @@ impl Inspect for MemoryBackend {
     ) -> BoxFuture<'a, Result<LockInfo>> {
         let locks = self.shared.locks();
         let entries = locks.get(path).map_or(&[][..], |l| &l.entries[..]);
-        let kind = kind.unwrap_or_else(|| match entries.first().map(|e| e.mode) {
-            Some(HoldMode::Lease) => LockKind::Semaphore,
-            Some(HoldMode::Read | HoldMode::Write) => LockKind::ReadWrite,
-            Some(HoldMode::Leader) => LockKind::Leader,
-            _ => LockKind::Mutex,
+        let kind = kind.unwrap_or_else(|| {
+            entries
+                .first()
+                .map_or(LockKind::Mutex, |e| e.mode.lock_kind())
         });
         let owner = Owner::parse(format!("zklock {}", *HOST_PID).as_bytes());
         let (mut holders, mut waiters) = (vec![], vec![]);
         for e in entries {
             let contender = Contender {
                 node: format!("entry {}", e.id),
-                mode: match e.mode {
-                    HoldMode::Exclusive => "mutex",
-                    HoldMode::Read => "read",
-                    HoldMode::Write => "write",
-                    HoldMode::Lease => "lease",
-                    HoldMode::Leader => "latch",
-                },
+                mode: e.mode.name(),
                 owner: owner.clone(),
                 since: e.since,
                 token: FencingToken::new(if e.granted { e.token } else { 0 }, 0),

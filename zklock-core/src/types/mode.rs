@@ -1,8 +1,27 @@
-//! What kind of hold is asked for, and how long an acquire may wait.
+//! The vocabulary of lock kinds, every conversion between them, and how long an acquire may
+//! wait.
+//!
+//! Three types, because three different questions are asked:
+//! - [`LockKind`] (public): which recipe a lock *path* belongs to (mutex, read/write lock,
+//!   semaphore, leader latch). The layout derives the path from it, and inspection shows it.
+//! - [`LockMode`]: what one acquire asks a backend for, through the seam. Every mode but a
+//!   semaphore lease, which is asked for with the semaphore's size and a count
+//!   (`Backend::acquire_leases`), so a backend never has to refuse a mode at run time.
+//! - [`HoldMode`]: what a hold *is*, once granted: guards, frames, the in-memory table and
+//!   inspection's `Contender::mode` ([`HoldMode::name`]) speak of it. A lock of one kind has
+//!   holds of several modes (a read/write lock: read and write holds).
+//!
+//! Beside them, with reasons of their own: the metrics' `recipe` label (`metrics::Recipe`:
+//! which API an acquire came through, so a job's acquire counts as `job`, not as a mutex),
+//! the attribute's `private::Mode` (what `mode = ...` of `#[distributed_lock]` may say), and
+//! each backend's names for a mode on its server (Curator's node names on ZooKeeper, in
+//! `backend/zk/queue.rs`), converted there from [`HoldMode`].
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::types::inspect::LockKind;
 
 /// What kind of hold a guard is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +51,30 @@ pub(crate) enum LockMode {
     Write,
     /// The leadership of a leader latch: exclusive, each participant with a hold of its own.
     Leader,
+}
+
+impl HoldMode {
+    /// The recipe a lock with holds of this mode belongs to.
+    pub(crate) fn lock_kind(self) -> LockKind {
+        match self {
+            HoldMode::Exclusive => LockKind::Mutex,
+            HoldMode::Read | HoldMode::Write => LockKind::ReadWrite,
+            HoldMode::Lease => LockKind::Semaphore,
+            HoldMode::Leader => LockKind::Leader,
+        }
+    }
+
+    /// The mode's name in inspection ([`Contender::mode`](crate::Contender::mode)), in the
+    /// command line's listings and in tracing: `mutex`, `read`, `write`, `lease`, `latch`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            HoldMode::Exclusive => "mutex",
+            HoldMode::Read => "read",
+            HoldMode::Write => "write",
+            HoldMode::Lease => "lease",
+            HoldMode::Leader => "latch",
+        }
+    }
 }
 
 impl From<LockMode> for HoldMode {
