@@ -10,9 +10,10 @@ use zookeeper_client::EventType;
 use super::hold::{HandedWatch, Hold, NodeWatch, REVOKE_MESSAGE};
 use super::node::{Attempt, Unfinished};
 use super::protocol::{check_path_acl, delete_in_background};
-use super::queue::{NodeKind, Queue, Refused};
+use super::queue::{Queue, Refused};
 use super::{DirTicket, Incarnation, Inner};
 use crate::types::error::{Error, Result};
+use crate::types::mode::HoldMode;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
 
@@ -23,7 +24,7 @@ pub(crate) async fn acquire_node(
     inner: &Arc<Inner>,
     path: &Arc<str>,
     key: &Arc<str>,
-    kind: NodeKind,
+    kind: HoldMode,
     data: Option<&[u8]>,
     wait: Wait,
 ) -> Result<Option<Hold>> {

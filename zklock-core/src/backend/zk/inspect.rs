@@ -8,26 +8,27 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use super::hold::REVOKE_MESSAGE;
 use super::queue::{
-    lock_contender, LockContender, NodeKind, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME, MUTEX_NAME,
-    READ_NAME, WRITE_NAME,
+    lock_contender, LockContender, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME,
+    WRITE_NAME,
 };
 use super::ZkBackend;
 use crate::backend::{BoxFuture, Inspect, Revoke};
 use crate::types::error::{Error, Result};
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::layout;
+use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
 /// The mode a contender node's name says, on a path of `kind`'s recipe. On a mutex's or
 /// read/write lock's path, kazoo's `__lock__` is a mutex or a writer as the path's recipe is,
 /// its `__rlock__` a reader, and a node that is no lock contender `unknown`.
-fn mode_of(node: &str, kind: NodeKind) -> &'static str {
+fn mode_of(node: &str, kind: HoldMode) -> &'static str {
     if kind.is_lock() {
         return match lock_contender(node) {
             None => "unknown",
             Some(LockContender::Shared(_)) => "read",
             Some(_) if node.contains(WRITE_NAME) => "write",
-            Some(_) if kind == NodeKind::Mutex || node.contains(MUTEX_NAME) => "mutex",
+            Some(_) if kind == HoldMode::Exclusive || node.contains(MUTEX_NAME) => "mutex",
             Some(_) => "write",
         };
     }
@@ -81,7 +82,7 @@ fn split_read_write(all: Vec<Contender>) -> (Vec<Contender>, Vec<Contender>) {
 
 /// Who a node is, from its data; a node that is no lock contender on a lock's path is named
 /// as such (its data, if any, follows), so that a listing of holders shows it.
-fn owner_of(node: &str, kind: NodeKind, data: &[u8]) -> Owner {
+fn owner_of(node: &str, kind: HoldMode, data: &[u8]) -> Owner {
     let mut owner = Owner::parse(data);
     if mode_of(node, kind) == "unknown" {
         owner.data = match owner.data.is_empty() {
@@ -113,11 +114,11 @@ impl ZkBackend {
 
     /// The contender nodes under `dir`, in Curator's order, with their data and stat read in
     /// one pipelined round trip.
-    async fn contenders(&self, dir: &str, kind: NodeKind) -> Result<Vec<Contender>> {
+    async fn contenders(&self, dir: &str, kind: HoldMode) -> Result<Vec<Contender>> {
         let client = self.client();
         let mut names = self.children(dir, "list the contenders").await?;
         // On a lock's path, nodes that are no contender come last.
-        fn order(kind: NodeKind, n: &str) -> (bool, &str) {
+        fn order(kind: HoldMode, n: &str) -> (bool, &str) {
             (
                 kind.is_lock() && lock_contender(n).is_none(),
                 kind.sort_key(n),
@@ -152,15 +153,15 @@ impl ZkBackend {
     async fn inspect_as(&self, path: &str, kind: LockKind) -> Result<LockInfo> {
         let (holders, waiters) = match kind {
             LockKind::Semaphore => (
-                self.contenders(&format!("{path}/leases"), NodeKind::Lease)
+                self.contenders(&format!("{path}/leases"), HoldMode::Lease)
                     .await?,
-                self.contenders(&format!("{path}/locks"), NodeKind::Mutex)
+                self.contenders(&format!("{path}/locks"), HoldMode::Exclusive)
                     .await?,
             ),
             LockKind::Mutex | LockKind::Leader => {
                 let node = match kind {
-                    LockKind::Leader => NodeKind::Latch,
-                    _ => NodeKind::Mutex,
+                    LockKind::Leader => HoldMode::Leader,
+                    _ => HoldMode::Exclusive,
                 };
                 let (unknown, mut all) = unknown_apart(self.contenders(path, node).await?);
                 let waiters = if all.is_empty() {
@@ -172,7 +173,7 @@ impl ZkBackend {
                 (all, waiters)
             }
             LockKind::ReadWrite => {
-                let (unknown, all) = unknown_apart(self.contenders(path, NodeKind::Write).await?);
+                let (unknown, all) = unknown_apart(self.contenders(path, HoldMode::Write).await?);
                 let (mut holders, waiters) = split_read_write(all);
                 holders.extend(unknown);
                 (holders, waiters)

@@ -22,10 +22,9 @@ use super::{
     SharedHold,
 };
 use crate::types::error::Result;
-use crate::types::mode::{LockMode, Wait};
+use crate::types::mode::{HoldMode, LockMode, Wait};
 pub use options::ZooKeeperOptions;
 pub(crate) use protocol::digest_id;
-use queue::NodeKind;
 use session::Session;
 pub(crate) use session::{SessionConfig, SessionOwner};
 
@@ -193,15 +192,6 @@ impl ZkBackend {
     }
 }
 
-fn node_kind(mode: LockMode) -> NodeKind {
-    match mode {
-        LockMode::Exclusive => NodeKind::Mutex,
-        LockMode::Read => NodeKind::Read,
-        LockMode::Write => NodeKind::Write,
-        LockMode::Leader => NodeKind::Latch,
-    }
-}
-
 impl Backend for ZkBackend {
     fn name(&self) -> &'static str {
         "zookeeper"
@@ -219,7 +209,7 @@ impl Backend for ZkBackend {
                 &self.inner,
                 &target.path,
                 &target.key,
-                node_kind(mode),
+                HoldMode::from(mode),
                 data,
                 wait,
             )

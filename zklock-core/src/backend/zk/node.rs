@@ -11,10 +11,10 @@ use super::protocol::{
     check_path_acl, contender_options, delete_by_prefix_in_background, delete_in_background,
     ensure_parents, PATH_VANISHED_RETRIES,
 };
-use super::queue::NodeKind;
 use super::session::{connection_lost, Session};
 use super::{DirTicket, Incarnation, Inner};
 use crate::types::error::{Error, Result};
+use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
 /// A contender node made without waiting for it (see [`create_node`]).
@@ -37,7 +37,7 @@ pub(crate) async fn create_node(
     session: &Session,
     path: &Arc<str>,
     key: &Arc<str>,
-    kind: NodeKind,
+    kind: HoldMode,
     deadline: Option<Instant>,
 ) -> Result<NewNode> {
     let attempt = Attempt {
@@ -85,7 +85,7 @@ pub(crate) struct Attempt<'a> {
     pub(crate) session: Session,
     pub(crate) path: &'a Arc<str>,
     pub(crate) key: &'a Arc<str>,
-    pub(crate) kind: NodeKind,
+    pub(crate) kind: HoldMode,
     /// The new node's data: who made it (a leader latch's participant id).
     pub(crate) data: &'a [u8],
     pub(crate) deadline: Option<Instant>,

@@ -13,22 +13,14 @@
 /// (A reader watches this many of its lowest lower writers at a time.)
 const WINDOW: usize = 8;
 
-/// What kind of contender node, and so which nodes block it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum NodeKind {
-    /// Curator's `InterProcessMutex`: `_c_<uuid>-lock-<seq>`; every lower node blocks.
-    Mutex,
-    /// Curator's read lock: `_c_<uuid>-__READ__<seq>`; only lower write nodes block.
-    Read,
-    /// Curator's write lock: `_c_<uuid>-__WRIT__<seq>`; every lower node blocks.
-    Write,
-    /// A lease of Curator's `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not
-    /// queued.
-    Lease,
-    /// A participant of Curator's `LeaderLatch`: `_c_<uuid>-latch-<seq>`, the participant id as
-    /// data; the lowest is the leader, every lower node blocks.
-    Latch,
-}
+/// A hold's mode names its contender node and so which nodes block it, Curator's rules:
+/// - a mutex: `_c_<uuid>-lock-<seq>`; every lower node blocks;
+/// - a read hold: `_c_<uuid>-__READ__<seq>`; only lower exclusive nodes block;
+/// - a write hold: `_c_<uuid>-__WRIT__<seq>`; every lower node blocks;
+/// - a lease of `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not queued;
+/// - a participant of `LeaderLatch`: `_c_<uuid>-latch-<seq>`, the participant id as data; the
+///   lowest is the leader, every lower node blocks.
+use crate::types::mode::HoldMode;
 
 pub(crate) const READ_NAME: &str = "__READ__";
 pub(crate) const WRITE_NAME: &str = "__WRIT__";
@@ -101,14 +93,15 @@ pub(crate) enum Refused {
     Unknown(String),
 }
 
-impl NodeKind {
+impl HoldMode {
+    /// The name Curator gives this mode's contender nodes, before the sequence number.
     pub(crate) fn lock_name(self) -> &'static str {
         match self {
-            NodeKind::Mutex => MUTEX_NAME,
-            NodeKind::Read => READ_NAME,
-            NodeKind::Write => WRITE_NAME,
-            NodeKind::Lease => LEASE_NAME,
-            NodeKind::Latch => LATCH_NAME,
+            HoldMode::Exclusive => MUTEX_NAME,
+            HoldMode::Read => READ_NAME,
+            HoldMode::Write => WRITE_NAME,
+            HoldMode::Lease => LEASE_NAME,
+            HoldMode::Leader => LATCH_NAME,
         }
     }
 
@@ -118,11 +111,11 @@ impl NodeKind {
     /// keep after stripping the lock name.
     pub(crate) fn sort_key(self, node: &str) -> &str {
         match self {
-            NodeKind::Mutex | NodeKind::Read | NodeKind::Write => {
+            HoldMode::Exclusive | HoldMode::Read | HoldMode::Write => {
                 lock_contender(node).map_or(node, LockContender::sequence)
             }
-            NodeKind::Lease => super::protocol::sort_key(node, LEASE_NAME),
-            NodeKind::Latch => super::protocol::sort_key(node, LATCH_NAME),
+            HoldMode::Lease => super::protocol::sort_key(node, LEASE_NAME),
+            HoldMode::Leader => super::protocol::sort_key(node, LATCH_NAME),
         }
     }
 
@@ -130,27 +123,30 @@ impl NodeKind {
     /// for exclusive contenders (Curator's or kazoo's).
     pub(crate) fn blocked_by(self, other: &str) -> bool {
         match self {
-            NodeKind::Mutex | NodeKind::Write | NodeKind::Latch => true,
-            NodeKind::Read => matches!(lock_contender(other), Some(LockContender::Exclusive(_))),
-            NodeKind::Lease => false,
+            HoldMode::Exclusive | HoldMode::Write | HoldMode::Leader => true,
+            HoldMode::Read => matches!(lock_contender(other), Some(LockContender::Exclusive(_))),
+            HoldMode::Lease => false,
         }
     }
 
     /// Whether this kind's path holds lock contenders only (see [`lock_contender`]): a
     /// mutex's or a read/write lock's.
     pub(crate) fn is_lock(self) -> bool {
-        matches!(self, NodeKind::Mutex | NodeKind::Read | NodeKind::Write)
+        matches!(self, HoldMode::Exclusive | HoldMode::Read | HoldMode::Write)
     }
 
     /// Exclusive grants prove that every lower node is gone.
     pub(crate) fn exclusive(self) -> bool {
-        matches!(self, NodeKind::Mutex | NodeKind::Write | NodeKind::Latch)
+        matches!(
+            self,
+            HoldMode::Exclusive | HoldMode::Write | HoldMode::Leader
+        )
     }
 }
 
 /// The lower contenders that block a waiter.
 pub(crate) struct Queue {
-    kind: NodeKind,
+    kind: HoldMode,
     /// Blockers in ascending order. Exclusive kinds keep the nearest [`WINDOW`] lower nodes;
     /// readers keep every lower writer. See [`Queue::to_watch`].
     pub(crate) below: Vec<String>,
@@ -174,7 +170,7 @@ impl Queue {
     /// Refused when `me` is not among the children (our node is gone), or when a mutex's or
     /// read/write lock's path holds a child that is no lock contender.
     pub(crate) fn new(
-        kind: NodeKind,
+        kind: HoldMode,
         mut children: Vec<String>,
         me: &str,
         protect: &str,
@@ -299,15 +295,15 @@ mod tests {
     #[test]
     fn read_write_sort_like_curator() {
         assert_eq!(
-            NodeKind::Read.sort_key("_c_ab-__READ__0000000004"),
+            HoldMode::Read.sort_key("_c_ab-__READ__0000000004"),
             "0000000004"
         );
         assert_eq!(
-            NodeKind::Write.sort_key("_c_ab-__WRIT__0000000003"),
+            HoldMode::Write.sort_key("_c_ab-__WRIT__0000000003"),
             "0000000003"
         );
         assert_eq!(
-            NodeKind::Read.sort_key("_c_ab-__WRIT__0000000003"),
+            HoldMode::Read.sort_key("_c_ab-__WRIT__0000000003"),
             "0000000003"
         );
     }
@@ -322,7 +318,7 @@ mod tests {
             "_c_5-__WRIT__0000000005".to_string(),
         ];
         let q = Queue::new(
-            NodeKind::Read,
+            HoldMode::Read,
             kids.clone(),
             "_c_4-__READ__0000000004",
             "_c_4-",
@@ -330,14 +326,14 @@ mod tests {
         .unwrap();
         assert_eq!(q.below, vec!["_c_2-__WRIT__0000000002".to_string()]);
         let q = Queue::new(
-            NodeKind::Read,
+            HoldMode::Read,
             kids.clone(),
             "_c_1-__READ__0000000001",
             "_c_1-",
         )
         .unwrap();
         assert!(q.to_watch().is_empty());
-        let q = Queue::new(NodeKind::Write, kids, "_c_5-__WRIT__0000000005", "_c_5-").unwrap();
+        let q = Queue::new(HoldMode::Write, kids, "_c_5-__WRIT__0000000005", "_c_5-").unwrap();
         // A writer watches every lower node (here all four).
         assert_eq!(q.to_watch().len(), 4);
         assert_eq!(q.to_watch().last().unwrap(), "_c_4-__READ__0000000004");
@@ -349,7 +345,7 @@ mod tests {
             .map(|i| format!("_c_{i}-__WRIT__{:010}", i + 1))
             .collect();
         kids.push("_c_me-__READ__0000000013".to_string());
-        let mut q = Queue::new(NodeKind::Read, kids, "_c_me-__READ__0000000013", "_c_me-").unwrap();
+        let mut q = Queue::new(HoldMode::Read, kids, "_c_me-__READ__0000000013", "_c_me-").unwrap();
         assert_eq!(q.to_watch().len(), WINDOW);
         assert!(q.to_watch()[0].ends_with("0000000001"));
         // As the lowest go, the next ones come into view.
@@ -392,20 +388,20 @@ mod tests {
             "cc__lock__0000000004".to_string(),
             "_c_5-__WRIT__0000000005".to_string(),
         ];
-        let q = Queue::new(NodeKind::Mutex, kids.clone(), &kids[1], "_c_1-").unwrap();
+        let q = Queue::new(HoldMode::Exclusive, kids.clone(), &kids[1], "_c_1-").unwrap();
         assert_eq!(q.below, vec![kids[0].clone()]);
         // A reader waits for kazoo's Lock and Curator's mutex and writers, not for readers.
-        let q = Queue::new(NodeKind::Read, kids.clone(), &kids[3], "_c_3-").unwrap();
+        let q = Queue::new(HoldMode::Read, kids.clone(), &kids[3], "_c_3-").unwrap();
         assert_eq!(q.below, vec![kids[0].clone(), kids[1].clone()]);
         // A writer waits for every lower node, kazoo's reader included; the nearest is last.
-        let q = Queue::new(NodeKind::Write, kids.clone(), &kids[5], "_c_5-").unwrap();
+        let q = Queue::new(HoldMode::Write, kids.clone(), &kids[5], "_c_5-").unwrap();
         assert_eq!(q.below, kids[..5].to_vec());
         assert_eq!(q.to_watch().last(), Some(&kids[4]));
     }
 
     #[test]
     fn a_child_that_is_no_lock_contender_is_refused_by_name() {
-        for kind in [NodeKind::Mutex, NodeKind::Read, NodeKind::Write] {
+        for kind in [HoldMode::Exclusive, HoldMode::Read, HoldMode::Write] {
             let me = format!("_c_me-{}0000000002", kind.lock_name());
             let kids = vec!["stranger".to_string(), me.clone()];
             assert_eq!(
@@ -416,7 +412,7 @@ mod tests {
         // A leader latch's path keeps Curator's rule: every child is a participant.
         let me = "_c_me-latch-0000000002".to_string();
         let kids = vec!["stranger".to_string(), me.clone()];
-        assert!(Queue::new(NodeKind::Latch, kids, &me, "_c_me-").is_ok());
+        assert!(Queue::new(HoldMode::Leader, kids, &me, "_c_me-").is_ok());
     }
 
     fn mutex_nodes(seqs: &[&str]) -> Vec<String> {
@@ -435,7 +431,7 @@ mod tests {
             "_c_x-lock-0000000002".to_string(),
             "_c_me-lock-0000000003".to_string(),
         ];
-        let q = Queue::new(NodeKind::Mutex, kids, "_c_me-lock-0000000003", "_c_me-").unwrap();
+        let q = Queue::new(HoldMode::Exclusive, kids, "_c_me-lock-0000000003", "_c_me-").unwrap();
         assert_eq!(q.below, vec!["_c_x-lock-0000000002".to_string()]);
         assert_eq!(q.strays, vec!["_c_me-lock-0000000001".to_string()]);
     }
@@ -444,7 +440,7 @@ mod tests {
     fn a_floor_prunes_only_older_nodes_never_wrapped_ones() {
         let kids = mutex_nodes(&["0000000001", "0000000004", "-2147483648", "0000000009"]);
         let me = kids[3].clone();
-        let mut q = Queue::new(NodeKind::Mutex, kids, &me, "_c_3-").unwrap();
+        let mut q = Queue::new(HoldMode::Exclusive, kids, &me, "_c_3-").unwrap();
         assert_eq!(q.below.len(), 3);
         q.prune_below("0000000005");
         // The wrapped sequence sorts below every floor without being older: it stays.
@@ -452,7 +448,7 @@ mod tests {
         // A wrapped floor vouches for nothing.
         let kids = mutex_nodes(&["0000000001", "0000000009"]);
         let me = kids[1].clone();
-        let mut q = Queue::new(NodeKind::Mutex, kids, &me, "_c_1-").unwrap();
+        let mut q = Queue::new(HoldMode::Exclusive, kids, &me, "_c_1-").unwrap();
         q.prune_below("-2147483600");
         assert_eq!(q.below, vec!["_c_0-lock-0000000001".to_string()]);
     }
@@ -465,7 +461,7 @@ mod tests {
         let refs: Vec<&str> = seqs.iter().map(String::as_str).collect();
         let kids = mutex_nodes(&refs);
         let me = kids.last().unwrap().clone();
-        let q = Queue::new(NodeKind::Mutex, kids, &me, "_c_21-").unwrap();
+        let q = Queue::new(HoldMode::Exclusive, kids, &me, "_c_21-").unwrap();
         assert!(q.hidden);
         assert_eq!(q.below.len(), WINDOW + 1);
         assert!(q.below[0].ends_with("-2147483647"));

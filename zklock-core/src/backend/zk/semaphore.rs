@@ -10,12 +10,12 @@ use zookeeper_client::EventType;
 use super::contender::acquire_node;
 use super::hold::{HandedWatch, Hold};
 use super::node::create_node;
-use super::queue::NodeKind;
 use super::session::connection_lost;
 use super::Inner;
 use crate::backend::{BackendHold, LockTarget, SharedHold};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
+use crate::types::mode::HoldMode;
 use crate::types::mode::Wait;
 
 /// Takes the `<path>/locks` gate, makes all `n` lease nodes on the gate's own session, and
@@ -35,7 +35,7 @@ pub(crate) async fn acquire_leases(
     let key = &target.key;
     let gate_path: Arc<str> = format!("{}/locks", target.path).into();
     let leases: Arc<str> = format!("{}/leases", target.path).into();
-    let Some(gate) = acquire_node(inner, &gate_path, key, NodeKind::Mutex, None, wait).await?
+    let Some(gate) = acquire_node(inner, &gate_path, key, HoldMode::Exclusive, None, wait).await?
     else {
         return Ok(None);
     };
@@ -57,7 +57,7 @@ pub(crate) async fn acquire_leases(
             &session,
             &leases,
             key,
-            NodeKind::Lease,
+            HoldMode::Lease,
             wait.deadline(),
         )
         .await?;

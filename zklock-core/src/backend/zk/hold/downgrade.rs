@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use super::super::node::create_node;
-use super::super::queue::NodeKind;
 use super::monitor::HandedWatch;
 use super::Hold;
 use crate::backend::{BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
+use crate::types::mode::HoldMode;
 
 /// Makes the read hold of `target` that continues `write`, and says whether the write node
 /// must be kept until the read hold ends (a writer queued in between).
@@ -30,7 +30,7 @@ pub(crate) fn downgrade(
             &write.session,
             &target.path,
             &target.key,
-            NodeKind::Read,
+            HoldMode::Read,
             None,
         )
         .await?;
@@ -48,16 +48,16 @@ pub(crate) fn downgrade(
             // Lost while the read node was made: the read node goes when `read` drops.
             return Err(lost(reason));
         }
-        let read_key = NodeKind::Read
+        let read_key = HoldMode::Read
             .sort_key(read.node.rsplit('/').next().unwrap_or_default())
             .to_string();
-        let write_key = NodeKind::Write
+        let write_key = HoldMode::Write
             .sort_key(write.node.rsplit('/').next().unwrap_or_default())
             .to_string();
         // A writer (zklock's, Curator's or kazoo's) queued between the two.
         let keep_write = children.iter().any(|c| {
-            let k = NodeKind::Write.sort_key(c);
-            NodeKind::Read.blocked_by(c) && k > write_key.as_str() && k < read_key.as_str()
+            let k = HoldMode::Write.sort_key(c);
+            HoldMode::Read.blocked_by(c) && k > write_key.as_str() && k < read_key.as_str()
         });
         Ok(Downgraded {
             read: Arc::new(read),
