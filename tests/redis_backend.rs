@@ -178,6 +178,44 @@ async fn an_unreachable_server_is_a_redis_error() {
     assert!(err.is_retryable());
 }
 
+/// A `redis://` URL that reaches a replica is refused at connect, naming the primary: a
+/// replica refuses every write, and one promoted later would not have every lease. The same
+/// URL works once the server is a primary again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_refused_at_connect_naming_its_primary() {
+    let primary = server();
+    let replica = server();
+    let mut admin = redis::Client::open(replica.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port())
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let err = LockManager::connect(&replica.url()).await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(text.contains("replica"), "{text}");
+    assert!(
+        text.contains(&format!("127.0.0.1:{}", primary.port())),
+        "{text}"
+    );
+    assert!(!err.is_retryable(), "{text}");
+
+    let () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let m = LockManager::connect(&replica.url()).await.unwrap();
+    drop(m.lock("after_promotion").await.unwrap());
+}
+
 /// A holder cut off from Redis (a partition: its connection through a proxy goes silent)
 /// reports its hold lost when the lease could have run out, before the server lets the next
 /// holder in; the next holder's token is larger.

@@ -47,6 +47,7 @@ mod inspect;
 mod keys;
 mod lease;
 mod options;
+mod role;
 mod scripts;
 mod watchdog;
 
@@ -302,11 +303,12 @@ pub(crate) struct RedisBackend {
 }
 
 impl RedisBackend {
-    /// Opens the connection and checks that the server answers.
+    /// Opens the connection and checks that the server answers and is a standalone primary.
     ///
     /// # Errors
-    /// [`Error::Config`] for a URL the client refuses, [`Error::Server`] when the server does
-    /// not answer `PING` in time.
+    /// [`Error::Config`] for a URL the client refuses or a server that is no primary (a
+    /// replica, a Sentinel, a Cluster node), [`Error::Server`] when the server does not answer
+    /// `INFO` in time.
     pub(crate) async fn connect(config: RedisConfig) -> Result<RedisBackend> {
         // The URL may carry a password: errors name the problem, not the URL.
         let client = redis::Client::open(config.url.as_str())
@@ -321,11 +323,24 @@ impl RedisBackend {
             breaks.clone(),
             runtime.clone(),
         );
-        conn.run(Some(config.connect_timeout), |mut c| async move {
-            redis::cmd("PING").query_async::<String>(&mut c).await
-        })
-        .await
-        .map_err(|e| server_error("connect", e))?;
+        let info = conn
+            .run(Some(config.connect_timeout), |mut c| async move {
+                redis::cmd("INFO").query_async::<String>(&mut c).await
+            })
+            .await;
+        match info {
+            Ok(info) => role::Role::of_info(&info).required_primary()?,
+            // A server that refuses INFO (renamed, disabled or denied by its operator) is taken
+            // as a primary: its first write tells otherwise.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(
+                        redis::ServerErrorKind::ResponseError | redis::ServerErrorKind::NoPerm
+                    )
+                ) => {}
+            Err(e) => return Err(server_error("connect", e)),
+        }
         let hub = Hub::start(client, reply_timeout, &runtime, breaks.clone());
         let mut holder_tag = format!("{} hub={}", *HOST_PID, hub.id);
         if let Some(id) = &config.identity {
