@@ -263,6 +263,38 @@ async fn what_does_not_fit_is_refused() {
     assert!(!err.to_string().contains("secret"), "{err}");
 }
 
+/// A URL that reaches a standby (in recovery) is refused, at connect and by a manager whose
+/// connections land there after a restart: a standby's advisory locks would exclude only its
+/// own sessions, never the primary's. Without fencing tokens nothing else would stop it (no
+/// write to refuse).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_is_refused_even_without_tokens() {
+    let mut pg = server();
+    let url = pg.url();
+    let untokened = || LockManager::builder(&url).fencing_tokens(false).connect();
+    let before = untokened().await.unwrap();
+    drop(before.lock("stock").await.unwrap());
+    pg.restart_as_standby().unwrap();
+    assert_eq!(pg.psql("SELECT pg_is_in_recovery()").unwrap().trim(), "t");
+
+    let err = untokened().await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(text) if text.contains("standby")),
+        "{err}"
+    );
+    assert!(!err.is_retryable());
+    // The manager from before the restart opens its connections anew: on the standby, its
+    // acquires fail with the same error rather than take a lock of the standby's own.
+    let err = before
+        .lock_timeout("stock", Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(text) if text.contains("standby")),
+        "{err}"
+    );
+}
+
 /// A job's `at_least` window is kept in the key table, by the server's clock: a second run
 /// inside it, from another manager, is skipped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -320,6 +320,33 @@ impl PostgresServer {
         restart(|| self.spawn())
     }
 
+    /// Starts the server again as a standby: `standby.signal` in its data directory and no
+    /// primary to follow, so it stays in recovery, read-only, as a hot standby is (its
+    /// `pg_is_in_recovery()` is true). For tests of what a client does when its URL reaches
+    /// a standby.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be written or the server does not start again.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut pg = zklock_testkit::PostgresServer::start()?;
+    /// pg.restart_as_standby()?;
+    /// assert_eq!(pg.psql("SELECT pg_is_in_recovery()")?.trim(), "t");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn restart_as_standby(&mut self) -> io::Result<()> {
+        self.stop()?;
+        let signal = self.dir.path().join("data").join("standby.signal");
+        std::fs::write(&signal, b"")?;
+        if let Some((uid, gid)) = run_as()? {
+            chown(&signal, uid, gid)?;
+        }
+        restart(|| self.spawn())
+    }
+
     /// Freezes the server and every backend with SIGSTOP: connections stay open but nothing
     /// answers, as in a long pause or a partition.
     ///

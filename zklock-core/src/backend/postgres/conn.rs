@@ -174,15 +174,20 @@ impl HoldConn {
         // Each statement reads with a snapshot taken when it starts, whatever the server's
         // default (a reservation must not fail to serialize with a job's record); and the
         // session says who it is, for cancels (see `cancel`).
+        // It also says whether the server is a standby: a standby's advisory locks exclude
+        // only its own sessions, never the primary's, so none is taken there.
         let session =
             match tokio::time::timeout(cc.reply_timeout, client.simple_query(sql::OPEN_SESSION))
                 .await
             {
                 Ok(Ok(messages)) => messages.iter().find_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(row) => Some(ServerSession {
-                        pid: row.get(0)?.parse().ok()?,
-                        started: row.get(1)?.to_string(),
-                    }),
+                    tokio_postgres::SimpleQueryMessage::Row(row) => Some((
+                        ServerSession {
+                            pid: row.get(0)?.parse().ok()?,
+                            started: row.get(1)?.to_string(),
+                        },
+                        row.get(2) == Some("true"),
+                    )),
                     _ => None,
                 }),
                 Ok(Err(e)) => {
@@ -191,9 +196,16 @@ impl HoldConn {
                 }
                 Err(_) => None,
             };
-        let Some(session) = session else {
-            driver.abort();
-            return Err(PostgresError::timed_out());
+        let session = match session {
+            Some((session, false)) => session,
+            Some((_, true)) => {
+                driver.abort();
+                return Err(PostgresError::Standby);
+            }
+            None => {
+                driver.abort();
+                return Err(PostgresError::timed_out());
+            }
         };
         let conn = Arc::new(HoldConn {
             client,

@@ -7,11 +7,14 @@ use crate::types::error::{Error, ServerError};
 const ADVICE: &str =
     "check the URL, that the server is up and that the role may create and update the table zklock_keys, then retry";
 
-/// The client's error, or no reply in time.
+/// The client's error, no reply in time, or a server that must not be used.
 #[derive(Debug, Clone)]
 pub(crate) enum PostgresError {
     Client(std::sync::Arc<tokio_postgres::Error>),
     TimedOut,
+    /// The server is a standby (in recovery): its advisory locks exclude only its own
+    /// sessions, never the primary's, and it refuses the key table's writes.
+    Standby,
 }
 
 impl PostgresError {
@@ -25,7 +28,7 @@ impl PostgresError {
     pub(crate) fn get_ref(&self) -> Option<&tokio_postgres::Error> {
         match self {
             PostgresError::Client(e) => Some(e),
-            PostgresError::TimedOut => None,
+            PostgresError::TimedOut | PostgresError::Standby => None,
         }
     }
 
@@ -34,6 +37,7 @@ impl PostgresError {
     pub(crate) fn is_transient(&self) -> bool {
         match self {
             PostgresError::TimedOut => true,
+            PostgresError::Standby => false,
             PostgresError::Client(e) => {
                 use tokio_postgres::error::SqlState;
                 e.is_closed()
@@ -53,6 +57,14 @@ impl PostgresError {
     /// This error during `operation`, as zklock's [`Error`].
     pub(crate) fn during(self, operation: &'static str) -> Error {
         let source = match &self {
+            PostgresError::Standby => {
+                return Error::Config(format!(
+                    "the PostgreSQL URL reaches a standby (in recovery) during {operation}: its \
+                     advisory locks would exclude only its own sessions, never the primary's; \
+                     give the primary's address (with several hosts in the URL, add \
+                     target_session_attrs=read-write)"
+                ))
+            }
             PostgresError::TimedOut => ServerError::timed_out("PostgreSQL"),
             PostgresError::Client(e) => {
                 ServerError::new(e.clone(), self.to_string(), self.is_transient(), ADVICE)
@@ -82,6 +94,7 @@ impl std::fmt::Display for PostgresError {
                 None => e.fmt(f),
             },
             PostgresError::TimedOut => f.write_str("no reply from PostgreSQL in time"),
+            PostgresError::Standby => f.write_str("the server is a standby (in recovery)"),
         }
     }
 }

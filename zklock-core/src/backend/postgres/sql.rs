@@ -130,7 +130,8 @@
 /// record); and the session's process id and start, which a cancel of its statements names
 /// ([`CANCEL`]).
 pub(crate) const OPEN_SESSION: &str = "SET default_transaction_isolation = 'read committed'; \
-     SELECT pid::text, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+     SELECT pid::text, backend_start::text, pg_is_in_recovery()::text \
+     FROM pg_stat_activity WHERE pid = pg_backend_pid()";
 
 /// Cancels the statement that the session `$1` (process id) started at `$2` (its
 /// `backend_start`, as text) runs now, from another session: `pg_cancel_backend` signals the
