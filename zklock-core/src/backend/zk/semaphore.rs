@@ -5,12 +5,12 @@
 
 use std::sync::Arc;
 
-use zookeeper_client::EventType;
+use zookeeper_client::{EventType, OneshotWatcher};
 
 use super::contender::acquire_node;
 use super::hold::{HandedWatch, Hold};
 use super::node::create_node;
-use super::session::connection_lost;
+use super::session::{connection_lost, Session};
 use super::Inner;
 use crate::backend::{BackendHold, LockTarget, SharedHold};
 use crate::types::error::{Error, Result};
@@ -34,88 +34,192 @@ pub(crate) async fn acquire_leases(
 ) -> Result<Option<Vec<SharedHold>>> {
     let key = &target.key;
     let gate_path: Arc<str> = format!("{}/locks", target.path).into();
-    let leases: Arc<str> = format!("{}/leases", target.path).into();
     let Some(gate) = acquire_node(inner, &gate_path, key, HoldMode::Exclusive, None, wait).await?
     else {
         return Ok(None);
     };
-    let session = gate.session.clone();
-    let gate_lost = || {
-        gate.loss_reason().map(|reason| Error::LockLost {
-            key: key.to_string(),
-            reason,
-        })
-    };
-    let mut holds = Vec::with_capacity(n as usize);
-    let mut children = Vec::new();
-    for _ in 0..n {
-        if let Some(err) = gate_lost() {
-            return Err(err);
-        }
-        let made = create_node(
-            inner,
-            &session,
-            &leases,
-            key,
-            HoldMode::Lease,
-            wait.deadline(),
-        )
-        .await?;
-        holds.push(Hold::new(
-            inner.clone(),
-            session.clone(),
-            key.clone(),
-            made.node,
-            made.token,
-            made.ticket,
-            HandedWatch::NoWatch,
-        ));
-        children = made.children;
+    // Declared after the gate, so dropped before it: the leases go first, then the gate.
+    let mut leases = Leases::new(inner, target, &gate, wait);
+    leases.make(n).await?;
+    if !leases.wait_for_room(max_leases as usize).await? {
+        return Ok(None);
     }
-    let names: Vec<String> = holds
-        .iter()
-        .map(|h| h.node.rsplit('/').next().unwrap_or_default().to_string())
-        .collect();
-    let client = session.client.clone();
-    loop {
-        if let Some(err) = gate_lost() {
-            return Err(err);
+    release_gate(&gate, key).await;
+    Ok(Some(leases.granted()))
+}
+
+/// The lease nodes one acquire makes under `<path>/leases` while it holds the gate, all on the
+/// gate's session, and the leases' latest listing. Dropped before it is
+/// [`granted`](Self::granted), it deletes its leases in the background (each [`Hold`] does).
+struct Leases<'a> {
+    inner: &'a Arc<Inner>,
+    key: &'a Arc<str>,
+    /// The `<path>/locks` gate this acquire holds.
+    gate: &'a Hold,
+    /// The gate's session: the one the leases are made on and listed through.
+    session: Session,
+    /// `<path>/leases`.
+    path: Arc<str>,
+    wait: Wait,
+    /// The leases made so far, in order.
+    holds: Vec<Hold>,
+    /// The leases' names as last listed.
+    children: Vec<String>,
+}
+
+impl<'a> Leases<'a> {
+    /// No lease yet, for the acquire of `target` that holds `gate`.
+    fn new(inner: &'a Arc<Inner>, target: &'a LockTarget, gate: &'a Hold, wait: Wait) -> Self {
+        Leases {
+            inner,
+            key: &target.key,
+            gate,
+            session: gate.session.clone(),
+            path: format!("{}/leases", target.path).into(),
+            wait,
+            holds: Vec::new(),
+            children: Vec::new(),
         }
-        if let Some(name) = names.iter().find(|n| !children.contains(n)) {
-            tracing::warn!(%key, %name, "semaphore lease node deleted while waiting");
-            return Err(Error::LockLost {
-                key: key.to_string(),
-                reason: LossReason::NodeDeleted,
-            });
+    }
+
+    /// Makes `n` lease nodes on the gate's session, one request each, checking before each
+    /// that the gate is still held. Cancelled between two, the leases made so far are kept in
+    /// `self` (deleted when it is dropped); one whose create was under way is deleted by
+    /// [`create_node`].
+    async fn make(&mut self, n: u32) -> Result<()> {
+        self.holds.reserve_exact(n as usize);
+        for _ in 0..n {
+            self.check_gate()?;
+            let made = create_node(
+                self.inner,
+                &self.session,
+                &self.path,
+                self.key,
+                HoldMode::Lease,
+                self.wait.deadline(),
+            )
+            .await?;
+            self.holds.push(Hold::new(
+                self.inner.clone(),
+                self.session.clone(),
+                self.key.clone(),
+                made.node,
+                made.token,
+                made.ticket,
+                HandedWatch::NoWatch,
+            ));
+            self.children = made.children;
         }
-        if children.len() <= max_leases as usize {
-            break;
-        }
-        if matches!(wait, Wait::Never) {
-            return Ok(None);
-        }
-        inner.count_requests(1);
-        let (kids, watcher) = match client.list_and_watch_children(&leases).await {
-            Ok(listed) => listed,
-            Err(err) if connection_lost(&err) => {
-                session
-                    .wait_connected("list the leases", wait.deadline())
-                    .await?;
+        Ok(())
+    }
+
+    /// Waits, still holding the gate, until at most `max` leases exist, listing them with a
+    /// watch while there are more: `Ok(false)` at once for [`Wait::Never`]. Fails when the
+    /// gate or one of this acquire's leases is lost meanwhile, or the wait's deadline passes.
+    /// Cancel safe: it changes nothing on the server but its watches.
+    async fn wait_for_room(&mut self, max: usize) -> Result<bool> {
+        let names: Vec<String> = self
+            .holds
+            .iter()
+            .map(|h| h.node.rsplit('/').next().unwrap_or_default().to_string())
+            .collect();
+        loop {
+            self.check_gate()?;
+            self.check_listed(&names)?;
+            if self.children.len() <= max {
+                return Ok(true);
+            }
+            if matches!(self.wait, Wait::Never) {
+                return Ok(false);
+            }
+            let Some(watcher) = self.list_and_watch().await? else {
+                continue;
+            };
+            if self.children.len() <= max {
                 continue;
             }
-            Err(err) => return Err(Error::zk("list the leases", &leases, err)),
-        };
-        children = kids;
-        if children.len() <= max_leases as usize {
-            continue;
+            self.changed(watcher).await?;
+            self.list().await?;
         }
-        let event = match wait {
+    }
+
+    /// Fails with [`Error::LockLost`] once the gate is lost.
+    fn check_gate(&self) -> Result<()> {
+        match self.gate.loss_reason() {
+            Some(reason) => Err(Error::LockLost {
+                key: self.key.to_string(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails with [`Error::LockLost`] when one of this acquire's leases (`names`) is missing
+    /// from the last listing: someone deleted it while it waited.
+    fn check_listed(&self, names: &[String]) -> Result<()> {
+        let Some(name) = names.iter().find(|n| !self.children.contains(n)) else {
+            return Ok(());
+        };
+        let key = self.key;
+        tracing::warn!(%key, %name, "semaphore lease node deleted while waiting");
+        Err(Error::LockLost {
+            key: key.to_string(),
+            reason: LossReason::NodeDeleted,
+        })
+    }
+
+    /// Lists the leases and watches them (one request). `None` when the connection was lost
+    /// and came back: the listing is unchanged, and no watch set.
+    async fn list_and_watch(&mut self) -> Result<Option<OneshotWatcher>> {
+        self.inner.count_requests(1);
+        match self
+            .session
+            .client
+            .list_and_watch_children(&self.path)
+            .await
+        {
+            Ok((children, watcher)) => {
+                self.children = children;
+                Ok(Some(watcher))
+            }
+            Err(err) => self.failed(err).await.map(|()| None),
+        }
+    }
+
+    /// Lists the leases again (one request) after the watch fired. When the connection was
+    /// lost and came back, the listing is unchanged.
+    async fn list(&mut self) -> Result<()> {
+        self.inner.count_requests(1);
+        match self.session.client.list_children(&self.path).await {
+            Ok(children) => {
+                self.children = children;
+                Ok(())
+            }
+            Err(err) => self.failed(err).await,
+        }
+    }
+
+    /// A listing failed: on a lost connection, waits until the session is connected again
+    /// (within the wait's deadline); anything else is the acquire's error.
+    async fn failed(&self, err: zookeeper_client::Error) -> Result<()> {
+        if !connection_lost(&err) {
+            return Err(Error::zk("list the leases", &self.path, err));
+        }
+        self.session
+            .wait_connected("list the leases", self.wait.deadline())
+            .await
+    }
+
+    /// Waits for the leases' watch to fire, within the wait's deadline: the session's end
+    /// fails with [`Error::SessionExpired`], the deadline with [`Error::Timeout`].
+    async fn changed(&self, watcher: OneshotWatcher) -> Result<()> {
+        let event = match self.wait {
             Wait::Until(deadline, waited) => {
                 match tokio::time::timeout_at(deadline, watcher.changed()).await {
                     Ok(event) => event,
                     Err(_) => {
                         return Err(Error::Timeout {
-                            key: key.to_string(),
+                            key: self.key.to_string(),
                             waited,
                         })
                     }
@@ -126,33 +230,31 @@ pub(crate) async fn acquire_leases(
         if event.event_type == EventType::Session {
             return Err(Error::SessionExpired);
         }
-        inner.count_requests(1);
-        children = match client.list_children(&leases).await {
-            Ok(kids) => kids,
-            Err(err) if connection_lost(&err) => {
-                session
-                    .wait_connected("list the leases", wait.deadline())
-                    .await?;
-                continue;
-            }
-            Err(err) => return Err(Error::zk("list the leases", &leases, err)),
-        };
+        Ok(())
     }
-    // HandedWatch up before returning, not in the background: an acquirer that comes right after
-    // this one returned (a `try_acquire` above all) must find the gate free. Cancel safe: a
-    // drop here deletes the gate in the background, and the leases with it (the acquire did
-    // not complete). A failure means the gate's session ended: so did the leases, and their
-    // holds report it.
-    if let Err(err) = gate.release().await {
-        tracing::debug!(%key, %err, "semaphore gate release failed");
-    }
-    Ok(Some(
-        holds
+
+    /// The leases, handed to the layers above: this acquire is complete.
+    fn granted(self) -> Vec<SharedHold> {
+        let key = self.key;
+        self.holds
             .into_iter()
             .map(|hold| {
                 tracing::debug!(%key, node = %hold.node, "semaphore lease acquired");
                 Arc::new(hold) as Arc<dyn BackendHold>
             })
-            .collect(),
-    ))
+            .collect()
+    }
+}
+
+/// Gives up the gate once the leases are made and counted, waiting for the answer.
+///
+/// Given up before returning, not in the background: an acquirer that comes right after
+/// this one returned (a `try_acquire` above all) must find the gate free. Cancel safe: a
+/// drop here deletes the gate in the background, and the leases with it (the acquire did
+/// not complete). A failure means the gate's session ended: so did the leases, and their
+/// holds report it.
+async fn release_gate(gate: &Hold, key: &Arc<str>) {
+    if let Err(err) = gate.release().await {
+        tracing::debug!(%key, %err, "semaphore gate release failed");
+    }
 }

@@ -6,12 +6,13 @@
 //! stamped with it, and is void once it has ended: by construction, not by a check at each use.
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
-use zookeeper_client::{Client, SessionState};
+use zookeeper_client::{Client, SessionState, StateWatcher};
 
 use crate::metrics;
 use crate::types::disconnect::DisconnectPolicy;
@@ -382,96 +383,161 @@ impl SessionOwner {
 
 /// Follows the session's state, turns it into lock health, and renews an expired session.
 async fn monitor_session(inner: Weak<SessionOwner>, client: Client) {
-    let mut watcher = client.state_watcher();
-    let mut grace = None;
-    if let Some(manager) = inner.upgrade() {
-        grace = session_grace(&manager.config, &client);
-    }
+    let mut monitor = SessionMonitor::new(inner, &client);
     drop(client);
-    let mut grace_deadline: Option<tokio::time::Instant> = None;
     loop {
-        let state = tokio::select! {
-            state = watcher.changed() => state,
-            _ = async { tokio::time::sleep_until(grace_deadline.unwrap()).await }, if grace_deadline.is_some() => {
-                grace_deadline = None;
-                let Some(inner) = inner.upgrade() else { return };
-                lose(&inner, LossReason::Disconnected);
-                continue;
-            }
-        };
-        let Some(manager) = inner.upgrade() else {
+        let Some(state) = monitor.next_state().await else {
             return;
         };
-        tracing::debug!(?state, "zookeeper session state");
-        metrics::session_state(match state {
-            SessionState::SyncConnected => metrics::SessionState::Connected,
-            SessionState::ConnectedReadOnly => metrics::SessionState::ReadOnly,
-            SessionState::Disconnected => metrics::SessionState::Disconnected,
-            SessionState::Expired => metrics::SessionState::Expired,
-            SessionState::Closed => metrics::SessionState::Closed,
-            SessionState::AuthFailed => metrics::SessionState::AuthFailed,
-        });
+        let Some(manager) = monitor.owner.upgrade() else {
+            return;
+        };
+        record_state(state);
+        if monitor.follow(manager, state).await.is_break() {
+            return;
+        }
+    }
+}
+
+/// What [`monitor_session`] keeps between two changes of the session's state. It holds its
+/// owner weakly, so that the manager can go while it waits: it ends then.
+struct SessionMonitor {
+    owner: Weak<SessionOwner>,
+    /// The state changes of the current session (the one in the owner's health).
+    watcher: StateWatcher,
+    /// The disconnect grace fitted to the current session, when the policy has one.
+    grace: Option<Duration>,
+    /// When the grace of the disconnect under way runs out.
+    grace_deadline: Option<tokio::time::Instant>,
+}
+
+impl SessionMonitor {
+    /// Starts following `client`'s session, the first of `owner`.
+    fn new(owner: Weak<SessionOwner>, client: &Client) -> SessionMonitor {
+        let watcher = client.state_watcher();
+        let mut grace = None;
+        if let Some(manager) = owner.upgrade() {
+            grace = session_grace(&manager.config, client);
+        }
+        SessionMonitor {
+            owner,
+            watcher,
+            grace,
+            grace_deadline: None,
+        }
+    }
+
+    /// The session's next state. A disconnect's grace that runs out first makes the holds
+    /// lost (and the wait goes on). `None` once the owner is gone.
+    async fn next_state(&mut self) -> Option<SessionState> {
+        loop {
+            let grace_deadline = self.grace_deadline;
+            tokio::select! {
+                state = self.watcher.changed() => return Some(state),
+                _ = async { tokio::time::sleep_until(grace_deadline.unwrap()).await }, if grace_deadline.is_some() => {
+                    self.grace_deadline = None;
+                    let inner = self.owner.upgrade()?;
+                    lose(&inner, LossReason::Disconnected);
+                }
+            }
+        }
+    }
+
+    /// Turns a new state of the current session into lock health: connected is healthy; a
+    /// disconnect makes the holds lost at once, when its grace runs out, or only with the
+    /// session's expiry, as the policy says; an expiry makes them lost and renews the session
+    /// (see [`renew`](Self::renew)). Breaks once the monitor has nothing more to follow: the
+    /// session was closed, or expired and is not renewed.
+    async fn follow(&mut self, manager: Arc<SessionOwner>, state: SessionState) -> ControlFlow<()> {
         match state {
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
-                grace_deadline = None;
+                self.grace_deadline = None;
                 manager.health.send_modify(|h| h.ok = true);
             }
-            SessionState::Disconnected => match (manager.config.disconnect_policy, grace) {
+            SessionState::Disconnected => match (manager.config.disconnect_policy, self.grace) {
                 (DisconnectPolicy::Grace(_), Some(grace)) => {
-                    grace_deadline = Some(tokio::time::Instant::now() + grace)
+                    self.grace_deadline = Some(tokio::time::Instant::now() + grace)
                 }
                 (DisconnectPolicy::UntilExpired, _) => {}
                 _ => lose(&manager, LossReason::Disconnected),
             },
-            SessionState::Expired => {
-                grace_deadline = None;
-                lose(&manager, LossReason::SessionExpired);
-                if !manager.config.renew_session {
-                    return;
-                }
-                let config = manager.config.clone();
-                drop(manager);
-                // Open a new session, retrying while the servers are unreachable.
-                let mut backoff = Duration::from_millis(100);
-                let client = loop {
-                    match open_session(&config).await {
-                        Ok(client) => {
-                            metrics::session_renewal(true);
-                            break client;
-                        }
-                        Err(err) => {
-                            metrics::session_renewal(false);
-                            tracing::warn!(%err, "could not renew the expired ZooKeeper session; retrying");
-                            if inner.strong_count() == 0 {
-                                return;
-                            }
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(Duration::from_secs(5));
-                        }
-                    }
-                };
-                let Some(manager) = inner.upgrade() else {
-                    return;
-                };
-                watcher = client.state_watcher();
-                grace = session_grace(&config, &client);
-                // The session and its health change together: a reader never sees the new
-                // session with the old generation, nor the other way round.
-                manager.health.send_modify(|h| {
-                    h.session = Session {
-                        client,
-                        generation: h.session.generation + 1,
-                    };
-                    h.ok = true;
-                });
-                tracing::info!("opened a new ZooKeeper session after expiry");
-            }
+            SessionState::Expired => return self.renew(manager).await,
             SessionState::Closed | SessionState::AuthFailed => {
                 lose(&manager, LossReason::Closed);
-                return;
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// The current session expired: makes the holds lost and, if the manager renews sessions,
+    /// opens a new one and makes it the current session (a new generation), then follows it.
+    /// Breaks when the manager does not renew, or is gone before the new session opened
+    /// (`manager` is let go while it opens).
+    async fn renew(&mut self, manager: Arc<SessionOwner>) -> ControlFlow<()> {
+        self.grace_deadline = None;
+        lose(&manager, LossReason::SessionExpired);
+        if !manager.config.renew_session {
+            return ControlFlow::Break(());
+        }
+        let config = manager.config.clone();
+        drop(manager);
+        let Some(client) = reopen(&self.owner, &config).await else {
+            return ControlFlow::Break(());
+        };
+        let Some(manager) = self.owner.upgrade() else {
+            return ControlFlow::Break(());
+        };
+        self.watcher = client.state_watcher();
+        self.grace = session_grace(&config, &client);
+        // The session and its health change together: a reader never sees the new
+        // session with the old generation, nor the other way round.
+        manager.health.send_modify(|h| {
+            h.session = Session {
+                client,
+                generation: h.session.generation + 1,
+            };
+            h.ok = true;
+        });
+        tracing::info!("opened a new ZooKeeper session after expiry");
+        ControlFlow::Continue(())
+    }
+}
+
+/// Opens a new session, retrying while the servers are unreachable, with a pause that grows
+/// from 100 ms to 5 s. `None` once `owner` is gone (looked at after each failure).
+async fn reopen(owner: &Weak<SessionOwner>, config: &SessionConfig) -> Option<Client> {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match open_session(config).await {
+            Ok(client) => {
+                metrics::session_renewal(true);
+                return Some(client);
+            }
+            Err(err) => {
+                metrics::session_renewal(false);
+                tracing::warn!(%err, "could not renew the expired ZooKeeper session; retrying");
+                if owner.strong_count() == 0 {
+                    return None;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
     }
+}
+
+/// Traces a new state of the session and shows it in the session-state metric.
+fn record_state(state: SessionState) {
+    tracing::debug!(?state, "zookeeper session state");
+    metrics::session_state(match state {
+        SessionState::SyncConnected => metrics::SessionState::Connected,
+        SessionState::ConnectedReadOnly => metrics::SessionState::ReadOnly,
+        SessionState::Disconnected => metrics::SessionState::Disconnected,
+        SessionState::Expired => metrics::SessionState::Expired,
+        SessionState::Closed => metrics::SessionState::Closed,
+        SessionState::AuthFailed => metrics::SessionState::AuthFailed,
+    });
 }
 
 /// The disconnect grace that applies to `client`'s session, fitted to its negotiated timeout.

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::protocol::delete_in_background;
-use super::session::{connection_lost, wait_reconnect, Session};
+use super::session::{connection_lost, wait_reconnect, Health, Session};
 use super::{DirTicket, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::metrics::{self, BackendLabel};
@@ -76,20 +76,10 @@ impl Hold {
         node: String,
         token: FencingToken,
         ticket: DirTicket,
-        given: HandedWatch,
+        mut given: HandedWatch,
     ) -> Hold {
         let health = inner.session.health.subscribe();
-        let (epoch, born_lost) = {
-            let h = health.borrow();
-            if h.session.generation != session.generation {
-                // Granted on a session that has since been replaced: its node went with it.
-                (h.epoch, Some(LossReason::SessionExpired))
-            } else if !h.ok {
-                (h.epoch, Some(h.reason.unwrap_or(LossReason::Disconnected)))
-            } else {
-                (h.epoch, None)
-            }
-        };
+        let (epoch, born_lost) = state_at_grant(&health.borrow(), &session);
         let revocation = Arc::new(Revocation::default());
         revocation
             .revocable
@@ -98,27 +88,21 @@ impl Hold {
         // A revocable hold watches the data from the start (a revoke request changes no child).
         // Likewise the data watch set while waiting: a revocable hold reads the data again.
         let usable = eager && !inner.config.revocable && born_lost.is_none();
-        let (fired, node_watch) = match given {
-            HandedWatch::Children(watcher) if usable => (Some(children_change(watcher)), None),
-            HandedWatch::OwnNode(watch) if usable => (None, Some(watch)),
-            _ => (None, None),
-        };
-        if node_watch.as_ref().is_some_and(|w| w.revoke_requested) {
-            revocation.requested.store(true, Ordering::SeqCst);
-        }
+        // A watch not used stays in `given`, dropped as the hold is returned.
+        let handed = usable
+            .then(|| take_handed(&mut given, &revocation))
+            .flatten();
         let received = Arc::new(ReceivedWatch::default());
-        let node_event = node_watch.map(|w| data_event(w.fired));
-        if let Some(fired) = &fired {
-            received.set(Some(MonitoredWatch::Children(fired.clone())));
-        }
-        if let Some(event) = &node_event {
-            received.set(Some(MonitoredWatch::Data(event.clone())));
-        }
-        let (node_state, _) = watch::channel(if fired.is_some() || node_event.is_some() {
+        received.set(handed.as_ref().map(shared_watch));
+        let (node_state, _) = watch::channel(if handed.is_some() {
             NodeState::Watched
         } else {
             NodeState::Unconfirmed
         });
+        let others = match &handed {
+            Some(MonitoredWatch::Children(fired)) => Others::NoneYet(fired.clone()),
+            _ => Others::Unasked,
+        };
         let hold = Hold {
             inner,
             session,
@@ -138,18 +122,23 @@ impl Hold {
             data_watched: AtomicBool::new(false),
             released: AtomicBool::new(false),
             contenders: Arc::new(Contenders {
-                others: std::sync::Mutex::new(match &fired {
-                    Some(fired) => Others::NoneYet(fired.clone()),
-                    None => Others::Unasked,
-                }),
+                others: std::sync::Mutex::new(others),
                 listed: watch::channel(()).0,
             }),
             _ticket: ticket,
         };
-        match (fired, node_event) {
-            (Some(fired), _) => {
-                let (state, received) = (hold.node_state.clone(), hold.loss.received.clone());
-                hold.monitor_after(async move {
+        hold.start_monitor(handed, eager);
+        hold
+    }
+
+    /// Starts the new hold's monitor: through the watch `handed` to it (no request until that
+    /// watch fires), else by watching the node's data now if `eager` (one request, sent by
+    /// the monitor task), else not yet (see [`watch`](Self::watch)).
+    fn start_monitor(&self, handed: Option<MonitoredWatch>, eager: bool) {
+        match handed {
+            Some(MonitoredWatch::Children(fired)) => {
+                let (state, received) = (self.node_state.clone(), self.loss.received.clone());
+                self.monitor_after(async move {
                     fired.await;
                     // Something changed in the lock path: not confirmed until the data watch
                     // answers. (Unconfirmed first, then the change is no longer pending: a
@@ -159,14 +148,13 @@ impl Hold {
                     true
                 });
             }
-            (None, Some(event)) => {
-                let (node, state) = (hold.node.clone(), hold.node_state.clone());
-                hold.monitor_after(async move { watch_on(event.await, &node, &state) });
+            Some(MonitoredWatch::Data(event)) => {
+                let (node, state) = (self.node.clone(), self.node_state.clone());
+                self.monitor_after(async move { watch_on(event.await, &node, &state) });
             }
-            (None, None) if eager => hold.watch(),
-            (None, None) => {}
+            None if eager => self.watch(),
+            None => {}
         }
-        hold
     }
 
     /// Starts the monitor of a node already watched without a request: `first` answers with
@@ -323,6 +311,48 @@ impl Hold {
                 }
             }
         }
+    }
+}
+
+/// The health epoch a hold granted on `session` starts in (`health` being its session
+/// health now), and why it is void from the start, if it is: the session has since been
+/// replaced, or is unhealthy.
+fn state_at_grant(health: &Health, session: &Session) -> (u64, Option<LossReason>) {
+    if health.session.generation != session.generation {
+        // Granted on a session that has since been replaced: its node went with it.
+        (health.epoch, Some(LossReason::SessionExpired))
+    } else if !health.ok {
+        (
+            health.epoch,
+            Some(health.reason.unwrap_or(LossReason::Disconnected)),
+        )
+    } else {
+        (health.epoch, None)
+    }
+}
+
+/// Takes the watch out of `given` (leaving [`HandedWatch::NoWatch`]) for a new hold that
+/// uses it, as the hold's monitor waits on it; a revoke request its waiter saw is noted in
+/// `revocation`. `None` when nothing was handed.
+fn take_handed(given: &mut HandedWatch, revocation: &Revocation) -> Option<MonitoredWatch> {
+    match std::mem::replace(given, HandedWatch::NoWatch) {
+        HandedWatch::Children(watcher) => Some(MonitoredWatch::Children(children_change(watcher))),
+        HandedWatch::OwnNode(watch) => {
+            if watch.revoke_requested {
+                revocation.requested.store(true, Ordering::SeqCst);
+            }
+            Some(MonitoredWatch::Data(data_event(watch.fired)))
+        }
+        HandedWatch::NoWatch => None,
+    }
+}
+
+/// Another handle on the same watch event, for what the synchronous checks see
+/// ([`ReceivedWatch`]).
+fn shared_watch(watch: &MonitoredWatch) -> MonitoredWatch {
+    match watch {
+        MonitoredWatch::Children(fired) => MonitoredWatch::Children(fired.clone()),
+        MonitoredWatch::Data(event) => MonitoredWatch::Data(event.clone()),
     }
 }
 
