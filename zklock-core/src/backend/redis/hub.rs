@@ -357,85 +357,164 @@ async fn run(
     client: Client,
     timeout: Duration,
     shared: Weak<Shared>,
-    mut requests: mpsc::UnboundedReceiver<Request>,
+    requests: mpsc::UnboundedReceiver<Request>,
     breaks: Breaks,
 ) {
-    let mut conn: Option<(PubSubSink, PubSubStream)> = None;
-    let mut backoff = RECONNECT_MIN;
+    let mut task = HubTask {
+        client,
+        timeout,
+        shared,
+        requests,
+        breaks,
+        conn: None,
+        backoff: RECONNECT_MIN,
+    };
     loop {
-        let Some(hub) = shared.upgrade() else { return };
-        let reconnect = conn.is_none() && !hub.channels.lock().unwrap().is_empty();
+        let Some(hub) = task.shared.upgrade() else {
+            return;
+        };
+        let reconnect = task.conn.is_none() && !hub.channels.lock().unwrap().is_empty();
         drop(hub);
+        let Some(event) = task.next_event(reconnect).await else {
+            return;
+        };
+        let Some(hub) = task.shared.upgrade() else {
+            return;
+        };
+        match event {
+            Event::Request(Request::Subscribe(channel, done)) => {
+                let ok = task.subscribe(&hub, channel).await;
+                let _ = done.send(ok);
+            }
+            Event::Request(Request::Unsubscribe(channel)) => task.unsubscribe(&hub, channel).await,
+            Event::Message(message) => task.dispatch(&hub, message),
+            Event::Reconnect => task.reconnect(&hub).await,
+        }
+    }
+}
+
+/// What the hub's task has to act on next.
+enum Event {
+    /// A listener's (un)subscribe request.
+    Request(Request),
+    /// A message on the pub/sub connection, or (`None`) its end.
+    Message(Option<redis::Msg>),
+    /// Someone listens while there is no connection, and the pause before reconnecting ran
+    /// out.
+    Reconnect,
+}
+
+/// The hub's task's own state: its pub/sub connection (none while it is down and nobody
+/// listens, or until it reconnects) and the pause before its next reconnect. It holds its hub
+/// weakly: it ends once the hub is gone.
+struct HubTask {
+    client: Client,
+    timeout: Duration,
+    shared: Weak<Shared>,
+    requests: mpsc::UnboundedReceiver<Request>,
+    /// Counts each break of the connection, for the backend's holds.
+    breaks: Breaks,
+    conn: Option<(PubSubSink, PubSubStream)>,
+    backoff: Duration,
+}
+
+impl HubTask {
+    /// Waits for a request, a message, or (when `reconnect`) the end of the pause before
+    /// reconnecting, whichever comes first. `None` once the hub and every listener are gone
+    /// (the request channel closed).
+    async fn next_event(&mut self, reconnect: bool) -> Option<Event> {
         let next_message = async {
-            match &mut conn {
+            match &mut self.conn {
                 Some((_, stream)) => stream.next().await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
-            request = requests.recv() => {
-                let Some(request) = request else { return };
-                let Some(hub) = shared.upgrade() else { return };
-                match request {
-                    Request::Subscribe(channel, done) => {
-                        if conn.is_none() {
-                            conn = connect(&client, timeout, &hub).await;
-                        }
-                        let ok = match (&mut conn, channel) {
-                            // A fresh connection subscribed to every listened channel already.
-                            (Some((sink, _)), Some(channel)) => {
-                                matches!(tokio::time::timeout(timeout, sink.subscribe(&channel)).await, Ok(Ok(())))
-                            }
-                            // The hub's own channel: subscribed with the connection.
-                            (Some(_), None) => true,
-                            (None, _) => false,
-                        };
-                        if !ok && conn.is_some() {
-                            conn = None;
-                            breaks.broke();
-                            hub.live.store(false, Ordering::SeqCst);
-                            hub.wake_all();
-                        }
-                        let _ = done.send(ok);
-                    }
-                    Request::Unsubscribe(channel) => {
-                        let listened_again = hub.channels.lock().unwrap().contains_key(&channel);
-                        if let (false, Some((sink, _))) = (listened_again, &mut conn) {
-                            if !matches!(tokio::time::timeout(timeout, sink.unsubscribe(&channel)).await, Ok(Ok(()))) {
-                                conn = None;
-                                breaks.broke();
-                                hub.live.store(false, Ordering::SeqCst);
-                                hub.wake_all();
-                            }
-                        }
-                    }
-                }
-            }
-            message = next_message => {
-                let Some(hub) = shared.upgrade() else { return };
-                match message {
-                    Some(message) if message.get_channel_name() == hub.notify => {
-                        if let Ok(payload) = message.get_payload::<String>() {
-                            hub.notified(&payload);
-                        }
-                    }
-                    Some(message) => hub.wake(message.get_channel_name()),
-                    None => {
-                        tracing::debug!("zklock: the Redis pub/sub connection broke; waiters poll until it is back");
-                        conn = None;
-                        breaks.broke();
-                        hub.live.store(false, Ordering::SeqCst);
-                        hub.wake_all();
-                    }
-                }
-            }
+            request = self.requests.recv() => request.map(Event::Request),
+            message = next_message => Some(Event::Message(message)),
             // While someone listens without a connection, reconnect with a growing pause.
-            _ = tokio::time::sleep(backoff), if reconnect => {
-                let Some(hub) = shared.upgrade() else { return };
-                conn = connect(&client, timeout, &hub).await;
-                backoff = if conn.is_some() { RECONNECT_MIN } else { (backoff * 2).min(RECONNECT_MAX) };
+            _ = tokio::time::sleep(self.backoff), if reconnect => Some(Event::Reconnect),
+        }
+    }
+
+    /// Subscribes the connection to `channel` (`None`: the hub's own channel, subscribed with
+    /// the connection), opening the connection first if it is down: whether it took. A
+    /// subscribe that fails or times out counts as a break of the connection.
+    async fn subscribe(&mut self, hub: &Shared, channel: Option<String>) -> bool {
+        if self.conn.is_none() {
+            self.conn = connect(&self.client, self.timeout, hub).await;
+        }
+        let ok = match (&mut self.conn, channel) {
+            // A fresh connection subscribed to every listened channel already.
+            (Some((sink, _)), Some(channel)) => {
+                matches!(
+                    tokio::time::timeout(self.timeout, sink.subscribe(&channel)).await,
+                    Ok(Ok(()))
+                )
+            }
+            // The hub's own channel: subscribed with the connection.
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if !ok && self.conn.is_some() {
+            self.broke(hub);
+        }
+        ok
+    }
+
+    /// Unsubscribes the connection from `channel`, unless someone listens to it again by now
+    /// or there is no connection. An unsubscribe that fails or times out counts as a break of
+    /// the connection.
+    async fn unsubscribe(&mut self, hub: &Shared, channel: String) {
+        let listened_again = hub.channels.lock().unwrap().contains_key(&channel);
+        if let (false, Some((sink, _))) = (listened_again, &mut self.conn) {
+            if !matches!(
+                tokio::time::timeout(self.timeout, sink.unsubscribe(&channel)).await,
+                Ok(Ok(()))
+            ) {
+                self.broke(hub);
             }
         }
+    }
+
+    /// Hands a message to the hub: one on its own channel is read there, one on a lock's
+    /// channel wakes that lock's listeners. The end of the stream is a break of the connection.
+    fn dispatch(&mut self, hub: &Shared, message: Option<redis::Msg>) {
+        match message {
+            Some(message) if message.get_channel_name() == hub.notify => {
+                if let Ok(payload) = message.get_payload::<String>() {
+                    hub.notified(&payload);
+                }
+            }
+            Some(message) => hub.wake(message.get_channel_name()),
+            None => {
+                tracing::debug!(
+                    "zklock: the Redis pub/sub connection broke; waiters poll until it is back"
+                );
+                self.broke(hub);
+            }
+        }
+    }
+
+    /// Opens the connection again after the pause; the pause doubles (up to
+    /// [`RECONNECT_MAX`]) while it fails, and starts over once it succeeds.
+    async fn reconnect(&mut self, hub: &Shared) {
+        self.conn = connect(&self.client, self.timeout, hub).await;
+        self.backoff = if self.conn.is_some() {
+            RECONNECT_MIN
+        } else {
+            (self.backoff * 2).min(RECONNECT_MAX)
+        };
+    }
+
+    /// The connection broke (or is given up): it is dropped, the break counted in the
+    /// backend's [`Breaks`], the hub no longer live, and every listener woken (it may have
+    /// missed a release).
+    fn broke(&mut self, hub: &Shared) {
+        self.conn = None;
+        self.breaks.broke();
+        hub.live.store(false, Ordering::SeqCst);
+        hub.wake_all();
     }
 }
 

@@ -257,6 +257,22 @@ enum Attempt {
     Taken(Option<Duration>, i64),
 }
 
+impl Attempt {
+    /// What an acquire script's reply says: `{1, token}` granted; else `{0, ms}` taken, `ms`
+    /// how long until it may be free (negative: no expiry to wait for), with the lock's last
+    /// token third for a mutex (0 when absent).
+    fn of_reply(reply: &[i64]) -> Attempt {
+        let fence = reply.get(2).copied().unwrap_or(0);
+        match reply {
+            [1, token, ..] => Attempt::Granted(*token),
+            [_, ms, ..] if *ms >= 0 => {
+                Attempt::Taken(Some(Duration::from_millis(*ms as u64)), fence)
+            }
+            _ => Attempt::Taken(None, fence),
+        }
+    }
+}
+
 /// The ids of an acquire (or downgrade) whose request may have been applied: undone in the
 /// background when dropped armed.
 pub(crate) struct Unfinished {
@@ -381,84 +397,98 @@ impl RedisBackend {
         queued: bool,
     ) -> redis::RedisResult<Attempt> {
         let inner = &self.inner;
-        let lease = inner.lease_ms();
         // Without tokens, a mutex's first attempt is the floor's bare `SET NX PX`: granted, it
         // is the whole acquire (token 0: none). Refused (or the key already names this holder:
         // a retry whose reply was lost), the script below decides, queueing the waiter.
-        if matches!(ask, Ask::Mutex) && !inner.tokens && !queued {
-            let set: Option<String> = inner
-                .conn
-                .run(Some(inner.conn.reply_timeout), |mut c| {
-                    let mut set = redis::cmd("SET");
-                    set.arg(&keys.exclusive)
-                        .arg(&ids[0])
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(lease);
-                    async move { set.query_async(&mut c).await }
-                })
-                .await?;
-            if set.is_some() {
-                return Ok(Attempt::Granted(0));
-            }
+        if matches!(ask, Ask::Mutex)
+            && !inner.tokens
+            && !queued
+            && self.set_nx(keys, &ids[0]).await?
+        {
+            return Ok(Attempt::Granted(0));
         }
         let reply: Vec<i64> = inner
             .conn
             .run(Some(inner.conn.reply_timeout), |mut c| {
-                let call = match ask {
-                    Ask::Mutex => {
-                        let mut call = scripts::Call::new(
-                            &scripts::ACQUIRE_MUTEX,
-                            &[&keys.exclusive, &keys.fence, &keys.queue, &keys.alive],
-                        );
-                        call.arg(&ids[0])
-                            .arg(lease)
-                            .arg(member)
-                            .arg(if queue {
-                                inner.waiter_ttl.as_millis() as u64
-                            } else {
-                                0
-                            })
-                            .arg(if queued { "1" } else { "0" })
-                            .arg(keys::NOTIFY_PREFIX);
-                        call
-                    }
-                    Ask::Write => {
-                        let mut call = scripts::Call::new(
-                            &scripts::ACQUIRE_EXCLUSIVE,
-                            &[&keys.exclusive, &keys.shared, &keys.fence, &keys.intent],
-                        );
-                        call.arg(&ids[0]).arg(lease).arg("1");
-                        call
-                    }
-                    Ask::Read => {
-                        let mut call = scripts::Call::new(
-                            &scripts::ACQUIRE_READ,
-                            &[&keys.exclusive, &keys.shared, &keys.fence, &keys.intent],
-                        );
-                        call.arg(&ids[0]).arg(lease);
-                        call
-                    }
-                    Ask::Leases { max } => {
-                        let mut call = scripts::Call::new(
-                            &scripts::ACQUIRE_LEASES,
-                            &[&keys.shared, &keys.fence],
-                        );
-                        call.arg(lease).arg(max).arg(ids);
-                        call
-                    }
-                };
+                let call = self.acquire_call(keys, ask, ids, member, queue, queued);
                 async move { call.invoke(&mut c).await }
             })
             .await?;
-        let fence = reply.get(2).copied().unwrap_or(0);
-        Ok(match reply.as_slice() {
-            [1, token, ..] => Attempt::Granted(*token),
-            [_, ms, ..] if *ms >= 0 => {
-                Attempt::Taken(Some(Duration::from_millis(*ms as u64)), fence)
+        Ok(Attempt::of_reply(&reply))
+    }
+
+    /// The floor's bare `SET <exclusive key> id NX PX lease` (one request): whether it took
+    /// the key.
+    async fn set_nx(&self, keys: &Keys, id: &str) -> redis::RedisResult<bool> {
+        let inner = &self.inner;
+        let set: Option<String> = inner
+            .conn
+            .run(Some(inner.conn.reply_timeout), |mut c| {
+                let mut set = redis::cmd("SET");
+                set.arg(&keys.exclusive)
+                    .arg(id)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(inner.lease_ms());
+                async move { set.query_async(&mut c).await }
+            })
+            .await?;
+        Ok(set.is_some())
+    }
+
+    /// The script call of one attempt of `ask` (see [`attempt`](Self::attempt)): the
+    /// acquire script of its kind on the lock's keys, with the lease and the holder ids.
+    fn acquire_call(
+        &self,
+        keys: &Keys,
+        ask: Ask,
+        ids: &[String],
+        member: &str,
+        queue: bool,
+        queued: bool,
+    ) -> scripts::Call {
+        let lease = self.inner.lease_ms();
+        match ask {
+            Ask::Mutex => {
+                let mut call = scripts::Call::new(
+                    &scripts::ACQUIRE_MUTEX,
+                    &[&keys.exclusive, &keys.fence, &keys.queue, &keys.alive],
+                );
+                call.arg(&ids[0])
+                    .arg(lease)
+                    .arg(member)
+                    .arg(if queue {
+                        self.inner.waiter_ttl.as_millis() as u64
+                    } else {
+                        0
+                    })
+                    .arg(if queued { "1" } else { "0" })
+                    .arg(keys::NOTIFY_PREFIX);
+                call
             }
-            _ => Attempt::Taken(None, fence),
-        })
+            Ask::Write => {
+                let mut call = scripts::Call::new(
+                    &scripts::ACQUIRE_EXCLUSIVE,
+                    &[&keys.exclusive, &keys.shared, &keys.fence, &keys.intent],
+                );
+                call.arg(&ids[0]).arg(lease).arg("1");
+                call
+            }
+            Ask::Read => {
+                let mut call = scripts::Call::new(
+                    &scripts::ACQUIRE_READ,
+                    &[&keys.exclusive, &keys.shared, &keys.fence, &keys.intent],
+                );
+                call.arg(&ids[0]).arg(lease);
+                call
+            }
+            Ask::Leases { max } => {
+                let mut call =
+                    scripts::Call::new(&scripts::ACQUIRE_LEASES, &[&keys.shared, &keys.fence]);
+                call.arg(lease).arg(max).arg(ids);
+                call
+            }
+        }
     }
 }
 
