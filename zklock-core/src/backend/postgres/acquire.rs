@@ -12,11 +12,12 @@ use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Statement;
 
 use super::conn::{HoldConn, Reservation};
 use super::error::PostgresError;
 use super::hold::PgHold;
-use super::hub::{Listener, WaiterWatch};
+use super::hub::{Listener, Queued, WaiterWatch};
 use super::{
     is_cancelled, is_undefined_table, pg_error, sql, Inner, CANCEL_UNLESS_WITHIN, POLL_FALLBACK,
     QUEUE_NOTICE, QUEUE_SLICE, RETRY_MAX, RETRY_MIN, STALE_ID_RETRIES,
@@ -548,13 +549,7 @@ async fn block(
     let id = unfinished.id();
     let conn = unfinished.conn().clone();
     let statements = conn.statements().await?;
-    let now = tokio::time::Instant::now();
-    let limit = match wait {
-        Wait::Until(deadline, _) => deadline.saturating_duration_since(now),
-        _ => QUEUE_SLICE,
-    }
-    .clamp(Duration::from_millis(1), QUEUE_SLICE);
-    let lock_timeout = format!("{}ms", limit.as_millis().max(1));
+    let limit = queue_limit(wait);
     let statement = if shared {
         &statements.block_shared
     } else {
@@ -564,62 +559,125 @@ async fn block(
     let waiters = inner.hub.watch_waiters(id);
     unfinished.armed = true;
     let sent = tokio::time::Instant::now();
-    // Owned, so that a dropped acquire can still wait for its answer (see `ended`).
-    let answer: BoxFuture<'static, _> = Box::pin({
-        let (conn, statement, path) = (conn.clone(), statement.clone(), path.to_string());
-        let bound = limit + inner.cc.reply_timeout;
-        async move {
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                [&id, &path, &lock_timeout];
-            conn.run_blocking(conn.client().query(&statement, &params), bound)
-                .await
-        }
-    });
-    let flight = unfinished.in_flight.insert(InFlight {
-        ends: sent + limit,
-        answer,
-    });
-    // A wait not granted at once is registered, so that holders learn of it (see the
-    // module docs of `sql`); one granted at once is not (a process that takes a free key
-    // again and again would find its own registration, and believe someone waits).
-    let mut _queued = None;
-    let rows = tokio::select! {
-        biased;
-        rows = &mut flight.answer => rows,
-        _ = tokio::time::sleep(QUEUE_NOTICE) => {
-            _queued = Some(inner.hub.queued(id));
-            (&mut flight.answer).await
-        }
-    };
+    let flight = unfinished.in_flight.insert(InFlight::start(
+        inner, &conn, statement, id, path, limit, sent,
+    ));
+    // The registration, if any, is kept until the answer has been dealt with.
+    let (rows, _queued) = answer(inner, flight, id).await;
     unfinished.in_flight = None;
     let rows = match rows {
         Ok(rows) => rows,
         Err(e) if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-            // The wait ran out, perhaps after the lock was got (in the row's update).
-            let undo: [(&(dyn ToSql + Sync), Type); 3] = [
-                (&id, Type::INT4),
-                (&shared, Type::BOOL),
-                (&false, Type::BOOL),
-            ];
-            conn.run(conn.client().query_typed(sql::UNDO, &undo))
-                .await?;
+            undo_ran_out(&conn, id, shared).await?;
             unfinished.armed = false;
             return Ok(Attempt::Taken);
         }
         Err(e) => return Err(e),
     };
-    // The session answered after the wait ended: the server counts its idle timeout from
-    // then, no earlier than the statement's sending; after a long wait, ask it again.
-    let answered = if inner.cc.deadline(sent) < tokio::time::Instant::now() + inner.cc.lease / 3 {
-        let ping = tokio::time::Instant::now();
-        conn.run(conn.client().simple_query(sql::PING)).await?;
-        ping
-    } else {
-        sent
-    };
+    let answered = last_heard(inner, &conn, sent).await?;
     conn.unblock(Some(answered));
     unfinished.blocked = false;
     Ok(grant_of(&rows, waiters))
+}
+
+/// How long one wait in the server's queue may last (its `lock_timeout`): until `wait`'s
+/// deadline, at most [`QUEUE_SLICE`], at least 1 ms.
+fn queue_limit(wait: Wait) -> Duration {
+    let now = tokio::time::Instant::now();
+    match wait {
+        Wait::Until(deadline, _) => deadline.saturating_duration_since(now),
+        _ => QUEUE_SLICE,
+    }
+    .clamp(Duration::from_millis(1), QUEUE_SLICE)
+}
+
+impl InFlight {
+    /// The wait in the server's queue for lock `id` of `path` on `conn`: `statement` with a
+    /// `lock_timeout` of `limit`, sent at `sent` (when its answer is first polled), bounded by
+    /// `limit` and the reply timeout. Owned, so that a dropped acquire can still wait for its
+    /// answer (see [`ended`]).
+    fn start(
+        inner: &Inner,
+        conn: &Arc<HoldConn>,
+        statement: &Statement,
+        id: i32,
+        path: &str,
+        limit: Duration,
+        sent: tokio::time::Instant,
+    ) -> InFlight {
+        let lock_timeout = format!("{}ms", limit.as_millis().max(1));
+        let answer: BoxFuture<'static, _> = Box::pin({
+            let (conn, statement, path) = (conn.clone(), statement.clone(), path.to_string());
+            let bound = limit + inner.cc.reply_timeout;
+            async move {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&id, &path, &lock_timeout];
+                conn.run_blocking(conn.client().query(&statement, &params), bound)
+                    .await
+            }
+        });
+        InFlight {
+            ends: sent + limit,
+            answer,
+        }
+    }
+}
+
+/// Waits for the answer of `flight`, the wait in the server's queue for lock `id`, and returns
+/// it with the wait's registration, if it was made.
+///
+/// A wait not granted at once is registered, so that holders learn of it (see the
+/// module docs of `sql`); one granted at once is not (a process that takes a free key
+/// again and again would find its own registration, and believe someone waits).
+/// Cancelled, the registration ends, and `flight` is left to its owner.
+async fn answer(
+    inner: &Inner,
+    flight: &mut InFlight,
+    id: i32,
+) -> (
+    Result<Vec<tokio_postgres::Row>, PostgresError>,
+    Option<Queued>,
+) {
+    let mut queued = None;
+    let rows = tokio::select! {
+        biased;
+        rows = &mut flight.answer => rows,
+        _ = tokio::time::sleep(QUEUE_NOTICE) => {
+            queued = Some(inner.hub.queued(id));
+            (&mut flight.answer).await
+        }
+    };
+    (rows, queued)
+}
+
+/// The wait ran out, perhaps after the lock was got (in the row's update): undoes on `conn`
+/// whatever it got of lock `id` (one request).
+async fn undo_ran_out(conn: &HoldConn, id: i32, shared: bool) -> Result<(), PostgresError> {
+    let undo: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&id, Type::INT4),
+        (&shared, Type::BOOL),
+        (&false, Type::BOOL),
+    ];
+    conn.run(conn.client().query_typed(sql::UNDO, &undo))
+        .await?;
+    Ok(())
+}
+
+/// When the server last heard from `conn`'s session, for a wait sent at `sent` that was
+/// granted: the session answered after the wait ended, and the server counts its idle
+/// timeout from then, no earlier than the statement's sending; after a long wait, it is
+/// asked again (one ping), and that ping's sending counts.
+async fn last_heard(
+    inner: &Inner,
+    conn: &HoldConn,
+    sent: tokio::time::Instant,
+) -> Result<tokio::time::Instant, PostgresError> {
+    if inner.cc.deadline(sent) >= tokio::time::Instant::now() + inner.cc.lease / 3 {
+        return Ok(sent);
+    }
+    let ping = tokio::time::Instant::now();
+    conn.run(conn.client().simple_query(sql::PING)).await?;
+    Ok(ping)
 }
 
 /// What the answer of an attempt that got the lock says: the grant's token and whether a
