@@ -55,6 +55,7 @@ mod history;
 mod install;
 mod kazoo;
 mod late_cancel;
+mod listening;
 mod member;
 mod ports;
 mod postgres;

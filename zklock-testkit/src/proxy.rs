@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::fault_switch::{self, write_due, Due, End, FaultSwitch, Link};
+use crate::listening::Listening;
 
 /// ZooKeeper opcodes of the requests that create a znode: create, create2, createContainer, createTTL.
 pub const CREATE_OPCODES: [i32; 4] = [1, 15, 19, 21];
@@ -143,17 +144,12 @@ pub struct ProxyStats {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub struct Proxy {
-    shared: Arc<Shared>,
-    addr: SocketAddr,
+    shared: Listening<Shared>,
 }
 
 impl fmt::Debug for Proxy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Proxy")
-            .field("listen", &self.addr)
-            .field("upstream", &self.shared.switch.upstream())
-            .field("faults", &self.shared.switch.now())
-            .finish()
+        self.shared.debug("Proxy", f)
     }
 }
 
@@ -174,7 +170,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start(upstream: &str) -> io::Result<Proxy> {
-        let (shared, addr) = fault_switch::listen(
+        let shared = Listening::start(
             upstream,
             runtime(),
             |switch| Shared {
@@ -185,7 +181,7 @@ impl Proxy {
             },
             serve,
         )?;
-        Ok(Proxy { shared, addr })
+        Ok(Proxy { shared })
     }
 
     /// `"127.0.0.1:PORT"` of the proxy, for a ZooKeeper client.
@@ -199,7 +195,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn connect_string(&self) -> String {
-        self.addr.to_string()
+        self.shared.addr().to_string()
     }
 
     /// The proxy's port.
@@ -213,7 +209,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn port(&self) -> u16 {
-        self.addr.port()
+        self.shared.addr().port()
     }
 
     /// The address traffic is forwarded to.
@@ -227,7 +223,7 @@ impl Proxy {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn upstream(&self) -> SocketAddr {
-        self.shared.switch.upstream()
+        self.shared.upstream()
     }
 
     fault_switch::switch_controls!(
@@ -371,12 +367,6 @@ impl Proxy {
             replies_dropped: c.replies_dropped.load(Ordering::SeqCst),
             resets: self.shared.switch.resets(),
         }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.shared.switch.close();
     }
 }
 

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::fault_switch::{self, wait_open, write_due, Due, End, FaultSwitch, Link};
+use crate::listening::Listening;
 
 /// How long a cut waits for the first reply after its request reached the server before it
 /// fires anyway (a request the server does not answer, such as a close).
@@ -153,17 +154,12 @@ pub struct RelayStats {
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub struct Relay {
-    shared: Arc<Shared>,
-    addr: SocketAddr,
+    shared: Listening<Shared>,
 }
 
 impl fmt::Debug for Relay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Relay")
-            .field("listen", &self.addr)
-            .field("upstream", &self.shared.switch.upstream())
-            .field("faults", &self.shared.switch.now())
-            .finish()
+        self.shared.debug("Relay", f)
     }
 }
 
@@ -184,7 +180,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start(upstream: &str) -> io::Result<Relay> {
-        let (shared, addr) = fault_switch::listen(
+        let shared = Listening::start(
             upstream,
             runtime(),
             |switch| Shared {
@@ -194,7 +190,7 @@ impl Relay {
             },
             serve,
         )?;
-        Ok(Relay { shared, addr })
+        Ok(Relay { shared })
     }
 
     /// The relay's address (`127.0.0.1:PORT`).
@@ -208,7 +204,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.shared.addr()
     }
 
     /// The relay's port.
@@ -222,7 +218,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn port(&self) -> u16 {
-        self.addr.port()
+        self.shared.addr().port()
     }
 
     /// The address traffic is forwarded to.
@@ -236,7 +232,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn upstream(&self) -> SocketAddr {
-        self.shared.switch.upstream()
+        self.shared.upstream()
     }
 
     /// `url` (a server's URL, e.g. [`PostgresServer::url`](crate::PostgresServer::url) or
@@ -257,7 +253,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn url(&self, url: &str) -> String {
-        fault_switch::reroute(url, self.upstream(), self.addr)
+        fault_switch::reroute(url, self.upstream(), self.addr())
     }
 
     fault_switch::switch_controls!(
@@ -354,12 +350,6 @@ impl Relay {
             cuts: c.cuts.load(Ordering::SeqCst),
             resets: self.shared.switch.resets(),
         }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.shared.switch.close();
     }
 }
 
