@@ -146,6 +146,38 @@ pub(crate) struct HoldConn {
     cc: Arc<ConnConfig>,
 }
 
+/// Sets up a new session and reads who it is: each statement reads with a snapshot taken
+/// when it starts, whatever the server's default (a reservation must not fail to serialize
+/// with a job's record); the session's pid and start, for cancels (see `HoldConn::cancel`);
+/// and whether the server is a standby, where none is taken: a standby's advisory locks
+/// exclude only its own sessions, never the primary's.
+async fn open_session(
+    client: &Client,
+    reply_timeout: Duration,
+) -> Result<ServerSession, PostgresError> {
+    let messages =
+        match tokio::time::timeout(reply_timeout, client.simple_query(sql::OPEN_SESSION)).await {
+            Ok(Ok(messages)) => messages,
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Err(PostgresError::timed_out()),
+        };
+    let row = messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some((
+            ServerSession {
+                pid: row.get(0)?.parse().ok()?,
+                started: row.get(1)?.to_string(),
+            },
+            row.get(2) == Some("true"),
+        )),
+        _ => None,
+    });
+    match row {
+        Some((session, false)) => Ok(session),
+        Some((_, true)) => Err(PostgresError::Standby),
+        None => Err(PostgresError::timed_out()),
+    }
+}
+
 impl HoldConn {
     /// Opens a connection, asks the server to end it when idle past the lease, and starts its
     /// liveness checks.
@@ -171,40 +203,11 @@ impl HoldConn {
                 lose(&on_end, LossReason::Disconnected);
             })
             .abort_handle();
-        // Each statement reads with a snapshot taken when it starts, whatever the server's
-        // default (a reservation must not fail to serialize with a job's record); and the
-        // session says who it is, for cancels (see `cancel`).
-        // It also says whether the server is a standby: a standby's advisory locks exclude
-        // only its own sessions, never the primary's, so none is taken there.
-        let session =
-            match tokio::time::timeout(cc.reply_timeout, client.simple_query(sql::OPEN_SESSION))
-                .await
-            {
-                Ok(Ok(messages)) => messages.iter().find_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(row) => Some((
-                        ServerSession {
-                            pid: row.get(0)?.parse().ok()?,
-                            started: row.get(1)?.to_string(),
-                        },
-                        row.get(2) == Some("true"),
-                    )),
-                    _ => None,
-                }),
-                Ok(Err(e)) => {
-                    driver.abort();
-                    return Err(e.into());
-                }
-                Err(_) => None,
-            };
-        let session = match session {
-            Some((session, false)) => session,
-            Some((_, true)) => {
+        let session = match open_session(&client, cc.reply_timeout).await {
+            Ok(session) => session,
+            Err(e) => {
                 driver.abort();
-                return Err(PostgresError::Standby);
-            }
-            None => {
-                driver.abort();
-                return Err(PostgresError::timed_out());
+                return Err(e);
             }
         };
         let conn = Arc::new(HoldConn {
