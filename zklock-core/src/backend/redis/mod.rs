@@ -234,7 +234,9 @@ impl Inner {
     }
 }
 
-/// What an acquire asks for.
+/// Which of this backend's acquire scripts an acquire runs (see [`scripts`]), and with what:
+/// the Redis form of what the seam asks ([`LockMode`], converted below, or a semaphore's
+/// leases). Which key a granted hold then lives in is its [`Side`](lease::Side).
 #[derive(Debug, Clone, Copy)]
 enum Ask {
     /// The exclusive key, for a mutex or a leader latch: queued first come, first served.
@@ -245,6 +247,17 @@ enum Ask {
     Read,
     /// Leases of a semaphore with `max` leases.
     Leases { max: u32 },
+}
+
+impl From<LockMode> for Ask {
+    fn from(mode: LockMode) -> Ask {
+        match mode {
+            // A leader latch is exclusive; Redis keeps no participant ids.
+            LockMode::Exclusive | LockMode::Leader => Ask::Mutex,
+            LockMode::Write => Ask::Write,
+            LockMode::Read => Ask::Read,
+        }
+    }
 }
 
 /// What an attempt found.
@@ -508,13 +521,9 @@ impl Backend for RedisBackend {
         wait: Wait,
     ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
         Box::pin(async move {
-            let ask = match mode {
-                // A leader latch is exclusive; Redis keeps no participant ids.
-                LockMode::Exclusive | LockMode::Leader => Ask::Mutex,
-                LockMode::Write => Ask::Write,
-                LockMode::Read => Ask::Read,
-            };
-            let holds = Acquire::new(self, target, ask, 1, wait).run().await?;
+            let holds = Acquire::new(self, target, Ask::from(mode), 1, wait)
+                .run()
+                .await?;
             Ok(holds
                 .and_then(|h| h.into_iter().next())
                 .map(|h| Arc::new(h) as _))
