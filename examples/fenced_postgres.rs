@@ -22,7 +22,7 @@ use zklock::LockManager;
 /// How long a hold lasts unless renewed; A's pause is longer.
 const LEASE: Duration = Duration::from_secs(2);
 
-/// What happened, for the output and for `tests/fence_postgres_example.rs`.
+/// What happened, for the output and for `tests/fencing/fence_postgres_example.rs`.
 #[derive(Debug)]
 pub struct Report {
     /// A's token and what the fence did with A's late write.

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! The example runs itself three times as the instances (`ZKLOCK_EXAMPLE_INSTANCE` tells a
-//! process that it is one); `tests/scheduled_job_example.rs` runs the same code.
+//! process that it is one); `tests/recipes/scheduled_job_example.rs` runs the same code.
 
 // By path, so that the test that includes this file finds it too.
 #[path = "common/mod.rs"]

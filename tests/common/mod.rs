@@ -1,5 +1,10 @@
 //! Shared set-up for zklock's integration tests: a real ZooKeeper per test, managers on it,
 //! and helpers that look at the znodes themselves.
+//!
+//! Every helper of the tests is in this folder. A test binary includes this module as
+//! `#[path = "../common/mod.rs"] mod common;`, and beside it, the same way, the ones it needs of
+//! `cuts.rs` (the cut-at-every-request sweeps), `faults.rs` (the fault scenarios' workers and
+//! end checks) and `fence.rs` (the fence scenarios every store passes).
 #![allow(dead_code)]
 
 use std::time::Duration;

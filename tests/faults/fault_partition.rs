@@ -1,0 +1,284 @@
+//! Fault: holders cut off from every server (a partition, through the test kit's proxy) for longer
+//! than their session timeout. Each is told its hold is lost no later than the server can expire
+//! the session, the waiter gets in only after that, with a larger fencing token, and nothing is
+//! left behind once the partition heals.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../common/faults.rs"]
+mod faults;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use faults::*;
+use zklock::{DisconnectPolicy, Error, LockManager};
+use zklock_testkit::{History, Mode, Proxy};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_gets_in() {
+    let zk = server();
+    let proxy = Proxy::start(&zk.connect_string()).unwrap();
+    let session = Duration::from_secs(3);
+    let grace = Duration::from_millis(600);
+    let history = History::new();
+
+    // Two holders behind the proxy: Curator's policy (a disconnection is a loss) and a grace well
+    // under the session timeout. The waiters talk to the server directly.
+    let strict = LockManager::builder(proxy.connect_string())
+        .zookeeper(|zk| zk.session_timeout(session))
+        .connect()
+        .await
+        .unwrap();
+    let lenient = LockManager::builder(proxy.connect_string())
+        .zookeeper(|zk| {
+            zk.session_timeout(session)
+                .disconnect_policy(DisconnectPolicy::Grace(grace))
+        })
+        .connect()
+        .await
+        .unwrap();
+    let waiters = manager(&zk.connect_string()).await;
+
+    let mut holds = Vec::new();
+    for (m, key, name) in [(&strict, "k1", "strict"), (&lenient, "k2", "lenient")] {
+        let rec = history.recorder(name);
+        rec.acquire_invoked(key, Mode::Exclusive);
+        let guard = m.lock(key).await.unwrap();
+        rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
+        holds.push((guard, key, rec));
+    }
+    let mut queued = Vec::new();
+    for key in ["k1", "k2"] {
+        let rec = history.recorder(&format!("waiter-{key}"));
+        let m = waiters.clone();
+        queued.push(tokio::spawn(async move {
+            rec.acquire_invoked(key, Mode::Exclusive);
+            let guard = m.lock(key).await.unwrap();
+            let token = guard.fencing_token();
+            rec.acquire_ok(key, Mode::Exclusive, token.as_u128());
+            rec.release_invoked(key);
+            guard.release().await.unwrap();
+            rec.release_ok(key);
+            token
+        }));
+        until_children(&waiters, &waiters.path_of(key).unwrap(), 2).await;
+    }
+
+    history.fault("partition: the holders' proxy blackholes");
+    let cut = Instant::now();
+    proxy.blackhole();
+    let mut told_after = Vec::new();
+    for (guard, key, rec) in &holds {
+        let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+            .await
+            .expect("lost() must fire while cut off");
+        rec.lost(key, reason);
+        told_after.push(cut.elapsed());
+    }
+    // The server cannot expire a session before it has heard nothing for the session timeout,
+    // and the last it heard was before the cut: each holder must have been told by then.
+    for (told, name) in told_after.iter().zip(["strict", "lenient"]) {
+        assert!(
+            *told < session,
+            "{name} was told after {told:?}, but the server may expire its session after {session:?}"
+        );
+    }
+    assert!(
+        told_after[1] >= grace,
+        "the grace policy keeps the hold for {grace:?} after the disconnection: {:?}",
+        told_after[1]
+    );
+
+    // The server expires the sessions; the waiters get in, with larger tokens.
+    let mut waiter_tokens = Vec::new();
+    for task in queued {
+        let token = tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("the waiter gets in once the session expires")
+            .unwrap();
+        waiter_tokens.push(token);
+    }
+    for ((guard, _, _), token) in holds.iter().zip(&waiter_tokens) {
+        assert!(*token > guard.fencing_token());
+    }
+
+    // Healed: releasing a lost hold says so and deletes nothing of anyone else's; the managers
+    // open new sessions and lock again.
+    proxy.heal();
+    for (guard, key, rec) in holds {
+        rec.release_invoked(key);
+        match guard.release().await {
+            Err(e @ Error::LockLost { .. }) => rec.release_failed(key, e),
+            other => panic!("releasing a lost hold must say so: {other:?}"),
+        }
+    }
+    for (m, key, name) in [(&strict, "k1", "strict"), (&lenient, "k2", "lenient")] {
+        let rec = history.recorder(name);
+        rec.acquire_invoked(key, Mode::Exclusive);
+        let guard = tokio::time::timeout(Duration::from_secs(20), m.lock(key))
+            .await
+            .expect("the manager recovers")
+            .unwrap();
+        rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
+        rec.release_invoked(key);
+        guard.release().await.unwrap();
+        rec.release_ok(key);
+    }
+
+    let report = history.check();
+    eprintln!(
+        "fault_partition: told after {told_after:?} (session {session:?}); {}",
+        report.summary()
+    );
+    report.assert_ok();
+    assert_eq!(report.losses, 2);
+    assert!(report.unprotected.is_empty(), "{report}");
+
+    for m in [&strict, &lenient, &waiters] {
+        m.flush().await;
+    }
+    assert_no_contenders(
+        &waiters
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_no_watches(
+        || zk.four_letter("wchp").into_iter().collect(),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(proxy.stats().connections >= 4, "{:?}", proxy.stats());
+}
+
+/// The same partition for leaders: two elections, each led by a manager behind the proxy (one
+/// strict, one with a grace), with a participant of another session waiting on the server side.
+/// Each cut-off leader is told before its session can expire, the new leader is elected only
+/// after that with a larger epoch, and the checker sees no two leaders, not even in an
+/// unprotected window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader_is_elected() {
+    let zk = server();
+    let proxy = Proxy::start(&zk.connect_string()).unwrap();
+    let session = Duration::from_secs(3);
+    let grace = Duration::from_millis(600);
+    let history = History::new();
+    let strict = LockManager::builder(proxy.connect_string())
+        .zookeeper(|zk| zk.session_timeout(session))
+        .connect()
+        .await
+        .unwrap();
+    let lenient = LockManager::builder(proxy.connect_string())
+        .zookeeper(|zk| {
+            zk.session_timeout(session)
+                .disconnect_policy(DisconnectPolicy::Grace(grace))
+        })
+        .connect()
+        .await
+        .unwrap();
+    let others = manager(&zk.connect_string()).await;
+
+    let mut leaders = Vec::new();
+    for (m, election, name) in [(&strict, "e1", "strict"), (&lenient, "e2", "lenient")] {
+        let key = format!("leader:{election}");
+        let rec = history.recorder(name);
+        rec.acquire_invoked(&key, Mode::Exclusive);
+        let leadership = m
+            .leader_latch(election, name)
+            .unwrap()
+            .lead()
+            .await
+            .unwrap();
+        rec.acquire_ok(&key, Mode::Exclusive, leadership.epoch().as_u128());
+        leaders.push((leadership, key, rec));
+    }
+    let mut next = Vec::new();
+    for election in ["e1", "e2"] {
+        let rec = history.recorder(&format!("next-{election}"));
+        let latch = others.leader_latch(election, "next").unwrap();
+        next.push(tokio::spawn(async move {
+            let key = format!("leader:{election}");
+            rec.acquire_invoked(&key, Mode::Exclusive);
+            let leadership = latch.lead().await.unwrap();
+            let epoch = leadership.epoch();
+            rec.acquire_ok(&key, Mode::Exclusive, epoch.as_u128());
+            rec.release_invoked(&key);
+            leadership.leave().await.unwrap();
+            rec.release_ok(&key);
+            epoch
+        }));
+    }
+    // Both followers have joined (two participants per election).
+    for election in ["e1", "e2"] {
+        let latch = others.leader_latch(election, "probe").unwrap();
+        let path = latch.path().to_string();
+        until_children(&others, &path, 2).await;
+    }
+
+    history.fault("partition: the leaders' proxy blackholes");
+    let cut = Instant::now();
+    proxy.blackhole();
+    let mut told_after = Vec::new();
+    for (leadership, key, rec) in &leaders {
+        let reason = tokio::time::timeout(Duration::from_secs(10), leadership.lost())
+            .await
+            .expect("lost() must fire while cut off");
+        rec.lost(key, reason);
+        told_after.push(cut.elapsed());
+        assert!(!leadership.is_leader());
+    }
+    for (told, name) in told_after.iter().zip(["strict", "lenient"]) {
+        assert!(
+            *told < session,
+            "{name} was told after {told:?}, but the server may expire its session after {session:?}"
+        );
+    }
+    let mut epochs = Vec::new();
+    for task in next {
+        epochs.push(
+            tokio::time::timeout(Duration::from_secs(20), task)
+                .await
+                .expect("a new leader once the old session expires")
+                .unwrap(),
+        );
+    }
+    for ((leadership, _, _), epoch) in leaders.iter().zip(&epochs) {
+        assert!(
+            *epoch > leadership.epoch(),
+            "the epoch increases across leaders"
+        );
+    }
+
+    proxy.heal();
+    for (leadership, key, rec) in leaders {
+        rec.release_invoked(&key);
+        match leadership.leave().await {
+            Ok(()) => rec.release_ok(&key),
+            Err(e) => rec.release_failed(&key, e),
+        }
+    }
+    let report = history.check();
+    eprintln!(
+        "fault_partition (leaders): told after {told_after:?} (session {session:?}); {}",
+        report.summary()
+    );
+    report.assert_ok();
+    assert_eq!(report.losses, 2);
+    assert!(report.unprotected.is_empty(), "{report}");
+
+    for m in [&strict, &lenient, &others] {
+        m.flush().await;
+    }
+    assert_no_contenders(
+        &others
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
+}

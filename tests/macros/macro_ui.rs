@@ -1,0 +1,11 @@
+//! `#[distributed_lock]` at compile time: every accepted form compiles (tests/macros/ui/pass),
+//! and every misuse is a compile error pointing at the offending token (tests/macros/ui/fail,
+//! with the compiler's output in the `.stderr` beside each file). Regenerate the snapshots with
+//! `TRYBUILD=overwrite cargo test --test macro_ui`, then read them.
+
+#[test]
+fn ui() {
+    let t = trybuild::TestCases::new();
+    t.pass("tests/macros/ui/pass/*.rs");
+    t.compile_fail("tests/macros/ui/fail/*.rs");
+}

@@ -1,0 +1,2 @@
+// The forms of the expansion snapshot, through the macro.
+include!("../../../../zklock-macros/snapshots/forms.rs");

@@ -1,2 +1,0 @@
-// The forms of the expansion snapshot, through the macro.
-include!("../../../zklock-macros/snapshots/forms.rs");

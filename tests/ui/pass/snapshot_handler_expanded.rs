@@ -1,2 +1,0 @@
-// The expansion snapshot itself compiles as plain code.
-include!("../../../zklock-macros/snapshots/handler.expanded.rs");
