@@ -6,12 +6,14 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use zklock::{
     current_fencing_token, FencingToken, Leadership, Lease, LockGuard, LockManager, LossReason,
 };
-use zklock_testkit::{Mode, Recorder};
+use zklock_testkit::{After, History, Mode, Op, Recorder, Relay};
 
 /// How long a victim waits for its lock, and the other process for its own after the cut.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -284,6 +286,64 @@ async fn lease_manager<S: LeaseServer>(url: &str, identity: &str, tokens: bool) 
 /// How long a cut-off victim is left waiting before its future is dropped (`Cancel`).
 const STUCK: Duration = Duration::from_secs(1);
 
+/// Whether the other process holds first and hands the lock to the victim (or, when the victim
+/// abandons its wait, lets go once it gave up).
+pub fn hands_over(protocol: Protocol) -> bool {
+    matches!(
+        protocol,
+        Protocol::Handover | Protocol::Abandon | Protocol::UntokenedHandover
+    )
+}
+
+/// The hand-over's first holder: the other process takes `key` before the victim asks.
+pub async fn hold_first(
+    history: &History,
+    other: &LockManager,
+    key: &str,
+) -> (LockGuard, Recorder) {
+    let rec = history.recorder("first");
+    rec.acquire_invoked(key, Mode::Exclusive);
+    let g = other.lock(key).await.unwrap();
+    rec.acquire_ok(key, Mode::Exclusive, g.fencing_token().as_u128());
+    (g, rec)
+}
+
+/// The first holder lets go, recorded.
+pub async fn release_first((g, rec): (LockGuard, Recorder), key: &str) {
+    rec.release_invoked(key);
+    g.release().await.unwrap();
+    rec.release_ok(key);
+}
+
+/// A victim cut off waits for a reply that never comes: given `stuck` to end on its own, its
+/// future is then dropped wherever it waits.
+pub async fn drop_victim_when_stuck(run: JoinHandle<()>, stuck: Duration) {
+    let abort = run.abort_handle();
+    if let Ok(done) = tokio::time::timeout(stuck, run).await {
+        done.expect("the victim's task");
+    }
+    abort.abort();
+}
+
+/// The checker's verdict on a run: no two believed holders, tokens increasing; and the other
+/// process did get the lock.
+pub fn assert_history_ok(history: &History, protocol: Protocol, cut: Option<(u64, Cut)>) {
+    let report = history.check();
+    assert!(
+        report.is_ok(),
+        "{protocol:?}, cut {cut:?}: {}\n{:#?}",
+        report.summary(),
+        history.events()
+    );
+    assert!(
+        history
+            .events()
+            .iter()
+            .any(|e| e.worker == "other" && matches!(e.op, Op::AcquireOk { .. })),
+        "{protocol:?}, cut {cut:?}: the other process never got the lock"
+    );
+}
+
 /// One run of `protocol` on `key` by a victim whose every connection goes through a relay that
 /// cuts after its `k`-th request (`None`: no cut), judged by the history checker, with nothing
 /// left on the server after; returns how many requests the victim sent.
@@ -300,56 +360,133 @@ pub async fn run_through_relay<S: LeaseServer>(
     key: &str,
     cut: Option<(u64, Cut)>,
 ) -> u64 {
-    use zklock_testkit::{After, History, Op, Relay};
-    let url = server.url();
-    let history = History::new();
-    let other = lease_manager::<S>(&url, &format!("other-{key}"), true).await;
-    let relay = Relay::start(&server.addr()).unwrap();
-    let victim_id = format!("victim-{key}");
-    let victim = lease_manager::<S>(&relay.url(&url), &victim_id, protocol.tokens()).await;
-    let path = server.lock_path(&other, protocol, key);
-    let bodies = std::sync::Arc::new(AtomicUsize::new(0));
+    let run = RelayRun::start(server, protocol, key, cut).await;
     // The listening (pub/sub) connection starts in the background: let it settle, so that k
     // counts the protocol's requests.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = relay.requests();
-
-    // The hand-over: the other process holds first, and lets go once the victim waits (or,
-    // when the victim abandons its wait, once it gave up).
-    let first = if matches!(
-        protocol,
-        Protocol::Handover | Protocol::Abandon | Protocol::UntokenedHandover
-    ) {
-        let rec = history.recorder("first");
-        rec.acquire_invoked(key, Mode::Exclusive);
-        let g = other.lock(key).await.unwrap();
-        rec.acquire_ok(key, Mode::Exclusive, g.fencing_token().as_u128());
-        Some((g, rec))
-    } else {
-        None
-    };
-    if let Some((k, how)) = cut {
-        let after = match how {
-            Cut::Reset => After::Reset,
-            Cut::Cancel => After::ResetAndBlackhole,
-            Cut::Kill => After::Blackhole,
-        };
-        relay.cut_after_nth_request(k, after);
+    let before = run.relay.requests();
+    let victim_run = run.victim_runs().await;
+    let sent = run.relay.requests() - before;
+    if run.how() != Some(Cut::Kill) {
+        run.relay.heal();
+        run.victim.flush().await;
     }
-    let how = cut.map(|(_, how)| how);
-    // Cut off for good, the victim holds until it is told its hold is lost.
-    let hold = if how == Some(Cut::Kill) {
-        WAIT * 2
-    } else {
-        HOLD
-    };
-    let victim_rec = history.recorder("victim");
-    let run = {
+    run.other_takes_the_lock().await;
+    run.end(victim_run).await;
+    sent
+}
+
+/// Sweeps `protocol` on `server` through a relay: [`sweep`] of [`run_through_relay`].
+pub async fn sweep_through_relay<S: LeaseServer>(server: &S, protocol: Protocol, offset: usize) {
+    // The last request of an uncut run is the release; a killed victim holds until told of
+    // its loss, so its last request is one of its hold's liveness checks: always run it.
+    sweep(protocol, offset, true, |key, cut| async move {
+        run_through_relay(server, protocol, &key, cut).await
+    })
+    .await;
+}
+
+/// One run of [`run_through_relay`]: the other process and the victim behind its relay, and
+/// what the checker sees.
+struct RelayRun<'a, S: LeaseServer> {
+    server: &'a S,
+    protocol: Protocol,
+    key: &'a str,
+    cut: Option<(u64, Cut)>,
+    history: History,
+    other: LockManager,
+    relay: Relay,
+    victim_id: String,
+    victim: LockManager,
+    /// The lock's path on the server.
+    path: String,
+    /// How many job bodies ran, the victim's and the other's.
+    bodies: Arc<AtomicUsize>,
+}
+
+impl<'a, S: LeaseServer> RelayRun<'a, S> {
+    async fn start(
+        server: &'a S,
+        protocol: Protocol,
+        key: &'a str,
+        cut: Option<(u64, Cut)>,
+    ) -> RelayRun<'a, S> {
+        let url = server.url();
+        let other = lease_manager::<S>(&url, &format!("other-{key}"), true).await;
+        let relay = Relay::start(&server.addr()).unwrap();
+        let victim_id = format!("victim-{key}");
+        let victim = lease_manager::<S>(&relay.url(&url), &victim_id, protocol.tokens()).await;
+        let path = server.lock_path(&other, protocol, key);
+        RelayRun {
+            server,
+            protocol,
+            key,
+            cut,
+            history: History::new(),
+            other,
+            relay,
+            victim_id,
+            victim,
+            path,
+            bodies: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn how(&self) -> Option<Cut> {
+        self.cut.map(|(_, how)| how)
+    }
+
+    /// The victim runs the protocol, cut after its k-th request (after the other process held
+    /// first, for a hand-over). Answers the victim's task when it is cut off for good (`Kill`):
+    /// it lives on, cut off, while the other process takes the lock; once the cut has fired.
+    async fn victim_runs(&self) -> Option<JoinHandle<()>> {
+        let first = if hands_over(self.protocol) {
+            Some(hold_first(&self.history, &self.other, self.key).await)
+        } else {
+            None
+        };
+        if let Some((k, how)) = self.cut {
+            let after = match how {
+                Cut::Reset => After::Reset,
+                Cut::Cancel => After::ResetAndBlackhole,
+                Cut::Kill => After::Blackhole,
+            };
+            self.relay.cut_after_nth_request(k, after);
+        }
+        let run = self.spawn_victim();
+        if let Some(first) = first {
+            self.until_first_may_go(&run).await;
+            release_first(first, self.key).await;
+        }
+        match self.how() {
+            Some(Cut::Cancel) => drop_victim_when_stuck(run, STUCK).await,
+            Some(Cut::Kill) => {
+                // The cut has fired (or the protocol sent fewer requests this time).
+                super::common::eventually("the cut", Duration::from_secs(10), || async {
+                    !self.relay.cut_pending() || run.is_finished()
+                })
+                .await;
+                return Some(run);
+            }
+            _ => run.await.expect("the victim's task"),
+        }
+        None
+    }
+
+    /// The victim's task: the protocol (a job run with its window), then a flush.
+    fn spawn_victim(&self) -> JoinHandle<()> {
+        // Cut off for good, the victim holds until it is told its hold is lost.
+        let hold = if self.how() == Some(Cut::Kill) {
+            WAIT * 2
+        } else {
+            HOLD
+        };
+        let protocol = self.protocol;
         let (victim, key, rec, bodies) = (
-            victim.clone(),
-            key.to_string(),
-            victim_rec.clone(),
-            bodies.clone(),
+            self.victim.clone(),
+            self.key.to_string(),
+            self.history.recorder("victim"),
+            self.bodies.clone(),
         );
         tokio::spawn(async move {
             if protocol == Protocol::Job {
@@ -359,12 +496,14 @@ pub async fn run_through_relay<S: LeaseServer>(
             }
             victim.flush().await;
         })
-    };
-    if let Some((g, rec)) = first {
-        if protocol == Protocol::Abandon {
-            // Released once the victim gave up (its deadline passes even when it is cut off).
+    }
+
+    /// Until the first holder may let go: the victim gave up ([`Protocol::Abandon`]: its
+    /// deadline passes even when it is cut off), or waits, or after a while if it never did.
+    async fn until_first_may_go(&self, run: &JoinHandle<()>) {
+        if self.protocol == Protocol::Abandon {
             let gave_up = || {
-                history.events().iter().any(|e| {
+                self.history.events().iter().any(|e| {
                     e.worker == "victim"
                         && matches!(e.op, Op::AcquireFailed { .. } | Op::AcquireOk { .. })
                 })
@@ -376,113 +515,90 @@ pub async fn run_through_relay<S: LeaseServer>(
             })
             .await;
         } else {
-            // Released once the victim waits, or after a while if it never did.
             let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                while !server.waiting(&path).await {
+                while !self.server.waiting(&self.path).await {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             })
             .await;
         }
-        rec.release_invoked(key);
-        g.release().await.unwrap();
-        rec.release_ok(key);
     }
-    let mut victim_run = None;
-    match how {
-        Some(Cut::Cancel) => {
-            // Cut off, the victim waits for a reply that never comes: its future is dropped
-            // wherever it waits.
-            let abort = run.abort_handle();
-            if let Ok(done) = tokio::time::timeout(STUCK, run).await {
-                done.expect("the victim's task");
+
+    /// Another process takes the lock: within the lease of the cut, and its own retries. A
+    /// job runs again only if the victim recorded no run, and its window never shrinks.
+    async fn other_takes_the_lock(&self) {
+        let (protocol, cut, key) = (self.protocol, self.cut, self.key);
+        let other_rec = self.history.recorder("other");
+        tokio::time::timeout(WAIT + S::LEASE, async {
+            take_hold_release(protocol, &self.other, key, &other_rec, true, Duration::ZERO).await;
+            if protocol == Protocol::Job {
+                let window = self.server.window(&self.path).await;
+                run_job(&self.other, key, &other_rec, &self.bodies, Duration::ZERO).await;
+                let now = self.server.window(&self.path).await;
+                assert!(
+                    now >= window,
+                    "{protocol:?}, cut {cut:?}: the at_least window shrank from {window:?} to {now:?}"
+                );
             }
-            abort.abort();
-        }
-        // The victim lives on, cut off, while the other process takes the lock.
-        Some(Cut::Kill) => victim_run = Some(run),
-        _ => run.await.expect("the victim's task"),
-    }
-    if how == Some(Cut::Kill) {
-        // The cut has fired (or the protocol sent fewer requests this time).
-        super::common::eventually("the cut", Duration::from_secs(10), || async {
-            !relay.cut_pending() || victim_run.as_ref().is_some_and(|r| r.is_finished())
         })
-        .await;
-    }
-    let sent = relay.requests() - before;
-    if how != Some(Cut::Kill) {
-        relay.heal();
-        victim.flush().await;
+        .await
+        .unwrap_or_else(|_| panic!("{protocol:?} stuck after a cut {cut:?}"));
+        self.other.flush().await;
     }
 
-    // Another process takes the lock: within the lease of the cut, and its own retries.
-    let other_rec = history.recorder("other");
-    tokio::time::timeout(WAIT + S::LEASE, async {
-        take_hold_release(protocol, &other, key, &other_rec, true, Duration::ZERO).await;
+    /// The victim ends (a victim cut off for good dies now: nothing of it runs, and nothing of
+    /// it reaches the server), and the run is judged: the history, a job's runs, and nothing
+    /// left on the server once every process let go or its lease ran out.
+    async fn end(self, victim_run: Option<JoinHandle<()>>) {
+        let (protocol, cut, key) = (self.protocol, self.cut, self.key);
+        if let Some(run) = victim_run {
+            run.abort();
+            let _ = run.await;
+            self.history.crashed("victim");
+            drop(self.victim);
+            std::mem::forget(self.relay);
+        } else {
+            self.victim.flush().await;
+        }
+        assert_history_ok(&self.history, protocol, cut);
         if protocol == Protocol::Job {
-            // And the job, again: it runs only if the victim recorded no run.
-            let window = server.window(&path).await;
-            run_job(&other, key, &other_rec, &bodies, Duration::ZERO).await;
-            let now = server.window(&path).await;
+            let ran = self.bodies.load(Ordering::SeqCst);
             assert!(
-                now >= window,
-                "{protocol:?}, cut {cut:?}: the at_least window shrank from {window:?} to {now:?}"
+                ran <= 1,
+                "{protocol:?}, cut {cut:?}: {ran} runs within one at_least window"
             );
+            if cut.is_none() {
+                assert_eq!(ran, 1, "the uncut job ran once, and the other skipped it");
+            }
         }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{protocol:?} stuck after a cut {cut:?}"));
-    other.flush().await;
-
-    if let Some(run) = victim_run {
-        // Now the process dies: nothing of it runs, and nothing of it reaches the server.
-        run.abort();
-        let _ = run.await;
-        history.crashed("victim");
-        drop(victim);
-        std::mem::forget(relay);
-    } else {
-        victim.flush().await;
-    }
-    let report = history.check();
-    assert!(
-        report.is_ok(),
-        "{protocol:?}, cut {cut:?}: {}\n{:#?}",
-        report.summary(),
-        history.events()
-    );
-    assert!(
-        history
-            .events()
-            .iter()
-            .any(|e| e.worker == "other" && matches!(e.op, Op::AcquireOk { .. })),
-        "{protocol:?}, cut {cut:?}: the other process never got the lock"
-    );
-    if protocol == Protocol::Job {
-        let ran = bodies.load(Ordering::SeqCst);
-        assert!(
-            ran <= 1,
-            "{protocol:?}, cut {cut:?}: {ran} runs within one at_least window"
-        );
-        if cut.is_none() {
-            assert_eq!(ran, 1, "the uncut job ran once, and the other skipped it");
-        }
-    }
-    // Nothing left once every process let go or its lease ran out.
-    super::common::eventually(
-        &format!("nothing of {key} left on the server ({protocol:?}, cut {cut:?})"),
-        S::LEASE * 3,
-        || async { server.left(&path).await.is_empty() },
-    )
-    .await;
-    if how == Some(Cut::Kill) {
         super::common::eventually(
-            &format!("no session of the killed victim left ({protocol:?}, cut {cut:?})"),
+            &format!("nothing of {key} left on the server ({protocol:?}, cut {cut:?})"),
             S::LEASE * 3,
-            || async { server.sessions_left(&victim_id).await.is_empty() },
+            || async { self.server.left(&self.path).await.is_empty() },
         )
         .await;
+        if cut.is_some_and(|(_, how)| how == Cut::Kill) {
+            super::common::eventually(
+                &format!("no session of the killed victim left ({protocol:?}, cut {cut:?})"),
+                S::LEASE * 3,
+                || async { self.server.sessions_left(&self.victim_id).await.is_empty() },
+            )
+            .await;
+        }
     }
-    sent
 }
+
+/// One test per protocol, each a sweep on a server of its own by `$sweep` (an
+/// `async fn(Protocol, usize)`): `name: Protocol, offset;` (the offset rotates the kinds of
+/// cut over the request boundaries).
+macro_rules! sweep_tests {
+    ($sweep:ident { $($name:ident: $protocol:ident, $offset:literal;)* }) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $sweep($crate::cuts::Protocol::$protocol, $offset).await;
+            }
+        )*
+    };
+}
+pub(crate) use sweep_tests;

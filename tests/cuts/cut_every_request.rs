@@ -25,9 +25,12 @@ mod cuts;
 
 use std::time::Duration;
 
-use cuts::{sweep, take_hold_release, Cut, Protocol, HOLD, WAIT};
+use cuts::{
+    assert_history_ok, drop_victim_when_stuck, hold_first, release_first, sweep, take_hold_release,
+    Cut, Protocol, HOLD, WAIT,
+};
 use zklock::LockManager;
-use zklock_testkit::{AfterDrop, History, Mode, Proxy, ZkServer};
+use zklock_testkit::{AfterDrop, History, Proxy, ZkServer};
 
 /// Every request opcode of ZooKeeper's protocol a lock client sends (not pings, not the
 /// session's own set-watches on reconnect): what k counts.
@@ -57,11 +60,7 @@ async fn run_once(zk: &ZkServer, protocol: Protocol, key: &str, cut: Option<(u64
 
     // The hand-over: the other process holds first, and lets go once the victim queued.
     let first = if protocol == Protocol::Handover {
-        let rec = history.recorder("first");
-        rec.acquire_invoked(key, Mode::Exclusive);
-        let g = other.lock(key).await.unwrap();
-        rec.acquire_ok(key, Mode::Exclusive, g.fencing_token().as_u128());
-        Some((g, rec))
+        Some(hold_first(&history, &other, key).await)
     } else {
         None
     };
@@ -80,7 +79,7 @@ async fn run_once(zk: &ZkServer, protocol: Protocol, key: &str, cut: Option<(u64
             victim.flush().await;
         })
     };
-    if let Some((g, rec)) = first {
+    if let Some(first) = first {
         // Released once the victim queued, or after a while if its create never got there.
         let path = other.path_of(key).unwrap();
         let _ = tokio::time::timeout(
@@ -88,19 +87,13 @@ async fn run_once(zk: &ZkServer, protocol: Protocol, key: &str, cut: Option<(u64
             common::until_children(&other, &path, 2),
         )
         .await;
-        rec.release_invoked(key);
-        g.release().await.unwrap();
-        rec.release_ok(key);
+        release_first(first, key).await;
     }
     match cut.map(|(_, how)| how) {
+        // Cut off for good, the victim waits for a reply that never comes: its future is
+        // dropped wherever it waits.
         Some(Cut::Cancel) | Some(Cut::Kill) => {
-            // Cut off for good, the victim waits for a reply that never comes: its future is
-            // dropped wherever it waits.
-            let abort = run.abort_handle();
-            if let Ok(done) = tokio::time::timeout(Duration::from_secs(3), run).await {
-                done.expect("the victim's task");
-            }
-            abort.abort();
+            drop_victim_when_stuck(run, Duration::from_secs(3)).await
         }
         _ => run.await.expect("the victim's task"),
     }
@@ -127,20 +120,7 @@ async fn run_once(zk: &ZkServer, protocol: Protocol, key: &str, cut: Option<(u64
     .await
     .unwrap_or_else(|_| panic!("{protocol:?} stuck after a cut {cut:?}"));
     other.flush().await;
-    let report = history.check();
-    assert!(
-        report.is_ok(),
-        "{protocol:?}, cut {cut:?}: {}\n{:#?}",
-        report.summary(),
-        history.events()
-    );
-    assert!(
-        history
-            .events()
-            .iter()
-            .any(|e| e.worker == "other" && matches!(e.op, zklock_testkit::Op::AcquireOk { .. })),
-        "{protocol:?}, cut {cut:?}: the other process never got the lock"
-    );
+    assert_history_ok(&history, protocol, cut);
     // Nothing left once every session that could hold a node has let go or ended.
     common::eventually(
         &format!("no contender node of {key} left ({protocol:?}, cut {cut:?})"),
@@ -161,32 +141,11 @@ async fn sweep_zookeeper(protocol: Protocol, offset: usize) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutex_cut_at_every_request() {
-    sweep_zookeeper(Protocol::Mutex, 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handover_cut_at_every_request() {
-    sweep_zookeeper(Protocol::Handover, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_lock_cut_at_every_request() {
-    sweep_zookeeper(Protocol::Read, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn write_lock_cut_at_every_request() {
-    sweep_zookeeper(Protocol::Write, 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphore_cut_at_every_request() {
-    sweep_zookeeper(Protocol::Semaphore, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_cut_at_every_request() {
-    sweep_zookeeper(Protocol::Leader, 2).await;
-}
+cuts::sweep_tests!(sweep_zookeeper {
+    mutex_cut_at_every_request: Mutex, 0;
+    handover_cut_at_every_request: Handover, 1;
+    read_lock_cut_at_every_request: Read, 2;
+    write_lock_cut_at_every_request: Write, 0;
+    semaphore_cut_at_every_request: Semaphore, 1;
+    leader_cut_at_every_request: Leader, 2;
+});

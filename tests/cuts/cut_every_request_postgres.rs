@@ -39,7 +39,7 @@ mod cuts;
 use std::time::Duration;
 
 use common::{pg_client, pg_server, PG_LEASE};
-use cuts::{run_through_relay, sweep, LeaseServer, Protocol};
+use cuts::{sweep_through_relay, LeaseServer, Protocol};
 use zklock::LockManager;
 use zklock_testkit::PostgresServer;
 
@@ -157,56 +157,17 @@ async fn sweep_postgres(protocol: Protocol, offset: usize) {
         admin: pg_client(&server.url()).await,
         server,
     };
-    // The last request of an uncut run is the release; a killed victim holds until told of
-    // its loss, so its last request is one of its hold's liveness checks: always run it.
-    sweep(protocol, offset, true, |key, cut| {
-        let pg = &pg;
-        async move { run_through_relay(pg, protocol, &key, cut).await }
-    })
-    .await;
+    sweep_through_relay(&pg, protocol, offset).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutex_cut_at_every_request() {
-    sweep_postgres(Protocol::Mutex, 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handover_cut_at_every_request() {
-    sweep_postgres(Protocol::Handover, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abandoned_wait_cut_at_every_request() {
-    sweep_postgres(Protocol::Abandon, 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_lock_cut_at_every_request() {
-    sweep_postgres(Protocol::Read, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn write_lock_cut_at_every_request() {
-    sweep_postgres(Protocol::Write, 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn job_cut_at_every_request() {
-    sweep_postgres(Protocol::Job, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_cut_at_every_request() {
-    sweep_postgres(Protocol::Leader, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn untokened_mutex_cut_at_every_request() {
-    sweep_postgres(Protocol::Untokened, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn untokened_handover_cut_at_every_request() {
-    sweep_postgres(Protocol::UntokenedHandover, 2).await;
-}
+cuts::sweep_tests!(sweep_postgres {
+    mutex_cut_at_every_request: Mutex, 0;
+    handover_cut_at_every_request: Handover, 1;
+    abandoned_wait_cut_at_every_request: Abandon, 0;
+    read_lock_cut_at_every_request: Read, 2;
+    write_lock_cut_at_every_request: Write, 0;
+    job_cut_at_every_request: Job, 1;
+    leader_cut_at_every_request: Leader, 2;
+    untokened_mutex_cut_at_every_request: Untokened, 1;
+    untokened_handover_cut_at_every_request: UntokenedHandover, 2;
+});

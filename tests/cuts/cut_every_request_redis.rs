@@ -34,7 +34,7 @@ mod cuts;
 
 use std::time::Duration;
 
-use cuts::{run_through_relay, sweep, LeaseServer, Protocol};
+use cuts::{sweep_through_relay, LeaseServer, Protocol};
 use zklock::LockManager;
 use zklock_testkit::RedisServer;
 
@@ -136,54 +136,17 @@ async fn sweep_redis(protocol: Protocol, offset: usize) {
         admin: admin(&server.url()).await,
         server,
     };
-    sweep(protocol, offset, true, |key, cut| {
-        let redis = &redis;
-        async move { run_through_relay(redis, protocol, &key, cut).await }
-    })
-    .await;
+    sweep_through_relay(&redis, protocol, offset).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutex_cut_at_every_request() {
-    sweep_redis(Protocol::Mutex, 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handover_cut_at_every_request() {
-    sweep_redis(Protocol::Handover, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_lock_cut_at_every_request() {
-    sweep_redis(Protocol::Read, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn write_lock_cut_at_every_request() {
-    sweep_redis(Protocol::Write, 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphore_cut_at_every_request() {
-    sweep_redis(Protocol::Semaphore, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn job_cut_at_every_request() {
-    sweep_redis(Protocol::Job, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_cut_at_every_request() {
-    sweep_redis(Protocol::Leader, 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn untokened_mutex_cut_at_every_request() {
-    sweep_redis(Protocol::Untokened, 1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn untokened_handover_cut_at_every_request() {
-    sweep_redis(Protocol::UntokenedHandover, 2).await;
-}
+cuts::sweep_tests!(sweep_redis {
+    mutex_cut_at_every_request: Mutex, 0;
+    handover_cut_at_every_request: Handover, 1;
+    read_lock_cut_at_every_request: Read, 2;
+    write_lock_cut_at_every_request: Write, 0;
+    semaphore_cut_at_every_request: Semaphore, 1;
+    job_cut_at_every_request: Job, 2;
+    leader_cut_at_every_request: Leader, 0;
+    untokened_mutex_cut_at_every_request: Untokened, 1;
+    untokened_handover_cut_at_every_request: UntokenedHandover, 2;
+});
