@@ -5,11 +5,11 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
-use zklock::{zookeeper_client, LockGuard, LockManager};
-use zklock_testkit::{Mode, Recorder};
+use zklock::{zookeeper_client, DisconnectPolicy, LockGuard, LockManager};
+use zklock_testkit::{History, Mode, Proxy, Recorder};
 
 /// The root under which every lock of the default namespace lives.
 pub const ROOT: &str = "/zklock";
@@ -352,4 +352,87 @@ pub fn count_disconnections(m: &LockManager) -> Arc<AtomicU64> {
         }
     });
     count
+}
+
+/// Two managers behind one proxy, each on a session of its own, to be cut off together (a
+/// partition): `strict` with Curator's policy (a disconnection is a loss) and `lenient` with a
+/// grace well under the session timeout.
+pub struct CutOff {
+    pub proxy: Proxy,
+    pub session: Duration,
+    pub grace: Duration,
+    pub strict: LockManager,
+    pub lenient: LockManager,
+}
+
+impl CutOff {
+    /// Both managers, on the server at `connect` through a new proxy.
+    pub async fn start(connect: &str, session: Duration, grace: Duration) -> CutOff {
+        let proxy = Proxy::start(connect).unwrap();
+        let strict = LockManager::builder(proxy.connect_string())
+            .zookeeper(|zk| zk.session_timeout(session))
+            .connect()
+            .await
+            .unwrap();
+        let lenient = LockManager::builder(proxy.connect_string())
+            .zookeeper(|zk| {
+                zk.session_timeout(session)
+                    .disconnect_policy(DisconnectPolicy::Grace(grace))
+            })
+            .connect()
+            .await
+            .unwrap();
+        CutOff {
+            proxy,
+            session,
+            grace,
+            strict,
+            lenient,
+        }
+    }
+
+    /// The two managers with their names (`strict` first) and a name for what each takes.
+    pub fn each<'a>(&self, names: [&'a str; 2]) -> [(&LockManager, &'a str, &'static str); 2] {
+        [
+            (&self.strict, names[0], "strict"),
+            (&self.lenient, names[1], "lenient"),
+        ]
+    }
+
+    /// The partition: the proxy blackholes, recorded as the fault `what`; answers when.
+    pub fn partition(&self, history: &History, what: &str) -> Instant {
+        history.fault(what);
+        let cut = Instant::now();
+        self.proxy.blackhole();
+        cut
+    }
+
+    /// Each manager (`strict` first) was told of its loss `told_after` the cut before the server
+    /// could expire its session: the server cannot before it has heard nothing for the session
+    /// timeout, and the last it heard was before the cut.
+    pub fn assert_told_in_time(&self, told_after: &[Duration]) {
+        let session = self.session;
+        for (told, name) in told_after.iter().zip(["strict", "lenient"]) {
+            assert!(
+                *told < session,
+                "{name} was told after {told:?}, but the server may expire its session after {session:?}"
+            );
+        }
+    }
+}
+
+/// Flushes `managers`, then waits (bounded) until no contender node is left below [`ROOT`] on
+/// the server that the last of them sees.
+pub async fn flush_and_assert_no_contenders(managers: &[&LockManager], within: Duration) {
+    for m in managers {
+        m.flush().await;
+    }
+    assert_no_contenders(
+        &managers[managers.len() - 1]
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
+        ROOT,
+        within,
+    )
+    .await;
 }

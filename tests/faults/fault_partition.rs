@@ -8,40 +8,31 @@ mod common;
 #[path = "../common/faults.rs"]
 mod faults;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use faults::*;
-use zklock::{DisconnectPolicy, Error, LockManager};
-use zklock_testkit::{History, Mode, Proxy};
+use zklock::Error;
+use zklock_testkit::{History, Mode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_gets_in() {
     let zk = server();
-    let proxy = Proxy::start(&zk.connect_string()).unwrap();
-    let session = Duration::from_secs(3);
-    let grace = Duration::from_millis(600);
     let history = History::new();
 
     // Two holders behind the proxy: Curator's policy (a disconnection is a loss) and a grace well
     // under the session timeout. The waiters talk to the server directly.
-    let strict = LockManager::builder(proxy.connect_string())
-        .zookeeper(|zk| zk.session_timeout(session))
-        .connect()
-        .await
-        .unwrap();
-    let lenient = LockManager::builder(proxy.connect_string())
-        .zookeeper(|zk| {
-            zk.session_timeout(session)
-                .disconnect_policy(DisconnectPolicy::Grace(grace))
-        })
-        .connect()
-        .await
-        .unwrap();
+    let holders = CutOff::start(
+        &zk.connect_string(),
+        Duration::from_secs(3),
+        Duration::from_millis(600),
+    )
+    .await;
+    let (session, grace) = (holders.session, holders.grace);
     let waiters = manager(&zk.connect_string()).await;
 
     let mut holds = Vec::new();
-    for (m, key, name) in [(&strict, "k1", "strict"), (&lenient, "k2", "lenient")] {
+    for (m, key, name) in holders.each(["k1", "k2"]) {
         let rec = history.recorder(name);
         rec.acquire_invoked(key, Mode::Exclusive);
         let guard = m.lock(key).await.unwrap();
@@ -65,9 +56,7 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
         until_children(&waiters, &waiters.path_of(key).unwrap(), 2).await;
     }
 
-    history.fault("partition: the holders' proxy blackholes");
-    let cut = Instant::now();
-    proxy.blackhole();
+    let cut = holders.partition(&history, "partition: the holders' proxy blackholes");
     let mut told_after = Vec::new();
     for (guard, key, rec) in &holds {
         let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
@@ -76,14 +65,7 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
         rec.lost(key, reason);
         told_after.push(cut.elapsed());
     }
-    // The server cannot expire a session before it has heard nothing for the session timeout,
-    // and the last it heard was before the cut: each holder must have been told by then.
-    for (told, name) in told_after.iter().zip(["strict", "lenient"]) {
-        assert!(
-            *told < session,
-            "{name} was told after {told:?}, but the server may expire its session after {session:?}"
-        );
-    }
+    holders.assert_told_in_time(&told_after);
     assert!(
         told_after[1] >= grace,
         "the grace policy keeps the hold for {grace:?} after the disconnection: {:?}",
@@ -105,7 +87,7 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
 
     // Healed: releasing a lost hold says so and deletes nothing of anyone else's; the managers
     // open new sessions and lock again.
-    proxy.heal();
+    holders.proxy.heal();
     for (guard, key, rec) in holds {
         rec.release_invoked(key);
         match guard.release().await {
@@ -113,7 +95,7 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
             other => panic!("releasing a lost hold must say so: {other:?}"),
         }
     }
-    for (m, key, name) in [(&strict, "k1", "strict"), (&lenient, "k2", "lenient")] {
+    for (m, key, name) in holders.each(["k1", "k2"]) {
         let rec = history.recorder(name);
         rec.acquire_invoked(key, Mode::Exclusive);
         let guard = tokio::time::timeout(Duration::from_secs(20), m.lock(key))
@@ -135,14 +117,8 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
     assert_eq!(report.losses, 2);
     assert!(report.unprotected.is_empty(), "{report}");
 
-    for m in [&strict, &lenient, &waiters] {
-        m.flush().await;
-    }
-    assert_no_contenders(
-        &waiters
-            .client::<zookeeper_client::Client>()
-            .expect("a ZooKeeper manager"),
-        ROOT,
+    flush_and_assert_no_contenders(
+        &[&holders.strict, &holders.lenient, &waiters],
         Duration::from_secs(10),
     )
     .await;
@@ -152,7 +128,8 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
         Duration::from_secs(10),
     )
     .await;
-    assert!(proxy.stats().connections >= 4, "{:?}", proxy.stats());
+    let stats = holders.proxy.stats();
+    assert!(stats.connections >= 4, "{stats:?}");
 }
 
 /// The same partition for leaders: two elections, each led by a manager behind the proxy (one
@@ -163,27 +140,18 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader_is_elected() {
     let zk = server();
-    let proxy = Proxy::start(&zk.connect_string()).unwrap();
-    let session = Duration::from_secs(3);
-    let grace = Duration::from_millis(600);
     let history = History::new();
-    let strict = LockManager::builder(proxy.connect_string())
-        .zookeeper(|zk| zk.session_timeout(session))
-        .connect()
-        .await
-        .unwrap();
-    let lenient = LockManager::builder(proxy.connect_string())
-        .zookeeper(|zk| {
-            zk.session_timeout(session)
-                .disconnect_policy(DisconnectPolicy::Grace(grace))
-        })
-        .connect()
-        .await
-        .unwrap();
+    let leading = CutOff::start(
+        &zk.connect_string(),
+        Duration::from_secs(3),
+        Duration::from_millis(600),
+    )
+    .await;
+    let session = leading.session;
     let others = manager(&zk.connect_string()).await;
 
     let mut leaders = Vec::new();
-    for (m, election, name) in [(&strict, "e1", "strict"), (&lenient, "e2", "lenient")] {
+    for (m, election, name) in leading.each(["e1", "e2"]) {
         let key = format!("leader:{election}");
         let rec = history.recorder(name);
         rec.acquire_invoked(&key, Mode::Exclusive);
@@ -219,9 +187,7 @@ async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader
         until_children(&others, &path, 2).await;
     }
 
-    history.fault("partition: the leaders' proxy blackholes");
-    let cut = Instant::now();
-    proxy.blackhole();
+    let cut = leading.partition(&history, "partition: the leaders' proxy blackholes");
     let mut told_after = Vec::new();
     for (leadership, key, rec) in &leaders {
         let reason = tokio::time::timeout(Duration::from_secs(10), leadership.lost())
@@ -231,12 +197,7 @@ async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader
         told_after.push(cut.elapsed());
         assert!(!leadership.is_leader());
     }
-    for (told, name) in told_after.iter().zip(["strict", "lenient"]) {
-        assert!(
-            *told < session,
-            "{name} was told after {told:?}, but the server may expire its session after {session:?}"
-        );
-    }
+    leading.assert_told_in_time(&told_after);
     let mut epochs = Vec::new();
     for task in next {
         epochs.push(
@@ -253,7 +214,7 @@ async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader
         );
     }
 
-    proxy.heal();
+    leading.proxy.heal();
     for (leadership, key, rec) in leaders {
         rec.release_invoked(&key);
         match leadership.leave().await {
@@ -270,14 +231,8 @@ async fn leaders_cut_off_past_their_session_timeout_are_told_before_a_new_leader
     assert_eq!(report.losses, 2);
     assert!(report.unprotected.is_empty(), "{report}");
 
-    for m in [&strict, &lenient, &others] {
-        m.flush().await;
-    }
-    assert_no_contenders(
-        &others
-            .client::<zookeeper_client::Client>()
-            .expect("a ZooKeeper manager"),
-        ROOT,
+    flush_and_assert_no_contenders(
+        &[&leading.strict, &leading.lenient, &others],
         Duration::from_secs(10),
     )
     .await;
