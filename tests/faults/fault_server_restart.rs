@@ -15,19 +15,24 @@ use std::time::Duration;
 
 use common::*;
 use faults::*;
-use zklock::{zookeeper_client::SessionState, DisconnectPolicy, LockManager};
-use zklock_testkit::{History, Mode};
+use tokio::task::JoinHandle;
+use zklock::{
+    zookeeper_client::SessionState, DisconnectPolicy, FencingToken, LockGuard, LockManager,
+};
+use zklock_testkit::{History, Mode, Recorder};
+
+/// The session timeout of the holders and the workers: they outlive the quick restart.
+const LONG: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_lost() {
     let mut zk = server();
     let connect = zk.connect_string();
     let history = History::new();
-    let long = Duration::from_secs(20);
-    let strict = manager_with(&connect, long).await;
+    let strict = manager_with(&connect, LONG).await;
     let lenient = LockManager::builder(&connect)
         .zookeeper(|zk| {
-            zk.session_timeout(long)
+            zk.session_timeout(LONG)
                 .disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(10)))
         })
         .connect()
@@ -35,51 +40,137 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
         .unwrap();
 
     // The two holders, and workers of two other sessions queued behind them.
-    let (s_rec, l_rec) = (history.recorder("strict"), history.recorder("lenient"));
-    s_rec.acquire_invoked("k1", Mode::Exclusive);
-    let s_guard = strict.lock("k1").await.unwrap();
-    s_rec.acquire_ok("k1", Mode::Exclusive, s_guard.fencing_token().as_u128());
-    l_rec.acquire_invoked("k2", Mode::Exclusive);
-    let l_guard = lenient.lock("k2").await.unwrap();
-    l_rec.acquire_ok("k2", Mode::Exclusive, l_guard.fencing_token().as_u128());
-    let crew = Crew::new();
-    // The workers also take part in an election, counted apart (nobody holds it before the
-    // restart, so it may change hands during it).
-    let electors = Crew::new();
-    let mut tasks = Vec::new();
-    let mut workers = Vec::new();
-    for i in 0..2 {
-        let m = manager_with(&connect, long).await;
-        for key in ["k1", "k2"] {
-            tasks.push(tokio::spawn(mutex_worker(
-                m.clone(),
-                key.into(),
-                history.recorder(&format!("worker-{i}-{key}")),
-                crew.clone(),
-                Work {
-                    wait: Duration::from_secs(30),
-                    ..Work::default()
-                },
-            )));
-        }
-        tasks.push(tokio::spawn(leader_worker(
-            m.clone(),
-            "restart-leader".into(),
-            format!("worker-{i}"),
-            history.recorder(&format!("worker-{i}-leader")),
-            electors.clone(),
-            Work {
-                wait: Duration::from_secs(30),
-                ..Work::default()
-            },
-        )));
-        workers.push(m);
-    }
+    let s_held = hold(&strict, &history, "strict", "k1").await;
+    let l_held = hold(&lenient, &history, "lenient", "k2").await;
+    let mut workers = Workers::start(&connect, &history).await;
     until_children(&strict, &strict.path_of("k1").unwrap(), 3).await;
     until_children(&strict, &strict.path_of("k2").unwrap(), 3).await;
-    let grants = crew.grants();
+    let grants = workers.crew.grants();
 
-    // A quick restart, with the data.
+    quick_restart(
+        &mut zk,
+        &history,
+        (&strict, s_held),
+        (&lenient, l_held),
+        (&workers.crew, grants),
+    )
+    .await;
+    workers
+        .crew
+        .until_grants(grants, 6, Duration::from_secs(30))
+        .await;
+
+    let short = long_outage(&mut zk, &connect, &history, &workers.managers[0], &strict).await;
+
+    workers.stop().await;
+    let report = history.check();
+    eprintln!("fault_server_restart: {}", report.summary());
+    report.assert_ok();
+    assert!(report.losses >= 2, "{report}");
+    assert!(
+        workers.electors.grants() >= 2,
+        "leaders were elected across the restarts"
+    );
+
+    for m in workers.managers.iter().chain([&strict, &lenient, &short]) {
+        m.flush().await;
+    }
+    assert_no_contenders(
+        &strict
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager"),
+        ROOT,
+        Duration::from_secs(15),
+    )
+    .await;
+    assert_no_watches(
+        || zk.four_letter("wchp").into_iter().collect(),
+        ROOT,
+        Duration::from_secs(10),
+    )
+    .await;
+}
+
+/// `m` takes `key` for the worker `name`, recorded.
+async fn hold(m: &LockManager, history: &History, name: &str, key: &str) -> (LockGuard, Recorder) {
+    let rec = history.recorder(name);
+    rec.acquire_invoked(key, Mode::Exclusive);
+    let guard = m.lock(key).await.unwrap();
+    rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
+    (guard, rec)
+}
+
+/// Workers of two other sessions: mutex workers on `k1` and `k2`, and electors.
+struct Workers {
+    crew: Crew,
+    /// The workers also take part in an election, counted apart (nobody holds it before the
+    /// restart, so it may change hands during it).
+    electors: Crew,
+    tasks: Vec<JoinHandle<()>>,
+    managers: Vec<LockManager>,
+}
+
+impl Workers {
+    async fn start(connect: &str, history: &History) -> Workers {
+        let crew = Crew::new();
+        let electors = Crew::new();
+        let mut tasks = Vec::new();
+        let mut managers = Vec::new();
+        let work = Work {
+            wait: Duration::from_secs(30),
+            ..Work::default()
+        };
+        for i in 0..2 {
+            let m = manager_with(connect, LONG).await;
+            for key in ["k1", "k2"] {
+                tasks.push(tokio::spawn(mutex_worker(
+                    m.clone(),
+                    key.into(),
+                    history.recorder(&format!("worker-{i}-{key}")),
+                    crew.clone(),
+                    work,
+                )));
+            }
+            tasks.push(tokio::spawn(leader_worker(
+                m.clone(),
+                "restart-leader".into(),
+                format!("worker-{i}"),
+                history.recorder(&format!("worker-{i}-leader")),
+                electors.clone(),
+                work,
+            )));
+            managers.push(m);
+        }
+        Workers {
+            crew,
+            electors,
+            tasks,
+            managers,
+        }
+    }
+
+    async fn stop(&mut self) {
+        self.crew.stop();
+        self.electors.stop();
+        for t in self.tasks.drain(..) {
+            tokio::time::timeout(Duration::from_secs(40), t)
+                .await
+                .expect("workers stop")
+                .unwrap();
+        }
+    }
+}
+
+/// A quick restart, with the data: sessions resume; the lenient holder keeps its hold (its
+/// node is still there, its session the same), the strict one is told at the disconnection,
+/// and nobody else gets either lock meanwhile. Both then let go.
+async fn quick_restart(
+    zk: &mut ZkServer,
+    history: &History,
+    (strict, (s_guard, s_rec)): (&LockManager, (LockGuard, Recorder)),
+    (lenient, (l_guard, l_rec)): (&LockManager, (LockGuard, Recorder)),
+    (crew, grants): (&Crew, u64),
+) {
     history.fault("server stopped and restarted with its data");
     let session = lenient
         .client::<zookeeper_client::Client>()
@@ -96,7 +187,7 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
         .expect("a ZooKeeper manager");
     eventually(
         "the lenient holder's session to answer again",
-        long,
+        LONG,
         || async { client.check_stat(l_guard.node_path()).await.is_ok() },
     )
     .await;
@@ -122,7 +213,7 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
         "the held node survived the restart"
     );
     // The strict holder's node is still there too (its session resumed): nobody got k1 either.
-    assert!(children(&strict, &strict.path_of("k1").unwrap())
+    assert!(children(strict, &strict.path_of("k1").unwrap())
         .await
         .contains(&s_guard.node_path().rsplit('/').next().unwrap().to_string()));
     assert_eq!(
@@ -137,33 +228,27 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
             Err(e) => rec.release_failed(key, e),
         }
     }
-    crew.until_grants(grants, 6, Duration::from_secs(30)).await;
+}
 
-    // A long outage: the client gives its short session up before the server is back.
-    let short = LockManager::builder(&connect)
+/// A long outage: the client gives its short session up before the server is back; the holder
+/// is told, the server expires the session after it comes back, and the waiter (on `waiting`)
+/// gets in with a larger token; the holder's manager locks again on a new session. Answers
+/// that manager.
+async fn long_outage(
+    zk: &mut ZkServer,
+    connect: &str,
+    history: &History,
+    waiting: &LockManager,
+    observer: &LockManager,
+) -> LockManager {
+    let short = LockManager::builder(connect)
         .zookeeper(|zk| zk.session_timeout(Duration::from_secs(2)))
         .connect()
         .await
         .unwrap();
-    let sh_rec = history.recorder("short");
-    sh_rec.acquire_invoked("k3", Mode::Exclusive);
-    let sh_guard = short.lock("k3").await.unwrap();
-    sh_rec.acquire_ok("k3", Mode::Exclusive, sh_guard.fencing_token().as_u128());
-    let w_rec = history.recorder("waiter");
-    let waiter = tokio::spawn({
-        let m = workers[0].clone();
-        async move {
-            w_rec.acquire_invoked("k3", Mode::Exclusive);
-            let guard = m.lock_timeout("k3", Duration::from_secs(60)).await.unwrap();
-            let token = guard.fencing_token();
-            w_rec.acquire_ok("k3", Mode::Exclusive, token.as_u128());
-            w_rec.release_invoked("k3");
-            guard.release().await.unwrap();
-            w_rec.release_ok("k3");
-            token
-        }
-    });
-    until_children(&strict, &strict.path_of("k3").unwrap(), 2).await;
+    let (sh_guard, sh_rec) = hold(&short, history, "short", "k3").await;
+    let waiter = tokio::spawn(wait_for_k3(waiting.clone(), history.recorder("waiter")));
+    until_children(observer, &observer.path_of("k3").unwrap(), 2).await;
     let old_client = short
         .client::<zookeeper_client::Client>()
         .expect("a ZooKeeper manager");
@@ -193,39 +278,17 @@ async fn a_restarted_server_resumes_sessions_and_holds_survive_or_are_reported_l
         .unwrap();
     assert!(again.fencing_token() > token);
     again.release().await.unwrap();
+    short
+}
 
-    crew.stop();
-    electors.stop();
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(40), t)
-            .await
-            .expect("workers stop")
-            .unwrap();
-    }
-    let report = history.check();
-    eprintln!("fault_server_restart: {}", report.summary());
-    report.assert_ok();
-    assert!(report.losses >= 2, "{report}");
-    assert!(
-        electors.grants() >= 2,
-        "leaders were elected across the restarts"
-    );
-
-    for m in workers.iter().chain([&strict, &lenient, &short]) {
-        m.flush().await;
-    }
-    assert_no_contenders(
-        &strict
-            .client::<zookeeper_client::Client>()
-            .expect("a ZooKeeper manager"),
-        ROOT,
-        Duration::from_secs(15),
-    )
-    .await;
-    assert_no_watches(
-        || zk.four_letter("wchp").into_iter().collect(),
-        ROOT,
-        Duration::from_secs(10),
-    )
-    .await;
+/// The waiter of the long outage: takes `k3` (waiting up to a minute), lets go, answers its token.
+async fn wait_for_k3(m: LockManager, rec: Recorder) -> FencingToken {
+    rec.acquire_invoked("k3", Mode::Exclusive);
+    let guard = m.lock_timeout("k3", Duration::from_secs(60)).await.unwrap();
+    let token = guard.fencing_token();
+    rec.acquire_ok("k3", Mode::Exclusive, token.as_u128());
+    rec.release_invoked("k3");
+    guard.release().await.unwrap();
+    rec.release_ok("k3");
+    token
 }
