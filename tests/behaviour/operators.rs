@@ -4,183 +4,167 @@ use super::*;
 
 /// ZooKeeper-only features (revocation) fail in memory, on Redis and on PostgreSQL with
 /// `Error::Unsupported` naming the backend (there is no ZooKeeper client to hand out); the
-/// memory-only `lose` fails on ZooKeeper, Redis and PostgreSQL the same way.
+/// memory-only `lose` fails on ZooKeeper, Redis and PostgreSQL the same way. Each backend
+/// shows what it has instead.
 pub(crate) async fn backend_specific_features(backend: Backend) {
     let env = Env::start(backend);
     let m = env.process(Queue::Local).await;
     let debug = format!("{m:?}");
     match backend {
-        Backend::Redis => {
-            assert!(debug.contains("redis"), "{debug}");
-            let errors = [
-                m.revoke("k").await.unwrap_err(),
-                m.revoke_path("/some/lock").await.unwrap_err(),
-                m.lose("k", LossReason::SessionExpired).unwrap_err(),
-            ];
-            for err in errors {
-                assert!(
-                    matches!(
-                        err,
-                        Error::Unsupported {
-                            backend: "redis",
-                            ..
-                        }
-                    ),
-                    "{err:?}"
-                );
-                assert!(err.to_string().contains("redis"), "{err}");
-            }
-            assert!(
-                m.client::<zookeeper_client::Client>().is_none(),
-                "no ZooKeeper client on Redis"
-            );
-            assert_eq!(m.lease(), Some(REDIS_LEASE));
-
-            // What Redis has instead: the hold is a key that names its holder, and the token
-            // is the lock's fence counter.
-            let held = m.lock("k").await.unwrap();
-            let path = m.path_of("k").unwrap();
-            assert_eq!(held.node_path(), format!("zklock:lock:{path}"));
-            let mut conn = env.redis_conn().await;
-            let holder: String = redis::cmd("GET")
-                .arg(held.node_path())
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            assert!(holder.contains(" pid="), "{holder}");
-            let fence: i64 = redis::cmd("GET")
-                .arg(format!("zklock:fence:{path}"))
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            assert_eq!(held.fencing_token().grant(), fence);
-            held.release().await.unwrap();
-            assert_eq!(
-                env.left_behind(std::slice::from_ref(&m), &path).await,
-                Vec::<String>::new()
-            );
-        }
-        Backend::Postgres => {
-            assert!(debug.contains("postgres"), "{debug}");
-            let errors = [
-                m.revoke("k").await.unwrap_err(),
-                m.revoke_path("/some/lock").await.unwrap_err(),
-                m.lose("k", LossReason::SessionExpired).unwrap_err(),
-            ];
-            for err in &errors {
-                assert_unsupported(err, "postgres");
-            }
-            assert!(
-                m.client::<zookeeper_client::Client>().is_none(),
-                "no ZooKeeper client on PostgreSQL"
-            );
-            assert_eq!(m.lease(), Some(PG_LEASE));
-
-            // What PostgreSQL has instead: the hold is an advisory lock on a session that names
-            // its process, and the token is the key row's fence, which each grant raises.
-            let held = m.lock("k").await.unwrap();
-            let path = m.path_of("k").unwrap();
-            let look = env.pg_client().await;
-            let row = look
-                .query_one(
-                    "SELECT id::bigint, fence FROM zklock_keys WHERE path = $1",
-                    &[&path],
-                )
-                .await
-                .unwrap();
-            let (id, fence): (i64, i64) = (row.get(0), row.get(1));
-            assert_eq!(
-                held.node_path(),
-                format!("{path} (advisory lock {PG_LOCK_CLASS},{id})")
-            );
-            assert_eq!(held.fencing_token().grant(), fence);
-            let locks = env.pg_locks(&look, &path).await;
-            let [(PG_LOCK_CLASS, mode, pid)] = locks.as_slice() else {
-                panic!("one advisory lock of {path}: {locks:?}")
-            };
-            assert_eq!(mode, "ExclusiveLock");
-            let application: String = look
-                .query_one(
-                    "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
-                    &[pid],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            assert!(application.contains(" pid="), "{application}");
-            held.release().await.unwrap();
-            assert_eq!(
-                env.left_behind(std::slice::from_ref(&m), &path).await,
-                Vec::<String>::new()
-            );
-        }
-        Backend::Memory => {
-            assert!(debug.contains("memory"), "{debug}");
-            let errors = [
-                m.revoke("k").await.unwrap_err(),
-                m.revoke_path("/some/lock").await.unwrap_err(),
-            ];
-            for err in errors {
-                assert!(
-                    matches!(
-                        err,
-                        Error::Unsupported {
-                            backend: "memory",
-                            ..
-                        }
-                    ),
-                    "{err:?}"
-                );
-                assert!(err.to_string().contains("memory"), "{err}");
-            }
-            assert!(
-                m.client::<zookeeper_client::Client>().is_none(),
-                "no ZooKeeper client in memory"
-            );
-            assert_eq!(m.lease(), None);
-            assert_eq!(m.stats(), Default::default());
-
-            // What memory has instead: `lose`, for every recipe of the key.
-            let guard = m.lock("k").await.unwrap();
-            let lease = m.semaphore("k", 2).unwrap().acquire().await.unwrap();
-            m.lose("k", LossReason::Revoked).unwrap();
-            assert_eq!(guard.lost().await, LossReason::Revoked);
-            assert_eq!(lease.lost().await, LossReason::Revoked);
-            assert!(!guard.is_held() && !lease.is_held());
-            assert!(matches!(
-                m.lose("bad\nkey", LossReason::Revoked),
-                Err(Error::InvalidKey { .. })
-            ));
-        }
-        Backend::Zookeeper => {
-            assert!(debug.contains("zookeeper"), "{debug}");
-            let err = m.lose("k", LossReason::SessionExpired).unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    Error::Unsupported {
-                        backend: "zookeeper",
-                        ..
-                    }
-                ),
-                "{err:?}"
-            );
-            assert!(err.to_string().contains("zookeeper"), "{err}");
-            let held = m.lock("k").await.unwrap();
-            let info = m.inspect("k").await.unwrap();
-            assert_eq!(info.holders.len(), 1);
-            assert_eq!(info.holders[0].token, held.fencing_token());
-            assert_eq!(m.list("k").await.unwrap().len(), 1);
-            assert!(m
-                .client::<zookeeper_client::Client>()
-                .expect("a ZooKeeper manager")
-                .list_children("/")
-                .await
-                .is_ok());
-            assert!(m.lease().is_some_and(|t| t > Duration::ZERO));
-            assert!(m.stats().requests > 0);
-        }
+        Backend::Redis => redis_features(&env, &m, &debug).await,
+        Backend::Postgres => postgres_features(&env, &m, &debug).await,
+        Backend::Memory => memory_features(&m, &debug).await,
+        Backend::Zookeeper => zookeeper_features(&m, &debug).await,
     }
+}
+
+/// Redis: what it leaves out, and what it has instead: the hold is a key that names its
+/// holder, and the token is the lock's fence counter.
+async fn redis_features(env: &Env, m: &LockManager, debug: &str) {
+    assert!(debug.contains("redis"), "{debug}");
+    let errors = [
+        m.revoke("k").await.unwrap_err(),
+        m.revoke_path("/some/lock").await.unwrap_err(),
+        m.lose("k", LossReason::SessionExpired).unwrap_err(),
+    ];
+    for err in &errors {
+        assert_unsupported(err, "redis");
+    }
+    assert!(
+        m.client::<zookeeper_client::Client>().is_none(),
+        "no ZooKeeper client on Redis"
+    );
+    assert_eq!(m.lease(), Some(REDIS_LEASE));
+
+    // What Redis has instead.
+    let held = m.lock("k").await.unwrap();
+    let path = m.path_of("k").unwrap();
+    assert_eq!(held.node_path(), format!("zklock:lock:{path}"));
+    let mut conn = env.redis_conn().await;
+    let holder: String = redis::cmd("GET")
+        .arg(held.node_path())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(holder.contains(" pid="), "{holder}");
+    let fence: i64 = redis::cmd("GET")
+        .arg(format!("zklock:fence:{path}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(held.fencing_token().grant(), fence);
+    held.release().await.unwrap();
+    assert_eq!(
+        env.left_behind(std::slice::from_ref(m), &path).await,
+        Vec::<String>::new()
+    );
+}
+
+/// PostgreSQL: what it leaves out, and what it has instead: the hold is an advisory lock on a
+/// session that names its process, and the token is the key row's fence, which each grant
+/// raises.
+async fn postgres_features(env: &Env, m: &LockManager, debug: &str) {
+    assert!(debug.contains("postgres"), "{debug}");
+    let errors = [
+        m.revoke("k").await.unwrap_err(),
+        m.revoke_path("/some/lock").await.unwrap_err(),
+        m.lose("k", LossReason::SessionExpired).unwrap_err(),
+    ];
+    for err in &errors {
+        assert_unsupported(err, "postgres");
+    }
+    assert!(
+        m.client::<zookeeper_client::Client>().is_none(),
+        "no ZooKeeper client on PostgreSQL"
+    );
+    assert_eq!(m.lease(), Some(PG_LEASE));
+
+    // What PostgreSQL has instead.
+    let held = m.lock("k").await.unwrap();
+    let path = m.path_of("k").unwrap();
+    let look = env.pg_client().await;
+    let row = look
+        .query_one(
+            "SELECT id::bigint, fence FROM zklock_keys WHERE path = $1",
+            &[&path],
+        )
+        .await
+        .unwrap();
+    let (id, fence): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(
+        held.node_path(),
+        format!("{path} (advisory lock {PG_LOCK_CLASS},{id})")
+    );
+    assert_eq!(held.fencing_token().grant(), fence);
+    let locks = env.pg_locks(&look, &path).await;
+    let [(PG_LOCK_CLASS, mode, pid)] = locks.as_slice() else {
+        panic!("one advisory lock of {path}: {locks:?}")
+    };
+    assert_eq!(mode, "ExclusiveLock");
+    let application: String = look
+        .query_one(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = $1",
+            &[pid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(application.contains(" pid="), "{application}");
+    held.release().await.unwrap();
+    assert_eq!(
+        env.left_behind(std::slice::from_ref(m), &path).await,
+        Vec::<String>::new()
+    );
+}
+
+/// Memory: what it leaves out (and no lease, no requests), and what it has instead: `lose`.
+async fn memory_features(m: &LockManager, debug: &str) {
+    assert!(debug.contains("memory"), "{debug}");
+    let errors = [
+        m.revoke("k").await.unwrap_err(),
+        m.revoke_path("/some/lock").await.unwrap_err(),
+    ];
+    for err in &errors {
+        assert_unsupported(err, "memory");
+    }
+    assert!(
+        m.client::<zookeeper_client::Client>().is_none(),
+        "no ZooKeeper client in memory"
+    );
+    assert_eq!(m.lease(), None);
+    assert_eq!(m.stats(), Default::default());
+
+    // What memory has instead: `lose`, for every recipe of the key.
+    let guard = m.lock("k").await.unwrap();
+    let lease = m.semaphore("k", 2).unwrap().acquire().await.unwrap();
+    m.lose("k", LossReason::Revoked).unwrap();
+    assert_eq!(guard.lost().await, LossReason::Revoked);
+    assert_eq!(lease.lost().await, LossReason::Revoked);
+    assert!(!guard.is_held() && !lease.is_held());
+    assert!(matches!(
+        m.lose("bad\nkey", LossReason::Revoked),
+        Err(Error::InvalidKey { .. })
+    ));
+}
+
+/// ZooKeeper: `lose` left out; inspection from the server, its client, a session timeout.
+async fn zookeeper_features(m: &LockManager, debug: &str) {
+    assert!(debug.contains("zookeeper"), "{debug}");
+    let err = m.lose("k", LossReason::SessionExpired).unwrap_err();
+    assert_unsupported(&err, "zookeeper");
+    let held = m.lock("k").await.unwrap();
+    let info = m.inspect("k").await.unwrap();
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].token, held.fencing_token());
+    assert_eq!(m.list("k").await.unwrap().len(), 1);
+    assert!(m
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager")
+        .list_children("/")
+        .await
+        .is_ok());
+    assert!(m.lease().is_some_and(|t| t > Duration::ZERO));
+    assert!(m.stats().requests > 0);
 }
 
 /// What `inspect`, `inspect_path` and `list` (and so `zklock ls / status / top`) show, read
