@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use zklock::{DisconnectPolicy, Error, LockGuard, LockManager};
 use zklock_testkit::{
-    epoch_ms_to_ns, CuratorHold, History, Mode, Op, Proxy, Recorder, ZkCluster, NO_TOKEN,
+    epoch_ms_to_ns, CuratorHold, History, Mode, Op, Proxy, Recorder, Report, ZkCluster, NO_TOKEN,
 };
 
 const SESSION: Duration = Duration::from_secs(4);
@@ -521,199 +521,220 @@ fn curator_peers(
 async fn soak_random_faults_under_mixed_traffic() {
     let (secs, seed) = common::soak_settings("soak", 60);
     let mut rng = StdRng::seed_from_u64(seed);
-
-    let mut cluster = blocking(|| {
-        ZkCluster::builder(3)
-            .max_session_timeout(MAX_SESSION.as_millis() as u32)
-            .container_check_interval(REAPER_MS)
-            .start()
-    })
-    .unwrap();
-    let direct = cluster.connect_string();
-    let admin = LockManager::builder(&direct)
-        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(20)))
-        .connect()
-        .await
-        .unwrap();
-
-    // A first Curator run, outside the timed window: it may install Curator and compile the peer.
-    let warmup = Instant::now();
-    blocking(|| {
-        let mut peer = CuratorHold::spawn(&direct, "/soak-warmup/lock", "mutex", 0, 1)?;
-        peer.next_event(CURATOR_WARMUP)?;
-        peer.next_event(CURATOR_EVENT)?;
-        peer.wait()
-    })
-    .expect("a first Curator peer runs");
-    say(&format!(
-        "soak: Curator peer ready in {:.1} s",
-        warmup.elapsed().as_secs_f64()
-    ));
-
-    let history = History::new();
-    let ctx = Ctx {
-        crew: Crew::new(),
-        keys: Arc::new(Keys::default()),
-        counters: Arc::new(Counters::default()),
-        droppers: Arc::new(StdMutex::new(Vec::new())),
-        work: Work {
-            wait: Duration::from_secs(20),
-            hold: Duration::from_millis(15),
-            think: Duration::from_millis(10),
-        },
-    };
-    let crew = ctx.crew.clone();
-    let counters = ctx.counters.clone();
-
-    // Four sessions, each through its own proxy to every member; two treat a disconnection as
-    // a loss, two have a grace well under the session timeout. The last asks for a longer
-    // session than the ensemble grants: the grace that fits what it asked for is refused.
-    let mut clients = Vec::new();
-    let mut tasks = Vec::new();
-    let mut refusal = None;
-    for i in 0..4 {
-        let proxies: Vec<Proxy> = (0..cluster.len())
-            .map(|j| Proxy::start(&cluster.member_connect_string(j)).unwrap())
-            .collect();
-        let connect = proxies
-            .iter()
-            .map(Proxy::connect_string)
-            .collect::<Vec<_>>()
-            .join(",");
-        let clamped = i == 3;
-        let ask = if clamped { CLAMPED_ASK } else { SESSION };
-        if clamped {
-            let refused = LockManager::builder(connect.clone())
-                .zookeeper(|zk| {
-                    zk.session_timeout(ask)
-                        .disconnect_policy(DisconnectPolicy::Grace(REFUSED_GRACE))
-                })
-                .connect()
-                .await;
-            match refused {
-                Err(Error::Config(msg)) => {
-                    assert!(
-                        msg.contains(&format!("grace of {REFUSED_GRACE:?}")),
-                        "the refusal does not name the grace: {msg}"
-                    );
-                    refusal = Some(msg);
-                }
-                Err(e) => panic!("a grace that fits only the asked session: {e}"),
-                Ok(m) => panic!(
-                    "a grace of {REFUSED_GRACE:?} was accepted with a session of {:?}",
-                    m.lease()
-                ),
-            }
-        }
-        let mut builder = LockManager::builder(connect).zookeeper(|zk| zk.session_timeout(ask));
-        if i % 2 == 1 {
-            builder = builder.zookeeper(|zk| zk.disconnect_policy(DisconnectPolicy::Grace(GRACE)));
-        }
-        let manager = builder.connect().await.unwrap();
-        let session = manager.lease().expect("a ZooKeeper session");
-        if clamped {
-            assert_eq!(session, MAX_SESSION, "the ensemble clamps the session");
-        }
-        let (kept_tx, kept_rx) = mpsc::unbounded_channel();
-        let ctl = Arc::new(Ctl {
-            keep: AtomicBool::new(false),
-            kept: kept_tx,
-            kept_alive: AtomicU64::new(0),
-            kept_keys: StdMutex::new(Vec::new()),
-            cancel_releases_until: StdMutex::new(None),
-        });
-        let mut workers = Vec::new();
-        for (slot, name) in SLOTS.iter().enumerate() {
-            let name = format!("c{i}/{name}");
-            tasks.push(tokio::spawn(worker(
-                manager.clone(),
-                slot,
-                history.recorder(&name),
-                ctx.clone(),
-                ctl.clone(),
-            )));
-            workers.push(name);
-        }
-        clients.push(Client {
-            manager,
-            proxies,
-            workers,
-            session,
-            ctl,
-            kept: tokio::sync::Mutex::new(kept_rx),
-        });
-    }
-    let refusal = refusal.expect("the clamped client's grace was refused");
-
-    // The lock paths of every key the slots rotate through.
-    let mut paths = HashMap::new();
-    for slot in 0..SLOTS.len() {
-        for key in Keys::all(slot) {
-            paths.insert((slot, key.clone()), lock_path(&admin, slot, &key));
-        }
-    }
-    let watching = Arc::new(AtomicBool::new(false));
-    let reaping = tokio::spawn(watch_reaping(
-        admin
-            .client::<zookeeper_client::Client>()
-            .expect("a ZooKeeper manager"),
-        paths.values().cloned().collect(),
-        counters.clone(),
-        watching.clone(),
-    ));
-    let curator = tokio::task::spawn_blocking({
-        let (direct, keys, history) = (direct.clone(), ctx.keys.clone(), history.clone());
-        let (counters, crew, paths) = (counters.clone(), crew.clone(), paths.clone());
-        move || curator_peers(direct, paths, keys, history, counters, crew, seed)
-    });
-    crew.until_grants(0, 20, Duration::from_secs(30)).await;
+    let mut soak = Soak::start().await;
+    let background = soak.watch_and_run_curator(seed);
+    soak.ctx
+        .crew
+        .until_grants(0, 20, Duration::from_secs(30))
+        .await;
 
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(secs);
-    let mut injected: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let storms = Arc::new(AtomicU64::new(0));
-    let mut rotation = 0;
-    // Faults are dealt from a shuffled deck, so that a 60 s run sees every kind.
-    let mut deck: Vec<u32> = Vec::new();
-    while Instant::now() < deadline {
-        // Traffic between faults; one slot moves on to its next key, so each key rests (and its
-        // path is reaped) for two rotations before it comes back.
-        let calm = Duration::from_millis(rng.gen_range(1500..3000));
-        tokio::time::sleep(calm).await;
-        ctx.keys.rotate(rotation % SLOTS.len());
-        rotation += 1;
-        let c = rng.gen_range(0..clients.len());
-        let client = &clients[c];
-        let before = crew.grants();
-        if deck.is_empty() {
-            // The guard kept past its loss twice: the fault the session epochs are for.
-            deck = (0..FAULT_KINDS).chain([KEPT_GUARD]).collect();
-            deck.shuffle(&mut rng);
+    let injected = soak
+        .deal_faults(&mut rng, started + Duration::from_secs(secs))
+        .await;
+    soak.drain(background.curator).await;
+
+    let report = soak.history.check();
+    let leaks = soak.leaks().await;
+    background.watching.store(true, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(30), background.reaping)
+        .await
+        .expect("the reaping watch stops")
+        .unwrap();
+    soak.say_report(&report, seed, started, &injected, &leaks);
+    soak.assert_report(&report, &injected, &leaks, secs);
+}
+
+/// What the soak's phases share: the ensemble, the four clients and their workers, the
+/// history.
+struct Soak {
+    cluster: ZkCluster,
+    /// The ensemble's connect string, without proxies.
+    direct: String,
+    /// A session straight to the ensemble, that looks at the servers.
+    admin: LockManager,
+    history: History,
+    ctx: Ctx,
+    clients: Vec<Client>,
+    tasks: Vec<JoinHandle<()>>,
+    /// Why the clamped client's grace was refused.
+    refusal: String,
+    /// The lock paths of every key the slots rotate through.
+    paths: HashMap<(usize, String), String>,
+    /// Storms of cancelled acquires so far.
+    storms: AtomicU64,
+}
+
+/// The soak's background tasks: the watch of reaped paths (stopped by `watching`) and the
+/// Curator peers (stopped with the crew).
+struct Background {
+    watching: Arc<AtomicBool>,
+    reaping: JoinHandle<()>,
+    curator: JoinHandle<()>,
+}
+
+/// Leaks: contender nodes still there once every session has settled, and watches the
+/// servers still keep for the lock paths.
+struct Leaks {
+    nodes: Vec<String>,
+    watches: Vec<String>,
+}
+
+impl Soak {
+    /// The ensemble, a first Curator run, and four clients with their workers running.
+    async fn start() -> Soak {
+        let cluster = blocking(|| {
+            ZkCluster::builder(3)
+                .max_session_timeout(MAX_SESSION.as_millis() as u32)
+                .container_check_interval(REAPER_MS)
+                .start()
+        })
+        .unwrap();
+        let direct = cluster.connect_string();
+        let admin = LockManager::builder(&direct)
+            .zookeeper(|zk| zk.session_timeout(Duration::from_secs(20)))
+            .connect()
+            .await
+            .unwrap();
+        warm_up_curator(&direct);
+
+        let history = History::new();
+        let ctx = Ctx {
+            crew: Crew::new(),
+            keys: Arc::new(Keys::default()),
+            counters: Arc::new(Counters::default()),
+            droppers: Arc::new(StdMutex::new(Vec::new())),
+            work: Work {
+                wait: Duration::from_secs(20),
+                hold: Duration::from_millis(15),
+                think: Duration::from_millis(10),
+            },
+        };
+
+        // Four sessions, each through its own proxy to every member; two treat a disconnection
+        // as a loss, two have a grace well under the session timeout. The last asks for a
+        // longer session than the ensemble grants: the grace that fits what it asked for is
+        // refused.
+        let mut clients = Vec::new();
+        let mut tasks = Vec::new();
+        let mut refusal = None;
+        for i in 0..4 {
+            let (client, workers, refused) = start_client(i, &cluster, &history, &ctx).await;
+            clients.push(client);
+            tasks.extend(workers);
+            refusal = refusal.or(refused);
         }
-        let kind = match deck.pop().expect("a fault") {
+        let refusal = refusal.expect("the clamped client's grace was refused");
+
+        let mut paths = HashMap::new();
+        for slot in 0..SLOTS.len() {
+            for key in Keys::all(slot) {
+                paths.insert((slot, key.clone()), lock_path(&admin, slot, &key));
+            }
+        }
+        Soak {
+            cluster,
+            direct,
+            admin,
+            history,
+            ctx,
+            clients,
+            tasks,
+            refusal,
+            paths,
+            storms: AtomicU64::new(0),
+        }
+    }
+
+    /// Starts the watch of reaped paths and the Curator peers.
+    fn watch_and_run_curator(&self, seed: u64) -> Background {
+        let counters = self.ctx.counters.clone();
+        let watching = Arc::new(AtomicBool::new(false));
+        let reaping = tokio::spawn(watch_reaping(
+            self.admin
+                .client::<zookeeper_client::Client>()
+                .expect("a ZooKeeper manager"),
+            self.paths.values().cloned().collect(),
+            counters.clone(),
+            watching.clone(),
+        ));
+        let curator = tokio::task::spawn_blocking({
+            let (direct, keys) = (self.direct.clone(), self.ctx.keys.clone());
+            let history = self.history.clone();
+            let (crew, paths) = (self.ctx.crew.clone(), self.paths.clone());
+            move || curator_peers(direct, paths, keys, history, counters, crew, seed)
+        });
+        Background {
+            watching,
+            reaping,
+            curator,
+        }
+    }
+
+    /// Faults until `deadline`, one after another with traffic between them; answers how many
+    /// of each kind.
+    async fn deal_faults(
+        &mut self,
+        rng: &mut StdRng,
+        deadline: Instant,
+    ) -> BTreeMap<&'static str, u64> {
+        let mut injected: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut rotation = 0;
+        // Faults are dealt from a shuffled deck, so that a 60 s run sees every kind.
+        let mut deck: Vec<u32> = Vec::new();
+        while Instant::now() < deadline {
+            // Traffic between faults; one slot moves on to its next key, so each key rests (and
+            // its path is reaped) for two rotations before it comes back.
+            let calm = Duration::from_millis(rng.gen_range(1500..3000));
+            tokio::time::sleep(calm).await;
+            self.ctx.keys.rotate(rotation % SLOTS.len());
+            rotation += 1;
+            let c = rng.gen_range(0..self.clients.len());
+            let before = self.ctx.crew.grants();
+            if deck.is_empty() {
+                // The guard kept past its loss twice: the fault the session epochs are for.
+                deck = (0..FAULT_KINDS).chain([KEPT_GUARD]).collect();
+                deck.shuffle(rng);
+            }
+            let kind = deck.pop().expect("a fault");
+            let kind = self.inject(rng, kind, c, before).await;
+            *injected.entry(kind).or_default() += 1;
+            blocking(|| self.cluster.wait_for_quorum(QUORUM)).unwrap();
+        }
+        injected
+    }
+
+    /// One fault of `kind`, on client `c` where it is a client's; `before` is the crew's grants
+    /// before it. Answers the fault's name.
+    async fn inject(&mut self, rng: &mut StdRng, kind: u32, c: usize, before: u64) -> &'static str {
+        let (history, crew) = (&self.history, &self.ctx.crew);
+        let client = &self.clients[c];
+        match kind {
             0 => {
-                let leader = cluster.leader().expect("a leader");
+                let leader = self.cluster.leader().expect("a leader");
                 history.fault(&format!("killed the leader {leader}"));
-                blocking(|| cluster.stop_member(leader)).unwrap();
-                blocking(|| cluster.wait_for_quorum(QUORUM)).unwrap();
+                blocking(|| self.cluster.stop_member(leader)).unwrap();
+                blocking(|| self.cluster.wait_for_quorum(QUORUM)).unwrap();
                 crew.until_grants(before, 3, QUORUM).await;
-                blocking(|| cluster.restart_member(leader)).unwrap();
+                blocking(|| self.cluster.restart_member(leader)).unwrap();
                 "kill leader"
             }
             1 => {
-                let leader = cluster.leader().expect("a leader");
+                let leader = self.cluster.leader().expect("a leader");
                 history.fault(&format!("isolated the leader {leader}"));
-                blocking(|| cluster.pause_member(leader)).unwrap();
-                blocking(|| cluster.wait_for_quorum(QUORUM)).unwrap();
+                blocking(|| self.cluster.pause_member(leader)).unwrap();
+                blocking(|| self.cluster.wait_for_quorum(QUORUM)).unwrap();
                 crew.until_grants(before, 3, QUORUM).await;
-                blocking(|| cluster.resume_member(leader)).unwrap();
+                blocking(|| self.cluster.resume_member(leader)).unwrap();
                 "isolate leader"
             }
             2 => {
-                let leader = cluster.leader();
-                let follower = (0..cluster.len()).find(|i| Some(*i) != leader).unwrap();
+                let leader = self.cluster.leader();
+                let follower = (0..self.cluster.len())
+                    .find(|i| Some(*i) != leader)
+                    .unwrap();
                 history.fault(&format!("restarted follower {follower}"));
-                blocking(|| cluster.restart_member(follower)).unwrap();
+                blocking(|| self.cluster.restart_member(follower)).unwrap();
                 "restart follower"
             }
             3 => {
@@ -745,270 +766,414 @@ async fn soak_random_faults_under_mixed_traffic() {
                 for w in &client.workers {
                     history.silent_fault(w, "session expired from another handle");
                 }
-                common::expire_session(&client.manager, &direct).await;
+                common::expire_session(&client.manager, &self.direct).await;
                 "expire session"
             }
-            7 => {
-                let n = storms.fetch_add(1, Ordering::SeqCst);
-                history.fault("a storm of cancelled acquires");
-                let mut storm = Vec::new();
-                for k in 0..24 {
-                    let m = clients[k % clients.len()].manager.clone();
-                    let key = ctx.keys.current(k % RW_SLOT);
-                    let after = Duration::from_micros(rng.gen_range(0..30_000));
-                    storm.push(tokio::spawn(cancelled_acquire(
-                        m,
-                        key,
-                        history.recorder(&format!("storm-{n}-{k}")),
-                        after,
-                    )));
-                }
-                for t in storm {
-                    tokio::time::timeout(Duration::from_secs(60), t)
-                        .await
-                        .expect("a storm acquire ends")
-                        .unwrap();
-                }
-                "cancel storm"
-            }
-            KEPT_GUARD => {
-                // The next worker of the client to get a grant keeps it; its session is then
-                // expired, and it goes on acquiring beside the lost guard.
-                let mut kept = client.kept.lock().await;
-                while kept.try_recv().is_ok() {}
-                client.ctl.keep.store(true, Ordering::SeqCst);
-                let mut holding = tokio::time::timeout(Duration::from_secs(15), kept.recv()).await;
-                if holding.is_err() && !client.ctl.keep.swap(false, Ordering::SeqCst) {
-                    // A worker took it just now.
-                    holding = tokio::time::timeout(Duration::from_secs(5), kept.recv()).await;
-                }
-                if let Ok(Some(Kept::Holding { worker, key })) = holding {
-                    history.fault(&format!(
-                        "client {c}'s {worker} keeps its guard on {key} across a session expiry"
-                    ));
-                    for w in &client.workers {
-                        history.silent_fault(w, "session expired from another handle (guard kept)");
-                    }
-                    common::expire_session(&client.manager, &direct).await;
-                    let told =
-                        tokio::time::timeout(KEEP_BOUND + Duration::from_secs(5), kept.recv())
-                            .await;
-                    match told {
-                        Ok(Some(Kept::Lost { drop })) if rng.gen_ratio(2, 3) => {
-                            // While the lost guard is kept, its lock path empties, is reaped,
-                            // and is re-created by the traffic (sequence numbers from 0 again).
-                            let (slot, name) = Keys::slot_of(&key);
-                            let path = &paths[&(slot, name.clone())];
-                            let zk = admin
-                                .client::<zookeeper_client::Client>()
-                                .expect("a ZooKeeper manager");
-                            let stat = || async {
-                                zk.check_stat(path).await.ok().map(|s| s.map(|s| s.czxid))
-                            };
-                            ctx.keys.turn_to(slot, &name, true);
-                            let old = stat().await.flatten();
-                            let until = Instant::now() + Duration::from_secs(10);
-                            let mut reaped = false;
-                            while !reaped && Instant::now() < until {
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                                reaped = stat().await == Some(None);
-                            }
-                            ctx.keys.turn_to(slot, &name, false);
-                            let until = Instant::now() + Duration::from_secs(10);
-                            let mut recreated = false;
-                            while reaped && !recreated && Instant::now() < until {
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                                recreated = matches!(stat().await, Some(Some(c)) if Some(c) != old);
-                            }
-                            let traffic = Duration::from_millis(rng.gen_range(300..1500));
-                            tokio::time::sleep(traffic).await;
-                            if recreated {
-                                bump(&counters.kept_across_reap);
-                                history.fault(&format!(
-                                    "{path} reaped and re-created while {worker} kept its lost guard"
-                                ));
-                            } else {
-                                say(&format!(
-                                    "soak: {path} was not {} while {worker} kept its guard",
-                                    if reaped { "re-created" } else { "reaped" }
-                                ));
-                            }
-                            let _ = drop.send(());
-                        }
-                        Ok(Some(Kept::Lost { .. } | Kept::NeverLost)) => {}
-                        other => panic!("the keeper did not report: {other:?}"),
-                    }
-                    "kept guard"
-                } else {
-                    "kept guard (no grant)"
-                }
-            }
-            _ => {
-                let blackhole = rng.gen_bool(0.5);
-                history.fault(&format!(
-                    "client {c}'s releases cancelled while its connections are {}",
-                    if blackhole { "blackholed" } else { "reset" }
-                ));
-                *client.ctl.cancel_releases_until.lock().unwrap() =
-                    Some(Instant::now() + Duration::from_secs(4));
-                if blackhole {
-                    tokio::time::sleep(Duration::from_millis(rng.gen_range(100..600))).await;
-                    for p in &client.proxies {
-                        p.blackhole();
-                    }
-                    tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1500))).await;
-                    for p in &client.proxies {
-                        p.heal();
-                    }
-                    tokio::time::sleep(Duration::from_millis(rng.gen_range(500..1500))).await;
-                } else {
-                    for _ in 0..8 {
-                        tokio::time::sleep(Duration::from_millis(rng.gen_range(50..400))).await;
-                        for p in &client.proxies {
-                            p.reset();
-                        }
-                    }
-                }
-                *client.ctl.cancel_releases_until.lock().unwrap() = None;
-                "cancelled releases"
-            }
+            7 => self.cancel_storm(rng).await,
+            KEPT_GUARD => self.keep_guard(rng, c).await,
+            _ => self.cancel_releases(rng, c).await,
+        }
+    }
+
+    /// A storm of acquires, each dropped at a random point.
+    async fn cancel_storm(&self, rng: &mut StdRng) -> &'static str {
+        let n = self.storms.fetch_add(1, Ordering::SeqCst);
+        self.history.fault("a storm of cancelled acquires");
+        let mut storm = Vec::new();
+        for k in 0..24 {
+            let m = self.clients[k % self.clients.len()].manager.clone();
+            let key = self.ctx.keys.current(k % RW_SLOT);
+            let after = Duration::from_micros(rng.gen_range(0..30_000));
+            storm.push(tokio::spawn(cancelled_acquire(
+                m,
+                key,
+                self.history.recorder(&format!("storm-{n}-{k}")),
+                after,
+            )));
+        }
+        for t in storm {
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("a storm acquire ends")
+                .unwrap();
+        }
+        "cancel storm"
+    }
+
+    /// The next worker of client `c` to get a grant keeps it; its session is then expired, and
+    /// it goes on acquiring beside the lost guard.
+    async fn keep_guard(&self, rng: &mut StdRng, c: usize) -> &'static str {
+        let (history, client) = (&self.history, &self.clients[c]);
+        let mut kept = client.kept.lock().await;
+        while kept.try_recv().is_ok() {}
+        client.ctl.keep.store(true, Ordering::SeqCst);
+        let mut holding = tokio::time::timeout(Duration::from_secs(15), kept.recv()).await;
+        if holding.is_err() && !client.ctl.keep.swap(false, Ordering::SeqCst) {
+            // A worker took it just now.
+            holding = tokio::time::timeout(Duration::from_secs(5), kept.recv()).await;
+        }
+        let Ok(Some(Kept::Holding { worker, key })) = holding else {
+            return "kept guard (no grant)";
         };
-        *injected.entry(kind).or_default() += 1;
-        blocking(|| cluster.wait_for_quorum(QUORUM)).unwrap();
+        history.fault(&format!(
+            "client {c}'s {worker} keeps its guard on {key} across a session expiry"
+        ));
+        for w in &client.workers {
+            history.silent_fault(w, "session expired from another handle (guard kept)");
+        }
+        common::expire_session(&client.manager, &self.direct).await;
+        let told = tokio::time::timeout(KEEP_BOUND + Duration::from_secs(5), kept.recv()).await;
+        match told {
+            Ok(Some(Kept::Lost { drop })) if rng.gen_ratio(2, 3) => {
+                self.reap_while_kept(rng, &key, &worker).await;
+                let _ = drop.send(());
+            }
+            Ok(Some(Kept::Lost { .. } | Kept::NeverLost)) => {}
+            other => panic!("the keeper did not report: {other:?}"),
+        }
+        "kept guard"
     }
 
-    // Heal everything, let the traffic show it recovered, then stop it.
-    for client in &clients {
-        for p in &client.proxies {
-            p.heal();
+    /// While `worker` keeps its lost guard on `key`, the lock path empties, is reaped, and is
+    /// re-created by the traffic (sequence numbers from 0 again).
+    async fn reap_while_kept(&self, rng: &mut StdRng, key: &str, worker: &str) {
+        let (slot, name) = Keys::slot_of(key);
+        let path = &self.paths[&(slot, name.clone())];
+        let zk = self
+            .admin
+            .client::<zookeeper_client::Client>()
+            .expect("a ZooKeeper manager");
+        let stat = || async { zk.check_stat(path).await.ok().map(|s| s.map(|s| s.czxid)) };
+        self.ctx.keys.turn_to(slot, &name, true);
+        let old = stat().await.flatten();
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut reaped = false;
+        while !reaped && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            reaped = stat().await == Some(None);
         }
-    }
-    blocking(|| cluster.wait_for_quorum(QUORUM)).unwrap();
-    crew.until_grants(crew.grants(), 10, QUORUM).await;
-    crew.stop();
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("workers stop")
-            .unwrap();
-    }
-    let droppers: Vec<_> = std::mem::take(&mut *ctx.droppers.lock().unwrap());
-    for d in droppers {
-        tokio::time::timeout(Duration::from_secs(30), d)
-            .await
-            .expect("kept guards are dropped")
-            .unwrap();
-    }
-    tokio::time::timeout(CURATOR_EVENT * (2 * CURATOR_ROUNDS + 1), curator)
-        .await
-        .expect("the Curator peers stop")
-        .unwrap();
-    for client in &clients {
-        tokio::time::timeout(Duration::from_secs(60), client.manager.flush())
-            .await
-            .expect("background releases finish");
+        self.ctx.keys.turn_to(slot, &name, false);
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut recreated = false;
+        while reaped && !recreated && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            recreated = matches!(stat().await, Some(Some(c)) if Some(c) != old);
+        }
+        let traffic = Duration::from_millis(rng.gen_range(300..1500));
+        tokio::time::sleep(traffic).await;
+        if recreated {
+            bump(&self.ctx.counters.kept_across_reap);
+            self.history.fault(&format!(
+                "{path} reaped and re-created while {worker} kept its lost guard"
+            ));
+        } else {
+            say(&format!(
+                "soak: {path} was not {} while {worker} kept its guard",
+                if reaped { "re-created" } else { "reaped" }
+            ));
+        }
     }
 
-    let report = history.check();
-    // Leaks: contender nodes still there once every session has settled, and watches the
-    // servers still keep for the lock paths.
-    let leak_deadline = Instant::now() + Duration::from_secs(20);
-    let (leaked_nodes, leaked_watches) = loop {
-        let nodes = contenders(
-            &admin
-                .client::<zookeeper_client::Client>()
-                .expect("a ZooKeeper manager"),
-            ROOT,
-        )
-        .await;
-        let watches: Vec<String> = (0..cluster.len())
-            .filter_map(|i| cluster.member_four_letter(i, "wchp").ok())
-            .flat_map(|w| watched_paths(&w, ROOT))
-            .collect();
-        if (nodes.is_empty() && watches.is_empty()) || Instant::now() > leak_deadline {
-            break (nodes, watches);
+    /// Client `c`'s releases cancelled by a short timeout while its connections are
+    /// blackholed or reset.
+    async fn cancel_releases(&self, rng: &mut StdRng, c: usize) -> &'static str {
+        let client = &self.clients[c];
+        let blackhole = rng.gen_bool(0.5);
+        self.history.fault(&format!(
+            "client {c}'s releases cancelled while its connections are {}",
+            if blackhole { "blackholed" } else { "reset" }
+        ));
+        *client.ctl.cancel_releases_until.lock().unwrap() =
+            Some(Instant::now() + Duration::from_secs(4));
+        if blackhole {
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(100..600))).await;
+            for p in &client.proxies {
+                p.blackhole();
+            }
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1500))).await;
+            for p in &client.proxies {
+                p.heal();
+            }
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(500..1500))).await;
+        } else {
+            for _ in 0..8 {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(50..400))).await;
+                for p in &client.proxies {
+                    p.reset();
+                }
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    watching.store(true, Ordering::SeqCst);
-    tokio::time::timeout(Duration::from_secs(30), reaping)
-        .await
-        .expect("the reaping watch stops")
-        .unwrap();
-    let faults: u64 = injected.values().sum();
-    say(&format!(
-        "soak report: {} s, seed {seed}: operations {} (acquires {}, failed acquires {}, \
-         releases {}, losses reported {}), faults injected {faults} {injected:?}, violations {}, \
-         unprotected windows {}, leaked nodes {}, leaked watches {}, kept guards {} (grants \
-         beside a kept guard {} (same lock {}), kept across a reap {}, never reported lost {}, revived {}), reaped paths seen {} \
-         (re-created {}), cancelled releases {}, curator holds {} (peers failed {}), clamped \
-         session: asked {CLAMPED_ASK:?}, granted {:?}, grace {REFUSED_GRACE:?} refused, \
-         {GRACE:?} used",
-        started.elapsed().as_secs(),
-        report.acquires_invoked + report.releases,
-        report.acquires,
-        report.acquire_failures,
-        report.releases,
-        report.losses,
-        report.violations.len(),
-        report.unprotected.len(),
-        leaked_nodes.len(),
-        leaked_watches.len(),
-        get(&counters.kept),
-        get(&counters.beside_kept),
-        get(&counters.beside_kept_same_key),
-        get(&counters.kept_across_reap),
-        get(&counters.kept_never_lost),
-        get(&counters.kept_revived),
-        get(&counters.reaped),
-        get(&counters.recreated),
-        get(&counters.cancelled_releases),
-        get(&counters.curator_holds),
-        get(&counters.curator_failures),
-        clients[3].session,
-    ));
-    say(&format!("soak: the refusal: {refusal}"));
-    for overlap in &report.unprotected {
-        say(&format!("soak: unprotected window: {overlap}"));
+        *client.ctl.cancel_releases_until.lock().unwrap() = None;
+        "cancelled releases"
     }
-    if !report.is_ok() {
-        let file = std::env::temp_dir().join(format!("zklock-soak-{seed}.history"));
-        let lines: String = history
-            .events()
-            .iter()
-            .map(|e| e.to_line() + "\n")
-            .collect();
-        let _ = std::fs::write(&file, lines);
-        say(&format!("soak: the history is in {}", file.display()));
+
+    /// Heals everything, lets the traffic show it recovered, then stops it: the workers, the
+    /// kept guards, the Curator peers, the managers' background releases.
+    async fn drain(&mut self, curator: JoinHandle<()>) {
+        let crew = &self.ctx.crew;
+        for client in &self.clients {
+            for p in &client.proxies {
+                p.heal();
+            }
+        }
+        blocking(|| self.cluster.wait_for_quorum(QUORUM)).unwrap();
+        crew.until_grants(crew.grants(), 10, QUORUM).await;
+        crew.stop();
+        for t in self.tasks.drain(..) {
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("workers stop")
+                .unwrap();
+        }
+        let droppers: Vec<_> = std::mem::take(&mut *self.ctx.droppers.lock().unwrap());
+        for d in droppers {
+            tokio::time::timeout(Duration::from_secs(30), d)
+                .await
+                .expect("kept guards are dropped")
+                .unwrap();
+        }
+        tokio::time::timeout(CURATOR_EVENT * (2 * CURATOR_ROUNDS + 1), curator)
+            .await
+            .expect("the Curator peers stop")
+            .unwrap();
+        for client in &self.clients {
+            tokio::time::timeout(Duration::from_secs(60), client.manager.flush())
+                .await
+                .expect("background releases finish");
+        }
     }
-    report.assert_ok();
-    assert!(leaked_nodes.is_empty(), "leaked nodes: {leaked_nodes:?}");
-    assert!(
-        leaked_watches.is_empty(),
-        "leaked watches: {leaked_watches:?}"
-    );
-    assert!(faults > 0, "no fault was injected");
-    assert!(
-        report.acquires > 100,
-        "too little traffic: {}",
-        report.summary()
-    );
-    assert_eq!(
-        get(&counters.kept_never_lost),
-        0,
-        "a kept guard was never lost"
-    );
-    assert_eq!(
-        get(&counters.kept_revived),
-        0,
-        "a lost guard was held again"
-    );
-    assert!(get(&counters.curator_holds) > 0, "no Curator hold");
-    if secs >= 30 {
+
+    /// The leaks once every session has settled (waiting up to 20 s for them to go).
+    async fn leaks(&self) -> Leaks {
+        let leak_deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let nodes = contenders(
+                &self
+                    .admin
+                    .client::<zookeeper_client::Client>()
+                    .expect("a ZooKeeper manager"),
+                ROOT,
+            )
+            .await;
+            let watches: Vec<String> = (0..self.cluster.len())
+                .filter_map(|i| self.cluster.member_four_letter(i, "wchp").ok())
+                .flat_map(|w| watched_paths(&w, ROOT))
+                .collect();
+            if (nodes.is_empty() && watches.is_empty()) || Instant::now() > leak_deadline {
+                return Leaks { nodes, watches };
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The report, printed even when the test passes; on a violation, the whole history
+    /// written to a file named in the output.
+    fn say_report(
+        &self,
+        report: &Report,
+        seed: u64,
+        started: Instant,
+        injected: &BTreeMap<&'static str, u64>,
+        leaks: &Leaks,
+    ) {
+        let counters = &self.ctx.counters;
+        let faults: u64 = injected.values().sum();
+        say(&format!(
+            "soak report: {} s, seed {seed}: operations {} (acquires {}, failed acquires {}, \
+             releases {}, losses reported {}), faults injected {faults} {injected:?}, violations {}, \
+             unprotected windows {}, leaked nodes {}, leaked watches {}, kept guards {} (grants \
+             beside a kept guard {} (same lock {}), kept across a reap {}, never reported lost {}, revived {}), reaped paths seen {} \
+             (re-created {}), cancelled releases {}, curator holds {} (peers failed {}), clamped \
+             session: asked {CLAMPED_ASK:?}, granted {:?}, grace {REFUSED_GRACE:?} refused, \
+             {GRACE:?} used",
+            started.elapsed().as_secs(),
+            report.acquires_invoked + report.releases,
+            report.acquires,
+            report.acquire_failures,
+            report.releases,
+            report.losses,
+            report.violations.len(),
+            report.unprotected.len(),
+            leaks.nodes.len(),
+            leaks.watches.len(),
+            get(&counters.kept),
+            get(&counters.beside_kept),
+            get(&counters.beside_kept_same_key),
+            get(&counters.kept_across_reap),
+            get(&counters.kept_never_lost),
+            get(&counters.kept_revived),
+            get(&counters.reaped),
+            get(&counters.recreated),
+            get(&counters.cancelled_releases),
+            get(&counters.curator_holds),
+            get(&counters.curator_failures),
+            self.clients[3].session,
+        ));
+        say(&format!("soak: the refusal: {}", self.refusal));
+        for overlap in &report.unprotected {
+            say(&format!("soak: unprotected window: {overlap}"));
+        }
+        if !report.is_ok() {
+            let file = std::env::temp_dir().join(format!("zklock-soak-{seed}.history"));
+            let lines: String = self
+                .history
+                .events()
+                .iter()
+                .map(|e| e.to_line() + "\n")
+                .collect();
+            let _ = std::fs::write(&file, lines);
+            say(&format!("soak: the history is in {}", file.display()));
+        }
+    }
+
+    /// No violation, no leak, faults and traffic enough, kept guards lost and never held again,
+    /// Curator in the traffic, and (in a run of 30 s or more) a lock path reaped and re-created.
+    fn assert_report(
+        &self,
+        report: &Report,
+        injected: &BTreeMap<&'static str, u64>,
+        leaks: &Leaks,
+        secs: u64,
+    ) {
+        let counters = &self.ctx.counters;
+        let faults: u64 = injected.values().sum();
+        report.assert_ok();
+        let (leaked_nodes, leaked_watches) = (&leaks.nodes, &leaks.watches);
+        assert!(leaked_nodes.is_empty(), "leaked nodes: {leaked_nodes:?}");
         assert!(
-            get(&counters.reaped) > 0 && get(&counters.recreated) > 0,
-            "no lock path was reaped and re-created"
+            leaked_watches.is_empty(),
+            "leaked watches: {leaked_watches:?}"
         );
+        assert!(faults > 0, "no fault was injected");
+        assert!(
+            report.acquires > 100,
+            "too little traffic: {}",
+            report.summary()
+        );
+        assert_eq!(
+            get(&counters.kept_never_lost),
+            0,
+            "a kept guard was never lost"
+        );
+        assert_eq!(
+            get(&counters.kept_revived),
+            0,
+            "a lost guard was held again"
+        );
+        assert!(get(&counters.curator_holds) > 0, "no Curator hold");
+        if secs >= 30 {
+            assert!(
+                get(&counters.reaped) > 0 && get(&counters.recreated) > 0,
+                "no lock path was reaped and re-created"
+            );
+        }
+    }
+}
+
+/// A first Curator run, outside the timed window: it may install Curator and compile the peer.
+fn warm_up_curator(direct: &str) {
+    let warmup = Instant::now();
+    blocking(|| {
+        let mut peer = CuratorHold::spawn(direct, "/soak-warmup/lock", "mutex", 0, 1)?;
+        peer.next_event(CURATOR_WARMUP)?;
+        peer.next_event(CURATOR_EVENT)?;
+        peer.wait()
+    })
+    .expect("a first Curator peer runs");
+    say(&format!(
+        "soak: Curator peer ready in {:.1} s",
+        warmup.elapsed().as_secs_f64()
+    ));
+}
+
+/// Client `i`: a session through its own proxy to every member (with a grace when `i` is odd;
+/// the last one clamped), and a worker on each slot. Answers the client, its workers' tasks,
+/// and for the clamped client the refusal of the grace that fits only what it asked for.
+async fn start_client(
+    i: usize,
+    cluster: &ZkCluster,
+    history: &History,
+    ctx: &Ctx,
+) -> (Client, Vec<JoinHandle<()>>, Option<String>) {
+    let proxies: Vec<Proxy> = (0..cluster.len())
+        .map(|j| Proxy::start(&cluster.member_connect_string(j)).unwrap())
+        .collect();
+    let connect = proxies
+        .iter()
+        .map(Proxy::connect_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let clamped = i == 3;
+    let ask = if clamped { CLAMPED_ASK } else { SESSION };
+    let refusal = if clamped {
+        Some(refused_grace(&connect, ask).await)
+    } else {
+        None
+    };
+    let mut builder = LockManager::builder(connect).zookeeper(|zk| zk.session_timeout(ask));
+    if i % 2 == 1 {
+        builder = builder.zookeeper(|zk| zk.disconnect_policy(DisconnectPolicy::Grace(GRACE)));
+    }
+    let manager = builder.connect().await.unwrap();
+    let session = manager.lease().expect("a ZooKeeper session");
+    if clamped {
+        assert_eq!(session, MAX_SESSION, "the ensemble clamps the session");
+    }
+    let (kept_tx, kept_rx) = mpsc::unbounded_channel();
+    let ctl = Arc::new(Ctl {
+        keep: AtomicBool::new(false),
+        kept: kept_tx,
+        kept_alive: AtomicU64::new(0),
+        kept_keys: StdMutex::new(Vec::new()),
+        cancel_releases_until: StdMutex::new(None),
+    });
+    let mut tasks = Vec::new();
+    let mut workers = Vec::new();
+    for (slot, name) in SLOTS.iter().enumerate() {
+        let name = format!("c{i}/{name}");
+        tasks.push(tokio::spawn(worker(
+            manager.clone(),
+            slot,
+            history.recorder(&name),
+            ctx.clone(),
+            ctl.clone(),
+        )));
+        workers.push(name);
+    }
+    let client = Client {
+        manager,
+        proxies,
+        workers,
+        session,
+        ctl,
+        kept: tokio::sync::Mutex::new(kept_rx),
+    };
+    (client, tasks, refusal)
+}
+
+/// Connect refuses [`REFUSED_GRACE`] with a session of `ask` that the ensemble clamps below
+/// it, naming the grace; answers its message.
+async fn refused_grace(connect: &str, ask: Duration) -> String {
+    let refused = LockManager::builder(connect)
+        .zookeeper(|zk| {
+            zk.session_timeout(ask)
+                .disconnect_policy(DisconnectPolicy::Grace(REFUSED_GRACE))
+        })
+        .connect()
+        .await;
+    match refused {
+        Err(Error::Config(msg)) => {
+            assert!(
+                msg.contains(&format!("grace of {REFUSED_GRACE:?}")),
+                "the refusal does not name the grace: {msg}"
+            );
+            msg
+        }
+        Err(e) => panic!("a grace that fits only the asked session: {e}"),
+        Ok(m) => panic!(
+            "a grace of {REFUSED_GRACE:?} was accepted with a session of {:?}",
+            m.lease()
+        ),
     }
 }
 
