@@ -432,12 +432,50 @@ async fn soak(mut server: Server) {
     let backend = server.name();
     let (secs, seed) = common::soak_settings(&format!("soak_backends {backend}"), DEFAULT_SECS);
     let mut rng = StdRng::seed_from_u64(seed);
-    let url = server.url();
+    let managers = connect_managers(&server.url()).await;
+    let leaders = has_leader_latch(&managers[0], backend).await;
+    let key_of_path = key_of_path(&managers[0], leaders);
+    let history = History::new();
+    let crew = Crew::new();
+    let workers = start_workers(&managers, &history, &crew, leaders);
+    let traffic = Traffic {
+        workers_of: workers.of_key,
+        key_of_path,
+    };
+
+    // Faults, one after another, with traffic in between.
+    let faults_began = Instant::now();
+    let run = Duration::from_secs(secs);
+    let injected = deal_faults(&mut server, &traffic, &history, &mut rng, run).await;
+    let faults_took = faults_began.elapsed();
+
+    let progress_began = Instant::now();
+    let stuck = until_every_worker_granted(&history, &workers.names).await;
+    let progress_took = progress_began.elapsed();
+    stop(&crew, workers.tasks, &managers).await;
+
+    let outcome = Outcome {
+        backend,
+        seed,
+        began,
+        faults_took,
+        progress_took,
+        leaders,
+        injected,
+        stuck,
+    };
+    let report = history.check();
+    outcome.say_report(&history, &report);
+    outcome.assert_ok(&history, &report);
+}
+
+/// The three managers of [`MIX`] on the server at `url`.
+async fn connect_managers(url: &str) -> Vec<LockManager> {
     let mut managers = Vec::new();
     for (i, (lease_ms, linger_ms, local)) in MIX.into_iter().enumerate() {
         let lease = Duration::from_millis(lease_ms);
-        let builder = LockManager::builder(url.clone());
-        let builder = match zklock::BackendKind::of(&url).unwrap() {
+        let builder = LockManager::builder(url);
+        let builder = match zklock::BackendKind::of(url).unwrap() {
             zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(lease)),
             _ => builder.redis(|r| r.lease(lease)),
         };
@@ -453,9 +491,12 @@ async fn soak(mut server: Server) {
                 .expect("connect to the test server"),
         );
     }
+    managers
+}
 
-    // Leadership, where the backend has it.
-    let leaders = match managers[0]
+/// Leadership, where the backend has it: whether a probe election can be led.
+async fn has_leader_latch(m: &LockManager, backend: &str) -> bool {
+    match m
         .leader_latch("soak-probe", "probe")
         .expect("a valid election name")
         .lead_timeout(Duration::from_secs(10))
@@ -472,9 +513,11 @@ async fn soak(mut server: Server) {
             false
         }
         Err(e) => panic!("the probe election failed: {e}"),
-    };
+    }
+}
 
-    let m0 = &managers[0];
+/// The history key of each lock path of the traffic.
+fn key_of_path(m0: &LockManager, leaders: bool) -> HashMap<String, String> {
     let mut key_of_path = HashMap::new();
     for key in MUTEX_KEYS.into_iter().chain([JOB_KEY]) {
         key_of_path.insert(m0.path_of(key).unwrap(), key.to_string());
@@ -489,9 +532,26 @@ async fn soak(mut server: Server) {
             format!("leader:{ELECTION}"),
         );
     }
+    key_of_path
+}
 
-    let history = History::new();
-    let crew = Crew::new();
+/// The workers of the soak.
+struct Workers {
+    /// The workers of each history key.
+    of_key: HashMap<String, Vec<String>>,
+    /// Every worker's name.
+    names: Vec<String>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The workers of each manager: three mutex workers on two keys, two readers and writers, a
+/// job worker, and a leader worker where the backend has leaders.
+fn start_workers(
+    managers: &[LockManager],
+    history: &History,
+    crew: &Crew,
+    leaders: bool,
+) -> Workers {
     let work = Work {
         wait: Duration::from_secs(10),
         hold: Duration::from_millis(20),
@@ -547,44 +607,57 @@ async fn soak(mut server: Server) {
             )));
         }
     }
-    let traffic = Traffic {
-        workers_of,
-        key_of_path,
-    };
+    Workers {
+        of_key: workers_of,
+        names: workers,
+        tasks,
+    }
+}
 
-    // Faults, one after another, with traffic in between.
+/// Deals faults at random for `run`, with traffic in between; answers how many of each.
+async fn deal_faults(
+    server: &mut Server,
+    traffic: &Traffic,
+    history: &History,
+    rng: &mut StdRng,
+    run: Duration,
+) -> BTreeMap<&'static str, u64> {
     let mut injected: BTreeMap<&str, u64> = BTreeMap::new();
     let faults_began = Instant::now();
-    let run = Duration::from_secs(secs);
     while faults_began.elapsed() < run {
         let between = Duration::from_millis(rng.gen_range(300..1_500));
         tokio::time::sleep(between).await;
-        let what = match &server {
+        let what = match server {
             Server::Redis(..) => {
                 let kind = rng.gen_range(0..5);
-                redis_fault(kind, &mut server, &traffic, &history, &mut rng).await
+                redis_fault(kind, server, traffic, history, rng).await
             }
             Server::Postgres(_) => {
                 let kind = rng.gen_range(0..3);
-                postgres_fault(kind, &mut server, &traffic, &history, &mut rng).await
+                postgres_fault(kind, server, traffic, history, rng).await
             }
         };
         *injected.entry(what).or_default() += 1;
     }
-    let faults_took = faults_began.elapsed();
+    injected
+}
 
-    // Progress: every worker is granted again once the faults are over.
+/// Progress: every worker is granted again once the faults are over. Answers the workers that
+/// were not within [`PROGRESS_BOUND`].
+async fn until_every_worker_granted(history: &History, workers: &[String]) -> Vec<String> {
     let last_fault_ns = now_ns();
     let progress_began = Instant::now();
-    let stuck = loop {
-        let stuck = not_granted_since(&history, last_fault_ns, &workers);
+    loop {
+        let stuck = not_granted_since(history, last_fault_ns, workers);
         if stuck.is_empty() || progress_began.elapsed() > PROGRESS_BOUND {
-            break stuck;
+            return stuck;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let progress_took = progress_began.elapsed();
+    }
+}
 
+/// Stops the workers and waits for the managers' background releases.
+async fn stop(crew: &Crew, tasks: Vec<JoinHandle<()>>, managers: &[LockManager]) {
     crew.stop();
     for t in tasks {
         tokio::time::timeout(Duration::from_secs(60), t)
@@ -592,77 +665,104 @@ async fn soak(mut server: Server) {
             .expect("workers stop")
             .expect("a worker panicked");
     }
-    for m in &managers {
+    for m in managers {
         tokio::time::timeout(Duration::from_secs(60), m.flush())
             .await
             .expect("background releases finish");
     }
+}
 
-    let report = history.check();
-    let faults: u64 = injected.values().sum();
-    say(&format!(
-        "soak_backends {backend} report: seed {seed}, {:.1} s of faults, {:.1} s in all: \
-         operations {} (acquires {}, failed acquires {}, releases {}, losses reported {}, job runs \
-         {}), faults {faults} {injected:?}, violations {}, unprotected windows {}, leader workers \
-         {}, every worker granted again {:.1} s after the last fault",
-        faults_took.as_secs_f64(),
-        began.elapsed().as_secs_f64(),
-        report.acquires_invoked + report.releases,
-        report.acquires,
-        report.acquire_failures,
-        report.releases,
-        report.losses,
-        report.job_runs,
-        report.violations.len(),
-        report.unprotected.len(),
-        if leaders {
-            "on"
-        } else {
-            "skipped (unsupported)"
-        },
-        progress_took.as_secs_f64(),
-    ));
-    for overlap in report.unprotected.iter().take(10) {
+/// What one backend's soak did, for its report and its checks.
+struct Outcome {
+    backend: &'static str,
+    seed: u64,
+    began: Instant,
+    faults_took: Duration,
+    /// How long after the last fault every worker was granted again.
+    progress_took: Duration,
+    leaders: bool,
+    injected: BTreeMap<&'static str, u64>,
+    /// The workers not granted again within [`PROGRESS_BOUND`].
+    stuck: Vec<String>,
+}
+
+impl Outcome {
+    /// The report, printed even when the test passes; on a violation, the whole history
+    /// written to a file, and the events around the first violations.
+    fn say_report(&self, history: &History, report: &zklock_testkit::Report) {
+        let (backend, seed, injected) = (self.backend, self.seed, &self.injected);
+        let faults: u64 = injected.values().sum();
         say(&format!(
-            "soak_backends {backend}: unprotected window: {overlap}"
+            "soak_backends {backend} report: seed {seed}, {:.1} s of faults, {:.1} s in all: \
+             operations {} (acquires {}, failed acquires {}, releases {}, losses reported {}, job runs \
+             {}), faults {faults} {injected:?}, violations {}, unprotected windows {}, leader workers \
+             {}, every worker granted again {:.1} s after the last fault",
+            self.faults_took.as_secs_f64(),
+            self.began.elapsed().as_secs_f64(),
+            report.acquires_invoked + report.releases,
+            report.acquires,
+            report.acquire_failures,
+            report.releases,
+            report.losses,
+            report.job_runs,
+            report.violations.len(),
+            report.unprotected.len(),
+            if self.leaders {
+                "on"
+            } else {
+                "skipped (unsupported)"
+            },
+            self.progress_took.as_secs_f64(),
         ));
+        for overlap in report.unprotected.iter().take(10) {
+            say(&format!(
+                "soak_backends {backend}: unprotected window: {overlap}"
+            ));
+        }
+        if !report.is_ok() {
+            let file = std::env::temp_dir().join(format!("zklock-soak-{backend}-{seed}.history"));
+            let lines: String = history
+                .events()
+                .iter()
+                .map(|e| e.to_line() + "\n")
+                .collect();
+            let _ = std::fs::write(&file, lines);
+            say(&format!(
+                "soak_backends {backend}: the history is in {}; around the first violations:\n{}",
+                file.display(),
+                excerpt(history, report)
+            ));
+        }
     }
-    if !report.is_ok() {
-        let file = std::env::temp_dir().join(format!("zklock-soak-{backend}-{seed}.history"));
-        let lines: String = history
-            .events()
-            .iter()
-            .map(|e| e.to_line() + "\n")
-            .collect();
-        let _ = std::fs::write(&file, lines);
-        say(&format!(
-            "soak_backends {backend}: the history is in {}; around the first violations:\n{}",
-            file.display(),
-            excerpt(&history, &report)
-        ));
+
+    /// No violation, every worker granted again after the faults, faults and traffic enough,
+    /// and the job ran.
+    fn assert_ok(&self, history: &History, report: &zklock_testkit::Report) {
+        let (backend, seed, stuck) = (self.backend, self.seed, &self.stuck);
+        let faults: u64 = self.injected.values().sum();
+        report.assert_ok();
+        assert!(
+            stuck.is_empty(),
+            "no progress on {backend} (seed {seed}): not granted within {PROGRESS_BOUND:?} of the \
+             last fault: {}",
+            stuck
+                .iter()
+                .map(|w| format!("{w} (last: {})", last_event_of(history, w)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        assert!(faults > 0, "no fault was dealt");
+        assert!(
+            report.acquires > 100,
+            "too little traffic: {}",
+            report.summary()
+        );
+        assert!(
+            report.job_runs > 0,
+            "the job never ran: {}",
+            report.summary()
+        );
     }
-    report.assert_ok();
-    assert!(
-        stuck.is_empty(),
-        "no progress on {backend} (seed {seed}): not granted within {PROGRESS_BOUND:?} of the \
-         last fault: {}",
-        stuck
-            .iter()
-            .map(|w| format!("{w} (last: {})", last_event_of(&history, w)))
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
-    assert!(faults > 0, "no fault was dealt");
-    assert!(
-        report.acquires > 100,
-        "too little traffic: {}",
-        report.summary()
-    );
-    assert!(
-        report.job_runs > 0,
-        "the job never ran: {}",
-        report.summary()
-    );
 }
 
 /// Redis with an append-only file fsynced at every write, as a deployment that needs its job
