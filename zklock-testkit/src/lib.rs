@@ -17,6 +17,14 @@
 //!   the Redis backend and the inventory demo; stop, restart, pause and resume it.
 //! - [`PostgresServer`]: Debian's `postgresql` on a free loopback port with a throwaway data
 //!   directory, run as an unprivileged user; stop (as in a crash), restart, pause and resume it.
+//! - [`EtcdServer`] and [`EtcdCluster`]: Debian's `etcd` (3.4) on free loopback ports with
+//!   throwaway data, one member or a cluster (3 is typical); find the leader, kill, restart, pause
+//!   and resume members, run `etcdctl` against them.
+//! - [`RedisSentinel`]: a Redis primary with 2 replicas and 3 Sentinels (Debian's
+//!   `redis-sentinel`) on loopback, with short timeouts; ask the Sentinels for the primary, kill
+//!   it or fail it over and wait for the new one, pause and resume nodes.
+//! - [`RedisCluster`]: a Redis Cluster of 3 primaries with a replica each, made with
+//!   `redis-cli --cluster create`; find the node serving a key, kill, pause and fail over nodes.
 //!
 //! Servers are Debian's ZooKeeper 3.8 (`/usr/share/java/zookeeper.jar`, installed on first use by
 //! [`ensure_zookeeper_installed`]), each in its own small JVM launched directly (`QuorumPeerMain`), logging
@@ -49,6 +57,7 @@ mod cluster;
 mod curator;
 mod daemon;
 mod env;
+mod etcd;
 mod fault_switch;
 mod four_letter;
 mod history;
@@ -62,6 +71,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod redis_ha;
 mod relay;
 mod server;
 mod tls;
@@ -71,6 +81,7 @@ pub use clock::ServerClock;
 pub use cluster::{ZkCluster, ZkClusterBuilder};
 pub use curator::CuratorHold;
 pub use env::{now_epoch_ms, peers_dir};
+pub use etcd::{EtcdCluster, EtcdClusterBuilder, EtcdServer, EtcdServerBuilder};
 pub use history::{
     check, epoch_ms_to_ns, now_ns, Event, History, HoldEnd, HoldSpan, JobRun, Mode, Op, Overlap,
     Recorder, Report, Violation, JOB_WINDOW_TOLERANCE, NO_TOKEN,
@@ -81,6 +92,9 @@ pub use late_cancel::{LateCancel, LateCancelStats};
 pub use postgres::PostgresServer;
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use redis::RedisServer;
+pub use redis_ha::{
+    RedisCluster, RedisClusterBuilder, RedisReply, RedisSentinel, RedisSentinelBuilder,
+};
 pub use relay::{After, Relay, RelayStats};
 pub use server::{ZkServer, ZkServerBuilder};
 
