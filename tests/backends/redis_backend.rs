@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::{redis_queue, redis_queued};
 use zklock::{Error, LockManager, LossReason};
-use zklock_testkit::{Proxy, RedisServer};
+use zklock_testkit::{Proxy, RedisCluster, RedisSentinel, RedisServer};
 
 /// The lease most tests run with: long enough that a busy 2-core machine never misses a
 /// renewal, short enough for loss tests to be quick.
@@ -215,6 +215,51 @@ async fn a_replica_is_refused_at_connect_naming_its_primary() {
         .unwrap();
     let m = LockManager::connect(&replica.url()).await.unwrap();
     drop(m.lock("after_promotion").await.unwrap());
+}
+
+/// A `redis://` URL that reaches a Sentinel or a Redis Cluster node is refused at connect,
+/// saying what to give instead; a replica of the Sentinel's set is refused naming the primary
+/// the Sentinel reports, and the primary itself is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_and_a_cluster_node_are_refused_at_connect() {
+    let sentinel = RedisSentinel::builder()
+        .replicas(1)
+        .sentinels(1)
+        .start()
+        .unwrap();
+    let err = LockManager::connect(&sentinel.sentinel_urls()[0])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(text) if text.contains("Sentinel") && text.contains("give")),
+        "{err}"
+    );
+    let primary = sentinel.primary().unwrap();
+    let replica = 1 - primary;
+    let err = LockManager::connect(&format!("redis://{}/", sentinel.node_addr(replica)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(text) if text.contains(&sentinel.primary_addr().unwrap())),
+        "{err}"
+    );
+    let m = LockManager::connect(&format!("redis://{}/", sentinel.node_addr(primary)))
+        .await
+        .unwrap();
+    drop(m.lock("on_the_primary").await.unwrap());
+
+    let cluster = RedisCluster::builder()
+        .primaries(3)
+        .replicas(0)
+        .start()
+        .unwrap();
+    for url in cluster.urls() {
+        let err = LockManager::connect(&url).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(text) if text.contains("Cluster") && text.contains("give")),
+            "{url}: {err}"
+        );
+    }
 }
 
 /// A holder cut off from Redis (a partition: its connection through a proxy goes silent)
