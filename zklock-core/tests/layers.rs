@@ -143,35 +143,45 @@ fn the_check_sees_a_violation() {
 const BACKENDS: &[&str] = &["zk", "redis", "postgres", "memory"];
 const OPENS_BACKENDS: &[&str] = &["manager/builder.rs", "manager/connect.rs"];
 
-#[test]
-fn nothing_above_the_seam_names_a_backends_insides() {
+/// Every line of code (not a comment) in `src/`, trimmed, with its file's path relative to
+/// `src/` and its line number, in the files `skip` does not leave out.
+fn code_lines(skip: impl Fn(&str) -> bool) -> Vec<(String, usize, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
-    let mut violations = Vec::new();
+    files.sort();
+    let mut lines = Vec::new();
     for file in &files {
         let rel = file
             .strip_prefix(&src)
             .unwrap()
             .to_string_lossy()
             .replace('\\', "/");
-        // Unit tests of a layer (`local/tests.rs`) may run it on the in-memory backend.
-        if rel.starts_with("backend/")
-            || OPENS_BACKENDS.contains(&rel.as_str())
-            || rel.ends_with("/tests.rs")
-        {
+        if skip(&rel) {
             continue;
         }
         let text = fs::read_to_string(file).unwrap();
         for (n, line) in text.lines().enumerate() {
             let code = line.trim_start();
-            if code.starts_with("//") {
-                continue;
+            if !code.starts_with("//") {
+                lines.push((rel.clone(), n + 1, code.to_string()));
             }
-            for b in BACKENDS {
-                if code.contains(&format!("backend::{b}")) {
-                    violations.push(format!("{rel}:{}: names `backend::{b}`", n + 1));
-                }
+        }
+    }
+    lines
+}
+
+#[test]
+fn nothing_above_the_seam_names_a_backends_insides() {
+    // Unit tests of a layer (`local/tests.rs`) may run it on the in-memory backend.
+    let skip = |rel: &str| {
+        rel.starts_with("backend/") || OPENS_BACKENDS.contains(&rel) || rel.ends_with("/tests.rs")
+    };
+    let mut violations = Vec::new();
+    for (rel, n, code) in code_lines(skip) {
+        for b in BACKENDS {
+            if code.contains(&format!("backend::{b}")) {
+                violations.push(format!("{rel}:{n}: names `backend::{b}`"));
             }
         }
     }
@@ -222,34 +232,18 @@ fn client_paths<'a>(code: &str, crates: &[&'a str]) -> Vec<&'a str> {
 
 #[test]
 fn the_shared_face_names_no_backend_client() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
-    let mut violations = Vec::new();
-    for file in &files {
-        let rel = file
-            .strip_prefix(&src)
-            .unwrap()
-            .to_string_lossy()
-            .replace('\\', "/");
-        // A backend's own folder is its own; the seam (`backend/mod.rs`) and the shared
-        // pieces beside it are not.
+    // A backend's own folder is its own; the seam (`backend/mod.rs`) and the shared pieces
+    // beside it are not.
+    let skip = |rel: &str| {
         let own = BACKENDS
             .iter()
             .any(|b| rel.starts_with(&format!("backend/{b}/")) || rel == format!("backend/{b}.rs"));
-        if own || OPENS_BACKENDS.contains(&rel.as_str()) || STORE_ADAPTERS.contains(&rel.as_str()) {
-            continue;
-        }
-        let text = fs::read_to_string(file).unwrap();
-        for (n, line) in text.lines().enumerate() {
-            let code = line.trim_start();
-            if code.starts_with("//") {
-                continue;
-            }
-            for name in client_paths(code, CLIENT_CRATES) {
-                violations.push(format!("{rel}:{}: names the client crate `{name}`", n + 1));
-            }
+        own || OPENS_BACKENDS.contains(&rel) || STORE_ADAPTERS.contains(&rel)
+    };
+    let mut violations = Vec::new();
+    for (rel, n, code) in code_lines(skip) {
+        for name in client_paths(&code, CLIENT_CRATES) {
+            violations.push(format!("{rel}:{n}: names the client crate `{name}`"));
         }
     }
     assert!(
