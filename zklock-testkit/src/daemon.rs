@@ -266,3 +266,16 @@ impl Daemon {
         )
     }
 }
+
+/// `$var` if set, else Debian's `/usr/bin/<name>`, else `name` from `PATH`.
+pub(crate) fn binary(var: &str, name: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(var) {
+        return PathBuf::from(path);
+    }
+    let debian = Path::new("/usr/bin").join(name);
+    if debian.exists() {
+        debian
+    } else {
+        PathBuf::from(name)
+    }
+}

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::daemon::{on_free_ports, restart, Daemon, Log, Readiness};
+use crate::daemon::{binary, on_free_ports, restart, Daemon, Log, Readiness};
 use crate::install::tail;
 use crate::ports::PortLease;
 use crate::workdir;
@@ -297,19 +297,6 @@ fn json_number(json: &str, key: &str) -> Option<u64> {
         .take_while(char::is_ascii_digit)
         .collect();
     digits.parse().ok()
-}
-
-/// `$var` if set, else Debian's `/usr/bin/<name>`, else `name` from `PATH`.
-fn binary(var: &str, name: &str) -> PathBuf {
-    if let Some(path) = std::env::var_os(var) {
-        return PathBuf::from(path);
-    }
-    let debian = Path::new("/usr/bin").join(name);
-    if debian.exists() {
-        debian
-    } else {
-        PathBuf::from(name)
-    }
 }
 
 /// Runs `etcdctl` (API 3) against `endpoints` and returns its standard output.

@@ -4,7 +4,7 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -277,7 +277,7 @@ impl RedisServer {
 
     /// Starts `redis-server` (killing a running one first) and waits until it answers `PING`.
     fn spawn(&mut self) -> io::Result<()> {
-        let binary = binary();
+        let binary = crate::daemon::binary("ZKLOCK_REDIS_SERVER", "redis-server");
         // redis-server appends to its log file itself.
         drop(self.log.start_run()?);
         let mut cmd = Command::new(&binary);
@@ -315,18 +315,6 @@ impl RedisServer {
             kill_on_timeout: true,
         };
         self.daemon.wait_ready(ready, |_| Ok(ping(port).ok()))
-    }
-}
-
-fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("ZKLOCK_REDIS_SERVER") {
-        return PathBuf::from(path);
-    }
-    let debian = Path::new("/usr/bin/redis-server");
-    if debian.exists() {
-        debian.to_path_buf()
-    } else {
-        PathBuf::from("redis-server")
     }
 }
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{binary, info_field, no_node, Node, RedisReply, POLL, PORT_ATTEMPTS};
-use crate::daemon::on_free_ports;
+use super::{info_field, no_node, Node, RedisReply, POLL, PORT_ATTEMPTS};
+use crate::daemon::{binary, on_free_ports};
 use crate::install::tail;
 use crate::ports::PortLease;
 use crate::workdir;

@@ -14,14 +14,14 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub use cluster::{RedisCluster, RedisClusterBuilder};
 pub use sentinel::{RedisSentinel, RedisSentinelBuilder};
 
-use crate::daemon::{restart, Daemon, Log, Readiness};
+use crate::daemon::{binary, restart, Daemon, Log, Readiness};
 
 /// Ports tried before giving up (a port claimed by no test may still be taken by another program).
 const PORT_ATTEMPTS: usize = 5;
@@ -197,19 +197,6 @@ fn pair<'a>(pairs: &'a [(String, String)], key: &str) -> Option<&'a str> {
         .iter()
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
-}
-
-/// `$var` if set, else Debian's `/usr/bin/<name>`, else `name` from `PATH`.
-fn binary(var: &str, name: &str) -> PathBuf {
-    if let Some(path) = std::env::var_os(var) {
-        return PathBuf::from(path);
-    }
-    let debian = Path::new("/usr/bin").join(name);
-    if debian.exists() {
-        debian
-    } else {
-        PathBuf::from(name)
-    }
 }
 
 /// What a node runs.
