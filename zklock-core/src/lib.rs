@@ -60,6 +60,8 @@ mod types;
 
 pub use guard::LockGuard;
 pub use local::frame::current_fencing_token;
+#[cfg(feature = "etcd")]
+pub use manager::EtcdOptions;
 #[cfg(feature = "postgres")]
 pub use manager::PostgresOptions;
 #[cfg(feature = "redis")]

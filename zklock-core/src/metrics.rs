@@ -231,6 +231,7 @@ pub(crate) enum BackendLabel {
     Redis,
     Postgres,
     Memory,
+    Etcd,
 }
 
 const BACKENDS: &[(&str, &str)] = &[
@@ -238,6 +239,7 @@ const BACKENDS: &[(&str, &str)] = &[
     ("backend", "redis"),
     ("backend", "postgres"),
     ("backend", "memory"),
+    ("backend", "etcd"),
 ];
 
 impl BackendLabel {
@@ -249,6 +251,7 @@ impl BackendLabel {
             "redis" => BackendLabel::Redis,
             "postgres" => BackendLabel::Postgres,
             "memory" => BackendLabel::Memory,
+            "etcd" => BackendLabel::Etcd,
             other => {
                 unreachable!("the backend {other:?} has no metrics label: add it to BackendLabel")
             }

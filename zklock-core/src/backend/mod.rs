@@ -21,12 +21,14 @@
 //! Optional abilities are their own traits, asked for through [`Backend`]: [`Inspect`] (who
 //! holds and waits, read from the server), [`Revoke`], and the in-memory test hook [`Lose`].
 
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 pub(crate) mod undos;
 pub(crate) mod zk;
 

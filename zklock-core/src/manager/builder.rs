@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "etcd")]
+pub use crate::backend::etcd::EtcdOptions;
 #[cfg(feature = "postgres")]
 pub use crate::backend::postgres::PostgresOptions;
 #[cfg(feature = "redis")]
@@ -15,9 +17,10 @@ use crate::metrics::KeyLabel;
 /// The connect string picks the backend: `host:port[,host:port...][/chroot]` is ZooKeeper;
 /// a URL `redis://[user:password@]host:port[/db]` (or `redis+unix:///path/to/socket`) is
 /// Redis (feature `redis`); a URL `postgres://[user[:password]@]host[:port]/db` (or
-/// `postgresql://`) is PostgreSQL (feature `postgres`). The options on this type apply to
+/// `postgresql://`) is PostgreSQL (feature `postgres`); `etcd://host:2379[,host:2379...]` is
+/// etcd (feature `etcd`). The options on this type apply to
 /// every backend; each backend's own settings go through its own method
-/// ([`zookeeper`](Self::zookeeper), `redis`, `postgres`) and type, and
+/// ([`zookeeper`](Self::zookeeper), `redis`, `postgres`, `etcd`) and type, and
 /// [`connect`](Self::connect) refuses those of a backend the connect string does not name.
 ///
 /// # Examples
@@ -69,6 +72,8 @@ pub struct Builder {
     pub(crate) redis: Option<RedisOptions>,
     #[cfg(feature = "postgres")]
     pub(crate) postgres: Option<PostgresOptions>,
+    #[cfg(feature = "etcd")]
+    pub(crate) etcd: Option<EtcdOptions>,
 }
 
 /// The default namespace under which lock znodes live.
@@ -100,6 +105,8 @@ impl Builder {
             redis: None,
             #[cfg(feature = "postgres")]
             postgres: None,
+            #[cfg(feature = "etcd")]
+            etcd: None,
         }
     }
 
@@ -335,6 +342,23 @@ impl Builder {
     #[cfg(feature = "postgres")]
     pub fn postgres(mut self, options: impl FnOnce(PostgresOptions) -> PostgresOptions) -> Builder {
         self.postgres = Some(options(self.postgres.take().unwrap_or_default()));
+        self
+    }
+
+    /// The etcd backend's own settings (the lease, the user): `options` gets the settings
+    /// given so far (the defaults at first) and returns them changed.
+    /// [`connect`](Self::connect) refuses them with [`Error::Config`](crate::Error::Config)
+    /// when the connect string names another backend.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let b = zklock_core::LockManager::builder("etcd://127.0.0.1:2379")
+    ///     .etcd(|e| e.lease(Duration::from_secs(5)));
+    /// # let _ = b;
+    /// ```
+    #[cfg(feature = "etcd")]
+    pub fn etcd(mut self, options: impl FnOnce(EtcdOptions) -> EtcdOptions) -> Builder {
+        self.etcd = Some(options(self.etcd.take().unwrap_or_default()));
         self
     }
 }

@@ -3,11 +3,13 @@
 //! opened. With the builder, the only place above the seam that names a backend's types.
 
 use std::sync::Arc;
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 use std::time::Duration;
 
 use super::builder::Builder;
 use super::LockManager;
+#[cfg(feature = "etcd")]
+use crate::backend::etcd::{self, EtcdBackend, EtcdConfig};
 use crate::backend::memory::MemoryBackend;
 #[cfg(feature = "postgres")]
 use crate::backend::postgres::{self, PostgresBackend, PostgresConfig};
@@ -28,6 +30,11 @@ const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[cfg(feature = "postgres")]
 const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long connecting to etcd may take unless [`connect_timeout`](Builder::connect_timeout)
+/// says otherwise: a cluster with no member up is reported in about this long.
+#[cfg(feature = "etcd")]
+const DEFAULT_ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Which backend a connect string names.
 ///
 /// # Examples
@@ -38,6 +45,7 @@ const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// assert_eq!(BackendKind::of("zk1:2181,zk2:2181/app")?, BackendKind::ZooKeeper);
 /// assert_eq!(BackendKind::of("redis://127.0.0.1:6379")?, BackendKind::Redis);
 /// assert_eq!(BackendKind::of("postgresql://app@db/app")?, BackendKind::Postgres);
+/// assert_eq!(BackendKind::of("etcd://10.0.0.1:2379,10.0.0.2:2379")?, BackendKind::Etcd);
 /// assert!(BackendKind::of("mysql://db").is_err());
 /// # Ok::<(), zklock_core::Error>(())
 /// ```
@@ -50,6 +58,8 @@ pub enum BackendKind {
     Redis,
     /// `postgres://`, `postgresql://`.
     Postgres,
+    /// `etcd://`.
+    Etcd,
 }
 
 impl BackendKind {
@@ -66,18 +76,22 @@ impl BackendKind {
         if has(&["postgres://", "postgresql://"]) {
             return Ok(BackendKind::Postgres);
         }
+        if has(&["etcd://"]) {
+            return Ok(BackendKind::Etcd);
+        }
         match connect.trim_start().split_once("://") {
             None => Ok(BackendKind::ZooKeeper),
             Some((scheme, _)) => Err(Error::Config(format!(
                 "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
                  servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
-                 rediss://, redis+unix://, unix://), PostgreSQL as postgres://user@host/db",
+                 rediss://, redis+unix://, unix://), PostgreSQL as postgres://user@host/db, etcd \
+                 as etcd://host:2379[,host:2379...]",
                 redacted(connect)
             ))),
         }
     }
 
-    /// The backend's name as messages give it: `ZooKeeper`, `Redis`, `PostgreSQL`.
+    /// The backend's name as messages give it: `ZooKeeper`, `Redis`, `PostgreSQL`, `etcd`.
     ///
     /// ```
     /// assert_eq!(zklock_core::BackendKind::Postgres.name(), "PostgreSQL");
@@ -87,6 +101,7 @@ impl BackendKind {
             BackendKind::ZooKeeper => "ZooKeeper",
             BackendKind::Redis => "Redis",
             BackendKind::Postgres => "PostgreSQL",
+            BackendKind::Etcd => "etcd",
         }
     }
 }
@@ -139,6 +154,7 @@ impl Builder {
             BackendKind::ZooKeeper => self.connect_zookeeper().await,
             BackendKind::Redis => self.connect_redis().await,
             BackendKind::Postgres => self.connect_postgres().await,
+            BackendKind::Etcd => self.connect_etcd().await,
         }
     }
 
@@ -154,6 +170,8 @@ impl Builder {
             (BackendKind::Redis, "redis", self.redis.is_some()),
             #[cfg(feature = "postgres")]
             (BackendKind::Postgres, "postgres", self.postgres.is_some()),
+            #[cfg(feature = "etcd")]
+            (BackendKind::Etcd, "etcd", self.etcd.is_some()),
         ];
         for (other, method, set) in given {
             if set && other != kind {
@@ -168,6 +186,7 @@ impl Builder {
                         BackendKind::ZooKeeper => "zookeeper",
                         BackendKind::Redis => "redis",
                         BackendKind::Postgres => "postgres",
+                        BackendKind::Etcd => "etcd",
                     }
                 )));
             }
@@ -238,6 +257,38 @@ impl Builder {
         Ok(LockManager::assemble(Arc::new(backend), &self))
     }
 
+    /// Connects the etcd backend.
+    #[cfg(feature = "etcd")]
+    async fn connect_etcd(self) -> Result<LockManager> {
+        let options = self.etcd.clone().unwrap_or_default();
+        check_lease("etcd", options.lease, etcd::MIN_LEASE, "keep-alives")?;
+        if options.lease.subsec_nanos() != 0 {
+            return Err(Error::Config(format!(
+                "the etcd lease is {:?}; give whole seconds (etcd counts leases in seconds)",
+                options.lease
+            )));
+        }
+        let backend = EtcdBackend::connect(EtcdConfig {
+            url: self.connect.clone(),
+            options,
+            connect_timeout: self.connect_timeout.unwrap_or(DEFAULT_ETCD_CONNECT_TIMEOUT),
+            identity: self.identity.clone(),
+            tokens: self.fencing_tokens,
+        })
+        .await?;
+        Ok(LockManager::assemble(Arc::new(backend), &self))
+    }
+
+    /// An etcd URL without the `etcd` feature.
+    #[cfg(not(feature = "etcd"))]
+    async fn connect_etcd(self) -> Result<LockManager> {
+        Err(Error::Config(
+            "the connect string is an etcd URL, but zklock was built without its `etcd` \
+             feature; enable it (zklock = { version = \"...\", features = [\"etcd\"] })"
+                .into(),
+        ))
+    }
+
     /// A PostgreSQL URL without the `postgres` feature.
     #[cfg(not(feature = "postgres"))]
     async fn connect_postgres(self) -> Result<LockManager> {
@@ -260,7 +311,7 @@ impl Builder {
 }
 
 /// Refuses a lease too short for what goes out every lease/3 to keep a hold (`renewals`).
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 fn check_lease(backend: &str, lease: Duration, min: Duration, renewals: &str) -> Result<()> {
     if lease < min {
         return Err(Error::Config(format!(

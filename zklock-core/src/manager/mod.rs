@@ -13,6 +13,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "etcd")]
+pub use builder::EtcdOptions;
 #[cfg(feature = "postgres")]
 pub use builder::PostgresOptions;
 #[cfg(feature = "redis")]

@@ -1,0 +1,512 @@
+//! An acquire on etcd, in the wire format of etcd's own recipes: a contender's key under the
+//! lock's prefix, attached to the session's lease; the lowest create revision goes first; a
+//! waiter watches the deletion of the last key created before its own that it must wait for
+//! (no herd).
+//!
+//! 1. [`Entry::put`]: one transaction puts the contender's key unless it exists and reads the
+//!    first key it would wait for. When there is none before it, it holds (the uncontended
+//!    acquire is this one request).
+//! 2. [`Acquire::wait_for_predecessors`]: otherwise it reads the last key created before its
+//!    own among those it waits for and watches it until it is deleted, then reads again,
+//!    until none is left.
+//! 3. It reads its own key once more (it may have gone with the lease, or been deleted from
+//!    outside, while it waited) and holds.
+//!
+//! An acquire that ends without a hold (a try that found the lock taken, a deadline, an error,
+//! a drop) deletes its key: at once where it can wait for the answer, else in the background
+//! (an undo that the process's next acquire of the lock waits for).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
+};
+use tokio::time::Instant;
+
+use super::error::{bounded, transient};
+use super::hold::EtcdHold;
+use super::session::LeaseState;
+use super::Inner;
+use crate::backend::LockTarget;
+use crate::types::error::{Error, Result};
+use crate::types::mode::{LockMode, Wait};
+
+/// The first pause before retrying a request that failed on the connection; doubled up to
+/// [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(20);
+const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// Which keys a contender of `mode` on lock path `path` waits for, and where its own goes.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    /// The prefix of the keys it waits for (every earlier key under it).
+    pub(crate) blockers: String,
+}
+
+impl Layout {
+    /// The layout of `mode`: etcd's `concurrency.Mutex` and `concurrency.Election` for a
+    /// mutex and a latch (`<path>/<lease id in hex>`), and etcd's read/write recipe
+    /// (`<path>/read/<n>`, `<path>/write/<n>`) for read/write locks.
+    pub(crate) fn of(path: &str, mode: LockMode) -> Layout {
+        let blockers = match mode {
+            LockMode::Exclusive | LockMode::Leader | LockMode::Write => format!("{path}/"),
+            LockMode::Read => format!("{path}/write/"),
+        };
+        Layout { blockers }
+    }
+}
+
+/// What one attempt came to.
+enum Attempt {
+    /// Held, with the key's create revision.
+    Held(i64),
+    /// A try found the lock taken.
+    Busy,
+    /// The lease ended (or the key went) while waiting: start again on a new one.
+    Again,
+}
+
+/// An acquire of `target` in `mode` within `wait`.
+pub(crate) struct Acquire<'a> {
+    pub(crate) inner: &'a Arc<Inner>,
+    pub(crate) target: &'a LockTarget,
+    pub(crate) mode: LockMode,
+    pub(crate) wait: Wait,
+}
+
+impl Acquire<'_> {
+    /// Runs the acquire: `Ok(None)` only for a try that found the lock taken.
+    pub(crate) async fn run(self) -> Result<Option<EtcdHold>> {
+        self.inner.undos.finished(&self.target.path).await;
+        loop {
+            let lease = self.inner.session.live(self.wait.deadline()).await?;
+            let mut entry = Entry::new(self.inner, self.target, self.mode, &lease);
+            match self.attempt(&mut entry, &lease).await {
+                Ok(Attempt::Held(rev)) => return Ok(Some(entry.into_hold(rev, lease))),
+                Ok(Attempt::Busy) => {
+                    entry.undo_now().await;
+                    return Ok(None);
+                }
+                Ok(Attempt::Again) => continue,
+                Err(e) => {
+                    if matches!(e, Error::Timeout { .. }) {
+                        entry.undo_now().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// One attempt on `lease`: put the key, wait for those before it, check it is still there.
+    async fn attempt(&self, entry: &mut Entry, lease: &LeaseState) -> Result<Attempt> {
+        let layout = Layout::of(&self.target.path, self.mode);
+        let mut pause = RETRY_MIN;
+        let (rev, first) = loop {
+            let failed = tokio::select! {
+                r = entry.put(&layout) => match r {
+                    Ok(put) => break put,
+                    Err(e) => e,
+                },
+                () = self.until_deadline() => return Err(self.timeout()),
+            };
+            self.pause_after(failed, &mut pause).await?;
+        };
+        if first.is_none_or(|first| first >= rev) {
+            return Ok(Attempt::Held(rev));
+        }
+        if matches!(self.wait, Wait::Never) {
+            return Ok(Attempt::Busy);
+        }
+        if !self.wait_for_predecessors(&layout, rev, lease).await? {
+            return Ok(Attempt::Again);
+        }
+        // The key may have gone with the lease, or been deleted from outside, meanwhile.
+        let still = self.retrying(|| entry.create_revision()).await?;
+        Ok(if still == Some(rev) && lease_live(self.inner, lease) {
+            Attempt::Held(rev)
+        } else {
+            Attempt::Again
+        })
+    }
+
+    /// Waits until no key under the layout's blockers was created before `rev`: `Ok(false)`
+    /// when the lease ended meanwhile.
+    async fn wait_for_predecessors(
+        &self,
+        layout: &Layout,
+        rev: i64,
+        lease: &LeaseState,
+    ) -> Result<bool> {
+        let mut state = self.inner.session.watch();
+        loop {
+            let last = self
+                .retrying(|| last_before(self.inner, &layout.blockers, rev))
+                .await?;
+            let Some((key, seen)) = last else {
+                return Ok(true);
+            };
+            let deleted = watch_deletion(self.inner, key, seen + 1);
+            let ended = async {
+                loop {
+                    let until = {
+                        let s = state.borrow_and_update();
+                        if s.reason_for(lease.epoch, Instant::now()).is_some() {
+                            return;
+                        }
+                        s.deadline
+                    };
+                    tokio::select! {
+                        changed = state.changed() => if changed.is_err() { return },
+                        _ = tokio::time::sleep_until(until) => {}
+                    }
+                }
+            };
+            tokio::select! {
+                () = deleted => {}
+                () = ended => return Ok(false),
+                () = self.until_deadline() => return Err(self.timeout()),
+            }
+        }
+    }
+
+    /// Completes at the wait's deadline (never without one).
+    async fn until_deadline(&self) {
+        match self.wait.deadline() {
+            Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn timeout(&self) -> Error {
+        Error::Timeout {
+            key: self.target.key.to_string(),
+            waited: match self.wait {
+                Wait::Until(_, waited) => waited,
+                _ => Duration::ZERO,
+            },
+        }
+    }
+
+    /// Runs `request` until it succeeds, fails for good, or the wait's deadline passes (then
+    /// [`Error::Timeout`]); a try gets one attempt.
+    async fn retrying<T, F, Fut>(&self, mut request: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, RequestError>>,
+    {
+        let mut pause = RETRY_MIN;
+        loop {
+            let failed = tokio::select! {
+                r = request() => match r {
+                    Ok(t) => return Ok(t),
+                    Err(e) => e,
+                },
+                () = self.until_deadline() => return Err(self.timeout()),
+            };
+            self.pause_after(failed, &mut pause).await?;
+        }
+    }
+
+    /// After `failed`: `Err` when it is for good (or a try's), else waits `pause` (doubled
+    /// for the next time) for the request to be sent again.
+    async fn pause_after(&self, failed: RequestError, pause: &mut Duration) -> Result<()> {
+        if !failed.transient || matches!(self.wait, Wait::Never) {
+            return Err(failed.error);
+        }
+        tracing::debug!(key = %self.target.key, error = %failed.error, "an etcd request of an acquire failed; retrying");
+        tokio::select! {
+            () = tokio::time::sleep(*pause) => {}
+            () = self.until_deadline() => return Err(self.timeout()),
+        }
+        *pause = (*pause * 2).min(RETRY_MAX);
+        Ok(())
+    }
+}
+
+/// Whether `lease` is still the session's live lease.
+fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
+    inner
+        .session
+        .watch()
+        .borrow()
+        .reason_for(lease.epoch, Instant::now())
+        .is_none()
+}
+
+/// A request's error, and whether sending it again may succeed.
+pub(crate) struct RequestError {
+    pub(crate) error: Error,
+    pub(crate) transient: bool,
+}
+
+impl From<Error> for RequestError {
+    fn from(error: Error) -> RequestError {
+        let transient = error.is_retryable();
+        RequestError { error, transient }
+    }
+}
+
+/// Sends `txn` within the reply bound.
+pub(crate) async fn txn(
+    inner: &Inner,
+    operation: &'static str,
+    txn: Txn,
+) -> std::result::Result<etcd_client::TxnResponse, RequestError> {
+    inner.count_request();
+    let mut client = inner.client.clone();
+    match tokio::time::timeout(inner.config.reply_timeout, client.txn(txn)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(RequestError {
+            transient: transient(&e),
+            error: super::error::server_error(operation, e),
+        }),
+        Err(_) => Err(RequestError {
+            error: super::error::timed_out(operation),
+            transient: true,
+        }),
+    }
+}
+
+/// The key and the revision of the read of the last key under `prefix` created before `rev`,
+/// if there is one.
+async fn last_before(
+    inner: &Inner,
+    prefix: &str,
+    rev: i64,
+) -> std::result::Result<Option<(Vec<u8>, i64)>, RequestError> {
+    inner.count_request();
+    let mut client = inner.client.clone();
+    let options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(1)
+        .with_keys_only()
+        .with_max_create_revision(rev - 1);
+    let got = bounded(
+        "read the contender ahead",
+        inner.config.reply_timeout,
+        client.get(prefix, Some(options)),
+    )
+    .await?;
+    let seen = got.header().map(|h| h.revision()).unwrap_or(rev);
+    Ok(got.kvs().first().map(|kv| (kv.key().to_vec(), seen)))
+}
+
+/// Completes once `key` is deleted at or after revision `from` (or once its watch cannot say:
+/// the caller reads again).
+async fn watch_deletion(inner: &Inner, key: Vec<u8>, from: i64) {
+    let mut client = inner.client.clone();
+    inner.count_request();
+    let options = WatchOptions::new().with_start_revision(from);
+    let Ok(Ok(mut stream)) =
+        tokio::time::timeout(inner.config.reply_timeout, client.watch(key, Some(options))).await
+    else {
+        tokio::time::sleep(RETRY_MIN).await;
+        return;
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(resp)) => {
+                if resp
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    inner.count_event();
+                    return;
+                }
+                // Compacted past `from`, or cancelled: read again.
+                if resp.canceled() {
+                    return;
+                }
+            }
+            Ok(None) | Err(_) => {
+                tokio::time::sleep(RETRY_MIN).await;
+                return;
+            }
+        }
+    }
+}
+
+/// A contender's key while its acquire runs: deleted when the acquire ends without a hold.
+pub(crate) struct Entry {
+    inner: Arc<Inner>,
+    path: Arc<str>,
+    mode: LockMode,
+    /// The key in etcd.
+    key: String,
+    value: String,
+    lease: i64,
+    /// Whether the key may exist and is still this entry's to delete.
+    armed: bool,
+}
+
+impl Entry {
+    fn new(inner: &Arc<Inner>, target: &LockTarget, mode: LockMode, lease: &LeaseState) -> Entry {
+        let key = inner.reserve(&target.path, mode, lease.id);
+        let value = match (&target.participant, mode) {
+            // etcd's Election keeps the candidate's proposal as the value; a latch's is its id.
+            (Some(id), LockMode::Leader) => id.to_string(),
+            _ => inner.owner_value(),
+        };
+        Entry {
+            inner: inner.clone(),
+            path: target.path.clone(),
+            mode,
+            key,
+            value,
+            lease: lease.id,
+            armed: true,
+        }
+    }
+
+    /// Puts the key unless it exists (a retry after a lost reply finds it), and reads the
+    /// create revision of the first key it waits for: its own create revision and that one.
+    async fn put(
+        &mut self,
+        layout: &Layout,
+    ) -> std::result::Result<(i64, Option<i64>), RequestError> {
+        loop {
+            let first = TxnOp::get(
+                layout.blockers.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1)
+                        .with_keys_only(),
+                ),
+            );
+            let put = Txn::new()
+                .when([Compare::create_revision(
+                    self.key.as_str(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([
+                    TxnOp::put(
+                        self.key.as_str(),
+                        self.value.as_str(),
+                        Some(PutOptions::new().with_lease(self.lease)),
+                    ),
+                    first.clone(),
+                ])
+                .or_else([TxnOp::get(self.key.as_str(), None), first]);
+            let resp = txn(&self.inner, "put the contender's key", put).await?;
+            let ranges: Vec<_> = resp
+                .op_responses()
+                .into_iter()
+                .filter_map(|r| match r {
+                    TxnOpResponse::Get(g) => Some(g),
+                    _ => None,
+                })
+                .collect();
+            let first = ranges
+                .last()
+                .and_then(|g| g.kvs().first())
+                .map(|kv| kv.create_revision());
+            if resp.succeeded() {
+                let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+                return Ok((rev, first));
+            }
+            match ranges.first().and_then(|g| g.kvs().first()) {
+                // Its own key, put by an earlier send whose reply was lost.
+                Some(kv) if kv.lease() == self.lease => return Ok((kv.create_revision(), first)),
+                // Another process's read/write key of the same name: another name.
+                _ => {
+                    self.inner.unreserve(&self.key);
+                    self.key = self.inner.reserve(&self.path, self.mode, self.lease);
+                }
+            }
+        }
+    }
+
+    /// The create revision of the key now, `None` when it is gone.
+    async fn create_revision(&self) -> std::result::Result<Option<i64>, RequestError> {
+        self.inner.count_request();
+        let mut client = self.inner.client.clone();
+        let got = bounded(
+            "read the contender's key",
+            self.inner.config.reply_timeout,
+            client.get(self.key.as_str(), None),
+        )
+        .await?;
+        Ok(got
+            .kvs()
+            .first()
+            .filter(|kv| kv.lease() == self.lease)
+            .map(|kv| kv.create_revision()))
+    }
+
+    /// The hold this entry's key became.
+    fn into_hold(mut self, rev: i64, lease: LeaseState) -> EtcdHold {
+        self.armed = false;
+        EtcdHold::new(
+            self.inner.clone(),
+            std::mem::take(&mut self.key),
+            rev,
+            lease,
+            self.mode,
+        )
+    }
+
+    /// Deletes the key and waits for the answer (in the background if it is dropped first).
+    async fn undo_now(mut self) {
+        self.armed = false;
+        let undo = undo(
+            self.inner.clone(),
+            std::mem::take(&mut self.key),
+            self.lease,
+        );
+        let task = self.inner.runtime.spawn(undo);
+        let _ = task.await;
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if self.armed {
+            let undoing = self.inner.undos.start(&self.path);
+            let undo = undo(
+                self.inner.clone(),
+                std::mem::take(&mut self.key),
+                self.lease,
+            );
+            self.inner
+                .background
+                .spawn(&self.inner.runtime, async move {
+                    undo.await;
+                    drop(undoing);
+                });
+        }
+    }
+}
+
+/// Deletes `key` if it is still on `lease` (never a key of another lease that took the name),
+/// retrying while the lease may keep it, then frees the name.
+pub(crate) async fn undo(inner: Arc<Inner>, key: String, lease: i64) {
+    let delete = || {
+        Txn::new()
+            .when([Compare::lease(key.as_str(), CompareOp::Equal, lease)])
+            .and_then([TxnOp::delete(key.as_str(), None)])
+    };
+    let mut pause = RETRY_MIN;
+    loop {
+        match txn(&inner, "delete the contender's key", delete()).await {
+            Ok(_) => break,
+            Err(e) if e.transient && inner.lease_may_hold(lease) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+            }
+            // Gone with its lease, or refused for good: the lease's end deletes it.
+            Err(e) => {
+                tracing::debug!(%key, error = %e.error, "could not delete an etcd key; its lease's end will");
+                break;
+            }
+        }
+    }
+    inner.unreserve(&key);
+}

@@ -1,0 +1,170 @@
+//! What an operator sees of a lock on etcd: the keys under its prefix in create order, read in
+//! one request (one revision), and who holds by the same rule the contenders follow. Keys of
+//! etcd's own tools (`etcdctl lock`, a Go `concurrency.Mutex`) show too, with their value as
+//! the owner (often empty) and their lease as the session.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
+
+use super::error::bounded;
+use super::EtcdBackend;
+use crate::backend::{BoxFuture, Inspect};
+use crate::types::error::Result;
+use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
+use crate::types::token::FencingToken;
+
+/// Since when a key's contender waits or holds: the `at=` its value carries (zklock's
+/// contenders write it), else the time in a read/write key's name, else the epoch.
+fn since(kv: &KeyValue, name: &str) -> SystemTime {
+    let value = String::from_utf8_lossy(kv.value());
+    let at_ms = value
+        .split(' ')
+        .find_map(|f| f.strip_prefix("at="))
+        .and_then(|ms| ms.parse::<u64>().ok());
+    match at_ms {
+        Some(ms) => UNIX_EPOCH + Duration::from_millis(ms),
+        None => name
+            .rsplit('/')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .map_or(UNIX_EPOCH, |nanos| UNIX_EPOCH + Duration::from_nanos(nanos)),
+    }
+}
+
+/// Who a key's value says its contender is.
+fn owner(kv: &KeyValue) -> Owner {
+    let value = String::from_utf8_lossy(kv.value());
+    // Drop the `at=` field the owner's text does not show.
+    let text: Vec<&str> = value.split(' ').filter(|f| !f.starts_with("at=")).collect();
+    Owner::parse(text.join(" ").as_bytes())
+}
+
+impl EtcdBackend {
+    async fn inspect_at(&self, path: &str, kind: Option<LockKind>) -> Result<LockInfo> {
+        let inner = &self.inner;
+        let prefix = format!("{path}/");
+        let mut client = inner.client.clone();
+        inner.count_request();
+        let got = bounded(
+            "inspect a lock",
+            inner.config.reply_timeout,
+            client.get(
+                prefix.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend),
+                ),
+            ),
+        )
+        .await?;
+        let side = |name: &str| {
+            let rest = name.strip_prefix(prefix.as_str()).unwrap_or(name);
+            if rest.starts_with("read/") {
+                Some(false)
+            } else if rest.starts_with("write/") {
+                Some(true)
+            } else {
+                None
+            }
+        };
+        let kind = kind.unwrap_or_else(|| {
+            if got
+                .kvs()
+                .iter()
+                .any(|kv| side(&String::from_utf8_lossy(kv.key())).is_some())
+            {
+                LockKind::ReadWrite
+            } else {
+                LockKind::Mutex
+            }
+        });
+        let exclusive = match kind {
+            LockKind::Leader => "latch",
+            LockKind::ReadWrite => "write",
+            _ => "mutex",
+        };
+        let (mut holders, mut waiters) = (vec![], vec![]);
+        let mut any_before = false;
+        let mut writer_before = false;
+        for kv in got.kvs() {
+            let name = String::from_utf8_lossy(kv.key()).into_owned();
+            let (mode, reader) = match (kind, side(&name)) {
+                (LockKind::ReadWrite, Some(false)) => ("read", true),
+                (LockKind::ReadWrite, Some(true)) => ("write", false),
+                // Some other key under a read/write lock's prefix: not a contender.
+                (LockKind::ReadWrite, None) => continue,
+                _ => (exclusive, false),
+            };
+            let holds = if reader { !writer_before } else { !any_before };
+            let contender = Contender {
+                node: name
+                    .strip_prefix(prefix.as_str())
+                    .unwrap_or(&name)
+                    .to_string(),
+                mode,
+                owner: owner(kv),
+                since: since(kv, &name),
+                token: FencingToken::new(kv.create_revision(), 0),
+                session: kv.lease(),
+                lingering: false,
+                location: name.clone(),
+            };
+            if holds {
+                holders.push(contender);
+            } else {
+                waiters.push(contender);
+            }
+            any_before = true;
+            writer_before |= !reader;
+        }
+        Ok(LockInfo::at(path, kind, holders, waiters))
+    }
+
+    async fn paths_under(&self, namespace: &str) -> Result<Vec<String>> {
+        let inner = &self.inner;
+        let prefix = format!("{namespace}/");
+        let mut client = inner.client.clone();
+        inner.count_request();
+        let got = bounded(
+            "list the locks",
+            inner.config.reply_timeout,
+            client.get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            ),
+        )
+        .await?;
+        let mut paths = BTreeSet::new();
+        for kv in got.kvs() {
+            let key = String::from_utf8_lossy(kv.key());
+            let rest = &key[prefix.len()..];
+            let parts: Vec<&str> = rest.split('/').collect();
+            // `<key>/<contender>`, `%RW/<key>/<side>/<n>`, `%LATCH/<key>/<contender>`.
+            let depth = match parts.first() {
+                Some(folder) if folder.starts_with('%') => 2,
+                _ => 1,
+            };
+            if parts.len() > depth {
+                paths.insert(format!("{prefix}{}", parts[..depth].join("/")));
+            }
+        }
+        Ok(paths.into_iter().collect())
+    }
+}
+
+impl Inspect for EtcdBackend {
+    fn inspect<'a>(
+        &'a self,
+        path: &'a str,
+        kind: Option<LockKind>,
+    ) -> BoxFuture<'a, Result<LockInfo>> {
+        Box::pin(self.inspect_at(path, kind))
+    }
+
+    fn lock_paths<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<String>>> {
+        Box::pin(self.paths_under(namespace))
+    }
+}

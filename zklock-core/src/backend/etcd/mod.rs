@@ -1,0 +1,503 @@
+//! The etcd backend (feature `etcd`): locks and elections in the wire format of etcd's own
+//! `concurrency` package, so that `etcdctl lock`, `etcdctl elect`, etcd's lock service and Go
+//! services on `concurrency.Mutex` / `concurrency.Election` take part in the same locks.
+//!
+//! - A manager's holds live on one etcd lease, its session ([`session`]), kept alive every
+//!   TTL/3 and replaced by a new one when it ends. A hold whose lease ended, or could have
+//!   ended without a confirmed keep-alive, is lost, before etcd can let another contender in.
+//! - A mutex of lock path `P` is the key `P/<lease id in hex>` on that lease; the key with the
+//!   lowest create revision under `P/` holds; a waiter watches the deletion of the last key
+//!   created before its own (no herd). That is what `concurrency.Mutex` does with the prefix
+//!   `P`, and `etcdctl lock P`. A second contender of the same manager on the same lock (the
+//!   local queue off) adds `_<n>` to its key: etcd's tools order keys by create revision and
+//!   never read their names.
+//! - A leader latch is `concurrency.Election` on `P` (`etcdctl elect P`): the same keys,
+//!   holding the participant id as the value (etcd's proposal).
+//! - A read/write lock is etcd's read/write recipe (`recipe.RWMutex`): `P/read/<n>` and
+//!   `P/write/<n>`; a reader waits for the earlier writers, a writer for every earlier key.
+//! - The fencing token is the holder key's create revision: every later holder's key was
+//!   created later, and revisions only grow, across restarts of etcd too.
+//! - A job's run record is the key `<P>%RUN` on a lease of its own, of the job's `at_least`
+//!   (rounded up to whole seconds, and at least etcd's minimum TTL): the server lets the window
+//!   end, by its own clock, and only ever later (a new etcd leader restarts every lease's TTL).
+//! - Semaphores and revocation are not offered: [`Error::Unsupported`].
+//!
+//! Where the process cannot know: a hold is safe while its lease is; etcd keeps a lease
+//! through a leader change, but a holder paused past its TTL wakes up believing it holds. Its
+//! token, checked by a fence store ([`fence`](crate::fence)), refuses what it writes then.
+
+mod acquire;
+mod error;
+mod hold;
+mod inspect;
+mod options;
+mod session;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+
+use super::undos::Undos;
+use super::{
+    Backend, BackendHold, BackendStats, BoxFuture, Inspect, LockTarget, SessionInfo, SharedHold,
+    HOST_PID,
+};
+use crate::background::Background;
+use crate::manager::redacted;
+use crate::types::error::{Error, Result, ServerError};
+use crate::types::mode::{LockMode, Wait};
+use acquire::Acquire;
+pub use options::EtcdOptions;
+pub(crate) use session::MIN_LEASE;
+use session::{Session, SessionConfig};
+
+/// The longest any single request waits for its reply; shorter when the lease is.
+const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The oldest etcd the backend works with (revision bounds on range reads, lease keep-alive
+/// streams and watches from a revision: all in 3.4's v3 API).
+const OLDEST: (u32, u32) = (3, 4);
+
+/// What the etcd backend is configured with (its part of [`Builder`](crate::Builder)).
+#[derive(Clone)]
+pub(crate) struct EtcdConfig {
+    /// `etcd://[user:password@]host:port[,host:port...]`.
+    pub(crate) url: String,
+    pub(crate) options: EtcdOptions,
+    /// How long connecting may take before the cluster counts as unreachable.
+    pub(crate) connect_timeout: Duration,
+    /// Shown in the keys' values beside host and pid.
+    pub(crate) identity: Option<String>,
+    pub(crate) tokens: bool,
+}
+
+/// The settings the backend's parts read.
+pub(crate) struct Config {
+    pub(crate) reply_timeout: Duration,
+    pub(crate) tokens: bool,
+    identity: Option<String>,
+    ttl: Duration,
+}
+
+/// What the backend's holds and tasks share.
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) session: Session,
+    pub(crate) config: Config,
+    /// The keys this manager's contenders use now: a name is taken again only once its key is
+    /// deleted.
+    names: StdMutex<HashSet<String>>,
+    next_name: AtomicU64,
+    pub(crate) runtime: tokio::runtime::Handle,
+    pub(crate) background: Arc<Background>,
+    /// Undos of dropped acquires under way, per lock path.
+    pub(crate) undos: Arc<Undos<Arc<str>>>,
+    requests: AtomicU64,
+    events: AtomicU64,
+}
+
+impl Inner {
+    /// A key name for a contender of this manager in `mode` on `path`, on lease `lease`.
+    pub(crate) fn reserve(&self, path: &str, mode: LockMode, lease: i64) -> String {
+        let mut names = self.names.lock().expect("not poisoned");
+        match mode {
+            LockMode::Exclusive | LockMode::Leader => {
+                let base = format!("{path}/{lease:x}");
+                if names.insert(base.clone()) {
+                    return base;
+                }
+                loop {
+                    let n = self.next_name.fetch_add(1, Ordering::Relaxed);
+                    let name = format!("{base}_{n}");
+                    if names.insert(name.clone()) {
+                        return name;
+                    }
+                }
+            }
+            LockMode::Read | LockMode::Write => {
+                let side = if mode == LockMode::Read {
+                    "read"
+                } else {
+                    "write"
+                };
+                loop {
+                    let nanos = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_nanos();
+                    let name = format!("{path}/{side}/{nanos}");
+                    if names.insert(name.clone()) {
+                        return name;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees a name once its key is deleted.
+    pub(crate) fn unreserve(&self, key: &str) {
+        self.names.lock().expect("not poisoned").remove(key);
+    }
+
+    /// What a contender's key holds: who it is and since when (what inspection shows).
+    pub(crate) fn owner_value(&self) -> String {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        match &self.config.identity {
+            Some(id) => format!("zklock {} at={ms} id={id}", *HOST_PID),
+            None => format!("zklock {} at={ms}", *HOST_PID),
+        }
+    }
+
+    /// Whether lease `id` may still keep keys: a delete of a key on it is worth retrying.
+    pub(crate) fn lease_may_hold(&self, id: i64) -> bool {
+        let state = self.session.watch();
+        let s = state.borrow();
+        s.id == id
+            && s.ended.is_none()
+            && tokio::time::Instant::now() < s.deadline + self.config.ttl
+    }
+
+    pub(crate) fn count_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_event(&self) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The endpoints of an `etcd://` connect string, and the user it names.
+fn parse_url(url: &str) -> Result<(Vec<String>, Option<(String, String)>)> {
+    let bad = |why: &str| {
+        Error::Config(format!(
+            "the etcd connect string {} is not usable: {why}; give etcd://[user:password@]host:port[,host:port...]",
+            redacted(url)
+        ))
+    };
+    let rest = url
+        .trim()
+        .strip_prefix("etcd://")
+        .ok_or_else(|| bad("it does not start with etcd://"))?;
+    let (user, hosts) = match rest.rsplit_once('@') {
+        Some((user, hosts)) => {
+            let (name, password) = user.split_once(':').unwrap_or((user, ""));
+            (Some((name.to_string(), password.to_string())), hosts)
+        }
+        None => (None, rest),
+    };
+    let hosts = hosts.strip_suffix('/').unwrap_or(hosts);
+    if hosts.contains('/') || hosts.contains('?') {
+        return Err(bad("it has a path or options, which etcd does not take"));
+    }
+    let mut endpoints = Vec::new();
+    for host in hosts.split(',').map(str::trim) {
+        if host.is_empty() {
+            return Err(bad("a host is empty"));
+        }
+        let with_port = match host.rsplit_once(':') {
+            Some((h, port)) if !h.is_empty() && !h.ends_with(':') => {
+                port.parse::<u16>()
+                    .map_err(|_| bad(&format!("the port of {host} is not a number")))?;
+                host.to_string()
+            }
+            _ => format!("{host}:2379"),
+        };
+        endpoints.push(format!("http://{with_port}"));
+    }
+    Ok((endpoints, user))
+}
+
+/// `3.4.23` -> whether it is at least [`OLDEST`].
+fn new_enough(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= OLDEST
+}
+
+/// The etcd backend; see [`LockManager::connect`](crate::LockManager::connect).
+pub(crate) struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster, checks its version, and grants the session's first lease.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a connect string the backend cannot use, credentials etcd refuses,
+    /// or a server too old; [`Error::Unreachable`] when no member answers in time.
+    pub(crate) async fn connect(config: EtcdConfig) -> Result<EtcdBackend> {
+        let (endpoints, url_user) = parse_url(&config.url)?;
+        let user = config.options.user.clone().or(url_user);
+        let unreachable = |source: ServerError| Error::Unreachable {
+            connect: redacted(&config.url),
+            source,
+        };
+        let refused = |name: &str, e: &etcd_client::Error| {
+            Error::Config(format!(
+                "etcd refused the user {name:?} ({}); check the user name and password (etcdctl user get {name})",
+                match e {
+                    etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
+                    e => e.to_string(),
+                }
+            ))
+        };
+        let mut options = ConnectOptions::new().with_connect_timeout(config.connect_timeout);
+        if let Some((name, password)) = &user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        let timeout = config.connect_timeout;
+        let mut client =
+            match tokio::time::timeout(timeout, Client::connect(&endpoints, Some(options))).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(e)) if error::is_auth(&e) => {
+                    return Err(refused(user.as_ref().map_or("", |u| u.0.as_str()), &e))
+                }
+                Ok(Err(e)) => {
+                    return Err(unreachable(ServerError::new(
+                        Arc::new(e),
+                        "no etcd member answered".into(),
+                        true,
+                        "check the endpoints and that the etcd members are up",
+                    )))
+                }
+                Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
+            };
+        let status = match tokio::time::timeout(timeout, client.status()).await {
+            Ok(Ok(status)) => status,
+            Ok(Err(e)) if error::is_auth(&e) => {
+                return Err(refused(user.as_ref().map_or("", |u| u.0.as_str()), &e))
+            }
+            Ok(Err(e)) => {
+                let message = format!("no etcd member answered: {e}");
+                return Err(unreachable(ServerError::new(
+                    Arc::new(e),
+                    message,
+                    true,
+                    "check the endpoints and that the etcd members are up",
+                )));
+            }
+            Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
+        };
+        if !new_enough(status.version()) {
+            return Err(Error::Config(format!(
+                "etcd {} is too old: zklock needs etcd {}.{} or later",
+                status.version(),
+                OLDEST.0,
+                OLDEST.1
+            )));
+        }
+        let ttl = config.options.lease;
+        let session_config = SessionConfig {
+            ttl,
+            reply_timeout: ttl.min(MAX_REPLY_TIMEOUT),
+        };
+        let session = match Session::start(client.clone(), session_config).await {
+            Ok(session) => session,
+            Err(Error::Server { source, .. }) if source.downcast_ref::<etcd_client::Error>().is_some_and(error::is_auth) => {
+                return Err(Error::Config(format!(
+                    "etcd refused to grant a lease to the user {:?}: {source}; give the user the permission to grant leases and to write the lock keys",
+                    user.as_ref().map_or("", |u| u.0.as_str())
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                session,
+                config: Config {
+                    reply_timeout: session_config.reply_timeout,
+                    tokens: config.tokens,
+                    identity: config.identity,
+                    ttl,
+                },
+                names: StdMutex::default(),
+                next_name: AtomicU64::new(1),
+                runtime: tokio::runtime::Handle::current(),
+                background: Arc::default(),
+                undos: Arc::default(),
+                requests: AtomicU64::new(0),
+                events: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        self.inner.session.close(&self.inner.runtime);
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        mode: LockMode,
+        wait: Wait,
+    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
+        Box::pin(async move {
+            let hold = Acquire {
+                inner: &self.inner,
+                target,
+                mode,
+                wait,
+            }
+            .run()
+            .await?;
+            Ok(hold.map(|h| Arc::new(h) as _))
+        })
+    }
+
+    fn acquire_leases<'a>(
+        &'a self,
+        _target: &'a LockTarget,
+        _max_leases: u32,
+        _n: u32,
+        _wait: Wait,
+    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
+        Box::pin(async {
+            Err(Error::Unsupported {
+                backend: "etcd",
+                feature: "semaphores",
+            })
+        })
+    }
+
+    fn claim_run<'a>(
+        &'a self,
+        target: &'a LockTarget,
+        at_least: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.claim(target, at_least))
+    }
+
+    fn flush(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.inner.background.flush())
+    }
+
+    fn stats(&self) -> BackendStats {
+        BackendStats {
+            predecessor_events: self.inner.events.load(Ordering::Relaxed),
+            requests: self.inner.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    fn inspector(&self) -> std::result::Result<&dyn Inspect, &'static str> {
+        Ok(self)
+    }
+
+    fn revoker(&self) -> std::result::Result<&dyn crate::backend::Revoke, &'static str> {
+        Err("revocation (an etcd holder is not told of a revoke request; revoke its lease with `etcdctl lease revoke <id in hex>`, which `zklock status` shows as its session)")
+    }
+
+    fn session(&self) -> Option<SessionInfo> {
+        Some(SessionInfo {
+            id: self.inner.session.watch().borrow().id,
+        })
+    }
+
+    fn lease(&self) -> Option<Duration> {
+        Some(self.inner.config.ttl)
+    }
+
+    fn client(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        Some(Box::new(self.inner.client.clone()))
+    }
+}
+
+impl EtcdBackend {
+    /// A job's run: the record `<path>%RUN`, put unless it exists, on a lease of its own that
+    /// lasts `at_least` (rounded up to whole seconds) by etcd's clock.
+    async fn claim(&self, target: &LockTarget, at_least: Duration) -> Result<bool> {
+        if at_least.is_zero() {
+            return Ok(true);
+        }
+        let inner = &self.inner;
+        let record = crate::types::layout::run_record(&target.path);
+        let secs = at_least.as_secs() + u64::from(at_least.subsec_nanos() > 0);
+        let mut client = inner.client.clone();
+        inner.count_request();
+        let lease = error::bounded(
+            "grant the job's run lease",
+            inner.config.reply_timeout,
+            client.lease_grant(secs.min(i64::MAX as u64) as i64, None),
+        )
+        .await?;
+        let claim = format!("{} lease={:x}", inner.owner_value(), lease.id());
+        let put = Txn::new()
+            .when([Compare::create_revision(
+                record.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(
+                record.as_str(),
+                claim.as_str(),
+                Some(PutOptions::new().with_lease(lease.id())),
+            )])
+            .or_else([TxnOp::get(record.as_str(), None)]);
+        let mut attempts = 0;
+        let resp = loop {
+            match acquire::txn(inner, "record the job's run", put.clone()).await {
+                Ok(resp) => break resp,
+                Err(e) if e.transient && attempts < 3 => attempts += 1,
+                Err(e) => return Err(e.error),
+            }
+        };
+        if resp.succeeded() {
+            return Ok(true);
+        }
+        // A retry after a lost reply finds its own record.
+        let own = resp.op_responses().into_iter().any(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => {
+                g.kvs().first().is_some_and(|kv| kv.lease() == lease.id())
+            }
+            _ => false,
+        });
+        if !own {
+            let id = lease.id();
+            let mut client = inner.client.clone();
+            inner.background.spawn(&inner.runtime, async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(id)).await;
+            });
+        }
+        Ok(own)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_strings() {
+        let (eps, user) = parse_url("etcd://a:2379,b:2380,c").unwrap();
+        assert_eq!(eps, ["http://a:2379", "http://b:2380", "http://c:2379"]);
+        assert!(user.is_none());
+        let (eps, user) = parse_url("etcd://me:pw@127.0.0.1:1/").unwrap();
+        assert_eq!(eps, ["http://127.0.0.1:1"]);
+        assert_eq!(user, Some(("me".into(), "pw".into())));
+        let err = parse_url("etcd://me:secret@h:x").unwrap_err().to_string();
+        assert!(!err.contains("secret") && err.contains("port"), "{err}");
+        assert!(parse_url("etcd://h:1/prefix").is_err());
+        assert!(parse_url("etcd://").is_err());
+    }
+
+    #[test]
+    fn versions() {
+        assert!(new_enough("3.4.23") && new_enough("3.5.0") && new_enough("4.0.0"));
+        assert!(!new_enough("3.3.27") && !new_enough("2.3.8") && !new_enough("junk"));
+    }
+}

@@ -1,0 +1,287 @@
+//! The manager's etcd session: one lease that every hold's key is attached to, kept alive
+//! every TTL/3, and replaced by a new one when it ends.
+//!
+//! What a hold may believe comes from [`LeaseState`]: while the lease is `epoch` and its
+//! `deadline` has not passed, etcd cannot have let the lease (and with it the hold's key) go.
+//! The deadline is the send time of the last keep-alive etcd confirmed plus the TTL it
+//! confirmed, less a margin (1% + 2 ms for the clocks' drift, 5% for the process to stop): the
+//! server counts the TTL from when it received that keep-alive, later than it was sent. A
+//! leader change in etcd only makes leases longer (the new leader restarts every lease's TTL).
+//! The lease ends for this process when etcd answers a keep-alive with no TTL (expired, or
+//! revoked from outside) or when the deadline passes; every hold of that epoch is then lost,
+//! and the next acquire waits for a new lease.
+
+use std::time::Duration;
+
+use etcd_client::Client;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::error::{bounded, server_error};
+use crate::types::error::{Error, Result};
+use crate::types::loss::LossReason;
+
+/// The shortest TTL accepted: etcd counts in seconds and grants no lease under its own minimum
+/// (1.5 election timeouts, 2 s by default).
+pub(crate) const MIN_LEASE: Duration = Duration::from_secs(2);
+
+/// The lease as this process knows it.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseState {
+    /// Which lease this is, counted from 1; 0 before the first.
+    pub(crate) epoch: u64,
+    /// Its id (0 while there is none).
+    pub(crate) id: i64,
+    /// Until when etcd cannot have let it go.
+    pub(crate) deadline: Instant,
+    /// Why it ended, once it has: every hold attached to it is lost.
+    pub(crate) ended: Option<LossReason>,
+}
+
+impl LeaseState {
+    /// Why a hold on lease `epoch` is no longer certain at `now`, if it is not.
+    pub(crate) fn reason_for(&self, epoch: u64, now: Instant) -> Option<LossReason> {
+        if self.epoch != epoch {
+            return Some(LossReason::LeaseExpired);
+        }
+        if let Some(reason) = self.ended {
+            return Some(reason);
+        }
+        (now >= self.deadline).then_some(LossReason::LeaseExpired)
+    }
+
+    /// Whether the lease is live at `now`.
+    pub(crate) fn live(&self, now: Instant) -> bool {
+        self.id != 0 && self.ended.is_none() && now < self.deadline
+    }
+}
+
+/// The session's settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionConfig {
+    pub(crate) ttl: Duration,
+    /// How long one request may wait for its reply.
+    pub(crate) reply_timeout: Duration,
+}
+
+impl SessionConfig {
+    /// What is taken off a confirmed TTL before a hold counts as lost (see the module docs).
+    fn margin(&self) -> Duration {
+        self.ttl / 100 + Duration::from_millis(2) + self.ttl / 20
+    }
+}
+
+/// The session: its lease's state, kept by a task of its own.
+pub(crate) struct Session {
+    state: watch::Receiver<LeaseState>,
+    task: tokio::task::AbortHandle,
+    client: Client,
+}
+
+impl Session {
+    /// Grants the first lease (so that connect fails when etcd does not grant one) and starts
+    /// keeping it alive.
+    pub(crate) async fn start(client: Client, config: SessionConfig) -> Result<Session> {
+        let first = grant(&client, config).await?;
+        let (tx, state) = watch::channel(LeaseState {
+            epoch: 1,
+            id: first.0,
+            deadline: first.1,
+            ended: None,
+        });
+        let task = tokio::spawn(keep(client.clone(), config, tx)).abort_handle();
+        Ok(Session {
+            state,
+            task,
+            client,
+        })
+    }
+
+    /// The lease's state, to watch.
+    pub(crate) fn watch(&self) -> watch::Receiver<LeaseState> {
+        self.state.clone()
+    }
+
+    /// A live lease: the current one, or the next once it is granted; `Err` past `until`.
+    pub(crate) async fn live(&self, until: Option<Instant>) -> Result<LeaseState> {
+        let mut state = self.state.clone();
+        let wait = async {
+            loop {
+                {
+                    let s = state.borrow_and_update();
+                    if s.live(Instant::now()) {
+                        return Ok(s.clone());
+                    }
+                }
+                if state.changed().await.is_err() {
+                    return Err(Error::Closed);
+                }
+            }
+        };
+        match until {
+            Some(until) => {
+                tokio::time::timeout_at(until, wait)
+                    .await
+                    .unwrap_or(Err(Error::Server {
+                        backend: "etcd",
+                        operation: "grant a lease",
+                        source: crate::types::error::ServerError::timed_out("etcd"),
+                    }))
+            }
+            None => wait.await,
+        }
+    }
+
+    /// Ends the session: stops the keep-alives and revokes the lease, which deletes every key
+    /// attached to it (best effort: a lease not revoked expires after its TTL).
+    pub(crate) fn close(&self, runtime: &tokio::runtime::Handle) {
+        self.task.abort();
+        let id = self.state.borrow().id;
+        let mut client = self.client.clone();
+        if id != 0 {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(id)).await;
+            });
+        }
+    }
+}
+
+/// Grants a lease of the configured TTL: its id and the deadline it starts with.
+async fn grant(client: &Client, config: SessionConfig) -> Result<(i64, Instant)> {
+    let sent = Instant::now();
+    let mut client = client.clone();
+    let secs = config.ttl.as_secs().max(1) as i64;
+    let granted = bounded(
+        "grant a lease",
+        config.reply_timeout,
+        client.lease_grant(secs, None),
+    )
+    .await?;
+    let ttl = Duration::from_secs(granted.ttl().clamp(0, secs) as u64);
+    Ok((granted.id(), sent + ttl.saturating_sub(config.margin())))
+}
+
+/// Keeps the session's leases alive, one after another, until the session is dropped.
+async fn keep(client: Client, config: SessionConfig, state: watch::Sender<LeaseState>) {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let (id, epoch) = {
+            let s = state.borrow();
+            (s.id, s.epoch)
+        };
+        let ended = keep_alive(&client, config, id, &state).await;
+        tracing::warn!(lease = format_args!("{id:x}"), %ended, "the etcd lease ended: every hold on it is lost");
+        state.send_modify(|s| s.ended = Some(ended));
+        // The next lease, as soon as etcd grants one.
+        loop {
+            if state.is_closed() {
+                return;
+            }
+            match grant(&client, config).await {
+                Ok((id, deadline)) => {
+                    state.send_replace(LeaseState {
+                        epoch: epoch + 1,
+                        id,
+                        deadline,
+                        ended: None,
+                    });
+                    backoff = Duration::from_millis(20);
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "granting a new etcd lease failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+}
+
+/// Keeps lease `id` alive every TTL/3 until it ends: returns why.
+async fn keep_alive(
+    client: &Client,
+    config: SessionConfig,
+    id: i64,
+    state: &watch::Sender<LeaseState>,
+) -> LossReason {
+    let period = config.ttl / 3;
+    let mut stream = None;
+    let mut next = Instant::now() + period;
+    loop {
+        let deadline = state.borrow().deadline;
+        if Instant::now() >= deadline {
+            return LossReason::LeaseExpired;
+        }
+        // Sleep until the next keep-alive is due, but never past the deadline.
+        tokio::time::sleep_until(next.min(deadline)).await;
+        if Instant::now() >= deadline {
+            return LossReason::LeaseExpired;
+        }
+        let sent = Instant::now();
+        next = sent + period;
+        if stream.is_none() {
+            let mut c = client.clone();
+            match bounded(
+                "keep the lease alive",
+                config.reply_timeout,
+                c.lease_keep_alive(id),
+            )
+            .await
+            {
+                Ok(s) => stream = Some(s),
+                Err(e) => {
+                    tracing::debug!(error = %e, "opening the etcd keep-alive stream failed");
+                    next = sent + Duration::from_millis(100).min(period);
+                    continue;
+                }
+            }
+        }
+        let (keeper, responses) = stream.as_mut().expect("just opened");
+        let answer = async {
+            keeper
+                .keep_alive()
+                .await
+                .map_err(|e| server_error("keep the lease alive", e))?;
+            match responses.message().await {
+                Ok(Some(r)) => Ok(r.ttl()),
+                Ok(None) => Err(Error::Closed),
+                Err(e) => Err(server_error("keep the lease alive", e)),
+            }
+        };
+        let bound = config
+            .reply_timeout
+            .min(deadline.saturating_duration_since(sent));
+        match tokio::time::timeout(bound, answer).await {
+            Ok(Ok(ttl)) if ttl > 0 => {
+                let ttl = Duration::from_secs((ttl as u64).min(config.ttl.as_secs().max(1)));
+                let confirmed = sent + ttl.saturating_sub(config.margin());
+                state.send_if_modified(|s| {
+                    let later = confirmed > s.deadline;
+                    if later {
+                        s.deadline = confirmed;
+                    }
+                    later
+                });
+            }
+            // etcd no longer has the lease: expired, or revoked from outside while this
+            // process still counted it live.
+            Ok(Ok(_)) => {
+                return if Instant::now() < state.borrow().deadline {
+                    LossReason::NodeDeleted
+                } else {
+                    LossReason::LeaseExpired
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "an etcd keep-alive failed; reopening the stream");
+                stream = None;
+                next = Instant::now() + Duration::from_millis(100).min(period);
+            }
+            Err(_) => {
+                stream = None;
+                next = Instant::now();
+            }
+        }
+    }
+}
