@@ -8,6 +8,7 @@ pub(crate) enum Backend {
     Zookeeper,
     Redis,
     Postgres,
+    Etcd,
     Memory,
 }
 
@@ -18,6 +19,9 @@ pub(crate) const REDIS_LEASE: Duration = Duration::from_secs(3);
 /// The class of a waiting writer's intent (`zkIN`), as `pg_locks.classid` shows it, beside the
 /// lock's own (`common::PG_LOCK_CLASS`); the PostgreSQL managers run with `common::PG_LEASE`.
 pub(crate) const PG_INTENT_CLASS: i64 = 0x7A6B_494E;
+
+/// The lease of the etcd managers (whole seconds, as etcd counts them).
+pub(crate) const ETCD_LEASE: Duration = Duration::from_secs(3);
 
 /// Whether tasks of one process queue behind one backend hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +40,7 @@ pub(crate) struct Env {
     pub(crate) zk: Option<ZkServer>,
     pub(crate) redis: Option<RedisServer>,
     pub(crate) pg: Option<PostgresServer>,
+    pub(crate) etcd: Option<EtcdServer>,
     /// Memory: one manager per queue mode; its clones share its lock table.
     pub(crate) local: Option<LockManager>,
     pub(crate) strict: Option<LockManager>,
@@ -49,6 +54,7 @@ impl Env {
                 zk: Some(server()),
                 redis: None,
                 pg: None,
+                etcd: None,
                 local: None,
                 strict: None,
             },
@@ -57,6 +63,7 @@ impl Env {
                 zk: None,
                 redis: Some(RedisServer::start().expect("start redis-server (test kit)")),
                 pg: None,
+                etcd: None,
                 local: None,
                 strict: None,
             },
@@ -65,6 +72,16 @@ impl Env {
                 zk: None,
                 redis: None,
                 pg: Some(pg_server()),
+                etcd: None,
+                local: None,
+                strict: None,
+            },
+            Backend::Etcd => Env {
+                backend,
+                zk: None,
+                redis: None,
+                pg: None,
+                etcd: Some(EtcdServer::start().expect("start etcd (test kit)")),
                 local: None,
                 strict: None,
             },
@@ -73,11 +90,23 @@ impl Env {
                 zk: None,
                 redis: None,
                 pg: None,
+                etcd: None,
                 local: Some(LockManager::in_memory()),
                 strict: Some(LockManager::in_memory_with(
                     LockManager::builder("memory").local_queue(false),
                 )),
             },
+        }
+    }
+
+    /// The backend's name, as `Error::Unsupported` gives it.
+    pub(crate) fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Zookeeper => "zookeeper",
+            Backend::Redis => "redis",
+            Backend::Postgres => "postgres",
+            Backend::Etcd => "etcd",
+            Backend::Memory => "memory",
         }
     }
 
@@ -100,6 +129,37 @@ impl Env {
             .get_multiplexed_async_connection()
             .await
             .expect("connect to the test Redis")
+    }
+
+    pub(crate) fn etcd_url(&self) -> String {
+        self.etcd.as_ref().expect("an etcd env").url()
+    }
+
+    /// The keys under `path/` in create order (contenders first in line first).
+    pub(crate) async fn etcd_keys(&self, path: &str) -> Vec<String> {
+        let endpoint = self.etcd.as_ref().expect("an etcd env").client_url();
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .expect("connect to the test etcd");
+        let got = client
+            .get(
+                format!("{path}/"),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_sort(
+                            etcd_client::SortTarget::Create,
+                            etcd_client::SortOrder::Ascend,
+                        ),
+                ),
+            )
+            .await
+            .expect("read the test etcd");
+        got.kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect()
     }
 
     pub(crate) fn pg_url(&self) -> String {
@@ -169,6 +229,13 @@ impl Env {
                     .await
                     .expect("connect to the test PostgreSQL")
             }
+            Backend::Etcd => {
+                configure(LockManager::builder(self.etcd_url()).etcd(|e| e.lease(ETCD_LEASE)))
+                    .local_queue(local)
+                    .connect()
+                    .await
+                    .expect("connect to the test etcd")
+            }
             Backend::Zookeeper => configure(
                 LockManager::builder(self.connect())
                     .zookeeper(|zk| zk.session_timeout(Duration::from_secs(4))),
@@ -216,6 +283,14 @@ impl Env {
                     .connect()
                     .await
                     .expect("connect to the test PostgreSQL")
+            }
+            // etcd counts leases in whole seconds, 2 at least.
+            Backend::Etcd => {
+                let lease = Duration::from_secs(lease.as_secs().max(2));
+                configure(LockManager::builder(self.etcd_url()).etcd(|e| e.lease(lease)))
+                    .connect()
+                    .await
+                    .expect("connect to the test etcd")
             }
             Backend::Zookeeper => configure(
                 LockManager::builder(self.connect())
@@ -280,11 +355,19 @@ impl Env {
                     })
                     .collect()
             }
+            Backend::Etcd => {
+                let lock = path
+                    .strip_suffix("/leases")
+                    .or_else(|| path.strip_suffix("/locks"))
+                    .unwrap_or(path);
+                self.etcd_keys(lock).await
+            }
             Backend::Memory => vec![],
         }
     }
 
     /// Makes `m`'s holds of `key` lost: `lose` in memory, the session expired on ZooKeeper,
+    /// the holder's key deleted from outside on etcd (its watch tells the holder),
     /// the lock's key deleted on Redis (the holder's next renewal, within lease/3, finds it
     /// gone), the holding session ended by the server on PostgreSQL (`pg_terminate_backend`:
     /// every hold on that connection is lost with it).
@@ -318,6 +401,18 @@ impl Env {
                     "the holding session {pid} of {path} was not ended"
                 );
             }
+            Backend::Etcd => {
+                let path = m.path_of(key).unwrap();
+                let keys = self.etcd_keys(&path).await;
+                let holder = keys.first().unwrap_or_else(|| panic!("{path} is not held"));
+                let out = self
+                    .etcd
+                    .as_ref()
+                    .unwrap()
+                    .etcdctl(&["del", holder])
+                    .expect("etcdctl del");
+                assert_eq!(out.trim(), "1", "{holder} was not deleted");
+            }
         }
     }
 
@@ -330,7 +425,7 @@ impl Env {
         let name = match self.backend {
             Backend::Redis => format!("zklock:intent:{path}"),
             Backend::Postgres => format!("the intent lock of {path}"),
-            Backend::Zookeeper | Backend::Memory => return,
+            Backend::Zookeeper | Backend::Etcd | Backend::Memory => return,
         };
         let mut conn = match self.backend {
             Backend::Redis => Some(self.redis_conn().await),
@@ -392,6 +487,7 @@ impl Env {
             Backend::Postgres => {
                 matches!(reason, LossReason::Disconnected | LossReason::LeaseExpired)
             }
+            Backend::Etcd => matches!(reason, LossReason::NodeDeleted | LossReason::LeaseExpired),
             Backend::Zookeeper => matches!(
                 reason,
                 LossReason::SessionExpired | LossReason::Disconnected | LossReason::NodeDeleted
@@ -427,6 +523,17 @@ impl Env {
         first_poll.await.expect("the spawned acquire was polled");
         if self.is_zk() {
             until_children(observer, path, nodes).await;
+        }
+        if self.backend == Backend::Etcd {
+            // Its key is put by a request the first poll only starts.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while self.etcd_keys(path).await.len() < nodes {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{path} never had {nodes} contenders"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         task
     }

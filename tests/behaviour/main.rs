@@ -4,20 +4,22 @@
 //! made by an [`Env`]; the `every_backend!` macro instantiates it for ZooKeeper (a real server
 //! from the test kit, one session per "process"), for Redis (a real `redis-server` from the
 //! test kit, one manager with its own connections per "process"), for PostgreSQL (a real
-//! PostgreSQL from the test kit, one manager with its own connections per "process") and for
+//! PostgreSQL from the test kit, one manager with its own connections per "process"), for etcd
+//! (a real etcd from the test kit, one manager with its own lease per "process") and for
 //! the in-memory backend (clones of one in-memory manager, which share its lock table), so the
 //! tests read `mutex_excludes::zookeeper`, `mutex_excludes::redis`,
-//! `mutex_excludes::postgres` and `mutex_excludes::memory`.
+//! `mutex_excludes::postgres`, `mutex_excludes::etcd` and `mutex_excludes::memory`.
 //! Behaviours that need distinct contenders at the backend run their scenario twice: with the
 //! local queue (tasks of a process queue behind one hold) and without it
 //! (`local_queue(false)`: every acquire is a contender of its own).
 //!
 //! What a backend leaves out on purpose (inspection and revocation off ZooKeeper, the
-//! ZooKeeper client, `lose` off memory, semaphores on PostgreSQL) is checked to fail with
+//! ZooKeeper client, `lose` off memory, semaphores on PostgreSQL and etcd) is checked to fail with
 //! `Error::Unsupported` naming the backend. Where "a hold is lost" comes from differs: the
 //! session expired on ZooKeeper, the lock's key deleted behind the holder's back on Redis (as a
 //! failover to a replica that never got it would), the holding session ended by the server on
-//! PostgreSQL (`pg_terminate_backend`), `lose` in memory.
+//! PostgreSQL (`pg_terminate_backend`), the holder's key deleted from outside on etcd, `lose` in
+//! memory.
 
 mod attribute;
 #[path = "../common/mod.rs"]
@@ -44,7 +46,7 @@ use tokio::task::JoinHandle;
 use zklock::{
     current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
 };
-use zklock_testkit::{PostgresServer, RedisServer};
+use zklock_testkit::{EtcdServer, PostgresServer, RedisServer};
 
 use attribute::*;
 use env::*;
@@ -59,7 +61,7 @@ use tokens::*;
 const BOUND: Duration = Duration::from_secs(120);
 
 /// Instantiates each behaviour for every backend: `name::zookeeper`, `name::redis`,
-/// `name::postgres` and `name::memory`.
+/// `name::postgres`, `name::etcd` and `name::memory`.
 macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -84,6 +86,13 @@ macro_rules! every_backend {
                 tokio::time::timeout(BOUND, super::$name(Backend::Postgres))
                     .await
                     .expect(concat!(stringify!($name), " hung on PostgreSQL"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn etcd() {
+                tokio::time::timeout(BOUND, super::$name(Backend::Etcd))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on etcd"));
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

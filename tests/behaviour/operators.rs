@@ -13,6 +13,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
     match backend {
         Backend::Redis => redis_features(&env, &m, &debug).await,
         Backend::Postgres => postgres_features(&env, &m, &debug).await,
+        Backend::Etcd => etcd_features(&env, &m, &debug).await,
         Backend::Memory => memory_features(&m, &debug).await,
         Backend::Zookeeper => zookeeper_features(&m, &debug).await,
     }
@@ -110,6 +111,47 @@ async fn postgres_features(env: &Env, m: &LockManager, debug: &str) {
         .unwrap()
         .get(0);
     assert!(application.contains(" pid="), "{application}");
+    held.release().await.unwrap();
+    assert_eq!(
+        env.left_behind(std::slice::from_ref(m), &path).await,
+        Vec::<String>::new()
+    );
+}
+
+/// etcd: what it leaves out, and what it has instead: the hold is etcd's own mutex key,
+/// `<path>/<lease id in hex>` on the manager's lease, naming its process, and the token is the
+/// key's create revision; the manager's etcd client is the user's too.
+async fn etcd_features(env: &Env, m: &LockManager, debug: &str) {
+    assert!(debug.contains("etcd"), "{debug}");
+    let errors = [
+        m.revoke("k").await.unwrap_err(),
+        m.revoke_path("/some/lock").await.unwrap_err(),
+        m.lose("k", LossReason::SessionExpired).unwrap_err(),
+    ];
+    for err in &errors {
+        assert_unsupported(err, "etcd");
+    }
+    assert!(
+        m.client::<zookeeper_client::Client>().is_none(),
+        "no ZooKeeper client on etcd"
+    );
+    assert_eq!(m.lease(), Some(ETCD_LEASE));
+
+    // What etcd has instead.
+    let held = m.lock("k").await.unwrap();
+    let path = m.path_of("k").unwrap();
+    let mut client = m
+        .client::<etcd_client::Client>()
+        .expect("the manager's etcd client");
+    let got = client.get(held.node_path(), None).await.unwrap();
+    let [kv] = got.kvs() else {
+        panic!("one key {}: {:?}", held.node_path(), got.kvs())
+    };
+    let lease = kv.lease();
+    assert_eq!(held.node_path(), format!("{path}/{lease:x}"));
+    assert!(String::from_utf8_lossy(kv.value()).contains(" pid="));
+    assert_eq!(held.fencing_token().grant(), kv.create_revision());
+    assert!(m.stats().requests > 0);
     held.release().await.unwrap();
     assert_eq!(
         env.left_behind(std::slice::from_ref(m), &path).await,

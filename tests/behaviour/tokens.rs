@@ -28,7 +28,7 @@ async fn token_state(env: &Env, path: &str) -> Option<i64> {
                 .expect("read the key row");
             Some(row.map_or(0, |r| r.get(0)))
         }
-        Backend::Zookeeper | Backend::Memory => None,
+        Backend::Zookeeper | Backend::Etcd | Backend::Memory => None,
     }
 }
 
@@ -113,7 +113,7 @@ pub(crate) async fn fencing_tokens_can_be_off(backend: Backend) {
     next.release().await.unwrap();
 
     // Semaphore leases too, where the backend has semaphores.
-    if backend != Backend::Postgres {
+    if !matches!(backend, Backend::Postgres | Backend::Etcd) {
         let lease = without
             .semaphore("untokened_sem", 2)
             .unwrap()

@@ -240,13 +240,30 @@ fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
 pub(crate) struct RequestError {
     pub(crate) error: Error,
     pub(crate) transient: bool,
+    /// Whether the request got no answer: it may still be applied later.
+    pub(crate) unanswered: bool,
 }
 
 impl From<Error> for RequestError {
     fn from(error: Error) -> RequestError {
         let transient = error.is_retryable();
-        RequestError { error, transient }
+        RequestError {
+            error,
+            transient,
+            unanswered: false,
+        }
     }
+}
+
+/// What came of a put of a contender's key that was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// No answer yet.
+    Pending,
+    /// Answered (applied or refused): nothing of it can land later.
+    Answered,
+    /// No answer within the bound: it may still be applied.
+    Unknown,
 }
 
 /// Sends `txn` within the reply bound.
@@ -261,11 +278,14 @@ pub(crate) async fn txn(
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) => Err(RequestError {
             transient: transient(&e),
+            // A broken connection may have carried the request before it broke.
+            unanswered: transient(&e),
             error: super::error::server_error(operation, e),
         }),
         Err(_) => Err(RequestError {
             error: super::error::timed_out(operation),
             transient: true,
+            unanswered: true,
         }),
     }
 }
@@ -334,6 +354,7 @@ async fn watch_deletion(inner: &Inner, key: Vec<u8>, from: i64) {
 /// A contender's key while its acquire runs: deleted when the acquire ends without a hold.
 pub(crate) struct Entry {
     inner: Arc<Inner>,
+    user_key: Arc<str>,
     path: Arc<str>,
     mode: LockMode,
     /// The key in etcd.
@@ -342,6 +363,9 @@ pub(crate) struct Entry {
     lease: i64,
     /// Whether the key may exist and is still this entry's to delete.
     armed: bool,
+    /// The puts sent: an undo waits for their answers first, so that no put lands after the
+    /// delete (the two go on different streams, which etcd may apply in either order).
+    sent: Vec<tokio::sync::watch::Receiver<Settled>>,
 }
 
 impl Entry {
@@ -354,12 +378,14 @@ impl Entry {
         };
         Entry {
             inner: inner.clone(),
+            user_key: target.key.clone(),
             path: target.path.clone(),
             mode,
             key,
             value,
             lease: lease.id,
             armed: true,
+            sent: Vec::new(),
         }
     }
 
@@ -395,7 +421,24 @@ impl Entry {
                     first.clone(),
                 ])
                 .or_else([TxnOp::get(self.key.as_str(), None), first]);
-            let resp = txn(&self.inner, "put the contender's key", put).await?;
+            // Sent from a task of its own, which a dropped acquire does not cancel: its answer
+            // tells the undo when the put can no longer land.
+            let (settled, rx) = tokio::sync::watch::channel(Settled::Pending);
+            self.sent.push(rx);
+            let inner = self.inner.clone();
+            let resp = self
+                .inner
+                .runtime
+                .spawn(async move {
+                    let r = txn(&inner, "put the contender's key", put).await;
+                    settled.send_replace(match &r {
+                        Err(e) if e.unanswered => Settled::Unknown,
+                        _ => Settled::Answered,
+                    });
+                    r
+                })
+                .await
+                .map_err(|_| RequestError::from(Error::Closed))??;
             let ranges: Vec<_> = resp
                 .op_responses()
                 .into_iter()
@@ -446,6 +489,7 @@ impl Entry {
         self.armed = false;
         EtcdHold::new(
             self.inner.clone(),
+            self.user_key.clone(),
             std::mem::take(&mut self.key),
             rev,
             lease,
@@ -456,10 +500,12 @@ impl Entry {
     /// Deletes the key and waits for the answer (in the background if it is dropped first).
     async fn undo_now(mut self) {
         self.armed = false;
-        let undo = undo(
+        let sent = std::mem::take(&mut self.sent);
+        let undo = undo_sent(
             self.inner.clone(),
             std::mem::take(&mut self.key),
             self.lease,
+            sent,
         );
         let task = self.inner.runtime.spawn(undo);
         let _ = task.await;
@@ -470,10 +516,12 @@ impl Drop for Entry {
     fn drop(&mut self) {
         if self.armed {
             let undoing = self.inner.undos.start(&self.path);
-            let undo = undo(
+            let sent = std::mem::take(&mut self.sent);
+            let undo = undo_sent(
                 self.inner.clone(),
                 std::mem::take(&mut self.key),
                 self.lease,
+                sent,
             );
             self.inner
                 .background
@@ -485,17 +533,48 @@ impl Drop for Entry {
     }
 }
 
+/// The undo of an acquire whose puts of `key` are `sent`: waits for their answers, deletes the
+/// key, and when a put got none (it may still land), deletes it once more after the longest a
+/// request can take; the name stays taken until then.
+async fn undo_sent(
+    inner: Arc<Inner>,
+    key: String,
+    lease: i64,
+    sent: Vec<tokio::sync::watch::Receiver<Settled>>,
+) {
+    let mut unknown = false;
+    for mut rx in sent {
+        let answered = tokio::time::timeout(
+            inner.config.reply_timeout + RETRY_MAX,
+            rx.wait_for(|s| *s != Settled::Pending),
+        )
+        .await;
+        unknown |= !matches!(answered, Ok(Ok(s)) if *s == Settled::Answered);
+    }
+    if unknown {
+        delete(&inner, &key, lease).await;
+        tokio::time::sleep(inner.config.reply_timeout).await;
+    }
+    undo(inner, key, lease).await;
+}
+
 /// Deletes `key` if it is still on `lease` (never a key of another lease that took the name),
 /// retrying while the lease may keep it, then frees the name.
 pub(crate) async fn undo(inner: Arc<Inner>, key: String, lease: i64) {
+    delete(&inner, &key, lease).await;
+    inner.unreserve(&key);
+}
+
+/// Deletes `key` if it is still on `lease`, retrying while the lease may keep it.
+async fn delete(inner: &Inner, key: &str, lease: i64) {
     let delete = || {
         Txn::new()
-            .when([Compare::lease(key.as_str(), CompareOp::Equal, lease)])
-            .and_then([TxnOp::delete(key.as_str(), None)])
+            .when([Compare::lease(key, CompareOp::Equal, lease)])
+            .and_then([TxnOp::delete(key, None)])
     };
     let mut pause = RETRY_MIN;
     loop {
-        match txn(&inner, "delete the contender's key", delete()).await {
+        match txn(inner, "delete the contender's key", delete()).await {
             Ok(_) => break,
             Err(e) if e.transient && inner.lease_may_hold(lease) => {
                 tokio::time::sleep(pause).await;
@@ -508,5 +587,4 @@ pub(crate) async fn undo(inner: Arc<Inner>, key: String, lease: i64) {
             }
         }
     }
-    inner.unreserve(&key);
 }

@@ -86,6 +86,8 @@ impl Loss for EtcdLoss {
 /// A hold of one key on the session's lease.
 pub(crate) struct EtcdHold {
     inner: Arc<Inner>,
+    /// The user's key, for errors.
+    user_key: Arc<str>,
     /// The key in etcd: what inspection shows as the contender's location.
     key: String,
     /// Its create revision: the fencing token.
@@ -101,6 +103,7 @@ pub(crate) struct EtcdHold {
 impl EtcdHold {
     pub(crate) fn new(
         inner: Arc<Inner>,
+        user_key: Arc<str>,
         key: String,
         rev: i64,
         lease: LeaseState,
@@ -108,6 +111,7 @@ impl EtcdHold {
     ) -> EtcdHold {
         EtcdHold {
             inner,
+            user_key,
             key,
             rev,
             lease,
@@ -152,17 +156,25 @@ impl EtcdHold {
         });
     }
 
-    /// Deletes the key once; later calls only wait for nothing.
+    /// Deletes the key once; later calls only wait for nothing. `Err` when the hold was lost
+    /// before (its key is deleted all the same, if it is still there).
     async fn delete(&self) -> Result<()> {
         if self.released.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        let lost = self.loss_reason();
         self.own.send_replace(Own::Released);
         if let Some(w) = self.watching.get() {
             w.abort();
         }
         undo(self.inner.clone(), self.key.clone(), self.lease.id).await;
-        Ok(())
+        match lost {
+            Some(reason) => Err(Error::LockLost {
+                key: self.user_key.to_string(),
+                reason,
+            }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -341,7 +353,8 @@ impl EtcdHold {
                         GetOptions::new()
                             .with_prefix()
                             .with_keys_only()
-                            .with_count_only()
+                            .with_limit(1)
+                            // (A range's count is taken before this filter: read the keys.)
                             .with_min_create_revision(self.rev + 1),
                     ),
                 ),
@@ -368,12 +381,13 @@ impl EtcdHold {
             .op_responses()
             .into_iter()
             .find_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(g.count()),
+                TxnOpResponse::Get(g) => Some(g.kvs().len()),
                 _ => None,
             })
             .unwrap_or(1);
         let read = Arc::new(EtcdHold::new(
             inner,
+            target.key.clone(),
             key,
             rev,
             self.lease.clone(),
