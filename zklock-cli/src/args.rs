@@ -20,9 +20,9 @@ EXIT CODES (exec, elect):
   127  CMD not found";
 
 #[derive(Parser, Debug)]
-#[command(name = "zklock", version, about = "Distributed locks on ZooKeeper, Redis or PostgreSQL, from the shell (like flock(1) across machines)", after_help = EXIT_CODES)]
+#[command(name = "zklock", version, about = "Distributed locks on ZooKeeper, Redis, PostgreSQL or etcd, from the shell (like flock(1) across machines)", after_help = EXIT_CODES)]
 pub(crate) struct Cli {
-    /// ZooKeeper servers, host:port[,host:port...], a Redis URL, redis://host:port[/db], or a PostgreSQL URL, postgres://user@host/db
+    /// ZooKeeper servers, host:port[,host:port...], a Redis URL, redis://host:port[/db], a PostgreSQL URL, postgres://user@host/db, or etcd members, etcd://host:2379[,host:2379...]
     #[arg(
         long,
         global = true,
@@ -39,8 +39,9 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_parser = parse_duration, help_heading = "ZooKeeper")]
     pub(crate) session_timeout: Option<Duration>,
     /// How long a holder may go silent before it loses the lock: its lease on Redis, its
-    /// sessions' idle_session_timeout on PostgreSQL (default 10s; e.g. 4s, 1500ms)
-    #[arg(long, global = true, value_parser = parse_duration, help_heading = "Redis and PostgreSQL")]
+    /// sessions' idle_session_timeout on PostgreSQL, its lease's TTL on etcd, in whole seconds
+    /// (default 10s; e.g. 4s, 1500ms)
+    #[arg(long, global = true, value_parser = parse_duration, help_heading = "Redis, PostgreSQL and etcd")]
     pub(crate) lease: Option<Duration>,
     #[command(subcommand)]
     pub(crate) command: Command,

@@ -9,7 +9,7 @@ use crate::args::Cli;
 use crate::exit::fail;
 
 /// A manager for `--connect`, `--namespace` and the backend's own flags (`--session-timeout`
-/// on ZooKeeper, `--lease` on Redis and PostgreSQL). A flag of another backend than the one
+/// on ZooKeeper, `--lease` on Redis, PostgreSQL and etcd). A flag of another backend than the one
 /// `--connect` names is refused: it would have no effect.
 pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
     let kind = BackendKind::of(&cli.connect)?;
@@ -30,6 +30,7 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
         (BackendKind::ZooKeeper, Some(t), _) => builder.zookeeper(|zk| zk.session_timeout(t)),
         (BackendKind::Redis, _, Some(lease)) => builder.redis(|r| r.lease(lease)),
         (BackendKind::Postgres, _, Some(lease)) => builder.postgres(|pg| pg.lease(lease)),
+        (BackendKind::Etcd, _, Some(lease)) => builder.etcd(|e| e.lease(lease)),
         _ => builder,
     };
     builder.connect().await

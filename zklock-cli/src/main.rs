@@ -1,7 +1,7 @@
 //! `zklock`: the shell's entry to zklock, like flock(1) across machines.
 //!
 //! ```text
-//! zklock [--connect HOSTS|REDIS_URL|POSTGRES_URL] [--namespace NS] [--session-timeout DUR | --lease DUR] \
+//! zklock [--connect HOSTS|REDIS_URL|POSTGRES_URL|ETCD_URL] [--namespace NS] [--session-timeout DUR | --lease DUR] \
 //!        exec (KEY | --path PATH) [--timeout DUR] -- CMD [ARGS...]
 //! zklock exec (KEY | --path PATH) --skip-if-locked [--at-least DUR] [--at-most DUR] \
 //!        [--skipped-exit-code N] [--kill-after DUR] -- CMD [ARGS...]
@@ -11,10 +11,11 @@
 //! ```
 //!
 //! `--connect redis://host:port[/db]` runs on the Redis backend, `--connect
-//! postgres://user@host/db` on PostgreSQL's advisory locks: `exec` (jobs included), `elect`,
+//! postgres://user@host/db` on PostgreSQL's advisory locks, `--connect etcd://host:2379` on etcd
+//! (in etcd's own format: `etcdctl lock` and `etcdctl elect` take part): `exec` (jobs included), `elect`,
 //! `ls`, `status` and `top` work the same, `--lease` (instead of ZooKeeper's
 //! `--session-timeout`) says how long a silent holder keeps its locks (on PostgreSQL the
-//! server ends a holding session silent this long), and `revoke` says it is unsupported
+//! server ends a holding session silent this long; on etcd, the TTL of the lease, whole seconds), and `revoke` says it is unsupported
 //! (revocation is ZooKeeper's).
 //!
 //! Exit codes of `exec`: CMD's own code when it ran (128+N when a signal N ended it);
