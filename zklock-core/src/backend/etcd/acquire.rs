@@ -112,10 +112,21 @@ impl Acquire<'_> {
                 },
                 () = self.until_deadline() => return Err(self.timeout()),
             };
+            // The lease ended before the session heard: every hold on it is lost; again on
+            // the next.
+            if super::error::is_lease_gone(&failed.error) {
+                self.inner.session.lease_gone(lease.id);
+                return Ok(Attempt::Again);
+            }
             self.pause_after(failed, &mut pause).await?;
         };
         if first.is_none_or(|first| first >= rev) {
-            return Ok(Attempt::Held(rev));
+            // Held while the lease is: one that could have run out meanwhile is no grant.
+            return Ok(if lease_live(self.inner, lease) {
+                Attempt::Held(rev)
+            } else {
+                Attempt::Again
+            });
         }
         if matches!(self.wait, Wait::Never) {
             return Ok(Attempt::Busy);

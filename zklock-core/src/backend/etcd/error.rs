@@ -46,6 +46,13 @@ pub(crate) fn is_auth(err: &etcd_client::Error) -> bool {
             || s.message().contains("permission denied"))
 }
 
+/// Whether etcd answered that the lease a request names does not exist (any more).
+pub(crate) fn is_lease_gone(err: &Error) -> bool {
+    matches!(err, Error::Server { source, .. }
+        if source.downcast_ref::<etcd_client::Error>().is_some_and(|e| matches!(e,
+            etcd_client::Error::GRpcStatus(s) if s.message().contains("requested lease not found"))))
+}
+
 /// The client's `err` during `operation`.
 pub(crate) fn server_error(operation: &'static str, err: etcd_client::Error) -> Error {
     let message = match &err {

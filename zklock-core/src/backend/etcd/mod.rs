@@ -248,7 +248,15 @@ impl EtcdBackend {
                 }
             ))
         };
-        let mut options = ConnectOptions::new().with_connect_timeout(config.connect_timeout);
+        let ttl = config.options.lease;
+        // A member cut off from the others answers nothing but errors (no request, watch or
+        // keep-alive waits on a member without a leader), and a silent connection is found by
+        // HTTP/2 pings within a third of the lease.
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_require_leader(true)
+            .with_keep_alive(ttl / 3, ttl.min(MAX_REPLY_TIMEOUT))
+            .with_keep_alive_while_idle(true);
         if let Some((name, password)) = &user {
             options = options.with_user(name.clone(), password.clone());
         }
@@ -293,7 +301,6 @@ impl EtcdBackend {
                 OLDEST.1
             )));
         }
-        let ttl = config.options.lease;
         let session_config = SessionConfig {
             ttl,
             reply_timeout: ttl.min(MAX_REPLY_TIMEOUT),

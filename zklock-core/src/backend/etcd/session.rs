@@ -74,6 +74,8 @@ impl SessionConfig {
 /// The session: its lease's state, kept by a task of its own.
 pub(crate) struct Session {
     state: watch::Receiver<LeaseState>,
+    /// The task's sender too, so that a request that finds the lease gone can say so at once.
+    tell: std::sync::Arc<watch::Sender<LeaseState>>,
     task: tokio::task::AbortHandle,
     client: Client,
 }
@@ -89,12 +91,31 @@ impl Session {
             deadline: first.1,
             ended: None,
         });
-        let task = tokio::spawn(keep(client.clone(), config, tx)).abort_handle();
+        let tx = std::sync::Arc::new(tx);
+        let task = tokio::spawn(keep(client.clone(), config, tx.clone())).abort_handle();
         Ok(Session {
             state,
+            tell: tx,
             task,
             client,
         })
+    }
+
+    /// A request found lease `id` gone (etcd: "requested lease not found"): it ended, revoked
+    /// from outside or expired, before a keep-alive said so. Every hold on it is lost now, and
+    /// the session grants the next.
+    pub(crate) fn lease_gone(&self, id: i64) {
+        self.tell.send_if_modified(|s| {
+            let now = s.id == id && s.ended.is_none();
+            if now {
+                s.ended = Some(if Instant::now() < s.deadline {
+                    LossReason::NodeDeleted
+                } else {
+                    LossReason::LeaseExpired
+                });
+            }
+            now
+        });
     }
 
     /// The lease's state, to watch.
@@ -162,7 +183,11 @@ async fn grant(client: &Client, config: SessionConfig) -> Result<(i64, Instant)>
 }
 
 /// Keeps the session's leases alive, one after another, until the session is dropped.
-async fn keep(client: Client, config: SessionConfig, state: watch::Sender<LeaseState>) {
+async fn keep(
+    client: Client,
+    config: SessionConfig,
+    state: std::sync::Arc<watch::Sender<LeaseState>>,
+) {
     let mut backoff = Duration::from_millis(20);
     loop {
         let (id, epoch) = {
@@ -171,7 +196,14 @@ async fn keep(client: Client, config: SessionConfig, state: watch::Sender<LeaseS
         };
         let ended = keep_alive(&client, config, id, &state).await;
         tracing::warn!(lease = format_args!("{id:x}"), %ended, "the etcd lease ended: every hold on it is lost");
-        state.send_modify(|s| s.ended = Some(ended));
+        // (A request that found it gone may have said so first, with its own reason.)
+        state.send_if_modified(|s| {
+            let first = s.ended.is_none();
+            if first {
+                s.ended = Some(ended);
+            }
+            first
+        });
         // The next lease, as soon as etcd grants one.
         loop {
             if state.is_closed() {
@@ -208,13 +240,20 @@ async fn keep_alive(
     let period = config.ttl / 3;
     let mut stream = None;
     let mut next = Instant::now() + period;
+    let mut told = state.subscribe();
     loop {
         let deadline = state.borrow().deadline;
         if Instant::now() >= deadline {
             return LossReason::LeaseExpired;
         }
-        // Sleep until the next keep-alive is due, but never past the deadline.
-        tokio::time::sleep_until(next.min(deadline)).await;
+        // Sleep until the next keep-alive is due, but never past the deadline, and stop when
+        // a request found the lease gone.
+        tokio::select! {
+            () = tokio::time::sleep_until(next.min(deadline)) => {}
+            told = told.wait_for(|s| s.ended.is_some()) => {
+                return told.ok().and_then(|s| s.ended).unwrap_or(LossReason::Closed);
+            }
+        }
         if Instant::now() >= deadline {
             return LossReason::LeaseExpired;
         }
