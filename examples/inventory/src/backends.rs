@@ -2,7 +2,7 @@
 //!
 //! The service itself knows none of them: it hands its `--lock` connect string to
 //! [`LockManager::builder`](zklock::LockManager::builder), which picks the backend from it (a
-//! ZooKeeper connect string, `redis://...`, `postgres://...`). Adding a backend to the demo is this file only:
+//! ZooKeeper connect string, `redis://...`, `postgres://...`, `etcd://...`). Adding a backend to the demo is this file only:
 //! a variant of [`LockBackend`], its entries in [`LockBackend::ALL`] and the `match`es below
 //! (its name, its title, what its holds expire by), and how [`LockService::start`] starts a
 //! throwaway server for it through the test kit.
@@ -11,7 +11,7 @@ use std::fmt;
 use std::io;
 use std::str::FromStr;
 
-use zklock_testkit::{PostgresServer, RedisServer, ZkServer};
+use zklock_testkit::{EtcdServer, PostgresServer, RedisServer, ZkServer};
 
 /// A lock service the demo runs the inventory service on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -24,14 +24,18 @@ pub enum LockBackend {
     /// ended by the server when the session stays idle past the lease
     /// (`idle_session_timeout`).
     Postgres,
+    /// etcd: a hold is a key on the instance's lease, in etcd's own lock format, which the
+    /// instance keeps alive.
+    Etcd,
 }
 
 impl LockBackend {
     /// Every backend, in the order the demo runs them (and the table shows them).
-    pub const ALL: [LockBackend; 3] = [
+    pub const ALL: [LockBackend; 4] = [
         LockBackend::Zookeeper,
         LockBackend::Redis,
         LockBackend::Postgres,
+        LockBackend::Etcd,
     ];
 
     /// The name in `--modes` and in the machine-readable lines (`backend=zk`).
@@ -40,6 +44,7 @@ impl LockBackend {
             LockBackend::Zookeeper => "zk",
             LockBackend::Redis => "redis",
             LockBackend::Postgres => "postgres",
+            LockBackend::Etcd => "etcd",
         }
     }
 
@@ -49,6 +54,7 @@ impl LockBackend {
             LockBackend::Zookeeper => "ZooKeeper",
             LockBackend::Redis => "Redis",
             LockBackend::Postgres => "PostgreSQL",
+            LockBackend::Etcd => "etcd",
         }
     }
 
@@ -58,6 +64,7 @@ impl LockBackend {
             LockBackend::Zookeeper => "session timeout",
             LockBackend::Redis => "lease",
             LockBackend::Postgres => "lease (idle_session_timeout)",
+            LockBackend::Etcd => "lease (TTL)",
         }
     }
 
@@ -70,6 +77,8 @@ impl LockBackend {
             .any(|scheme| lower.starts_with(scheme))
         {
             LockBackend::Postgres
+        } else if lower.starts_with("etcd://") {
+            LockBackend::Etcd
         } else if ["redis://", "rediss://", "redis+unix://", "unix://"]
             .iter()
             .any(|scheme| lower.starts_with(scheme))
@@ -113,6 +122,8 @@ pub enum Server {
     Redis(RedisServer),
     /// A throwaway PostgreSQL (its own data directory, run as an unprivileged user).
     Postgres(PostgresServer),
+    /// A throwaway etcd (one member, its own data directory).
+    Etcd(EtcdServer),
     /// A running service the user named (`ZKLOCK_CONNECT`).
     External,
 }
@@ -148,6 +159,11 @@ impl LockService {
                 let server = PostgresServer::start()
                     .map_err(|e| io::Error::other(format!("starting PostgreSQL: {e}")))?;
                 (server.url(), Server::Postgres(server))
+            }
+            LockBackend::Etcd => {
+                let server = EtcdServer::start()
+                    .map_err(|e| io::Error::other(format!("starting etcd: {e}")))?;
+                (server.url(), Server::Etcd(server))
             }
         };
         Ok(LockService {
@@ -201,7 +217,12 @@ mod tests {
             "postgresql".parse::<LockBackend>(),
             Ok(LockBackend::Postgres)
         );
-        assert!("etcd".parse::<LockBackend>().is_err());
+        assert_eq!(
+            LockBackend::of_connect_string("etcd://127.0.0.1:2379,127.0.0.1:2381"),
+            LockBackend::Etcd
+        );
+        assert_eq!("etcd".parse::<LockBackend>(), Ok(LockBackend::Etcd));
+        assert!("mysql".parse::<LockBackend>().is_err());
     }
 }
 

@@ -62,7 +62,7 @@ struct ServeArgs {
     /// This instance's number, reported in answers.
     #[arg(long, default_value_t = 1)]
     instance: u32,
-    /// ZooKeeper session timeout, or Redis and PostgreSQL lease: how long a frozen or cut-off instance keeps
+    /// ZooKeeper session timeout, or Redis, PostgreSQL and etcd lease: how long a frozen or cut-off instance keeps
     /// its locks.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     session_timeout: Duration,
@@ -95,7 +95,7 @@ struct DemoArgs {
     /// has none: the separate Redis round trips alone let orders overlap.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     work: Duration,
-    /// ZooKeeper session timeout and Redis and PostgreSQL lease of the instances (the pause scenario waits
+    /// ZooKeeper session timeout and Redis, PostgreSQL and etcd lease of the instances (the pause scenario waits
     /// this long).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     session_timeout: Duration,
@@ -149,6 +149,12 @@ fn serve(args: ServeArgs) -> Result<ExitCode, BoxError> {
             let manager = match zklock::BackendKind::of(&args.lock)? {
                 zklock::BackendKind::Redis => builder.redis(|r| r.lease(silence)),
                 zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(silence)),
+                // etcd counts its leases in whole seconds, 2 at least.
+                zklock::BackendKind::Etcd => builder.etcd(|e| {
+                    e.lease(Duration::from_secs(
+                        silence.as_secs_f64().ceil().max(2.0) as u64
+                    ))
+                }),
                 _ => builder.zookeeper(|zk| zk.session_timeout(silence)),
             }
             .connect()

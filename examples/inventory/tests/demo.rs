@@ -1,7 +1,7 @@
-//! The anti-oversell demo, small: real ZooKeeper, real Redis, real PostgreSQL, instances as
-//! real processes.
+//! The anti-oversell demo, small: real ZooKeeper, real Redis, real PostgreSQL, real etcd,
+//! instances as real processes.
 //!
-//! - With the lock, on ZooKeeper, Redis and PostgreSQL, nothing is oversold, and since demand exceeds
+//! - With the lock, on ZooKeeper, Redis, PostgreSQL and etcd, nothing is oversold, and since demand exceeds
 //!   stock, all stock is sold.
 //! - In the pause scenario, on each backend, the next holder gets in while the holder is
 //!   frozen past its session timeout or lease, and the holder's stale write is refused by the
@@ -59,19 +59,20 @@ fn small_demo_sells_exactly_the_stock_with_the_lock_and_fences_the_paused_holder
     assert!(output.status.success(), "demo failed: {}", output.status);
 
     // The last lines are the machine-readable summaries of the locked runs, one per backend.
-    let last: Vec<&str> = stdout.lines().rev().take(3).collect();
+    let last: Vec<&str> = stdout.lines().rev().take(4).collect();
     assert!(
         last.iter()
             .all(|l| l.starts_with("inventory: mode=lock backend=")),
         "last lines: {last:?}"
     );
-    assert!(last[0].contains(" backend=postgres "), "{last:?}");
-    assert!(last[1].contains(" backend=redis "), "{last:?}");
-    assert!(last[2].contains(" backend=zk "), "{last:?}");
+    assert!(last[0].contains(" backend=etcd "), "{last:?}");
+    assert!(last[1].contains(" backend=postgres "), "{last:?}");
+    assert!(last[2].contains(" backend=redis "), "{last:?}");
+    assert!(last[3].contains(" backend=zk "), "{last:?}");
 
     let nolock = machine_line(&stdout, "inventory: ", " mode=nolock ");
     assert_eq!(num(&nolock, "initial"), 60);
-    for backend in ["zk", "redis", "postgres"] {
+    for backend in ["zk", "redis", "postgres", "etcd"] {
         let lock = machine_line(
             &stdout,
             "inventory: ",
