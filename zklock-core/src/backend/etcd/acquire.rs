@@ -186,7 +186,7 @@ impl Acquire<'_> {
     /// Completes at the wait's deadline (never without one).
     async fn until_deadline(&self) {
         match self.wait.deadline() {
-            Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
             None => std::future::pending().await,
         }
     }

@@ -147,13 +147,7 @@ impl EtcdHold {
 
     /// Notes that the key is gone (unless the hold ended first).
     fn gone(&self) {
-        self.own.send_if_modified(|o| {
-            let held = *o == Own::Held;
-            if held {
-                *o = Own::Lost(LossReason::NodeDeleted);
-            }
-            held
-        });
+        mark_deleted(&self.own);
     }
 
     /// Deletes the key once; later calls only wait for nothing. `Err` when the hold was lost
@@ -178,6 +172,17 @@ impl EtcdHold {
     }
 }
 
+/// Marks a hold lost to its key's deletion, unless it ended first.
+fn mark_deleted(own: &watch::Sender<Own>) {
+    own.send_if_modified(|o| {
+        let held = *o == Own::Held;
+        if held {
+            *o = Own::Lost(LossReason::NodeDeleted);
+        }
+        held
+    });
+}
+
 /// Watches `key` (created at `rev` on `lease`) until it is deleted, then marks the hold lost.
 async fn watch_key(
     inner: Arc<Inner>,
@@ -199,35 +204,30 @@ async fn watch_key(
         )
         .await
         {
-            loop {
-                match stream.message().await {
-                    Ok(Some(resp)) => {
-                        if let Some(h) = resp.header() {
-                            from = from.max(h.revision() + 1);
-                        }
-                        let deleted = resp.events().iter().any(|e| {
-                            e.event_type() == EventType::Delete
-                                || e.kv().is_some_and(|kv| kv.create_revision() != rev)
-                        });
-                        if deleted {
-                            own.send_if_modified(|o| {
-                                let held = *o == Own::Held;
-                                if held {
-                                    *o = Own::Lost(LossReason::NodeDeleted);
-                                }
-                                held
-                            });
-                            return;
-                        }
-                        if resp.canceled() {
-                            break;
-                        }
-                    }
-                    Ok(None) | Err(_) => break,
+            while let Ok(Some(resp)) = stream.message().await {
+                // Any event on the key is a deletion or a new incarnation: not this hold's.
+                if resp.events().iter().any(|e| {
+                    e.event_type() == EventType::Delete
+                        || e.kv().is_some_and(|kv| kv.create_revision() != rev)
+                }) {
+                    return mark_deleted(&own);
+                }
+                if let Some(last) = resp
+                    .events()
+                    .iter()
+                    .filter_map(|e| e.kv())
+                    .map(|kv| kv.mod_revision())
+                    .max()
+                {
+                    from = from.max(last + 1);
+                }
+                // Compacted past `from`, or cancelled: read the key instead.
+                if resp.canceled() {
+                    break;
                 }
             }
         }
-        // The watch ended without a word on the key: read it, then watch again.
+        // The watch ended without a word on the key: read it, then watch again from the read.
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         let mut client = inner.client.clone();
         if let Ok(Ok(got)) =
@@ -238,14 +238,7 @@ async fn watch_key(
                 .first()
                 .is_some_and(|kv| kv.create_revision() == rev && kv.lease() == lease);
             if !here {
-                own.send_if_modified(|o| {
-                    let held = *o == Own::Held;
-                    if held {
-                        *o = Own::Lost(LossReason::NodeDeleted);
-                    }
-                    held
-                });
-                return;
+                return mark_deleted(&own);
             }
             if let Some(h) = got.header() {
                 from = h.revision() + 1;

@@ -172,8 +172,11 @@ impl Inner {
     }
 }
 
+/// A user name and its password.
+type User = (String, String);
+
 /// The endpoints of an `etcd://` connect string, and the user it names.
-fn parse_url(url: &str) -> Result<(Vec<String>, Option<(String, String)>)> {
+fn parse_url(url: &str) -> Result<(Vec<String>, Option<User>)> {
     let bad = |why: &str| {
         Error::Config(format!(
             "the etcd connect string {} is not usable: {why}; give etcd://[user:password@]host:port[,host:port...]",
