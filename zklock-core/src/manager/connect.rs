@@ -17,7 +17,7 @@ use crate::backend::postgres::{self, PostgresBackend, PostgresConfig};
 use crate::backend::redis::{RedisBackend, RedisConfig, MIN_LEASE};
 use crate::backend::zk::{SessionConfig, SessionOwner, ZkBackend, ZkConfig};
 use crate::backend::Backend;
-use crate::types::error::{Error, Result};
+use crate::types::error::{redacted, Error, Result};
 use crate::types::key::validate_path;
 
 /// How long opening a Redis connection may take unless
@@ -103,17 +103,6 @@ impl BackendKind {
             BackendKind::Postgres => "PostgreSQL",
             BackendKind::Etcd => "etcd",
         }
-    }
-}
-
-/// `connect` without the password a URL may carry.
-pub(crate) fn redacted(connect: &str) -> String {
-    // Any URL's user part (`scheme://user:password@host`); a ZooKeeper connect string has none.
-    match (connect.find("://"), connect.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &connect[..scheme], &connect[at + 1..])
-        }
-        _ => connect.to_string(),
     }
 }
 

@@ -13,6 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use crate::types::error::redacted;
 #[cfg(feature = "etcd")]
 pub use builder::EtcdOptions;
 #[cfg(feature = "postgres")]
@@ -20,7 +21,6 @@ pub use builder::PostgresOptions;
 #[cfg(feature = "redis")]
 pub use builder::RedisOptions;
 pub use builder::{Builder, ZooKeeperOptions, DEFAULT_LEASE, DEFAULT_NAMESPACE};
-pub(crate) use connect::redacted;
 pub use connect::BackendKind;
 pub use global::{global, set_global};
 

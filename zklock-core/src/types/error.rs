@@ -392,3 +392,14 @@ mod tests {
         assert::<Error>();
     }
 }
+
+/// `connect` without the password a URL may carry.
+pub(crate) fn redacted(connect: &str) -> String {
+    // Any URL's user part (`scheme://user:password@host`); a ZooKeeper connect string has none.
+    match (connect.find("://"), connect.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &connect[..scheme], &connect[at + 1..])
+        }
+        _ => connect.to_string(),
+    }
+}

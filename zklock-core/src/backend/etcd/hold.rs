@@ -13,7 +13,7 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::acquire::{txn, undo, Layout};
+use super::request::{txn, undo, Layout};
 use super::session::LeaseState;
 use super::Inner;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};

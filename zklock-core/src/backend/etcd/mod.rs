@@ -31,6 +31,7 @@ mod error;
 mod hold;
 mod inspect;
 mod options;
+mod request;
 mod session;
 
 use std::collections::HashSet;
@@ -46,8 +47,7 @@ use super::{
     HOST_PID,
 };
 use crate::background::Background;
-use crate::manager::redacted;
-use crate::types::error::{Error, Result, ServerError};
+use crate::types::error::{redacted, Error, Result, ServerError};
 use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
 pub use options::EtcdOptions;
@@ -460,7 +460,7 @@ impl EtcdBackend {
             .or_else([TxnOp::get(record.as_str(), None)]);
         let mut attempts = 0;
         let resp = loop {
-            match acquire::txn(inner, "record the job's run", put.clone()).await {
+            match request::txn(inner, "record the job's run", put.clone()).await {
                 Ok(resp) => break resp,
                 Err(e) if e.transient && attempts < 3 => attempts += 1,
                 Err(e) => return Err(e.error),

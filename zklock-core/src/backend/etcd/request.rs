@@ -1,0 +1,122 @@
+//! The requests every part of the etcd backend sends about a contender's key: where the keys
+//! of a lock go ([`Layout`]), a transaction within the reply bound ([`txn`]), and the delete of
+//! a key that is still on its lease ([`undo`]).
+
+use std::sync::Arc;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+use super::error::transient;
+use super::Inner;
+use crate::types::error::Error;
+use crate::types::mode::LockMode;
+
+/// The first pause before retrying a request that failed on the connection; doubled up to
+/// [`RETRY_MAX`].
+pub(crate) const RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(20);
+pub(crate) const RETRY_MAX: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Which keys a contender of `mode` on lock path `path` waits for, and where its own goes.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    /// The prefix of the keys it waits for (every earlier key under it).
+    pub(crate) blockers: String,
+}
+
+impl Layout {
+    /// The layout of `mode`: etcd's `concurrency.Mutex` and `concurrency.Election` for a
+    /// mutex and a latch (`<path>/<lease id in hex>`), and etcd's read/write recipe
+    /// (`<path>/read/<n>`, `<path>/write/<n>`) for read/write locks.
+    pub(crate) fn of(path: &str, mode: LockMode) -> Layout {
+        let blockers = match mode {
+            LockMode::Exclusive | LockMode::Leader | LockMode::Write => format!("{path}/"),
+            LockMode::Read => format!("{path}/write/"),
+        };
+        Layout { blockers }
+    }
+}
+
+/// A request's error, and whether sending it again may succeed.
+pub(crate) struct RequestError {
+    pub(crate) error: Error,
+    pub(crate) transient: bool,
+    /// Whether the request got no answer: it may still be applied later.
+    pub(crate) unanswered: bool,
+}
+
+impl From<Error> for RequestError {
+    fn from(error: Error) -> RequestError {
+        let transient = error.is_retryable();
+        RequestError {
+            error,
+            transient,
+            unanswered: false,
+        }
+    }
+}
+
+/// What came of a put of a contender's key that was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// No answer yet.
+    Pending,
+    /// Answered (applied or refused): nothing of it can land later.
+    Answered,
+    /// No answer within the bound: it may still be applied.
+    Unknown,
+}
+
+/// Sends `txn` within the reply bound.
+pub(crate) async fn txn(
+    inner: &Inner,
+    operation: &'static str,
+    txn: Txn,
+) -> std::result::Result<etcd_client::TxnResponse, RequestError> {
+    inner.count_request();
+    let mut client = inner.client.clone();
+    match tokio::time::timeout(inner.config.reply_timeout, client.txn(txn)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(RequestError {
+            transient: transient(&e),
+            // A broken connection may have carried the request before it broke.
+            unanswered: transient(&e),
+            error: super::error::server_error(operation, e),
+        }),
+        Err(_) => Err(RequestError {
+            error: super::error::timed_out(operation),
+            transient: true,
+            unanswered: true,
+        }),
+    }
+}
+
+/// Deletes `key` if it is still on `lease` (never a key of another lease that took the name),
+/// retrying while the lease may keep it, then frees the name.
+pub(crate) async fn undo(inner: Arc<Inner>, key: String, lease: i64) {
+    delete(&inner, &key, lease).await;
+    inner.unreserve(&key);
+}
+
+/// Deletes `key` if it is still on `lease`, retrying while the lease may keep it.
+pub(crate) async fn delete(inner: &Inner, key: &str, lease: i64) {
+    let delete = || {
+        Txn::new()
+            .when([Compare::lease(key, CompareOp::Equal, lease)])
+            .and_then([TxnOp::delete(key, None)])
+    };
+    let mut pause = RETRY_MIN;
+    loop {
+        match txn(inner, "delete the contender's key", delete()).await {
+            Ok(_) => break,
+            Err(e) if e.transient && inner.lease_may_hold(lease) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+            }
+            // Gone with its lease, or refused for good: the lease's end deletes it.
+            Err(e) => {
+                tracing::debug!(%key, error = %e.error, "could not delete an etcd key; its lease's end will");
+                break;
+            }
+        }
+    }
+}
