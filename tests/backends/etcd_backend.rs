@@ -57,3 +57,174 @@ async fn no_member_is_reported_in_about_a_second() {
         started.elapsed()
     );
 }
+
+/// etcd's own users: a wrong password is refused at connect with a configuration error that
+/// names the user and never the password; the right one connects and locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_checked_at_connect_and_never_shown() {
+    let etcd = etcd();
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["user", "add", "locks:lockspw"],
+        &["role", "add", "locker"],
+        &[
+            "role",
+            "grant-permission",
+            "locker",
+            "--prefix=true",
+            "readwrite",
+            "/zklock/",
+        ],
+        &["user", "grant-role", "locks", "locker"],
+        &["auth", "enable"],
+    ] {
+        etcd.etcdctl(args)
+            .unwrap_or_else(|e| panic!("etcdctl {args:?}: {e}"));
+    }
+    let port = etcd.port();
+    let err = LockManager::connect(&format!("etcd://locks:wrong-secret@127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    let text = format!("{err} {err:?}");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(
+        text.contains("locks") && !text.contains("wrong-secret"),
+        "{text}"
+    );
+
+    // The same user through the options, which win over the URL's.
+    let m = LockManager::builder(format!("etcd://nobody:x@127.0.0.1:{port}"))
+        .etcd(|e| e.user("locks", "lockspw").lease(Duration::from_secs(3)))
+        .connect()
+        .await
+        .expect("the right password connects");
+    let g = m.lock("paid").await.unwrap();
+    assert!(g.fencing_token().grant() > 0);
+    g.release().await.unwrap();
+}
+
+/// The lease is etcd's: whole seconds, at least 2; anything else is a configuration error at
+/// connect, as are etcd settings given for another backend's connect string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_settings_etcd_cannot_keep_are_refused() {
+    let etcd = etcd();
+    for lease in [Duration::from_millis(1500), Duration::from_secs(1)] {
+        let err = LockManager::builder(etcd.url())
+            .etcd(|e| e.lease(lease))
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{lease:?}: {err:?}");
+    }
+    let err = LockManager::builder("127.0.0.1:1")
+        .etcd(|e| e.lease(Duration::from_secs(5)))
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("etcd")),
+        "{err:?}"
+    );
+}
+
+/// A job's `at_least` window is a lease of the window's length on etcd: within it every other
+/// manager skips, after it one runs again; the record is the key `<path>%RUN`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_window_is_kept_by_etcd() {
+    let etcd = etcd();
+    let (a, b) = (manager(&etcd).await, manager(&etcd).await);
+    let window = Duration::from_secs(2);
+    let started = std::time::Instant::now();
+    let ran = a
+        .job("nightly")
+        .unwrap()
+        .at_least(window)
+        .run(async { 1 })
+        .await;
+    assert_eq!(ran.unwrap().ran(), Some(1));
+    let record = format!("{}%RUN", a.path_of("nightly").unwrap());
+    let got = etcd
+        .etcdctl(&["get", &record, "--print-value-only"])
+        .unwrap();
+    assert!(got.contains("zklock host="), "{got}");
+    // Within the window: skipped, by every manager.
+    for m in [&a, &b] {
+        let ran = m
+            .job("nightly")
+            .unwrap()
+            .at_least(window)
+            .run(async { 2 })
+            .await;
+        if started.elapsed() < window {
+            assert_eq!(ran.unwrap().ran(), None, "ran within the window");
+        }
+    }
+    // After it (etcd lets the lease go by its own clock): runs again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ran = b
+            .job("nightly")
+            .unwrap()
+            .at_least(window)
+            .run(async { 3 })
+            .await;
+        if ran.unwrap().ran() == Some(3) {
+            assert!(
+                started.elapsed() >= window,
+                "ran again after {:?}",
+                started.elapsed()
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ran again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What operators see on etcd comes from etcd: zklock's holder and waiter with their host and
+/// pid, and a key of etcd's own tools (as `etcdctl lock` makes it) as a contender too, in
+/// create order, with its lease as its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspection_shows_every_contender_in_create_order() {
+    let etcd = etcd();
+    let (a, b) = (manager(&etcd).await, manager(&etcd).await);
+    let held = a.lock("shown").await.unwrap();
+    let path = a.path_of("shown").unwrap();
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.lock("shown").await.map(drop) }
+    });
+    // A foreign contender, as etcd's own mutex writes it: a key under the prefix on a lease.
+    let lease = etcd.etcdctl(&["lease", "grant", "30"]).unwrap();
+    let id = lease
+        .split_whitespace()
+        .nth(1)
+        .expect("lease <id> granted")
+        .to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = a.inspect("shown").await.unwrap();
+        if info.waiters.len() == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{info:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let foreign = format!("{path}/{id}");
+    etcd.etcdctl(&["put", &foreign, "", &format!("--lease={id}")])
+        .unwrap();
+    let info = a.inspect("shown").await.unwrap();
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].token, held.fencing_token());
+    assert_eq!(info.holders[0].owner.pid, Some(std::process::id()));
+    assert_eq!(info.waiters.len(), 2, "{info:?}");
+    assert!(info.waiters[0].token < info.waiters[1].token);
+    assert_eq!(info.waiters[1].node, id);
+    assert_eq!(format!("{:x}", info.waiters[1].session), id);
+    assert_eq!(a.list("").await.unwrap().len(), 1);
+
+    // The holder goes; zklock's waiter is next (etcd's key came later).
+    drop(held);
+    waiting.await.unwrap().unwrap();
+    etcd.etcdctl(&["lease", "revoke", &id]).unwrap();
+}
