@@ -14,7 +14,7 @@
 //! (`local_queue(false)`: every acquire is a contender of its own).
 //!
 //! What a backend leaves out on purpose (inspection and revocation off ZooKeeper, the
-//! ZooKeeper client, `lose` off memory, semaphores on PostgreSQL and etcd) is checked to fail with
+//! ZooKeeper client, `lose` off memory, semaphores on PostgreSQL) is checked to fail with
 //! `Error::Unsupported` naming the backend. Where "a hold is lost" comes from differs: the
 //! session expired on ZooKeeper, the lock's key deleted behind the holder's back on Redis (as a
 //! failover to a replica that never got it would), the holding session ended by the server on

@@ -113,7 +113,7 @@ pub(crate) async fn fencing_tokens_can_be_off(backend: Backend) {
     next.release().await.unwrap();
 
     // Semaphore leases too, where the backend has semaphores.
-    if !matches!(backend, Backend::Postgres | Backend::Etcd) {
+    if backend != Backend::Postgres {
         let lease = without
             .semaphore("untokened_sem", 2)
             .unwrap()

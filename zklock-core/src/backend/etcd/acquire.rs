@@ -37,7 +37,7 @@ use super::request::Layout;
 use super::request::{delete, txn, undo, RequestError, Settled, RETRY_MAX, RETRY_MIN};
 
 /// What one attempt came to.
-enum Attempt {
+pub(crate) enum Attempt {
     /// Held, with the key's create revision.
     Held(i64),
     /// A try found the lock taken.
@@ -162,14 +162,14 @@ impl Acquire<'_> {
     }
 
     /// Completes at the wait's deadline (never without one).
-    async fn until_deadline(&self) {
+    pub(crate) async fn until_deadline(&self) {
         match self.wait.deadline() {
             Some(deadline) => tokio::time::sleep_until(deadline).await,
             None => std::future::pending().await,
         }
     }
 
-    fn timeout(&self) -> Error {
+    pub(crate) fn timeout(&self) -> Error {
         Error::Timeout {
             key: self.target.key.to_string(),
             waited: match self.wait {
@@ -181,7 +181,7 @@ impl Acquire<'_> {
 
     /// Runs `request` until it succeeds, fails for good, or the wait's deadline passes (then
     /// [`Error::Timeout`]); a try gets one attempt.
-    async fn retrying<T, F, Fut>(&self, mut request: F) -> Result<T>
+    pub(crate) async fn retrying<T, F, Fut>(&self, mut request: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, RequestError>>,
@@ -201,7 +201,11 @@ impl Acquire<'_> {
 
     /// After `failed`: `Err` when it is for good (or a try's), else waits `pause` (doubled
     /// for the next time) for the request to be sent again.
-    async fn pause_after(&self, failed: RequestError, pause: &mut Duration) -> Result<()> {
+    pub(crate) async fn pause_after(
+        &self,
+        failed: RequestError,
+        pause: &mut Duration,
+    ) -> Result<()> {
         if !failed.transient || matches!(self.wait, Wait::Never) {
             return Err(failed.error);
         }
@@ -216,7 +220,7 @@ impl Acquire<'_> {
 }
 
 /// Whether `lease` is still the session's live lease.
-fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
+pub(crate) fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
     inner
         .session
         .watch()
@@ -435,37 +439,48 @@ impl Entry {
     /// Deletes the key and waits for the answer (in the background if it is dropped first).
     async fn undo_now(mut self) {
         self.armed = false;
+        let keys = vec![std::mem::take(&mut self.key)];
         let sent = std::mem::take(&mut self.sent);
-        let undo = undo_sent(
-            self.inner.clone(),
-            std::mem::take(&mut self.key),
-            self.lease,
-            sent,
-        );
-        let task = self.inner.runtime.spawn(undo);
-        let _ = task.await;
+        let _ = undo_counted(&self.inner, &self.path, keys, self.lease, sent).await;
     }
 }
 
 impl Drop for Entry {
     fn drop(&mut self) {
         if self.armed {
-            let undoing = self.inner.undos.start(&self.path);
+            let keys = vec![std::mem::take(&mut self.key)];
             let sent = std::mem::take(&mut self.sent);
-            let undo = undo_sent(
-                self.inner.clone(),
-                std::mem::take(&mut self.key),
+            drop(undo_counted(
+                &self.inner,
+                &self.path,
+                keys,
                 self.lease,
                 sent,
-            );
-            self.inner
-                .background
-                .spawn(&self.inner.runtime, async move {
-                    undo.await;
-                    drop(undoing);
-                });
+            ));
         }
     }
+}
+
+/// Starts the undo of an acquire's `keys` in the background, counted (a flush waits for it)
+/// and registered as an undo of `path` (the process's next acquire of the lock waits for it,
+/// even when the acquire that started it is dropped while it runs); the receiver says when it
+/// is done.
+pub(crate) fn undo_counted(
+    inner: &Arc<Inner>,
+    path: &Arc<str>,
+    keys: Vec<String>,
+    lease: i64,
+    sent: Vec<tokio::sync::watch::Receiver<Settled>>,
+) -> tokio::sync::oneshot::Receiver<()> {
+    let undoing = inner.undos.start(path);
+    let undo = undo_sent(inner.clone(), keys, lease, sent);
+    let (done, finished) = tokio::sync::oneshot::channel();
+    inner.background.spawn(&inner.runtime, async move {
+        undo.await;
+        drop(undoing);
+        let _ = done.send(());
+    });
+    finished
 }
 
 /// The undo of an acquire whose puts of `key` are `sent`: waits for their answers, deletes the
@@ -473,7 +488,7 @@ impl Drop for Entry {
 /// request can take; the name stays taken until then.
 async fn undo_sent(
     inner: Arc<Inner>,
-    key: String,
+    keys: Vec<String>,
     lease: i64,
     sent: Vec<tokio::sync::watch::Receiver<Settled>>,
 ) {
@@ -487,8 +502,12 @@ async fn undo_sent(
         unknown |= !matches!(answered, Ok(Ok(s)) if *s == Settled::Answered);
     }
     if unknown {
-        delete(&inner, &key, lease).await;
+        for key in &keys {
+            delete(&inner, key, lease).await;
+        }
         tokio::time::sleep(inner.config.reply_timeout).await;
     }
-    undo(inner, key, lease).await;
+    for key in keys {
+        undo(inner.clone(), key, lease).await;
+    }
 }

@@ -36,8 +36,11 @@ fn since(kv: &KeyValue, name: &str) -> SystemTime {
 /// Who a key's value says its contender is.
 fn owner(kv: &KeyValue) -> Owner {
     let value = String::from_utf8_lossy(kv.value());
-    // Drop the `at=` field the owner's text does not show.
-    let text: Vec<&str> = value.split(' ').filter(|f| !f.starts_with("at=")).collect();
+    // Drop the `at=` and `max=` fields the owner's text does not show.
+    let text: Vec<&str> = value
+        .split(' ')
+        .filter(|f| !f.starts_with("at=") && !f.starts_with("max="))
+        .collect();
     Owner::parse(text.join(" ").as_bytes())
 }
 
@@ -84,8 +87,20 @@ impl EtcdBackend {
         let exclusive = match kind {
             LockKind::Leader => "latch",
             LockKind::ReadWrite => "write",
+            LockKind::Semaphore => "lease",
             _ => "mutex",
         };
+        // A semaphore's size, as its first contender's process asked it.
+        let max = got
+            .kvs()
+            .first()
+            .and_then(|kv| {
+                String::from_utf8_lossy(kv.value())
+                    .split(' ')
+                    .find_map(|f| f.strip_prefix("max=").and_then(|m| m.parse::<u32>().ok()))
+            })
+            .unwrap_or(1);
+        let revisions: Vec<i64> = got.kvs().iter().map(|kv| kv.create_revision()).collect();
         let (mut holders, mut waiters) = (vec![], vec![]);
         let mut any_before = false;
         let mut writer_before = false;
@@ -98,7 +113,13 @@ impl EtcdBackend {
                 (LockKind::ReadWrite, None) => continue,
                 _ => (exclusive, false),
             };
-            let holds = if reader { !writer_before } else { !any_before };
+            let holds = match kind {
+                LockKind::Semaphore => {
+                    super::semaphore::admitted(&revisions, kv.create_revision(), max)
+                }
+                _ if reader => !writer_before,
+                _ => !any_before,
+            };
             let contender = Contender {
                 node: name
                     .strip_prefix(prefix.as_str())

@@ -20,7 +20,9 @@
 //! - A job's run record is the key `<P>%RUN` on a lease of its own, of the job's `at_least`
 //!   (rounded up to whole seconds, and at least etcd's minimum TTL): the server lets the window
 //!   end, by its own clock, and only ever later (a new etcd leader restarts every lease's TTL).
-//! - Semaphores and revocation are not offered: [`Error::Unsupported`].
+//! - A semaphore's leases are keys under its path, put together in one transaction (one create
+//!   revision), admitted first come first served within its size ([`semaphore`]).
+//! - Revocation is not offered: [`Error::Unsupported`].
 //!
 //! Where the process cannot know: a hold is safe while its lease is; etcd keeps a lease
 //! through a leader change, but a holder paused past its TTL wakes up believing it holds. Its
@@ -32,6 +34,7 @@ mod hold;
 mod inspect;
 mod options;
 mod request;
+mod semaphore;
 mod session;
 
 use std::collections::HashSet;
@@ -372,16 +375,19 @@ impl Backend for EtcdBackend {
 
     fn acquire_leases<'a>(
         &'a self,
-        _target: &'a LockTarget,
-        _max_leases: u32,
-        _n: u32,
-        _wait: Wait,
+        target: &'a LockTarget,
+        max_leases: u32,
+        n: u32,
+        wait: Wait,
     ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
-        Box::pin(async {
-            Err(Error::Unsupported {
-                backend: "etcd",
-                feature: "semaphores",
-            })
+        Box::pin(async move {
+            let acquire = Acquire {
+                inner: &self.inner,
+                target,
+                mode: LockMode::Exclusive,
+                wait,
+            };
+            semaphore::acquire_leases(&acquire, max_leases, n).await
         })
     }
 

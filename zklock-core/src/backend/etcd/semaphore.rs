@@ -1,0 +1,378 @@
+//! Semaphores on etcd: `n` leases of a semaphore of `max` are `n` keys under its path, put in
+//! one transaction (so they share one create revision: all or none), each on the manager's
+//! lease. The groups of keys, in create order, are admitted first come first served: a group
+//! holds when every group before it holds and the units of all of them, its own included, are
+//! at most `max`. A waiting group watches the deletions under the path (any release may make
+//! room) and reads the path again.
+//!
+//! etcd's own tools have no semaphore to share a format with; each key's value carries the
+//! size its process asked (`max=N`), for inspection.
+
+use std::sync::Arc;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use tokio::time::Instant;
+
+use super::acquire::{lease_live, undo_counted, Acquire, Attempt};
+use super::error::bounded;
+use super::hold::EtcdHold;
+use super::request::{txn, RequestError, Settled, RETRY_MIN};
+use super::session::LeaseState;
+use super::Inner;
+use crate::backend::{LockTarget, SharedHold};
+use crate::types::error::{Error, Result};
+use crate::types::mode::{LockMode, Wait};
+
+/// Whether the group created at `rev` holds, given the create revisions of every key under
+/// the path in create order (one per unit).
+pub(crate) fn admitted(revisions: &[i64], rev: i64, max: u32) -> bool {
+    let (mut used, mut waiting) = (0u64, false);
+    let mut i = 0;
+    while i < revisions.len() {
+        let group = revisions[i];
+        let size = revisions[i..].iter().take_while(|r| **r == group).count() as u64;
+        let fits = !waiting && used + size <= u64::from(max);
+        if group == rev {
+            return fits;
+        }
+        if fits {
+            used += size;
+        } else {
+            waiting = true;
+        }
+        i += size as usize;
+    }
+    false
+}
+
+/// An acquire's keys while it runs: deleted when it ends without the leases.
+struct Leases {
+    inner: Arc<Inner>,
+    user_key: Arc<str>,
+    path: Arc<str>,
+    keys: Vec<String>,
+    value: String,
+    lease: i64,
+    armed: bool,
+    sent: Vec<tokio::sync::watch::Receiver<Settled>>,
+}
+
+impl Leases {
+    fn new(
+        inner: &Arc<Inner>,
+        target: &LockTarget,
+        n: u32,
+        max: u32,
+        lease: &LeaseState,
+    ) -> Leases {
+        let keys = (0..n)
+            .map(|_| inner.reserve(&target.path, LockMode::Exclusive, lease.id))
+            .collect();
+        Leases {
+            inner: inner.clone(),
+            user_key: target.key.clone(),
+            path: target.path.clone(),
+            keys,
+            value: format!("{} max={max}", inner.owner_value()),
+            lease: lease.id,
+            armed: true,
+            sent: Vec::new(),
+        }
+    }
+
+    fn prefix(&self) -> String {
+        format!("{}/", self.path)
+    }
+
+    /// Puts the keys unless the first exists (a retry after a lost reply finds them), and lists
+    /// the path: the keys' create revision, every key's under the path, the read's revision.
+    async fn put(&mut self) -> std::result::Result<(i64, Vec<i64>, i64), RequestError> {
+        let list = TxnOp::get(self.prefix(), Some(listing()));
+        let compares: Vec<_> = self
+            .keys
+            .iter()
+            .map(|k| Compare::create_revision(k.as_str(), CompareOp::Equal, 0))
+            .collect();
+        let mut puts: Vec<_> = self
+            .keys
+            .iter()
+            .map(|k| {
+                TxnOp::put(
+                    k.as_str(),
+                    self.value.as_str(),
+                    Some(PutOptions::new().with_lease(self.lease)),
+                )
+            })
+            .collect();
+        puts.push(list.clone());
+        let put = Txn::new()
+            .when(compares)
+            .and_then(puts)
+            .or_else([TxnOp::get(self.keys[0].as_str(), None), list]);
+        let (settled, rx) = tokio::sync::watch::channel(Settled::Pending);
+        self.sent.push(rx);
+        let inner = self.inner.clone();
+        let resp = self
+            .inner
+            .runtime
+            .spawn(async move {
+                let r = txn(&inner, "put the semaphore's keys", put).await;
+                settled.send_replace(match &r {
+                    Err(e) if e.unanswered => Settled::Unknown,
+                    _ => Settled::Answered,
+                });
+                r
+            })
+            .await
+            .map_err(|_| RequestError::from(Error::Closed))??;
+        let seen = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let ranges: Vec<_> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let revisions = ranges
+            .last()
+            .map(|g| g.kvs().iter().map(|kv| kv.create_revision()).collect())
+            .unwrap_or_default();
+        let rev = if resp.succeeded() {
+            seen
+        } else {
+            match ranges.first().and_then(|g| g.kvs().first()) {
+                Some(kv) if kv.lease() == self.lease => kv.create_revision(),
+                // Not ours (cannot be: the names carry this lease): refused for good.
+                _ => {
+                    return Err(RequestError::from(Error::Config(format!(
+                        "the etcd key {} is taken by another lease",
+                        self.keys[0]
+                    ))))
+                }
+            }
+        };
+        Ok((rev, revisions, seen))
+    }
+
+    fn into_holds(mut self, rev: i64, lease: LeaseState) -> Vec<SharedHold> {
+        self.armed = false;
+        std::mem::take(&mut self.keys)
+            .into_iter()
+            .map(|key| {
+                Arc::new(EtcdHold::new(
+                    self.inner.clone(),
+                    self.user_key.clone(),
+                    key,
+                    rev,
+                    lease.clone(),
+                    LockMode::Exclusive,
+                )) as SharedHold
+            })
+            .collect()
+    }
+
+    async fn undo_now(mut self) {
+        self.armed = false;
+        let keys = std::mem::take(&mut self.keys);
+        let sent = std::mem::take(&mut self.sent);
+        let _ = undo_counted(&self.inner, &self.path, keys, self.lease, sent).await;
+    }
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        if self.armed {
+            let keys = std::mem::take(&mut self.keys);
+            let sent = std::mem::take(&mut self.sent);
+            drop(undo_counted(
+                &self.inner,
+                &self.path,
+                keys,
+                self.lease,
+                sent,
+            ));
+        }
+    }
+}
+
+/// Every key under a path, in create order, names only.
+fn listing() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_keys_only()
+}
+
+/// Acquires `n` leases of the semaphore `max` at `acquire.target` within `acquire.wait`.
+pub(crate) async fn acquire_leases(
+    acquire: &Acquire<'_>,
+    max: u32,
+    n: u32,
+) -> Result<Option<Vec<SharedHold>>> {
+    let inner = acquire.inner;
+    if n == 0 || n > max {
+        return Err(Error::InvalidArgument(format!(
+            "asked for {n} leases of a semaphore of {max}"
+        )));
+    }
+    inner.undos.finished(&acquire.target.path).await;
+    loop {
+        let lease = inner.session.live(acquire.wait.deadline()).await?;
+        let mut leases = Leases::new(inner, acquire.target, n, max, &lease);
+        match attempt(acquire, &mut leases, &lease, max).await {
+            Ok(Attempt::Held(rev)) => return Ok(Some(leases.into_holds(rev, lease))),
+            Ok(Attempt::Busy) => {
+                leases.undo_now().await;
+                return Ok(None);
+            }
+            Ok(Attempt::Again) => continue,
+            Err(e) => {
+                if matches!(e, Error::Timeout { .. }) {
+                    leases.undo_now().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// One attempt on `lease`: put the keys, then read and wait until their group is admitted.
+async fn attempt(
+    acquire: &Acquire<'_>,
+    leases: &mut Leases,
+    lease: &LeaseState,
+    max: u32,
+) -> Result<Attempt> {
+    let inner = acquire.inner;
+    let mut pause = RETRY_MIN;
+    let (rev, mut revisions, mut seen) = loop {
+        let failed = tokio::select! {
+            r = leases.put() => match r {
+                Ok(put) => break put,
+                Err(e) => e,
+            },
+            () = acquire.until_deadline() => return Err(acquire.timeout()),
+        };
+        if super::error::is_lease_gone(&failed.error) {
+            inner.session.lease_gone(lease.id);
+            return Ok(Attempt::Again);
+        }
+        acquire.pause_after(failed, &mut pause).await?;
+    };
+    let prefix = leases.prefix();
+    let mut state = inner.session.watch();
+    loop {
+        if !revisions.contains(&rev) {
+            // Gone with the lease, or deleted from outside.
+            return Ok(Attempt::Again);
+        }
+        if admitted(&revisions, rev, max) {
+            return Ok(if lease_live(inner, lease) {
+                Attempt::Held(rev)
+            } else {
+                Attempt::Again
+            });
+        }
+        if matches!(acquire.wait, Wait::Never) {
+            return Ok(Attempt::Busy);
+        }
+        let released = watch_releases(inner, &prefix, seen + 1);
+        let ended = async {
+            loop {
+                let until = {
+                    let s = state.borrow_and_update();
+                    if s.reason_for(lease.epoch, Instant::now()).is_some() {
+                        return;
+                    }
+                    s.deadline
+                };
+                tokio::select! {
+                    changed = state.changed() => if changed.is_err() { return },
+                    _ = tokio::time::sleep_until(until) => {}
+                }
+            }
+        };
+        tokio::select! {
+            () = released => {}
+            () = ended => return Ok(Attempt::Again),
+            () = acquire.until_deadline() => return Err(acquire.timeout()),
+        }
+        let (now, at) = acquire.retrying(|| list(inner, &prefix)).await?;
+        revisions = now;
+        seen = at;
+    }
+}
+
+/// The create revisions of every key under `prefix`, in create order, and the read's revision.
+async fn list(inner: &Inner, prefix: &str) -> std::result::Result<(Vec<i64>, i64), RequestError> {
+    inner.count_request();
+    let mut client = inner.client.clone();
+    let got = bounded(
+        "list the semaphore's leases",
+        inner.config.reply_timeout,
+        client.get(prefix, Some(listing())),
+    )
+    .await?;
+    let seen = got.header().map(|h| h.revision()).unwrap_or_default();
+    Ok((
+        got.kvs().iter().map(|kv| kv.create_revision()).collect(),
+        seen,
+    ))
+}
+
+/// Completes once a key under `prefix` is deleted at or after revision `from` (or once the
+/// watch cannot say: the caller reads again).
+async fn watch_releases(inner: &Inner, prefix: &str, from: i64) {
+    let mut client = inner.client.clone();
+    inner.count_request();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(from)
+        .with_filters([WatchFilterType::NoPut]);
+    let Ok(Ok(mut stream)) = tokio::time::timeout(
+        inner.config.reply_timeout,
+        client.watch(prefix, Some(options)),
+    )
+    .await
+    else {
+        tokio::time::sleep(RETRY_MIN).await;
+        return;
+    };
+    while let Ok(Some(resp)) = stream.message().await {
+        if resp
+            .events()
+            .iter()
+            .any(|e| e.event_type() == EventType::Delete)
+        {
+            inner.count_event();
+            return;
+        }
+        if resp.canceled() {
+            return;
+        }
+    }
+    tokio::time::sleep(RETRY_MIN).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::admitted;
+
+    #[test]
+    fn groups_are_admitted_first_come_first_served_within_the_size() {
+        // Two of 3 held (rev 5), one asking 2 (rev 7) waits, one asking 1 (rev 9) waits
+        // behind it (no barging).
+        let revs = [5, 5, 7, 7, 9];
+        assert!(admitted(&revs, 5, 3));
+        assert!(!admitted(&revs, 7, 3));
+        assert!(!admitted(&revs, 9, 3));
+        // Once the first group goes, both fit.
+        let revs = [7, 7, 9];
+        assert!(admitted(&revs, 7, 3) && admitted(&revs, 9, 3));
+        assert!(!admitted(&revs, 11, 3), "not listed: not admitted");
+    }
+}
