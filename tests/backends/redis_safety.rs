@@ -35,28 +35,41 @@ async fn manager(url: &str, lease: Duration) -> LockManager {
         .expect("connect to the test Redis")
 }
 
-/// Waits until the process of the queue member `member` (`<hub id> <holder id>`) listens on
-/// its own channel, where a release tells it that the lock was handed to it.
-async fn subscribed(url: &str, member: &str) {
-    let hub = member.split(' ').next().unwrap();
+/// The end (server time, ms) of the liveness of the first waiter queued for `key`: its last
+/// refused attempt's server time plus its waiter TTL. Every refused attempt moves it on.
+async fn liveness(url: &str, key: &str) -> Option<f64> {
+    let member = redis_queue(url, key).await.into_iter().next()?;
     let client = redis::Client::open(url).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("ZSCORE")
+        .arg(format!("zklock:alive:/zklock/locks/{key}"))
+        .arg(&member)
+        .query_async(&mut con)
+        .await
+        .unwrap()
+}
+
+/// Waits until the waiter queued for `key` was refused again after the refusal that made its
+/// liveness end at `seen`.
+async fn refused_again(url: &str, key: &str, seen: Option<f64>) {
     tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            let (_, n): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(format!("zklock:notify:{hub}"))
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            if n > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        while liveness(url, key).await == seen {
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
     .await
-    .expect("the waiter's process listens on its channel");
+    .expect("the waiter attempts again");
+}
+
+/// The key's remaining time to live on the server (`PTTL`; -2: gone).
+async fn pttl(url: &str, key: &str) -> i64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("PTTL")
+        .arg(format!("zklock:lock:/zklock/locks/{key}"))
+        .query_async(&mut con)
+        .await
+        .unwrap()
 }
 
 /// Deletes `key`'s mutex key from outside (an operator's `DEL`, an eviction).
@@ -72,17 +85,30 @@ async fn delete_key(url: &str, key: &str) {
 }
 
 /// A release hands the key to a waiter whose manager has a far longer lease (10 s against
-/// 300 ms). The waiter is then cut off (its connections go silent through a proxy), so only
-/// what the hand-over told the server keeps the key: when a third process gets the key, the
-/// waiter must already report its hold lost, and the third's token must be larger.
+/// 300 ms). The waiter is cut off one way before the release (nothing it sends reaches the
+/// server, the release's word reaches it), so only what the hand-over told the server keeps
+/// the key: when a third process gets the key, the waiter must already report its hold lost,
+/// and the third's token must be larger.
 ///
 /// Before the fix the hand-over set the key's expiry from the releaser's lease (100 ms) while
 /// the waiter counted on its own (1 s): the third got in with the waiter still held.
+///
+/// A round is conclusive when the waiter holds the key by the hand-over alone: its first lease
+/// (to the end of its liveness in the queue, at most its waiter TTL, 1 s) is all the server
+/// gives it, and nothing the waiter sends afterwards (its renewals) gets through. It is
+/// not when the waiter took the key by an attempt of its own (which renews it for a whole
+/// lease): the release must come while the waiter waits for its word, after a refusal that
+/// followed its process's listening. Its first refusal does not do: the waiter then listens
+/// and attempts again at once, and a release before that attempt is taken by it. Nor when the
+/// waiter sent anything between the cut and its grant (its wait for the word ran out first):
+/// the test sees it held at the proxy and lets it through, and the round ends there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_between_managers_with_different_leases_leaves_one_believed_holder() {
     let redis = server();
     let url = redis.url();
     let short = Duration::from_millis(300);
+    // The waiter's first lease after a hand-over: its waiter TTL (lease/3, at most 1 s).
+    let first_lease = 1000;
     let mut conclusive = 0;
     for round in 0..20 {
         if conclusive == 2 {
@@ -100,39 +126,68 @@ async fn a_hand_over_between_managers_with_different_leases_leaves_one_believed_
         let held = releaser.lock(&key).await.unwrap();
         let first = held.fencing_token();
         let k = key.clone();
-        let waiting = tokio::spawn(async move {
+        let mut waiting = tokio::spawn(async move {
             let g = waiter.lock(&k).await.unwrap();
             (g, waiter)
         });
         redis_queued(&url, &key, 1).await;
-        // The release's word must reach the waiter: its process listens on its channel.
-        subscribed(&url, &redis_queue(&url, &key).await[0]).await;
+        // A refusal after the first: the waiter's process listens on its channel, and the
+        // waiter waits for the release's word.
+        refused_again(&url, &key, liveness(&url, &key).await).await;
+        // From here nothing the waiter sends reaches the server (its renewals go nowhere);
+        // the release's word reaches it.
+        proxy.hold_requests();
         held.release().await.unwrap();
-        let (handed, waiter) = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("the release hands the lock to the waiter")
-            .unwrap();
-        // From here the waiter's renewals go nowhere.
-        proxy.blackhole();
+        let sent_meanwhile = async {
+            while proxy.stats().requests_held == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let handed = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::select! {
+                biased;
+                got = &mut waiting => Some(got.unwrap()),
+                () = sent_meanwhile => None,
+            }
+        })
+        .await
+        .expect("the release hands the lock to the waiter");
+        let Some((handed, waiter)) = handed else {
+            proxy.heal();
+            let (handed, waiter) = tokio::time::timeout(Duration::from_secs(5), waiting)
+                .await
+                .expect("the waiter gets the lock once its request goes through")
+                .unwrap();
+            eprintln!("round {round}: the waiter sent a request before it was granted");
+            drop(handed);
+            waiter.flush().await;
+            releaser.flush().await;
+            third.flush().await;
+            continue;
+        };
         let handed_token = handed.fencing_token();
         assert!(handed_token > first, "{handed_token} after {first}");
-        match third.lock_timeout(&key, Duration::from_millis(1500)).await {
-            Ok(got) => {
-                let believed = handed.is_held();
-                assert!(
-                    !believed,
-                    "round {round}: another process got the key while the handed-to waiter still reports it held"
-                );
-                assert!(got.fencing_token() > handed_token);
-                got.release().await.unwrap();
-                conclusive += 1;
-            }
-            // The waiter's first renewal got through before the cut: it holds the key for a
-            // whole lease, rightly. Nothing to conclude from this round.
-            Err(zklock::Error::Timeout { .. }) => {
-                eprintln!("round {round}: the waiter renewed before the cut");
-            }
-            Err(e) => panic!("{e}"),
+        let left = pttl(&url, &key).await;
+        if left > first_lease {
+            // An attempt of the waiter's own, sent before the cut, took the handed key for a
+            // whole lease, rightly.
+            eprintln!("round {round}: the waiter took the key by an attempt ({left} ms left)");
+        } else {
+            // Nothing can keep the key past the hand-over's first lease: the third gets in.
+            let got = third
+                .lock_timeout(&key, Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("round {round}: the key outlived the hand-over's first lease: {e}")
+                });
+            let believed = handed.is_held();
+            assert!(
+                !believed,
+                "round {round}: another process got the key while the handed-to waiter still reports it held"
+            );
+            assert!(got.fencing_token() > handed_token);
+            got.release().await.unwrap();
+            conclusive += 1;
         }
         proxy.heal();
         drop(handed);
@@ -142,7 +197,7 @@ async fn a_hand_over_between_managers_with_different_leases_leaves_one_believed_
     }
     assert_eq!(
         conclusive, 2,
-        "too few rounds where the waiter was cut off in time"
+        "too few rounds where the waiter held the key by the hand-over alone"
     );
 }
 

@@ -87,8 +87,9 @@ macro_rules! switch_controls {
             self.shared.switch.is_blackholed()
         }
 
-        /// Ends a [`blackhole`](Self::blackhole) and a [`refuse`](Self::refuse): traffic flows again (the
-        /// delay, if any, stays).
+        /// Ends a [`blackhole`](Self::blackhole), a [`refuse`](Self::refuse) and a proxy's
+        /// [`hold_requests`](crate::Proxy::hold_requests): traffic flows again (the delay, if any,
+        /// stays).
         ///
         /// # Examples
         ///
@@ -159,6 +160,10 @@ pub(crate) struct Faults {
     blackhole: bool,
     /// New connections are reset at once (a server that is down).
     refuse: bool,
+    /// What clients send is held, while what the server sends still reaches them: a one-way
+    /// partition (only the ZooKeeper proxy's pumps look at it). Lifting it delivers what was
+    /// held.
+    requests_held: bool,
     /// Added to every frame or chunk, each way.
     delay: Duration,
     /// Bumped to reset every open connection.
@@ -171,6 +176,11 @@ impl Faults {
     /// The delay now in force.
     pub(crate) fn delay(&self) -> Duration {
         self.delay
+    }
+
+    /// Whether what clients send is held (see [`FaultSwitch::hold_requests`]).
+    pub(crate) fn requests_held(&self) -> bool {
+        self.requests_held
     }
 }
 
@@ -229,11 +239,18 @@ impl FaultSwitch {
         self.faults.borrow().blackhole
     }
 
-    /// Ends a partition and a refusal; what was held back is delivered.
+    /// Holds what clients send from now on, until [`heal`](Self::heal); what the server sends
+    /// still reaches them.
+    pub(crate) fn hold_requests(&self) {
+        self.faults.send_modify(|f| f.requests_held = true);
+    }
+
+    /// Ends a partition (one-way too) and a refusal; what was held back is delivered.
     pub(crate) fn heal(&self) {
         self.faults.send_modify(|f| {
             f.blackhole = false;
             f.refuse = false;
+            f.requests_held = false;
         });
     }
 

@@ -71,6 +71,7 @@ struct Counters {
     replies: AtomicU64,
     creates: AtomicU64,
     replies_dropped: AtomicU64,
+    requests_held: AtomicU64,
 }
 
 /// What the proxy's connections share: the fault switch, the rule for the reply to drop, and
@@ -110,6 +111,9 @@ pub struct ProxyStats {
     pub replies_dropped: u64,
     /// Connections reset by the proxy (by [`Proxy::reset`], [`Proxy::refuse`], or after a dropped reply).
     pub resets: u64,
+    /// Times a client's bytes were stopped by [`Proxy::hold_requests`] (once per connection
+    /// until it is healed).
+    pub requests_held: u64,
 }
 
 /// A fault-injecting TCP proxy in front of one ZooKeeper server: point a client at
@@ -230,6 +234,28 @@ impl Proxy {
         "# let server = zklock_testkit::ZkServer::start()?;\nlet proxy = zklock_testkit::Proxy::start(&server.connect_string())?;",
         "proxy"
     );
+
+    /// Cuts the clients off one way: what they send from now on is held (requests, renewals,
+    /// keep-alives go nowhere), while what the server sends still reaches them (replies to
+    /// what got through before, pushes, pub/sub messages). Connections stay open;
+    /// [`heal`](Self::heal) delivers what was held. [`stats`](Self::stats) counts the
+    /// connections it stopped bytes on (`requests_held`), so a test can tell whether a client
+    /// sent anything since.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # let server = zklock_testkit::ZkServer::start()?;
+    /// let proxy = zklock_testkit::Proxy::start(&server.connect_string())?;
+    /// proxy.hold_requests();
+    /// // ... the server's word reaches the client, the client's answer does not ...
+    /// assert_eq!(proxy.stats().requests_held, 0); // the client sent nothing yet
+    /// proxy.heal();
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn hold_requests(&self) {
+        self.shared.switch.hold_requests();
+    }
 
     /// Loses the reply to the `n`-th create request (1 = the next one) that passes through from now
     /// on: the server performs the create, the reply is withheld, and the connection is reset at that
@@ -366,6 +392,7 @@ impl Proxy {
             creates: c.creates.load(Ordering::SeqCst),
             replies_dropped: c.replies_dropped.load(Ordering::SeqCst),
             resets: self.shared.switch.resets(),
+            requests_held: c.requests_held.load(Ordering::SeqCst),
         }
     }
 }
@@ -500,12 +527,27 @@ where
         let mut chunk = vec![0u8; 64 * 1024];
         let mut handshake = true;
         let mut raw = false;
+        // The bytes in the buffer were counted as held.
+        let mut held_counted = false;
         loop {
             if let Err(end) = fault_switch::wait_open(&mut faults, generation).await {
                 return end;
             }
-            // Hand on every complete frame in the buffer.
+            // A one-way hold keeps what the client sent in the buffer (reading on, so that a
+            // close is seen), and hands nothing on until it ends.
+            let held = dir == Direction::ToServer && faults.borrow().requests_held();
+            if !held {
+                held_counted = false;
+            } else if !buf.is_empty() && !held_counted {
+                let held_total = &shared.counters.requests_held;
+                held_total.fetch_add(1, Ordering::SeqCst);
+                held_counted = true;
+            }
+            // Hand on every complete frame in the buffer (none while held).
             loop {
+                if held {
+                    break;
+                }
                 let frame = if raw {
                     if buf.is_empty() {
                         break;
@@ -618,5 +660,45 @@ mod tests {
             Verdict::DropAndReset
         ));
         assert_eq!(s.counters.replies_dropped.load(Ordering::SeqCst), 1);
+    }
+
+    /// A one-way hold: the server's bytes still reach the client; the client's stop at the
+    /// proxy (counted) until the heal delivers them.
+    #[test]
+    fn a_request_hold_stops_what_clients_send_only() {
+        use std::io::{Read, Write};
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = Proxy::start(&server.local_addr().unwrap().to_string()).unwrap();
+        let mut client = std::net::TcpStream::connect(proxy.connect_string()).unwrap();
+        let (mut upstream, _) = server.accept().unwrap();
+        for s in [&client, &upstream] {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        }
+        proxy.hold_requests();
+        client.write_all(b"+request\r\n").unwrap();
+        upstream.write_all(b"+push\r\n").unwrap();
+        let mut push = [0u8; 7];
+        client.read_exact(&mut push).unwrap();
+        assert_eq!(&push, b"+push\r\n");
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while proxy.stats().requests_held == 0 {
+            assert!(
+                std::time::Instant::now() < until,
+                "the request never reached the proxy"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        upstream.set_nonblocking(true).unwrap();
+        let mut got = [0u8; 10];
+        assert_eq!(
+            upstream.read(&mut got).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::WouldBlock),
+            "a held request reached the server"
+        );
+        upstream.set_nonblocking(false).unwrap();
+        proxy.heal();
+        upstream.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"+request\r\n");
+        assert_eq!(proxy.stats().requests_held, 1);
     }
 }
