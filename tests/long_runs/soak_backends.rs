@@ -1,5 +1,5 @@
-//! A bounded soak of the Redis and PostgreSQL backends: mixed traffic from three managers whose
-//! settings differ (leases of 1 s, 3 s and 10 s; a linger of 0 or 300 ms; the local queue on or
+//! A bounded soak of the Redis, PostgreSQL and etcd backends: mixed traffic from three managers
+//! whose settings differ (leases of 1 s (2 s on etcd), 3 s and 10 s; a linger of 0 or 300 ms; the local queue on or
 //! off) — mutex workers on two keys, readers and writers of one read/write lock, a scheduled job
 //! with an `at_least` window and a leader election — while faults are dealt at random, one after
 //! another, with traffic in between:
@@ -10,7 +10,10 @@
 //!   in `soak_redis_restarts_without_persistence`, ignored for now, without persistence: empty),
 //!   the server paused past the shortest lease;
 //! - PostgreSQL: a holding session ended by the server (`pg_terminate_backend`), the server
-//!   restarted (killed, and started again on its data), the server paused past the shortest lease.
+//!   restarted (killed, and started again on its data), the server paused past the shortest lease;
+//! - etcd: a holder's key deleted from outside, a holder's lease revoked from outside (every hold
+//!   of its manager lost at once), the server restarted (on its data), the server paused past
+//!   the shortest lease.
 //!
 //! Every hold is recorded in a history (grant with its fencing token, loss as soon as the guard
 //! reports it — the worker stops acting under it then —, release), every job run with its window,
@@ -44,7 +47,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 use zklock::{Error, LockManager, Ran};
-use zklock_testkit::{now_ns, History, Mode, Op, PostgresServer, Recorder, RedisServer};
+use zklock_testkit::{
+    now_ns, EtcdServer, History, Mode, Op, PostgresServer, Recorder, RedisServer,
+};
 
 /// Seconds of faults per backend, unless `ZKLOCK_SOAK_SECS` says otherwise.
 const DEFAULT_SECS: u64 = 40;
@@ -72,6 +77,7 @@ enum Server {
     /// With whether it keeps its data across a restart ([`RedisServer::start_durable`]).
     Redis(RedisServer, bool),
     Postgres(PostgresServer),
+    Etcd(EtcdServer),
 }
 
 impl Server {
@@ -80,6 +86,7 @@ impl Server {
             Server::Redis(_, true) => "redis (durable)",
             Server::Redis(_, false) => "redis",
             Server::Postgres(_) => "postgres",
+            Server::Etcd(_) => "etcd",
         }
     }
 
@@ -87,6 +94,7 @@ impl Server {
         match self {
             Server::Redis(s, _) => s.url(),
             Server::Postgres(s) => s.url(),
+            Server::Etcd(s) => s.url(),
         }
     }
 
@@ -94,6 +102,7 @@ impl Server {
         match self {
             Server::Redis(s, _) => s.pause(),
             Server::Postgres(s) => s.pause(),
+            Server::Etcd(s) => s.pause(),
         }
         .expect("pause the server")
     }
@@ -102,6 +111,7 @@ impl Server {
         match self {
             Server::Redis(s, _) => s.resume(),
             Server::Postgres(s) => s.resume(),
+            Server::Etcd(s) => s.resume(),
         }
         .expect("resume the server")
     }
@@ -110,6 +120,7 @@ impl Server {
         match self {
             Server::Redis(s, _) => s.restart(),
             Server::Postgres(s) => s.restart(),
+            Server::Etcd(s) => s.restart(),
         }
         .expect("restart the server")
     }
@@ -342,6 +353,92 @@ async fn postgres_fault(
     }
 }
 
+/// Deals one etcd fault of kind `kind`; returns its name for the report.
+async fn etcd_fault(
+    kind: usize,
+    server: &mut Server,
+    traffic: &Traffic,
+    history: &History,
+    rng: &mut StdRng,
+) -> &'static str {
+    let Server::Etcd(etcd) = &*server else {
+        unreachable!("an etcd soak")
+    };
+    match kind {
+        0 | 1 => {
+            // A holder's key deleted, or its lease revoked, behind its back: look for a held
+            // lock for a while (the first key under a lock's path holds it).
+            let mut client = etcd_client::Client::connect([etcd.client_url()], None)
+                .await
+                .expect("connect to the test etcd");
+            let mut paths: Vec<&String> = traffic.key_of_path.keys().collect();
+            paths.sort();
+            for _ in 0..100 {
+                let path = paths[rng.gen_range(0..paths.len())];
+                let first = client
+                    .get(
+                        format!("{path}/"),
+                        Some(
+                            etcd_client::GetOptions::new()
+                                .with_prefix()
+                                .with_sort(
+                                    etcd_client::SortTarget::Create,
+                                    etcd_client::SortOrder::Ascend,
+                                )
+                                .with_limit(1),
+                        ),
+                    )
+                    .await
+                    .expect("read the test etcd");
+                let Some(kv) = first.kvs().first() else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                if kind == 0 {
+                    let what = format!("etcdctl del {key}");
+                    history.fault(&what);
+                    traffic.silent(history, &traffic.key_of_path[path], &what);
+                    client
+                        .delete(key, None)
+                        .await
+                        .expect("delete a holder's key");
+                    return "del a holder's key";
+                }
+                // Every hold of the lease's manager goes with it (its keys name it: id=m<i>).
+                let lease = kv.lease();
+                let what = format!("etcdctl lease revoke {lease:x}");
+                history.fault(&what);
+                let value = String::from_utf8_lossy(kv.value()).into_owned();
+                if let Some(manager) = value.rsplit_once(" id=").map(|(_, id)| format!("{id}-")) {
+                    for worker in traffic.workers_of.values().flatten() {
+                        if worker.starts_with(&manager) {
+                            history.silent_fault(worker, &what);
+                        }
+                    }
+                } else {
+                    // A latch's key holds its participant id (m<i>) instead.
+                    let manager = format!("{value}-");
+                    for worker in traffic.workers_of.values().flatten() {
+                        if worker.starts_with(&manager) {
+                            history.silent_fault(worker, &what);
+                        }
+                    }
+                }
+                let _ = client.lease_revoke(lease).await;
+                return "lease revoke of a holder";
+            }
+            "del or revoke (nothing held)"
+        }
+        2 => {
+            history.fault("etcd restarted");
+            blocking(|| server.restart());
+            "restart"
+        }
+        _ => pause(server, history, rng).await,
+    }
+}
+
 /// Freezes the server past the shortest lease, then lets it run again.
 async fn pause(server: &Server, history: &History, rng: &mut StdRng) -> &'static str {
     let long = Duration::from_millis(rng.gen_range(1_200..2_500));
@@ -477,6 +574,10 @@ async fn connect_managers(url: &str) -> Vec<LockManager> {
         let builder = LockManager::builder(url);
         let builder = match zklock::BackendKind::of(url).unwrap() {
             zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(lease)),
+            // etcd counts its leases in whole seconds, 2 at least.
+            zklock::BackendKind::Etcd => {
+                builder.etcd(|e| e.lease(Duration::from_secs(lease.as_secs().max(2))))
+            }
             _ => builder.redis(|r| r.lease(lease)),
         };
         managers.push(
@@ -636,6 +737,10 @@ async fn deal_faults(
                 let kind = rng.gen_range(0..3);
                 postgres_fault(kind, server, traffic, history, rng).await
             }
+            Server::Etcd(_) => {
+                let kind = rng.gen_range(0..4);
+                etcd_fault(kind, server, traffic, history, rng).await
+            }
         };
         *injected.entry(what).or_default() += 1;
     }
@@ -792,4 +897,10 @@ async fn soak_redis_restarts_without_persistence() {
 async fn soak_postgres_random_faults_under_mixed_traffic() {
     let server = blocking(PostgresServer::start).expect("start postgres (test kit)");
     soak(Server::Postgres(server)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_etcd_random_faults_under_mixed_traffic() {
+    let server = blocking(EtcdServer::start).expect("start etcd (test kit)");
+    soak(Server::Etcd(server)).await;
 }

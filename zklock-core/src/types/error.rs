@@ -382,17 +382,6 @@ impl Error {
 /// `Result` with zklock's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn error_is_send_sync_static() {
-        fn assert<T: Send + Sync + 'static + std::error::Error>() {}
-        assert::<Error>();
-    }
-}
-
 /// `connect` without the password a URL may carry.
 pub(crate) fn redacted(connect: &str) -> String {
     // Any URL's user part (`scheme://user:password@host`); a ZooKeeper connect string has none.
@@ -401,5 +390,16 @@ pub(crate) fn redacted(connect: &str) -> String {
             format!("{}://***@{}", &connect[..scheme], &connect[at + 1..])
         }
         _ => connect.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_is_send_sync_static() {
+        fn assert<T: Send + Sync + 'static + std::error::Error>() {}
+        assert::<Error>();
     }
 }
