@@ -13,6 +13,7 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::others::{Others, OthersWatch};
 use super::request::{txn, undo, Layout};
 use super::session::LeaseState;
 use super::Inner;
@@ -97,6 +98,8 @@ pub(crate) struct EtcdHold {
     own: Arc<watch::Sender<Own>>,
     /// The watch on the key, once started.
     watching: OnceLock<tokio::task::AbortHandle>,
+    /// The watch for other contenders (a mutex's or a writer's), once asked.
+    others: OnceLock<OthersWatch>,
     released: AtomicBool,
 }
 
@@ -118,8 +121,30 @@ impl EtcdHold {
             mode,
             own: Arc::new(watch::channel(Own::Held).0),
             watching: OnceLock::new(),
+            others: OnceLock::new(),
             released: AtomicBool::new(false),
         }
+    }
+
+    /// The watch for other contenders of a mutex or write hold, started by the first question;
+    /// `None` for the other holds, which answer "maybe" always.
+    fn others(&self) -> Option<&OthersWatch> {
+        if !matches!(self.mode, LockMode::Exclusive | LockMode::Write) {
+            return None;
+        }
+        let prefix = match self.key.rsplit_once('/') {
+            // `<path>/<lease hex>` or `<path>/write/<n>`: the lock's prefix is `<path>/`.
+            Some((dir, _)) if self.mode == LockMode::Write => {
+                format!("{}/", dir.strip_suffix("/write")?)
+            }
+            Some((dir, _)) => format!("{dir}/"),
+            None => return None,
+        };
+        Some(
+            self.others.get_or_init(|| {
+                OthersWatch::start(&self.inner, prefix, self.key.clone(), self.rev)
+            }),
+        )
     }
 
     fn signal(&self) -> EtcdLoss {
@@ -296,7 +321,27 @@ impl BackendHold for EtcdHold {
             if !here {
                 self.gone();
             }
+            // A question about other contenders asked before waits for its answer too.
+            if let Some(others) = self.others.get() {
+                if tokio::time::timeout(self.inner.config.reply_timeout, others.known())
+                    .await
+                    .is_err()
+                {
+                    others.state_maybe();
+                }
+            }
         })
+    }
+
+    fn others_waiting(&self) -> bool {
+        self.others().is_none_or(|o| o.now() != Others::Nobody)
+    }
+
+    fn others_appeared(&self) -> BoxFuture<'static, ()> {
+        match self.others() {
+            Some(others) => Box::pin(others.appeared()),
+            None => Box::pin(std::future::ready(())),
+        }
     }
 
     fn release(&self) -> BoxFuture<'_, Result<()>> {

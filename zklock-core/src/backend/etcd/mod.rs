@@ -33,6 +33,7 @@ mod error;
 mod hold;
 mod inspect;
 mod options;
+mod others;
 mod request;
 mod semaphore;
 mod session;
