@@ -181,11 +181,12 @@ impl Builder {
     /// [`LockManager::inspect`](crate::LockManager::inspect) in this process marks it [`lingering`](crate::Contender::lingering).
     /// PostgreSQL lingers too (a process that starts waiting notifies every process), and
     /// Redis for mutexes (the first process to queue for a key, or to try it, tells the
-    /// holder's process; a Redis write lock, which keeps no queue, never lingers). On Redis and
-    /// PostgreSQL, taking the key again, like any local handoff, costs one request that
-    /// confirms the hold is still this process's (the key still names it; the holding session
-    /// still answers), since a key can be deleted or lost, and a session ended, on the server
-    /// without a word to its holder yet. Read
+    /// holder's process; a Redis write lock, which keeps no queue, never lingers), and etcd for
+    /// mutexes and write locks (the holder watches its lock's keys for a later contender). On
+    /// Redis, PostgreSQL and etcd, taking the key again, like any local handoff, costs one
+    /// request that confirms the hold is still this process's (the key still names it; the
+    /// holding session still answers), since a key can be deleted or lost, and a session ended,
+    /// on the server without a word to its holder yet. Read
     /// locks, semaphores and leader latches do not linger.
     ///
     /// ```no_run
