@@ -63,6 +63,14 @@ pub enum FenceError {
     #[error("fenced write on PostgreSQL failed: {0}; check the server and the statement")]
     Postgres(#[from] tokio_postgres::Error),
 
+    /// etcd failed the read or the transaction (the server unreachable, the transaction
+    /// refused: e.g. your operations write a key twice or write the fence's token key). A
+    /// refused transaction applied nothing; after a connection lost mid-request the write may
+    /// or may not have been applied.
+    #[cfg(feature = "etcd")]
+    #[error("fenced write on etcd failed: {0}; check the server, and your operations (no key written twice, not the fence's token key)")]
+    Etcd(#[from] etcd_client::Error),
+
     /// ZooKeeper failed the read or the multi; `op` is the index of your operation that failed,
     /// if it was one of yours (none of them was applied then).
     #[error("fenced write on ZooKeeper failed{}: {source}", op.map(|i| format!(" at your operation {i}")).unwrap_or_default())]

@@ -30,6 +30,7 @@
 //! | store | type | what it fences | feature |
 //! | --- | --- | --- | --- |
 //! | in memory (for tests) | [`MemoryFence`] | a value per resource | |
+//! | etcd | `EtcdFence` | your puts, deletes and other operations, in one transaction | `etcd` |
 //! | PostgreSQL | `PgFence` | your statement, in one statement or in your transaction; SQL text for sqlx | `postgres` |
 //! | Redis | `RedisFence` | `SET`, `HSET`, or your Lua script, in one script | `redis` |
 //! | ZooKeeper | [`ZkFence`] | your multi (create, set, delete, check) | |
@@ -96,6 +97,8 @@ use crate::types::token::FencingToken;
 
 mod encoding;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -104,6 +107,8 @@ mod redis;
 mod writer;
 mod zookeeper;
 
+#[cfg(feature = "etcd")]
+pub use self::etcd::{EtcdFence, EtcdWrite};
 #[cfg(feature = "postgres")]
 pub use self::postgres::{PgFence, PgFenceOn, PgWrite, ACCEPTED};
 #[cfg(feature = "redis")]
@@ -180,10 +185,10 @@ impl<T> Outcome<T> {
 /// A store that applies a write only if its fencing token is not older than the last token it
 /// accepted for the resource (see the [module docs](self) for the rule), atomically.
 ///
-/// Implemented by [`MemoryFence`], `PgFenceOn` (PostgreSQL), `RedisFence` and [`ZkFence`];
-/// implement it for your own store with the same rule. Call it through a [`Fenced`] writer
-/// ([`LockGuard::fenced`](crate::LockGuard::fenced), [`current`]) so that the token
-/// and resource are the lock's own.
+/// Implemented by [`MemoryFence`], `EtcdFence`, `PgFenceOn` (PostgreSQL), `RedisFence` and
+/// [`ZkFence`]; implement it for your own store with the same rule. Call it through a
+/// [`Fenced`] writer ([`LockGuard::fenced`](crate::LockGuard::fenced), [`current`]) so that the
+/// token and resource are the lock's own.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), zklock_core::fence::FenceError> {
