@@ -79,6 +79,10 @@ pub use recipe::leader::{
 pub use recipe::mutex::Mutex;
 pub use recipe::rwlock::RwLock;
 pub use recipe::semaphore::{Lease, Semaphore};
+/// The etcd client the etcd backend runs on (feature `etcd`): what `LockManager::client`
+/// returns on etcd, and what the etcd fence store takes.
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 #[cfg(feature = "redis")]
 pub use redis;
 #[cfg(feature = "postgres")]

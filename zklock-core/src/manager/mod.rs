@@ -66,9 +66,10 @@ pub struct StatsSnapshot {
 ///
 /// On Redis (a `redis://` connect string, feature `redis`) the same paths name leases in
 /// Redis keys (`zklock:lock:<path>`), renewed while held; the guards, frames, local queue,
-/// fencing tokens, loss signal and `#[distributed_lock]` work the same. See
-/// [`Builder::redis`](crate::Builder::redis) and the guide's page on the Redis backend
-/// (`docs/backends/redis.md`) for what it promises.
+/// fencing tokens, loss signal and `#[distributed_lock]` work the same. See `Builder::redis`
+/// and the guide's page on the Redis backend (`docs/backends/redis.md`) for what it promises.
+/// On etcd (`etcd://`, feature `etcd`) the same paths are prefixes of etcd's own lock and
+/// election keys (`docs/backends/etcd.md`).
 ///
 /// # Examples
 ///
