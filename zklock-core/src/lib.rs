@@ -58,6 +58,10 @@ pub mod private;
 mod recipe;
 mod types;
 
+/// The etcd client the etcd backend runs on (feature `etcd`): what `LockManager::client`
+/// returns on etcd, and what the etcd fence store takes.
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 pub use guard::LockGuard;
 pub use local::frame::current_fencing_token;
 #[cfg(feature = "etcd")]
@@ -79,10 +83,6 @@ pub use recipe::leader::{
 pub use recipe::mutex::Mutex;
 pub use recipe::rwlock::RwLock;
 pub use recipe::semaphore::{Lease, Semaphore};
-/// The etcd client the etcd backend runs on (feature `etcd`): what `LockManager::client`
-/// returns on etcd, and what the etcd fence store takes.
-#[cfg(feature = "etcd")]
-pub use etcd_client;
 #[cfg(feature = "redis")]
 pub use redis;
 #[cfg(feature = "postgres")]
