@@ -89,7 +89,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             );
             report.push("events_per_release", format!("{:.2}", events as f64 / n));
         }
-        Peer::Zkclient | Peer::Floor | Peer::Rslock => {}
+        Peer::Zkclient | Peer::Floor | Peer::Rslock | Peer::LockService => {}
     }
     drop(contenders);
     drop(contender);

@@ -31,7 +31,14 @@
 //! their lines carry `backend=postgres` and the WAL written per cycle (see the `postgres`
 //! module).
 //!
-//! The memory probes run for zklock on every backend; on Redis and PostgreSQL their lines
+//! On etcd (an `etcd://` connect string): `zklock` (its etcd backend), `floor` (a put of the key
+//! on a lease granted up front, and its delete; a compare-and-put loop where workers share a
+//! key) and `lockservice` (etcd's own lock service, the `Lock` and `Unlock` RPCs), uncontended,
+//! contended, over many keys and from many tasks of one process; their lines carry
+//! `backend=etcd` and the server's gRPC requests, Raft writes and WAL fsyncs per cycle (see the
+//! `etcd` module).
+//!
+//! The memory probes run for zklock on ZooKeeper, Redis and PostgreSQL; on Redis and PostgreSQL their lines
 //! also carry the connections the process holds on the server (`server_connections`).
 //!
 //! Workloads (see [`Workload`]): `uncontended`, `contended`, `keys`, `inproc`, `drain`, the
@@ -53,6 +60,7 @@
 #![warn(missing_docs)]
 
 mod drain;
+mod etcd;
 mod linger;
 mod memory;
 mod ops;
@@ -159,6 +167,8 @@ pub enum Peer {
     Naive,
     /// The `rslock` crate's Redlock on one Redis server (Redis only).
     Rslock,
+    /// etcd's lock service, the `Lock` and `Unlock` RPCs, with a lease per worker (etcd only).
+    LockService,
 }
 
 impl Peer {
@@ -174,6 +184,7 @@ impl Peer {
             Peer::Zkclient => "zkclient",
             Peer::Naive => "naive",
             Peer::Rslock => "rslock",
+            Peer::LockService => "lockservice",
         }
     }
 }
@@ -194,10 +205,11 @@ impl FromStr for Peer {
             "zkclient" => Peer::Zkclient,
             "naive" => Peer::Naive,
             "rslock" => Peer::Rslock,
+            "lockservice" => Peer::LockService,
             other => {
                 return Err(format!(
-                    "unknown peer {other:?}: zklock | floor | zkclient | naive | rslock"
-                ))
+                "unknown peer {other:?}: zklock | floor | zkclient | naive | rslock | lockservice"
+            ))
             }
         })
     }
@@ -206,7 +218,8 @@ impl FromStr for Peer {
 /// One benchmark run.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// ZooKeeper connect string (`host:port[,host:port...]`), or a Redis URL (`redis://...`).
+    /// ZooKeeper connect string (`host:port[,host:port...]`), or a Redis URL (`redis://...`), a
+    /// PostgreSQL URL (`postgres://...`) or an etcd URL (`etcd://host:port[,...]`).
     pub connect: String,
     /// What to run.
     pub workload: Workload,
@@ -298,6 +311,9 @@ pub type Result<T, E = BenchError> = std::result::Result<T, E>;
 pub async fn run(options: &Options) -> Result<Report> {
     if options.workers == 0 {
         return Err(BenchError("--workers must be at least 1".into()));
+    }
+    if etcd::is_etcd(&options.connect) {
+        return etcd::run(options).await;
     }
     if matches!(options.workload, Workload::MemWaiters | Workload::MemKeys) {
         return memory::run(options).await;

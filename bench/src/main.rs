@@ -18,14 +18,17 @@ use zklock_bench::{Options, Peer, Workload};
 struct Cli {
     /// ZooKeeper connect string, host:port[,host:port...]; or a Redis URL, redis://host:port/
     /// (peers zklock, floor, rslock); or a PostgreSQL URL, postgres://user@host:port/db (peers
-    /// zklock, floor; workloads uncontended, contended; zklock also mem-waiters, mem-keys).
+    /// zklock, floor; workloads uncontended, contended; zklock also mem-waiters, mem-keys); or
+    /// an etcd URL, etcd://host:port (peers zklock, floor, lockservice; workloads uncontended,
+    /// contended, keys, inproc).
     #[arg(long, env = "ZKLOCK_CONNECT")]
     connect: String,
     /// uncontended | contended | keys | inproc | drain | reacquire | handover | mem-waiters |
     /// mem-keys
     #[arg(long)]
     workload: Workload,
-    /// Sessions (uncontended, contended, keys), tasks on one session (inproc), waiters (drain),
+    /// Sessions (uncontended, contended, keys), tasks on one session (inproc; on etcd, the lock
+    /// service's tasks each have a lease of their own), waiters (drain),
     /// tasks (mem-waiters, mem-keys).
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -35,9 +38,11 @@ struct Cli {
     /// Keys of the `keys` workload.
     #[arg(long, default_value_t = 64)]
     keys: usize,
-    /// zklock | floor (bare create + delete; on Redis: SET NX PX + compare-and-DEL) |
-    /// zkclient (zookeeper-client's Client::lock) | naive (every waiter watches one fixed
-    /// node) | rslock (Redis only: the rslock crate's Redlock).
+    /// zklock | floor (bare create + delete; on Redis: SET NX PX + compare-and-DEL; on etcd:
+    /// put on a lease + delete, a compare-and-put loop where workers share a key) | zkclient
+    /// (zookeeper-client's Client::lock) | naive (every waiter watches one fixed node) | rslock
+    /// (Redis only: the rslock crate's Redlock) | lockservice (etcd only: etcd's Lock and
+    /// Unlock RPCs, a lease per worker or task).
     #[arg(long, default_value = "zklock")]
     peer: Peer,
     /// zklock: give every task its own znode instead of queueing the tasks of this process

@@ -267,7 +267,7 @@ fn push_zookeeper(report: &mut Report, options: &Options, counted: Counters, cyc
             report.push("events_per_release", per(counted.naive_events, cycles));
         }
         Peer::Floor => report.push("requests_per_cycle", "2.00"),
-        Peer::Zkclient | Peer::Rslock => {}
+        Peer::Zkclient | Peer::Rslock | Peer::LockService => {}
     }
 }
 

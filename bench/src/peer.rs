@@ -238,6 +238,11 @@ impl Setup {
                     "rslock runs on Redis only: give a redis:// URL".into(),
                 ))
             }
+            Peer::LockService => {
+                return Err(BenchError(
+                    "lockservice runs on etcd only: give an etcd:// URL".into(),
+                ))
+            }
         })
     }
 

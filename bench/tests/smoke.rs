@@ -222,3 +222,52 @@ fn the_soak_prints_growth_and_leaves_no_hold_once_drained() {
         assert_eq!(number(held), Some(0.0), "a hold left once drained: {r:?}");
     }
 }
+
+/// The suite's etcd section in quick mode (`zklock-bench-suite --quick --only etcd`, which
+/// starts the test kit's etcd): every row runs for zklock, the floor and etcd's lock service
+/// (the floor sits out the inproc row), every run prints its line with no exclusion violation,
+/// and every row with a target prints its verdict. No figure is asserted.
+#[test]
+fn the_etcd_section_runs_every_peer_in_quick_mode() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
+        .args(["--quick", "--only", "etcd"])
+        .output()
+        .expect("run zklock-bench-suite");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "zklock-bench-suite --quick --only etcd failed: {stderr}"
+    );
+    eprintln!("{stdout}");
+    let runs: Vec<Report> = stdout.lines().filter_map(parse_line).collect();
+    for (workload, peers) in [
+        ("uncontended", &["zklock", "floor", "lockservice"][..]),
+        ("contended", &["zklock", "floor", "lockservice"][..]),
+        ("keys", &["zklock", "floor", "lockservice"][..]),
+        ("inproc", &["zklock", "lockservice"][..]),
+    ] {
+        for peer in peers {
+            let r = runs
+                .iter()
+                .find(|r| r.get("peer") == Some(peer) && r.get("workload") == Some(workload))
+                .unwrap_or_else(|| panic!("no {peer} {workload} run in:\n{stdout}\n{stderr}"));
+            assert_eq!(r.get("backend"), Some("etcd"), "{r}");
+            assert_eq!(r.number("violations"), Some(0.0), "{r}");
+            for field in ["ops_per_s", "requests_per_cycle", "writes_per_cycle"] {
+                assert!(r.number(field).is_some(), "{field} missing: {r}");
+            }
+        }
+    }
+    assert_eq!(runs.len(), 11, "{stdout}");
+    assert!(
+        !stdout.contains("failed") && !stdout.contains("timeout"),
+        "{stdout}"
+    );
+    // The three rows with a target print "met" or "missed", whatever the figures.
+    let verdicts = stdout
+        .lines()
+        .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
+        .count();
+    assert_eq!(verdicts, 3, "{stdout}");
+}

@@ -33,25 +33,26 @@ pub(crate) struct Cli {
     /// fsyncs its log before it acknowledges a write, as production servers do.
     #[arg(long)]
     pub(crate) no_fsync: bool,
-    /// Run one backend's section only: `zookeeper`, `redis` or `postgres`.
+    /// Run one backend's section only: `zookeeper`, `redis`, `postgres` or `etcd`.
     #[arg(long)]
     pub(crate) only: Option<Section>,
     /// How many rounds every section runs, its peers taking turns; each cell shows its median
     /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis 7,
-    /// PostgreSQL 5; 1 with `--quick`).
+    /// PostgreSQL 5, etcd 5; 1 with `--quick`).
     #[arg(long)]
     pub(crate) rounds: Option<usize>,
 }
 
 impl Cli {
-    /// The rounds of `section`: its runs are short on Redis and PostgreSQL, so they take more
-    /// turns; the ZooKeeper section's take minutes each.
+    /// The rounds of `section`: its runs are short on Redis, PostgreSQL and etcd, so they take
+    /// more turns; the ZooKeeper section's take minutes each.
     pub(crate) fn rounds(&self, section: Section) -> usize {
         let default = match (self.quick, section) {
             (true, _) => 1,
             (false, Section::Zookeeper) => 3,
             (false, Section::Redis) => 7,
             (false, Section::Postgres) => 5,
+            (false, Section::Etcd) => 5,
         };
         self.rounds.unwrap_or(default).max(1)
     }
@@ -68,4 +69,5 @@ pub(crate) enum Section {
     Zookeeper,
     Redis,
     Postgres,
+    Etcd,
 }

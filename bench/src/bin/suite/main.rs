@@ -6,14 +6,16 @@
 //!   Curator, kazoo and the naive herd ([`zookeeper`]);
 //! - Redis: zklock's Redis backend beside rslock and a bare `SET NX PX` floor ([`redis`]);
 //! - PostgreSQL: zklock's PostgreSQL backend beside a bare `pg_advisory_lock` floor on a
-//!   durable server ([`postgres`]).
+//!   durable server ([`postgres`]);
+//! - etcd: zklock's etcd backend beside a bare put-on-a-lease + delete floor and etcd's own
+//!   lock service (`Lock` / `Unlock`), on a member that fsyncs its log ([`etcd`]).
 //!
 //! The Redis and PostgreSQL sections end with zklock's memory with 10,000 tasks waiting on one
 //! key and the server connections of its process ([`backend_memory`]).
 //!
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
-//!                    [--only zookeeper|redis|postgres]
+//!                    [--only zookeeper|redis|postgres|etcd]
 //! ```
 //!
 //! Every section runs its cells in rounds, the peers taking turns, and shows each cell's
@@ -24,6 +26,7 @@
 
 mod backend_memory;
 mod cli;
+mod etcd;
 mod model;
 mod postgres;
 mod redis;
@@ -70,10 +73,11 @@ type SectionRun = fn(&Cli) -> Result<String, String>;
 
 /// Every section `--only` lets run, one after the other.
 fn suite(cli: &Cli) -> Result<String, String> {
-    let sections: [(Section, &str, SectionRun); 3] = [
+    let sections: [(Section, &str, SectionRun); 4] = [
         (Section::Zookeeper, "ZooKeeper", zookeeper::section),
         (Section::Redis, "Redis", redis::section),
         (Section::Postgres, "PostgreSQL", postgres::section),
+        (Section::Etcd, "etcd", etcd::section),
     ];
     let mut markdown = String::new();
     for (section, title, run) in sections {

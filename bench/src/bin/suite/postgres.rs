@@ -4,13 +4,12 @@
 //! a grant's token is a commit, and its cost is part of the figure).
 
 use std::fmt::Write as _;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::backend_memory;
 use crate::cli::{Cli, Section};
 use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
-use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
+use crate::report::{backend_tables, disk, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
 use crate::runner::Env;
 
@@ -115,20 +114,6 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         cli.quick,
         rounds,
     ))
-}
-
-/// The file system of the temporary directory (where the test kit's data directory lives).
-fn disk() -> String {
-    let disk = Command::new("sh")
-        .args(["-c", "df -T \"${TMPDIR:-/tmp}\" | awk 'NR==2 {print $2}'"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    if disk.is_empty() {
-        "?".into()
-    } else {
-        disk
-    }
 }
 
 /// The bound on the server connections of one manager, as the backend's code sets it.

@@ -40,6 +40,20 @@ pub(crate) fn machine() -> String {
     format!("Machine: {nproc} CPUs ({cpu}), {mem_gb:.1} GiB memory; {date}")
 }
 
+/// The file system of the temporary directory (where the test kit's data directory lives).
+pub(crate) fn disk() -> String {
+    let disk = Command::new("sh")
+        .args(["-c", "df -T \"${TMPDIR:-/tmp}\" | awk 'NR==2 {print $2}'"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    if disk.is_empty() {
+        "?".into()
+    } else {
+        disk
+    }
+}
+
 /// ` (--quick: …)` after a section's first line when the sizes are the quick ones.
 pub(crate) fn quick_note(quick: bool) -> &'static str {
     if quick {

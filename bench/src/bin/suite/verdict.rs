@@ -7,6 +7,7 @@ fn peer_name(column: &str) -> &str {
     match column {
         "curator" => "Curator",
         "zkclient" => "zookeeper-client",
+        "lockservice" => "lock service",
         other => other,
     }
 }
