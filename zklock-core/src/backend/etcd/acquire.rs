@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    TxnOpResponse,
 };
 use tokio::time::Instant;
 
@@ -134,10 +134,10 @@ impl Acquire<'_> {
             let last = self
                 .retrying(|| last_before(self.inner, &layout.blockers, rev))
                 .await?;
-            let Some((key, seen)) = last else {
+            let Some((key, created, seen)) = last else {
                 return Ok(true);
             };
-            let deleted = watch_deletion(self.inner, key, seen + 1);
+            let deleted = watch_deletion(self.inner, key, created, seen);
             let ended = async {
                 loop {
                     let until = {
@@ -229,13 +229,13 @@ pub(crate) fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
         .is_none()
 }
 
-/// The key and the revision of the read of the last key under `prefix` created before `rev`,
-/// if there is one.
+/// The last key under `prefix` created before `rev`, if there is one: its name, its create
+/// revision, and the revision of the read.
 async fn last_before(
     inner: &Inner,
     prefix: &str,
     rev: i64,
-) -> std::result::Result<Option<(Vec<u8>, i64)>, RequestError> {
+) -> std::result::Result<Option<(Vec<u8>, i64, i64)>, RequestError> {
     inner.count_request();
     let mut client = inner.client.clone();
     let options = GetOptions::new()
@@ -251,21 +251,30 @@ async fn last_before(
     )
     .await?;
     let seen = got.header().map(|h| h.revision()).unwrap_or(rev);
-    Ok(got.kvs().first().map(|kv| (kv.key().to_vec(), seen)))
+    Ok(got
+        .kvs()
+        .first()
+        .map(|kv| (kv.key().to_vec(), kv.create_revision(), seen)))
 }
 
-/// Completes once `key` is deleted at or after revision `from` (or once its watch cannot say:
-/// the caller reads again).
-async fn watch_deletion(inner: &Inner, key: Vec<u8>, from: i64) {
+/// Completes once `key` (created at `created`, seen at revision `seen`) is deleted, or may have
+/// been (its watch cannot say: the caller reads again).
+///
+/// The watch starts at the server's current revision, never at an older one: etcd catches a
+/// watch that starts in the past up with the others only every 100 ms, which would hold every
+/// hand-over up by as much. What happened between the read and the watch, the watch's first
+/// answer tells: if the store moved on since the read, one read of the key says whether it is
+/// still the one ahead.
+async fn watch_deletion(inner: &Inner, key: Vec<u8>, created: i64, seen: i64) {
     let mut client = inner.client.clone();
     inner.count_request();
-    let options = WatchOptions::new().with_start_revision(from);
     let Ok(Ok(mut stream)) =
-        tokio::time::timeout(inner.config.reply_timeout, client.watch(key, Some(options))).await
+        tokio::time::timeout(inner.config.reply_timeout, client.watch(key.clone(), None)).await
     else {
         tokio::time::sleep(RETRY_MIN).await;
         return;
     };
+    let mut checked = false;
     loop {
         match stream.message().await {
             Ok(Some(resp)) => {
@@ -277,9 +286,27 @@ async fn watch_deletion(inner: &Inner, key: Vec<u8>, from: i64) {
                     inner.count_event();
                     return;
                 }
-                // Compacted past `from`, or cancelled: read again.
                 if resp.canceled() {
                     return;
+                }
+                let from = resp.header().map_or(seen, |h| h.revision());
+                if !checked && resp.created() && from > seen {
+                    checked = true;
+                    inner.count_request();
+                    let still = tokio::time::timeout(
+                        inner.config.reply_timeout,
+                        client.get(key.clone(), Some(GetOptions::new().with_keys_only())),
+                    )
+                    .await;
+                    match still {
+                        Ok(Ok(got))
+                            if got
+                                .kvs()
+                                .first()
+                                .is_some_and(|kv| kv.create_revision() == created) => {}
+                        // Gone, another incarnation, or no answer: read again.
+                        _ => return,
+                    }
                 }
             }
             Ok(None) | Err(_) => {

@@ -1,9 +1,9 @@
 //! What a mutex or write hold knows of other contenders for its lock: what bounds its local
 //! handoffs and ends its linger (see [`BackendHold::others_waiting`](crate::backend::BackendHold::others_waiting)).
 //!
-//! Started by the first question, then kept for the hold's life: a read of the keys under the
-//! lock's prefix created after the hold's own (anyone there came after it, so waits for it),
-//! then a watch of the prefix from the read's revision on for a key put by anyone else. Until
+//! Started by the first question, then kept for the hold's life: a watch of the lock's prefix
+//! for a key put by anyone else, then a read of the keys under it created after the hold's own
+//! (anyone there came after it, so waits for it), for what came before the watch. Until
 //! the read is answered, and whenever the watch breaks, the answer is "maybe" (a contender may
 //! be waiting), which never lingers.
 
@@ -82,7 +82,30 @@ async fn watch_others(
     let maybe = || {
         state.send_replace(Others::Maybe);
     };
+    // The watch first, from the server's current revision on (etcd catches up a watch that
+    // starts in the past only every 100 ms), then a read for what came before it.
     let mut client = inner.client.clone();
+    inner.count_request();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_filters([WatchFilterType::NoDelete]);
+    let Ok(Ok(mut stream)) = tokio::time::timeout(
+        inner.config.reply_timeout,
+        client.watch(prefix.as_str(), Some(options)),
+    )
+    .await
+    else {
+        return maybe();
+    };
+    let came = |resp: &etcd_client::WatchResponse| {
+        resp.events().iter().any(|e| {
+            e.event_type() == EventType::Put && e.kv().is_some_and(|kv| kv.key() != own.as_bytes())
+        })
+    };
+    match stream.message().await {
+        Ok(Some(resp)) if resp.created() && !came(&resp) => {}
+        _ => return maybe(),
+    }
     inner.count_request();
     let read = tokio::time::timeout(
         inner.config.reply_timeout,
@@ -98,29 +121,14 @@ async fn watch_others(
         ),
     )
     .await;
-    let seen = match read {
-        Ok(Ok(got)) if got.kvs().is_empty() => got.header().map_or(rev, |h| h.revision()),
+    match read {
+        Ok(Ok(got)) if got.kvs().is_empty() => {
+            state.send_replace(Others::Nobody);
+        }
         _ => return maybe(),
-    };
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(seen + 1)
-        .with_filters([WatchFilterType::NoDelete]);
-    let Ok(Ok(mut stream)) = tokio::time::timeout(
-        inner.config.reply_timeout,
-        client.watch(prefix.as_str(), Some(options)),
-    )
-    .await
-    else {
-        return maybe();
-    };
-    // Watching from the read's revision on: nobody so far.
-    state.send_replace(Others::Nobody);
+    }
     while let Ok(Some(resp)) = stream.message().await {
-        let came = resp.events().iter().any(|e| {
-            e.event_type() == EventType::Put && e.kv().is_some_and(|kv| kv.key() != own.as_bytes())
-        });
-        if came || resp.canceled() {
+        if came(&resp) || resp.canceled() {
             return maybe();
         }
     }

@@ -280,7 +280,7 @@ async fn attempt(
         if matches!(acquire.wait, Wait::Never) {
             return Ok(Attempt::Busy);
         }
-        let released = watch_releases(inner, &prefix, seen + 1);
+        let released = watch_releases(inner, &prefix, seen);
         let ended = async {
             loop {
                 let until = {
@@ -324,14 +324,15 @@ async fn list(inner: &Inner, prefix: &str) -> std::result::Result<(Vec<i64>, i64
     ))
 }
 
-/// Completes once a key under `prefix` is deleted at or after revision `from` (or once the
-/// watch cannot say: the caller reads again).
-async fn watch_releases(inner: &Inner, prefix: &str, from: i64) {
+/// Completes once a key under `prefix` is deleted after the listing at revision `seen`, or may
+/// have been (the caller lists again). The watch starts at the server's current revision (etcd
+/// catches up a watch that starts in the past only every 100 ms); when the store moved on since
+/// the listing, the caller lists again at once.
+async fn watch_releases(inner: &Inner, prefix: &str, seen: i64) {
     let mut client = inner.client.clone();
     inner.count_request();
     let options = WatchOptions::new()
         .with_prefix()
-        .with_start_revision(from)
         .with_filters([WatchFilterType::NoPut]);
     let Ok(Ok(mut stream)) = tokio::time::timeout(
         inner.config.reply_timeout,
@@ -351,7 +352,8 @@ async fn watch_releases(inner: &Inner, prefix: &str, from: i64) {
             inner.count_event();
             return;
         }
-        if resp.canceled() {
+        if resp.canceled() || (resp.created() && resp.header().is_some_and(|h| h.revision() > seen))
+        {
             return;
         }
     }
