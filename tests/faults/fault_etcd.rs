@@ -19,7 +19,7 @@
 //! 7. etcd itself killed and restarted with its data: holds survive or are reported lost, and
 //!    every grant after the restart has a token above every conflicting grant of its lock
 //!    before the kill.
-//! 8. (ignored: a backend bug) One of a manager's two paths to etcd held up while the other,
+//! 8. One of a manager's two paths to etcd held up while the other,
 //!    and its lease, work: a put sent again after no answer in time must not land after the
 //!    release and leave a key on the live lease that blocks the lock.
 //!
@@ -1035,8 +1035,6 @@ async fn other_gets_in(m: &LockManager, key: &str, rw: bool, rec: &Recorder) -> 
 /// that is where this was first seen (1 run in 4 of a frozen follower in a 3-member cluster
 /// left a read/write lock blocked); the relay makes it happen in most rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "etcd backend bug: a put held up past its retry lands after the hold's release and \
-            leaves an orphan key on the live lease that blocks the lock"]
 async fn a_put_held_up_past_its_retry_leaves_no_key_behind_after_the_release() {
     let etcd = blocking(EtcdServer::start).expect("start etcd");
     let relay = Relay::start(&etcd.endpoint()).unwrap();
@@ -1054,7 +1052,9 @@ async fn a_put_held_up_past_its_retry_leaves_no_key_behind_after_the_release() {
     let writes = two_paths.rwlock(rw).unwrap();
     // Each round: the relay's path held up for longer than a request waits for its answer
     // (so that puts are sent again), while both locks are taken and released over and over.
-    for round in 1..=6 {
+    // Three rounds: a held-up put lands after the release in most of them (without the
+    // backend's reaper, 2 or 3 of 3 left a key).
+    for round in 1..=3 {
         history.fault(&format!("round {round}: the relay's path blackholes"));
         relay.blackhole();
         let start = Instant::now();

@@ -398,7 +398,12 @@ impl Entry {
                 .spawn(async move {
                     let r = txn(&inner, "put the contender's key", put).await;
                     settled.send_replace(match &r {
-                        Err(e) if e.unanswered => Settled::Unknown,
+                        Err(e) if e.unanswered => {
+                            inner
+                                .suspect
+                                .store(true, std::sync::atomic::Ordering::SeqCst);
+                            Settled::Unknown
+                        }
                         _ => Settled::Answered,
                     });
                     r

@@ -34,6 +34,7 @@ mod hold;
 mod inspect;
 mod options;
 mod others;
+mod reaper;
 mod request;
 mod semaphore;
 mod session;
@@ -83,7 +84,7 @@ pub(crate) struct Config {
     pub(crate) reply_timeout: Duration,
     pub(crate) tokens: bool,
     identity: Option<String>,
-    ttl: Duration,
+    pub(crate) ttl: Duration,
 }
 
 /// What the backend's holds and tasks share.
@@ -101,6 +102,9 @@ pub(crate) struct Inner {
     pub(crate) undos: Arc<Undos<Arc<str>>>,
     requests: AtomicU64,
     events: AtomicU64,
+    /// Whether a put of this manager's went unanswered (it may still land): the reaper then
+    /// looks for keys nothing owns ([`reaper`]).
+    pub(crate) suspect: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {
@@ -139,6 +143,14 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Takes exactly `key` as a name, if nothing of this manager has it.
+    pub(crate) fn reserve_exact(&self, key: &str) -> bool {
+        self.names
+            .lock()
+            .expect("not poisoned")
+            .insert(key.to_string())
     }
 
     /// Frees a name once its key is deleted.
@@ -231,6 +243,7 @@ fn new_enough(version: &str) -> bool {
 /// The etcd backend; see [`LockManager::connect`](crate::LockManager::connect).
 pub(crate) struct EtcdBackend {
     inner: Arc<Inner>,
+    reaper: tokio::task::AbortHandle,
 }
 
 impl EtcdBackend {
@@ -322,30 +335,32 @@ impl EtcdBackend {
             }
             Err(e) => return Err(e),
         };
-        Ok(EtcdBackend {
-            inner: Arc::new(Inner {
-                client,
-                session,
-                config: Config {
-                    reply_timeout: session_config.reply_timeout,
-                    tokens: config.tokens,
-                    identity: config.identity,
-                    ttl,
-                },
-                names: StdMutex::default(),
-                next_name: AtomicU64::new(1),
-                runtime: tokio::runtime::Handle::current(),
-                background: Arc::default(),
-                undos: Arc::default(),
-                requests: AtomicU64::new(0),
-                events: AtomicU64::new(0),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            client,
+            session,
+            config: Config {
+                reply_timeout: session_config.reply_timeout,
+                tokens: config.tokens,
+                identity: config.identity,
+                ttl,
+            },
+            names: StdMutex::default(),
+            next_name: AtomicU64::new(1),
+            runtime: tokio::runtime::Handle::current(),
+            background: Arc::default(),
+            undos: Arc::default(),
+            requests: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+            suspect: std::sync::atomic::AtomicBool::new(false),
+        });
+        let reaper = reaper::start(&inner);
+        Ok(EtcdBackend { inner, reaper })
     }
 }
 
 impl Drop for EtcdBackend {
     fn drop(&mut self) {
+        self.reaper.abort();
         self.inner.session.close(&self.inner.runtime);
     }
 }
