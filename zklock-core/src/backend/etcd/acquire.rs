@@ -535,7 +535,7 @@ async fn undo_sent(
     }
     if unknown {
         for key in &keys {
-            delete(&inner, key, lease).await;
+            delete(&inner, key, lease, None).await;
         }
         tokio::time::sleep(inner.config.reply_timeout).await;
     }

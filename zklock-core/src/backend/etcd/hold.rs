@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::others::{Others, OthersWatch};
-use super::request::{txn, undo, Layout};
+use super::request::{txn, undo, undo_created, Layout};
 use super::session::LeaseState;
 use super::Inner;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
@@ -186,7 +186,13 @@ impl EtcdHold {
         if let Some(w) = self.watching.get() {
             w.abort();
         }
-        undo(self.inner.clone(), self.key.clone(), self.lease.id).await;
+        undo_created(
+            self.inner.clone(),
+            self.key.clone(),
+            self.lease.id,
+            self.rev,
+        )
+        .await;
         match lost {
             Some(reason) => Err(Error::LockLost {
                 key: self.user_key.to_string(),
@@ -446,10 +452,11 @@ impl Drop for EtcdHold {
             w.abort();
         }
         if !self.released.swap(true, Ordering::SeqCst) {
-            let undo = undo(
+            let undo = undo_created(
                 self.inner.clone(),
                 std::mem::take(&mut self.key),
                 self.lease.id,
+                self.rev,
             );
             self.inner.background.spawn(&self.inner.runtime, undo);
         }

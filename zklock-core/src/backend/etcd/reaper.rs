@@ -63,7 +63,7 @@ pub(crate) async fn reap(inner: &Inner) -> usize {
         // Taken for the delete: no acquire of this manager puts it meanwhile.
         if inner.reserve_exact(&key) {
             tracing::warn!(%key, "deleting a key on this manager's etcd lease that nothing of it owns (a put that arrived late)");
-            delete(inner, &key, lease).await;
+            delete(inner, &key, lease, None).await;
             inner.unreserve(&key);
             reaped += 1;
         }

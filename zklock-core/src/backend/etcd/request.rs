@@ -93,16 +93,26 @@ pub(crate) async fn txn(
 /// Deletes `key` if it is still on `lease` (never a key of another lease that took the name),
 /// retrying while the lease may keep it, then frees the name.
 pub(crate) async fn undo(inner: Arc<Inner>, key: String, lease: i64) {
-    delete(&inner, &key, lease).await;
+    delete(&inner, &key, lease, None).await;
     inner.unreserve(&key);
 }
 
-/// Deletes `key` if it is still on `lease`, retrying while the lease may keep it.
-pub(crate) async fn delete(inner: &Inner, key: &str, lease: i64) {
+/// [`undo`] of a hold's key created at `created`: a delete that arrives late (its answer lost,
+/// and the name taken again since) cannot delete a later key of the same name.
+pub(crate) async fn undo_created(inner: Arc<Inner>, key: String, lease: i64, created: i64) {
+    delete(&inner, &key, lease, Some(created)).await;
+    inner.unreserve(&key);
+}
+
+/// Deletes `key` if it is still on `lease` (and was created at `created`, when known),
+/// retrying while the lease may keep it.
+pub(crate) async fn delete(inner: &Inner, key: &str, lease: i64, created: Option<i64>) {
     let delete = || {
-        Txn::new()
-            .when([Compare::lease(key, CompareOp::Equal, lease)])
-            .and_then([TxnOp::delete(key, None)])
+        let mut when = vec![Compare::lease(key, CompareOp::Equal, lease)];
+        if let Some(created) = created {
+            when.push(Compare::create_revision(key, CompareOp::Equal, created));
+        }
+        Txn::new().when(when).and_then([TxnOp::delete(key, None)])
     };
     let mut pause = RETRY_MIN;
     loop {
