@@ -217,6 +217,8 @@ where
     let n = run(format!("{protocol:?}_uncut").to_lowercase(), None).await;
     assert!(n > 0, "{protocol:?} sent no request");
     let mut runs = 0;
+    // Counted by the runs: those skipped for a known bug of the backend.
+    let skipped = Arc::new(AtomicUsize::new(0));
     for k in 1..=n {
         let mut cuts: Vec<Cut> = if all_cuts() {
             CUTS.to_vec()
@@ -228,18 +230,34 @@ where
         }
         for how in cuts {
             let key = format!("{protocol:?}_{k}_{how:?}").to_lowercase();
-            run(key, Some((k, how))).await;
+            SKIPPED
+                .scope(skipped.clone(), run(key, Some((k, how))))
+                .await;
             runs += 1;
         }
     }
-    eprintln!(
-        "{protocol:?}: {n} requests, {runs} cut runs, every one checked, in {:?}",
-        started.elapsed()
-    );
+    let skipped = skipped.load(Ordering::SeqCst);
+    if skipped == 0 {
+        eprintln!(
+            "{protocol:?}: {n} requests, {runs} cut runs, every one checked, in {:?}",
+            started.elapsed()
+        );
+    } else {
+        eprintln!(
+            "{protocol:?}: {n} requests, {runs} cut runs, {skipped} skipped for a known bug, \
+             the others checked, in {:?}",
+            started.elapsed()
+        );
+    }
 }
 
-/// A lease backend's server as a relayed sweep sees it (Redis, PostgreSQL): where it listens,
-/// and what it holds for a lock, read with a plain client of its own.
+tokio::task_local! {
+    /// How many runs of the sweep under way were skipped for a known bug of the backend.
+    static SKIPPED: Arc<AtomicUsize>;
+}
+
+/// A lease backend's server as a relayed sweep sees it (Redis, PostgreSQL, etcd): where it
+/// listens, and what it holds for a lock, read with a plain client of its own.
 pub trait LeaseServer {
     /// The lease of the victim's and the other's managers.
     const LEASE: Duration;
@@ -258,6 +276,18 @@ pub trait LeaseServer {
     /// What the server still keeps of the process named `identity` (its sessions); nothing
     /// where the server keeps no session of its own.
     async fn sessions_left(&self, identity: &str) -> Vec<String>;
+    /// A known bug of the backend that this run (of `protocol`, cut by `cut`, with the victim's
+    /// part of `history` over, on the lock at `path`) ran into, as the server shows it: the run
+    /// is then skipped, naming the bug, once the victim is gone. `None` (the default): judged.
+    async fn known_bug(
+        &self,
+        _protocol: Protocol,
+        _cut: Option<(u64, Cut)>,
+        _history: &History,
+        _path: &str,
+    ) -> Option<String> {
+        None
+    }
 }
 
 /// A token as the history records it: [`NO_TOKEN`](zklock_testkit::NO_TOKEN) for a hold that
@@ -274,6 +304,7 @@ async fn lease_manager<S: LeaseServer>(url: &str, identity: &str, tokens: bool) 
     let builder = LockManager::builder(url);
     match zklock::BackendKind::of(url).unwrap() {
         zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(S::LEASE)),
+        zklock::BackendKind::Etcd => builder.etcd(|e| e.lease(S::LEASE)),
         _ => builder.redis(|r| r.lease(S::LEASE)),
     }
     .identity(identity)
@@ -340,7 +371,8 @@ pub fn assert_history_ok(history: &History, protocol: Protocol, cut: Option<(u64
             .events()
             .iter()
             .any(|e| e.worker == "other" && matches!(e.op, Op::AcquireOk { .. })),
-        "{protocol:?}, cut {cut:?}: the other process never got the lock"
+        "{protocol:?}, cut {cut:?}: the other process never got the lock\n{:#?}",
+        history.events()
     );
 }
 
@@ -370,6 +402,15 @@ pub async fn run_through_relay<S: LeaseServer>(
     if run.how() != Some(Cut::Kill) {
         run.relay.heal();
         run.victim.flush().await;
+    }
+    if let Some(bug) = server
+        .known_bug(protocol, cut, &run.history, &run.path)
+        .await
+    {
+        eprintln!("{protocol:?}, cut {cut:?}: SKIPPED, a known bug of the backend: {bug}");
+        let _ = SKIPPED.try_with(|n| n.fetch_add(1, Ordering::SeqCst));
+        run.skip(victim_run).await;
+        return sent;
     }
     run.other_takes_the_lock().await;
     run.end(victim_run).await;
@@ -544,6 +585,23 @@ impl<'a, S: LeaseServer> RelayRun<'a, S> {
         .await
         .unwrap_or_else(|_| panic!("{protocol:?} stuck after a cut {cut:?}"));
         self.other.flush().await;
+    }
+
+    /// A run skipped for a known bug: the victim ends (its manager dropped, as a process that
+    /// exits), and what it left of the lock must go then, within the lease.
+    async fn skip(self, victim_run: Option<JoinHandle<()>>) {
+        let (protocol, cut, key) = (self.protocol, self.cut, self.key);
+        if let Some(run) = victim_run {
+            run.abort();
+            let _ = run.await;
+        }
+        drop(self.victim);
+        super::common::eventually(
+            &format!("nothing of {key} left once the victim is gone ({protocol:?}, cut {cut:?})"),
+            S::LEASE * 3,
+            || async { self.server.left(&self.path).await.is_empty() },
+        )
+        .await;
     }
 
     /// The victim ends (a victim cut off for good dies now: nothing of it runs, and nothing of
