@@ -31,9 +31,9 @@
 //! `--prefix`; after `Kill`, no key of the victim is left anywhere); a job's window (its run
 //! record and that record's lease) never shrinks, and at most one body runs within it.
 //!
-//! A run that runs into a known bug of the backend ([`RELEASE_CANCEL_BUG`]: a `Cancel` that
-//! drops the victim's release before its delete was answered leaves its key on the live lease)
-//! is skipped, saying so, once the victim is gone and its key went with its lease.
+//! Every run is judged. (The first sweep found that a `Cancel` dropping the victim's release
+//! before its delete was answered left its key on the live lease: the release now deletes from
+//! a task of its own.)
 //!
 //! k runs over every chunk the protocol writes (counted on an uncut run; the lease's keep-alives
 //! and the HTTP/2 pings every third of the lease count too, so a boundary moves by one now and
@@ -49,10 +49,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cuts::{sweep_through_relay, Cut, LeaseServer, Protocol};
+use cuts::{sweep_through_relay, LeaseServer, Protocol};
 use etcd_client::{Client, GetOptions, KeyValue};
 use zklock::LockManager;
-use zklock_testkit::{EtcdServer, History, Op};
+use zklock_testkit::EtcdServer;
 
 /// The lock path of `key` in `protocol` (its contenders' keys are under `<path>/`).
 fn lock_path(m: &LockManager, protocol: Protocol, key: &str) -> String {
@@ -234,52 +234,7 @@ impl LeaseServer for Etcd {
             .map(show)
             .collect()
     }
-
-    /// A release cancelled while its delete got no answer (a `Cancel` cut at or before it)
-    /// leaves the hold's key on the session's lease, which the manager keeps alive: every other
-    /// process waits for that lock until the manager ends. See [`RELEASE_CANCEL_BUG`].
-    async fn known_bug(
-        &self,
-        _: Protocol,
-        cut: Option<(u64, Cut)>,
-        history: &History,
-        path: &str,
-    ) -> Option<String> {
-        if cut.is_none_or(|(_, how)| how != Cut::Cancel) {
-            return None;
-        }
-        let last = history.events().into_iter().rfind(|e| e.worker == "victim");
-        if !last.is_some_and(|e| matches!(e.op, Op::ReleaseInvoked)) {
-            return None;
-        }
-        // A release whose delete was applied (or whose lease ran out) leaves nothing.
-        let until = tokio::time::Instant::now() + Self::LEASE * 2;
-        loop {
-            let left = self.left(path).await;
-            if left.is_empty() {
-                return None;
-            }
-            if tokio::time::Instant::now() >= until {
-                return Some(format!(
-                    "{RELEASE_CANCEL_BUG}; left on a live lease: {left:?}"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
 }
-
-/// The bug the sweep found that the runs it shows in are skipped for (see
-/// [`LeaseServer::known_bug`]): `EtcdHold::delete` (zklock-core/src/backend/etcd/hold.rs) marks
-/// the hold released before it awaits the delete of its key, so when the release's future is
-/// dropped before the delete got its answer (the caller cancelled, or timed out, its release),
-/// `Drop for EtcdHold` finds it released and spawns no undo: the key stays on the manager's
-/// session lease, which the session keeps alive, and no other process gets the lock until the
-/// manager ends. (The Redis backend marks its hold released only after the delete, so its
-/// `Drop` deletes in the background.)
-const RELEASE_CANCEL_BUG: &str = "a cancelled release leaves the hold's key on the live \
-     session lease (EtcdHold::delete marks the hold released before awaiting the delete; Drop \
-     then spawns no undo)";
 
 /// Sweeps `protocol` on a server of its own.
 async fn sweep_etcd(protocol: Protocol, offset: usize) {

@@ -186,13 +186,23 @@ impl EtcdHold {
         if let Some(w) = self.watching.get() {
             w.abort();
         }
-        undo_created(
+        // From a counted task of its own: a release dropped while it waits (cancelled) must
+        // not cancel the delete, since the hold already counts as released and its drop
+        // starts none.
+        let undo = undo_created(
             self.inner.clone(),
             self.key.clone(),
             self.lease.id,
             self.rev,
-        )
-        .await;
+        );
+        let (done, finished) = tokio::sync::oneshot::channel();
+        self.inner
+            .background
+            .spawn(&self.inner.runtime, async move {
+                undo.await;
+                let _ = done.send(());
+            });
+        let _ = finished.await;
         match lost {
             Some(reason) => Err(Error::LockLost {
                 key: self.user_key.to_string(),
