@@ -44,6 +44,78 @@ fn owner(kv: &KeyValue) -> Owner {
     Owner::parse(text.join(" ").as_bytes())
 }
 
+/// Which side of a read/write lock a key under `prefix` is: `Some(true)` a writer,
+/// `Some(false)` a reader, `None` neither.
+fn side(prefix: &str, kv: &KeyValue) -> Option<bool> {
+    let name = String::from_utf8_lossy(kv.key());
+    let rest = name.strip_prefix(prefix).unwrap_or(&name);
+    if rest.starts_with("read/") {
+        Some(false)
+    } else if rest.starts_with("write/") {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// The holders and the waiters among `kvs` (the keys under `prefix`, in create order), by the
+/// rule the contenders of `kind` follow.
+fn contenders(prefix: &str, kind: LockKind, kvs: &[KeyValue]) -> (Vec<Contender>, Vec<Contender>) {
+    let exclusive = match kind {
+        LockKind::Leader => "latch",
+        LockKind::ReadWrite => "write",
+        LockKind::Semaphore => "lease",
+        _ => "mutex",
+    };
+    // A semaphore's size, as its first contender's process asked it.
+    let max = kvs
+        .first()
+        .and_then(|kv| {
+            String::from_utf8_lossy(kv.value())
+                .split(' ')
+                .find_map(|f| f.strip_prefix("max=").and_then(|m| m.parse::<u32>().ok()))
+        })
+        .unwrap_or(1);
+    let revisions: Vec<i64> = kvs.iter().map(|kv| kv.create_revision()).collect();
+    let (mut holders, mut waiters) = (vec![], vec![]);
+    let (mut any_before, mut writer_before) = (false, false);
+    for kv in kvs {
+        let (mode, reader) = match (kind, side(prefix, kv)) {
+            (LockKind::ReadWrite, Some(false)) => ("read", true),
+            (LockKind::ReadWrite, Some(true)) => ("write", false),
+            // Some other key under a read/write lock's prefix: not a contender.
+            (LockKind::ReadWrite, None) => continue,
+            _ => (exclusive, false),
+        };
+        let holds = match kind {
+            LockKind::Semaphore => {
+                super::semaphore::admitted(&revisions, kv.create_revision(), max)
+            }
+            _ if reader => !writer_before,
+            _ => !any_before,
+        };
+        let name = String::from_utf8_lossy(kv.key()).into_owned();
+        let contender = Contender {
+            node: name.strip_prefix(prefix).unwrap_or(&name).to_string(),
+            mode,
+            owner: owner(kv),
+            since: since(kv, &name),
+            token: FencingToken::new(kv.create_revision(), 0),
+            session: kv.lease(),
+            lingering: false,
+            location: name.clone(),
+        };
+        if holds {
+            holders.push(contender);
+        } else {
+            waiters.push(contender);
+        }
+        any_before = true;
+        writer_before |= !reader;
+    }
+    (holders, waiters)
+}
+
 impl EtcdBackend {
     async fn inspect_at(&self, path: &str, kind: Option<LockKind>) -> Result<LockInfo> {
         let inner = &self.inner;
@@ -63,84 +135,14 @@ impl EtcdBackend {
             ),
         )
         .await?;
-        let side = |name: &str| {
-            let rest = name.strip_prefix(prefix.as_str()).unwrap_or(name);
-            if rest.starts_with("read/") {
-                Some(false)
-            } else if rest.starts_with("write/") {
-                Some(true)
-            } else {
-                None
-            }
-        };
         let kind = kind.unwrap_or_else(|| {
-            if got
-                .kvs()
-                .iter()
-                .any(|kv| side(&String::from_utf8_lossy(kv.key())).is_some())
-            {
+            if got.kvs().iter().any(|kv| side(&prefix, kv).is_some()) {
                 LockKind::ReadWrite
             } else {
                 LockKind::Mutex
             }
         });
-        let exclusive = match kind {
-            LockKind::Leader => "latch",
-            LockKind::ReadWrite => "write",
-            LockKind::Semaphore => "lease",
-            _ => "mutex",
-        };
-        // A semaphore's size, as its first contender's process asked it.
-        let max = got
-            .kvs()
-            .first()
-            .and_then(|kv| {
-                String::from_utf8_lossy(kv.value())
-                    .split(' ')
-                    .find_map(|f| f.strip_prefix("max=").and_then(|m| m.parse::<u32>().ok()))
-            })
-            .unwrap_or(1);
-        let revisions: Vec<i64> = got.kvs().iter().map(|kv| kv.create_revision()).collect();
-        let (mut holders, mut waiters) = (vec![], vec![]);
-        let mut any_before = false;
-        let mut writer_before = false;
-        for kv in got.kvs() {
-            let name = String::from_utf8_lossy(kv.key()).into_owned();
-            let (mode, reader) = match (kind, side(&name)) {
-                (LockKind::ReadWrite, Some(false)) => ("read", true),
-                (LockKind::ReadWrite, Some(true)) => ("write", false),
-                // Some other key under a read/write lock's prefix: not a contender.
-                (LockKind::ReadWrite, None) => continue,
-                _ => (exclusive, false),
-            };
-            let holds = match kind {
-                LockKind::Semaphore => {
-                    super::semaphore::admitted(&revisions, kv.create_revision(), max)
-                }
-                _ if reader => !writer_before,
-                _ => !any_before,
-            };
-            let contender = Contender {
-                node: name
-                    .strip_prefix(prefix.as_str())
-                    .unwrap_or(&name)
-                    .to_string(),
-                mode,
-                owner: owner(kv),
-                since: since(kv, &name),
-                token: FencingToken::new(kv.create_revision(), 0),
-                session: kv.lease(),
-                lingering: false,
-                location: name.clone(),
-            };
-            if holds {
-                holders.push(contender);
-            } else {
-                waiters.push(contender);
-            }
-            any_before = true;
-            writer_before |= !reader;
-        }
+        let (holders, waiters) = contenders(&prefix, kind, got.kvs());
         Ok(LockInfo::at(path, kind, holders, waiters))
     }
 

@@ -240,6 +240,78 @@ fn new_enough(version: &str) -> bool {
     (major, minor) >= OLDEST
 }
 
+/// Connects to the cluster at `endpoints` as `user` and checks that a member answers and that
+/// it is new enough.
+async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) -> Result<Client> {
+    let unreachable = |source: ServerError| Error::Unreachable {
+        connect: redacted(&config.url),
+        source,
+    };
+    let refused = |name: &str, e: &etcd_client::Error| {
+        Error::Config(format!(
+                "etcd refused the user {name:?} ({}); check the user name and password (etcdctl user get {name})",
+                match e {
+                    etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
+                    e => e.to_string(),
+                }
+            ))
+    };
+    let ttl = config.options.lease;
+    // A member cut off from the others answers nothing but errors (no request, watch or
+    // keep-alive waits on a member without a leader), and a silent connection is found by
+    // HTTP/2 pings within a third of the lease.
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(config.connect_timeout)
+        .with_require_leader(true)
+        .with_keep_alive(ttl / 3, ttl.min(MAX_REPLY_TIMEOUT))
+        .with_keep_alive_while_idle(true);
+    if let Some((name, password)) = user {
+        options = options.with_user(name.clone(), password.clone());
+    }
+    let timeout = config.connect_timeout;
+    let mut client =
+        match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) if error::is_auth(&e) => {
+                return Err(refused(user.map_or("", |u| u.0.as_str()), &e))
+            }
+            Ok(Err(e)) => {
+                return Err(unreachable(ServerError::new(
+                    Arc::new(e),
+                    "no etcd member answered".into(),
+                    true,
+                    "check the endpoints and that the etcd members are up",
+                )))
+            }
+            Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
+        };
+    let status = match tokio::time::timeout(timeout, client.status()).await {
+        Ok(Ok(status)) => status,
+        Ok(Err(e)) if error::is_auth(&e) => {
+            return Err(refused(user.map_or("", |u| u.0.as_str()), &e))
+        }
+        Ok(Err(e)) => {
+            let message = format!("no etcd member answered: {e}");
+            return Err(unreachable(ServerError::new(
+                Arc::new(e),
+                message,
+                true,
+                "check the endpoints and that the etcd members are up",
+            )));
+        }
+        Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
+    };
+    if !new_enough(status.version()) {
+        return Err(Error::Config(format!(
+            "etcd {} is too old: zklock needs etcd {}.{} or later",
+            status.version(),
+            OLDEST.0,
+            OLDEST.1
+        )));
+    }
+    Ok(client)
+}
+
 /// The etcd backend; see [`LockManager::connect`](crate::LockManager::connect).
 pub(crate) struct EtcdBackend {
     inner: Arc<Inner>,
@@ -255,72 +327,8 @@ impl EtcdBackend {
     pub(crate) async fn connect(config: EtcdConfig) -> Result<EtcdBackend> {
         let (endpoints, url_user) = parse_url(&config.url)?;
         let user = config.options.user.clone().or(url_user);
-        let unreachable = |source: ServerError| Error::Unreachable {
-            connect: redacted(&config.url),
-            source,
-        };
-        let refused = |name: &str, e: &etcd_client::Error| {
-            Error::Config(format!(
-                "etcd refused the user {name:?} ({}); check the user name and password (etcdctl user get {name})",
-                match e {
-                    etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
-                    e => e.to_string(),
-                }
-            ))
-        };
         let ttl = config.options.lease;
-        // A member cut off from the others answers nothing but errors (no request, watch or
-        // keep-alive waits on a member without a leader), and a silent connection is found by
-        // HTTP/2 pings within a third of the lease.
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            .with_require_leader(true)
-            .with_keep_alive(ttl / 3, ttl.min(MAX_REPLY_TIMEOUT))
-            .with_keep_alive_while_idle(true);
-        if let Some((name, password)) = &user {
-            options = options.with_user(name.clone(), password.clone());
-        }
-        let timeout = config.connect_timeout;
-        let mut client =
-            match tokio::time::timeout(timeout, Client::connect(&endpoints, Some(options))).await {
-                Ok(Ok(client)) => client,
-                Ok(Err(e)) if error::is_auth(&e) => {
-                    return Err(refused(user.as_ref().map_or("", |u| u.0.as_str()), &e))
-                }
-                Ok(Err(e)) => {
-                    return Err(unreachable(ServerError::new(
-                        Arc::new(e),
-                        "no etcd member answered".into(),
-                        true,
-                        "check the endpoints and that the etcd members are up",
-                    )))
-                }
-                Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
-            };
-        let status = match tokio::time::timeout(timeout, client.status()).await {
-            Ok(Ok(status)) => status,
-            Ok(Err(e)) if error::is_auth(&e) => {
-                return Err(refused(user.as_ref().map_or("", |u| u.0.as_str()), &e))
-            }
-            Ok(Err(e)) => {
-                let message = format!("no etcd member answered: {e}");
-                return Err(unreachable(ServerError::new(
-                    Arc::new(e),
-                    message,
-                    true,
-                    "check the endpoints and that the etcd members are up",
-                )));
-            }
-            Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
-        };
-        if !new_enough(status.version()) {
-            return Err(Error::Config(format!(
-                "etcd {} is too old: zklock needs etcd {}.{} or later",
-                status.version(),
-                OLDEST.0,
-                OLDEST.1
-            )));
-        }
+        let client = open(&config, &endpoints, user.as_ref()).await?;
         let session_config = SessionConfig {
             ttl,
             reply_timeout: ttl.min(MAX_REPLY_TIMEOUT),

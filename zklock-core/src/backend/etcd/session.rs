@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use etcd_client::Client;
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -243,9 +243,6 @@ async fn keep_alive(
     let mut told = state.subscribe();
     loop {
         let deadline = state.borrow().deadline;
-        if Instant::now() >= deadline {
-            return LossReason::LeaseExpired;
-        }
         // Sleep until the next keep-alive is due, but never past the deadline, and stop when
         // a request found the lease gone.
         tokio::select! {
@@ -261,13 +258,12 @@ async fn keep_alive(
         next = sent + period;
         if stream.is_none() {
             let mut c = client.clone();
-            match bounded(
+            let opened = bounded(
                 "keep the lease alive",
                 config.reply_timeout,
                 c.lease_keep_alive(id),
-            )
-            .await
-            {
+            );
+            match opened.await {
                 Ok(s) => stream = Some(s),
                 Err(e) => {
                     tracing::debug!(error = %e, "opening the etcd keep-alive stream failed");
@@ -276,21 +272,10 @@ async fn keep_alive(
                 }
             }
         }
-        let (keeper, responses) = stream.as_mut().expect("just opened");
-        let answer = async {
-            keeper
-                .keep_alive()
-                .await
-                .map_err(|e| server_error("keep the lease alive", e))?;
-            match responses.message().await {
-                Ok(Some(r)) => Ok(r.ttl()),
-                Ok(None) => Err(Error::Closed),
-                Err(e) => Err(server_error("keep the lease alive", e)),
-            }
-        };
         let bound = config
             .reply_timeout
             .min(deadline.saturating_duration_since(sent));
+        let answer = renew(stream.as_mut().expect("just opened"));
         match tokio::time::timeout(bound, answer).await {
             Ok(Ok(ttl)) if ttl > 0 => {
                 let ttl = Duration::from_secs((ttl as u64).min(config.ttl.as_secs().max(1)));
@@ -322,5 +307,20 @@ async fn keep_alive(
                 next = Instant::now();
             }
         }
+    }
+}
+
+/// One keep-alive on `stream`: the TTL etcd answered (0: the lease is gone), or why there was
+/// no answer.
+async fn renew(stream: &mut (LeaseKeeper, LeaseKeepAliveStream)) -> Result<i64> {
+    let (keeper, responses) = stream;
+    keeper
+        .keep_alive()
+        .await
+        .map_err(|e| server_error("keep the lease alive", e))?;
+    match responses.message().await {
+        Ok(Some(r)) => Ok(r.ttl()),
+        Ok(None) => Err(Error::Closed),
+        Err(e) => Err(server_error("keep the lease alive", e)),
     }
 }
