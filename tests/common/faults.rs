@@ -436,3 +436,36 @@ pub async fn flush_and_assert_no_contenders(managers: &[&LockManager], within: D
     )
     .await;
 }
+
+/// Sends `sig` (`-STOP`, `-CONT`, `-KILL`, ...) to the process `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// SIGSTOP the process `pid` (`name` in messages), and wait until every thread of it has
+/// stopped.
+pub fn freeze(pid: u32, name: &str) {
+    signal(pid, "-STOP");
+    let tasks = std::path::PathBuf::from(format!("/proc/{pid}/task"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let running = std::fs::read_dir(&tasks)
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+                !(state.is_empty() || state.starts_with(['T', 't', 'Z', 'X']))
+            })
+            .count();
+        if running == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} did not stop");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

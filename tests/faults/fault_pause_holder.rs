@@ -254,34 +254,12 @@ impl Worker {
     }
 
     fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {sig} {}", self.child.id());
+        faults::signal(self.child.id(), sig);
     }
 
     /// SIGSTOP, and wait until every thread of the process has stopped.
     fn freeze(&self) {
-        self.signal("-STOP");
-        let tasks = PathBuf::from(format!("/proc/{}/task", self.child.id()));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let running = fs::read_dir(&tasks)
-                .unwrap()
-                .flatten()
-                .filter(|t| {
-                    let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                    let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-                    !(state.is_empty() || state.starts_with(['T', 't', 'Z', 'X']))
-                })
-                .count();
-            if running == 0 {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{} did not stop", self.name);
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        faults::freeze(self.child.id(), &self.name);
     }
 
     /// Waits (bounded) for the worker to exit successfully.

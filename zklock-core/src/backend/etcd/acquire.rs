@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use super::error::bounded;
 use super::hold::EtcdHold;
-use super::session::LeaseState;
+use super::session::{lease_ended, LeaseState};
 use super::Inner;
 use crate::backend::LockTarget;
 use crate::types::error::{Error, Result};
@@ -129,7 +129,6 @@ impl Acquire<'_> {
         rev: i64,
         lease: &LeaseState,
     ) -> Result<bool> {
-        let mut state = self.inner.session.watch();
         loop {
             let last = self
                 .retrying(|| last_before(self.inner, &layout.blockers, rev))
@@ -138,21 +137,7 @@ impl Acquire<'_> {
                 return Ok(true);
             };
             let deleted = watch_deletion(self.inner, key, created, seen);
-            let ended = async {
-                loop {
-                    let until = {
-                        let s = state.borrow_and_update();
-                        if s.reason_for(lease.epoch, Instant::now()).is_some() {
-                            return;
-                        }
-                        s.deadline
-                    };
-                    tokio::select! {
-                        changed = state.changed() => if changed.is_err() { return },
-                        _ = tokio::time::sleep_until(until) => {}
-                    }
-                }
-            };
+            let ended = lease_ended(self.inner.session.watch(), lease.epoch);
             tokio::select! {
                 () = deleted => {}
                 () = ended => return Ok(false),

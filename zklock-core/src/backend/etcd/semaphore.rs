@@ -14,13 +14,12 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse, WatchFilterType, WatchOptions,
 };
-use tokio::time::Instant;
 
 use super::acquire::{lease_live, undo_counted, Acquire, Attempt};
 use super::error::bounded;
 use super::hold::EtcdHold;
 use super::request::{txn, RequestError, Settled, RETRY_MIN};
-use super::session::LeaseState;
+use super::session::{lease_ended, LeaseState};
 use super::Inner;
 use crate::backend::{LockTarget, SharedHold};
 use crate::types::error::{Error, Result};
@@ -264,7 +263,6 @@ async fn attempt(
         acquire.pause_after(failed, &mut pause).await?;
     };
     let prefix = leases.prefix();
-    let mut state = inner.session.watch();
     loop {
         if !revisions.contains(&rev) {
             // Gone with the lease, or deleted from outside.
@@ -281,21 +279,7 @@ async fn attempt(
             return Ok(Attempt::Busy);
         }
         let released = watch_releases(inner, &prefix, seen);
-        let ended = async {
-            loop {
-                let until = {
-                    let s = state.borrow_and_update();
-                    if s.reason_for(lease.epoch, Instant::now()).is_some() {
-                        return;
-                    }
-                    s.deadline
-                };
-                tokio::select! {
-                    changed = state.changed() => if changed.is_err() { return },
-                    _ = tokio::time::sleep_until(until) => {}
-                }
-            }
-        };
+        let ended = lease_ended(inner.session.watch(), lease.epoch);
         tokio::select! {
             () = released => {}
             () = ended => return Ok(Attempt::Again),

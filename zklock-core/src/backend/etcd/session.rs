@@ -56,6 +56,24 @@ impl LeaseState {
     }
 }
 
+/// Completes once the lease of `epoch` ended, or could have (its deadline passed without a
+/// confirmed keep-alive), as `state` tells.
+pub(crate) async fn lease_ended(mut state: watch::Receiver<LeaseState>, epoch: u64) {
+    loop {
+        let until = {
+            let s = state.borrow_and_update();
+            if s.reason_for(epoch, Instant::now()).is_some() {
+                return;
+            }
+            s.deadline
+        };
+        tokio::select! {
+            changed = state.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep_until(until) => {}
+        }
+    }
+}
+
 /// The session's settings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SessionConfig {
