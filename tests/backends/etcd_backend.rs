@@ -281,3 +281,49 @@ async fn a_lingering_key_is_taken_again_cheaply_and_given_up_for_another_process
     other.flush().await;
     m.flush().await;
 }
+
+/// A multi-lock on etcd (a mutex, a write lock and a semaphore lease) is all or nothing: while
+/// another manager holds one of them it takes none (its timeout leaves no key behind), and once
+/// that one is free it takes them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_lock_takes_all_or_nothing() {
+    use zklock::LockSpec;
+    let etcd = etcd();
+    let (a, b) = (manager(&etcd).await, manager(&etcd).await);
+    let specs = || {
+        [
+            LockSpec::mutex("account_1"),
+            LockSpec::write("ledger"),
+            LockSpec::semaphore("slots", 2),
+        ]
+    };
+    let ledger = b.rwlock("ledger").unwrap().write().await.unwrap();
+    let err = a
+        .lock_all(specs(), Some(Duration::from_millis(500)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    a.flush().await;
+    // Nothing of the failed multi-lock is left: the mutex is free for the other manager.
+    let free = b
+        .try_lock("account_1")
+        .await
+        .unwrap()
+        .expect("the mutex was given back");
+    drop(free);
+    drop(ledger);
+    b.flush().await;
+    let all = a
+        .lock_all(specs(), Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(all.is_held());
+    assert_eq!(all.tokens().len(), 3);
+    assert!(b.try_lock("account_1").await.unwrap().is_none());
+    drop(all);
+    a.flush().await;
+    let left = etcd
+        .etcdctl(&["get", "--prefix", "/zklock", "--keys-only"])
+        .unwrap();
+    assert!(left.trim().is_empty(), "left behind: {left}");
+}
