@@ -34,7 +34,7 @@ use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 
 use super::request::Layout;
-use super::request::{delete, txn, undo, RequestError, Settled, RETRY_MAX, RETRY_MIN};
+use super::request::{delete, put_tracked, undo, RequestError, Settled, RETRY_MAX, RETRY_MIN};
 
 /// What one attempt came to.
 pub(crate) enum Attempt {
@@ -372,29 +372,8 @@ impl Entry {
                     first.clone(),
                 ])
                 .or_else([TxnOp::get(self.key.as_str(), None), first]);
-            // Sent from a task of its own, which a dropped acquire does not cancel: its answer
-            // tells the undo when the put can no longer land.
-            let (settled, rx) = tokio::sync::watch::channel(Settled::Pending);
-            self.sent.push(rx);
-            let inner = self.inner.clone();
-            let resp = self
-                .inner
-                .runtime
-                .spawn(async move {
-                    let r = txn(&inner, "put the contender's key", put).await;
-                    settled.send_replace(match &r {
-                        Err(e) if e.unanswered => {
-                            inner
-                                .suspect
-                                .store(true, std::sync::atomic::Ordering::SeqCst);
-                            Settled::Unknown
-                        }
-                        _ => Settled::Answered,
-                    });
-                    r
-                })
-                .await
-                .map_err(|_| RequestError::from(Error::Closed))??;
+            let resp =
+                put_tracked(&self.inner, &mut self.sent, "put the contender's key", put).await?;
             let ranges: Vec<_> = resp
                 .op_responses()
                 .into_iter()

@@ -130,3 +130,35 @@ pub(crate) async fn delete(inner: &Inner, key: &str, lease: i64, created: Option
         }
     }
 }
+
+/// Sends the transaction `put` of an acquire from a task of its own, which a dropped acquire
+/// does not cancel, and adds to `sent` what came of it: an undo waits for that answer first,
+/// so that no put lands after its delete. A put that got no answer may still land: it arms
+/// the reaper (see [`reaper`](super::reaper)).
+pub(crate) async fn put_tracked(
+    inner: &Arc<Inner>,
+    sent: &mut Vec<tokio::sync::watch::Receiver<Settled>>,
+    operation: &'static str,
+    put: Txn,
+) -> std::result::Result<etcd_client::TxnResponse, RequestError> {
+    let (settled, rx) = tokio::sync::watch::channel(Settled::Pending);
+    sent.push(rx);
+    let inner = inner.clone();
+    let runtime = inner.runtime.clone();
+    runtime
+        .spawn(async move {
+            let r = txn(&inner, operation, put).await;
+            settled.send_replace(match &r {
+                Err(e) if e.unanswered => {
+                    inner
+                        .suspect
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    Settled::Unknown
+                }
+                _ => Settled::Answered,
+            });
+            r
+        })
+        .await
+        .map_err(|_| RequestError::from(Error::Closed))?
+}

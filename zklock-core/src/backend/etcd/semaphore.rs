@@ -18,7 +18,7 @@ use etcd_client::{
 use super::acquire::{lease_live, undo_counted, Acquire, Attempt};
 use super::error::bounded;
 use super::hold::EtcdHold;
-use super::request::{txn, RequestError, Settled, RETRY_MIN};
+use super::request::{put_tracked, RequestError, Settled, RETRY_MIN};
 use super::session::{lease_ended, LeaseState};
 use super::Inner;
 use crate::backend::{LockTarget, SharedHold};
@@ -111,22 +111,8 @@ impl Leases {
             .when(compares)
             .and_then(puts)
             .or_else([TxnOp::get(self.keys[0].as_str(), None), list]);
-        let (settled, rx) = tokio::sync::watch::channel(Settled::Pending);
-        self.sent.push(rx);
-        let inner = self.inner.clone();
-        let resp = self
-            .inner
-            .runtime
-            .spawn(async move {
-                let r = txn(&inner, "put the semaphore's keys", put).await;
-                settled.send_replace(match &r {
-                    Err(e) if e.unanswered => Settled::Unknown,
-                    _ => Settled::Answered,
-                });
-                r
-            })
-            .await
-            .map_err(|_| RequestError::from(Error::Closed))??;
+        let resp =
+            put_tracked(&self.inner, &mut self.sent, "put the semaphore's keys", put).await?;
         let seen = resp.header().map(|h| h.revision()).unwrap_or_default();
         let ranges: Vec<_> = resp
             .op_responses()
