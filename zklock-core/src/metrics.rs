@@ -91,6 +91,10 @@ pub const SESSION_STATE_CHANGES: &str = "zklock_session_state_changes_total";
 pub const SESSION_RENEWALS: &str = "zklock_session_renewals_total";
 /// Name of the release retries counter.
 pub const RELEASE_RETRIES: &str = "zklock_release_retries_total";
+/// Counter: failovers of the store to a new primary that this process saw, by `backend`
+/// (Redis under Sentinel: a `+switch-master`, or the server it wrote to turned replica). The
+/// holds they ended count in [`HOLDS_LOST`] with `reason="failover"`.
+pub const FAILOVERS: &str = "zklock_failovers_total";
 
 /// Histogram buckets (seconds) that suit lock waits and holds: 1 ms to 5 min.
 ///
@@ -200,6 +204,11 @@ pub fn describe() {
         Unit::Count,
         "Releases sent again after a connection loss"
     );
+    describe_counter!(
+        FAILOVERS,
+        Unit::Count,
+        "Failovers of the store to a new primary that this process saw (Redis Sentinel)"
+    );
 }
 
 /// Which recipe a per-lock metric is about (its `recipe` label): the API an acquire came
@@ -295,6 +304,7 @@ const REASONS: &[(&str, &str)] = &[
     ("reason", "revoked"),
     ("reason", "closed"),
     ("reason", "hold_limit"),
+    ("reason", "failover"),
 ];
 
 fn reason_index(reason: LossReason) -> usize {
@@ -306,6 +316,7 @@ fn reason_index(reason: LossReason) -> usize {
         LossReason::Revoked => 4,
         LossReason::Closed => 5,
         LossReason::HoldLimit => 6,
+        LossReason::Failover => 7,
     }
 }
 
@@ -381,6 +392,7 @@ family!(GRANTS_KEYS, BACKEND_GRANTS, [RECIPES, BACKENDS]);
 family!(STATE_KEYS, SESSION_STATE_CHANGES, [BACKENDS, STATES]);
 family!(RENEWAL_KEYS, SESSION_RENEWALS, [BACKENDS, RENEWALS]);
 family!(RETRY_KEYS, RELEASE_RETRIES, [BACKENDS]);
+family!(FAILOVER_KEYS, FAILOVERS, [BACKENDS]);
 
 /// Runs `emit` with the installed recorder and the key at `index` of `family`, extended by a
 /// `key` label if there is one (that one is built per call: the opt-in costs an allocation).
@@ -573,6 +585,12 @@ pub(crate) fn session_renewal(ok: bool) {
 /// A release was sent again after a connection loss.
 pub(crate) fn release_retry(backend: BackendLabel) {
     increment(&RETRY_KEYS, backend as usize, None, 1);
+}
+
+/// The backend saw its store fail over to a new primary.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn failover(backend: BackendLabel) {
+    increment(&FAILOVER_KEYS, backend as usize, None, 1);
 }
 
 #[cfg(test)]

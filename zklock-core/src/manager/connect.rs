@@ -54,7 +54,8 @@ const DEFAULT_ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub enum BackendKind {
     /// `host:port[,host:port…][/chroot]`.
     ZooKeeper,
-    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`.
+    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, and `redis+sentinel://` (the
+    /// primary a set of Sentinels names).
     Redis,
     /// `postgres://`, `postgresql://`.
     Postgres,
@@ -70,7 +71,13 @@ impl BackendKind {
     pub fn of(connect: &str) -> Result<BackendKind> {
         let lower = connect.trim_start().to_ascii_lowercase();
         let has = |schemes: &[&str]| schemes.iter().any(|s| lower.starts_with(s));
-        if has(&["redis://", "rediss://", "redis+unix://", "unix://"]) {
+        if has(&[
+            "redis://",
+            "rediss://",
+            "redis+unix://",
+            "unix://",
+            "redis+sentinel://",
+        ]) {
             return Ok(BackendKind::Redis);
         }
         if has(&["postgres://", "postgresql://"]) {
@@ -84,7 +91,7 @@ impl BackendKind {
             Some((scheme, _)) => Err(Error::Config(format!(
                 "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
                  servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
-                 rediss://, redis+unix://, unix://), PostgreSQL as postgres://user@host/db, etcd \
+                 rediss://, redis+unix://, unix://, redis+sentinel://host:26379/<master>), PostgreSQL as postgres://user@host/db, etcd \
                  as etcd://host:2379[,host:2379...]",
                 redacted(connect)
             ))),

@@ -41,6 +41,12 @@ pub enum LossReason {
     Closed,
     /// The hold ran past the limit its job set ([`Job::at_most`](crate::Job::at_most)).
     HoldLimit,
+    /// The store failed over to another server (Redis under Sentinel: a Sentinel announced a
+    /// new primary, or the server the hold lived on turned replica). Replication is
+    /// asynchronous, so the new primary may not have the hold: it is lost at once, before
+    /// this process could confirm it there. Another process may be granted the lock on the
+    /// new primary; its token is larger (see the guide on failovers).
+    Failover,
 }
 
 impl fmt::Display for LossReason {
@@ -57,6 +63,9 @@ impl fmt::Display for LossReason {
             LossReason::Revoked => "the lock was revoked",
             LossReason::Closed => "the lock manager was closed",
             LossReason::HoldLimit => "the hold ran past its job's at_most limit",
+            LossReason::Failover => {
+                "the store failed over to a new primary, which may not have had the hold"
+            }
         })
     }
 }

@@ -8,10 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError, RedisResult};
+use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError, RedisResult};
 use tokio::sync::{watch, Mutex as AsyncMutex};
 
 use crate::types::error::{Error, ServerError};
+use crate::types::loss::LossReason;
+
+use super::sentinel::Servers;
 
 pub(crate) use crate::background::Background;
 
@@ -20,12 +23,15 @@ pub(crate) use crate::background::Background;
 /// then and lost every key (or a proxy may have cut us off while someone else got in): a hold
 /// is held only while the epoch it was granted in (its grant's request sent in it, and answered
 /// before the next break) is the current one; a break is a loss of every hold granted before.
+///
+/// A failover (a Sentinel announced a new primary, or the server turned replica) is a break
+/// too, remembered as such so that the holds it ends say why ([`LossReason::Failover`]).
 #[derive(Clone)]
-pub(crate) struct Breaks(Arc<watch::Sender<u64>>);
+pub(crate) struct Breaks(Arc<watch::Sender<u64>>, Arc<AtomicU64>);
 
 impl Breaks {
     pub(crate) fn new() -> Breaks {
-        Breaks(Arc::new(watch::channel(0).0))
+        Breaks(Arc::new(watch::channel(0).0), Arc::default())
     }
 
     /// The current epoch: read it before sending a request whose answer confirms a hold.
@@ -36,6 +42,25 @@ impl Breaks {
     /// A connection broke: every hold confirmed before is unconfirmed from now on.
     pub(crate) fn broke(&self) {
         self.0.send_modify(|n| *n += 1);
+    }
+
+    /// The primary changed: every hold confirmed before is unconfirmed from now on, lost to a
+    /// failover.
+    pub(crate) fn failed_over(&self) {
+        self.0.send_modify(|n| {
+            *n += 1;
+            self.1.fetch_max(*n, Ordering::SeqCst);
+        });
+    }
+
+    /// Why a hold confirmed in epoch `since` is no longer held, now that a later epoch is
+    /// current: a failover came since, or only a break.
+    pub(crate) fn why(&self, since: u64) -> LossReason {
+        if self.1.load(Ordering::SeqCst) > since {
+            LossReason::Failover
+        } else {
+            LossReason::Disconnected
+        }
     }
 
     /// Wakes on every break.
@@ -53,7 +78,9 @@ struct Current {
 /// The connection commands go through. Requests are pipelined on one TCP connection; when it
 /// breaks, the next request opens a new one.
 pub(crate) struct Conn {
-    client: Client,
+    /// Where connections go: the one server, or the primary the Sentinels name.
+    servers: Servers,
+    connect_timeout: Duration,
     config: AsyncConnectionConfig,
     /// How long one request may wait for its reply before the connection is taken for broken.
     pub(crate) reply_timeout: Duration,
@@ -66,13 +93,34 @@ pub(crate) struct Conn {
     runtime: tokio::runtime::Handle,
 }
 
-/// Whether a failed request may succeed on a new connection.
+/// Whether a failed request may succeed on a new connection. A `-READONLY` reply is one: the
+/// server turned replica (a failover), and a new connection finds the primary (through the
+/// Sentinels) or fails again.
 pub(crate) fn transient(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
         || err.is_unrecoverable_error()
+        || read_only(err)
+}
+
+/// Why a hold is lost when a request confirming it failed with `err`: the server turned
+/// replica (a failover), or the request failed on the connection.
+pub(crate) fn loss_of(err: &RedisError) -> LossReason {
+    if read_only(err) {
+        LossReason::Failover
+    } else {
+        LossReason::Disconnected
+    }
+}
+
+/// Whether `err` is a replica's refusal to write (`-READONLY`, also from inside a script).
+pub(crate) fn read_only(err: &RedisError) -> bool {
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+    ) || err.to_string().contains("READONLY")
 }
 
 /// A client error during `operation`, as zklock's [`Error`].
@@ -99,7 +147,7 @@ pub(crate) fn timed_out() -> RedisError {
 
 impl Conn {
     pub(crate) fn new(
-        client: Client,
+        servers: Servers,
         connect_timeout: Duration,
         reply_timeout: Duration,
         breaks: Breaks,
@@ -111,7 +159,8 @@ impl Conn {
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(None);
         Conn {
-            client,
+            servers,
+            connect_timeout,
             config,
             reply_timeout,
             current: AsyncMutex::new(Current {
@@ -136,8 +185,9 @@ impl Conn {
     /// counts as a break at once, not at the next request; other addresses open through the
     /// client, and their breaks show at the next request.
     async fn open(&self, generation: u64) -> RedisResult<MultiplexedConnection> {
-        let info = self.client.get_connection_info();
-        let (connection, driver) = match info.addr() {
+        let client = self.servers.client(self.connect_timeout).await?;
+        let info = client.get_connection_info();
+        let (mut connection, driver) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
                 let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
                 stream.set_nodelay(true)?;
@@ -161,8 +211,7 @@ impl Conn {
                 (c, futures::FutureExt::boxed(d))
             }
             _ => {
-                return self
-                    .client
+                return client
                     .get_multiplexed_async_connection_with_config(&self.config)
                     .await
             }
@@ -172,6 +221,19 @@ impl Conn {
             driver.await;
             Conn::count_break(&breaks, &counted, generation);
         });
+        // Under Sentinel, only a server that says it is the primary is used (asked once the
+        // driver runs: it carries the reply).
+        let checked = if self.servers.checks_role() {
+            tokio::time::timeout(
+                self.connect_timeout,
+                super::sentinel::check_primary(&mut connection),
+            )
+            .await
+            .unwrap_or_else(|_| Err(timed_out()))
+        } else {
+            Ok(())
+        };
+        checked?;
         Ok(connection)
     }
 
@@ -185,9 +247,11 @@ impl Conn {
             }
             current.connection = None;
         }
+        // Each opening gets a generation of its own, even one that fails after its driver
+        // started (a server that is not the primary): that driver's end counts for it alone.
         let generation = current.generation + 1;
-        let c = self.open(generation).await?;
         current.generation = generation;
+        let c = self.open(generation).await?;
         current.connection = Some(c.clone());
         Ok((current.generation, c))
     }
@@ -200,6 +264,29 @@ impl Conn {
             current.connection = None;
         }
         Conn::count_break(&self.breaks, &self.counted, generation);
+    }
+
+    /// The connection of `generation` reached a server that is no longer the primary (or a
+    /// Sentinel said the primary changed, `None`: whatever connection is current): it is
+    /// forgotten, and every hold confirmed before is lost to a failover.
+    pub(crate) async fn failed_over_at(&self, generation: Option<u64>) {
+        let mut current = self.current.lock().await;
+        let announced = generation.is_none();
+        let generation = generation.unwrap_or(current.generation);
+        if current.generation == generation {
+            current.connection = None;
+        }
+        // A connection's `-READONLY` replies count once, like its break; a Sentinel's
+        // announcement always does (the current connection may be to the new primary already).
+        let first = self.counted.fetch_max(generation, Ordering::SeqCst) < generation;
+        if first || announced {
+            self.breaks.failed_over();
+            crate::metrics::failover(crate::metrics::BackendLabel::Redis);
+        }
+    }
+
+    async fn failed_over(&self, generation: u64) {
+        self.failed_over_at(Some(generation)).await;
     }
 
     /// The current connection if one is open and its driver has not ended, without waiting
@@ -238,7 +325,11 @@ impl Conn {
             None => request(connection).await,
         };
         if let Err(e) = &result {
-            if transient(e) {
+            if read_only(e) {
+                // The server turned replica under us: a failover, whether or not a Sentinel
+                // told us yet.
+                self.failed_over(generation).await;
+            } else if transient(e) {
                 self.broken(generation).await;
             }
         }

@@ -40,7 +40,7 @@ impl Loss for RedisLoss {
                 let deadline = {
                     breaks.borrow_and_update();
                     let s = rx.borrow_and_update();
-                    if let Some(reason) = s.reason_at(Instant::now(), epochs.epoch()) {
+                    if let Some(reason) = s.reason_at(Instant::now(), &epochs) {
                         return reason;
                     }
                     (!s.released).then_some(s.deadline)
@@ -280,7 +280,7 @@ impl RedisHold {
             Ok(Ok(_)) => LossReason::NodeDeleted,
             Ok(Err(e)) => {
                 tracing::debug!(key = %self.location(), error = %e, "zklock: a Redis hold could not be confirmed");
-                LossReason::Disconnected
+                super::conn::loss_of(&e)
             }
             Err(_) => LossReason::LeaseExpired,
         };

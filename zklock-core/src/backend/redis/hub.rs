@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
+use super::sentinel::Servers;
 use futures::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
-use redis::Client;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::conn::Breaks;
@@ -51,6 +51,8 @@ enum Request {
     Subscribe(Option<String>, oneshot::Sender<bool>),
     /// A channel lost its last listener: unsubscribe unless someone listens again by now.
     Unsubscribe(String),
+    /// The primary changed (a failover): drop the connection and open one to the new primary.
+    Reconnect,
 }
 
 struct Shared {
@@ -145,7 +147,7 @@ pub(crate) struct Hub {
 impl Hub {
     /// Starts the hub's task on `runtime`; each break of its connection counts in `breaks`.
     pub(crate) fn start(
-        client: Client,
+        servers: Servers,
         timeout: Duration,
         runtime: &tokio::runtime::Handle,
         breaks: Breaks,
@@ -160,8 +162,14 @@ impl Hub {
             generation: AtomicU64::new(0),
             orphans: StdMutex::new(HashMap::new()),
         });
-        runtime.spawn(run(client, timeout, Arc::downgrade(&shared), rx, breaks));
+        runtime.spawn(run(servers, timeout, Arc::downgrade(&shared), rx, breaks));
         Hub { shared, id }
+    }
+
+    /// The primary changed: the hub drops its connection (a break) and opens one to the new
+    /// primary.
+    pub(crate) fn reconnect(&self) {
+        let _ = self.shared.requests.send(Request::Reconnect);
     }
 
     /// Starts listening on `channel` and waits (at most `timeout`) until the subscription is
@@ -354,14 +362,14 @@ impl Drop for Listener {
 /// The hub's task: owns the pub/sub connection, serves (un)subscribe requests in order, and
 /// dispatches messages.
 async fn run(
-    client: Client,
+    servers: Servers,
     timeout: Duration,
     shared: Weak<Shared>,
     requests: mpsc::UnboundedReceiver<Request>,
     breaks: Breaks,
 ) {
     let mut task = HubTask {
-        client,
+        servers,
         timeout,
         shared,
         requests,
@@ -387,6 +395,12 @@ async fn run(
                 let _ = done.send(ok);
             }
             Event::Request(Request::Unsubscribe(channel)) => task.unsubscribe(&hub, channel).await,
+            Event::Request(Request::Reconnect) => {
+                if task.conn.is_some() {
+                    task.broke(&hub);
+                    task.reconnect(&hub).await;
+                }
+            }
             Event::Message(message) => task.dispatch(&hub, message),
             Event::Reconnect => task.reconnect(&hub).await,
         }
@@ -408,7 +422,7 @@ enum Event {
 /// listens, or until it reconnects) and the pause before its next reconnect. It holds its hub
 /// weakly: it ends once the hub is gone.
 struct HubTask {
-    client: Client,
+    servers: Servers,
     timeout: Duration,
     shared: Weak<Shared>,
     requests: mpsc::UnboundedReceiver<Request>,
@@ -442,7 +456,7 @@ impl HubTask {
     /// subscribe that fails or times out counts as a break of the connection.
     async fn subscribe(&mut self, hub: &Shared, channel: Option<String>) -> bool {
         if self.conn.is_none() {
-            self.conn = connect(&self.client, self.timeout, hub).await;
+            self.conn = connect(&self.servers, self.timeout, hub).await;
         }
         let ok = match (&mut self.conn, channel) {
             // A fresh connection subscribed to every listened channel already.
@@ -499,7 +513,7 @@ impl HubTask {
     /// Opens the connection again after the pause; the pause doubles (up to
     /// [`RECONNECT_MAX`]) while it fails, and starts over once it succeeds.
     async fn reconnect(&mut self, hub: &Shared) {
-        self.conn = connect(&self.client, self.timeout, hub).await;
+        self.conn = connect(&self.servers, self.timeout, hub).await;
         self.backoff = if self.conn.is_some() {
             RECONNECT_MIN
         } else {
@@ -521,11 +535,12 @@ impl HubTask {
 /// Opens the pub/sub connection and subscribes it to every listened channel; on success the
 /// hub is live and every listener is woken (it may have missed a release meanwhile).
 async fn connect(
-    client: &Client,
+    servers: &Servers,
     timeout: Duration,
     hub: &Shared,
 ) -> Option<(PubSubSink, PubSubStream)> {
     let opened = tokio::time::timeout(timeout, async {
+        let client = servers.client(timeout).await?;
         let (mut sink, stream) = client.get_async_pubsub().await?.split();
         sink.subscribe(&hub.listened()).await?;
         Ok::<_, redis::RedisError>((sink, stream))
@@ -555,9 +570,9 @@ mod tests {
     /// A hub whose connection counts as live, with no server behind it: what the listeners'
     /// bookkeeping does, apart from the wire.
     fn live_hub() -> Hub {
-        let client = Client::open("redis://127.0.0.1:1/").expect("a URL");
+        let client = redis::Client::open("redis://127.0.0.1:1/").expect("a URL");
         let hub = Hub::start(
-            client,
+            Servers::One(client),
             Duration::from_millis(50),
             &tokio::runtime::Handle::current(),
             Breaks::new(),

@@ -36,17 +36,18 @@ pub(crate) struct HoldState {
 }
 
 impl HoldState {
-    /// Why the hold is not held at `now` with `epoch` current, if it is not: lost, its lease
-    /// could have run out, or a connection broke since it was granted. Each is final.
-    pub(crate) fn reason_at(&self, now: Instant, epoch: u64) -> Option<LossReason> {
+    /// Why the hold is not held at `now` with `breaks` as they are, if it is not: lost, its
+    /// lease could have run out, or a connection broke (or the store failed over) since it was
+    /// granted. Each is final.
+    pub(crate) fn reason_at(&self, now: Instant, breaks: &Breaks) -> Option<LossReason> {
         if self.lost.is_some() {
             self.lost
         } else if self.released {
             None
         } else if now >= self.deadline {
             Some(LossReason::LeaseExpired)
-        } else if self.epoch != epoch {
-            Some(LossReason::Disconnected)
+        } else if self.epoch != breaks.epoch() {
+            Some(breaks.why(self.epoch))
         } else {
             None
         }
@@ -69,7 +70,7 @@ impl HoldState {
 /// [`extend`]).
 pub(crate) fn reason(state: &watch::Receiver<HoldState>, breaks: &Breaks) -> Option<LossReason> {
     let s = state.borrow();
-    s.reason_at(Instant::now(), breaks.epoch())
+    s.reason_at(Instant::now(), breaks)
 }
 
 /// Moves the deadline on to `deadline` after a renewal (or check) sent in connection epoch
@@ -86,11 +87,10 @@ pub(crate) fn extend(
         if s.lost.is_some() || s.released {
             return false;
         }
-        let epoch = breaks.epoch();
-        if let Some(reason) = s.reason_at(Instant::now(), epoch) {
+        if let Some(reason) = s.reason_at(Instant::now(), breaks) {
             s.lost = Some(reason);
-        } else if sent != epoch {
-            s.lost = Some(LossReason::Disconnected);
+        } else if sent != breaks.epoch() {
+            s.lost = Some(breaks.why(sent));
         } else {
             s.deadline = s.deadline.max(deadline);
             return false;

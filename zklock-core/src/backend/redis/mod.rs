@@ -49,6 +49,7 @@ mod lease;
 mod options;
 mod role;
 mod scripts;
+mod sentinel;
 mod watchdog;
 
 use std::sync::Arc;
@@ -339,14 +340,12 @@ impl RedisBackend {
     /// replica, a Sentinel, a Cluster node), [`Error::Server`] when the server does not answer
     /// `INFO` in time.
     pub(crate) async fn connect(config: RedisConfig) -> Result<RedisBackend> {
-        // The URL may carry a password: errors name the problem, not the URL.
-        let client = redis::Client::open(config.url.as_str())
-            .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
+        let servers = RedisBackend::servers(&config).await?;
         let reply_timeout = config.lease.min(MAX_REPLY_TIMEOUT);
         let runtime = tokio::runtime::Handle::current();
         let breaks = Breaks::new();
         let conn = Conn::new(
-            client.clone(),
+            servers.clone(),
             config.connect_timeout,
             reply_timeout,
             breaks.clone(),
@@ -370,7 +369,7 @@ impl RedisBackend {
                 ) => {}
             Err(e) => return Err(server_error("connect", e)),
         }
-        let hub = Hub::start(client, reply_timeout, &runtime, breaks.clone());
+        let hub = Hub::start(servers.clone(), reply_timeout, &runtime, breaks.clone());
         let mut holder_tag = format!("{} hub={}", *HOST_PID, hub.id);
         if let Some(id) = &config.identity {
             holder_tag.push_str(" id=");
@@ -395,7 +394,37 @@ impl RedisBackend {
             Arc::downgrade(&inner),
             watchdog::Watchdog::tick(config.lease),
         ));
+        if let sentinel::Servers::Sentinel(sentinels) = servers {
+            inner.runtime.spawn(sentinel::watch(
+                sentinels,
+                Arc::downgrade(&inner),
+                config.connect_timeout,
+            ));
+        }
         Ok(RedisBackend { inner })
+    }
+
+    /// Where the URL's connections go: its one server, or (`redis+sentinel://`) the primary
+    /// the Sentinels name, asked once here so that a wrong master name or no Sentinel
+    /// answering is a clear error at connect.
+    async fn servers(config: &RedisConfig) -> Result<sentinel::Servers> {
+        let url = config.url.as_str();
+        if !url
+            .trim()
+            .to_ascii_lowercase()
+            .starts_with(sentinel::SCHEME)
+        {
+            // The URL may carry a password: errors name the problem, not the URL.
+            let client = redis::Client::open(url)
+                .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
+            return Ok(sentinel::Servers::One(client));
+        }
+        let sentinels = sentinel::Sentinels::parse(url)?;
+        sentinels
+            .primary(config.connect_timeout)
+            .await
+            .map_err(|asked| sentinels.connect_error(asked, url))?;
+        Ok(sentinel::Servers::Sentinel(Arc::new(sentinels)))
     }
 
     /// One attempt of `ask` for `ids` on `keys`; a mutex waiter queues as `member` unless

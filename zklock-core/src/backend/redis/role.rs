@@ -59,8 +59,9 @@ impl Role {
                  primary's address (a replica promoted later would not have every lease)"
             ))),
             Role::Sentinel => Err(Error::Config(
-                "the Redis URL reaches a Sentinel, not a data server: give the address of the \
-                 primary it watches (ask it with SENTINEL GET-MASTER-ADDR-BY-NAME <name>)"
+                "the Redis URL reaches a Sentinel, not a data server: to follow the primary it \
+                 watches across failovers, give redis+sentinel://<this host:port>/<master \
+                 name> (SENTINEL MASTERS lists the names)"
                     .to_string(),
             )),
             Role::Cluster => Err(Error::Config(

@@ -142,7 +142,7 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
     let _turn = r.ops.lock().await;
     let (deadline, done) = {
         let s = r.state.borrow();
-        let reason = s.reason_at(Instant::now(), inner.breaks.epoch());
+        let reason = s.reason_at(Instant::now(), &inner.breaks);
         (
             s.deadline,
             if s.released {
@@ -171,7 +171,7 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
             Ok(Ok(_)) => Some(LossReason::NodeDeleted),
             Ok(Err(e)) => {
                 tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal failed");
-                Some(LossReason::Disconnected)
+                Some(super::conn::loss_of(&e))
             }
             Err(_) => Some(LossReason::LeaseExpired),
         }
