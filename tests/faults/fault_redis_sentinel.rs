@@ -1,0 +1,1 @@
+//! Faults of Redis under Sentinel (placeholder: the tests land with the next commit).
