@@ -106,3 +106,126 @@ async fn bad_sentinel_urls_are_clear_errors_at_connect() {
         "{err}"
     );
 }
+
+/// `replica_acks`: a grant counts only once enough replicas acknowledged it. With one of the
+/// two replicas frozen, an acquire that asks for both fails with an error that says how many
+/// answered, and leaves nothing behind; one that asks for one replica is granted; once the
+/// replica is back, both are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_count_a_grant_only_once_the_replicas_have_it() {
+    let redis = tokio::task::spawn_blocking(RedisSentinel::start)
+        .await
+        .unwrap()
+        .expect("start Redis with Sentinels (test kit)");
+    let url = url(&redis);
+    let ack = Duration::from_millis(200);
+    let both = LockManager::builder(&url)
+        .redis(|r| r.lease(LEASE).replica_acks(2, ack))
+        .connect()
+        .await
+        .unwrap();
+    let one = LockManager::builder(&url)
+        .redis(|r| r.lease(LEASE).replica_acks(1, ack))
+        .connect()
+        .await
+        .unwrap();
+    drop(both.lock("acked").await.expect("both replicas acknowledge"));
+    both.flush().await;
+
+    let primary = redis.primary().unwrap();
+    let replica = (0..redis.len()).find(|&i| i != primary).unwrap();
+    redis.pause(replica).unwrap();
+    let err = both.lock("acked").await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Server { .. }) && err.to_string().contains("only 1 of the 2"),
+        "{err}"
+    );
+    both.flush().await;
+    let left = redis.command(primary, &["KEYS", "zklock:lock:*"]).unwrap();
+    assert_eq!(left.array().map(<[_]>::len), Some(0), "{left:?}");
+    let held = one.lock("acked").await.expect("one replica acknowledges");
+    drop(held);
+    one.flush().await;
+    redis.resume(replica).unwrap();
+    drop(both.lock("acked").await.expect("both acknowledge again"));
+}
+
+/// A hold whose renewals too few replicas acknowledge is reported lost when the acknowledged
+/// lease could run out, though the primary renewed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacknowledged_renewals_do_not_keep_a_hold() {
+    let redis = tokio::task::spawn_blocking(RedisSentinel::start)
+        .await
+        .unwrap()
+        .expect("start Redis with Sentinels (test kit)");
+    let m = LockManager::builder(url(&redis))
+        .redis(|r| r.lease(LEASE).replica_acks(2, Duration::from_millis(100)))
+        .connect()
+        .await
+        .unwrap();
+    let held = m.lock("renewed").await.unwrap();
+    let primary = redis.primary().unwrap();
+    let replica = (0..redis.len()).find(|&i| i != primary).unwrap();
+    let paused = std::time::Instant::now();
+    redis.pause(replica).unwrap();
+    let reason = tokio::time::timeout(2 * LEASE, held.lost())
+        .await
+        .expect("the hold is lost once no renewal is acknowledged");
+    redis.resume(replica).unwrap();
+    assert_eq!(reason, LossReason::LeaseExpired);
+    // Lost within one lease of the last acknowledged renewal, not at once.
+    assert!(
+        paused.elapsed() <= LEASE + Duration::from_millis(500),
+        "{:?}",
+        paused.elapsed()
+    );
+    assert!(paused.elapsed() >= LEASE / 2, "{:?}", paused.elapsed());
+}
+
+/// Settings of `replica_acks` that cannot work are refused at connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_replica_acks_are_refused_at_connect() {
+    for (n, timeout) in [
+        (0, Duration::from_millis(100)),
+        (1, Duration::ZERO),
+        (1, LEASE / 3),
+    ] {
+        let err = LockManager::builder("redis+sentinel://127.0.0.1:1/zklock")
+            .redis(|r| r.lease(LEASE).replica_acks(n, timeout))
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(t) if t.contains("replica_acks")),
+            "{n} {timeout:?}: {err}"
+        );
+    }
+}
+
+/// A server that turns replica under a hold (`REPLICAOF`, as an operator or a failover does)
+/// refuses the next renewal with `-READONLY`: the hold is lost to a failover, on a plain
+/// `redis://` URL too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_turned_replica_loses_its_holds_to_a_failover() {
+    let a = zklock_testkit::RedisServer::start().unwrap();
+    let b = zklock_testkit::RedisServer::start().unwrap();
+    let m = LockManager::builder(a.url())
+        .redis(|r| r.lease(LEASE))
+        .connect()
+        .await
+        .unwrap();
+    let held = m.lock("demoted").await.unwrap();
+    let addr = b.url();
+    let addr = addr.trim_start_matches("redis://").trim_end_matches('/');
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let client = redis::Client::open(a.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg(host)
+        .arg(port)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(LEASE, held.lost()).await.unwrap();
+    assert_eq!(reason, LossReason::Failover);
+}

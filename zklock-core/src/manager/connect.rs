@@ -220,11 +220,24 @@ impl Builder {
     /// Connects the Redis backend.
     #[cfg(feature = "redis")]
     async fn connect_redis(self) -> Result<LockManager> {
-        let lease = self.redis.clone().unwrap_or_default().lease;
+        let options = self.redis.clone().unwrap_or_default();
+        let lease = options.lease;
         check_lease("Redis", lease, MIN_LEASE, "renewals")?;
+        if let Some(acks) = options.acks {
+            if acks.timeout.is_zero() || acks.timeout >= lease / 3 || acks.replicas == 0 {
+                return Err(Error::Config(format!(
+                    "replica_acks({}, {:?}) is not usable with a lease of {lease:?}: give at least \
+                     one replica and a timeout above zero and below a third of the lease (a \
+                     renewal goes out every lease/3, and Redis's WAIT with timeout 0 waits for \
+                     ever)",
+                    acks.replicas, acks.timeout
+                )));
+            }
+        }
         let backend = RedisBackend::connect(RedisConfig {
             url: self.connect.clone(),
             lease,
+            acks: options.acks,
             connect_timeout: self
                 .connect_timeout
                 .unwrap_or(DEFAULT_REDIS_CONNECT_TIMEOUT),

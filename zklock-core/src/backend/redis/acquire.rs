@@ -147,6 +147,11 @@ impl<'a> Acquire<'a> {
                 Ok(Attempt::Taken(free_in, refused_at)) => {
                     self.taken(free_in, refused_at, sent).await
                 }
+                // Left armed: the grant is undone in the background.
+                Ok(Attempt::Unacked(n)) => {
+                    let what = "granted the lock (the grant is undone)";
+                    return Err(super::unacked(inner.acks, n, what));
+                }
                 Err(e) => self.failed(e).await?,
             };
             if let Next::Done(holds) = next {
@@ -255,7 +260,13 @@ impl<'a> Acquire<'a> {
         let inner = self.inner();
         let deadline = Inner::deadline_for(sent.at, inner.waiter_ttl);
         let in_time = deadline > Instant::now() + inner.waiter_ttl / 4;
-        if token <= refused_at || !in_time || inner.breaks.epoch() != sent.epoch {
+        // With replica acknowledgements, the waiter's own attempt takes the key handed to it,
+        // and that grant is what the replicas acknowledge.
+        if token <= refused_at
+            || !in_time
+            || inner.breaks.epoch() != sent.epoch
+            || inner.acks.is_some()
+        {
             return Next::Again;
         }
         self.unfinished.armed = false;

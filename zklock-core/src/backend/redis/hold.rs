@@ -249,6 +249,7 @@ impl RedisHold {
         let deadline = self.state.borrow().deadline;
         let epoch = inner.breaks.epoch();
         let sent = Instant::now();
+        let acks = inner.acks;
         let request = inner.conn.run(None, |mut c| {
             let call = match self.side {
                 Side::Mutex | Side::Exclusive => {
@@ -267,9 +268,18 @@ impl RedisHold {
                     call
                 }
             };
-            async move { call.invoke::<i64>(&mut c).await }
+            async move {
+                let confirmed = call.invoke::<i64>(&mut c).await?;
+                // Confirmed, but the renewal it carried is not on enough replicas: the hold
+                // stays held until its deadline, which does not move.
+                if confirmed == 1 && Inner::acked(acks, &mut c).await?.is_err() {
+                    return Ok(-1);
+                }
+                Ok(confirmed)
+            }
         });
         let reason = match tokio::time::timeout_at(deadline, request).await {
+            Ok(Ok(-1)) => return,
             Ok(Ok(1)) => {
                 extend(&self.state, inner.deadline(sent), epoch, &inner.breaks);
                 if self.loss_reason().is_none() {

@@ -110,6 +110,8 @@ pub(crate) struct RedisConfig {
     /// Whether grants take fencing tokens; without, an uncontended mutex acquire is a bare
     /// `SET NX PX`.
     pub(crate) tokens: bool,
+    /// Replicas that must acknowledge a write before it counts (`WAIT`), if any.
+    pub(crate) acks: Option<options::Acks>,
 }
 
 /// What the backend's holds and tasks share.
@@ -122,6 +124,8 @@ pub(crate) struct Inner {
     pub(crate) lease: Duration,
     /// See [`RedisConfig::tokens`].
     tokens: bool,
+    /// See [`RedisConfig::acks`].
+    acks: Option<options::Acks>,
     /// Taken off every deadline; see [`margin`](Self::margin).
     margin: Duration,
     pub(crate) runtime: tokio::runtime::Handle,
@@ -160,6 +164,31 @@ impl Inner {
             })
             .await?;
         Ok(n == 1)
+    }
+
+    /// Whether the writes sent so far on `c` are on enough replicas: always without
+    /// [`RedisOptions::replica_acks`]; else `WAIT replicas timeout` on the same connection.
+    /// `Ok(false)` with how many acknowledged in time.
+    pub(crate) async fn acked(
+        acks: Option<options::Acks>,
+        c: &mut redis::aio::MultiplexedConnection,
+    ) -> redis::RedisResult<std::result::Result<(), i64>> {
+        let Some(acks) = acks else { return Ok(Ok(())) };
+        let n: i64 = redis::cmd("WAIT")
+            .arg(acks.replicas)
+            .arg(acks.timeout.as_millis().max(1) as u64)
+            .query_async(c)
+            .await?;
+        Ok(if n >= i64::from(acks.replicas) {
+            Ok(())
+        } else {
+            Err(n)
+        })
+    }
+
+    /// How long a request that may wait for replicas' acknowledgements may take.
+    pub(crate) fn write_timeout(&self) -> Duration {
+        self.conn.reply_timeout + self.acks.map_or(Duration::ZERO, |a| a.timeout)
     }
 
     pub(crate) fn lease_ms(&self) -> u64 {
@@ -235,6 +264,27 @@ impl Inner {
     }
 }
 
+/// The error of a grant that too few replicas acknowledged in time: `acked` of them did.
+fn unacked(acks: Option<options::Acks>, acked: i64, what: &'static str) -> Error {
+    let (replicas, timeout) = acks.map_or((0, Duration::ZERO), |a| (a.replicas, a.timeout));
+    let message = format!(
+        "the primary {what}, but only {acked} of the {replicas} replicas that replica_acks \
+         asks for acknowledged it within {timeout:?}"
+    );
+    let e = redis::RedisError::from(std::io::Error::other(message.clone()));
+    Error::Server {
+        backend: "redis",
+        operation: "acquire the lock",
+        source: crate::types::error::ServerError::new(
+            Arc::new(e),
+            message,
+            true,
+            "check that the replicas run and keep up (INFO replication on the primary), or \
+             lower replica_acks or raise its timeout; then retry",
+        ),
+    }
+}
+
 /// Which of this backend's acquire scripts an acquire runs (see [`scripts`]), and with what:
 /// the Redis form of what the seam asks ([`LockMode`], converted below, or a semaphore's
 /// leases). Which key a granted hold then lives in is its [`Side`](lease::Side).
@@ -269,6 +319,9 @@ enum Attempt {
     /// lock's last token when the attempt was refused: a hand-over announced with a token no
     /// larger was made before the refusal, and is void.
     Taken(Option<Duration>, i64),
+    /// Granted, but fewer replicas than [`RedisOptions::replica_acks`] asks acknowledged it
+    /// in time (how many did): it does not count, and is undone.
+    Unacked(i64),
 }
 
 impl Attempt {
@@ -381,6 +434,7 @@ impl RedisBackend {
             hub,
             lease: config.lease,
             tokens: config.tokens,
+            acks: config.acks,
             margin: Inner::margin(config.lease),
             runtime,
             background: Arc::default(),
@@ -445,18 +499,32 @@ impl RedisBackend {
         if matches!(ask, Ask::Mutex)
             && !inner.tokens
             && !queued
+            && inner.acks.is_none()
             && self.set_nx(keys, &ids[0]).await?
         {
             return Ok(Attempt::Granted(0));
         }
-        let reply: Vec<i64> = inner
+        let acks = inner.acks;
+        let (reply, acked) = inner
             .conn
-            .run(Some(inner.conn.reply_timeout), |mut c| {
+            .run(Some(inner.write_timeout()), |mut c| {
                 let call = self.acquire_call(keys, ask, ids, member, queue, queued);
-                async move { call.invoke(&mut c).await }
+                async move {
+                    let reply: Vec<i64> = call.invoke(&mut c).await?;
+                    // A grant counts once enough replicas have it (asked on the same
+                    // connection, right after).
+                    let acked = match reply.first() {
+                        Some(1) => Inner::acked(acks, &mut c).await?,
+                        _ => Ok(()),
+                    };
+                    Ok((reply, acked))
+                }
             })
             .await?;
-        Ok(Attempt::of_reply(&reply))
+        Ok(match acked {
+            Ok(()) => Attempt::of_reply(&reply),
+            Err(n) => Attempt::Unacked(n),
+        })
     }
 
     /// The floor's bare `SET <exclusive key> id NX PX lease` (one request): whether it took
@@ -581,16 +649,33 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let keys = Keys::new(&target.path);
             let ms = at_least.as_millis() as u64;
-            let claimed = self
+            let acks = self.inner.acks;
+            let (claimed, acked) = self
                 .inner
                 .conn
-                .run(Some(self.inner.conn.reply_timeout), |mut c| {
+                .run(Some(self.inner.write_timeout()), |mut c| {
                     let mut invocation = scripts::CLAIM_RUN.key(&keys.run);
                     invocation.arg(ms);
-                    async move { invocation.invoke_async::<i64>(&mut c).await }
+                    async move {
+                        let claimed = invocation.invoke_async::<i64>(&mut c).await?;
+                        let acked = match claimed {
+                            1 => Inner::acked(acks, &mut c).await?,
+                            _ => Ok(()),
+                        };
+                        Ok((claimed, acked))
+                    }
                 })
                 .await
                 .map_err(|e| server_error("record the job's run", e))?;
+            // A run record that too few replicas have could be lost to a failover, and the job
+            // run again inside its window: the run does not start.
+            if let Err(n) = acked {
+                return Err(unacked(
+                    self.inner.acks,
+                    n,
+                    "recorded the job's run (the job does not start)",
+                ));
+            }
             Ok(claimed == 1)
         })
     }

@@ -25,12 +25,22 @@ use crate::backend::DEFAULT_LEASE;
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
     pub(crate) lease: Duration,
+    pub(crate) acks: Option<Acks>,
+}
+
+/// How many replicas must acknowledge a write before it counts (see
+/// [`RedisOptions::replica_acks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Acks {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: Duration,
 }
 
 impl Default for RedisOptions {
     fn default() -> RedisOptions {
         RedisOptions {
             lease: DEFAULT_LEASE,
+            acks: None,
         }
     }
 }
@@ -55,6 +65,38 @@ impl RedisOptions {
     /// ```
     pub fn lease(mut self, lease: Duration) -> RedisOptions {
         self.lease = lease;
+        self
+    }
+
+    /// Counts a grant, a renewal and a job's run record only once `replicas` replicas have
+    /// acknowledged it (Redis's `WAIT replicas timeout`, sent on the same connection right
+    /// after the write), waiting at most `timeout` for them. Off by default.
+    ///
+    /// What it promises: a hold granted (or a renewal counted) was on at least `replicas`
+    /// replicas when the acquire returned, so a failover to one of them keeps it, and a new
+    /// primary's token counter is at least as far. A grant that too few replicas acknowledged
+    /// in time is undone and the acquire fails with [`Error::Server`](crate::Error::Server)
+    /// saying how many did; a renewal that too few acknowledged does not move the hold's
+    /// deadline, so the hold is reported lost when the acknowledged lease could run out.
+    ///
+    /// What it does not promise: Redis replication stays asynchronous. `WAIT` does not stop
+    /// Sentinel from promoting a replica that had not acknowledged (with 2 replicas and
+    /// `replicas = 1`, the other one may win the election), and a write acknowledged by
+    /// replicas is not durable on their disks. It narrows the window in which a failover
+    /// loses a hold; the fencing token still guards the data. Each grant and renewal costs one
+    /// more round trip plus the replicas' delay (see BENCHMARKS.md). Hand-overs between
+    /// waiting processes take one more request, since the waiter's own grant is the write
+    /// that is acknowledged.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// // A grant counts once both replicas have it, within 100 ms.
+    /// let b = zklock_core::LockManager::builder("redis+sentinel://127.0.0.1:26379/mymaster")
+    ///     .redis(|r| r.replica_acks(2, Duration::from_millis(100)));
+    /// # let _ = b;
+    /// ```
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> RedisOptions {
+        self.acks = Some(Acks { replicas, timeout });
         self
     }
 }

@@ -104,6 +104,10 @@ impl Watchdog {
     }
 }
 
+/// What a renewal's request answers when the primary renewed the lease but too few replicas
+/// acknowledged it (see `RedisOptions::replica_acks`); the scripts answer 1 or 0.
+const UNACKED: i64 = -1;
+
 /// The watchdog's task: every tick, starts the renewals due within the next one; on a
 /// connection break, at once, which makes every hold granted before it lost.
 pub(crate) async fn run(inner: Weak<Inner>, tick: Duration) {
@@ -157,14 +161,27 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
     } else {
         let epoch = inner.breaks.epoch();
         let sent = Instant::now();
+        let acks = inner.acks;
         let renewal = inner.conn.run(None, |mut c| {
             let mut invocation = script.key(key);
             invocation.arg(&r.id).arg(inner.lease_ms());
-            async move { invocation.invoke_async::<i64>(&mut c).await }
+            async move {
+                let renewed = invocation.invoke_async::<i64>(&mut c).await?;
+                // Renewed, but too few replicas acknowledged it: the deadline stays.
+                if renewed == 1 && Inner::acked(acks, &mut c).await?.is_err() {
+                    return Ok(UNACKED);
+                }
+                Ok(renewed)
+            }
         });
         match tokio::time::timeout_at(deadline, renewal).await {
             Ok(Ok(1)) => {
                 extend(&r.state, inner.deadline(sent), epoch, &inner.breaks);
+                *r.due.lock().unwrap() = sent + inner.lease / 3;
+                r.state.borrow().lost
+            }
+            Ok(Ok(UNACKED)) => {
+                tracing::debug!(key = %key, "zklock: a Redis lease renewal was not acknowledged by enough replicas in time");
                 *r.due.lock().unwrap() = sent + inner.lease / 3;
                 r.state.borrow().lost
             }
