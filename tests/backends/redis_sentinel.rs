@@ -229,3 +229,41 @@ async fn a_primary_turned_replica_loses_its_holds_to_a_failover() {
     let reason = tokio::time::timeout(LEASE, held.lost()).await.unwrap();
     assert_eq!(reason, LossReason::Failover);
 }
+
+/// A manager listens to one Sentinel for failovers while it lives, and its subscription ends
+/// with it (no connection left behind per manager a process opened and closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sentinel_subscription_ends_with_the_manager() {
+    let redis =
+        tokio::task::spawn_blocking(|| RedisSentinel::builder().replicas(1).sentinels(1).start())
+            .await
+            .unwrap()
+            .expect("start Redis with a Sentinel (test kit)");
+    let subscribers = |redis: &RedisSentinel| {
+        let list = redis
+            .sentinel_command(0, &["CLIENT", "LIST", "TYPE", "pubsub"])
+            .unwrap()
+            .text()
+            .unwrap_or_default();
+        list.lines().filter(|l| l.contains("sub=1")).count()
+    };
+    let before = subscribers(&redis);
+    let m = manager(&url(&redis)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while subscribers(&redis) != before + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the manager never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(m);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while subscribers(&redis) != before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the subscription outlived its manager"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

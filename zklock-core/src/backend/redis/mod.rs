@@ -142,6 +142,9 @@ pub(crate) struct Inner {
     /// acquire of the lock in this process waits for them, so that it never finds what an
     /// acquire it gave up on left (a place in a mutex's queue, a hand-over to it, an intent).
     undos: Arc<Undos<String>>,
+    /// Ends the Sentinel watch (see [`sentinel::watch`]) when the backend goes: dropped with
+    /// it.
+    _sentinel_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Inner {
@@ -423,6 +426,7 @@ impl RedisBackend {
             Err(e) => return Err(server_error("connect", e)),
         }
         let hub = Hub::start(servers.clone(), reply_timeout, &runtime, breaks.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel();
         let mut holder_tag = format!("{} hub={}", *HOST_PID, hub.id);
         if let Some(id) = &config.identity {
             holder_tag.push_str(" id=");
@@ -443,6 +447,7 @@ impl RedisBackend {
             waiter_ttl: waiter_ttl(config.lease),
             watchdog: watchdog::Watchdog::default(),
             undos: Arc::default(),
+            _sentinel_stop: matches!(servers, sentinel::Servers::Sentinel(_)).then_some(stop),
         });
         inner.runtime.spawn(watchdog::run(
             Arc::downgrade(&inner),
@@ -453,6 +458,7 @@ impl RedisBackend {
                 sentinels,
                 Arc::downgrade(&inner),
                 config.connect_timeout,
+                stopped,
             ));
         }
         Ok(RedisBackend { inner })

@@ -304,21 +304,33 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 /// and whenever it (re)subscribes and finds the primary moved from the one the connections
 /// were opened to, it makes every hold lost to the failover and drops the command and pub/sub
 /// connections, so that the next request asks the Sentinels again.
-pub(crate) async fn watch(sentinels: Arc<Sentinels>, inner: Weak<Inner>, timeout: Duration) {
+///
+/// It ends when `stop` does: its sender lives in the backend, so the task and its Sentinel
+/// connection end with the backend.
+pub(crate) async fn watch(
+    sentinels: Arc<Sentinels>,
+    inner: Weak<Inner>,
+    timeout: Duration,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
     let mut pause = RETRY_MIN;
     let mut i = 0;
     loop {
-        if inner.strong_count() == 0 {
-            return;
-        }
-        match listen(&sentinels, i, &inner, timeout).await {
+        let listened = tokio::select! {
+            _ = &mut stop => return,
+            listened = listen(&sentinels, i, &inner, timeout) => listened,
+        };
+        match listened {
             Ok(()) => return,
             Err(e) => {
                 tracing::debug!(error = %e, "zklock: lost the Redis Sentinel subscription; trying the next Sentinel");
             }
         }
         i = (i + 1) % sentinels.addrs.len();
-        tokio::time::sleep(pause).await;
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
         pause = (pause * 2).min(RETRY_MAX);
     }
 }
