@@ -54,8 +54,8 @@ const DEFAULT_ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub enum BackendKind {
     /// `host:port[,host:port…][/chroot]`.
     ZooKeeper,
-    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, and `redis+sentinel://` (the
-    /// primary a set of Sentinels names).
+    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, `redis+sentinel://` (the
+    /// primary a set of Sentinels names) and `redis+cluster://` (a Redis Cluster).
     Redis,
     /// `postgres://`, `postgresql://`.
     Postgres,
@@ -77,6 +77,7 @@ impl BackendKind {
             "redis+unix://",
             "unix://",
             "redis+sentinel://",
+            "redis+cluster://",
         ]) {
             return Ok(BackendKind::Redis);
         }
@@ -91,7 +92,7 @@ impl BackendKind {
             Some((scheme, _)) => Err(Error::Config(format!(
                 "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
                  servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
-                 rediss://, redis+unix://, unix://, redis+sentinel://host:26379/<master>), PostgreSQL as postgres://user@host/db, etcd \
+                 rediss://, redis+unix://, unix://, redis+sentinel://host:26379/<master>, redis+cluster://host:port,...), PostgreSQL as postgres://user@host/db, etcd \
                  as etcd://host:2379[,host:2379...]",
                 redacted(connect)
             ))),

@@ -2,9 +2,10 @@
 //! breaks; and the backend's [`Breaks`], the count of connection breaks that holds are
 //! confirmed against.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -14,7 +15,7 @@ use tokio::sync::{watch, Mutex as AsyncMutex};
 use crate::types::error::{Error, ServerError};
 use crate::types::loss::LossReason;
 
-use super::sentinel::Servers;
+use super::servers::Servers;
 
 pub(crate) use crate::background::Background;
 
@@ -69,26 +70,40 @@ impl Breaks {
     }
 }
 
-/// A multiplexed connection and the generation it belongs to.
-struct Current {
-    generation: u64,
-    connection: Option<MultiplexedConnection>,
+/// One open connection to a server, and whether it broke (set once, by its driver's end, a failed request or a failover; the break is
+/// counted in [`Breaks`] by whoever sets it first).
+#[derive(Clone)]
+struct Link {
+    connection: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
 }
 
-/// The connection commands go through. Requests are pipelined on one TCP connection; when it
-/// breaks, the next request opens a new one.
+impl Link {
+    fn usable(&self) -> Option<Link> {
+        (!self.broken.load(Ordering::SeqCst)).then(|| self.clone())
+    }
+}
+
+/// Which server a connection goes to: the one server (or the primary the Sentinels name), or a
+/// Cluster node by address.
+type NodeKey = Option<(String, u16)>;
+
+/// The connections commands go through: one multiplexed connection per server (one server,
+/// or each Cluster primary a request went to). Requests are pipelined on it; when it breaks,
+/// the next request opens a new one.
 pub(crate) struct Conn {
-    /// Where connections go: the one server, or the primary the Sentinels name.
-    servers: Servers,
+    /// Where connections go: the one server, the primary the Sentinels name, or the Cluster
+    /// node that owns a key's slot.
+    pub(crate) servers: Servers,
     connect_timeout: Duration,
     config: AsyncConnectionConfig,
     /// How long one request may wait for its reply before the connection is taken for broken.
     pub(crate) reply_timeout: Duration,
-    current: AsyncMutex<Current>,
-    /// Bumped once per connection generation that breaks.
+    links: StdMutex<HashMap<NodeKey, Link>>,
+    /// Held while a connection is opened, so that concurrent requests open one, not many.
+    opening: AsyncMutex<()>,
+    /// Bumped once per connection that breaks.
     breaks: Breaks,
-    /// The last generation whose break was counted in `breaks`.
-    counted: Arc<AtomicU64>,
     /// Where the connections' drivers run (the manager's runtime).
     runtime: tokio::runtime::Handle,
 }
@@ -163,30 +178,32 @@ impl Conn {
             connect_timeout,
             config,
             reply_timeout,
-            current: AsyncMutex::new(Current {
-                generation: 0,
-                connection: None,
-            }),
+            links: StdMutex::new(HashMap::new()),
+            opening: AsyncMutex::new(()),
             breaks,
-            counted: Arc::new(AtomicU64::new(0)),
             runtime,
         }
     }
 
-    /// Counts the break of `generation` in the epoch, once.
-    fn count_break(breaks: &Breaks, counted: &AtomicU64, generation: u64) {
-        if counted.fetch_max(generation, Ordering::SeqCst) < generation {
+    /// Counts the break of a connection in the epoch, once (whoever marks it first).
+    fn count_break(breaks: &Breaks, broken: &AtomicBool) {
+        if !broken.swap(true, Ordering::SeqCst) {
             breaks.broke();
         }
     }
 
-    /// Opens connection `generation`. Over TCP or a Unix socket the connection is driven by a
-    /// task of this backend, so its end (the server closed it, restarted, or the socket failed)
-    /// counts as a break at once, not at the next request; other addresses open through the
-    /// client, and their breaks show at the next request.
-    async fn open(&self, generation: u64) -> RedisResult<MultiplexedConnection> {
-        let client = self.servers.client(self.connect_timeout).await?;
+    /// Opens a connection to `node` (`None`: the one server, or the Sentinels' primary). Over
+    /// TCP or a Unix socket the connection is driven by a task of this backend, so its end
+    /// (the server closed it, restarted, or the socket failed) counts as a break at once, not
+    /// at the next request; other addresses open through the client, and their breaks show at
+    /// the next request.
+    async fn open(&self, node: &NodeKey) -> RedisResult<Link> {
+        let client = match node {
+            Some((host, port)) => self.servers.node_client(host, *port)?,
+            None => self.servers.client(self.connect_timeout).await?,
+        };
         let info = client.get_connection_info();
+        let broken = Arc::new(AtomicBool::new(false));
         let (mut connection, driver) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
                 let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
@@ -211,128 +228,207 @@ impl Conn {
                 (c, futures::FutureExt::boxed(d))
             }
             _ => {
-                return client
+                let connection = client
                     .get_multiplexed_async_connection_with_config(&self.config)
-                    .await
+                    .await?;
+                return Ok(Link { connection, broken });
             }
         };
-        let (breaks, counted) = (self.breaks.clone(), self.counted.clone());
+        let (breaks, flag) = (self.breaks.clone(), broken.clone());
         self.runtime.spawn(async move {
             driver.await;
-            Conn::count_break(&breaks, &counted, generation);
+            Conn::count_break(&breaks, &flag);
         });
         // Under Sentinel, only a server that says it is the primary is used (asked once the
         // driver runs: it carries the reply).
-        let checked = if self.servers.checks_role() {
-            tokio::time::timeout(
+        if self.servers.checks_role() {
+            let checked = tokio::time::timeout(
                 self.connect_timeout,
                 super::sentinel::check_primary(&mut connection),
             )
             .await
-            .unwrap_or_else(|_| Err(timed_out()))
-        } else {
-            Ok(())
-        };
-        checked?;
-        Ok(connection)
-    }
-
-    /// The current connection (opening one if there is none) and its generation.
-    pub(crate) async fn get(&self) -> RedisResult<(u64, MultiplexedConnection)> {
-        let mut current = self.current.lock().await;
-        if let Some(c) = &current.connection {
-            // A connection whose driver ended is not handed out again.
-            if self.counted.load(Ordering::SeqCst) < current.generation {
-                return Ok((current.generation, c.clone()));
+            .unwrap_or_else(|_| Err(timed_out()));
+            if let Err(e) = checked {
+                // Never used: not a break of anything this backend holds.
+                broken.store(true, Ordering::SeqCst);
+                return Err(e);
             }
-            current.connection = None;
         }
-        // Each opening gets a generation of its own, even one that fails after its driver
-        // started (a server that is not the primary): that driver's end counts for it alone.
-        let generation = current.generation + 1;
-        current.generation = generation;
-        let c = self.open(generation).await?;
-        current.connection = Some(c.clone());
-        Ok((current.generation, c))
+        Ok(Link { connection, broken })
     }
 
-    /// Forgets the connection of `generation` (it broke, or stayed silent); the next request
-    /// opens a new one. Counted as a break.
-    pub(crate) async fn broken(&self, generation: u64) {
-        let mut current = self.current.lock().await;
-        if current.generation == generation {
-            current.connection = None;
-        }
-        Conn::count_break(&self.breaks, &self.counted, generation);
+    /// The current connection to `node`, without waiting, if one is open and not broken.
+    fn current(&self, node: &NodeKey) -> Option<Link> {
+        self.links.lock().unwrap().get(node).and_then(Link::usable)
     }
 
-    /// The connection of `generation` reached a server that is no longer the primary (or a
-    /// Sentinel said the primary changed, `None`: whatever connection is current): it is
-    /// forgotten, and every hold confirmed before is lost to a failover.
-    pub(crate) async fn failed_over_at(&self, generation: Option<u64>) {
-        let mut current = self.current.lock().await;
-        let announced = generation.is_none();
-        let generation = generation.unwrap_or(current.generation);
-        if current.generation == generation {
-            current.connection = None;
+    /// The connection to `node`, opening one if there is none (or it broke).
+    async fn get(&self, node: &NodeKey) -> RedisResult<Link> {
+        if let Some(link) = self.current(node) {
+            return Ok(link);
         }
+        let _opening = self.opening.lock().await;
+        if let Some(link) = self.current(node) {
+            return Ok(link);
+        }
+        let link = self.open(node).await?;
+        self.links
+            .lock()
+            .unwrap()
+            .insert(node.clone(), link.clone());
+        Ok(link)
+    }
+
+    /// The connection `link` broke, or stayed silent: the next request opens a new one.
+    /// Counted as a break.
+    fn broken(&self, link: &Link) {
+        Conn::count_break(&self.breaks, &link.broken);
+    }
+
+    /// The server of `link` is no longer the primary (`None`: a Sentinel said the primary
+    /// changed, whatever connection is current): the connection (every connection, for a
+    /// Sentinel's word) is forgotten, and every hold confirmed before is lost to a failover.
+    pub(crate) fn failed_over_at(&self, link: Option<&LinkRef>) {
+        let first = match link {
+            Some(link) => !link.0.broken.swap(true, Ordering::SeqCst),
+            None => {
+                for link in self.links.lock().unwrap().values() {
+                    link.broken.store(true, Ordering::SeqCst);
+                }
+                true
+            }
+        };
         // A connection's `-READONLY` replies count once, like its break; a Sentinel's
         // announcement always does (the current connection may be to the new primary already).
-        let first = self.counted.fetch_max(generation, Ordering::SeqCst) < generation;
-        if first || announced {
+        if first {
             self.breaks.failed_over();
             crate::metrics::failover(crate::metrics::BackendLabel::Redis);
         }
     }
 
-    async fn failed_over(&self, generation: u64) {
-        self.failed_over_at(Some(generation)).await;
-    }
-
-    /// The current connection if one is open and its driver has not ended, without waiting
-    /// (another task may be opening one: then `None`).
-    fn current_now(&self) -> Option<(u64, MultiplexedConnection)> {
-        let current = self.current.try_lock().ok()?;
-        let c = current.connection.as_ref()?;
-        (self.counted.load(Ordering::SeqCst) < current.generation)
-            .then(|| (current.generation, c.clone()))
-    }
-
-    /// Runs one request on the current connection, bounded by `timeout` when given; a
-    /// connection that fails or stays silent is replaced for the next request. Getting a
-    /// connection has a timeout of its own only when one must be waited for (opened, or
-    /// another request is opening it).
+    /// Runs one request, on the connection to the server that owns `route` (a key of the
+    /// request: on Cluster, the node of its slot; else the one server), bounded by `timeout`
+    /// when given; a connection that fails or stays silent is replaced for the next request.
+    /// Getting a connection has a timeout of its own only when one must be waited for (opened,
+    /// or another request is opening it).
+    ///
+    /// On Cluster, a `-MOVED` reply (the slot has another owner: a failover or a migration) is
+    /// a failover for every hold, and the request goes to the new owner; `-ASK` (the slot is
+    /// migrating and the key is on the target) sends it once to the target, after `ASKING`;
+    /// `-TRYAGAIN` (the keys are split by a migration) and `-CLUSTERDOWN` are transient.
     pub(crate) async fn run<T, F, Fut>(
         &self,
+        route: &str,
         timeout: Option<Duration>,
+        mut request: F,
+    ) -> RedisResult<T>
+    where
+        F: FnMut(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let mut redirects = 0;
+        loop {
+            let node = self.servers.node_of(route, self.connect_timeout).await?;
+            let link = match (self.current(&node), timeout) {
+                (Some(link), _) => link,
+                (None, Some(t)) => tokio::time::timeout(t, self.get(&node))
+                    .await
+                    .map_err(|_| timed_out())??,
+                (None, None) => self.get(&node).await?,
+            };
+            let result = match timeout {
+                Some(t) => tokio::time::timeout(t, request(link.connection.clone()))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out())),
+                None => request(link.connection.clone()).await,
+            };
+            let Err(e) = &result else { return result };
+            if read_only(e) {
+                // The server turned replica under us: a failover, whether or not a
+                // Sentinel told us yet.
+                self.failed_over_at(Some(&LinkRef(link)));
+            } else if let Some((addr, slot)) = e.redirect_node() {
+                redirects += 1;
+                if redirects > MAX_REDIRECTS {
+                    return result;
+                }
+                let addr = addr.to_string();
+                if matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
+                ) {
+                    self.servers.moved(slot, &addr);
+                    self.failed_over_at(Some(&LinkRef(link)));
+                    // The old connection still serves the node's other slots.
+                    continue;
+                }
+                return self.asking(&addr, &mut request).await;
+            } else if transient(e) {
+                self.broken(&link);
+                self.servers.node_failed();
+            }
+            return result;
+        }
+    }
+
+    /// Runs one request on the connection to `node` (see [`Servers::every_node`]), bounded by
+    /// `timeout`; no redirect is followed (a scan of each node's own keys).
+    pub(crate) async fn run_node<T, F, Fut>(
+        &self,
+        node: &NodeKey,
+        timeout: Duration,
         request: F,
     ) -> RedisResult<T>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let (generation, connection) = match (self.current_now(), timeout) {
-            (Some(current), _) => current,
-            (None, Some(t)) => tokio::time::timeout(t, self.get())
-                .await
-                .map_err(|_| timed_out())??,
-            (None, None) => self.get().await?,
-        };
-        let result = match timeout {
-            Some(t) => tokio::time::timeout(t, request(connection))
-                .await
-                .unwrap_or_else(|_| Err(timed_out())),
-            None => request(connection).await,
-        };
+        let link = tokio::time::timeout(timeout, self.get(node))
+            .await
+            .map_err(|_| timed_out())??;
+        let result = tokio::time::timeout(timeout, request(link.connection.clone()))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()));
         if let Err(e) = &result {
-            if read_only(e) {
-                // The server turned replica under us: a failover, whether or not a Sentinel
-                // told us yet.
-                self.failed_over(generation).await;
-            } else if transient(e) {
-                self.broken(generation).await;
+            if transient(e) {
+                self.broken(&link);
+                self.servers.node_failed();
             }
         }
         result
     }
+
+    /// Sends `request` once to the Cluster node at `addr` (`host:port`) after `ASKING`, on a
+    /// connection of its own (`ASKING` holds for the next command only).
+    async fn asking<T, F, Fut>(&self, addr: &str, request: &mut F) -> RedisResult<T>
+    where
+        F: FnMut(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (host, port) = split_addr(addr)?;
+        let client = self.servers.node_client(&host, port)?;
+        let mut c = client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        redis::cmd("ASKING").query_async::<()>(&mut c).await?;
+        request(c).await
+    }
+}
+
+/// The most `-MOVED` redirects one request follows.
+const MAX_REDIRECTS: usize = 5;
+
+/// A connection as `Conn::failed_over_at` takes it.
+pub(crate) struct LinkRef(Link);
+
+/// `host:port` split, as a redirect names a node.
+pub(crate) fn split_addr(addr: &str) -> RedisResult<(String, u16)> {
+    addr.rsplit_once(':')
+        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_string(), p.parse().ok()?)))
+        .ok_or_else(|| {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a Redis Cluster node's address {addr:?} is not host:port"),
+            ))
+        })
 }

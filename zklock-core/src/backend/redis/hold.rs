@@ -250,7 +250,7 @@ impl RedisHold {
         let epoch = inner.breaks.epoch();
         let sent = Instant::now();
         let acks = inner.acks;
-        let request = inner.conn.run(None, |mut c| {
+        let request = inner.conn.run(&keys.exclusive, None, |mut c| {
             let call = match self.side {
                 Side::Mutex | Side::Exclusive => {
                     let mut call = scripts::Call::new(
@@ -444,7 +444,7 @@ impl BackendHold for RedisHold {
             let keys = &self.keys;
             let done = inner
                 .conn
-                .run(Some(inner.conn.reply_timeout), |mut c| {
+                .run(&keys.exclusive, Some(inner.conn.reply_timeout), |mut c| {
                     let mut invocation = scripts::DOWNGRADE.key(&keys.exclusive);
                     invocation
                         .key(&keys.shared)

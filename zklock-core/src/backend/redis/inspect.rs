@@ -77,7 +77,7 @@ fn at_us(us: i64) -> SystemTime {
 impl RedisBackend {
     async fn snapshot(&self, keys: &Keys) -> Result<Snapshot> {
         let conn = &self.inner.conn;
-        conn.run(Some(conn.reply_timeout), |mut c| {
+        conn.run(&keys.exclusive, Some(conn.reply_timeout), |mut c| {
             let mut call = SNAPSHOT.key(&keys.exclusive);
             call.key(&keys.shared)
                 .key(&keys.intent)
@@ -111,7 +111,7 @@ impl RedisBackend {
     }
 
     async fn inspect_at(&self, path: &str, kind: Option<LockKind>) -> Result<LockInfo> {
-        let keys = Keys::new(path);
+        let keys = Keys::laid_out(path, self.inner.keys.layout());
         let (now, holder, fence, shared, intent, queue, alive) = self.snapshot(&keys).await?;
         let kind = kind.unwrap_or(if holder.is_some() || !queue.is_empty() {
             LockKind::Mutex
@@ -159,14 +159,29 @@ impl RedisBackend {
         Ok(LockInfo::at(path, kind, holders, waiters))
     }
 
-    /// Every key name matching `pattern`, by `SCAN` (which never blocks the server).
+    /// Every key name matching `pattern`, by `SCAN` (which never blocks the server), on the
+    /// one server or on every Cluster primary.
     async fn scan(&self, pattern: &str) -> Result<Vec<String>> {
         let conn = &self.inner.conn;
-        let mut cursor = 0u64;
         let mut out = vec![];
+        for node in conn.servers.every_node(conn.reply_timeout).await {
+            self.scan_node(&node, pattern, &mut out).await?;
+        }
+        Ok(out)
+    }
+
+    /// [`scan`](Self::scan) on one server, into `out`.
+    async fn scan_node(
+        &self,
+        node: &Option<(String, u16)>,
+        pattern: &str,
+        out: &mut Vec<String>,
+    ) -> Result<()> {
+        let conn = &self.inner.conn;
+        let mut cursor = 0u64;
         loop {
             let (next, names): (u64, Vec<String>) = conn
-                .run(Some(conn.reply_timeout), |mut c| async move {
+                .run_node(node, conn.reply_timeout, |mut c| async move {
                     redis::cmd("SCAN")
                         .arg(cursor)
                         .arg("MATCH")
@@ -180,7 +195,7 @@ impl RedisBackend {
                 .map_err(|e| server_error("list the locks", e))?;
             out.extend(names);
             if next == 0 {
-                return Ok(out);
+                return Ok(());
             }
             cursor = next;
         }
@@ -213,11 +228,17 @@ impl Inspect for RedisBackend {
             let mut paths = vec![];
             // The keys that exist while a lock is held or waited for (the fence counter is
             // kept for ever, and is no sign of either).
+            let layout = self.inner.keys.layout();
             for kind in ["lock", "shared", "intent", "queue"] {
                 let prefix = format!("{PREFIX}{kind}:");
-                let pattern = format!("{}{}/*", glob_escape(&prefix), glob_escape(namespace));
+                let pattern = format!(
+                    "{}{}{}/*",
+                    glob_escape(&prefix),
+                    layout.tag_pattern(),
+                    glob_escape(namespace)
+                );
                 for name in self.scan(&pattern).await? {
-                    if let Some(path) = name.strip_prefix(&prefix) {
+                    if let Some(path) = name.strip_prefix(&prefix).and_then(|r| layout.path_of(r)) {
                         paths.push(path.to_string());
                     }
                 }

@@ -23,6 +23,52 @@
 //! Each kind has one Redis type whatever the recipe, so recipes that share a raw path never
 //! meet a `WRONGTYPE` error.
 
+/// How key names are laid out: as above on one server; on a Redis Cluster with a hash tag
+/// after the kind, `zklock:<kind>:{<tag>}<path>`, the same for every key of a path, so that a
+/// lock's keys share one slot and its scripts run on one node. The tag is the FNV-1a 64-bit
+/// hash of the path in 16 lowercase hex digits: part of the wire format, never to change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Layout {
+    /// One server (or Sentinel's primary).
+    #[default]
+    Plain,
+    /// A Redis Cluster.
+    Tagged,
+}
+
+impl Layout {
+    /// The hash tag of `path`'s keys, with its braces.
+    pub(crate) fn tag(path: &str) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in path.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{{{h:016x}}}")
+    }
+
+    /// The length of a tag (`{` 16 hex digits `}`).
+    pub(crate) const TAG_LEN: usize = 18;
+
+    /// The path a key name's part after `zklock:<kind>:` names.
+    pub(crate) fn path_of(self, rest: &str) -> Option<&str> {
+        match self {
+            Layout::Plain => Some(rest),
+            Layout::Tagged => rest
+                .get(Layout::TAG_LEN..)
+                .filter(|_| rest.starts_with('{') && rest.as_bytes()[Layout::TAG_LEN - 1] == b'}'),
+        }
+    }
+
+    /// The `SCAN MATCH` pattern of a tag (already glob-safe).
+    pub(crate) fn tag_pattern(self) -> &'static str {
+        match self {
+            Layout::Plain => "",
+            Layout::Tagged => "{????????????????}",
+        }
+    }
+}
+
 /// The prefix of every key and channel of the Redis backend.
 pub(crate) const PREFIX: &str = "zklock:";
 /// The prefix of a process's own wake-up channel, `zklock:notify:<hub id>`.
@@ -48,11 +94,22 @@ impl Keys {
     /// The names of `path`'s keys. Built on every acquire: each name is one allocation of its
     /// exact size, with no formatting machinery.
     pub(crate) fn new(path: &str) -> Keys {
+        Keys::laid_out(path, Layout::Plain)
+    }
+
+    /// The names of `path`'s keys in `layout`.
+    pub(crate) fn laid_out(path: &str, layout: Layout) -> Keys {
+        let tag = match layout {
+            Layout::Plain => String::new(),
+            Layout::Tagged => Layout::tag(path),
+        };
         let name = |kind: &str| {
-            let mut name = String::with_capacity(PREFIX.len() + kind.len() + 1 + path.len());
+            let mut name =
+                String::with_capacity(PREFIX.len() + kind.len() + 1 + tag.len() + path.len());
             name.push_str(PREFIX);
             name.push_str(kind);
             name.push(':');
+            name.push_str(&tag);
             name.push_str(path);
             name
         };
@@ -74,11 +131,22 @@ impl Keys {
 #[derive(Default)]
 pub(crate) struct KeysCache(
     std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Keys>>>,
+    Layout,
 );
 
 impl KeysCache {
     /// The most paths kept.
     pub(crate) const MAX: usize = 1024;
+
+    /// A cache of keys in `layout`.
+    pub(crate) fn new(layout: Layout) -> KeysCache {
+        KeysCache(std::sync::Mutex::default(), layout)
+    }
+
+    /// The layout of the names.
+    pub(crate) fn layout(&self) -> Layout {
+        self.1
+    }
 
     /// `path`'s keys.
     pub(crate) fn get(&self, path: &str) -> std::sync::Arc<Keys> {
@@ -89,7 +157,7 @@ impl KeysCache {
         if paths.len() >= Self::MAX {
             paths.clear();
         }
-        let keys = std::sync::Arc::new(Keys::new(path));
+        let keys = std::sync::Arc::new(Keys::laid_out(path, self.1));
         paths.insert(path.to_string(), keys.clone());
         keys
     }
@@ -169,6 +237,29 @@ mod tests {
                 assert!(seen.insert(uuid), "{id} twice");
             }
         }
+    }
+
+    #[test]
+    fn tagged_names_share_one_slot_and_name_their_path() {
+        let k = Keys::laid_out("/zklock/locks/sku_1", Layout::Tagged);
+        let tag = Layout::tag("/zklock/locks/sku_1");
+        assert_eq!(tag.len(), Layout::TAG_LEN);
+        assert_eq!(k.exclusive, format!("zklock:lock:{tag}/zklock/locks/sku_1"));
+        let slot = super::super::cluster::slot(&k.exclusive);
+        for name in [&k.shared, &k.intent, &k.fence, &k.queue, &k.alive, &k.run] {
+            assert_eq!(super::super::cluster::slot(name), slot, "{name}");
+        }
+        let rest = k.exclusive.strip_prefix("zklock:lock:").unwrap();
+        assert_eq!(Layout::Tagged.path_of(rest), Some("/zklock/locks/sku_1"));
+        assert_eq!(Layout::Tagged.path_of("/untagged"), None);
+        // A path with braces of its own keeps its keys in one slot.
+        let k = Keys::laid_out("/a}b{c}", Layout::Tagged);
+        assert_eq!(
+            super::super::cluster::slot(&k.exclusive),
+            super::super::cluster::slot(&k.fence)
+        );
+        // FNV-1a 64 of the empty string: the tag never changes across versions.
+        assert_eq!(Layout::tag(""), "{cbf29ce484222325}");
     }
 
     #[test]

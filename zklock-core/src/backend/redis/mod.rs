@@ -40,6 +40,7 @@
 //! lease/3 while it waits.
 
 mod acquire;
+mod cluster;
 mod conn;
 mod hold;
 mod hub;
@@ -50,6 +51,7 @@ mod options;
 mod role;
 mod scripts;
 mod sentinel;
+mod servers;
 mod watchdog;
 
 use std::sync::Arc;
@@ -66,6 +68,7 @@ use conn::{server_error, transient, Background, Breaks, Conn};
 use hub::Hub;
 use keys::Keys;
 pub use options::RedisOptions;
+use servers::Servers;
 
 /// The longest any single request waits for its reply (acquire attempts, releases); shorter
 /// when the lease is.
@@ -160,7 +163,7 @@ impl Inner {
     pub(crate) async fn others_queued(&self, keys: &Keys) -> redis::RedisResult<bool> {
         let n = self
             .conn
-            .run(Some(self.conn.reply_timeout), |mut c| {
+            .run(&keys.queue, Some(self.conn.reply_timeout), |mut c| {
                 let mut invocation = scripts::OTHERS_QUEUED.key(&keys.queue);
                 invocation.key(&keys.alive);
                 async move { invocation.invoke_async::<i64>(&mut c).await }
@@ -229,7 +232,7 @@ impl Inner {
         loop {
             let freed = self
                 .conn
-                .run(Some(self.conn.reply_timeout), |mut c| {
+                .run(&keys.exclusive, Some(self.conn.reply_timeout), |mut c| {
                     let call = match undo {
                         Undo::Mutex { id, member } => {
                             let mut call = scripts::Call::new(
@@ -407,11 +410,17 @@ impl RedisBackend {
             breaks.clone(),
             runtime.clone(),
         );
-        let info = conn
-            .run(Some(config.connect_timeout), |mut c| async move {
-                redis::cmd("INFO").query_async::<String>(&mut c).await
-            })
-            .await;
+        // A Cluster's nodes were asked for its slots already; other servers must be a
+        // primary.
+        let info = match servers {
+            Servers::Cluster(_) => Ok(String::new()),
+            _ => {
+                conn.run("", Some(config.connect_timeout), |mut c| async move {
+                    redis::cmd("INFO").query_async::<String>(&mut c).await
+                })
+                .await
+            }
+        };
         match info {
             Ok(info) => role::Role::of_info(&info).required_primary()?,
             // A server that refuses INFO (renamed, disabled or denied by its operator) is taken
@@ -443,17 +452,20 @@ impl RedisBackend {
             runtime,
             background: Arc::default(),
             ids: keys::HolderIds::new(holder_tag),
-            keys: keys::KeysCache::default(),
+            keys: keys::KeysCache::new(match servers {
+                Servers::Cluster(_) => keys::Layout::Tagged,
+                _ => keys::Layout::Plain,
+            }),
             waiter_ttl: waiter_ttl(config.lease),
             watchdog: watchdog::Watchdog::default(),
             undos: Arc::default(),
-            _sentinel_stop: matches!(servers, sentinel::Servers::Sentinel(_)).then_some(stop),
+            _sentinel_stop: matches!(servers, Servers::Sentinel(_)).then_some(stop),
         });
         inner.runtime.spawn(watchdog::run(
             Arc::downgrade(&inner),
             watchdog::Watchdog::tick(config.lease),
         ));
-        if let sentinel::Servers::Sentinel(sentinels) = servers {
+        if let Servers::Sentinel(sentinels) = servers {
             inner.runtime.spawn(sentinel::watch(
                 sentinels,
                 Arc::downgrade(&inner),
@@ -464,27 +476,33 @@ impl RedisBackend {
         Ok(RedisBackend { inner })
     }
 
-    /// Where the URL's connections go: its one server, or (`redis+sentinel://`) the primary
-    /// the Sentinels name, asked once here so that a wrong master name or no Sentinel
-    /// answering is a clear error at connect.
-    async fn servers(config: &RedisConfig) -> Result<sentinel::Servers> {
+    /// Where the URL's connections go: its one server, the primary the Sentinels name
+    /// (`redis+sentinel://`), or a Cluster's primaries (`redis+cluster://`), asked once here
+    /// so that a wrong master name, no Sentinel or node answering, or a Cluster with slots
+    /// uncovered is a clear error at connect.
+    async fn servers(config: &RedisConfig) -> Result<Servers> {
         let url = config.url.as_str();
-        if !url
-            .trim()
-            .to_ascii_lowercase()
-            .starts_with(sentinel::SCHEME)
-        {
-            // The URL may carry a password: errors name the problem, not the URL.
-            let client = redis::Client::open(url)
-                .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
-            return Ok(sentinel::Servers::One(client));
+        let scheme = url.trim().to_ascii_lowercase();
+        if scheme.starts_with(sentinel::SCHEME) {
+            let sentinels = sentinel::Sentinels::parse(url)?;
+            sentinels
+                .primary(config.connect_timeout)
+                .await
+                .map_err(|asked| sentinels.connect_error(asked, url))?;
+            return Ok(Servers::Sentinel(Arc::new(sentinels)));
         }
-        let sentinels = sentinel::Sentinels::parse(url)?;
-        sentinels
-            .primary(config.connect_timeout)
-            .await
-            .map_err(|asked| sentinels.connect_error(asked, url))?;
-        Ok(sentinel::Servers::Sentinel(Arc::new(sentinels)))
+        if scheme.starts_with(cluster::SCHEME) {
+            let cluster = cluster::Cluster::parse(url)?;
+            cluster
+                .refresh(config.connect_timeout)
+                .await
+                .map_err(|asked| cluster.connect_error(asked, url))?;
+            return Ok(Servers::Cluster(Arc::new(cluster)));
+        }
+        // The URL may carry a password: errors name the problem, not the URL.
+        let client = redis::Client::open(url)
+            .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
+        Ok(Servers::One(client))
     }
 
     /// One attempt of `ask` for `ids` on `keys`; a mutex waiter queues as `member` unless
@@ -513,7 +531,7 @@ impl RedisBackend {
         let acks = inner.acks;
         let (reply, acked) = inner
             .conn
-            .run(Some(inner.write_timeout()), |mut c| {
+            .run(&keys.exclusive, Some(inner.write_timeout()), |mut c| {
                 let call = self.acquire_call(keys, ask, ids, member, queue, queued);
                 async move {
                     let reply: Vec<i64> = call.invoke(&mut c).await?;
@@ -539,7 +557,7 @@ impl RedisBackend {
         let inner = &self.inner;
         let set: Option<String> = inner
             .conn
-            .run(Some(inner.conn.reply_timeout), |mut c| {
+            .run(&keys.exclusive, Some(inner.conn.reply_timeout), |mut c| {
                 let mut set = redis::cmd("SET");
                 set.arg(&keys.exclusive)
                     .arg(id)
@@ -659,7 +677,7 @@ impl Backend for RedisBackend {
             let (claimed, acked) = self
                 .inner
                 .conn
-                .run(Some(self.inner.write_timeout()), |mut c| {
+                .run(&keys.run, Some(self.inner.write_timeout()), |mut c| {
                     let mut invocation = scripts::CLAIM_RUN.key(&keys.run);
                     invocation.arg(ms);
                     async move {

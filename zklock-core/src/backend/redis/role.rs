@@ -65,9 +65,8 @@ impl Role {
                     .to_string(),
             )),
             Role::Cluster => Err(Error::Config(
-                "the Redis URL reaches a Redis Cluster node; the Redis backend keeps its locks on \
-                 one standalone primary and does not run on Cluster: give a standalone server's \
-                 address"
+                "the Redis URL reaches a Redis Cluster node: give redis+cluster://<this \
+                 host:port>[,<another node>...], so that each lock goes to the node of its slot"
                     .to_string(),
             )),
         }

@@ -1,7 +1,6 @@
 //! Redis under Sentinel: `redis+sentinel://[user:password@]host:26379[,host:26379…]/<master
-//! name>[/<db>]`. Where the backend's connections go ([`Servers`]): the one server of a
-//! `redis://` URL, or the primary the Sentinels name, asked again for every new connection;
-//! and the [`watch`] task that listens to the Sentinels for `+switch-master` and makes every
+//! name>[/<db>]`. The Sentinels ([`Sentinels`]), asked for the primary for every new
+//! connection (see [`Servers`](super::servers::Servers)); and the [`watch`] task that listens to the Sentinels for `+switch-master` and makes every
 //! hold lost to the failover at once.
 //!
 //! What a failover does to holds (see `docs/backends/redis.md`): replication is asynchronous,
@@ -29,34 +28,6 @@ use crate::types::error::{Error, Result, ServerError};
 /// The scheme of a Sentinel URL.
 pub(crate) const SCHEME: &str = "redis+sentinel://";
 
-/// Where the backend's connections go.
-#[derive(Clone)]
-pub(crate) enum Servers {
-    /// One server (`redis://`, `redis+unix://`, `unix://`).
-    One(Client),
-    /// The primary the Sentinels name.
-    Sentinel(Arc<Sentinels>),
-}
-
-impl Servers {
-    /// The client of the server to connect to now: the one server, or the primary the first
-    /// Sentinel that answers names.
-    pub(crate) async fn client(&self, timeout: Duration) -> RedisResult<Client> {
-        match self {
-            Servers::One(client) => Ok(client.clone()),
-            Servers::Sentinel(s) => {
-                let (host, port) = s.primary(timeout).await.map_err(Asked::into_redis)?;
-                s.data_client(host, port)
-            }
-        }
-    }
-
-    /// Whether a fresh connection must say it is the primary (`ROLE`) before it is used.
-    pub(crate) fn checks_role(&self) -> bool {
-        matches!(self, Servers::Sentinel(_))
-    }
-}
-
 /// What asking the Sentinels for the primary found, when it found no address.
 #[derive(Debug)]
 pub(crate) enum Asked {
@@ -69,7 +40,7 @@ pub(crate) enum Asked {
 }
 
 impl Asked {
-    fn into_redis(self) -> RedisError {
+    pub(crate) fn into_redis(self) -> RedisError {
         let text = match self {
             Asked::UnknownMaster => "no Sentinel knows the master name".to_string(),
             Asked::NoSentinel(Some(e)) => format!("no Sentinel answered: {e}"),
@@ -169,7 +140,7 @@ impl Sentinels {
     }
 
     /// The client of the data node at `host:port`, with the URL's credentials.
-    fn data_client(&self, host: String, port: u16) -> RedisResult<Client> {
+    pub(crate) fn data_client(&self, host: String, port: u16) -> RedisResult<Client> {
         Client::open(self.data.clone().set_addr(ConnectionAddr::Tcp(host, port)))
     }
 
@@ -389,7 +360,7 @@ async fn failed_over(inner: &Weak<Inner>, primary: &(String, u16)) -> bool {
         return false;
     };
     tracing::warn!(primary = %format!("{}:{}", primary.0, primary.1), "zklock: Redis failed over to a new primary (Sentinel); every hold is lost");
-    inner.conn.failed_over_at(None).await;
+    inner.conn.failed_over_at(None);
     inner.hub.reconnect();
     true
 }

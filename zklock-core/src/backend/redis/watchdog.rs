@@ -162,7 +162,7 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
         let epoch = inner.breaks.epoch();
         let sent = Instant::now();
         let acks = inner.acks;
-        let renewal = inner.conn.run(None, |mut c| {
+        let renewal = inner.conn.run(key, None, |mut c| {
             let mut invocation = script.key(key);
             invocation.arg(&r.id).arg(inner.lease_ms());
             async move {

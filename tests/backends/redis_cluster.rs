@@ -1,0 +1,175 @@
+//! The Redis backend on Redis Cluster (`redis+cluster://`), against the test kit's Cluster of 3
+//! primaries (and their replicas where a test fails one over): every key of a lock in one
+//! slot, locks spread over every primary, a failover of a slot's primary reported as a loss
+//! with a larger token after it, operators' views over every primary, and bad URLs refused.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use zklock::{Error, LockManager, LossReason};
+use zklock_testkit::RedisCluster;
+
+const LEASE: Duration = Duration::from_secs(3);
+
+fn url(cluster: &RedisCluster) -> String {
+    format!("redis+cluster://{}", cluster.addrs().join(","))
+}
+
+async fn manager(url: &str) -> LockManager {
+    LockManager::builder(url)
+        .redis(|r| r.lease(LEASE))
+        .connect()
+        .await
+        .expect("connect to the Cluster")
+}
+
+async fn start(replicas: usize) -> RedisCluster {
+    tokio::task::spawn_blocking(move || RedisCluster::builder().replicas(replicas).start())
+        .await
+        .unwrap()
+        .expect("start a Redis Cluster (test kit)")
+}
+
+/// Two managers exclude each other on keys spread over every primary, with increasing tokens,
+/// each lock's keys in one slot; `ls` sees locks on every primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_spread_over_the_primaries_and_exclude() {
+    let cluster = start(0).await;
+    let url = url(&cluster);
+    let a = manager(&url).await;
+    let b = manager(&url).await;
+    let mut nodes = BTreeSet::new();
+    let mut guards = vec![];
+    for i in 0..24 {
+        let key = format!("sku_{i}");
+        let first = a.lock(&key).await.unwrap();
+        assert!(b.try_lock(&key).await.unwrap().is_none(), "{key}");
+        let t1 = first.fencing_token();
+        drop(first);
+        let second = b.lock(&key).await.unwrap();
+        assert!(second.fencing_token() > t1, "{key}");
+        guards.push(second);
+    }
+    // Where the keys landed: every lock's keys in one slot, the locks over every primary.
+    let primaries = cluster.primaries().unwrap();
+    for &i in &primaries {
+        let keys = cluster.command(i, &["KEYS", "zklock:lock:*"]).unwrap();
+        for key in keys.array().unwrap_or(&[]) {
+            let key = key.text().unwrap();
+            let slot = cluster.slot(&key).unwrap();
+            let fence = key.replacen("zklock:lock:", "zklock:fence:", 1);
+            assert_eq!(cluster.slot(&fence).unwrap(), slot, "{key}");
+            assert_eq!(cluster.node_for_key(&key).unwrap(), i, "{key}");
+            nodes.insert(i);
+        }
+    }
+    assert_eq!(
+        nodes.len(),
+        primaries.len(),
+        "locks on {nodes:?} of {primaries:?}"
+    );
+    let listed = b.list("sku_").await.unwrap();
+    assert_eq!(listed.len(), 24, "{listed:?}");
+    drop(guards);
+}
+
+/// Bad Cluster URLs and mismatched deployments are clear errors at connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_cluster_urls_are_clear_errors_at_connect() {
+    let single = zklock_testkit::RedisServer::start().unwrap();
+    let addr = single
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_string();
+    let err = LockManager::connect(&format!("redis+cluster://{addr}"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(t) if t.contains("without cluster support")),
+        "{err}"
+    );
+    let err = LockManager::connect(&format!("redis+cluster://u:hunter2@{addr}"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(t) if t.contains("credentials")),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    let err = LockManager::connect("redis+cluster://127.0.0.1:1")
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, Error::Unreachable { .. }), "{err}");
+
+    let cluster = start(0).await;
+    // A plain URL of a Cluster node is refused with the form to give.
+    let err = LockManager::connect(&cluster.urls()[0]).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(t) if t.contains("redis+cluster://")),
+        "{err}"
+    );
+    // Slots without a primary.
+    let primary = cluster.primaries().unwrap()[0];
+    cluster
+        .command(primary, &["CLUSTER", "DELSLOTSRANGE", "0", "99"])
+        .unwrap();
+    let err = LockManager::connect(&format!("redis+cluster://{}", cluster.addr(primary)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(t) if t.contains("100 of its 16384 slots")),
+        "{err}"
+    );
+}
+
+/// A failover of the primary that holds a lock's slot (`CLUSTER FAILOVER` on its replica):
+/// the hold is lost (the old primary answers `-MOVED` for the slot now), and the next grant,
+/// on the new primary, has a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_of_the_slots_primary_loses_the_hold_and_the_token_goes_on() {
+    let cluster = start(1).await;
+    let url = url(&cluster);
+    let a = manager(&url).await;
+    let b = manager(&url).await;
+    let held = a.lock("order-7").await.unwrap();
+    let before = held.fencing_token();
+    let keys = {
+        let mut found = None;
+        for i in cluster.primaries().unwrap() {
+            let keys = cluster.command(i, &["KEYS", "zklock:lock:*"]).unwrap();
+            if let Some(k) = keys.array().and_then(|a| a.first()).and_then(|k| k.text()) {
+                found = Some((i, k));
+            }
+        }
+        found.expect("the lock's key on a primary")
+    };
+    let (primary, key) = keys;
+    let replica = cluster
+        .replicas()
+        .unwrap()
+        .into_iter()
+        .find(|&r| cluster.primary_of(r).unwrap() == Some(primary))
+        .expect("a replica of the lock's primary");
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.failover(replica).unwrap();
+        cluster
+    })
+    .await
+    .unwrap();
+    assert_eq!(cluster.node_for_key(&key).unwrap(), replica);
+    let reason = tokio::time::timeout(2 * LEASE, held.lost())
+        .await
+        .expect("the hold is reported lost after the failover");
+    assert!(
+        matches!(reason, LossReason::Failover | LossReason::Disconnected),
+        "{reason:?}"
+    );
+    drop(held);
+    let again = tokio::time::timeout(4 * LEASE, b.lock("order-7"))
+        .await
+        .expect("granted on the new primary")
+        .unwrap();
+    assert!(again.fencing_token() > before);
+    assert!(a.try_lock("order-7").await.unwrap().is_none());
+}
