@@ -118,6 +118,9 @@ pub(crate) struct Cluster {
     stale: AtomicBool,
     /// Held while the map is asked for, so that concurrent requests ask once.
     refreshing: tokio::sync::Mutex<()>,
+    /// Turns which node is asked (or listened on) first, so that a dead one is not always
+    /// first.
+    turn: std::sync::atomic::AtomicUsize,
 }
 
 impl Cluster {
@@ -170,6 +173,7 @@ impl Cluster {
             map: StdMutex::new(SlotMap::empty()),
             stale: AtomicBool::new(true),
             refreshing: tokio::sync::Mutex::new(()),
+            turn: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -182,12 +186,24 @@ impl Cluster {
         )
     }
 
-    /// The client of some primary (the pub/sub connection's: any node hears every message),
-    /// the first known one, else the first address of the URL.
+    /// The client of some node (the pub/sub connection's: any node hears every message), a
+    /// different one on each call.
     pub(crate) fn any_client(&self) -> RedisResult<Client> {
-        let node = self.map.lock().unwrap().nodes.first().cloned();
-        let (host, port) = node.unwrap_or_else(|| self.seeds[0].clone());
+        let (host, port) = self.candidates()[0].clone();
         self.client(&host, port)
+    }
+
+    /// The known primaries, then the URL's other nodes, starting at a turning point.
+    fn candidates(&self) -> Vec<(String, u16)> {
+        let mut candidates = self.primaries();
+        for seed in &self.seeds {
+            if !candidates.contains(seed) {
+                candidates.push(seed.clone());
+            }
+        }
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed) % candidates.len();
+        candidates.rotate_left(turn);
+        candidates
     }
 
     /// Every primary that owns a slot, as last learned.
@@ -247,14 +263,8 @@ impl Cluster {
         if !self.stale.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let mut candidates = self.primaries();
-        for seed in &self.seeds {
-            if !candidates.contains(seed) {
-                candidates.push(seed.clone());
-            }
-        }
         let mut last = Asked::NoNode(None);
-        for (host, port) in candidates {
+        for (host, port) in self.candidates() {
             let asked = tokio::time::timeout(timeout, async {
                 let mut c = self
                     .client(&host, port)?

@@ -111,13 +111,29 @@ pub(crate) struct Conn {
 /// Whether a failed request may succeed on a new connection. A `-READONLY` reply is one: the
 /// server turned replica (a failover), and a new connection finds the primary (through the
 /// Sentinels) or fails again.
+///
+/// So are a Cluster's passing states: `-TRYAGAIN` (a migration splits the keys), `-CLUSTERDOWN`
+/// and `-MASTERDOWN` (a failover under way).
 pub(crate) fn transient(err: &RedisError) -> bool {
+    connection_failed(err)
+        || read_only(err)
+        || matches!(
+            err.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::TryAgain
+                    | redis::ServerErrorKind::ClusterDown
+                    | redis::ServerErrorKind::MasterDown
+            )
+        )
+}
+
+/// Whether a failed request says its connection failed (or stayed silent): a break.
+fn connection_failed(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_timeout()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
         || err.is_unrecoverable_error()
-        || read_only(err)
 }
 
 /// Why a hold is lost when a request confirming it failed with `err`: the server turned
@@ -357,13 +373,15 @@ impl Conn {
                     e.kind(),
                     redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
                 ) {
+                    // The slot has a new owner: a failover for every hold (its lease may
+                    // not have reached the new owner). The old node's connection goes with
+                    // it, and is opened again when asked for.
                     self.servers.moved(slot, &addr);
                     self.failed_over_at(Some(&LinkRef(link)));
-                    // The old connection still serves the node's other slots.
                     continue;
                 }
                 return self.asking(&addr, &mut request).await;
-            } else if transient(e) {
+            } else if connection_failed(e) {
                 self.broken(&link);
                 self.servers.node_failed();
             }
@@ -390,7 +408,7 @@ impl Conn {
             .await
             .unwrap_or_else(|_| Err(timed_out()));
         if let Err(e) = &result {
-            if transient(e) {
+            if connection_failed(e) {
                 self.broken(&link);
                 self.servers.node_failed();
             }
