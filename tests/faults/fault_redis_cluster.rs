@@ -1,0 +1,1 @@
+//! Faults of Redis Cluster (placeholder: the tests land with the next commit).
