@@ -258,8 +258,9 @@ mod tests {
             super::super::cluster::slot(&k.exclusive),
             super::super::cluster::slot(&k.fence)
         );
-        // FNV-1a 64 of the empty string: the tag never changes across versions.
+        // FNV-1a 64: the tag never changes across versions (the guide shows this one).
         assert_eq!(Layout::tag(""), "{cbf29ce484222325}");
+        assert_eq!(Layout::tag("/zklock/locks/sku_7"), "{8df2810047fa336d}");
     }
 
     #[test]
