@@ -7,9 +7,71 @@ use super::*;
 pub(crate) enum Backend {
     Zookeeper,
     Redis,
+    /// Redis under Sentinel (`redis+sentinel://`): the primary of the setup every behaviour
+    /// shares ([`shared_sentinel`]), in a namespace of the behaviour's own.
+    RedisSentinel,
     Postgres,
     Etcd,
     Memory,
+}
+
+/// The Redis Sentinel setup that every `redis_sentinel` behaviour of this binary shares: a
+/// primary, 2 replicas and 3 Sentinels are 6 processes and seconds to settle, and nothing in
+/// the suite restarts, flushes or fails over the server. Each behaviour keeps to keys of its
+/// own (its env's namespace, [`Env::namespace`]), so behaviours running at once never meet.
+///
+/// Started on first use. A static is never dropped, so it is stopped at exit by an `atexit`
+/// handler (every process killed, the directory removed); should the test process be killed
+/// outright, the kit's watchdogs kill the processes (they notice the test process's pipe
+/// close) and the next start of the kit sweeps the directory.
+static SENTINEL: StdMutex<Option<Arc<RedisSentinel>>> = StdMutex::new(None);
+
+/// The shared Sentinel setup ([`SENTINEL`]), started on first use. Blocks (the kit is
+/// synchronous): called through `block_in_place`, on a multi-threaded runtime.
+fn shared_sentinel() -> Arc<RedisSentinel> {
+    tokio::task::block_in_place(|| {
+        // A start that panicked poisons nothing worth keeping: the slot is still empty.
+        let mut slot = SENTINEL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(setup) = &*slot {
+            return setup.clone();
+        }
+        let setup =
+            Arc::new(RedisSentinel::start().expect("start Redis with Sentinels (test kit)"));
+        *slot = Some(setup.clone());
+        stop_sentinel_at_exit();
+        setup
+    })
+}
+
+/// Registers [`stop_sentinel`] to run when the test process exits (libtest returns from `main`
+/// or calls `exit`; statics are never dropped).
+fn stop_sentinel_at_exit() {
+    extern "C" {
+        fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+    }
+    // SAFETY: `atexit` is the C library's; `stop_sentinel` is an `extern "C" fn()` that
+    // never unwinds (a drop that fails does so quietly).
+    let registered = unsafe { atexit(stop_sentinel) };
+    assert_eq!(registered, 0, "atexit refused the Sentinel setup's stop");
+}
+
+/// Drops the shared Sentinel setup: kills its processes and removes its directory. Every
+/// behaviour has ended by then, so the static holds the last reference. (`try_lock`: at exit
+/// nothing may wait.)
+extern "C" fn stop_sentinel() {
+    if let Ok(mut slot) = SENTINEL.try_lock() {
+        drop(slot.take());
+    }
+}
+
+/// A namespace of its own for each env on the shared Sentinel setup.
+fn fresh_namespace() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{}/behaviour_{}",
+        zklock::DEFAULT_NAMESPACE,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The lease of the Redis managers: long enough that a busy 2-core machine never misses a
@@ -39,6 +101,11 @@ pub(crate) struct Env {
     pub(crate) backend: Backend,
     pub(crate) zk: Option<ZkServer>,
     pub(crate) redis: Option<RedisServer>,
+    /// Redis under Sentinel: the shared setup ([`shared_sentinel`]).
+    pub(crate) sentinel: Option<Arc<RedisSentinel>>,
+    /// The namespace of this env's managers, where it needs one of its own (on the shared
+    /// Sentinel setup); `None`: the default.
+    pub(crate) namespace: Option<String>,
     pub(crate) pg: Option<PostgresServer>,
     pub(crate) etcd: Option<EtcdServer>,
     /// Memory: one manager per queue mode; its clones share its lock table.
@@ -53,6 +120,8 @@ impl Env {
                 backend,
                 zk: Some(server()),
                 redis: None,
+                sentinel: None,
+                namespace: None,
                 pg: None,
                 etcd: None,
                 local: None,
@@ -62,6 +131,19 @@ impl Env {
                 backend,
                 zk: None,
                 redis: Some(RedisServer::start().expect("start redis-server (test kit)")),
+                sentinel: None,
+                namespace: None,
+                pg: None,
+                etcd: None,
+                local: None,
+                strict: None,
+            },
+            Backend::RedisSentinel => Env {
+                backend,
+                zk: None,
+                redis: None,
+                sentinel: Some(shared_sentinel()),
+                namespace: Some(fresh_namespace()),
                 pg: None,
                 etcd: None,
                 local: None,
@@ -71,6 +153,8 @@ impl Env {
                 backend,
                 zk: None,
                 redis: None,
+                sentinel: None,
+                namespace: None,
                 pg: Some(pg_server()),
                 etcd: None,
                 local: None,
@@ -80,6 +164,8 @@ impl Env {
                 backend,
                 zk: None,
                 redis: None,
+                sentinel: None,
+                namespace: None,
                 pg: None,
                 etcd: Some(EtcdServer::start().expect("start etcd (test kit)")),
                 local: None,
@@ -89,6 +175,8 @@ impl Env {
                 backend,
                 zk: None,
                 redis: None,
+                sentinel: None,
+                namespace: None,
                 pg: None,
                 etcd: None,
                 local: Some(LockManager::in_memory()),
@@ -103,7 +191,7 @@ impl Env {
     pub(crate) fn backend_name(&self) -> &'static str {
         match self.backend {
             Backend::Zookeeper => "zookeeper",
-            Backend::Redis => "redis",
+            Backend::Redis | Backend::RedisSentinel => "redis",
             Backend::Postgres => "postgres",
             Backend::Etcd => "etcd",
             Backend::Memory => "memory",
@@ -118,13 +206,45 @@ impl Env {
         self.zk.as_ref().expect("a ZooKeeper env").connect_string()
     }
 
+    /// What the managers connect to: the server's `redis://` URL, or under Sentinel
+    /// `redis+sentinel://<every Sentinel>/<master name>`.
     pub(crate) fn redis_url(&self) -> String {
-        self.redis.as_ref().expect("a Redis env").url()
+        match &self.sentinel {
+            Some(s) => format!(
+                "redis+sentinel://{}/{}",
+                s.sentinel_addrs().join(","),
+                s.master_name()
+            ),
+            None => self.redis.as_ref().expect("a Redis env").url(),
+        }
     }
 
-    /// A plain Redis connection, to look at and tamper with the backend's keys.
+    /// The `redis://` URL of the server that has the backend's keys: the one server, or the
+    /// primary the Sentinels name now.
+    pub(crate) fn redis_data_url(&self) -> String {
+        match &self.sentinel {
+            Some(s) => {
+                let primary = tokio::task::block_in_place(|| s.primary())
+                    .expect("the Sentinels name the primary");
+                format!("redis://{}/", s.node_addr(primary))
+            }
+            None => self.redis.as_ref().expect("a Redis env").url(),
+        }
+    }
+
+    /// The builder of one more manager of this env: `connect`, in the env's namespace.
+    fn builder(&self, connect: String) -> zklock::Builder {
+        let builder = LockManager::builder(connect);
+        match &self.namespace {
+            Some(namespace) => builder.namespace(namespace),
+            None => builder,
+        }
+    }
+
+    /// A plain Redis connection, to look at and tamper with the backend's keys (on the primary,
+    /// under Sentinel).
     pub(crate) async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.redis_url())
+        redis::Client::open(self.redis_data_url())
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -215,13 +335,14 @@ impl Env {
     ) -> LockManager {
         let local = queue == Queue::Local;
         match self.backend {
-            Backend::Redis => {
-                configure(LockManager::builder(self.redis_url()).redis(|r| r.lease(REDIS_LEASE)))
-                    .local_queue(local)
-                    .connect()
-                    .await
-                    .expect("connect to the test Redis")
-            }
+            Backend::Redis | Backend::RedisSentinel => configure(
+                self.builder(self.redis_url())
+                    .redis(|r| r.lease(REDIS_LEASE)),
+            )
+            .local_queue(local)
+            .connect()
+            .await
+            .expect("connect to the test Redis"),
             Backend::Postgres => {
                 configure(LockManager::builder(self.pg_url()).postgres(|pg| pg.lease(PG_LEASE)))
                     .local_queue(local)
@@ -272,8 +393,8 @@ impl Env {
         };
         let lease = Duration::from_millis(lease_ms);
         match self.backend {
-            Backend::Redis => {
-                configure(LockManager::builder(self.redis_url()).redis(|r| r.lease(lease)))
+            Backend::Redis | Backend::RedisSentinel => {
+                configure(self.builder(self.redis_url()).redis(|r| r.lease(lease)))
                     .connect()
                     .await
                     .expect("connect to the test Redis")
@@ -325,7 +446,7 @@ impl Env {
         }
         match self.backend {
             Backend::Zookeeper => children(&managers[0], path).await,
-            Backend::Redis => {
+            Backend::Redis | Backend::RedisSentinel => {
                 let lock = path
                     .strip_suffix("/leases")
                     .or_else(|| path.strip_suffix("/locks"))
@@ -375,7 +496,7 @@ impl Env {
         match self.backend {
             Backend::Memory => m.lose(key, LossReason::SessionExpired).unwrap(),
             Backend::Zookeeper => expire_session(m, &self.connect()).await,
-            Backend::Redis => {
+            Backend::Redis | Backend::RedisSentinel => {
                 let name = format!("zklock:lock:{}", m.path_of(key).unwrap());
                 let deleted: i64 = redis::cmd("DEL")
                     .arg(&name)
@@ -423,12 +544,12 @@ impl Env {
     /// poll (memory) or its node (ZooKeeper) already.
     pub(crate) async fn until_writer_waits(&self, path: &str) {
         let name = match self.backend {
-            Backend::Redis => format!("zklock:intent:{path}"),
+            Backend::Redis | Backend::RedisSentinel => format!("zklock:intent:{path}"),
             Backend::Postgres => format!("the intent lock of {path}"),
             Backend::Zookeeper | Backend::Etcd | Backend::Memory => return,
         };
         let mut conn = match self.backend {
-            Backend::Redis => Some(self.redis_conn().await),
+            Backend::Redis | Backend::RedisSentinel => Some(self.redis_conn().await),
             _ => None,
         };
         let client = match self.backend {
@@ -480,7 +601,7 @@ impl Env {
     pub(crate) fn loss_reason_ok(&self, reason: LossReason) -> bool {
         match self.backend {
             Backend::Memory => reason == LossReason::SessionExpired,
-            Backend::Redis => matches!(
+            Backend::Redis | Backend::RedisSentinel => matches!(
                 reason,
                 LossReason::NodeDeleted | LossReason::LeaseExpired | LossReason::Disconnected
             ),

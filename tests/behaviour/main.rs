@@ -3,12 +3,15 @@
 //! Each behaviour is written once, as an async fn of the backend it runs on, against managers
 //! made by an [`Env`]; the `every_backend!` macro instantiates it for ZooKeeper (a real server
 //! from the test kit, one session per "process"), for Redis (a real `redis-server` from the
-//! test kit, one manager with its own connections per "process"), for PostgreSQL (a real
-//! PostgreSQL from the test kit, one manager with its own connections per "process"), for etcd
-//! (a real etcd from the test kit, one manager with its own lease per "process") and for
-//! the in-memory backend (clones of one in-memory manager, which share its lock table), so the
-//! tests read `mutex_excludes::zookeeper`, `mutex_excludes::redis`,
-//! `mutex_excludes::postgres`, `mutex_excludes::etcd` and `mutex_excludes::memory`.
+//! test kit, one manager with its own connections per "process"), for Redis under Sentinel (the
+//! test kit's primary with 2 replicas and 3 Sentinels, one setup that every behaviour of the
+//! binary shares, each in a namespace of its own; managers connect with `redis+sentinel://`),
+//! for PostgreSQL (a real PostgreSQL from the test kit, one manager with its own connections per
+//! "process"), for etcd (a real etcd from the test kit, one manager with its own lease per
+//! "process") and for the in-memory backend (clones of one in-memory manager, which share its
+//! lock table), so the tests read `mutex_excludes::zookeeper`, `mutex_excludes::redis`,
+//! `mutex_excludes::redis_sentinel`, `mutex_excludes::postgres`, `mutex_excludes::etcd` and
+//! `mutex_excludes::memory`.
 //! Behaviours that need distinct contenders at the backend run their scenario twice: with the
 //! local queue (tasks of a process queue behind one hold) and without it
 //! (`local_queue(false)`: every acquire is a contender of its own).
@@ -17,9 +20,9 @@
 //! ZooKeeper client, `lose` off memory, semaphores on PostgreSQL) is checked to fail with
 //! `Error::Unsupported` naming the backend. Where "a hold is lost" comes from differs: the
 //! session expired on ZooKeeper, the lock's key deleted behind the holder's back on Redis (as a
-//! failover to a replica that never got it would), the holding session ended by the server on
-//! PostgreSQL (`pg_terminate_backend`), the holder's key deleted from outside on etcd, `lose` in
-//! memory.
+//! failover to a replica that never got it would; under Sentinel, on the primary), the holding
+//! session ended by the server on PostgreSQL (`pg_terminate_backend`), the holder's key deleted
+//! from outside on etcd, `lose` in memory.
 
 mod attribute;
 #[path = "../common/mod.rs"]
@@ -46,7 +49,7 @@ use tokio::task::JoinHandle;
 use zklock::{
     current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
 };
-use zklock_testkit::{EtcdServer, PostgresServer, RedisServer};
+use zklock_testkit::{EtcdServer, PostgresServer, RedisSentinel, RedisServer};
 
 use attribute::*;
 use env::*;
@@ -61,7 +64,7 @@ use tokens::*;
 const BOUND: Duration = Duration::from_secs(120);
 
 /// Instantiates each behaviour for every backend: `name::zookeeper`, `name::redis`,
-/// `name::postgres`, `name::etcd` and `name::memory`.
+/// `name::redis_sentinel`, `name::postgres`, `name::etcd` and `name::memory`.
 macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -79,6 +82,13 @@ macro_rules! every_backend {
                 tokio::time::timeout(BOUND, super::$name(Backend::Redis))
                     .await
                     .expect(concat!(stringify!($name), " hung on Redis"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis_sentinel() {
+                tokio::time::timeout(BOUND, super::$name(Backend::RedisSentinel))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on Redis under Sentinel"));
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
     let m = env.process(Queue::Local).await;
     let debug = format!("{m:?}");
     match backend {
-        Backend::Redis => redis_features(&env, &m, &debug).await,
+        Backend::Redis | Backend::RedisSentinel => redis_features(&env, &m, &debug).await,
         Backend::Postgres => postgres_features(&env, &m, &debug).await,
         Backend::Etcd => etcd_features(&env, &m, &debug).await,
         Backend::Memory => memory_features(&m, &debug).await,

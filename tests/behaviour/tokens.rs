@@ -10,7 +10,7 @@ use zklock::fence::{FenceError, MemoryFence};
 /// czxid, memory's counter).
 async fn token_state(env: &Env, path: &str) -> Option<i64> {
     match env.backend {
-        Backend::Redis => {
+        Backend::Redis | Backend::RedisSentinel => {
             let mut c = env.redis_conn().await;
             let fence: Option<i64> = redis::cmd("GET")
                 .arg(format!("zklock:fence:{path}"))
