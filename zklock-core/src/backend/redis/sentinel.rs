@@ -14,7 +14,6 @@
 //! Every connection to a data node asks `ROLE` first and is used only if the server says
 //! `master`: a Sentinel's answer can be stale for a moment during a failover.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -60,8 +59,6 @@ pub(crate) struct Sentinels {
     /// The data nodes' connection settings (credentials, database); the address is the
     /// primary's, set per connection.
     data: ConnectionInfo,
-    /// The Sentinel that answered last: asked first next time.
-    last: AtomicUsize,
     /// The primary's address as last asked, for the logs and [`watch`].
     pub(crate) primary: StdMutex<Option<(String, u16)>>,
 }
@@ -134,7 +131,6 @@ impl Sentinels {
             addrs,
             master,
             data,
-            last: AtomicUsize::new(0),
             primary: StdMutex::new(None),
         })
     }
@@ -150,18 +146,19 @@ impl Sentinels {
         Client::open((host.as_str(), port))
     }
 
-    /// Asks the Sentinels, the one that answered last first, for the primary's address
-    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`), each within `timeout`.
+    /// Asks every Sentinel at once for the primary's address (`SENTINEL
+    /// GET-MASTER-ADDR-BY-NAME`), each within `timeout`, and takes the address most of those
+    /// that answered give (on a tie, the one the Sentinel that answered first gives).
+    ///
+    /// One Sentinel's word is not enough during a failover: a Sentinel that has not heard of
+    /// it yet still names the old primary, which keeps answering `master` until it is
+    /// reconfigured, and a connection opened to it would take locks the new primary knows
+    /// nothing of.
     pub(crate) async fn primary(
         &self,
         timeout: Duration,
     ) -> std::result::Result<(String, u16), Asked> {
-        let first = self.last.load(Ordering::Relaxed);
-        let mut unknown = false;
-        let mut not_sentinel = None;
-        let mut last_error = None;
-        for k in 0..self.addrs.len() {
-            let i = (first + k) % self.addrs.len();
+        let asks = (0..self.addrs.len()).map(|i| async move {
             let asked = tokio::time::timeout(timeout, async {
                 let mut c = self
                     .sentinel_client(i)?
@@ -173,15 +170,23 @@ impl Sentinels {
                     .query_async::<Option<(String, u16)>>(&mut c)
                     .await
             })
-            .await;
+            .await
+            .unwrap_or_else(|_| Err(super::conn::timed_out()));
+            (i, asked)
+        });
+        let answers = futures::future::join_all(asks).await;
+        let mut unknown = false;
+        let mut not_sentinel = None;
+        let mut last_error = None;
+        let mut votes: Vec<((String, u16), usize)> = Vec::new();
+        for (i, asked) in answers {
             match asked {
-                Ok(Ok(Some(addr))) => {
-                    self.last.store(i, Ordering::Relaxed);
-                    *self.primary.lock().unwrap() = Some(addr.clone());
-                    return Ok(addr);
-                }
-                Ok(Ok(None)) => unknown = true,
-                Ok(Err(e))
+                Ok(Some(addr)) => match votes.iter_mut().find(|(a, _)| *a == addr) {
+                    Some((_, n)) => *n += 1,
+                    None => votes.push((addr, 1)),
+                },
+                Ok(None) => unknown = true,
+                Err(e)
                     if e.to_string()
                         .to_ascii_lowercase()
                         .contains("unknown command") =>
@@ -189,9 +194,19 @@ impl Sentinels {
                     let (h, p) = &self.addrs[i];
                     not_sentinel = Some(format!("{h}:{p}"));
                 }
-                Ok(Err(e)) => last_error = Some(e),
-                Err(_) => last_error = Some(super::conn::timed_out()),
+                Err(e) => last_error = Some(e),
             }
+        }
+        // The most votes; among equals, the first given.
+        let mut best: Option<((String, u16), usize)> = None;
+        for (addr, n) in votes {
+            if best.as_ref().is_none_or(|(_, m)| n > *m) {
+                best = Some((addr, n));
+            }
+        }
+        if let Some((addr, _)) = best {
+            *self.primary.lock().unwrap() = Some(addr.clone());
+            return Ok(addr);
         }
         Err(match (unknown, not_sentinel) {
             (true, _) => Asked::UnknownMaster,
@@ -284,35 +299,45 @@ pub(crate) async fn watch(
     timeout: Duration,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let mut pause = RETRY_MIN;
-    let mut i = 0;
-    loop {
-        let listened = tokio::select! {
-            _ = &mut stop => return,
-            listened = listen(&sentinels, i, &inner, timeout) => listened,
-        };
-        match listened {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::debug!(error = %e, "zklock: lost the Redis Sentinel subscription; trying the next Sentinel");
+    // Every Sentinel at once: the one that runs a failover announces `+switch-master` only
+    // once it has reconfigured the replicas (a second or more after the promotion), the others
+    // as soon as they hear of the new primary; a process listening to the first alone would
+    // keep granting on the old primary, still a primary, while others grant on the new one.
+    let acted = Arc::new(tokio::sync::Mutex::new(
+        sentinels.primary.lock().unwrap().clone(),
+    ));
+    let each = (0..sentinels.addrs.len()).map(|i| {
+        let (sentinels, inner, acted) = (sentinels.clone(), inner.clone(), acted.clone());
+        async move {
+            let mut pause = RETRY_MIN;
+            loop {
+                match listen(&sentinels, i, &inner, timeout, &acted).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::debug!(error = %e, sentinel = i, "zklock: lost a Redis Sentinel subscription; subscribing again");
+                    }
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
             }
         }
-        i = (i + 1) % sentinels.addrs.len();
-        tokio::select! {
-            _ = &mut stop => return,
-            _ = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(RETRY_MAX);
+    });
+    tokio::select! {
+        _ = &mut stop => {}
+        _ = futures::future::join_all(each) => {}
     }
 }
 
-/// Subscribes to Sentinel `i`'s `+switch-master` and acts on each announcement until the
-/// subscription breaks (`Err`) or the backend is gone (`Ok`).
+/// Subscribes to Sentinel `i`'s `+switch-master` and acts on each announcement of a primary
+/// other than the last one acted on (`acted`, shared by the listeners of every Sentinel, so a
+/// failover is acted on once however many Sentinels announce it) until the subscription breaks
+/// (`Err`) or the backend is gone (`Ok`).
 async fn listen(
     sentinels: &Sentinels,
     i: usize,
     inner: &Weak<Inner>,
     timeout: Duration,
+    acted: &tokio::sync::Mutex<Option<(String, u16)>>,
 ) -> RedisResult<()> {
     let client = sentinels.sentinel_client(i)?;
     let mut pubsub = tokio::time::timeout(timeout, async {
@@ -323,11 +348,10 @@ async fn listen(
     .await
     .map_err(|_| super::conn::timed_out())??;
     // A failover this process missed while it listened nowhere: the Sentinel names another
-    // primary than the one the connections were opened to.
-    let known = sentinels.primary.lock().unwrap().clone();
+    // primary than the one acted on last.
     if let Ok(now) = sentinels.primary(timeout).await {
-        if known.is_some_and(|k| k != now) {
-            failed_over(inner, &now).await;
+        if !switch(inner, acted, now).await {
+            return Ok(());
         }
     }
     let mut messages = pubsub.on_message();
@@ -341,7 +365,7 @@ async fn listen(
             if name == sentinels.master {
                 let now = (host.to_string(), port.parse().unwrap_or(0));
                 *sentinels.primary.lock().unwrap() = Some(now.clone());
-                if !failed_over(inner, &now).await {
+                if !switch(inner, acted, now).await {
                     return Ok(());
                 }
             }
@@ -351,6 +375,25 @@ async fn listen(
         std::io::ErrorKind::ConnectionReset,
         "the Sentinel's connection ended",
     )))
+}
+
+/// Acts on `now` as the primary if it is not the one acted on last: every hold is lost to the
+/// failover. `false` once the backend is gone.
+async fn switch(
+    inner: &Weak<Inner>,
+    acted: &tokio::sync::Mutex<Option<(String, u16)>>,
+    now: (String, u16),
+) -> bool {
+    let mut acted = acted.lock().await;
+    if acted.as_ref() == Some(&now) {
+        return inner.strong_count() > 0;
+    }
+    let known = acted.replace(now.clone());
+    // The first answer (no primary known yet) is no failover.
+    if known.is_none() {
+        return inner.strong_count() > 0;
+    }
+    failed_over(inner, &now).await
 }
 
 /// Makes every hold of the backend lost to a failover to `primary`, and drops its connections.
