@@ -1,7 +1,8 @@
 //! Metrics: a recorder captures what one scripted sequence emits (an acquire, a timeout, a
 //! local handoff, a loss, a try that finds the lock taken) on a real ZooKeeper and in memory,
 //! and every value is asserted exactly; a session expiry shows in the session metrics; the
-//! opt-in key label groups keys by prefix.
+//! opt-in key label groups keys by prefix; a Redis server turned replica under a hold counts one
+//! failover and one hold lost to it.
 //!
 //! Each test installs a `DebuggingRecorder` for its own thread only, and runs on a
 //! current-thread runtime, so that every task it starts (the session monitor, background
@@ -485,4 +486,51 @@ async fn without_a_recorder_nothing_is_emitted_and_locks_work() {
     drop(m.lock("k").await.unwrap());
     assert!(m.try_lock("k").await.unwrap().is_some());
     assert!(captured.table().is_empty());
+}
+
+#[tokio::test]
+async fn a_failover_counts_once_with_the_holds_it_ended() {
+    let recorder = DebuggingRecorder::new();
+    let mut captured = Captured::new(recorder.snapshotter());
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let a = zklock_testkit::RedisServer::start().unwrap();
+    let b = zklock_testkit::RedisServer::start().unwrap();
+    let m = LockManager::builder(a.url())
+        .redis(|r| r.lease(Duration::from_secs(3)))
+        .connect()
+        .await
+        .unwrap();
+    let held = m.lock("failing_over").await.unwrap();
+    // The server turns replica under the hold: its next renewal is refused with -READONLY.
+    let other = b.url();
+    let (host, port) = other
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .unwrap();
+    let mut c = redis::Client::open(a.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg(host)
+        .arg(port)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(held.lost().await, LossReason::Failover);
+    drop(held);
+    captured
+        .until(
+            "zklock_holds_lost_total{recipe=mutex,backend=redis,reason=failover}",
+            Value::Counter(1),
+        )
+        .await;
+    assert_eq!(
+        captured.get("zklock_failovers_total{backend=redis}"),
+        Some(Value::Counter(1)),
+        "{:#?}",
+        captured.table()
+    );
 }
