@@ -100,8 +100,9 @@ pub(crate) struct Conn {
     /// How long one request may wait for its reply before the connection is taken for broken.
     pub(crate) reply_timeout: Duration,
     links: StdMutex<HashMap<NodeKey, Link>>,
-    /// Held while a connection is opened, so that concurrent requests open one, not many.
-    opening: AsyncMutex<()>,
+    /// Per server, held while a connection to it is opened, so that concurrent requests open
+    /// one, not many (and a dead Cluster node holds up only the requests for it).
+    opening: StdMutex<HashMap<NodeKey, Arc<AsyncMutex<()>>>>,
     /// Bumped once per connection that breaks.
     breaks: Breaks,
     /// Where the connections' drivers run (the manager's runtime).
@@ -195,7 +196,7 @@ impl Conn {
             config,
             reply_timeout,
             links: StdMutex::new(HashMap::new()),
-            opening: AsyncMutex::new(()),
+            opening: StdMutex::new(HashMap::new()),
             breaks,
             runtime,
         }
@@ -283,7 +284,14 @@ impl Conn {
         if let Some(link) = self.current(node) {
             return Ok(link);
         }
-        let _opening = self.opening.lock().await;
+        let opening = self
+            .opening
+            .lock()
+            .unwrap()
+            .entry(node.clone())
+            .or_default()
+            .clone();
+        let _opening = opening.lock().await;
         if let Some(link) = self.current(node) {
             return Ok(link);
         }
