@@ -10,6 +10,9 @@ pub(crate) enum Backend {
     /// Redis under Sentinel (`redis+sentinel://`): the primary of the setup every behaviour
     /// shares ([`shared_sentinel`]), in a namespace of the behaviour's own.
     RedisSentinel,
+    /// Redis Cluster (`redis+cluster://<every node>`): the 3 primaries every behaviour shares
+    /// ([`shared_cluster`]), in a namespace of the behaviour's own.
+    RedisCluster,
     Postgres,
     Etcd,
     Memory,
@@ -20,51 +23,92 @@ pub(crate) enum Backend {
 /// the suite restarts, flushes or fails over the server. Each behaviour keeps to keys of its
 /// own (its env's namespace, [`Env::namespace`]), so behaviours running at once never meet.
 ///
-/// Started on first use. A static is never dropped, so it is stopped at exit by an `atexit`
-/// handler (every process killed, the directory removed); should the test process be killed
-/// outright, the kit's watchdogs kill the processes (they notice the test process's pipe
+/// Started on first use ([`shared`]). A static is never dropped, so it is stopped at exit by an
+/// `atexit` handler (every process killed, the directory removed); should the test process be
+/// killed outright, the kit's watchdogs kill the processes (they notice the test process's pipe
 /// close) and the next start of the kit sweeps the directory.
 static SENTINEL: StdMutex<Option<Arc<RedisSentinel>>> = StdMutex::new(None);
 
-/// The shared Sentinel setup ([`SENTINEL`]), started on first use. Blocks (the kit is
-/// synchronous): called through `block_in_place`, on a multi-threaded runtime.
-fn shared_sentinel() -> Arc<RedisSentinel> {
+/// The Redis Cluster that every `redis_cluster` behaviour of this binary shares, as
+/// [`SENTINEL`] is shared: 3 primaries without replicas (nothing in the suite fails a node
+/// over), each behaviour in a namespace of its own, its locks spread over the primaries by
+/// their hash tags.
+static CLUSTER: StdMutex<Option<Arc<RedisCluster>>> = StdMutex::new(None);
+
+/// The setup in `slot`, started with `start` on first use, `stop` registered to run at exit.
+/// Blocks (the kit is synchronous): called through `block_in_place`, on a multi-threaded
+/// runtime.
+fn shared<T>(
+    slot: &'static StdMutex<Option<Arc<T>>>,
+    start: impl FnOnce() -> T,
+    stop: extern "C" fn(),
+) -> Arc<T> {
     tokio::task::block_in_place(|| {
         // A start that panicked poisons nothing worth keeping: the slot is still empty.
-        let mut slot = SENTINEL.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(setup) = &*slot {
             return setup.clone();
         }
-        let setup =
-            Arc::new(RedisSentinel::start().expect("start Redis with Sentinels (test kit)"));
+        let setup = Arc::new(start());
         *slot = Some(setup.clone());
-        stop_sentinel_at_exit();
+        stop_at_exit(stop);
         setup
     })
 }
 
-/// Registers [`stop_sentinel`] to run when the test process exits (libtest returns from `main`
-/// or calls `exit`; statics are never dropped).
-fn stop_sentinel_at_exit() {
+/// The shared Sentinel setup ([`SENTINEL`]), started on first use.
+fn shared_sentinel() -> Arc<RedisSentinel> {
+    shared(
+        &SENTINEL,
+        || RedisSentinel::start().expect("start Redis with Sentinels (test kit)"),
+        stop_sentinel,
+    )
+}
+
+/// The shared Cluster ([`CLUSTER`]), started on first use.
+fn shared_cluster() -> Arc<RedisCluster> {
+    shared(
+        &CLUSTER,
+        || {
+            RedisCluster::builder()
+                .replicas(0)
+                .start()
+                .expect("start a Redis Cluster (test kit)")
+        },
+        stop_cluster,
+    )
+}
+
+/// Registers `stop` to run when the test process exits (libtest returns from `main` or calls
+/// `exit`; statics are never dropped).
+fn stop_at_exit(stop: extern "C" fn()) {
     extern "C" {
         fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
     }
-    // SAFETY: `atexit` is the C library's; `stop_sentinel` is an `extern "C" fn()` that
-    // never unwinds (a drop that fails does so quietly).
-    let registered = unsafe { atexit(stop_sentinel) };
-    assert_eq!(registered, 0, "atexit refused the Sentinel setup's stop");
+    // SAFETY: `atexit` is the C library's; `stop` is an `extern "C" fn()` that never unwinds
+    // (a drop that fails does so quietly).
+    let registered = unsafe { atexit(stop) };
+    assert_eq!(registered, 0, "atexit refused a shared setup's stop");
 }
 
-/// Drops the shared Sentinel setup: kills its processes and removes its directory. Every
+/// Drops the shared setup in `slot`: kills its processes and removes its directory. Every
 /// behaviour has ended by then, so the static holds the last reference. (`try_lock`: at exit
 /// nothing may wait.)
-extern "C" fn stop_sentinel() {
-    if let Ok(mut slot) = SENTINEL.try_lock() {
+fn stop_shared<T>(slot: &StdMutex<Option<Arc<T>>>) {
+    if let Ok(mut slot) = slot.try_lock() {
         drop(slot.take());
     }
 }
 
-/// A namespace of its own for each env on the shared Sentinel setup.
+extern "C" fn stop_sentinel() {
+    stop_shared(&SENTINEL);
+}
+
+extern "C" fn stop_cluster() {
+    stop_shared(&CLUSTER);
+}
+
+/// A namespace of its own for each env on a shared setup (Sentinel's, the Cluster).
 fn fresh_namespace() -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     format!(
@@ -103,8 +147,10 @@ pub(crate) struct Env {
     pub(crate) redis: Option<RedisServer>,
     /// Redis under Sentinel: the shared setup ([`shared_sentinel`]).
     pub(crate) sentinel: Option<Arc<RedisSentinel>>,
+    /// Redis Cluster: the shared Cluster ([`shared_cluster`]).
+    pub(crate) cluster: Option<Arc<RedisCluster>>,
     /// The namespace of this env's managers, where it needs one of its own (on the shared
-    /// Sentinel setup); `None`: the default.
+    /// Sentinel setup or Cluster); `None`: the default.
     pub(crate) namespace: Option<String>,
     pub(crate) pg: Option<PostgresServer>,
     pub(crate) etcd: Option<EtcdServer>,
@@ -115,74 +161,51 @@ pub(crate) struct Env {
 
 impl Env {
     pub(crate) fn start(backend: Backend) -> Env {
+        let none = Env {
+            backend,
+            zk: None,
+            redis: None,
+            sentinel: None,
+            cluster: None,
+            namespace: None,
+            pg: None,
+            etcd: None,
+            local: None,
+            strict: None,
+        };
         match backend {
             Backend::Zookeeper => Env {
-                backend,
                 zk: Some(server()),
-                redis: None,
-                sentinel: None,
-                namespace: None,
-                pg: None,
-                etcd: None,
-                local: None,
-                strict: None,
+                ..none
             },
             Backend::Redis => Env {
-                backend,
-                zk: None,
                 redis: Some(RedisServer::start().expect("start redis-server (test kit)")),
-                sentinel: None,
-                namespace: None,
-                pg: None,
-                etcd: None,
-                local: None,
-                strict: None,
+                ..none
             },
             Backend::RedisSentinel => Env {
-                backend,
-                zk: None,
-                redis: None,
                 sentinel: Some(shared_sentinel()),
                 namespace: Some(fresh_namespace()),
-                pg: None,
-                etcd: None,
-                local: None,
-                strict: None,
+                ..none
+            },
+            Backend::RedisCluster => Env {
+                cluster: Some(shared_cluster()),
+                namespace: Some(fresh_namespace()),
+                ..none
             },
             Backend::Postgres => Env {
-                backend,
-                zk: None,
-                redis: None,
-                sentinel: None,
-                namespace: None,
                 pg: Some(pg_server()),
-                etcd: None,
-                local: None,
-                strict: None,
+                ..none
             },
             Backend::Etcd => Env {
-                backend,
-                zk: None,
-                redis: None,
-                sentinel: None,
-                namespace: None,
-                pg: None,
                 etcd: Some(EtcdServer::start().expect("start etcd (test kit)")),
-                local: None,
-                strict: None,
+                ..none
             },
             Backend::Memory => Env {
-                backend,
-                zk: None,
-                redis: None,
-                sentinel: None,
-                namespace: None,
-                pg: None,
-                etcd: None,
                 local: Some(LockManager::in_memory()),
                 strict: Some(LockManager::in_memory_with(
                     LockManager::builder("memory").local_queue(false),
                 )),
+                ..none
             },
         }
     }
@@ -191,7 +214,7 @@ impl Env {
     pub(crate) fn backend_name(&self) -> &'static str {
         match self.backend {
             Backend::Zookeeper => "zookeeper",
-            Backend::Redis | Backend::RedisSentinel => "redis",
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => "redis",
             Backend::Postgres => "postgres",
             Backend::Etcd => "etcd",
             Backend::Memory => "memory",
@@ -202,33 +225,58 @@ impl Env {
         self.backend == Backend::Zookeeper
     }
 
+    /// Redis: one server, under Sentinel, or the Cluster.
+    pub(crate) fn is_redis(&self) -> bool {
+        matches!(
+            self.backend,
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster
+        )
+    }
+
     pub(crate) fn connect(&self) -> String {
         self.zk.as_ref().expect("a ZooKeeper env").connect_string()
     }
 
-    /// What the managers connect to: the server's `redis://` URL, or under Sentinel
-    /// `redis+sentinel://<every Sentinel>/<master name>`.
+    /// What the managers connect to: the server's `redis://` URL, under Sentinel
+    /// `redis+sentinel://<every Sentinel>/<master name>`, on the Cluster
+    /// `redis+cluster://<every node>`.
     pub(crate) fn redis_url(&self) -> String {
-        match &self.sentinel {
-            Some(s) => format!(
+        match (&self.sentinel, &self.cluster) {
+            (Some(s), _) => format!(
                 "redis+sentinel://{}/{}",
                 s.sentinel_addrs().join(","),
                 s.master_name()
             ),
-            None => self.redis.as_ref().expect("a Redis env").url(),
+            (None, Some(c)) => format!("redis+cluster://{}", c.addrs().join(",")),
+            (None, None) => self.redis.as_ref().expect("a Redis env").url(),
         }
     }
 
-    /// The `redis://` URL of the server that has the backend's keys: the one server, or the
-    /// primary the Sentinels name now.
-    pub(crate) fn redis_data_url(&self) -> String {
-        match &self.sentinel {
-            Some(s) => {
+    /// The name of the Redis key of kind `kind` (`lock`, `shared`, `intent`, `fence`, ...) of
+    /// the lock at `path`: `zklock:<kind>:<path>`; on the Cluster with the path's hash tag,
+    /// `zklock:<kind>:{<tag>}<path>`, as the backend lays its keys out there.
+    pub(crate) fn redis_key(&self, kind: &str, path: &str) -> String {
+        match self.backend {
+            Backend::RedisCluster => format!("zklock:{kind}:{}{path}", cluster::tag(path)),
+            _ => format!("zklock:{kind}:{path}"),
+        }
+    }
+
+    /// The `redis://` URL of the server that has the key `name`: the one server, the primary
+    /// the Sentinels name now, or the Cluster's primary that serves the key's slot now.
+    pub(crate) fn redis_data_url(&self, name: &str) -> String {
+        match (&self.sentinel, &self.cluster) {
+            (Some(s), _) => {
                 let primary = tokio::task::block_in_place(|| s.primary())
                     .expect("the Sentinels name the primary");
                 format!("redis://{}/", s.node_addr(primary))
             }
-            None => self.redis.as_ref().expect("a Redis env").url(),
+            (None, Some(c)) => {
+                let owner = tokio::task::block_in_place(|| c.node_for_key(name))
+                    .expect("a Cluster primary serves the key's slot");
+                format!("redis://{}/", c.addr(owner))
+            }
+            (None, None) => self.redis.as_ref().expect("a Redis env").url(),
         }
     }
 
@@ -241,10 +289,11 @@ impl Env {
         }
     }
 
-    /// A plain Redis connection, to look at and tamper with the backend's keys (on the primary,
-    /// under Sentinel).
-    pub(crate) async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.redis_data_url())
+    /// A plain Redis connection to the server that has the key `name`
+    /// ([`redis_data_url`](Self::redis_data_url)), to look at and tamper with the backend's
+    /// keys: on the Cluster, the key's and every key of the same lock's (they share its slot).
+    pub(crate) async fn redis_conn(&self, name: &str) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.redis_data_url(name))
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -335,7 +384,7 @@ impl Env {
     ) -> LockManager {
         let local = queue == Queue::Local;
         match self.backend {
-            Backend::Redis | Backend::RedisSentinel => configure(
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => configure(
                 self.builder(self.redis_url())
                     .redis(|r| r.lease(REDIS_LEASE)),
             )
@@ -393,7 +442,7 @@ impl Env {
         };
         let lease = Duration::from_millis(lease_ms);
         match self.backend {
-            Backend::Redis | Backend::RedisSentinel => {
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => {
                 configure(self.builder(self.redis_url()).redis(|r| r.lease(lease)))
                     .connect()
                     .await
@@ -446,15 +495,16 @@ impl Env {
         }
         match self.backend {
             Backend::Zookeeper => children(&managers[0], path).await,
-            Backend::Redis | Backend::RedisSentinel => {
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => {
                 let lock = path
                     .strip_suffix("/leases")
                     .or_else(|| path.strip_suffix("/locks"))
                     .unwrap_or(path);
-                let mut conn = self.redis_conn().await;
+                // Every key of one lock is in one slot: one server has them all.
+                let mut conn = self.redis_conn(&self.redis_key("lock", lock)).await;
                 let mut left = vec![];
                 for kind in ["lock", "shared", "intent"] {
-                    let name = format!("zklock:{kind}:{lock}");
+                    let name = self.redis_key(kind, lock);
                     let exists: bool = redis::cmd("EXISTS")
                         .arg(&name)
                         .query_async(&mut conn)
@@ -496,11 +546,11 @@ impl Env {
         match self.backend {
             Backend::Memory => m.lose(key, LossReason::SessionExpired).unwrap(),
             Backend::Zookeeper => expire_session(m, &self.connect()).await,
-            Backend::Redis | Backend::RedisSentinel => {
-                let name = format!("zklock:lock:{}", m.path_of(key).unwrap());
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => {
+                let name = self.redis_key("lock", &m.path_of(key).unwrap());
                 let deleted: i64 = redis::cmd("DEL")
                     .arg(&name)
-                    .query_async(&mut self.redis_conn().await)
+                    .query_async(&mut self.redis_conn(&name).await)
                     .await
                     .unwrap();
                 assert_eq!(deleted, 1, "{name} was not held");
@@ -544,12 +594,16 @@ impl Env {
     /// poll (memory) or its node (ZooKeeper) already.
     pub(crate) async fn until_writer_waits(&self, path: &str) {
         let name = match self.backend {
-            Backend::Redis | Backend::RedisSentinel => format!("zklock:intent:{path}"),
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => {
+                self.redis_key("intent", path)
+            }
             Backend::Postgres => format!("the intent lock of {path}"),
             Backend::Zookeeper | Backend::Etcd | Backend::Memory => return,
         };
         let mut conn = match self.backend {
-            Backend::Redis | Backend::RedisSentinel => Some(self.redis_conn().await),
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => {
+                Some(self.redis_conn(&name).await)
+            }
             _ => None,
         };
         let client = match self.backend {
@@ -601,7 +655,7 @@ impl Env {
     pub(crate) fn loss_reason_ok(&self, reason: LossReason) -> bool {
         match self.backend {
             Backend::Memory => reason == LossReason::SessionExpired,
-            Backend::Redis | Backend::RedisSentinel => matches!(
+            Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => matches!(
                 reason,
                 LossReason::NodeDeleted | LossReason::LeaseExpired | LossReason::Disconnected
             ),

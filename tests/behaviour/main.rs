@@ -6,12 +6,14 @@
 //! test kit, one manager with its own connections per "process"), for Redis under Sentinel (the
 //! test kit's primary with 2 replicas and 3 Sentinels, one setup that every behaviour of the
 //! binary shares, each in a namespace of its own; managers connect with `redis+sentinel://`),
-//! for PostgreSQL (a real PostgreSQL from the test kit, one manager with its own connections per
+//! for Redis Cluster (the test kit's Cluster of 3 primaries, likewise shared, each behaviour in
+//! a namespace of its own; managers connect with `redis+cluster://<every node>`, and what a
+//! behaviour looks at is read from the primary that serves the key's slot), for PostgreSQL (a real PostgreSQL from the test kit, one manager with its own connections per
 //! "process"), for etcd (a real etcd from the test kit, one manager with its own lease per
 //! "process") and for the in-memory backend (clones of one in-memory manager, which share its
 //! lock table), so the tests read `mutex_excludes::zookeeper`, `mutex_excludes::redis`,
-//! `mutex_excludes::redis_sentinel`, `mutex_excludes::postgres`, `mutex_excludes::etcd` and
-//! `mutex_excludes::memory`.
+//! `mutex_excludes::redis_sentinel`, `mutex_excludes::redis_cluster`, `mutex_excludes::postgres`,
+//! `mutex_excludes::etcd` and `mutex_excludes::memory`.
 //! Behaviours that need distinct contenders at the backend run their scenario twice: with the
 //! local queue (tasks of a process queue behind one hold) and without it
 //! (`local_queue(false)`: every acquire is a contender of its own).
@@ -20,11 +22,14 @@
 //! ZooKeeper client, `lose` off memory, semaphores on PostgreSQL) is checked to fail with
 //! `Error::Unsupported` naming the backend. Where "a hold is lost" comes from differs: the
 //! session expired on ZooKeeper, the lock's key deleted behind the holder's back on Redis (as a
-//! failover to a replica that never got it would; under Sentinel, on the primary), the holding
+//! failover to a replica that never got it would; under Sentinel, on the primary; on the Cluster,
+//! on the primary of the lock's slot), the holding
 //! session ended by the server on PostgreSQL (`pg_terminate_backend`), the holder's key deleted
 //! from outside on etcd, `lose` in memory.
 
 mod attribute;
+#[path = "../common/cluster.rs"]
+mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
 mod env;
@@ -49,7 +54,7 @@ use tokio::task::JoinHandle;
 use zklock::{
     current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
 };
-use zklock_testkit::{EtcdServer, PostgresServer, RedisSentinel, RedisServer};
+use zklock_testkit::{EtcdServer, PostgresServer, RedisCluster, RedisSentinel, RedisServer};
 
 use attribute::*;
 use env::*;
@@ -64,7 +69,8 @@ use tokens::*;
 const BOUND: Duration = Duration::from_secs(120);
 
 /// Instantiates each behaviour for every backend: `name::zookeeper`, `name::redis`,
-/// `name::redis_sentinel`, `name::postgres`, `name::etcd` and `name::memory`.
+/// `name::redis_sentinel`, `name::redis_cluster`, `name::postgres`, `name::etcd` and
+/// `name::memory`.
 macro_rules! every_backend {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -89,6 +95,13 @@ macro_rules! every_backend {
                 tokio::time::timeout(BOUND, super::$name(Backend::RedisSentinel))
                     .await
                     .expect(concat!(stringify!($name), " hung on Redis under Sentinel"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis_cluster() {
+                tokio::time::timeout(BOUND, super::$name(Backend::RedisCluster))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on Redis Cluster"));
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

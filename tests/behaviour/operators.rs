@@ -11,7 +11,9 @@ pub(crate) async fn backend_specific_features(backend: Backend) {
     let m = env.process(Queue::Local).await;
     let debug = format!("{m:?}");
     match backend {
-        Backend::Redis | Backend::RedisSentinel => redis_features(&env, &m, &debug).await,
+        Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => {
+            redis_features(&env, &m, &debug).await
+        }
         Backend::Postgres => postgres_features(&env, &m, &debug).await,
         Backend::Etcd => etcd_features(&env, &m, &debug).await,
         Backend::Memory => memory_features(&m, &debug).await,
@@ -40,8 +42,8 @@ async fn redis_features(env: &Env, m: &LockManager, debug: &str) {
     // What Redis has instead.
     let held = m.lock("k").await.unwrap();
     let path = m.path_of("k").unwrap();
-    assert_eq!(held.node_path(), format!("zklock:lock:{path}"));
-    let mut conn = env.redis_conn().await;
+    assert_eq!(held.node_path(), env.redis_key("lock", &path));
+    let mut conn = env.redis_conn(held.node_path()).await;
     let holder: String = redis::cmd("GET")
         .arg(held.node_path())
         .query_async(&mut conn)
@@ -49,7 +51,7 @@ async fn redis_features(env: &Env, m: &LockManager, debug: &str) {
         .unwrap();
     assert!(holder.contains(" pid="), "{holder}");
     let fence: i64 = redis::cmd("GET")
-        .arg(format!("zklock:fence:{path}"))
+        .arg(env.redis_key("fence", &path))
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -10,10 +10,11 @@ use zklock::fence::{FenceError, MemoryFence};
 /// czxid, memory's counter).
 async fn token_state(env: &Env, path: &str) -> Option<i64> {
     match env.backend {
-        Backend::Redis | Backend::RedisSentinel => {
-            let mut c = env.redis_conn().await;
+        Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => {
+            let name = env.redis_key("fence", path);
+            let mut c = env.redis_conn(&name).await;
             let fence: Option<i64> = redis::cmd("GET")
-                .arg(format!("zklock:fence:{path}"))
+                .arg(&name)
                 .query_async(&mut c)
                 .await
                 .expect("GET the fence counter");
@@ -55,6 +56,10 @@ pub(crate) async fn fencing_tokens_can_be_off(backend: Backend) {
     assert!(first.fenced(&store).write(1).await.unwrap().is_accepted());
     first.release().await.unwrap();
     let state = token_state(&env, &path).await;
+    assert!(
+        !matches!(state, Some(s) if s <= 0),
+        "no token state read for {path}: {state:?}"
+    );
 
     // Without tokens: a fresh grant, a local handoff, and a re-take of the lingering hold
     // (which on Redis confirms a hold that has no token against the lock's fence).
