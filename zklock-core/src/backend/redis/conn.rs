@@ -353,12 +353,23 @@ impl Conn {
         let mut redirects = 0;
         loop {
             let node = self.servers.node_of(route, self.connect_timeout).await?;
-            let link = match (self.current(&node), timeout) {
-                (Some(link), _) => link,
+            let opened = match (self.current(&node), timeout) {
+                (Some(link), _) => Ok(link),
                 (None, Some(t)) => tokio::time::timeout(t, self.get(&node))
                     .await
-                    .map_err(|_| timed_out())??,
-                (None, None) => self.get(&node).await?,
+                    .unwrap_or_else(|_| Err(timed_out())),
+                (None, None) => self.get(&node).await,
+            };
+            let link = match opened {
+                Ok(link) => link,
+                Err(e) => {
+                    // The slot's node cannot be reached: its replica may have taken over since
+                    // the map was asked for.
+                    if connection_failed(&e) {
+                        self.servers.node_failed();
+                    }
+                    return Err(e);
+                }
             };
             let result = match timeout {
                 Some(t) => tokio::time::timeout(t, request(link.connection.clone()))
@@ -409,9 +420,18 @@ impl Conn {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let link = tokio::time::timeout(timeout, self.get(node))
+        let opened = tokio::time::timeout(timeout, self.get(node))
             .await
-            .map_err(|_| timed_out())??;
+            .unwrap_or_else(|_| Err(timed_out()));
+        let link = match opened {
+            Ok(link) => link,
+            Err(e) => {
+                if connection_failed(&e) {
+                    self.servers.node_failed();
+                }
+                return Err(e);
+            }
+        };
         let result = tokio::time::timeout(timeout, request(link.connection.clone()))
             .await
             .unwrap_or_else(|_| Err(timed_out()));
