@@ -310,12 +310,12 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisFence<C> {
         check_write(resource, token)?;
         let fence_key = self.key_of(resource);
         let token_arg = token.to_sortable_string();
-        let reply: Value = match write.0 {
+        let reply: ::redis::RedisResult<Value> = match write.0 {
             WriteKind::Set { key, value } => {
                 let value = single("value", value)?;
                 let mut call = self.set.prepare_invoke();
                 call.key(&fence_key).key(key).arg(&token_arg).arg(value);
-                call.invoke_async(&mut self.conn.clone()).await?
+                call.invoke_async(&mut self.conn.clone()).await
             }
             WriteKind::HSet { key, field, value } => {
                 let field = single("field", field)?;
@@ -326,7 +326,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisFence<C> {
                     .arg(&token_arg)
                     .arg(field)
                     .arg(value);
-                call.invoke_async(&mut self.conn.clone()).await?
+                call.invoke_async(&mut self.conn.clone()).await
             }
             WriteKind::Script { script, keys, args } => {
                 let mut call = script.script.prepare_invoke();
@@ -337,9 +337,21 @@ impl<C: ConnectionLike + Clone + Send + Sync> RedisFence<C> {
                 for a in args {
                     call.arg(a);
                 }
-                call.invoke_async(&mut self.conn.clone()).await?
+                call.invoke_async(&mut self.conn.clone()).await
             }
         };
+        let reply = reply.map_err(|e| {
+            if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::CrossSlot) {
+                FenceError::Invalid(format!(
+                    "the fence's token key {fence_key} and the write's keys are in different \
+                     Redis Cluster slots (nothing was written): give the fence a prefix with \
+                     your keys' hash tag, e.g. .with_prefix(\"zklock:accepted:{{sku_7}}\") for \
+                     stock:{{sku_7}}"
+                ))
+            } else {
+                FenceError::from(e)
+            }
+        })?;
         outcome(reply)
     }
 }
