@@ -572,7 +572,7 @@ mod tests {
     fn live_hub() -> Hub {
         let client = redis::Client::open("redis://127.0.0.1:1/").expect("a URL");
         let hub = Hub::start(
-            Servers::One(client),
+            Servers::One(Box::new(client)),
             Duration::from_millis(50),
             &tokio::runtime::Handle::current(),
             Breaks::new(),

@@ -502,7 +502,7 @@ impl RedisBackend {
         // The URL may carry a password: errors name the problem, not the URL.
         let client = redis::Client::open(url)
             .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
-        Ok(Servers::One(client))
+        Ok(Servers::One(Box::new(client)))
     }
 
     /// One attempt of `ask` for `ids` on `keys`; a mutex waiter queues as `member` unless

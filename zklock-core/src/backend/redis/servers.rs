@@ -14,7 +14,7 @@ use super::sentinel::Sentinels;
 #[derive(Clone)]
 pub(crate) enum Servers {
     /// One server (`redis://`, `redis+unix://`, `unix://`).
-    One(Client),
+    One(Box<Client>),
     /// The primary the Sentinels name.
     Sentinel(Arc<Sentinels>),
     /// The primaries of a Redis Cluster, each key on its slot's.
@@ -27,7 +27,7 @@ impl Servers {
     /// which hears every node's messages) a primary of the Cluster.
     pub(crate) async fn client(&self, timeout: Duration) -> RedisResult<Client> {
         match self {
-            Servers::One(client) => Ok(client.clone()),
+            Servers::One(client) => Ok(Client::clone(client)),
             Servers::Sentinel(s) => {
                 let (host, port) = s.primary(timeout).await.map_err(|e| e.into_redis())?;
                 s.data_client(host, port)
@@ -41,7 +41,7 @@ impl Servers {
         match self {
             Servers::Cluster(c) => c.client(host, port),
             Servers::Sentinel(s) => s.data_client(host.to_string(), port),
-            Servers::One(client) => Ok(client.clone()),
+            Servers::One(client) => Ok(Client::clone(client)),
         }
     }
 
