@@ -15,7 +15,10 @@
 //!
 //! On Redis: `zklock` (its Redis backend), `floor` (`SET key id NX PX ttl`, released by a Lua
 //! compare-and-`DEL`; on a taken key it asks again at once) and `rslock` (the `rslock` crate's
-//! Redlock, on the one server). Their lines carry `backend=redis`, the round trips per cycle
+//! Redlock, on the one server). Under Sentinel (a `redis+sentinel://` connect string) zklock
+//! follows the primary the Sentinels name, and the other peers and the server's counters use
+//! that primary's address. Their lines carry `backend=redis` (`redis-sentinel` for zklock
+//! under Sentinel), the round trips per cycle
 //! (`round_trips_per_cycle`, from the server's `total_reads_processed`: one per request a client
 //! sent and waited for) and the commands the server ran per cycle (`commands_per_cycle`, from
 //! `total_commands_processed`: those sent and those run inside scripts), over every client,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use crate::peer::{is_redis, redis_connection, Contender, Setup};
+use crate::peer::{is_redis, is_sentinel, redis_connection, Contender, Setup};
 use crate::window::{Gate, Overlap, Tally};
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
 
@@ -232,7 +232,14 @@ fn per(n: u64, cycles: u64) -> String {
 
 /// A Redis run's figures per cycle.
 fn push_redis(report: &mut Report, options: &Options, counted: Counters, cycles: u64) {
-    report.push("backend", "redis");
+    report.push(
+        "backend",
+        if is_sentinel(&options.connect) {
+            "redis-sentinel"
+        } else {
+            "redis"
+        },
+    );
     report.push("round_trips_per_cycle", per(counted.reads, cycles));
     report.push("commands_per_cycle", per(counted.commands, cycles));
     match options.peer {

@@ -3,7 +3,9 @@
 //! On ZooKeeper: zklock, the floor, zookeeper-client's recipe, the naive herd. On Redis (a
 //! `redis://` connect string): zklock, the floor (`SET key id NX PX ttl` and a Lua
 //! compare-and-`DEL`, retried at once while the key is taken: no recipe, no waiting), and
-//! rslock (Redlock on the one server).
+//! rslock (Redlock on the one server). Under Sentinel (a `redis+sentinel://` URL) zklock follows
+//! the primary the Sentinels name; the floor, rslock and the server's counters use that primary's
+//! address, asked of the Sentinels once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,13 +47,55 @@ end
 return 0
 "#;
 
-/// Whether `connect` names a Redis server.
+/// Whether `connect` names a Redis server (or the Sentinels of one).
 pub(crate) fn is_redis(connect: &str) -> bool {
-    connect.starts_with("redis://") || connect.starts_with("redis+unix://")
+    connect.starts_with("redis://") || connect.starts_with("redis+unix://") || is_sentinel(connect)
 }
 
-/// Opens a plain multiplexed Redis connection.
+/// Whether `connect` names Redis Sentinels (`redis+sentinel://host:port[,...]/<master>`).
+pub(crate) fn is_sentinel(connect: &str) -> bool {
+    connect.starts_with("redis+sentinel://")
+}
+
+/// The `redis://` URL of the server `connect` names: itself, or the primary the first
+/// Sentinel that answers names (`SENTINEL GET-MASTER-ADDR-BY-NAME`).
+pub(crate) async fn redis_data_url(connect: &str) -> Result<String> {
+    let Some(rest) = connect.strip_prefix("redis+sentinel://") else {
+        return Ok(connect.to_string());
+    };
+    let bad = || BenchError(format!("not a Sentinel URL: {connect}"));
+    let (hosts, master) = rest.split_once('/').ok_or_else(bad)?;
+    let master = master
+        .split('/')
+        .next()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(bad)?;
+    let mut last = None;
+    for host in hosts.split(',') {
+        let asked = async {
+            let client = redis::Client::open(format!("redis://{host}/"))?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(master)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+        };
+        match asked.await {
+            Ok(Some((h, p))) => return Ok(format!("redis://{h}:{p}/")),
+            Ok(None) => last = Some(format!("{host} knows no master {master:?}")),
+            Err(e) => last = Some(format!("{host}: {e}")),
+        }
+    }
+    Err(BenchError(format!(
+        "no Sentinel named the primary: {}",
+        last.unwrap_or_default()
+    )))
+}
+
+/// Opens a plain multiplexed Redis connection (to the primary, for a Sentinel URL).
 pub(crate) async fn redis_connection(url: &str) -> Result<MultiplexedConnection> {
+    let url = redis_data_url(url).await?;
     let client = redis::Client::open(url).map_err(|e| BenchError(format!("redis: {e}")))?;
     client
         .get_multiplexed_async_connection()
@@ -197,7 +241,9 @@ impl Setup {
                     attempts: self.attempts.clone(),
                 },
                 Peer::Rslock => Contender::Rslock {
-                    manager: rslock::LockManager::new(vec![options.connect.clone()]),
+                    manager: rslock::LockManager::new(vec![
+                        redis_data_url(&options.connect).await?,
+                    ]),
                     keys,
                 },
                 other => {

@@ -271,3 +271,55 @@ fn the_etcd_section_runs_every_peer_in_quick_mode() {
         .count();
     assert_eq!(verdicts, 3, "{stdout}");
 }
+
+/// The suite's Redis under Sentinel section in quick mode (`zklock-bench-suite --quick --only
+/// sentinel`, which starts the test kit's primary, 2 replicas and 3 Sentinels): every row runs
+/// for zklock through the Sentinels, zklock on the primary's address and rslock on it, with no
+/// exclusion violation, and every row prints its verdict. No figure is asserted.
+#[test]
+fn the_sentinel_section_runs_every_peer_in_quick_mode() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
+        .args(["--quick", "--only", "sentinel"])
+        .output()
+        .expect("run zklock-bench-suite");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "zklock-bench-suite --quick --only sentinel failed: {stderr}"
+    );
+    eprintln!("{stdout}");
+    let runs: Vec<Report> = stdout.lines().filter_map(parse_line).collect();
+    for workload in ["uncontended", "contended", "keys"] {
+        for (peer, backend) in [
+            ("zklock", "redis-sentinel"),
+            ("zklock", "redis"),
+            ("rslock", "redis"),
+        ] {
+            let r = runs
+                .iter()
+                .find(|r| {
+                    r.get("peer") == Some(peer)
+                        && r.get("workload") == Some(workload)
+                        && r.get("backend") == Some(backend)
+                })
+                .unwrap_or_else(|| {
+                    panic!("no {peer} {workload} run on {backend} in:\n{stdout}\n{stderr}")
+                });
+            assert_eq!(r.number("violations"), Some(0.0), "{r}");
+            for field in ["ops_per_s", "round_trips_per_cycle", "commands_per_cycle"] {
+                assert!(r.number(field).is_some(), "{field} missing: {r}");
+            }
+        }
+    }
+    assert_eq!(runs.len(), 9, "{stdout}");
+    assert!(
+        !stdout.contains("FAILED") && !stdout.contains("timeout"),
+        "{stdout}"
+    );
+    let verdicts = stdout
+        .lines()
+        .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
+        .count();
+    assert_eq!(verdicts, 3, "{stdout}");
+}

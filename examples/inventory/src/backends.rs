@@ -2,16 +2,19 @@
 //!
 //! The service itself knows none of them: it hands its `--lock` connect string to
 //! [`LockManager::builder`](zklock::LockManager::builder), which picks the backend from it (a
-//! ZooKeeper connect string, `redis://...`, `postgres://...`, `etcd://...`). Adding a backend to the demo is this file only:
-//! a variant of [`LockBackend`], its entries in [`LockBackend::ALL`] and the `match`es below
-//! (its name, its title, what its holds expire by), and how [`LockService::start`] starts a
-//! throwaway server for it through the test kit.
+//! ZooKeeper connect string, `redis://...`, `redis+sentinel://...`, `postgres://...`,
+//! `etcd://...`). Adding a backend to the demo is this file only:
+//! a variant of [`LockBackend`], its entries in [`LockBackend::ALL`] (or
+//! [`LockBackend::OPT_IN`]) and the `match`es below (its name, its title, what its holds
+//! expire by), and how [`LockService::start`] starts a throwaway server for it through the
+//! test kit.
 
 use std::fmt;
 use std::io;
 use std::str::FromStr;
+use std::sync::Arc;
 
-use zklock_testkit::{EtcdServer, PostgresServer, RedisServer, ZkServer};
+use zklock_testkit::{EtcdServer, PostgresServer, RedisSentinel, RedisServer, ZkServer};
 
 /// A lock service the demo runs the inventory service on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -27,6 +30,11 @@ pub enum LockBackend {
     /// etcd: a hold is a key on the instance's lease, in etcd's own lock format, which the
     /// instance keeps alive.
     Etcd,
+    /// Redis under Sentinel (a primary, 2 replicas, 3 Sentinels): a lease on the primary the
+    /// Sentinels name, as on Redis; the demo fails the primary over in the middle of the
+    /// orders (`SENTINEL FAILOVER`), which makes every hold lost. Run only when asked
+    /// (`--modes redis-sentinel`): not part of `lock`.
+    RedisSentinel,
 }
 
 impl LockBackend {
@@ -38,6 +46,14 @@ impl LockBackend {
         LockBackend::Etcd,
     ];
 
+    /// The backends run only when `--modes` names them (`lock` does not include them).
+    pub const OPT_IN: [LockBackend; 1] = [LockBackend::RedisSentinel];
+
+    /// Whether the demo fails this backend's primary over in the middle of the orders.
+    pub fn fails_over(self) -> bool {
+        self == LockBackend::RedisSentinel
+    }
+
     /// The name in `--modes` and in the machine-readable lines (`backend=zk`).
     pub fn name(self) -> &'static str {
         match self {
@@ -45,6 +61,7 @@ impl LockBackend {
             LockBackend::Redis => "redis",
             LockBackend::Postgres => "postgres",
             LockBackend::Etcd => "etcd",
+            LockBackend::RedisSentinel => "redis-sentinel",
         }
     }
 
@@ -55,6 +72,7 @@ impl LockBackend {
             LockBackend::Redis => "Redis",
             LockBackend::Postgres => "PostgreSQL",
             LockBackend::Etcd => "etcd",
+            LockBackend::RedisSentinel => "Redis Sentinel",
         }
     }
 
@@ -65,14 +83,18 @@ impl LockBackend {
             LockBackend::Redis => "lease",
             LockBackend::Postgres => "lease (idle_session_timeout)",
             LockBackend::Etcd => "lease (TTL)",
+            LockBackend::RedisSentinel => "lease",
         }
     }
 
-    /// The backend a connect string names (`redis://...`, `postgres://...` or a ZooKeeper
-    /// `host:port,...`), as [`LockManager::builder`](zklock::LockManager::builder) reads it.
+    /// The backend a connect string names (`redis://...`, `redis+sentinel://...`,
+    /// `postgres://...` or a ZooKeeper `host:port,...`), as
+    /// [`LockManager::builder`](zklock::LockManager::builder) reads it.
     pub fn of_connect_string(connect: &str) -> LockBackend {
         let lower = connect.trim().to_ascii_lowercase();
-        if ["postgres://", "postgresql://"]
+        if lower.starts_with("redis+sentinel://") {
+            LockBackend::RedisSentinel
+        } else if ["postgres://", "postgresql://"]
             .iter()
             .any(|scheme| lower.starts_with(scheme))
         {
@@ -102,13 +124,18 @@ impl FromStr for LockBackend {
     fn from_str(s: &str) -> Result<LockBackend, String> {
         LockBackend::ALL
             .into_iter()
+            .chain(LockBackend::OPT_IN)
             .find(|b| {
                 b.name() == s
                     || (s == "zookeeper" && *b == LockBackend::Zookeeper)
                     || (s == "postgresql" && *b == LockBackend::Postgres)
             })
             .ok_or_else(|| {
-                let names: Vec<_> = LockBackend::ALL.iter().map(|b| b.name()).collect();
+                let names: Vec<_> = LockBackend::ALL
+                    .iter()
+                    .chain(&LockBackend::OPT_IN)
+                    .map(|b| b.name())
+                    .collect();
                 format!("unknown lock backend {s:?}: {}", names.join(", "))
             })
     }
@@ -124,6 +151,9 @@ pub enum Server {
     Postgres(PostgresServer),
     /// A throwaway etcd (one member, its own data directory).
     Etcd(EtcdServer),
+    /// A throwaway Redis primary with 2 replicas and 3 Sentinels (shared with the driver,
+    /// which fails it over).
+    RedisSentinel(Arc<RedisSentinel>),
     /// A running service the user named (`ZKLOCK_CONNECT`).
     External,
 }
@@ -165,12 +195,30 @@ impl LockService {
                     .map_err(|e| io::Error::other(format!("starting etcd: {e}")))?;
                 (server.url(), Server::Etcd(server))
             }
+            LockBackend::RedisSentinel => {
+                let server = RedisSentinel::start()
+                    .map_err(|e| io::Error::other(format!("starting Redis with Sentinels: {e}")))?;
+                let connect = format!(
+                    "redis+sentinel://{}/{}",
+                    server.sentinel_addrs().join(","),
+                    server.master_name()
+                );
+                (connect, Server::RedisSentinel(Arc::new(server)))
+            }
         };
         Ok(LockService {
             backend,
             connect,
             server,
         })
+    }
+
+    /// The Sentinel deployment, if the demo started one (to fail it over).
+    pub fn sentinel(&self) -> Option<Arc<RedisSentinel>> {
+        match &self.server {
+            Server::RedisSentinel(s) => Some(s.clone()),
+            _ => None,
+        }
     }
 
     /// A running service at `connect` (its backend read from the string).
@@ -198,9 +246,14 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_connect_strings_name_their_backend() {
-        for b in LockBackend::ALL {
+        for b in LockBackend::ALL.into_iter().chain(LockBackend::OPT_IN) {
             assert_eq!(b.name().parse::<LockBackend>(), Ok(b));
         }
+        assert!(!LockBackend::ALL.contains(&LockBackend::RedisSentinel));
+        assert_eq!(
+            LockBackend::of_connect_string("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/m"),
+            LockBackend::RedisSentinel
+        );
         assert_eq!(
             LockBackend::of_connect_string("redis://127.0.0.1:6379/"),
             LockBackend::Redis

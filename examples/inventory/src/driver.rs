@@ -2,7 +2,9 @@
 //! concurrent orders for a few SKUs (demand well above stock), and measures what was sold;
 //! once without locks and once with the lock on each lock service. The pause scenario, run on
 //! each lock service, freezes a lock holder past its session timeout or lease to show whether
-//! the next holder gets in, and the stale write refused by the fence.
+//! the next holder gets in, and the stale write refused by the fence. On Redis under Sentinel
+//! (`--modes redis-sentinel`) the orders are paced over a few seconds and the primary is failed
+//! over (`SENTINEL FAILOVER`) once a quarter of the stock has been ordered, while they flow.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,12 +14,14 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::Rng;
+use tokio::sync::Notify;
+use zklock_testkit::RedisSentinel;
 
 pub use crate::backends::Mode;
 use crate::backends::{LockBackend, LockService};
 use crate::instances::{self, Instance, InstanceConfig};
 pub use crate::report::DemoResults;
-use crate::report::{ModeReport, PauseReport};
+use crate::report::{FailoverReport, ModeReport, PauseReport};
 use crate::scrape::LockMetrics;
 use crate::service::{release_key, OrderRequest, OrderResponse, Outcome, HOLDING_EVENTS};
 use crate::store::Store;
@@ -67,6 +71,8 @@ pub struct DemoOptions {
     pub modes: Vec<Mode>,
     /// Run the pause scenario after each `Lock` mode.
     pub pause: bool,
+    /// On Redis under Sentinel: how long the paced orders last, the failover in their middle.
+    pub failover_span: Duration,
     /// Draw a progress bar (when stderr is a terminal).
     pub progress: bool,
     /// Where instance logs go.
@@ -156,6 +162,44 @@ pub async fn run(options: &DemoOptions) -> Result<DemoResults, DemoError> {
 struct Sample {
     outcome: Outcome,
     latency: Duration,
+    /// When the answer came.
+    answered: Instant,
+}
+
+/// The failover of a run on Redis under Sentinel, as it went.
+struct FailoverRun {
+    old_primary: String,
+    new_primary: String,
+    /// When `SENTINEL FAILOVER` was sent.
+    sent: Instant,
+    /// When every Sentinel named the new primary and it said so.
+    done: Instant,
+}
+
+/// The failover in the middle of a run: `SENTINEL FAILOVER` once `trigger` is notified, and
+/// the wait until the Sentinels name the new primary.
+fn fail_over(
+    sentinel: Arc<RedisSentinel>,
+    trigger: Arc<Notify>,
+) -> tokio::task::JoinHandle<Result<FailoverRun, DemoError>> {
+    tokio::spawn(async move {
+        trigger.notified().await;
+        let sent = Instant::now();
+        let ran = tokio::task::spawn_blocking(move || {
+            let old = sentinel.primary_addr()?;
+            let new = sentinel.failover()?;
+            Ok::<_, std::io::Error>((old, sentinel.node_addr(new)))
+        })
+        .await;
+        let done_at = Instant::now();
+        let (old_primary, new_primary) = ran??;
+        Ok(FailoverRun {
+            old_primary,
+            new_primary,
+            sent,
+            done: done_at,
+        })
+    })
 }
 
 /// Places `demand x stock` orders from `clients` concurrent clients, each order to a random
@@ -191,15 +235,37 @@ async fn load(
     let addrs: Arc<Vec<SocketAddr>> = Arc::new(instances.iter().map(|i| i.addr).collect());
     let skus = Arc::new(skus.to_vec());
     let next = Arc::new(AtomicU64::new(0));
+    // On Redis under Sentinel: the orders are paced over `failover_span` so that they keep
+    // flowing while the primary fails over, which is sent once a quarter of the stock has been
+    // ordered (with demand above stock, sales then go on after the failover).
+    let failover = match mode.backend() {
+        Some(b) if b.fails_over() => {
+            let sentinel = options
+                .locks
+                .iter()
+                .find(|l| l.backend == b)
+                .and_then(|l| l.sentinel())
+                .ok_or("the failover needs the demo's own Sentinels (not ZKLOCK_CONNECT)")?;
+            let trigger = Arc::new(Notify::new());
+            let pace = options.failover_span.div_f64(orders.max(1) as f64);
+            let at = (initial as u64 / 4).min(orders.saturating_sub(1));
+            Some((fail_over(sentinel, trigger.clone()), trigger, pace, at))
+        }
+        _ => None,
+    };
+    let pacing = failover
+        .as_ref()
+        .map(|(_, trigger, pace, at)| (trigger.clone(), *pace, *at));
     let started = Instant::now();
     let mut clients = Vec::new();
     for _ in 0..options.clients {
-        let (http, addrs, skus, next, bar) = (
+        let (http, addrs, skus, next, bar, pacing) = (
             http.clone(),
             addrs.clone(),
             skus.clone(),
             next.clone(),
             bar.clone(),
+            pacing.clone(),
         );
         clients.push(tokio::spawn(async move {
             let mut samples = Vec::new();
@@ -207,6 +273,13 @@ async fn load(
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 if n >= orders {
                     break;
+                }
+                if let Some((trigger, pace, at)) = &pacing {
+                    // Order n goes out at n paces from the start (at once when behind).
+                    tokio::time::sleep_until((started + pace.mul_f64(n as f64)).into()).await;
+                    if n == *at {
+                        trigger.notify_one();
+                    }
                 }
                 let (addr, sku) = {
                     let mut rng = rand::thread_rng();
@@ -223,6 +296,7 @@ async fn load(
                 samples.push(Sample {
                     outcome,
                     latency: t0.elapsed(),
+                    answered: Instant::now(),
                 });
                 bar.inc(1);
             }
@@ -235,6 +309,13 @@ async fn load(
     }
     let secs = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
+    let failover = match failover {
+        Some((task, _, pace, _)) => {
+            let run = task.await??;
+            Some(failover_report(&run, started, pace, &samples))
+        }
+        None => None,
+    };
 
     let mut sold = 0;
     let mut left = 0;
@@ -287,6 +368,7 @@ async fn load(
         p50: percentile(&latencies, 0.50),
         p99: percentile(&latencies, 0.99),
         lock_metrics,
+        failover,
     };
     println!(
         "{}: {} orders in {:.1} s, {} sold of {} in stock",
@@ -297,6 +379,40 @@ async fn load(
         initial
     );
     Ok(report)
+}
+
+/// What the failover did to the orders: how long they stalled, what sold after it.
+fn failover_report(
+    run: &FailoverRun,
+    started: Instant,
+    pace: Duration,
+    samples: &[Sample],
+) -> FailoverReport {
+    let longest = |after: bool| {
+        samples
+            .iter()
+            .filter(|s| (s.answered >= run.sent) == after)
+            .map(|s| s.latency)
+            .max()
+            .unwrap_or_default()
+    };
+    FailoverReport {
+        old_primary: run.old_primary.clone(),
+        new_primary: run.new_primary.clone(),
+        at: run.sent.saturating_duration_since(started),
+        took: run.done.saturating_duration_since(run.sent),
+        stall: longest(true),
+        longest_before: longest(false),
+        sold_after: samples
+            .iter()
+            .filter(|s| s.outcome == Outcome::Sold && s.answered >= run.done)
+            .count() as u64,
+        paced: if pace.is_zero() {
+            0.0
+        } else {
+            1.0 / pace.as_secs_f64()
+        },
+    }
 }
 
 /// Places one order on the instance at `addr`.

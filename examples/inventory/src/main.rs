@@ -103,10 +103,15 @@ struct DemoArgs {
     /// session timeout or lease.
     #[arg(long)]
     pause: bool,
-    /// Modes to run, in order: `nolock`, a lock backend (`zk`, `redis`, `postgres`), or `lock` for
-    /// every lock backend.
+    /// Modes to run, in order: `nolock`, a lock backend (`zk`, `redis`, `postgres`, `etcd`),
+    /// or `lock` for every one of those; and `redis-sentinel` (not part of `lock`): Redis with
+    /// 2 replicas and 3 Sentinels, the primary failed over in the middle of the orders.
     #[arg(long, value_delimiter = ',', default_value = "nolock,lock")]
     modes: Vec<String>,
+    /// With `redis-sentinel`: how long its orders last, paced evenly so that they keep
+    /// flowing across the failover (sent once a quarter of the stock has been ordered).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "12s")]
+    failover_span: Duration,
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
@@ -265,6 +270,7 @@ fn demo(args: DemoArgs) -> Result<ExitCode, BoxError> {
         session_timeout: args.session_timeout,
         modes,
         pause: args.pause,
+        failover_span: args.failover_span,
         progress: !args.no_progress,
         log_dir: logs.path().to_path_buf(),
     };

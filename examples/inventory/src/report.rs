@@ -51,6 +51,32 @@ pub struct ModeReport {
     pub p99: Duration,
     /// zklock's own metrics, scraped from the instances' `/metrics` (modes with a lock).
     pub lock_metrics: Option<LockMetrics>,
+    /// The failover in the middle of the orders (Redis under Sentinel only).
+    pub failover: Option<FailoverReport>,
+}
+
+/// What the failover in the middle of a run did (Redis under Sentinel): `SENTINEL FAILOVER`
+/// sent once a quarter of the stock was ordered, while the orders kept flowing.
+#[derive(Debug, Clone)]
+pub struct FailoverReport {
+    /// The primary before and after (`host:port`).
+    pub old_primary: String,
+    /// The primary after.
+    pub new_primary: String,
+    /// When it was sent, from the start of the load.
+    pub at: Duration,
+    /// From `SENTINEL FAILOVER` until every Sentinel named the new primary and it said so
+    /// (`ROLE`).
+    pub took: Duration,
+    /// The longest an order waited for its answer among those answered after the failover
+    /// began: how long orders stalled.
+    pub stall: Duration,
+    /// The longest an order waited for its answer before the failover began, for comparison.
+    pub longest_before: Duration,
+    /// Orders answered "sold" once the new primary was named.
+    pub sold_after: u64,
+    /// The pace of the orders (orders/s) that kept them flowing across the failover.
+    pub paced: f64,
 }
 
 impl ModeReport {
@@ -84,10 +110,27 @@ impl ModeReport {
     }
 
     /// `inventory: mode=lock backend=zk initial=N sold=N left=N oversold=N orders=N
-    /// instances=N` (no `backend=` for `mode=nolock`).
+    /// instances=N` (no `backend=` for `mode=nolock`); a run with a failover adds `fenced=N
+    /// holds_lost_failover=N failovers_seen=N failover_ms=N stall_ms=N sold_after=N`.
     pub fn machine_line(&self) -> String {
+        let failover = self
+            .failover
+            .as_ref()
+            .map(|f| {
+                let m = self.lock_metrics.clone().unwrap_or_default();
+                format!(
+                    " fenced={} holds_lost_failover={} failovers_seen={} failover_ms={} stall_ms={} sold_after={}",
+                    self.fenced,
+                    m.holds_lost_failover,
+                    m.failovers,
+                    f.took.as_millis(),
+                    f.stall.as_millis(),
+                    f.sold_after
+                )
+            })
+            .unwrap_or_default();
         format!(
-            "inventory: mode={}{} initial={} sold={} left={} oversold={} orders={} instances={}",
+            "inventory: mode={}{} initial={} sold={} left={} oversold={} orders={} instances={}{failover}",
             self.mode.name(),
             self.mode
                 .backend()
@@ -247,6 +290,44 @@ fn pause_rows(results: &DemoResults) -> Vec<Row> {
         .collect()
 }
 
+/// A row of the failover: its name and how a mode's report and its failover fill its cell.
+type FailoverRow = (&'static str, fn(&ModeReport, &FailoverReport) -> String);
+
+/// The rows of the failover in the middle of the orders, a cell per mode (`-` where there
+/// was none).
+fn failover_rows(results: &DemoResults) -> Vec<Row> {
+    let rows: [FailoverRow; 6] = [
+        ("failover: sent at", |_, f| {
+            format!("{:.1} s", f.at.as_secs_f64())
+        }),
+        ("failover: took", |_, f| {
+            format!("{:.1} s", f.took.as_secs_f64())
+        }),
+        ("failover: holds lost", |r, _| {
+            metric(r, |m| m.holds_lost_failover.to_string())
+        }),
+        ("failover: orders stall", |_, f| {
+            format!("{:.2} s", f.stall.as_secs_f64())
+        }),
+        ("failover: sold after", |_, f| f.sold_after.to_string()),
+        ("failover: paced at", |_, f| format!("{:.0}/s", f.paced)),
+    ];
+    rows.into_iter()
+        .map(|(name, cell)| Row {
+            name,
+            cells: results
+                .modes
+                .iter()
+                .map(|r| {
+                    r.failover
+                        .as_ref()
+                        .map_or_else(|| "-".to_string(), |f| cell(r, f))
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// The comparison table (one column per mode: without lock, then the lock on each backend;
 /// the load's figures, then the pause scenario's), its notes, and then the machine-readable
 /// lines: the `nolock` mode's, the pause scenario's, and last the `lock` modes', one per
@@ -295,6 +376,9 @@ pub fn render(results: &DemoResults) -> String {
                 cells: results.modes.iter().map(cell).collect(),
             })
             .collect();
+        if results.modes.iter().any(|r| r.failover.is_some()) {
+            rows.extend(failover_rows(results));
+        }
         if !results.pauses.is_empty() {
             rows.extend(pause_rows(results));
         }
@@ -325,6 +409,31 @@ pub fn render(results: &DemoResults) -> String {
                 let _ = writeln!(
                     out,
                     "\nwithout lock: {} units sold that did not exist (two instances read the same stock, both sold)",
+                    r.oversold
+                );
+            }
+            if let (Some(f), Some(m)) = (&r.failover, &r.lock_metrics) {
+                let _ = writeln!(
+                    out,
+                    "\n{}: SENTINEL FAILOVER at {:.1} s into the orders ({} -> {}), while orders flowed \
+                     (paced at {:.0}/s); the Sentinels named the new primary after {:.1} s.\n\
+                     {} holds were lost to the failover (LossReason::Failover, {} of {} instances saw it); \
+                     orders stalled up to {:.2} s (the longest order answered after the failover began; \
+                     before it, {:.2} s); {} sold on the new primary; {} stale writes refused by the \
+                     fence; oversold {}.",
+                    r.mode.title(),
+                    f.at.as_secs_f64(),
+                    f.old_primary,
+                    f.new_primary,
+                    f.paced,
+                    f.took.as_secs_f64(),
+                    m.holds_lost_failover,
+                    m.failovers,
+                    r.instances,
+                    f.stall.as_secs_f64(),
+                    f.longest_before.as_secs_f64(),
+                    f.sold_after,
+                    r.fenced,
                     r.oversold
                 );
             }

@@ -12,6 +12,11 @@ pub struct LockMetrics {
     pub acquires_error: f64,
     /// `zklock_holds_lost_total`, every reason.
     pub holds_lost: f64,
+    /// `zklock_holds_lost_total{reason="failover"}`: holds the store's failover to a new
+    /// primary ended (Redis under Sentinel).
+    pub holds_lost_failover: f64,
+    /// `zklock_failovers_total`: failovers the instances saw (each instance counts its own).
+    pub failovers: f64,
     /// `zklock_local_handoffs_total`: grants passed between tasks of one instance.
     pub local_handoffs: f64,
     /// `zklock_backend_grants_total`: grants that took the backend's round trips.
@@ -36,6 +41,12 @@ impl LockMetrics {
     ///     "zklock_acquire_wait_seconds_count{recipe=\"mutex\",backend=\"zookeeper\"} 7\n",
     /// ));
     /// assert_eq!(m.acquires_ok, 7.0);
+    /// m.add_scrape(concat!(
+    ///     "zklock_holds_lost_total{recipe=\"mutex\",backend=\"redis\",reason=\"failover\"} 3\n",
+    ///     "zklock_holds_lost_total{recipe=\"mutex\",backend=\"redis\",reason=\"lease_expired\"} 1\n",
+    ///     "zklock_failovers_total{backend=\"redis\"} 1\n",
+    /// ));
+    /// assert_eq!((m.holds_lost, m.holds_lost_failover, m.failovers), (4.0, 3.0, 1.0));
     /// assert_eq!(m.wait_quantile(0.5), Some(0.01));
     /// assert_eq!(m.wait_quantile(0.99), Some(f64::INFINITY));
     /// ```
@@ -67,7 +78,13 @@ impl LockMetrics {
                     Some("error") => self.acquires_error += value,
                     _ => {}
                 },
-                "zklock_holds_lost_total" => self.holds_lost += value,
+                "zklock_holds_lost_total" => {
+                    self.holds_lost += value;
+                    if label("reason") == Some("failover") {
+                        self.holds_lost_failover += value;
+                    }
+                }
+                "zklock_failovers_total" => self.failovers += value,
                 "zklock_local_handoffs_total" => self.local_handoffs += value,
                 "zklock_backend_grants_total" => self.backend_grants += value,
                 "zklock_acquire_wait_seconds_count" => self.waits += value,

@@ -179,3 +179,45 @@ fn the_fence_refuses_older_tokens_exactly() {
         assert_eq!(store.stock("7").await.unwrap(), Some(1));
     });
 }
+
+/// `--modes redis-sentinel`: the locked inventory on Redis under Sentinel, its primary failed
+/// over (`SENTINEL FAILOVER`) while the orders flow. Nothing is oversold, the whole stock is
+/// sold, every instance learns of the failover, and the output says what it cost.
+#[test]
+fn a_sentinel_failover_in_the_middle_of_the_orders_oversells_nothing() {
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_zklock-inventory"))
+        .args(["demo", "--no-progress", "--modes", "redis-sentinel"])
+        .args(["--instances", "3", "--clients", "24", "--skus", "3"])
+        .args(["--stock", "40", "--demand", "3", "--session-timeout", "2s"])
+        .args(["--failover-span", "6s"])
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    eprintln!("demo took {:.1} s", started.elapsed().as_secs_f64());
+    assert!(output.status.success(), "demo failed: {}", output.status);
+
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("inventory: mode=lock backend=redis-sentinel "),
+        "{last}"
+    );
+    let lock = machine_line(&stdout, "inventory: ", " backend=redis-sentinel ");
+    assert_eq!(num(&lock, "instances"), 3);
+    assert_eq!(num(&lock, "initial"), 120);
+    assert_eq!(num(&lock, "oversold"), 0, "{lock:?}");
+    assert_eq!(num(&lock, "sold"), num(&lock, "initial"), "{lock:?}");
+    assert_eq!(num(&lock, "left"), 0, "{lock:?}");
+    // The failover happened and every instance saw it (the Sentinels' +switch-master, a
+    // -READONLY reply or the break of a connection); its figures are reported.
+    assert_eq!(num(&lock, "failovers_seen"), 3, "{lock:?}");
+    assert!(num(&lock, "failover_ms") > 0, "{lock:?}");
+    for field in ["fenced", "holds_lost_failover", "stall_ms", "sold_after"] {
+        assert!(num(&lock, field) >= 0, "{field}: {lock:?}");
+    }
+    assert!(stdout.contains("failover: holds lost"), "{stdout}");
+    assert!(stdout.contains("SENTINEL FAILOVER at"), "{stdout}");
+}

@@ -33,12 +33,13 @@ pub(crate) struct Cli {
     /// fsyncs its log before it acknowledges a write, as production servers do.
     #[arg(long)]
     pub(crate) no_fsync: bool,
-    /// Run one backend's section only: `zookeeper`, `redis`, `postgres` or `etcd`.
+    /// Run one backend's section only: `zookeeper`, `redis`, `sentinel` (Redis under
+    /// Sentinel), `postgres` or `etcd`.
     #[arg(long)]
     pub(crate) only: Option<Section>,
     /// How many rounds every section runs, its peers taking turns; each cell shows its median
-    /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis 7,
-    /// PostgreSQL 5, etcd 5; 1 with `--quick`).
+    /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis and
+    /// Sentinel 7, PostgreSQL 5, etcd 5; 1 with `--quick`).
     #[arg(long)]
     pub(crate) rounds: Option<usize>,
 }
@@ -50,7 +51,7 @@ impl Cli {
         let default = match (self.quick, section) {
             (true, _) => 1,
             (false, Section::Zookeeper) => 3,
-            (false, Section::Redis) => 7,
+            (false, Section::Redis | Section::Sentinel) => 7,
             (false, Section::Postgres) => 5,
             (false, Section::Etcd) => 5,
         };
@@ -68,6 +69,8 @@ impl Cli {
 pub(crate) enum Section {
     Zookeeper,
     Redis,
+    /// Redis under Sentinel: a primary, 2 replicas, 3 Sentinels.
+    Sentinel,
     Postgres,
     Etcd,
 }

@@ -5,6 +5,8 @@
 //! - ZooKeeper: zklock beside the floor (bare create + delete), zookeeper-client's recipe,
 //!   Curator, kazoo and the naive herd ([`zookeeper`]);
 //! - Redis: zklock's Redis backend beside rslock and a bare `SET NX PX` floor ([`redis`]);
+//! - Redis under Sentinel: zklock through the Sentinels beside zklock and rslock on the
+//!   primary's address, on a primary with 2 replicas and 3 Sentinels ([`sentinel`]);
 //! - PostgreSQL: zklock's PostgreSQL backend beside a bare `pg_advisory_lock` floor on a
 //!   durable server ([`postgres`]);
 //! - etcd: zklock's etcd backend beside a bare put-on-a-lease + delete floor and etcd's own
@@ -15,7 +17,7 @@
 //!
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
-//!                    [--only zookeeper|redis|postgres|etcd]
+//!                    [--only zookeeper|redis|sentinel|postgres|etcd]
 //! ```
 //!
 //! Every section runs its cells in rounds, the peers taking turns, and shows each cell's
@@ -33,6 +35,7 @@ mod redis;
 mod report;
 mod rounds;
 mod runner;
+mod sentinel;
 mod verdict;
 mod zookeeper;
 mod zookeeper_tables;
@@ -73,9 +76,10 @@ type SectionRun = fn(&Cli) -> Result<String, String>;
 
 /// Every section `--only` lets run, one after the other.
 fn suite(cli: &Cli) -> Result<String, String> {
-    let sections: [(Section, &str, SectionRun); 4] = [
+    let sections: [(Section, &str, SectionRun); 5] = [
         (Section::Zookeeper, "ZooKeeper", zookeeper::section),
         (Section::Redis, "Redis", redis::section),
+        (Section::Sentinel, "Redis under Sentinel", sentinel::section),
         (Section::Postgres, "PostgreSQL", postgres::section),
         (Section::Etcd, "etcd", etcd::section),
     ];

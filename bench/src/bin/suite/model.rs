@@ -25,6 +25,9 @@ pub(crate) enum Runner {
         no_queue: bool,
         no_tokens: bool,
     },
+    /// `zklock-bench --peer <peer>` on another connect string than the section's (Sentinel:
+    /// the primary's own address).
+    OursAt { peer: &'static str, connect: String },
     /// The test kit's `peers/run <curator|kazoo>`.
     Peer(&'static str),
     /// `java CuratorMem`.

@@ -106,7 +106,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
 }
 
 /// `redis-server --version`'s version.
-fn version() -> String {
+pub(crate) fn version() -> String {
     Command::new("redis-server")
         .arg("--version")
         .output()

@@ -65,6 +65,13 @@ impl Env {
                 }
                 cmd
             }
+            Runner::OursAt { peer, connect } => {
+                let mut cmd = Command::new(&self.bench);
+                cmd.args(["--connect", connect, "--workload", row.workload])
+                    .args(["--workers", &n, "--cycles", &m, "--peer", peer])
+                    .args(["--keys", &row.keys.to_string()]);
+                cmd
+            }
             Runner::Peer(which) => {
                 let mut cmd = Command::new(&self.peers_run);
                 cmd.args([which, self.connect.as_str(), row.workload, &n, &m]);
