@@ -817,3 +817,53 @@ async fn a_local_handoff_of_a_terminated_session_hands_on_nothing() {
     );
     assert!(got.is_held());
 }
+
+/// A writer downgrades while another process's writer waits in the server's queue for the same
+/// lock. PostgreSQL refuses `pg_try_advisory_lock_shared` while a conflicting request waits,
+/// even to the session that holds the exclusive lock: the downgrade must still keep the hold
+/// (as a read hold), and the queued writer gets in only once the read hold ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_keeps_its_hold_with_a_writer_queued_in_the_server() {
+    let pg = server();
+    let (a, b) = (manager(&pg.url()).await, manager(&pg.url()).await);
+    let look = pg_client(&pg.url()).await;
+    let w = a.rwlock("downgraded").unwrap().write().await.unwrap();
+    let write_token = w.fencing_token();
+    let queued = tokio::spawn(async move {
+        let g = b.rwlock("downgraded").unwrap().write().await.unwrap();
+        let token = g.fencing_token();
+        g.release().await.unwrap();
+        token
+    });
+    // The other writer waits in PostgreSQL's own queue for the lock.
+    let waiting = || async {
+        look.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND classid::bigint = $1 AND objsubid = 2 AND NOT granted",
+            &[&LOCK_CLASS],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+            == 1
+    };
+    eventually(
+        "the writer queued in the server",
+        Duration::from_secs(10),
+        waiting,
+    )
+    .await;
+    let r = w.downgrade().await.expect("the downgrade keeps the hold");
+    assert!(r.is_held());
+    assert!(r.fencing_token() > write_token);
+    // Still queued: the read hold keeps the writer out.
+    assert!(waiting().await);
+    assert!(!queued.is_finished());
+    let read_token = r.fencing_token();
+    r.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the queued writer gets in once the read hold ends")
+        .unwrap();
+    assert!(next > read_token, "{next} after {read_token}");
+}

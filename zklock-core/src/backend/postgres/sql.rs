@@ -354,10 +354,20 @@ pub(crate) const UNDO: &str = "SELECT \
 /// Drops a granted writer's intent (`$1` id).
 pub(crate) const DROP_INTENT: &str = "SELECT pg_advisory_unlock(2053851470, $1)";
 
-/// Turns the exclusive hold of `$1` into a shared one on the same session (it cannot block:
-/// the session holds the lock) and lets waiting readers know. `true` when it was held.
+/// Turns the exclusive hold of `$1` into a shared one on the same session and lets waiting
+/// readers know. `true` when it was held.
+///
+/// Not `pg_try_advisory_lock_shared`: PostgreSQL refuses a try while any conflicting request
+/// waits, even to the session that holds the exclusive lock (a writer of another process
+/// queued behind it made the downgrade fail). The blocking call is granted at once, ahead of
+/// the waiters, to a session that holds a lock they wait for; it is made only when the session
+/// holds the exclusive lock (`pg_locks`), so it never waits, and a session that does not hold
+/// it answers false and takes nothing.
 pub(crate) const DOWNGRADE: &str = "WITH s AS MATERIALIZED \
-     (SELECT pg_try_advisory_lock_shared(2053852235, $1) AS got) \
+     (SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+     AND pid = pg_backend_pid() AND classid = 2053852235::oid AND objid = ($1::int4)::oid \
+     AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted) \
+     THEN pg_advisory_lock_shared(2053852235, $1) IS NOT NULL ELSE false END AS got) \
      SELECT CASE WHEN s.got THEN pg_advisory_unlock(2053852235, $1) ELSE false END, \
      pg_notify('zklock_release', $1::text) FROM s";
 
