@@ -152,7 +152,7 @@ impl Cluster {
         };
         let mut seeds = Vec::new();
         for host in hosts.split(',').filter(|h| !h.is_empty()) {
-            let addr = super::conn::split_addr(host)
+            let addr = super::wire::split_addr(host)
                 .map_err(|_| bad(&format!("the node {host:?} is not host:port")))?;
             seeds.push(addr);
         }
@@ -242,7 +242,7 @@ impl Cluster {
 
     /// A `-MOVED` reply: `slot` is served by `addr` now.
     pub(crate) fn moved(&self, slot: u16, addr: &str) {
-        if let Ok(addr) = super::conn::split_addr(addr) {
+        if let Ok(addr) = super::wire::split_addr(addr) {
             let mut map = self.map.lock().unwrap();
             let i = map.node(addr);
             map.owner[usize::from(slot)] = i;
@@ -276,7 +276,7 @@ impl Cluster {
                     .await
             })
             .await
-            .unwrap_or_else(|_| Err(super::conn::timed_out()));
+            .unwrap_or_else(|_| Err(super::wire::timed_out()));
             match asked {
                 Ok(reply) => match parse_slots(&reply, &host) {
                     Some(map) if map.uncovered() == 0 => {

@@ -169,13 +169,7 @@ pub(crate) fn server_error(operation: &'static str, err: RedisError) -> Error {
     }
 }
 
-/// The error of a request that got no reply in time.
-pub(crate) fn timed_out() -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "no reply from Redis in time",
-    ))
-}
+pub(crate) use super::wire::{split_addr, timed_out};
 
 impl Conn {
     pub(crate) fn new(
@@ -466,15 +460,3 @@ const MAX_REDIRECTS: usize = 5;
 
 /// A connection as `Conn::failed_over_at` takes it.
 pub(crate) struct LinkRef(Link);
-
-/// `host:port` split, as a redirect names a node.
-pub(crate) fn split_addr(addr: &str) -> RedisResult<(String, u16)> {
-    addr.rsplit_once(':')
-        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']).to_string(), p.parse().ok()?)))
-        .ok_or_else(|| {
-            RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("a Redis Cluster node's address {addr:?} is not host:port"),
-            ))
-        })
-}

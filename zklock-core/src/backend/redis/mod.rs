@@ -53,6 +53,7 @@ mod scripts;
 mod sentinel;
 mod servers;
 mod watchdog;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;

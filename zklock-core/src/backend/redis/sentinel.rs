@@ -171,7 +171,7 @@ impl Sentinels {
                     .await
             })
             .await
-            .unwrap_or_else(|_| Err(super::conn::timed_out()));
+            .unwrap_or_else(|_| Err(super::wire::timed_out()));
             (i, asked)
         });
         let answers = futures::future::join_all(asks).await;
@@ -346,7 +346,7 @@ async fn listen(
         Ok::<_, RedisError>(p)
     })
     .await
-    .map_err(|_| super::conn::timed_out())??;
+    .map_err(|_| super::wire::timed_out())??;
     // A failover this process missed while it listened nowhere: the Sentinel names another
     // primary than the one acted on last.
     if let Ok(now) = sentinels.primary(timeout).await {
