@@ -276,6 +276,19 @@ pub trait LeaseServer {
     /// What the server still keeps of the process named `identity` (its sessions); nothing
     /// where the server keeps no session of its own.
     async fn sessions_left(&self, identity: &str) -> Vec<String>;
+    /// The victim's way to the server: the relays its connections go through (started beside
+    /// each other: its requests are counted and cut over all of them, see
+    /// [`Relay::start_beside`]) and the URL it connects with. By default one relay in front of
+    /// [`addr`](Self::addr), and [`url`](Self::url) through it. Called once per run, after the
+    /// other process connected and before the victim does.
+    async fn victim_route(&self) -> (Vec<Relay>, String) {
+        let relay = Relay::start(&self.addr()).unwrap();
+        let url = relay.url(&self.url());
+        (vec![relay], url)
+    }
+    /// The run is over (judged, its victim gone): undo what [`victim_route`](Self::victim_route)
+    /// changed on the server. Nothing by default.
+    async fn victim_gone(&self) {}
     /// A known bug of the backend that this run (of `protocol`, cut by `cut`, with the victim's
     /// part of `history` over, on the lock at `path`) ran into, as the server shows it: the run
     /// is then skipped, naming the bug, once the victim is gone. `None` (the default): judged.
@@ -396,11 +409,11 @@ pub async fn run_through_relay<S: LeaseServer>(
     // The listening (pub/sub) connection starts in the background: let it settle, so that k
     // counts the protocol's requests.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = run.relay.requests();
+    let before = run.relay().requests();
     let victim_run = run.victim_runs().await;
-    let sent = run.relay.requests() - before;
+    let sent = run.relay().requests() - before;
     if run.how() != Some(Cut::Kill) {
-        run.relay.heal();
+        run.heal();
         run.victim.flush().await;
     }
     if let Some(bug) = server
@@ -410,10 +423,12 @@ pub async fn run_through_relay<S: LeaseServer>(
         eprintln!("{protocol:?}, cut {cut:?}: SKIPPED, a known bug of the backend: {bug}");
         let _ = SKIPPED.try_with(|n| n.fetch_add(1, Ordering::SeqCst));
         run.skip(victim_run).await;
+        server.victim_gone().await;
         return sent;
     }
     run.other_takes_the_lock().await;
     run.end(victim_run).await;
+    server.victim_gone().await;
     sent
 }
 
@@ -436,7 +451,8 @@ struct RelayRun<'a, S: LeaseServer> {
     cut: Option<(u64, Cut)>,
     history: History,
     other: LockManager,
-    relay: Relay,
+    /// The relays the victim's connections go through, counted and cut together.
+    relays: Vec<Relay>,
     victim_id: String,
     victim: LockManager,
     /// The lock's path on the server.
@@ -454,9 +470,9 @@ impl<'a, S: LeaseServer> RelayRun<'a, S> {
     ) -> RelayRun<'a, S> {
         let url = server.url();
         let other = lease_manager::<S>(&url, &format!("other-{key}"), true).await;
-        let relay = Relay::start(&server.addr()).unwrap();
+        let (relays, victim_url) = server.victim_route().await;
         let victim_id = format!("victim-{key}");
-        let victim = lease_manager::<S>(&relay.url(&url), &victim_id, protocol.tokens()).await;
+        let victim = lease_manager::<S>(&victim_url, &victim_id, protocol.tokens()).await;
         let path = server.lock_path(&other, protocol, key);
         RelayRun {
             server,
@@ -465,7 +481,7 @@ impl<'a, S: LeaseServer> RelayRun<'a, S> {
             cut,
             history: History::new(),
             other,
-            relay,
+            relays,
             victim_id,
             victim,
             path,
@@ -475,6 +491,18 @@ impl<'a, S: LeaseServer> RelayRun<'a, S> {
 
     fn how(&self) -> Option<Cut> {
         self.cut.map(|(_, how)| how)
+    }
+
+    /// The victim's relays' first: they count and cut together.
+    fn relay(&self) -> &Relay {
+        &self.relays[0]
+    }
+
+    /// Ends the partition of every relay of the victim.
+    fn heal(&self) {
+        for relay in &self.relays {
+            relay.heal();
+        }
     }
 
     /// The victim runs the protocol, cut after its k-th request (after the other process held
@@ -492,7 +520,7 @@ impl<'a, S: LeaseServer> RelayRun<'a, S> {
                 Cut::Cancel => After::ResetAndBlackhole,
                 Cut::Kill => After::Blackhole,
             };
-            self.relay.cut_after_nth_request(k, after);
+            self.relay().cut_after_nth_request(k, after);
         }
         let run = self.spawn_victim();
         if let Some(first) = first {
@@ -504,7 +532,7 @@ impl<'a, S: LeaseServer> RelayRun<'a, S> {
             Some(Cut::Kill) => {
                 // The cut has fired (or the protocol sent fewer requests this time).
                 super::common::eventually("the cut", Duration::from_secs(10), || async {
-                    !self.relay.cut_pending() || run.is_finished()
+                    !self.relay().cut_pending() || run.is_finished()
                 })
                 .await;
                 return Some(run);
@@ -614,7 +642,7 @@ impl<'a, S: LeaseServer> RelayRun<'a, S> {
             let _ = run.await;
             self.history.crashed("victim");
             drop(self.victim);
-            std::mem::forget(self.relay);
+            std::mem::forget(self.relays);
         } else {
             self.victim.flush().await;
         }

@@ -51,6 +51,11 @@ where
         self.addr
     }
 
+    /// The state its connections share, as they hold it.
+    pub(crate) fn arc(&self) -> &Arc<S> {
+        &self.shared
+    }
+
     /// The address traffic is forwarded to.
     pub(crate) fn upstream(&self) -> SocketAddr {
         self.switch().upstream()

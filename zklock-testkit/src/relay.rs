@@ -11,7 +11,7 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
@@ -79,11 +79,31 @@ struct Counters {
     cuts: AtomicU64,
 }
 
-/// What the relay's connections share: the fault switch, the cut to make, and the counts.
+/// What the relay's connections share: the fault switch, and the group it counts and cuts with.
 struct Shared {
     switch: FaultSwitch,
+    group: Arc<Group>,
+}
+
+/// What relays started beside each other share (see [`Relay::start_beside`]; a relay started
+/// alone is a group of one): the cut to make, the counts, and every member, whose partitions a
+/// cut begins together.
+#[derive(Default)]
+struct Group {
     cut: Mutex<Option<CutRule>>,
     counters: Counters,
+    members: Mutex<Vec<Weak<Shared>>>,
+}
+
+impl Group {
+    /// Partitions every member (a cut's `ResetAndBlackhole` and `Blackhole`: the client is cut
+    /// off from every server it reaches through the group).
+    fn blackhole(&self) {
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        for member in members.iter().filter_map(Weak::upgrade) {
+            member.switch.blackhole();
+        }
+    }
 }
 
 impl AsRef<FaultSwitch> for Shared {
@@ -180,16 +200,59 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start(upstream: &str) -> io::Result<Relay> {
+        Relay::start_in(upstream, Arc::default())
+    }
+
+    /// Starts another relay, to `upstream`, that counts and cuts together with this one: one
+    /// client's way to several servers (the nodes of a Redis Cluster, each announcing a relay's
+    /// address). [`requests`](Self::requests) and [`stats`](Self::stats)' requests, replies and
+    /// cuts count over every relay of the group; a cut set on any of them fires on the n-th
+    /// request over all of them, and its partition (`After::ResetAndBlackhole`,
+    /// `After::Blackhole`) holds on every one of them, each until its own
+    /// [`heal`](Self::heal). Other faults ([`blackhole`](Self::blackhole),
+    /// [`reset`](Self::reset), [`refuse`](Self::refuse), [`set_delay`](Self::set_delay)) stay
+    /// each relay's own.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{After, Relay, RedisCluster};
+    ///
+    /// let cluster = RedisCluster::start()?;
+    /// let first = Relay::start(&cluster.addr(0))?;
+    /// let second = first.start_beside(&cluster.addr(1))?;
+    /// // The client's 3rd request, to either node, is served and its answer lost.
+    /// first.cut_after_nth_request(3, After::ResetAndBlackhole);
+    /// // ... the client runs; then both relays are cut off: heal each ...
+    /// first.heal();
+    /// second.heal();
+    /// assert_eq!(first.requests(), second.requests());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_beside(&self, upstream: &str) -> io::Result<Relay> {
+        Relay::start_in(upstream, self.shared.group.clone())
+    }
+
+    /// Starts a relay to `upstream` in `group`.
+    fn start_in(upstream: &str, group: Arc<Group>) -> io::Result<Relay> {
         let shared = Listening::start(
             upstream,
             runtime(),
             |switch| Shared {
                 switch,
-                cut: Mutex::new(None),
-                counters: Counters::default(),
+                group: group.clone(),
             },
             serve,
         )?;
+        group
+            .members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(shared.arc()));
         Ok(Relay { shared })
     }
 
@@ -288,7 +351,12 @@ impl Relay {
     /// ```
     pub fn cut_after_nth_request(&self, n: u64, after: After) {
         assert!(n > 0, "requests are counted from 1");
-        *self.shared.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(CutRule {
+        *self
+            .shared
+            .group
+            .cut
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(CutRule {
             remaining: n,
             after,
         });
@@ -306,6 +374,7 @@ impl Relay {
     /// ```
     pub fn cut_pending(&self) -> bool {
         self.shared
+            .group
             .cut
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -328,7 +397,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn requests(&self) -> u64 {
-        self.shared.counters.requests.load(Ordering::SeqCst)
+        self.shared.group.counters.requests.load(Ordering::SeqCst)
     }
 
     /// What the relay has seen and done so far.
@@ -342,7 +411,7 @@ impl Relay {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn stats(&self) -> RelayStats {
-        let c = &self.shared.counters;
+        let c = &self.shared.group.counters;
         RelayStats {
             connections: self.shared.switch.connections(),
             requests: c.requests.load(Ordering::SeqCst),
@@ -373,8 +442,12 @@ async fn serve(client: TcpStream, shared: Arc<Shared>) {
 
 /// Whether the chunk just read is the request a cut waits for; counts it either way.
 fn count_request(shared: &Shared) -> Option<After> {
-    shared.counters.requests.fetch_add(1, Ordering::SeqCst);
-    let mut rule = shared.cut.lock().unwrap_or_else(|e| e.into_inner());
+    shared
+        .group
+        .counters
+        .requests
+        .fetch_add(1, Ordering::SeqCst);
+    let mut rule = shared.group.cut.lock().unwrap_or_else(|e| e.into_inner());
     let r = rule.as_mut()?;
     r.remaining -= 1;
     if r.remaining > 0 {
@@ -472,11 +545,11 @@ where
                 None => None,
             };
             if let Some((after, _)) = cut {
-                shared.counters.cuts.fetch_add(1, Ordering::SeqCst);
+                shared.group.counters.cuts.fetch_add(1, Ordering::SeqCst);
                 match after {
                     After::Reset | After::ResetAndBlackhole => {
                         if after == After::ResetAndBlackhole {
-                            shared.switch.blackhole();
+                            shared.group.blackhole();
                         }
                         // Swallow what else comes a moment, so the server has read the request.
                         swallow(&mut from, &mut chunk, SETTLE).await;
@@ -484,14 +557,14 @@ where
                     }
                     After::Blackhole => {
                         // Held, not lost: the writer waits for the partition to end.
-                        shared.switch.blackhole();
+                        shared.group.blackhole();
                         armed.send_replace(None);
                         armed_rx.borrow_and_update();
                     }
                 }
             }
             if let Some(bytes) = bytes {
-                shared.counters.replies.fetch_add(1, Ordering::SeqCst);
+                shared.group.counters.replies.fetch_add(1, Ordering::SeqCst);
                 let delay = faults.borrow().delay();
                 if tx.send((Instant::now() + delay, bytes, ())).is_err() {
                     return End::Closed;
@@ -718,6 +791,31 @@ mod tests {
         s.read_exact(&mut b).unwrap();
         assert_eq!(&b, b"asked");
         assert_eq!(turn(&mut s, b"more").unwrap(), b"more");
+    }
+
+    #[test]
+    fn relays_beside_each_other_count_and_cut_together() {
+        let (first, _) = relay();
+        let second = first.start_beside(&echo().to_string()).unwrap();
+        let (mut a, mut b) = (connect(&first), connect(&second));
+        turn(&mut a, b"1").unwrap();
+        turn(&mut b, b"2").unwrap();
+        assert_eq!((first.requests(), second.requests()), (2, 2));
+        // The 2nd request from now on, whichever relay it reaches.
+        second.cut_after_nth_request(2, After::ResetAndBlackhole);
+        assert!(first.cut_pending());
+        turn(&mut b, b"3").unwrap();
+        a.write_all(b"4").unwrap();
+        assert!(
+            ended(&mut a),
+            "the cut fires on the other relay's connection"
+        );
+        assert!(first.is_blackholed() && second.is_blackholed());
+        assert_eq!(first.stats().cuts, 1);
+        first.heal();
+        assert!(second.is_blackholed(), "each relay heals on its own");
+        second.heal();
+        turn(&mut b, b"5").unwrap();
     }
 
     #[test]
