@@ -141,7 +141,7 @@ impl Cluster {
                 assert!(
                     since.elapsed() < ANNOUNCED_WITHIN,
                     "the nodes do not all name the primaries at {want:?} within \
-                     {ANNOUNCED_WITHIN:?}: {seen:?}"
+                     {ANNOUNCED_WITHIN:?}: {seen:?} (a meeting still going on: {meeting})"
                 );
                 std::thread::sleep(Duration::from_millis(20));
             }
