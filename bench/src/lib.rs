@@ -17,8 +17,13 @@
 //! compare-and-`DEL`; on a taken key it asks again at once) and `rslock` (the `rslock` crate's
 //! Redlock, on the one server). Under Sentinel (a `redis+sentinel://` connect string) zklock
 //! follows the primary the Sentinels name, and the other peers and the server's counters use
-//! that primary's address. Their lines carry `backend=redis` (`redis-sentinel` for zklock
-//! under Sentinel), the round trips per cycle
+//! that primary's address. On a Redis Cluster (a `redis+cluster://` connect string) zklock
+//! routes by slot itself; rslock runs a plain manager per primary, each key sent to its slot's
+//! primary by a map asked before the timed window (`CLUSTER SLOTS`, `CLUSTER KEYSLOT`), and the
+//! counters are summed over every primary (the lines also carry `primaries` and how the run's
+//! keys spread over them, `keys_per_primary`). Their lines carry `backend=redis`
+//! (`redis-sentinel` for zklock under Sentinel, `redis-cluster` on a Cluster), the round trips
+//! per cycle
 //! (`round_trips_per_cycle`, from the server's `total_reads_processed`: one per request a client
 //! sent and waited for) and the commands the server ran per cycle (`commands_per_cycle`, from
 //! `total_commands_processed`: those sent and those run inside scripts), over every client,

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use crate::peer::{is_redis, is_sentinel, redis_connection, Contender, Setup};
+use crate::peer::{is_cluster, is_redis, is_sentinel, redis_connection, Contender, Setup};
 use crate::window::{Gate, Overlap, Tally};
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
 
@@ -48,9 +48,11 @@ async fn redis_counters(conn: &mut redis::aio::MultiplexedConnection) -> Result<
 /// managers', and the bench's own (the floor's `SET NX` attempts, the naive herd's requests).
 #[derive(Debug, Default, Clone, Copy)]
 struct Counters {
-    /// Redis: commands run, reads from clients.
+    /// Redis: commands run, reads from clients (summed over every primary of a Cluster), and
+    /// the servers asked.
     commands: u64,
     reads: u64,
+    servers: u64,
     /// Redis floor: `SET NX` sent.
     attempts: u64,
     /// zklock on ZooKeeper: requests, predecessor events.
@@ -65,16 +67,19 @@ impl Counters {
     async fn read(
         setup: &Setup,
         contenders: &[Arc<Contender>],
-        redis_admin: Option<&mut redis::aio::MultiplexedConnection>,
+        redis_admin: &mut [redis::aio::MultiplexedConnection],
     ) -> Result<Counters> {
-        let (commands, reads) = match redis_admin {
-            Some(conn) => redis_counters(conn).await?,
-            None => (0, 0),
-        };
+        let (mut commands, mut reads) = (0, 0);
+        for conn in redis_admin.iter_mut() {
+            let (c, r) = redis_counters(conn).await?;
+            commands += c;
+            reads += r;
+        }
         let (requests, events) = zk_stats(contenders);
         Ok(Counters {
             commands,
             reads,
+            servers: redis_admin.len() as u64,
             attempts: setup.attempts.load(Ordering::SeqCst),
             requests,
             events,
@@ -83,12 +88,13 @@ impl Counters {
         })
     }
 
-    /// What happened between `before` and `self`; less the first `INFO` itself (one command,
-    /// one read), counted once it had run.
+    /// What happened between `before` and `self`; less the first `INFO` itself on each server
+    /// (one command, one read), counted once it had run.
     fn since(self, before: Counters) -> Counters {
         Counters {
-            commands: (self.commands - before.commands).saturating_sub(1),
-            reads: (self.reads - before.reads).saturating_sub(1),
+            commands: (self.commands - before.commands).saturating_sub(self.servers),
+            reads: (self.reads - before.reads).saturating_sub(self.servers),
+            servers: self.servers,
             attempts: self.attempts - before.attempts,
             requests: self.requests - before.requests,
             events: self.events - before.events,
@@ -144,6 +150,11 @@ async fn open(options: &Options, setup: &Setup, keys: usize) -> Result<Vec<Arc<C
             .into_iter()
             .map(Arc::new)
             .collect();
+    if let Some(map) = &setup.cluster {
+        for c in &contenders {
+            c.reach_every_primary(map).await?;
+        }
+    }
     for _ in 0..options.warmup {
         contenders[0].acquire(keys).await?.release().await?;
     }
@@ -161,9 +172,20 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     };
     let setup = Setup::new(options, keys).await?;
     let contenders = open(options, &setup, keys).await?;
-    let mut redis_admin = match is_redis(&options.connect) {
-        true => Some(redis_connection(&options.connect).await?),
-        false => None,
+    // The servers whose counters count the run: the one server (or the Sentinels' primary),
+    // or every primary of a Cluster.
+    let mut redis_admin = match &setup.cluster {
+        Some(map) => map.connections().await?,
+        None if is_redis(&options.connect) => vec![redis_connection(&options.connect).await?],
+        None => vec![],
+    };
+    // On a Cluster: how the timed keys spread over the primaries (`CLUSTER KEYSLOT`).
+    let spread = match &setup.cluster {
+        Some(map) => {
+            let names = contenders[0].cluster_keys();
+            Some(map.spread(&names[..keys.min(names.len())]).await?)
+        }
+        None => None,
     };
     let overlap = Arc::new(Overlap::new(keys));
     let gate = Arc::new(Gate::new(options.workers));
@@ -181,7 +203,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         })
         .collect();
     gate.all_ready().await;
-    let before = Counters::read(&setup, &contenders, redis_admin.as_mut()).await?;
+    let before = Counters::read(&setup, &contenders, &mut redis_admin).await?;
     let t0 = gate.open();
     let mut tally = Tally::default();
     for task in tasks {
@@ -194,7 +216,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     for c in &contenders {
         c.flush().await;
     }
-    let counted = Counters::read(&setup, &contenders, redis_admin.as_mut())
+    let counted = Counters::read(&setup, &contenders, &mut redis_admin)
         .await?
         .since(before);
 
@@ -213,13 +235,17 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     if options.workload == Workload::Keys {
         report.push("keys", keys);
     }
-    if redis_admin.is_some() {
+    if !redis_admin.is_empty() {
         push_redis(&mut report, options, counted, cycles);
+        if let Some(spread) = spread {
+            report.push("primaries", redis_admin.len());
+            report.push("keys_per_primary", spread);
+        }
     } else {
         push_zookeeper(&mut report, options, counted, cycles);
     }
     drop(contenders);
-    if redis_admin.is_none() {
+    if redis_admin.is_empty() {
         setup.cleanup().await;
     }
     Ok(report)
@@ -236,6 +262,8 @@ fn push_redis(report: &mut Report, options: &Options, counted: Counters, cycles:
         "backend",
         if is_sentinel(&options.connect) {
             "redis-sentinel"
+        } else if is_cluster(&options.connect) {
+            "redis-cluster"
         } else {
             "redis"
         },

@@ -47,9 +47,180 @@ end
 return 0
 "#;
 
-/// Whether `connect` names a Redis server (or the Sentinels of one).
+/// Whether `connect` names a Redis server (or the Sentinels of one, or a Redis Cluster).
 pub(crate) fn is_redis(connect: &str) -> bool {
-    connect.starts_with("redis://") || connect.starts_with("redis+unix://") || is_sentinel(connect)
+    connect.starts_with("redis://")
+        || connect.starts_with("redis+unix://")
+        || is_sentinel(connect)
+        || is_cluster(connect)
+}
+
+/// Whether `connect` names a Redis Cluster (`redis+cluster://host:port[,...]`).
+pub(crate) fn is_cluster(connect: &str) -> bool {
+    connect.starts_with("redis+cluster://")
+}
+
+/// (first slot, last slot, index of the primary that owns them).
+type SlotRanges = Vec<(i64, i64, usize)>;
+
+/// A Redis Cluster's primaries and the slots each owns (`CLUSTER SLOTS`, asked once of the
+/// first node of the URL that answers), with a connection to that node to ask a key's slot
+/// (`CLUSTER KEYSLOT`). Made before the timed window; rslock's keys are routed by it, and the
+/// server's counters are read on every primary.
+#[derive(Clone)]
+pub(crate) struct ClusterMap {
+    /// The primaries' `redis://host:port/` URLs, in the order of their addresses.
+    pub(crate) primaries: Vec<String>,
+    ranges: SlotRanges,
+    conn: MultiplexedConnection,
+}
+
+impl ClusterMap {
+    /// Asks the nodes of `connect` (`redis+cluster://host:port[,...]`) in turn.
+    pub(crate) async fn ask(connect: &str) -> Result<ClusterMap> {
+        let hosts = connect
+            .strip_prefix("redis+cluster://")
+            .map(|r| r.trim_end_matches('/'))
+            .ok_or_else(|| BenchError(format!("not a Cluster URL: {connect}")))?;
+        let mut last = String::from("no node given");
+        for host in hosts.split(',').filter(|h| !h.is_empty()) {
+            let asked = async {
+                let client = redis::Client::open(format!("redis://{host}/"))?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                let slots: redis::Value = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut conn)
+                    .await?;
+                Ok::<_, redis::RedisError>((conn, slots))
+            };
+            match asked.await {
+                Ok((conn, slots)) => match parse_slots(&slots, host) {
+                    Some((primaries, ranges)) => {
+                        return Ok(ClusterMap {
+                            primaries,
+                            ranges,
+                            conn,
+                        })
+                    }
+                    None => last = format!("{host}: CLUSTER SLOTS: {slots:?}"),
+                },
+                Err(e) => last = format!("{host}: {e}"),
+            }
+        }
+        Err(BenchError(format!(
+            "no Cluster node gave its slots: {last}"
+        )))
+    }
+
+    /// The index in [`primaries`](Self::primaries) of the primary that owns `key`'s slot.
+    pub(crate) async fn owner(&self, key: &str) -> Result<usize> {
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(|e| BenchError(format!("CLUSTER KEYSLOT: {e}")))?;
+        self.ranges
+            .iter()
+            .find(|&&(a, b, _)| (a..=b).contains(&slot))
+            .map(|&(_, _, i)| i)
+            .ok_or_else(|| BenchError(format!("no primary owns slot {slot}")))
+    }
+
+    /// How many of `keys` each primary owns, `a/b/c` in the order of
+    /// [`primaries`](Self::primaries).
+    pub(crate) async fn spread(&self, keys: &[String]) -> Result<String> {
+        let mut counts = vec![0usize; self.primaries.len()];
+        for key in keys {
+            counts[self.owner(key).await?] += 1;
+        }
+        Ok(counts
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join("/"))
+    }
+
+    /// A key name starting with `prefix` whose slot primary `i` owns.
+    async fn key_on(&self, prefix: &str, i: usize) -> Result<String> {
+        for j in 0..10_000 {
+            let key = format!("{prefix}{j}");
+            if self.owner(&key).await? == i {
+                return Ok(key);
+            }
+        }
+        Err(BenchError(format!("no key of {prefix:?} on primary {i}")))
+    }
+
+    /// Connections to every primary, for their counters (`INFO stats`).
+    pub(crate) async fn connections(&self) -> Result<Vec<MultiplexedConnection>> {
+        let mut conns = Vec::with_capacity(self.primaries.len());
+        for url in &self.primaries {
+            conns.push(redis_connection(url).await?);
+        }
+        Ok(conns)
+    }
+}
+
+/// The primaries and slot ranges of a `CLUSTER SLOTS` reply (`[[start, end, [host, port, ...],
+/// replicas...], ...]`); an empty host is `asked`'s.
+fn parse_slots(reply: &redis::Value, asked: &str) -> Option<(Vec<String>, SlotRanges)> {
+    let int = |v: &redis::Value| match v {
+        redis::Value::Int(i) => Some(*i),
+        _ => None,
+    };
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let redis::Value::Array(ranges) = reply else {
+        return None;
+    };
+    let asked_host = asked.rsplit_once(':').map_or(asked, |(h, _)| h);
+    let mut found = Vec::new();
+    for range in ranges {
+        let redis::Value::Array(fields) = range else {
+            return None;
+        };
+        let (start, end) = (int(fields.first()?)?, int(fields.get(1)?)?);
+        let redis::Value::Array(primary) = fields.get(2)? else {
+            return None;
+        };
+        let host = text(primary.first()?)?;
+        let host = if host.is_empty() {
+            asked_host.to_string()
+        } else {
+            host
+        };
+        let port = int(primary.get(1)?)?;
+        found.push((start, end, format!("redis://{host}:{port}/")));
+    }
+    let mut primaries: Vec<String> = found.iter().map(|(_, _, u)| u.clone()).collect();
+    primaries.sort_by_key(|u| {
+        let addr = u.trim_start_matches("redis://").trim_end_matches('/');
+        let (h, p) = addr.rsplit_once(':').unwrap_or((addr, "0"));
+        (h.to_string(), p.parse::<u16>().unwrap_or(0))
+    });
+    primaries.dedup();
+    let ranges = found
+        .into_iter()
+        .map(|(a, b, u)| (a, b, primaries.iter().position(|p| *p == u).unwrap_or(0)))
+        .collect();
+    Some((primaries, ranges))
+}
+
+/// The name of zklock's exclusive key of lock path `path` on a Redis Cluster,
+/// `zklock:lock:{<tag>}<path>`, the tag being the FNV-1a 64-bit hash of the path in 16
+/// lowercase hex digits (zklock-core's `keys::Layout::Tagged`, a wire format that does not
+/// change): every key of the lock shares its slot.
+pub(crate) fn zklock_cluster_key(path: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("zklock:lock:{{{h:016x}}}{path}")
 }
 
 /// Whether `connect` names Redis Sentinels (`redis+sentinel://host:port[,...]/<master>`).
@@ -178,9 +349,12 @@ pub(crate) enum Contender {
         /// `SET NX` sent (one per acquire when uncontended).
         attempts: Arc<AtomicU64>,
     },
-    /// rslock's manager on the one Redis server.
+    /// rslock's manager on the one Redis server; on a Redis Cluster, one manager per primary,
+    /// each key going to the manager of its slot's primary.
     Rslock {
-        manager: rslock::LockManager,
+        managers: Vec<rslock::LockManager>,
+        /// Per key, the index of its manager in `managers`.
+        route: Vec<usize>,
         keys: Vec<String>,
     },
 }
@@ -194,6 +368,10 @@ pub(crate) struct Setup {
     admin: Option<Client>,
     /// Redis: the floor's `SET NX` attempts, over every connection.
     pub(crate) attempts: Arc<AtomicU64>,
+    /// Redis Cluster: its primaries and slots, asked before the timed window.
+    pub(crate) cluster: Option<ClusterMap>,
+    /// Redis Cluster: per rslock key, the index of the primary that owns its slot.
+    rslock_route: Vec<usize>,
 }
 
 impl Setup {
@@ -211,12 +389,24 @@ impl Setup {
                 mkdir_persistent(admin, &format!("{root}/k{k}")).await?;
             }
         }
+        let cluster = match is_cluster(&options.connect) {
+            true => Some(ClusterMap::ask(&options.connect).await?),
+            false => None,
+        };
+        let mut rslock_route = vec![0; keys + 1];
+        if let (Some(map), Peer::Rslock) = (&cluster, peer) {
+            for (k, owner) in rslock_route.iter_mut().enumerate() {
+                *owner = map.owner(&redis_key(&root, k)).await?;
+            }
+        }
         Ok(Setup {
             peer,
             root,
             naive: Arc::default(),
             admin,
             attempts: Arc::default(),
+            cluster,
+            rslock_route,
         })
     }
 
@@ -224,7 +414,7 @@ impl Setup {
     pub(crate) async fn contender(&self, options: &Options, keys: usize) -> Result<Contender> {
         let all = 0..=keys;
         if is_redis(&options.connect) {
-            let keys: Vec<String> = all.map(|k| format!("bench:{}:k{k}", self.root)).collect();
+            let keys: Vec<String> = all.map(|k| redis_key(&self.root, k)).collect();
             return Ok(match self.peer {
                 Peer::Zklock => {
                     let manager = zklock_manager(options, &self.root).await?;
@@ -233,6 +423,12 @@ impl Setup {
                         .collect::<zklock_core::Result<_>>()?;
                     Contender::Zklock { manager, mutexes }
                 }
+                Peer::Floor if self.cluster.is_some() => {
+                    return Err(BenchError(
+                        "on a Redis Cluster: zklock and rslock (the floor runs on one server)"
+                            .into(),
+                    ))
+                }
                 Peer::Floor => Contender::RedisFloor {
                     conn: redis_connection(&options.connect).await?,
                     keys,
@@ -240,11 +436,25 @@ impl Setup {
                     release: redis::Script::new(COMPARE_AND_DELETE),
                     attempts: self.attempts.clone(),
                 },
-                Peer::Rslock => Contender::Rslock {
-                    manager: rslock::LockManager::new(vec![
-                        redis_data_url(&options.connect).await?,
-                    ]),
-                    keys,
+                Peer::Rslock => match &self.cluster {
+                    // rslock on a Cluster, routed by hand: a plain manager per primary, each
+                    // key sent to its slot's (the map asked before the window).
+                    Some(map) => Contender::Rslock {
+                        managers: map
+                            .primaries
+                            .iter()
+                            .map(|url| rslock::LockManager::new(vec![url.clone()]))
+                            .collect(),
+                        route: self.rslock_route.clone(),
+                        keys,
+                    },
+                    None => Contender::Rslock {
+                        managers: vec![rslock::LockManager::new(vec![
+                            redis_data_url(&options.connect).await?,
+                        ])],
+                        route: vec![0; keys.len()],
+                        keys,
+                    },
                 },
                 other => {
                     return Err(BenchError(format!(
@@ -299,6 +509,11 @@ impl Setup {
             remove_tree(admin, &self.root).await;
         }
     }
+}
+
+/// The Redis key of the floor's and rslock's key `k` in the run under `root`.
+fn redis_key(root: &str, k: usize) -> String {
+    format!("bench:{root}:k{k}")
 }
 
 /// A granted acquire, to be released.
@@ -402,7 +617,12 @@ impl Contender {
                     tokio::task::yield_now().await;
                 }
             }
-            Contender::Rslock { manager, keys } => {
+            Contender::Rslock {
+                managers,
+                route,
+                keys,
+            } => {
+                let manager = &managers[route[k]];
                 let lock = manager
                     .acquire_no_guard(keys[k].as_bytes(), REDIS_TTL)
                     .await
@@ -486,6 +706,53 @@ impl Contender {
             Err(zookeeper_client::Error::NoNode) => Ok(vec![]),
             Err(err) => Err(BenchError(format!("list {dir}: {err}"))),
         }
+    }
+
+    /// The names of the keys this session's handles take, for their slots on a Redis Cluster
+    /// (zklock: each lock's exclusive key; every key of a lock shares its slot).
+    pub(crate) fn cluster_keys(&self) -> Vec<String> {
+        match self {
+            Contender::Zklock { mutexes, .. } => mutexes
+                .iter()
+                .map(|m| zklock_cluster_key(m.path()))
+                .collect(),
+            Contender::Rslock { keys, .. } | Contender::RedisFloor { keys, .. } => keys.clone(),
+            _ => vec![],
+        }
+    }
+
+    /// On a Redis Cluster, one untimed acquire and release on a key of each primary, so that
+    /// the session's connection to every primary is open before the timed window (zklock and
+    /// rslock connect to a node on its first request).
+    pub(crate) async fn reach_every_primary(&self, map: &ClusterMap) -> Result<()> {
+        let own = uuid::Uuid::new_v4().simple().to_string();
+        for i in 0..map.primaries.len() {
+            match self {
+                Contender::Zklock { manager, .. } => {
+                    let mut name = None;
+                    for j in 0..10_000 {
+                        let candidate = format!("reach-{own}-{j}");
+                        let key = zklock_cluster_key(&manager.path_of(&candidate)?);
+                        if map.owner(&key).await? == i {
+                            name = Some(candidate);
+                            break;
+                        }
+                    }
+                    let name = name.ok_or_else(|| BenchError(format!("no key on primary {i}")))?;
+                    manager.mutex(&name)?.lock().await?.release().await?;
+                }
+                Contender::Rslock { managers, .. } => {
+                    let key = map.key_on(&format!("bench:reach:{own}:"), i).await?;
+                    let lock = managers[i]
+                        .acquire_no_guard(key.as_bytes(), REDIS_TTL)
+                        .await
+                        .map_err(|e| BenchError(format!("rslock: {e}")))?;
+                    managers[i].unlock(&lock).await;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Waits until every background release of this session is done.

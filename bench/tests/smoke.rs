@@ -323,3 +323,60 @@ fn the_sentinel_section_runs_every_peer_in_quick_mode() {
         .count();
     assert_eq!(verdicts, 3, "{stdout}");
 }
+
+/// The suite's Redis Cluster section in quick mode (`zklock-bench-suite --quick --only
+/// cluster`, which starts the test kit's Cluster of 3 primaries with a replica each): every row
+/// runs for zklock on `redis+cluster://` and for rslock routed by slot to a manager per
+/// primary, with no exclusion violation; the keys row's keys reach every primary; every row
+/// prints its verdict. No figure is asserted.
+#[test]
+fn the_cluster_section_runs_every_peer_in_quick_mode() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
+        .args(["--quick", "--only", "cluster"])
+        .output()
+        .expect("run zklock-bench-suite");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "zklock-bench-suite --quick --only cluster failed: {stderr}"
+    );
+    eprintln!("{stdout}");
+    let runs: Vec<Report> = stdout.lines().filter_map(parse_line).collect();
+    for workload in ["uncontended", "contended", "keys"] {
+        for peer in ["zklock", "rslock"] {
+            let r = runs
+                .iter()
+                .find(|r| r.get("peer") == Some(peer) && r.get("workload") == Some(workload))
+                .unwrap_or_else(|| panic!("no {peer} {workload} run in:\n{stdout}\n{stderr}"));
+            assert_eq!(r.get("backend"), Some("redis-cluster"), "{r}");
+            assert_eq!(r.number("violations"), Some(0.0), "{r}");
+            for field in ["ops_per_s", "round_trips_per_cycle", "commands_per_cycle"] {
+                assert!(r.number(field).is_some(), "{field} missing: {r}");
+            }
+            assert_eq!(r.number("primaries"), Some(3.0), "{r}");
+            if workload == "keys" {
+                let spread: Vec<usize> = r
+                    .get("keys_per_primary")
+                    .unwrap_or_default()
+                    .split('/')
+                    .filter_map(|n| n.parse().ok())
+                    .collect();
+                assert_eq!(spread.len(), 3, "{r}");
+                assert_eq!(spread.iter().sum::<usize>(), 64, "{r}");
+                assert!(!spread.contains(&0), "a primary without a key: {r}");
+            }
+        }
+    }
+    assert_eq!(runs.len(), 6, "{stdout}");
+    assert!(
+        !stdout.contains("FAILED") && !stdout.contains("timeout"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("`node_for_key`"), "{stdout}");
+    let verdicts = stdout
+        .lines()
+        .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
+        .count();
+    assert_eq!(verdicts, 3, "{stdout}");
+}

@@ -34,12 +34,12 @@ pub(crate) struct Cli {
     #[arg(long)]
     pub(crate) no_fsync: bool,
     /// Run one backend's section only: `zookeeper`, `redis`, `sentinel` (Redis under
-    /// Sentinel), `postgres` or `etcd`.
+    /// Sentinel), `cluster` (Redis Cluster), `postgres` or `etcd`.
     #[arg(long)]
     pub(crate) only: Option<Section>,
     /// How many rounds every section runs, its peers taking turns; each cell shows its median
-    /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis and
-    /// Sentinel 7, PostgreSQL 5, etcd 5; 1 with `--quick`).
+    /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis,
+    /// Sentinel and Cluster 7, PostgreSQL 5, etcd 5; 1 with `--quick`).
     #[arg(long)]
     pub(crate) rounds: Option<usize>,
 }
@@ -51,7 +51,7 @@ impl Cli {
         let default = match (self.quick, section) {
             (true, _) => 1,
             (false, Section::Zookeeper) => 3,
-            (false, Section::Redis | Section::Sentinel) => 7,
+            (false, Section::Redis | Section::Sentinel | Section::Cluster) => 7,
             (false, Section::Postgres) => 5,
             (false, Section::Etcd) => 5,
         };
@@ -71,6 +71,8 @@ pub(crate) enum Section {
     Redis,
     /// Redis under Sentinel: a primary, 2 replicas, 3 Sentinels.
     Sentinel,
+    /// Redis Cluster: 3 primaries with a replica each.
+    Cluster,
     Postgres,
     Etcd,
 }

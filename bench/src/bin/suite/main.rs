@@ -7,6 +7,8 @@
 //! - Redis: zklock's Redis backend beside rslock and a bare `SET NX PX` floor ([`redis`]);
 //! - Redis under Sentinel: zklock through the Sentinels beside zklock and rslock on the
 //!   primary's address, on a primary with 2 replicas and 3 Sentinels ([`sentinel`]);
+//! - Redis Cluster: zklock on `redis+cluster://` beside rslock routed by slot to a manager per
+//!   primary, on 3 primaries with a replica each ([`cluster`]);
 //! - PostgreSQL: zklock's PostgreSQL backend beside a bare `pg_advisory_lock` floor on a
 //!   durable server ([`postgres`]);
 //! - etcd: zklock's etcd backend beside a bare put-on-a-lease + delete floor and etcd's own
@@ -17,7 +19,7 @@
 //!
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
-//!                    [--only zookeeper|redis|sentinel|postgres|etcd]
+//!                    [--only zookeeper|redis|sentinel|cluster|postgres|etcd]
 //! ```
 //!
 //! Every section runs its cells in rounds, the peers taking turns, and shows each cell's
@@ -28,6 +30,7 @@
 
 mod backend_memory;
 mod cli;
+mod cluster;
 mod etcd;
 mod model;
 mod postgres;
@@ -76,10 +79,11 @@ type SectionRun = fn(&Cli) -> Result<String, String>;
 
 /// Every section `--only` lets run, one after the other.
 fn suite(cli: &Cli) -> Result<String, String> {
-    let sections: [(Section, &str, SectionRun); 5] = [
+    let sections: [(Section, &str, SectionRun); 6] = [
         (Section::Zookeeper, "ZooKeeper", zookeeper::section),
         (Section::Redis, "Redis", redis::section),
         (Section::Sentinel, "Redis under Sentinel", sentinel::section),
+        (Section::Cluster, "Redis Cluster", cluster::section),
         (Section::Postgres, "PostgreSQL", postgres::section),
         (Section::Etcd, "etcd", etcd::section),
     ];
