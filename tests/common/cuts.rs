@@ -280,11 +280,13 @@ pub trait LeaseServer {
     /// each other: its requests are counted and cut over all of them, see
     /// [`Relay::start_beside`]) and the URL it connects with. By default one relay in front of
     /// [`addr`](Self::addr), and [`url`](Self::url) through it. Called once per run, after the
-    /// other process connected and before the victim does.
-    async fn victim_route(&self) -> (Vec<Relay>, String) {
+    /// other process connected and before the victim does. The relays may outlive the run
+    /// (kept by the server for the next runs); a run's victim cut off for good leaves them
+    /// partitioned.
+    async fn victim_route(&self) -> (Arc<Vec<Relay>>, String) {
         let relay = Relay::start(&self.addr()).unwrap();
         let url = relay.url(&self.url());
-        (vec![relay], url)
+        (Arc::new(vec![relay]), url)
     }
     /// The run is over (judged, its victim gone): undo what [`victim_route`](Self::victim_route)
     /// changed on the server. Nothing by default.
@@ -452,7 +454,7 @@ struct RelayRun<'a, S: LeaseServer> {
     history: History,
     other: LockManager,
     /// The relays the victim's connections go through, counted and cut together.
-    relays: Vec<Relay>,
+    relays: Arc<Vec<Relay>>,
     victim_id: String,
     victim: LockManager,
     /// The lock's path on the server.
@@ -500,7 +502,7 @@ impl<'a, S: LeaseServer> RelayRun<'a, S> {
 
     /// Ends the partition of every relay of the victim.
     fn heal(&self) {
-        for relay in &self.relays {
+        for relay in self.relays.iter() {
             relay.heal();
         }
     }

@@ -39,7 +39,7 @@ mod common;
 mod cuts;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster::{blocking, start_cluster, tag};
@@ -227,7 +227,7 @@ impl LeaseServer for Cluster {
 
     /// A relay in front of each primary, beside each other, announced by its primary; the
     /// victim's seeds are the relays.
-    async fn victim_route(&self) -> (Vec<Relay>, String) {
+    async fn victim_route(&self) -> (Arc<Vec<Relay>>, String) {
         let mut relays: Vec<Relay> = Vec::new();
         let mut ports = HashMap::new();
         for &p in &self.primaries {
@@ -242,7 +242,8 @@ impl LeaseServer for Cluster {
         }
         self.announce(|p| ports[&p]);
         let seeds: Vec<String> = relays.iter().map(|r| r.addr().to_string()).collect();
-        (relays, format!("redis+cluster://{}", seeds.join(",")))
+        let url = format!("redis+cluster://{}", seeds.join(","));
+        (Arc::new(relays), url)
     }
 
     /// The primaries announce their own ports again.

@@ -83,6 +83,19 @@ struct Counters {
 struct Shared {
     switch: FaultSwitch,
     group: Arc<Group>,
+    /// Connections whose first request contains this are not counted (see
+    /// [`Relay::uncounted_when_first_request_has`]).
+    uncounted: Mutex<Option<Vec<u8>>>,
+}
+
+impl Shared {
+    /// Whether a connection whose first request is `first` goes uncounted.
+    fn uncounted(&self, first: &[u8]) -> bool {
+        let marker = self.uncounted.lock().unwrap_or_else(|e| e.into_inner());
+        marker
+            .as_deref()
+            .is_some_and(|m| first.windows(m.len().max(1)).any(|w| w == m))
+    }
 }
 
 /// What relays started beside each other share (see [`Relay::start_beside`]; a relay started
@@ -245,6 +258,7 @@ impl Relay {
             |switch| Shared {
                 switch,
                 group: group.clone(),
+                uncounted: Mutex::new(None),
             },
             serve,
         )?;
@@ -362,6 +376,29 @@ impl Relay {
         });
     }
 
+    /// Leaves out of the count every connection opened from now on whose first request contains
+    /// `marker`: its requests are neither counted nor cut (a partition or a reset still holds
+    /// for it). For a third party that reaches the server through the same address as the
+    /// client under test: a Redis Sentinel monitoring a primary through the relay names its
+    /// connections first (`CLIENT SETNAME sentinel-<id>-cmd`), and so sweeps count only the
+    /// client's own requests.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let redis = zklock_testkit::RedisServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", redis.port()))?;
+    /// relay.uncounted_when_first_request_has(b"sentinel-");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn uncounted_when_first_request_has(&self, marker: &[u8]) {
+        *self
+            .shared
+            .uncounted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
+    }
+
     /// Whether a cut is armed and its request has not come yet.
     ///
     /// # Examples
@@ -474,6 +511,8 @@ where
     let reader = async move {
         let mut faults = shared.switch.subscribe();
         let mut chunk = vec![0u8; 64 * 1024];
+        // Decided on the first request.
+        let mut counted = None;
         loop {
             if let Err(end) = wait_open(&mut faults, generation).await {
                 return end;
@@ -487,7 +526,8 @@ where
                 Ok(0) | Err(_) => return End::Closed,
                 Ok(n) => n,
             };
-            let cut = count_request(shared);
+            let counted = *counted.get_or_insert_with(|| !shared.uncounted(&chunk[..n]));
+            let cut = if counted { count_request(shared) } else { None };
             let delay = faults.borrow().delay();
             if tx
                 .send((Instant::now() + delay, chunk[..n].to_vec(), cut))
@@ -816,6 +856,24 @@ mod tests {
         assert!(second.is_blackholed(), "each relay heals on its own");
         second.heal();
         turn(&mut b, b"5").unwrap();
+    }
+
+    #[test]
+    fn connections_that_say_so_first_go_uncounted() {
+        let (relay, _) = relay();
+        relay.uncounted_when_first_request_has(b"third");
+        let mut third = connect(&relay);
+        let mut client = connect(&relay);
+        relay.cut_after_nth_request(2, After::Reset);
+        turn(&mut third, b"a third party").unwrap();
+        turn(&mut client, b"one").unwrap();
+        for _ in 0..3 {
+            turn(&mut third, b"more").unwrap();
+        }
+        assert_eq!(relay.requests(), 1, "only the client's");
+        client.write_all(b"two").unwrap();
+        assert!(ended(&mut client), "the cut falls on the client's 2nd");
+        turn(&mut third, b"on").unwrap();
     }
 
     #[test]
