@@ -1,15 +1,14 @@
 //! Shared by the Redis Cluster fault and fence tests: the test kit's Cluster started off the
 //! async runtime, managers on it, where a lock's keys live (their hash tag and slot, computed as
-//! zklock and Redis compute them, checked against the servers), and the recorded holds and
-//! checks of the fault scenarios.
+//! zklock and Redis compute them, checked against the servers). The fault tests' recorded holds
+//! and checks are in `failover.rs`, shared with the Sentinel's.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
-use zklock::{LockGuard, LockManager, LossReason};
-use zklock_testkit::{HoldEnd, HoldSpan, Mode, Recorder, RedisCluster, Report};
+use zklock::LockManager;
+use zklock_testkit::RedisCluster;
 
 /// Runs blocking test-kit calls (they poll the nodes) without stalling the runtime.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
@@ -138,106 +137,4 @@ pub fn replica_of(cluster: &RedisCluster, primary: usize) -> usize {
         .into_iter()
         .find(|&r| cluster.primary_of(r).unwrap() == Some(primary))
         .expect("a replica of the primary")
-}
-
-/// `m` locks `key` for the worker `rec` within `within`, recorded.
-pub async fn hold(m: &LockManager, key: &str, rec: &Recorder, within: Duration) -> LockGuard {
-    rec.acquire_invoked(key, Mode::Exclusive);
-    let guard = tokio::time::timeout(within, m.lock(key))
-        .await
-        .expect("granted in time")
-        .expect("granted");
-    rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
-    guard
-}
-
-/// Releases `guard`, recorded: `Ok` when the release says the hold was still there.
-pub async fn release(guard: LockGuard, key: &str, rec: &Recorder) -> zklock::Result<()> {
-    rec.release_invoked(key);
-    let result = guard.release().await;
-    match &result {
-        Ok(()) => rec.release_ok(key),
-        Err(e) => rec.release_failed(key, e),
-    }
-    result
-}
-
-/// A hold kept until it is reported lost: the loss is recorded, then the release (which must
-/// say the hold was lost). Answers the reason.
-pub fn kept_until_lost(guard: LockGuard, key: String, rec: Recorder) -> JoinHandle<LossReason> {
-    tokio::spawn(async move {
-        let reason = guard.lost().await;
-        rec.lost(&key, reason);
-        assert!(
-            release(guard, &key, &rec).await.is_err(),
-            "releasing a lost hold says so"
-        );
-        reason
-    })
-}
-
-/// Every key's holds, from the report.
-pub fn holds_by_key(report: &Report) -> BTreeMap<&str, Vec<&HoldSpan>> {
-    let mut by_key: BTreeMap<&str, Vec<_>> = BTreeMap::new();
-    for h in &report.holds {
-        by_key.entry(h.key.as_str()).or_default().push(h);
-    }
-    by_key
-}
-
-/// Every grant of a key after `fault_ns` has a token above every token of that key granted
-/// before. Answers the keys granted on both sides.
-pub fn assert_tokens_above_across(report: &Report, fault_ns: u64) -> Vec<String> {
-    let mut keys = Vec::new();
-    for (key, holds) in holds_by_key(report) {
-        let before = holds
-            .iter()
-            .filter(|h| h.start_ns < fault_ns)
-            .map(|h| h.token)
-            .max();
-        let after = holds
-            .iter()
-            .filter(|h| h.start_ns > fault_ns)
-            .map(|h| h.token)
-            .min();
-        if let (Some(before), Some(after)) = (before, after) {
-            keys.push(key.to_string());
-            assert!(
-                after > before,
-                "{key}: a grant after the fault has token {after}, not above {before} granted \
-                 before:\n{report}"
-            );
-        }
-    }
-    keys
-}
-
-/// The holds going on at `fault_ns` that ended by a loss, each reason counted.
-pub fn losses_across(report: &Report, fault_ns: u64) -> BTreeMap<String, usize> {
-    let mut lost = BTreeMap::new();
-    for h in &report.holds {
-        if h.start_ns < fault_ns && h.end_ns.is_some_and(|e| e > fault_ns) {
-            if let HoldEnd::Lost(reason) = &h.end {
-                *lost.entry(reason_name(reason)).or_default() += 1;
-            }
-        }
-    }
-    lost
-}
-
-/// The name of the loss reason whose text is `text` (as the history records it).
-pub fn reason_name(text: &str) -> String {
-    [
-        LossReason::SessionExpired,
-        LossReason::Disconnected,
-        LossReason::NodeDeleted,
-        LossReason::LeaseExpired,
-        LossReason::Revoked,
-        LossReason::Closed,
-        LossReason::HoldLimit,
-        LossReason::Failover,
-    ]
-    .into_iter()
-    .find(|r| r.to_string() == text)
-    .map_or_else(|| text.to_string(), |r| format!("{r:?}"))
 }

@@ -30,6 +30,8 @@
 mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/failover.rs"]
+mod failover;
 #[path = "../common/faults.rs"]
 mod faults;
 
@@ -38,12 +40,11 @@ use std::time::{Duration, Instant};
 
 use cluster::*;
 use common::{eventually, say};
-use faults::{mutex_worker, rw_worker, Crew, Work};
+use failover::*;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use zklock::fence::{Fence, Outcome, RedisFence, RedisWrite};
-use zklock::{FencingToken, LockGuard, LockManager, LossReason};
-use zklock_testkit::{now_ns, History, Op, Recorder, RedisCluster, RedisServer};
+use zklock::{LockGuard, LockManager, LossReason};
+use zklock_testkit::{now_ns, History, Op, Recorder, RedisCluster};
 
 /// The lease of the contending managers: renewed every second.
 const LEASE: Duration = Duration::from_secs(3);
@@ -54,58 +55,6 @@ const NODE_TIMEOUT_MS: u32 = 1000;
 
 /// One Cluster at a time in this binary.
 static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn work() -> Work {
-    Work {
-        wait: Duration::from_secs(20),
-        hold: Duration::from_millis(30),
-        think: Duration::from_millis(10),
-    }
-}
-
-/// Mutex workers of each named manager on `keys` (and, with `rw`, a read/write worker on
-/// `shelf`), recorded as `<name>/<key>`.
-fn contend(
-    managers: &[(String, LockManager)],
-    history: &History,
-    crew: &Crew,
-    keys: &[String],
-    rw: bool,
-) -> Vec<JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    for (name, m) in managers {
-        for key in keys {
-            tasks.push(tokio::spawn(mutex_worker(
-                m.clone(),
-                key.clone(),
-                history.recorder(&format!("{name}/{key}")),
-                crew.clone(),
-                work(),
-            )));
-        }
-        if rw {
-            tasks.push(tokio::spawn(rw_worker(
-                m.clone(),
-                "shelf".into(),
-                history.recorder(&format!("{name}/rw")),
-                crew.clone(),
-                work(),
-                3,
-            )));
-        }
-    }
-    tasks
-}
-
-async fn stop(crew: &Crew, tasks: Vec<JoinHandle<()>>) {
-    crew.stop();
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("workers stop")
-            .expect("a worker panicked");
-    }
-}
 
 async fn managers(cluster: &RedisCluster, n: usize, lease: Duration) -> Vec<(String, LockManager)> {
     let mut out = Vec::new();
@@ -239,6 +188,49 @@ fn failed_acquires(history: &History) -> Vec<String> {
         .collect()
 }
 
+/// The load of tests a and b: three managers contend on keys spread over every primary (two
+/// per primary, and a read/write lock), each also holding a key on the first primary (`node`,
+/// the one the fault strikes) and one on the second (`other`).
+struct Load {
+    managers: Vec<(String, LockManager)>,
+    spread: BTreeMap<usize, Vec<String>>,
+    node: usize,
+    other: usize,
+    replica: usize,
+    contention: Contention,
+    on_node: Vec<(oneshot::Sender<()>, JoinHandle<Option<LossReason>>)>,
+    elsewhere: Vec<(oneshot::Sender<()>, JoinHandle<Option<LossReason>>)>,
+}
+
+impl Load {
+    /// Starts the load and waits for 30 grants.
+    async fn start(cluster: &RedisCluster) -> Load {
+        let managers = managers(cluster, 3, LEASE).await;
+        let m0 = &managers[0].1;
+        let spread = blocking(|| keys_per_primary(cluster, m0, "k", 2));
+        let own = blocking(|| keys_per_primary(cluster, m0, "own", 3));
+        let node = *spread.keys().next().unwrap();
+        let other = *spread.keys().nth(1).unwrap();
+        let replica = blocking(|| replica_of(cluster, node));
+        let keys: Vec<String> = spread.values().flatten().cloned().collect();
+        let contention = Contention::start(&managers, &keys, true);
+        let history = &contention.history;
+        let on_node = hold_each(&managers, &own[&node], history, "own").await;
+        let elsewhere = hold_each(&managers, &own[&other], history, "far").await;
+        contention.crew.until_grants(0, 30, PROGRESS).await;
+        Load {
+            managers,
+            spread,
+            node,
+            other,
+            replica,
+            contention,
+            on_node,
+            elsewhere,
+        }
+    }
+}
+
 /// a. The primary of some slots killed (SIGKILL) while three managers contend on keys spread
 /// over every primary (two per primary, and a read/write lock), each manager also holding a key
 /// on the killed primary and one on another. Proves: the replica's promotion never gives two
@@ -268,20 +260,18 @@ async fn a_slots_primary_killed_the_running_managers_lock_its_keys_again() {
 async fn killed_mid_hold(running_managers_recover: bool) {
     let _turn = TURNS.lock().await;
     let mut cluster = start_cluster(1, NODE_TIMEOUT_MS);
-    let managers = managers(&cluster, 3, LEASE).await;
+    let Load {
+        managers,
+        spread,
+        node: victim,
+        other,
+        replica,
+        contention,
+        on_node: on_victim,
+        elsewhere,
+    } = Load::start(&cluster).await;
+    let history = &contention.history;
     let m0 = &managers[0].1;
-    let spread = blocking(|| keys_per_primary(&cluster, m0, "k", 2));
-    let own = blocking(|| keys_per_primary(&cluster, m0, "own", 3));
-    let victim = *spread.keys().next().unwrap();
-    let other = *spread.keys().nth(1).unwrap();
-    let replica = blocking(|| replica_of(&cluster, victim));
-    let keys: Vec<String> = spread.values().flatten().cloned().collect();
-    let history = History::new();
-    let crew = Crew::new();
-    let tasks = contend(&managers, &history, &crew, &keys, true);
-    let on_victim = hold_each(&managers, &own[&victim], &history, "own").await;
-    let elsewhere = hold_each(&managers, &own[&other], &history, "far").await;
-    crew.until_grants(0, 30, PROGRESS).await;
 
     history.fault(&format!("SIGKILL primary node {victim}"));
     let killed_ns = now_ns();
@@ -300,7 +290,7 @@ async fn killed_mid_hold(running_managers_recover: bool) {
     let since_ns = now_ns();
     if running_managers_recover {
         for key in &spread[&victim] {
-            until_granted(&history, key, 3, since_ns, killed_ns).await;
+            until_granted(history, key, 3, since_ns, killed_ns).await;
         }
     } else {
         let late = cluster_manager(&cluster_url(&cluster, 1), LEASE).await;
@@ -310,15 +300,13 @@ async fn killed_mid_hold(running_managers_recover: bool) {
             release(guard, key, &rec).await.unwrap();
         }
         for key in &spread[&other] {
-            until_granted(&history, key, 3, since_ns, killed_ns).await;
+            until_granted(history, key, 3, since_ns, killed_ns).await;
         }
     }
     let recovered = killed.elapsed();
-    stop(&crew, tasks).await;
+    let history = contention.stop().await;
 
-    let report = history.check();
-    report.assert_ok();
-    assert!(report.unprotected.is_empty(), "{report}");
+    let report = checked(&history);
     for reason in &told {
         assert!(
             matches!(
@@ -335,14 +323,12 @@ async fn killed_mid_hold(running_managers_recover: bool) {
             "{key} granted on both sides of the kill: {across:?}"
         );
     }
-    let lost = losses_across(&report, killed_ns);
+    let lost = assert_losses_across_among(
+        &report,
+        killed_ns,
+        &[LossReason::Failover, LossReason::Disconnected],
+    );
     let told_after = told_after(&report, "own", killed_ns);
-    for reason in lost.keys() {
-        assert!(
-            reason == "Failover" || reason == "Disconnected",
-            "holds lost across the kill: {lost:?}"
-        );
-    }
     say(&format!(
         "fault_redis_cluster (a: primary node {victim} killed, {}): holds on it told {told:?} after \
          {told_after:?}; holds on node {other} (not killed): {far:?}; replica node {replica} \
@@ -366,20 +352,17 @@ async fn killed_mid_hold(running_managers_recover: bool) {
 async fn a_manual_failover_tells_the_old_holders_failover_and_never_overlaps() {
     let _turn = TURNS.lock().await;
     let cluster = start_cluster(1, NODE_TIMEOUT_MS);
-    let managers = managers(&cluster, 3, LEASE).await;
-    let m0 = &managers[0].1;
-    let spread = blocking(|| keys_per_primary(&cluster, m0, "k", 2));
-    let own = blocking(|| keys_per_primary(&cluster, m0, "own", 3));
-    let old = *spread.keys().next().unwrap();
-    let other = *spread.keys().nth(1).unwrap();
-    let replica = blocking(|| replica_of(&cluster, old));
-    let keys: Vec<String> = spread.values().flatten().cloned().collect();
-    let history = History::new();
-    let crew = Crew::new();
-    let tasks = contend(&managers, &history, &crew, &keys, true);
-    let on_old = hold_each(&managers, &own[&old], &history, "own").await;
-    let elsewhere = hold_each(&managers, &own[&other], &history, "far").await;
-    crew.until_grants(0, 30, PROGRESS).await;
+    let Load {
+        managers: _managers,
+        spread,
+        node: old,
+        other,
+        replica,
+        contention,
+        on_node: on_old,
+        elsewhere,
+    } = Load::start(&cluster).await;
+    let history = &contention.history;
 
     history.fault(&format!(
         "CLUSTER FAILOVER on node {replica} (replica of {old})"
@@ -393,14 +376,12 @@ async fn a_manual_failover_tells_the_old_holders_failover_and_never_overlaps() {
     let old_role = blocking(|| cluster.role(old));
     let since_ns = now_ns();
     for key in &spread[&old] {
-        until_granted(&history, key, 3, since_ns, failover_ns).await;
+        until_granted(history, key, 3, since_ns, failover_ns).await;
     }
     let recovered = started.elapsed();
-    stop(&crew, tasks).await;
+    let history = contention.stop().await;
 
-    let report = history.check();
-    report.assert_ok();
-    assert!(report.unprotected.is_empty(), "{report}");
+    let report = checked(&history);
     for reason in &told {
         assert_eq!(
             *reason,
@@ -432,59 +413,6 @@ async fn a_manual_failover_tells_the_old_holders_failover_and_never_overlaps() {
     ));
 }
 
-/// The resource the split-brain holders write through the fence.
-const RESOURCE: &str = "stock:sku_7";
-
-/// One fenced write: when it was sent and answered, and whether it was accepted.
-#[derive(Debug, Clone, Copy)]
-struct Wrote {
-    sent_ns: u64,
-    answered_ns: u64,
-    accepted: bool,
-}
-
-async fn fenced_set(fence: &RedisFence, token: FencingToken, value: String) -> Wrote {
-    let sent_ns = now_ns();
-    let outcome = fence
-        .fenced_write(RESOURCE, token, RedisWrite::set(RESOURCE, value))
-        .await
-        .expect("the fence's store answers");
-    Wrote {
-        sent_ns,
-        answered_ns: now_ns(),
-        accepted: matches!(outcome, Outcome::Accepted(_)),
-    }
-}
-
-/// A holder that writes through the fence every 20 ms while it believes it holds
-/// (`is_held()`), until told of its loss; answers the loss, when it was told, and its writes.
-fn writer_until_lost(
-    guard: LockGuard,
-    key: String,
-    rec: Recorder,
-    fence: RedisFence,
-) -> JoinHandle<(LossReason, u64, Vec<Wrote>)> {
-    tokio::spawn(async move {
-        let token = guard.fencing_token();
-        let mut writes = Vec::new();
-        let reason = loop {
-            tokio::select! {
-                biased;
-                reason = guard.lost() => break reason,
-                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-            }
-            if guard.is_held() {
-                let n = writes.len();
-                writes.push(fenced_set(&fence, token, format!("old holder {n}")).await);
-            }
-        };
-        rec.lost(&key, reason);
-        let told_ns = now_ns();
-        assert!(release(guard, &key, &rec).await.is_err());
-        (reason, told_ns, writes)
-    })
-}
-
 /// c. Split brain. A holds k1 and A2 holds k2, both on one primary, both replicated to its
 /// replica. The primary is frozen (SIGSTOP) past the node timeout; its replica is promoted; on
 /// it, k1's lock key is deleted (A's grant as a write the replica never got: A cannot know);
@@ -499,14 +427,7 @@ async fn a_paused_primary_overlap_is_bounded_by_the_lease_and_stale_writes_are_f
     let _turn = TURNS.lock().await;
     const SPLIT_LEASE: Duration = Duration::from_secs(6);
     let cluster = start_cluster(1, NODE_TIMEOUT_MS);
-    let store = blocking(RedisServer::start).expect("start the fence's Redis");
-    let fence = RedisFence::new(
-        redis::Client::open(store.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap(),
-    );
+    let (_store, fence) = fence_store().await;
     let url = cluster_url(&cluster, 0);
     let a = cluster_manager(&url, SPLIT_LEASE).await;
     let a2 = cluster_manager(&url, SPLIT_LEASE).await;
@@ -560,15 +481,13 @@ async fn a_paused_primary_overlap_is_bounded_by_the_lease_and_stale_writes_are_f
         Some(1)
     );
     let b = cluster_manager(&cluster_url(&cluster, 1), SPLIT_LEASE).await;
-    let b_task = {
-        let (b, k1, rec_b, fence) = (b.clone(), k1.clone(), rec_b.clone(), fence.clone());
-        tokio::spawn(async move {
-            let guard = hold(&b, &k1, &rec_b, PROGRESS).await;
-            let granted = Instant::now();
-            let first = fenced_set(&fence, guard.fencing_token(), "B".into()).await;
-            (guard, granted, first)
-        })
-    };
+    let b_task = new_holder_writes(
+        b.clone(),
+        k1.clone(),
+        rec_b.clone(),
+        fence.clone(),
+        PROGRESS,
+    );
     let b2_task = {
         let (b, k2, rec_b2) = (b.clone(), k2.clone(), rec_b2.clone());
         tokio::spawn(async move {
@@ -576,10 +495,11 @@ async fn a_paused_primary_overlap_is_bounded_by_the_lease_and_stale_writes_are_f
             (guard, Instant::now())
         })
     };
-    let (guard_b, granted_b, first_b) = tokio::time::timeout(PROGRESS, b_task)
+    let holder_b = tokio::time::timeout(PROGRESS, b_task)
         .await
         .expect("B is granted k1 on the promoted replica")
         .unwrap();
+    let granted_b = holder_b.granted;
     let (guard_b2, granted_b2) = tokio::time::timeout(PROGRESS, b2_task)
         .await
         .expect("B2 is granted k2 once A2's lease ran out")
@@ -588,89 +508,33 @@ async fn a_paused_primary_overlap_is_bounded_by_the_lease_and_stale_writes_are_f
     let woken = paused.elapsed();
     blocking(|| cluster.wait_until_ok(PROGRESS)).expect("the woken node rejoins");
     let old_follows = blocking(|| cluster.primary_of(old)).unwrap();
-    let token_b = guard_b.fencing_token();
-    let (reason_a, told_a_ns, writes_a) = tokio::time::timeout(PROGRESS, writer)
-        .await
-        .expect("A is told of its loss")
-        .unwrap();
+    let split = SplitBrain::end(writer, holder_b, &fence, PROGRESS).await;
     let reason_a2 = tokio::time::timeout(PROGRESS, kept2)
         .await
         .expect("A2 is told of its loss")
         .unwrap();
-    // A late write with A's token, as a holder that did not notice its loss would make.
-    let late_a = fenced_set(&fence, token_a, "A, late".into()).await;
-    let second_b = fenced_set(&fence, token_b, "B again".into()).await;
-    release(guard_b, &k1, &rec_b).await.expect("B's hold lived");
     let token_b2 = guard_b2.fencing_token();
     release(guard_b2, &k2, &rec_b2)
         .await
         .expect("B2's hold lived");
-    let last = fence.last_token(RESOURCE).await.unwrap();
 
     let report = history.check();
     report.assert_ok();
-    let overlap_ns: u64 = report
-        .unprotected
-        .iter()
-        .filter(|o| o.first.key == k1)
-        .map(|o| o.overlap_ns)
-        .sum();
     assert!(
         report.unprotected.iter().all(|o| o.first.key == k1),
         "only A's hold, which it could not know lost, overlaps:\n{report}"
     );
-    let b_granted_ns = report
-        .holds
-        .iter()
-        .find(|h| h.worker == "B")
-        .map(|h| h.start_ns)
-        .unwrap();
-    let after_b: Vec<&Wrote> = writes_a
-        .iter()
-        .filter(|w| w.sent_ns > first_b.answered_ns)
-        .collect();
-    let in_overlap = writes_a
-        .iter()
-        .filter(|w| w.sent_ns >= b_granted_ns)
-        .count();
+    let measured = split.measure(&report);
     eprintln!(
-        "fault_redis_cluster (c: primary node {old} paused): MEASURED OVERLAP of believed holds \
-         {:.1} ms (lease {SPLIT_LEASE:?}); A told {reason_a:?} {:.1} ms after B's grant; \
-         replica node {replica} promoted {promoted:?} after the pause; B granted k1 \
-         {:?} and k2 {:?} after the pause (A2 told {reason_a2:?}); old node woken at \
-         {woken:?}, then follows {old_follows:?}; A wrote {} times, {in_overlap} inside the \
-         overlap, {} after B's first write, all refused: {}; A's late write accepted: {}; \
-         tokens A {token_a}, B {token_b}, B2 {token_b2}; fence's last {last:?}",
-        overlap_ns as f64 / 1e6,
-        (told_a_ns as f64 - b_granted_ns as f64) / 1e6,
+        "fault_redis_cluster (c: primary node {old} paused): {}; replica node {replica} promoted \
+         {promoted:?} after the pause; B granted k1 {:?} and k2 {:?} after the pause (A2 told \
+         {reason_a2:?}); old node woken at {woken:?}, then follows {old_follows:?}; token of \
+         B2 {token_b2}",
+        split.describe(&measured, SPLIT_LEASE),
         granted_b - paused,
         granted_b2 - paused,
-        writes_a.len(),
-        after_b.len(),
-        after_b.iter().all(|w| !w.accepted),
-        late_a.accepted,
     );
-    assert!(
-        overlap_ns < SPLIT_LEASE.as_nanos() as u64,
-        "the overlap is bounded by the old holder's lease:\n{report}"
-    );
-    assert!(
-        first_b.accepted && second_b.accepted,
-        "B's writes pass the fence"
-    );
-    assert!(
-        after_b.iter().all(|w| !w.accepted) && !late_a.accepted,
-        "A's writes after B's are refused: {writes_a:?}, late: {late_a:?}"
-    );
-    assert!(token_b > token_a, "{token_b} > {token_a}");
-    assert_eq!(last, Some(token_b), "the fence keeps B's token");
-    assert!(
-        matches!(
-            reason_a,
-            LossReason::Failover | LossReason::Disconnected | LossReason::LeaseExpired
-        ),
-        "{reason_a:?}"
-    );
+    split.assert_fenced(&measured, SPLIT_LEASE, &report);
     assert_eq!(
         old_follows,
         Some(replica),
@@ -705,15 +569,14 @@ async fn a_slot_migrated_under_a_hold_never_overlaps_and_tokens_go_on() {
     assert_eq!(blocking(|| cluster.slot(&lc)).unwrap(), slot);
     let mut keys: Vec<String> = spread.values().flatten().cloned().collect();
     keys.push(c.clone());
-    let history = History::new();
-    let crew = Crew::new();
-    let tasks = contend(&managers, &history, &crew, &keys, false);
+    let contention = Contention::start(&managers, &keys, false);
+    let history = &contention.history;
     let rec_h = history.recorder("holder/H");
     let guard_h = hold(&holder, &h, &rec_h, PROGRESS).await;
     let token_h = guard_h.fencing_token();
     let (end_h, held_h) = watched(guard_h, h.clone(), rec_h);
-    crew.until_grants(0, 30, PROGRESS).await;
-    let c_before = grants_after(&history, &c, 0);
+    contention.crew.until_grants(0, 30, PROGRESS).await;
+    let c_before = grants_after(history, &c, 0);
     assert!(c_before > 0, "C granted before the migration");
 
     let (src_id, dst_id) = (cluster.id(src).to_string(), cluster.id(dst).to_string());
@@ -737,8 +600,7 @@ async fn a_slot_migrated_under_a_hold_never_overlaps_and_tokens_go_on() {
     })
     .expect("the slot set migrating");
     // The load goes on with the slot migrating but its keys still on the source.
-    let since = crew.grants();
-    crew.until_grants(since, 20, PROGRESS).await;
+    contention.until_more_grants(20, PROGRESS).await;
     let mut moved = Vec::new();
     loop {
         let listed =
@@ -760,8 +622,7 @@ async fn a_slot_migrated_under_a_hold_never_overlaps_and_tokens_go_on() {
     }
     let keys_moved = started.elapsed();
     // And with the keys on the target, the slot still the source's.
-    let since = crew.grants();
-    crew.until_grants(since, 20, PROGRESS).await;
+    contention.until_more_grants(20, PROGRESS).await;
     let kept_until_the_switch = !held_h.is_finished();
     blocking(|| {
         cluster.command(dst, &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &dst_id])?;
@@ -781,17 +642,15 @@ async fn a_slot_migrated_under_a_hold_never_overlaps_and_tokens_go_on() {
     assert_eq!(blocking(|| cluster.node_for_key(&lc)).unwrap(), dst);
     let fate_h = outcomes(vec![(end_h, held_h)], 2 * LEASE).await[0];
     let told_h = started.elapsed();
-    until_granted(&history, &c, 3, ended_ns, started_ns).await;
+    until_granted(history, &c, 3, ended_ns, started_ns).await;
     // H again, now on the target.
     let rec_h2 = history.recorder("m0/H");
     let again = hold(m0, &h, &rec_h2, PROGRESS).await;
     let token_h2 = again.fencing_token();
     release(again, &h, &rec_h2).await.unwrap();
-    stop(&crew, tasks).await;
+    let history = contention.stop().await;
 
-    let report = history.check();
-    report.assert_ok();
-    assert!(report.unprotected.is_empty(), "{report}");
+    let report = checked(&history);
     let failed = failed_acquires(&history);
     assert!(failed.is_empty(), "acquires failed: {failed:?}");
     let during: Vec<_> = report

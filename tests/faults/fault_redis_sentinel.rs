@@ -25,20 +25,18 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../common/failover.rs"]
+mod failover;
 #[path = "../common/faults.rs"]
 mod faults;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{eventually, say};
-use faults::{mutex_worker, rw_worker, Crew, Work};
+use failover::*;
 use tokio::task::JoinHandle;
-use zklock::fence::{Fence, Outcome, RedisFence, RedisWrite};
-use zklock::{FencingToken, LockGuard, LockManager, LossReason};
-use zklock_testkit::{
-    now_ns, History, HoldEnd, Mode, Recorder, RedisSentinel, RedisServer, Report, ServerClock,
-};
+use zklock::{LockGuard, LockManager, LossReason};
+use zklock_testkit::{now_ns, History, Recorder, RedisSentinel, Report, ServerClock};
 
 /// The lease of the contending managers: renewed every second.
 const LEASE: Duration = Duration::from_secs(3);
@@ -94,148 +92,6 @@ fn now_us() -> i64 {
         .as_micros() as i64
 }
 
-fn loss_text(reason: LossReason) -> String {
-    reason.to_string()
-}
-
-/// Mutex workers of each named manager on `keys`, and a read/write worker on `shelf`,
-/// recorded as `<name>/<what>`.
-fn contend(
-    managers: &[(&str, &LockManager)],
-    history: &History,
-    crew: &Crew,
-    keys: &[&str],
-) -> Vec<JoinHandle<()>> {
-    let work = Work {
-        wait: Duration::from_secs(20),
-        hold: Duration::from_millis(30),
-        think: Duration::from_millis(10),
-    };
-    let mut tasks = Vec::new();
-    for (name, m) in managers {
-        for key in keys {
-            tasks.push(tokio::spawn(mutex_worker(
-                (*m).clone(),
-                key.to_string(),
-                history.recorder(&format!("{name}/{key}")),
-                crew.clone(),
-                work,
-            )));
-        }
-        tasks.push(tokio::spawn(rw_worker(
-            (*m).clone(),
-            "shelf".into(),
-            history.recorder(&format!("{name}/rw")),
-            crew.clone(),
-            work,
-            3,
-        )));
-    }
-    tasks
-}
-
-async fn stop(crew: &Crew, tasks: Vec<JoinHandle<()>>) {
-    crew.stop();
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("workers stop")
-            .expect("a worker panicked");
-    }
-}
-
-/// `m` locks `key` for the worker `rec`, recorded.
-async fn hold(m: &LockManager, key: &str, rec: &Recorder) -> LockGuard {
-    rec.acquire_invoked(key, Mode::Exclusive);
-    let guard = tokio::time::timeout(PROGRESS, m.lock(key))
-        .await
-        .expect("granted in time")
-        .expect("granted");
-    rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
-    guard
-}
-
-/// Releases `guard`, recorded: `Ok` when the release says the hold was still there.
-async fn release(guard: LockGuard, key: &str, rec: &Recorder) -> zklock::Result<()> {
-    rec.release_invoked(key);
-    let result = guard.release().await;
-    match &result {
-        Ok(()) => rec.release_ok(key),
-        Err(e) => rec.release_failed(key, e),
-    }
-    result
-}
-
-/// A hold kept until it is reported lost: the loss is recorded, then the release (which must
-/// say the hold was lost). Answers the reason.
-fn kept_until_lost(guard: LockGuard, key: String, rec: Recorder) -> JoinHandle<LossReason> {
-    tokio::spawn(async move {
-        let reason = guard.lost().await;
-        rec.lost(&key, reason);
-        assert!(
-            release(guard, &key, &rec).await.is_err(),
-            "releasing a lost hold says so"
-        );
-        reason
-    })
-}
-
-/// Every key's holds (those with tokens), from the report.
-fn holds_by_key(report: &Report) -> BTreeMap<&str, Vec<&zklock_testkit::HoldSpan>> {
-    let mut by_key: BTreeMap<&str, Vec<_>> = BTreeMap::new();
-    for h in &report.holds {
-        by_key.entry(h.key.as_str()).or_default().push(h);
-    }
-    by_key
-}
-
-/// Every grant of a key after `fault_ns` has a token above every token of that key granted
-/// before (the checker compares neighbours; this says it across the fault in one line).
-/// Answers how many keys were granted on both sides.
-fn assert_tokens_above_across(report: &Report, fault_ns: u64) -> usize {
-    let mut keys = 0;
-    for (key, holds) in holds_by_key(report) {
-        let before = holds
-            .iter()
-            .filter(|h| h.start_ns < fault_ns)
-            .map(|h| h.token)
-            .max();
-        let after = holds
-            .iter()
-            .filter(|h| h.start_ns > fault_ns)
-            .map(|h| h.token)
-            .min();
-        if let (Some(before), Some(after)) = (before, after) {
-            keys += 1;
-            assert!(
-                after > before,
-                "{key}: a grant after the failover has token {after}, not above {before} \
-                 granted before:\n{report}"
-            );
-        }
-    }
-    keys
-}
-
-/// Every hold that was going on at `fault_ns` and ended by a loss says `Failover` or
-/// `Disconnected`; answers how many there were.
-fn assert_losses_say_failover_or_break(report: &Report, fault_ns: u64) -> usize {
-    let allowed = [
-        loss_text(LossReason::Failover),
-        loss_text(LossReason::Disconnected),
-    ];
-    let mut lost = 0;
-    for h in &report.holds {
-        if h.start_ns < fault_ns && h.end_ns.is_some_and(|e| e > fault_ns) {
-            if let HoldEnd::Lost(reason) = &h.end {
-                lost += 1;
-                assert!(allowed.contains(reason), "{h} was lost for {reason:?}");
-            }
-        }
-    }
-    lost
-}
-
 /// On every replica of `redis` (every node but `primary`): waits until it has `key` (it was
 /// replicated), then deletes it there, as a replication that had not carried the write yet
 /// would leave it. Replicas refuse writes unless told otherwise (`replica-read-only no`).
@@ -260,6 +116,61 @@ async fn unreplicate(redis: &RedisSentinel, primary: usize, key: &str) {
     }
 }
 
+/// The load of tests 1 and 2: the named managers contend on `a` and `b` (mutexes) and a
+/// read/write lock, and each holds a key of its own (`own-<i>`) until told of its loss.
+struct Load {
+    /// Kept connected until the load is finished.
+    _managers: Vec<(String, LockManager)>,
+    contention: Contention,
+    kept: Vec<JoinHandle<LossReason>>,
+}
+
+impl Load {
+    /// Connects a manager to each URL, starts the load and waits for 30 grants.
+    async fn start(urls: impl IntoIterator<Item = String>) -> Load {
+        let mut managers = Vec::new();
+        for (i, url) in urls.into_iter().enumerate() {
+            managers.push((format!("m{i}"), manager(&url, LEASE).await));
+        }
+        let keys = ["a".to_string(), "b".to_string()];
+        let contention = Contention::start(&managers, &keys, true);
+        let mut kept = Vec::new();
+        for (i, (_, m)) in managers.iter().enumerate() {
+            let (key, rec) = (
+                format!("own-{i}"),
+                contention.history.recorder(&format!("m{i}/own")),
+            );
+            let guard = hold(m, &key, &rec, PROGRESS).await;
+            kept.push(kept_until_lost(guard, key, rec));
+        }
+        contention.crew.until_grants(0, 30, PROGRESS).await;
+        Load {
+            _managers: managers,
+            contention,
+            kept,
+        }
+    }
+
+    /// Stops the load; checks the history (nothing excused) and, across `fault_ns`, the tokens
+    /// (above on at least two keys, `across` naming the fault) and the losses (`Failover` or
+    /// `Disconnected`). Answers the report, the keys granted on both sides and the holds lost.
+    async fn finish(self, fault_ns: u64, across: &str) -> (Report, usize, usize) {
+        let history = self.contention.stop().await;
+        let report = checked(&history);
+        let keys = assert_tokens_above_across(&report, fault_ns).len();
+        assert!(
+            keys >= 2,
+            "keys granted on both sides{across}: {keys}\n{report}"
+        );
+        let lost = assert_losses_across_among(
+            &report,
+            fault_ns,
+            &[LossReason::Failover, LossReason::Disconnected],
+        );
+        (report, keys, lost.values().sum())
+    }
+}
+
 /// 1. The primary killed with SIGKILL while three managers contend on a few keys (mutexes and
 /// a read/write lock) and each also holds a key of its own. Proves: Sentinel's promotion of a
 /// replica never gives two believed holders at once (the checker, with no window excused);
@@ -270,35 +181,16 @@ async fn unreplicate(redis: &RedisSentinel, primary: usize, key: &str) {
 async fn the_primary_killed_mid_hold_loses_every_hold_and_tokens_stay_above() {
     let _turn = TURNS.lock().await;
     let mut redis = blocking(RedisSentinel::start).expect("start Redis with Sentinels");
-    let url = sentinel_url(&redis);
-    let mut managers = Vec::new();
-    for _ in 0..3 {
-        managers.push(manager(&url, LEASE).await);
-    }
-    let history = History::new();
-    let crew = Crew::new();
-    let named = [
-        ("m0", &managers[0]),
-        ("m1", &managers[1]),
-        ("m2", &managers[2]),
-    ];
-    let tasks = contend(&named, &history, &crew, &["a", "b"]);
-    let mut kept = Vec::new();
-    for (i, m) in managers.iter().enumerate() {
-        let (key, rec) = (format!("own-{i}"), history.recorder(&format!("m{i}/own")));
-        let guard = hold(m, &key, &rec).await;
-        kept.push(kept_until_lost(guard, key, rec));
-    }
-    crew.until_grants(0, 30, PROGRESS).await;
+    let mut load = Load::start([0, 0, 0].map(|first| sentinel_url_from(&redis, first))).await;
 
-    history.fault("SIGKILL the primary");
+    load.contention.history.fault("SIGKILL the primary");
     let killed_ns = now_ns();
     let killed = Instant::now();
     let old = blocking(|| redis.kill_primary()).unwrap();
     let new = blocking(|| redis.wait_for_new_primary(old, PROGRESS)).unwrap();
     let promoted = killed.elapsed();
     let mut told = Vec::new();
-    for k in kept {
+    for k in std::mem::take(&mut load.kept) {
         let reason = tokio::time::timeout(PROGRESS, k)
             .await
             .expect("the hold of the killed primary is reported lost")
@@ -309,20 +201,9 @@ async fn the_primary_killed_mid_hold_loses_every_hold_and_tokens_stay_above() {
         );
         told.push(reason);
     }
-    let since = crew.grants();
-    crew.until_grants(since, 30, PROGRESS).await;
+    load.contention.until_more_grants(30, PROGRESS).await;
     let recovered = killed.elapsed();
-    stop(&crew, tasks).await;
-
-    let report = history.check();
-    report.assert_ok();
-    assert!(report.unprotected.is_empty(), "{report}");
-    let across = assert_tokens_above_across(&report, killed_ns);
-    assert!(
-        across >= 2,
-        "keys granted on both sides of the kill: {across}\n{report}"
-    );
-    let lost = assert_losses_say_failover_or_break(&report, killed_ns);
+    let (report, across, lost) = load.finish(killed_ns, " of the kill").await;
     say(&format!(
         "fault_redis_sentinel (primary killed): node {old} -> {new} promoted {promoted:?} after \
          the kill, progress again by {recovered:?}; own holds told {told:?}; {lost} holds lost \
@@ -357,34 +238,19 @@ async fn a_manual_failover_never_overlaps_whichever_sentinel_each_manager_listen
 async fn manual_failover_under_load(each_its_own_sentinel: bool) {
     let _turn = TURNS.lock().await;
     let redis = blocking(RedisSentinel::start).expect("start Redis with Sentinels");
-    let mut managers = Vec::new();
-    for i in 0..3 {
+    let mut load = Load::start((0..3).map(|i| {
         let first = if each_its_own_sentinel { i } else { 0 };
-        managers.push(manager(&sentinel_url_from(&redis, first), LEASE).await);
-    }
-    let history = History::new();
-    let crew = Crew::new();
-    let named = [
-        ("m0", &managers[0]),
-        ("m1", &managers[1]),
-        ("m2", &managers[2]),
-    ];
-    let tasks = contend(&named, &history, &crew, &["a", "b"]);
-    let mut kept = Vec::new();
-    for (i, m) in managers.iter().enumerate() {
-        let (key, rec) = (format!("own-{i}"), history.recorder(&format!("m{i}/own")));
-        let guard = hold(m, &key, &rec).await;
-        kept.push(kept_until_lost(guard, key, rec));
-    }
-    crew.until_grants(0, 30, PROGRESS).await;
+        sentinel_url_from(&redis, first)
+    }))
+    .await;
 
     let old = redis.primary().unwrap();
-    history.fault("SENTINEL FAILOVER");
+    load.contention.history.fault("SENTINEL FAILOVER");
     let failover_ns = now_ns();
     let started = Instant::now();
     let new = blocking(|| redis.failover()).expect("a manual failover");
     let switched = started.elapsed();
-    for k in kept {
+    for k in std::mem::take(&mut load.kept) {
         let reason = tokio::time::timeout(PROGRESS, k)
             .await
             .expect("the old holder is told")
@@ -393,20 +259,9 @@ async fn manual_failover_under_load(each_its_own_sentinel: bool) {
     }
     let told = started.elapsed();
     let old_role = blocking(|| redis.role(old));
-    let since = crew.grants();
-    crew.until_grants(since, 30, PROGRESS).await;
+    load.contention.until_more_grants(30, PROGRESS).await;
     let recovered = started.elapsed();
-    stop(&crew, tasks).await;
-
-    let report = history.check();
-    report.assert_ok();
-    assert!(report.unprotected.is_empty(), "{report}");
-    let across = assert_tokens_above_across(&report, failover_ns);
-    assert!(
-        across >= 2,
-        "keys granted on both sides: {across}\n{report}"
-    );
-    let lost = assert_losses_say_failover_or_break(&report, failover_ns);
+    let (report, across, lost) = load.finish(failover_ns, "").await;
     say(&format!(
         "fault_redis_sentinel (manual failover{}): node {old} -> {new} in {switched:?}, old \
          holders told by {told:?} (the old node then says it is {old_role:?}), progress again \
@@ -419,59 +274,6 @@ async fn manual_failover_under_load(each_its_own_sentinel: bool) {
         },
         report.summary()
     ));
-}
-
-/// The resource the split-brain holders write through the fence.
-const RESOURCE: &str = "stock:sku_7";
-
-/// One fenced write: when it was sent and answered, and whether it was accepted.
-#[derive(Debug, Clone, Copy)]
-struct Wrote {
-    sent_ns: u64,
-    answered_ns: u64,
-    accepted: bool,
-}
-
-async fn fenced_set(fence: &RedisFence, token: FencingToken, value: String) -> Wrote {
-    let sent_ns = now_ns();
-    let outcome = fence
-        .fenced_write(RESOURCE, token, RedisWrite::set(RESOURCE, value))
-        .await
-        .expect("the fence's store answers");
-    Wrote {
-        sent_ns,
-        answered_ns: now_ns(),
-        accepted: matches!(outcome, Outcome::Accepted(_)),
-    }
-}
-
-/// A holder that writes through the fence every 20 ms while it believes it holds
-/// (`is_held()`), until told of its loss; answers the loss, when it was told, and its writes.
-fn writer_until_lost(
-    guard: LockGuard,
-    key: &'static str,
-    rec: Recorder,
-    fence: RedisFence,
-) -> JoinHandle<(LossReason, u64, Vec<Wrote>)> {
-    tokio::spawn(async move {
-        let token = guard.fencing_token();
-        let mut writes = Vec::new();
-        let reason = loop {
-            tokio::select! {
-                biased;
-                reason = guard.lost() => break reason,
-                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-            }
-            if guard.is_held() {
-                let n = writes.len();
-                writes.push(fenced_set(&fence, token, format!("old holder {n}")).await);
-            }
-        };
-        rec.lost(key, reason);
-        let told_ns = now_ns();
-        assert!(release(guard, key, &rec).await.is_err());
-        (reason, told_ns, writes)
-    })
 }
 
 /// 3. Split brain. A holds a key on the primary; its lease is taken off the replicas (as a
@@ -488,14 +290,7 @@ async fn split_brain_overlap_is_bounded_by_the_lease_and_stale_writes_are_fenced
     const SPLIT_LEASE: Duration = Duration::from_secs(6);
     const KEY: &str = "sku_7";
     let redis = blocking(RedisSentinel::start).expect("start Redis with Sentinels");
-    let store = blocking(RedisServer::start).expect("start the fence's Redis");
-    let fence = RedisFence::new(
-        redis::Client::open(store.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap(),
-    );
+    let (_store, fence) = fence_store().await;
     let url = sentinel_url(&redis);
     let (a, b) = (
         manager(&url, SPLIT_LEASE).await,
@@ -504,7 +299,7 @@ async fn split_brain_overlap_is_bounded_by_the_lease_and_stale_writes_are_fenced
     let history = History::new();
     let (rec_a, rec_b) = (history.recorder("A"), history.recorder("B"));
     let old = redis.primary().unwrap();
-    let guard = hold(&a, KEY, &rec_a).await;
+    let guard = hold(&a, KEY, &rec_a, PROGRESS).await;
     let token_a = guard.fencing_token();
     assert!(fenced_set(&fence, token_a, "A".into()).await.accepted);
     let (fence_key, lock_key) = redis_keys(&a, KEY);
@@ -513,16 +308,14 @@ async fn split_brain_overlap_is_bounded_by_the_lease_and_stale_writes_are_fenced
     history.silent_fault("A", "SIGSTOP the primary; A's grant is not on the replicas");
     let paused = Instant::now();
     redis.pause(old).unwrap();
-    let writer = writer_until_lost(guard, KEY, rec_a.clone(), fence.clone());
-    let b_task = {
-        let (b, rec_b, fence) = (b.clone(), rec_b.clone(), fence.clone());
-        tokio::spawn(async move {
-            let guard = hold(&b, KEY, &rec_b).await;
-            let granted = Instant::now();
-            let first = fenced_set(&fence, guard.fencing_token(), "B".into()).await;
-            (guard, granted, first)
-        })
-    };
+    let writer = writer_until_lost(guard, KEY.into(), rec_a.clone(), fence.clone());
+    let b_task = new_holder_writes(
+        b.clone(),
+        KEY.into(),
+        rec_b.clone(),
+        fence.clone(),
+        PROGRESS,
+    );
     let new = blocking(|| redis.wait_for_new_primary(old, PROGRESS)).unwrap();
     let promoted = paused.elapsed();
     blocking(|| redis.resume(old)).unwrap();
@@ -536,88 +329,54 @@ async fn split_brain_overlap_is_bounded_by_the_lease_and_stale_writes_are_fenced
         .and_then(|t| t.parse().ok())
         .expect("the old primary has the key's counter");
 
-    let (guard_b, granted_b, first_b) = tokio::time::timeout(PROGRESS, b_task)
+    let holder_b = tokio::time::timeout(PROGRESS, b_task)
         .await
         .expect("B is granted the key on the new primary")
         .unwrap();
-    let token_b = guard_b.fencing_token();
-    let (reason_a, told_a_ns, writes_a) = tokio::time::timeout(PROGRESS, writer)
-        .await
-        .expect("A is told of its loss")
-        .unwrap();
-    // A late write with A's token, as a holder that did not notice its loss (paused, or on
-    // the old primary's side of a partition) would make: refused.
-    let late_a = fenced_set(&fence, token_a, "A, late".into()).await;
-    // B writes again: still accepted.
-    let second_b = fenced_set(&fence, token_b, "B again".into()).await;
-    release(guard_b, KEY, &rec_b).await.expect("B's hold lived");
-    let last = fence.last_token(RESOURCE).await.unwrap();
+    let granted_b = holder_b.granted;
+    // Then A's late write with its token (refused) and B's second write (still accepted).
+    let split = SplitBrain::end(writer, holder_b, &fence, PROGRESS).await;
 
     let report = history.check();
     report.assert_ok();
-    let overlap_ns: u64 = report
-        .unprotected
-        .iter()
-        .filter(|o| o.first.key == KEY)
-        .map(|o| o.overlap_ns)
-        .sum();
-    let after_b: Vec<&Wrote> = writes_a
-        .iter()
-        .filter(|w| w.sent_ns > first_b.answered_ns)
-        .collect();
-    let b_granted_ns = report
-        .holds
-        .iter()
-        .find(|h| h.worker == "B")
-        .map(|h| h.start_ns)
-        .unwrap();
-    let in_overlap = writes_a
-        .iter()
-        .filter(|w| w.sent_ns >= b_granted_ns)
-        .count();
+    let measured = split.measure(&report);
     eprintln!(
-        "fault_redis_sentinel (split brain): MEASURED OVERLAP of believed holds {:.1} ms \
-         (lease {SPLIT_LEASE:?}); A told {reason_a:?} {:.1} ms before B's grant (negative: after); B granted \
-         {:?} after the pause (promotion seen at {promoted:?}, old primary woken at {woken:?}, \
-         then says {old_role:?}, takes writes: {takes_writes}); A wrote {} times, {in_overlap} \
-         inside the overlap, {} after B's first write, all refused: {}; A's late write \
-         accepted: {}; tokens A {token_a}, \
-         B {token_b}, old primary's last {old_last}, fence's last {last:?}; node {old} -> {new}",
-        overlap_ns as f64 / 1e6,
-        (b_granted_ns as f64 - told_a_ns as f64) / 1e6,
+        "fault_redis_sentinel (split brain): {}; B granted {:?} after the pause (promotion seen \
+         at {promoted:?}, old primary woken at {woken:?}, then says {old_role:?}, takes writes: \
+         {takes_writes}); old primary's last token {old_last}; node {old} -> {new}",
+        split.describe(&measured, SPLIT_LEASE),
         granted_b - paused,
-        writes_a.len(),
-        after_b.len(),
-        after_b.iter().all(|w| !w.accepted),
-        late_a.accepted,
     );
-    assert!(
-        overlap_ns < SPLIT_LEASE.as_nanos() as u64,
-        "the overlap is bounded by the old holder's lease:\n{report}"
-    );
-    assert!(
-        first_b.accepted && second_b.accepted,
-        "B's writes pass the fence"
-    );
-    assert!(
-        after_b.iter().all(|w| !w.accepted) && !late_a.accepted,
-        "A's writes after B's are refused: {writes_a:?}, late: {late_a:?}"
-    );
-    assert!(token_b > token_a, "{token_b} > {token_a}");
+    split.assert_fenced(&measured, SPLIT_LEASE, &report);
+    let token_b = split.token_b;
     assert!(
         token_b.grant() > old_last,
         "B's token {token_b} is above the old primary's last {old_last}"
     );
-    assert_eq!(last, Some(token_b), "the fence keeps B's token");
-    assert!(
-        matches!(
-            reason_a,
-            LossReason::Failover | LossReason::Disconnected | LossReason::LeaseExpired
-        ),
-        "{reason_a:?}"
-    );
     assert_eq!(old_role.as_deref(), Some("master"), "a split brain");
     assert!(takes_writes, "the woken old primary takes writes");
+}
+
+/// `m` locks `key` for `rec`, recorded; the token must be the new primary's time on `clock`
+/// (within 2 ms of the grant's, in µs).
+async fn hold_on_the_clock(
+    m: &LockManager,
+    key: &str,
+    rec: &Recorder,
+    clock: &ServerClock,
+) -> LockGuard {
+    let before = now_us();
+    let guard = hold(m, key, rec, PROGRESS).await;
+    let after = now_us();
+    let token = guard.fencing_token();
+    let shift = clock.offset_ms() * 1000;
+    assert!(
+        (before + shift - 2_000..=after + shift + 2_000).contains(&token.grant()),
+        "the token is the new primary's time: {token} not in {}..={}",
+        before + shift,
+        after + shift
+    );
+    guard
 }
 
 /// 4. Tokens across a failover to a replica that lacks a key's token counter (taken off the
@@ -643,7 +402,7 @@ async fn tokens_after_a_failover_stay_above_while_the_new_clock_is_behind_by_les
     let (inside, outside) = ("inside", "outside");
     let mut old_tokens = Vec::new();
     for key in [inside, outside] {
-        let guard = hold(&m, key, &rec).await;
+        let guard = hold(&m, key, &rec, PROGRESS).await;
         old_tokens.push(guard.fencing_token());
         release(guard, key, &rec).await.unwrap();
         unreplicate(&redis, old, &redis_keys(&m, key).0).await;
@@ -656,9 +415,7 @@ async fn tokens_after_a_failover_stay_above_while_the_new_clock_is_behind_by_les
     let margin_us = now_us() - old_tokens[0].grant();
     let behind_inside = Duration::from_micros((margin_us / 2) as u64);
     clock.step_back(behind_inside);
-    let before = now_us();
-    let guard = hold(&m, inside, &rec).await;
-    let after = now_us();
+    let guard = hold_on_the_clock(&m, inside, &rec, &clock).await;
     let token_inside = guard.fencing_token();
     let lock_key = redis_keys(&m, inside).1;
     assert_eq!(
@@ -669,13 +426,6 @@ async fn tokens_after_a_failover_stay_above_while_the_new_clock_is_behind_by_les
         "granted on the new primary"
     );
     release(guard, inside, &rec).await.unwrap();
-    let shift = clock.offset_ms() * 1000;
-    assert!(
-        (before + shift - 2_000..=after + shift + 2_000).contains(&token_inside.grant()),
-        "the token is the new primary's time: {token_inside} not in {}..={}",
-        before + shift,
-        after + shift
-    );
     assert!(
         token_inside > old_tokens[0],
         "behind by {behind_inside:?} < {:?}: {token_inside} > {}",
@@ -687,18 +437,9 @@ async fn tokens_after_a_failover_stay_above_while_the_new_clock_is_behind_by_les
     let margin_us = now_us() - old_tokens[1].grant();
     let behind_outside = Duration::from_micros(margin_us as u64) + Duration::from_secs(1);
     clock.step_back(behind_outside.saturating_sub(behind_inside));
-    let before = now_us();
-    let guard = hold(&m, outside, &rec).await;
-    let after = now_us();
+    let guard = hold_on_the_clock(&m, outside, &rec, &clock).await;
     let token_outside = guard.fencing_token();
     release(guard, outside, &rec).await.unwrap();
-    let shift = clock.offset_ms() * 1000;
-    assert!(
-        (before + shift - 2_000..=after + shift + 2_000).contains(&token_outside.grant()),
-        "the token is the new primary's time: {token_outside} not in {}..={}",
-        before + shift,
-        after + shift
-    );
     assert!(
         token_outside < old_tokens[1],
         "behind by {behind_outside:?}, more than {:?}: the token goes back ({token_outside} < {})",
@@ -706,7 +447,7 @@ async fn tokens_after_a_failover_stay_above_while_the_new_clock_is_behind_by_les
         old_tokens[1]
     );
     // Once the new primary has the counter again, tokens increase whatever its clock does.
-    let guard = hold(&m, outside, &rec).await;
+    let guard = hold(&m, outside, &rec, PROGRESS).await;
     let next = guard.fencing_token();
     release(guard, outside, &rec).await.unwrap();
     assert!(next > token_outside, "{next} > {token_outside}");
