@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use crate::cli::{Cli, Section};
-use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
+use crate::model::{rslock_rows, Row, RowRuns, Runner};
 use crate::redis::version;
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
@@ -31,48 +31,14 @@ const COLUMNS: [(&str, &str); 2] = [
 /// The number of keys of the keys row.
 const KEYS: usize = 64;
 
-/// The rows: uncontended, contended on one key, 8 workers over 64 keys; each by zklock and by
-/// rslock, on the Cluster.
+/// The rows (see [`rslock_rows`]), each by zklock and by rslock, on the Cluster.
 fn rows(quick: bool) -> Vec<Row> {
-    let (uncontended, contended, keys) = if quick {
-        (50, 5, 20)
-    } else {
-        (10_000, 500, 1_000)
-    };
-    let cells = || {
+    rslock_rows(quick, || {
         vec![
             ("zklock", Runner::ours("zklock")),
             ("rslock", Runner::ours("rslock")),
         ]
-    };
-    let mut over_keys = Row::ops("keys (8 connections, 64 keys)", "keys", 8, keys, cells())
-        .with_target(Target::Ratios(vec![Want::main("rslock", 1.2)]));
-    over_keys.keys = KEYS;
-    vec![
-        Row::ops(
-            "uncontended (1 connection, 1 key)",
-            "uncontended",
-            1,
-            uncontended,
-            cells(),
-        )
-        .with_target(Target::Ratios(vec![Want::main("rslock", 1.1)])),
-        // As in the Redis section: rslock's refused waiters sleep 0–200 ms, so it is compared
-        // on how often the lock changes hands.
-        Row::ops(
-            "contended (8 connections, 1 key)",
-            "contended",
-            8,
-            contended,
-            cells(),
-        )
-        .with_target(Target::Ratios(vec![Want {
-            peer: "rslock",
-            figure: Figure::HolderChanges,
-            ratio: 1.5,
-        }])),
-        over_keys,
-    ]
+    })
 }
 
 /// The Cluster rows, on 3 primaries with a replica each (test kit).

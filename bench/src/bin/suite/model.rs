@@ -231,3 +231,44 @@ impl RowRuns {
         })
     }
 }
+
+/// The three rows of a replicated Redis deployment's section (Sentinel, Cluster), each run by
+/// `cells` (made afresh per row): uncontended (target ≥ 1.1× rslock), contended on one key
+/// (holder changes ≥ 1.5× rslock's: rslock's refused waiters sleep 0–200 ms, as in the Redis
+/// section) and 8 workers over 64 keys (≥ 1.2× rslock).
+pub(crate) fn rslock_rows(
+    quick: bool,
+    cells: impl Fn() -> Vec<(&'static str, Runner)>,
+) -> Vec<Row> {
+    let (uncontended, contended, keys) = if quick {
+        (50, 5, 20)
+    } else {
+        (10_000, 500, 1_000)
+    };
+    let mut over_keys = Row::ops("keys (8 connections, 64 keys)", "keys", 8, keys, cells())
+        .with_target(Target::Ratios(vec![Want::main("rslock", 1.2)]));
+    over_keys.keys = 64;
+    vec![
+        Row::ops(
+            "uncontended (1 connection, 1 key)",
+            "uncontended",
+            1,
+            uncontended,
+            cells(),
+        )
+        .with_target(Target::Ratios(vec![Want::main("rslock", 1.1)])),
+        Row::ops(
+            "contended (8 connections, 1 key)",
+            "contended",
+            8,
+            contended,
+            cells(),
+        )
+        .with_target(Target::Ratios(vec![Want {
+            peer: "rslock",
+            figure: Figure::HolderChanges,
+            ratio: 1.5,
+        }])),
+        over_keys,
+    ]
+}

@@ -3,9 +3,9 @@
 //! primary's own address (`redis://`), all on one deployment of the test kit: a primary, 2
 //! replicas and 3 Sentinels (no persistence, as in the Redis section).
 //!
-//! What Sentinel adds to zklock's cycle is nothing per request: the backend asks a Sentinel for
-//! the primary and the primary for its `ROLE` once per new connection, and listens to one
-//! Sentinel's `+switch-master` on a connection of its own; every acquire and release goes to
+//! What Sentinel adds to zklock's cycle is nothing per request: the backend asks the Sentinels
+//! for the primary and the primary for its `ROLE` once per new connection, and listens to every
+//! Sentinel's `+switch-master` on connections of their own; every acquire and release goes to
 //! the primary as on one server. The `direct` column (zklock on the primary's address) shows
 //! what that costs against the same server; `rslock` is the peer, as in the Redis section.
 
@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use crate::cli::{Cli, Section};
-use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
+use crate::model::{rslock_rows, Row, RowRuns, Runner};
 use crate::redis::version;
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
@@ -26,15 +26,10 @@ const COLUMNS: [(&str, &str); 3] = [
     ("rslock", "rslock (Redlock, primary)"),
 ];
 
-/// The rows: uncontended, contended on one key, 8 workers over 64 keys; each by zklock
-/// through the Sentinels, zklock on the primary's address and rslock on it.
+/// The rows (see [`rslock_rows`]), each by zklock through the Sentinels, zklock on the
+/// primary's address and rslock on it.
 fn rows(quick: bool, primary: &str) -> Vec<Row> {
-    let (uncontended, contended, keys) = if quick {
-        (50, 5, 20)
-    } else {
-        (10_000, 500, 1_000)
-    };
-    let cells = || {
+    rslock_rows(quick, || {
         vec![
             ("zklock", Runner::ours("zklock")),
             (
@@ -52,35 +47,7 @@ fn rows(quick: bool, primary: &str) -> Vec<Row> {
                 },
             ),
         ]
-    };
-    let mut over_keys = Row::ops("keys (8 connections, 64 keys)", "keys", 8, keys, cells())
-        .with_target(Target::Ratios(vec![Want::main("rslock", 1.2)]));
-    over_keys.keys = 64;
-    vec![
-        Row::ops(
-            "uncontended (1 connection, 1 key)",
-            "uncontended",
-            1,
-            uncontended,
-            cells(),
-        )
-        .with_target(Target::Ratios(vec![Want::main("rslock", 1.1)])),
-        // As in the Redis section: rslock's refused waiters sleep 0–200 ms, so it is compared
-        // on how often the lock changes hands.
-        Row::ops(
-            "contended (8 connections, 1 key)",
-            "contended",
-            8,
-            contended,
-            cells(),
-        )
-        .with_target(Target::Ratios(vec![Want {
-            peer: "rslock",
-            figure: Figure::HolderChanges,
-            ratio: 1.5,
-        }])),
-        over_keys,
-    ]
+    })
 }
 
 /// The Sentinel rows, on a primary with 2 replicas and 3 Sentinels of the test kit.
