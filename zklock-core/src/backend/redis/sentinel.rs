@@ -14,6 +14,7 @@
 //! Every connection to a data node asks `ROLE` first and is used only if the server says
 //! `master`: a Sentinel's answer can be stale for a moment during a failover.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -306,12 +307,19 @@ pub(crate) async fn watch(
     let acted = Arc::new(tokio::sync::Mutex::new(
         sentinels.primary.lock().unwrap().clone(),
     ));
+    // Asking the Sentinels again once the first subscription is up covers the time since
+    // connect for every listener; a listener that subscribes again asks for itself.
+    let first = Arc::new(AtomicBool::new(true));
     let each = (0..sentinels.addrs.len()).map(|i| {
         let (sentinels, inner, acted) = (sentinels.clone(), inner.clone(), acted.clone());
+        let first = first.clone();
         async move {
             let mut pause = RETRY_MIN;
+            let mut again = false;
             loop {
-                match listen(&sentinels, i, &inner, timeout, &acted).await {
+                let ask = again || first.swap(false, Ordering::SeqCst);
+                again = true;
+                match listen(&sentinels, i, &inner, timeout, &acted, ask).await {
                     Ok(()) => return,
                     Err(e) => {
                         tracing::debug!(error = %e, sentinel = i, "zklock: lost a Redis Sentinel subscription; subscribing again");
@@ -331,13 +339,15 @@ pub(crate) async fn watch(
 /// Subscribes to Sentinel `i`'s `+switch-master` and acts on each announcement of a primary
 /// other than the last one acted on (`acted`, shared by the listeners of every Sentinel, so a
 /// failover is acted on once however many Sentinels announce it) until the subscription breaks
-/// (`Err`) or the backend is gone (`Ok`).
+/// (`Err`) or the backend is gone (`Ok`). Once subscribed, `ask`s the Sentinels for the
+/// primary, for an announcement made while nothing listened.
 async fn listen(
     sentinels: &Sentinels,
     i: usize,
     inner: &Weak<Inner>,
     timeout: Duration,
     acted: &tokio::sync::Mutex<Option<(String, u16)>>,
+    ask: bool,
 ) -> RedisResult<()> {
     let client = sentinels.sentinel_client(i)?;
     let mut pubsub = tokio::time::timeout(timeout, async {
@@ -349,9 +359,11 @@ async fn listen(
     .map_err(|_| super::wire::timed_out())??;
     // A failover this process missed while it listened nowhere: the Sentinel names another
     // primary than the one acted on last.
-    if let Ok(now) = sentinels.primary(timeout).await {
-        if !switch(inner, acted, now).await {
-            return Ok(());
+    if ask {
+        if let Ok(now) = sentinels.primary(timeout).await {
+            if !switch(inner, acted, now).await {
+                return Ok(());
+            }
         }
     }
     let mut messages = pubsub.on_message();
