@@ -173,3 +173,110 @@ async fn a_failover_of_the_slots_primary_loses_the_hold_and_the_token_goes_on() 
     assert!(again.fencing_token() > before);
     assert!(a.try_lock("order-7").await.unwrap().is_none());
 }
+
+/// The notify channels (`zklock:notify:<hub id>`) node `i` has subscribers for.
+fn notify_channels(cluster: &RedisCluster, i: usize) -> BTreeSet<String> {
+    let reply = cluster
+        .command(i, &["PUBSUB", "CHANNELS", "zklock:notify:*"])
+        .unwrap();
+    reply
+        .array()
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|c| c.text())
+        .collect()
+}
+
+/// Waits (at most 10 s) until every primary has subscribers for the same notify channels, and
+/// there are some: each manager whose tasks wait listens on every primary, so that a
+/// release's word reaches it from the node that published it, not over the Cluster bus.
+async fn every_primary_listened(cluster: &RedisCluster) -> BTreeSet<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let primaries = cluster.primaries().unwrap();
+        let sets: Vec<_> = primaries
+            .iter()
+            .map(|&i| notify_channels(cluster, i))
+            .collect();
+        if !sets[0].is_empty() && sets.iter().all(|s| *s == sets[0]) {
+            return sets[0].clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the primaries {primaries:?} listen for {sets:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A manager whose task waits listens for wake-ups on every primary, and after a failover on
+/// the new primary, no longer on the demoted one; the waiter is then granted the lock on the
+/// new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_manager_listens_on_every_primary_and_follows_a_failover() {
+    let cluster = start(1).await;
+    let url = url(&cluster);
+    let a = manager(&url).await;
+    let b = manager(&url).await;
+    let held = a.lock("order-9").await.unwrap();
+    let before = held.fencing_token();
+    let waiting = tokio::spawn(async move {
+        let guard = b.lock("order-9").await;
+        (b, guard)
+    });
+    let listened = every_primary_listened(&cluster).await;
+    // The lock's primary, and the replica that takes over from it.
+    let primary = cluster
+        .primaries()
+        .unwrap()
+        .into_iter()
+        .find(|&i| {
+            let keys = cluster.command(i, &["KEYS", "zklock:lock:*"]).unwrap();
+            keys.array().is_some_and(|a| !a.is_empty())
+        })
+        .expect("a primary holds the lock's key");
+    let replica = cluster
+        .replicas()
+        .unwrap()
+        .into_iter()
+        .find(|&r| cluster.primary_of(r).unwrap() == Some(primary))
+        .expect("a replica of the lock's primary");
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.failover(replica).unwrap();
+        cluster
+    })
+    .await
+    .unwrap();
+    let reason = tokio::time::timeout(2 * LEASE, held.lost())
+        .await
+        .expect("the hold is reported lost after the failover");
+    assert!(
+        matches!(reason, LossReason::Failover | LossReason::Disconnected),
+        "{reason:?}"
+    );
+    drop(held);
+    let (b, guard) = tokio::time::timeout(4 * LEASE, waiting)
+        .await
+        .expect("the waiter is granted the lock on the new primary")
+        .unwrap();
+    let guard = guard.unwrap();
+    assert!(guard.fencing_token() > before);
+    // The waiter's manager listens on the new primary, and no longer on the demoted one.
+    let after = every_primary_listened(&cluster).await;
+    assert!(
+        cluster.primaries().unwrap().contains(&replica),
+        "the replica took over"
+    );
+    // The waiter's hub is the one that listened before the failover.
+    assert!(
+        !after.is_disjoint(&listened),
+        "{after:?} against {listened:?}"
+    );
+    let demoted = notify_channels(&cluster, primary);
+    assert!(
+        demoted.is_disjoint(&after),
+        "the demoted node {primary} still has {demoted:?}"
+    );
+    drop(guard);
+    drop(b);
+}

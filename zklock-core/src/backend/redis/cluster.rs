@@ -4,7 +4,9 @@
 //!
 //! Every key of one lock carries the same hash tag (see [`keys`](super::keys)), so a lock's
 //! scripts run on one node, in one slot. Wake-ups use ordinary pub/sub, which a Cluster
-//! delivers to subscribers on every node: the hub listens on one primary.
+//! delivers to subscribers on every node, the others a bus hop later: the hub listens on every
+//! primary and takes each message from the node that owns its lock's slot (see
+//! [`hub`](super::hub)), told of map changes through [`Cluster::changes`].
 //!
 //! A hold is lost (`LossReason::Failover`) when its slot's owner changes under it (a `-MOVED`
 //! reply: a failover or a migration; Redis's replication to the new owner is asynchronous) or
@@ -64,6 +66,9 @@ struct SlotMap {
     owner: Vec<u16>,
     /// The primaries' addresses.
     nodes: Vec<(String, u16)>,
+    /// The nodes that own a slot, in `nodes`' order: kept by [`settle`](Self::settle) after
+    /// every change, so that asking costs no scan of the slots.
+    owners: Vec<(String, u16)>,
 }
 
 impl SlotMap {
@@ -71,7 +76,25 @@ impl SlotMap {
         SlotMap {
             owner: vec![NONE; SLOTS],
             nodes: Vec::new(),
+            owners: Vec::new(),
         }
+    }
+
+    /// Recomputes [`owners`](Self::owners) after the slots changed.
+    fn settle(&mut self) {
+        let mut owns = vec![false; self.nodes.len()];
+        for &o in &self.owner {
+            if o != NONE {
+                owns[usize::from(o)] = true;
+            }
+        }
+        self.owners = self
+            .nodes
+            .iter()
+            .zip(owns)
+            .filter(|(_, owns)| *owns)
+            .map(|(n, _)| n.clone())
+            .collect();
     }
 
     fn node(&mut self, addr: (String, u16)) -> u16 {
@@ -121,6 +144,8 @@ pub(crate) struct Cluster {
     /// Turns which node is asked (or listened on) first, so that a dead one is not always
     /// first.
     turn: std::sync::atomic::AtomicUsize,
+    /// Counts changes of the map (a full answer, a `-MOVED`).
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 impl Cluster {
@@ -174,6 +199,7 @@ impl Cluster {
             stale: AtomicBool::new(true),
             refreshing: tokio::sync::Mutex::new(()),
             turn: std::sync::atomic::AtomicUsize::new(0),
+            changes: tokio::sync::watch::channel(0).0,
         })
     }
 
@@ -208,14 +234,23 @@ impl Cluster {
 
     /// Every primary that owns a slot, as last learned.
     pub(crate) fn primaries(&self) -> Vec<(String, u16)> {
-        let map = self.map.lock().unwrap();
-        let mut owners: Vec<u16> = map.owner.iter().copied().filter(|&o| o != NONE).collect();
-        owners.sort_unstable();
-        owners.dedup();
-        owners
-            .into_iter()
-            .map(|o| map.nodes[usize::from(o)].clone())
-            .collect()
+        self.map.lock().unwrap().owners.clone()
+    }
+
+    /// The primary that owns `key`'s slot in the map as last learned, if one is known.
+    pub(crate) fn owner_of_key(&self, key: &str) -> Option<(String, u16)> {
+        self.map.lock().unwrap().owner_of(slot(key))
+    }
+
+    /// Whether a node failed since the map was last asked for.
+    pub(crate) fn stale(&self) -> bool {
+        self.stale.load(Ordering::SeqCst)
+    }
+
+    /// Changes whenever the map does (a full answer to `CLUSTER SLOTS`, a `-MOVED`): the
+    /// primaries to listen on may be others.
+    pub(crate) fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// The primary that owns `key`'s slot, asking the Cluster for its map first when a node
@@ -246,6 +281,9 @@ impl Cluster {
             let mut map = self.map.lock().unwrap();
             let i = map.node(addr);
             map.owner[usize::from(slot)] = i;
+            map.settle();
+            drop(map);
+            self.changes.send_modify(|n| *n += 1);
         }
         // Other slots may have moved with it (a failover moves all of a node's).
         self.stale.store(true, Ordering::SeqCst);
@@ -282,6 +320,7 @@ impl Cluster {
                     Some(map) if map.uncovered() == 0 => {
                         *self.map.lock().unwrap() = map;
                         self.stale.store(false, Ordering::SeqCst);
+                        self.changes.send_modify(|n| *n += 1);
                         return Ok(());
                     }
                     Some(map) => last = Asked::Uncovered(map.uncovered()),
@@ -387,6 +426,7 @@ fn parse_slots(reply: &redis::Value, asked: &str) -> Option<SlotMap> {
             *slot = i;
         }
     }
+    map.settle();
     Some(map)
 }
 

@@ -1,8 +1,15 @@
-//! Wake-ups for waiters: one pub/sub connection per backend, subscribed to the process's own
-//! channel `zklock:notify:<hub id>` (a mutex release tells the first waiting process there,
-//! naming the lock) and to the channel of every read/write lock or semaphore some local
-//! acquire waits for (their releases publish on the lock's channel). The hub wakes that lock's
-//! local listeners.
+//! Wake-ups for waiters: one pub/sub connection per backend (on Redis Cluster one per
+//! primary), subscribed to the process's own channel `zklock:notify:<hub id>` (a mutex release
+//! tells the first waiting process there, naming the lock) and to the channel of every
+//! read/write lock or semaphore some local acquire waits for (their releases publish on the
+//! lock's channel). The hub wakes that lock's local listeners.
+//!
+//! A Cluster delivers every message on every node, a bus hop later on the others (Redis sends
+//! its bus without `TCP_NODELAY`: tens of milliseconds). So the hub listens on every primary
+//! and takes a message only from the one that owns its lock's slot, which published it; a
+//! message about a slot whose owner it does not listen on counts from any node (a duplicate
+//! only wakes a waiter twice: a hand-over counts once, see `Acquire::handed_over`). A change
+//! of the slot map wakes every listener, as a break does: a message may have been passed over.
 //!
 //! A waiter subscribes before its next attempt, so a release after that attempt is never
 //! missed while the connection lives. When the pub/sub connection breaks, every listener is
@@ -359,7 +366,7 @@ impl Drop for Listener {
     }
 }
 
-/// The hub's task: owns the pub/sub connection, serves (un)subscribe requests in order, and
+/// The hub's task: owns the pub/sub connections, serves (un)subscribe requests in order, and
 /// dispatches messages.
 async fn run(
     servers: Servers,
@@ -369,19 +376,21 @@ async fn run(
     breaks: Breaks,
 ) {
     let mut task = HubTask {
+        map: servers.map_changes(),
         servers,
         timeout,
         shared,
         requests,
         breaks,
-        conn: None,
+        subs: Vec::new(),
+        complete: false,
         backoff: RECONNECT_MIN,
     };
     loop {
         let Some(hub) = task.shared.upgrade() else {
             return;
         };
-        let reconnect = task.conn.is_none() && !hub.channels.lock().unwrap().is_empty();
+        let reconnect = !task.complete && !hub.channels.lock().unwrap().is_empty();
         drop(hub);
         let Some(event) = task.next_event(reconnect).await else {
             return;
@@ -396,12 +405,15 @@ async fn run(
             }
             Event::Request(Request::Unsubscribe(channel)) => task.unsubscribe(&hub, channel).await,
             Event::Request(Request::Reconnect) => {
-                if task.conn.is_some() {
+                if !task.subs.is_empty() {
+                    task.subs.clear();
+                    task.recheck();
                     task.broke(&hub);
                     task.reconnect(&hub).await;
                 }
             }
-            Event::Message(message) => task.dispatch(&hub, message),
+            Event::Message(i, message) => task.dispatch(&hub, i, message),
+            Event::MapChanged => task.map_changed(&hub).await,
             Event::Reconnect => task.reconnect(&hub).await,
         }
     }
@@ -411,147 +423,264 @@ async fn run(
 enum Event {
     /// A listener's (un)subscribe request.
     Request(Request),
-    /// A message on the pub/sub connection, or (`None`) its end.
-    Message(Option<redis::Msg>),
-    /// Someone listens while there is no connection, and the pause before reconnecting ran
+    /// A message on the `i`th pub/sub connection, or (`None`) its end.
+    Message(usize, Option<redis::Msg>),
+    /// The Cluster's slot map changed: the primaries to listen on may be others.
+    MapChanged,
+    /// Someone listens while a connection is missing, and the pause before reconnecting ran
     /// out.
     Reconnect,
 }
 
-/// The hub's task's own state: its pub/sub connection (none while it is down and nobody
-/// listens, or until it reconnects) and the pause before its next reconnect. It holds its hub
+/// One pub/sub connection: to the one server or the Sentinels' primary (`node` `None`), or to
+/// one Cluster primary.
+struct Sub {
+    node: Option<(String, u16)>,
+    sink: PubSubSink,
+    stream: PubSubStream,
+}
+
+/// The hub's task's own state: its pub/sub connections (none while they are down and nobody
+/// listens, or until they reconnect) and the pause before its next reconnect. It holds its hub
 /// weakly: it ends once the hub is gone.
 struct HubTask {
     servers: Servers,
     timeout: Duration,
     shared: Weak<Shared>,
     requests: mpsc::UnboundedReceiver<Request>,
-    /// Counts each break of the connection, for the backend's holds.
+    /// Counts each break of a connection, for the backend's holds.
     breaks: Breaks,
-    conn: Option<(PubSubSink, PubSubStream)>,
+    /// One connection, or on Cluster one per primary (each hears every message; the hub takes
+    /// each from the primary that published it, see [`Servers::first_hand`]).
+    subs: Vec<Sub>,
+    /// On Cluster, the slot map's changes.
+    map: Option<watch::Receiver<u64>>,
+    /// Whether a connection is open to every server the hub listens on: set by
+    /// [`recheck`](Self::recheck) whenever the connections or the slot map change.
+    complete: bool,
     backoff: Duration,
 }
 
 impl HubTask {
-    /// Waits for a request, a message, or (when `reconnect`) the end of the pause before
-    /// reconnecting, whichever comes first. `None` once the hub and every listener are gone
-    /// (the request channel closed).
+    /// Finds out again whether a connection is open to every server the hub listens on.
+    fn recheck(&mut self) -> bool {
+        let nodes: Vec<_> = self.subs.iter().map(|s| s.node.clone()).collect();
+        self.complete = self.servers.covered_by(&nodes);
+        self.complete
+    }
+
+    /// Waits for a request, a message, a change of the slot map, or (when `reconnect`) the
+    /// end of the pause before reconnecting, whichever comes first. `None` once the hub and
+    /// every listener are gone (the request channel closed).
     async fn next_event(&mut self, reconnect: bool) -> Option<Event> {
-        let next_message = async {
-            match &mut self.conn {
-                Some((_, stream)) => stream.next().await,
+        let subs = &mut self.subs;
+        let next_message = futures::future::poll_fn(|cx| {
+            for (i, sub) in subs.iter_mut().enumerate() {
+                if let std::task::Poll::Ready(message) = sub.stream.poll_next_unpin(cx) {
+                    return std::task::Poll::Ready((i, message));
+                }
+            }
+            std::task::Poll::Pending
+        });
+        let map = &mut self.map;
+        let map_changed = async {
+            match map {
+                Some(changes) => {
+                    if changes.changed().await.is_err() {
+                        *map = None;
+                    }
+                }
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             request = self.requests.recv() => request.map(Event::Request),
-            message = next_message => Some(Event::Message(message)),
-            // While someone listens without a connection, reconnect with a growing pause.
+            (i, message) = next_message => Some(Event::Message(i, message)),
+            () = map_changed => Some(Event::MapChanged),
+            // While someone listens without every connection, reconnect with a growing pause.
             _ = tokio::time::sleep(self.backoff), if reconnect => Some(Event::Reconnect),
         }
     }
 
-    /// Subscribes the connection to `channel` (`None`: the hub's own channel, subscribed with
-    /// the connection), opening the connection first if it is down: whether it took. A
-    /// subscribe that fails or times out counts as a break of the connection.
+    /// Subscribes every connection to `channel` (`None`: the hub's own channel, subscribed
+    /// with each connection), opening missing connections first: whether it took on every
+    /// server. A subscribe that fails or times out counts as a break of its connection.
     async fn subscribe(&mut self, hub: &Shared, channel: Option<String>) -> bool {
-        if self.conn.is_none() {
-            self.conn = connect(&self.servers, self.timeout, hub).await;
-        }
-        let ok = match (&mut self.conn, channel) {
-            // A fresh connection subscribed to every listened channel already.
-            (Some((sink, _)), Some(channel)) => {
+        let open_before = self.subs.len();
+        let complete = self.connect_missing(hub).await;
+        let Some(channel) = channel else {
+            return complete;
+        };
+        // The connections just opened subscribed to every listened channel already.
+        let timeout = self.timeout;
+        let took = futures::future::join_all(self.subs[..open_before].iter_mut().map(|sub| {
+            let channel = &channel;
+            async move {
                 matches!(
-                    tokio::time::timeout(self.timeout, sink.subscribe(&channel)).await,
+                    tokio::time::timeout(timeout, sub.sink.subscribe(channel)).await,
                     Ok(Ok(()))
                 )
             }
-            // The hub's own channel: subscribed with the connection.
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        if !ok && self.conn.is_some() {
-            self.broke(hub);
-        }
-        ok
+        }))
+        .await;
+        self.drop_failed(hub, &took) && complete
     }
 
-    /// Unsubscribes the connection from `channel`, unless someone listens to it again by now
-    /// or there is no connection. An unsubscribe that fails or times out counts as a break of
-    /// the connection.
+    /// Unsubscribes every connection from `channel`, unless someone listens to it again by
+    /// now. An unsubscribe that fails or times out counts as a break of its connection.
     async fn unsubscribe(&mut self, hub: &Shared, channel: String) {
-        let listened_again = hub.channels.lock().unwrap().contains_key(&channel);
-        if let (false, Some((sink, _))) = (listened_again, &mut self.conn) {
-            if !matches!(
-                tokio::time::timeout(self.timeout, sink.unsubscribe(&channel)).await,
-                Ok(Ok(()))
-            ) {
-                self.broke(hub);
-            }
+        if hub.channels.lock().unwrap().contains_key(&channel) {
+            return;
         }
+        let timeout = self.timeout;
+        let took = futures::future::join_all(self.subs.iter_mut().map(|sub| {
+            let channel = &channel;
+            async move {
+                matches!(
+                    tokio::time::timeout(timeout, sub.sink.unsubscribe(channel)).await,
+                    Ok(Ok(()))
+                )
+            }
+        }))
+        .await;
+        self.drop_failed(hub, &took);
     }
 
-    /// Hands a message to the hub: one on its own channel is read there, one on a lock's
-    /// channel wakes that lock's listeners. The end of the stream is a break of the connection.
-    fn dispatch(&mut self, hub: &Shared, message: Option<redis::Msg>) {
-        match message {
-            Some(message) if message.get_channel_name() == hub.notify => {
-                if let Ok(payload) = message.get_payload::<String>() {
+    /// Drops the connections whose request did not take (`took[i]` false for the `i`th), a
+    /// break if any: whether all took.
+    fn drop_failed(&mut self, hub: &Shared, took: &[bool]) -> bool {
+        if took.iter().all(|&t| t) {
+            return true;
+        }
+        let mut i = 0;
+        self.subs.retain(|_| {
+            i += 1;
+            took.get(i - 1).copied().unwrap_or(true)
+        });
+        self.recheck();
+        self.broke(hub);
+        false
+    }
+
+    /// Hands a message on the `i`th connection to the hub: one on its own channel is read
+    /// there, one on a lock's channel wakes that lock's listeners; on Cluster only from the
+    /// primary that owns the lock's slot, which published it (see [`Servers::first_hand`]).
+    /// The end of the stream is a break of that connection.
+    fn dispatch(&mut self, hub: &Shared, i: usize, message: Option<redis::Msg>) {
+        let Some(message) = message else {
+            tracing::debug!(
+                "zklock: a Redis pub/sub connection broke; waiters poll until it is back"
+            );
+            self.subs.swap_remove(i);
+            self.recheck();
+            self.broke(hub);
+            return;
+        };
+        let first_hand = |key: &str| {
+            self.servers.first_hand(
+                self.subs[i].node.as_ref(),
+                key,
+                self.subs.iter().map(|s| s.node.clone()),
+            )
+        };
+        let channel = message.get_channel_name();
+        if channel == hub.notify {
+            if let Ok(payload) = message.get_payload::<String>() {
+                // The first line names the lock's channel or queue: a key of its slot.
+                let about = payload.split('\n').next().unwrap_or_default();
+                if first_hand(about) {
                     hub.notified(&payload);
                 }
             }
-            Some(message) => hub.wake(message.get_channel_name()),
-            None => {
-                tracing::debug!(
-                    "zklock: the Redis pub/sub connection broke; waiters poll until it is back"
-                );
-                self.broke(hub);
-            }
+        } else if first_hand(channel) {
+            hub.wake(channel);
         }
     }
 
-    /// Opens the connection again after the pause; the pause doubles (up to
+    /// The Cluster's slot map changed: connections to nodes no longer primaries are closed,
+    /// missing ones opened (if the hub listens at all), and every listener woken: a message
+    /// may have been passed over as not first-hand under the old map.
+    async fn map_changed(&mut self, hub: &Shared) {
+        let primaries = self.servers.listened_nodes(self.timeout).await;
+        let listening = !self.subs.is_empty();
+        self.subs.retain(|s| primaries.contains(&s.node));
+        if !self.recheck() {
+            hub.live.store(false, Ordering::SeqCst);
+        }
+        hub.wake_all();
+        if listening {
+            self.reconnect(hub).await;
+        }
+    }
+
+    /// Opens the missing connections again after the pause; the pause doubles (up to
     /// [`RECONNECT_MAX`]) while it fails, and starts over once it succeeds.
     async fn reconnect(&mut self, hub: &Shared) {
-        self.conn = connect(&self.servers, self.timeout, hub).await;
-        self.backoff = if self.conn.is_some() {
+        let complete = self.connect_missing(hub).await;
+        self.backoff = if complete {
             RECONNECT_MIN
         } else {
             (self.backoff * 2).min(RECONNECT_MAX)
         };
     }
 
-    /// The connection broke (or is given up): it is dropped, the break counted in the
+    /// Opens a connection to every server the hub listens on and has none to, each subscribed
+    /// to every listened channel: whether every one is open now (the hub is live then). Every
+    /// listener is woken if one opened (it may have missed a release meanwhile).
+    async fn connect_missing(&mut self, hub: &Shared) -> bool {
+        let missing: Vec<_> = self
+            .servers
+            .listened_nodes(self.timeout)
+            .await
+            .into_iter()
+            .filter(|n| !self.subs.iter().any(|s| s.node == *n))
+            .collect();
+        let opened = futures::future::join_all(
+            missing
+                .into_iter()
+                .map(|node| connect(&self.servers, self.timeout, hub, node)),
+        )
+        .await;
+        let any = opened.iter().any(Option::is_some);
+        self.subs.extend(opened.into_iter().flatten());
+        let complete = self.recheck();
+        hub.live.store(complete, Ordering::SeqCst);
+        if any {
+            hub.wake_all();
+        }
+        complete
+    }
+
+    /// A connection broke (or is given up; the caller dropped it): the break counted in the
     /// backend's [`Breaks`], the hub no longer live, and every listener woken (it may have
     /// missed a release).
     fn broke(&mut self, hub: &Shared) {
-        self.conn = None;
         self.breaks.broke();
         hub.live.store(false, Ordering::SeqCst);
         hub.wake_all();
     }
 }
 
-/// Opens the pub/sub connection and subscribes it to every listened channel; on success the
-/// hub is live and every listener is woken (it may have missed a release meanwhile).
+/// Opens a pub/sub connection to `node` (`None`: the one server, or the Sentinels' primary)
+/// and subscribes it to every listened channel.
 async fn connect(
     servers: &Servers,
     timeout: Duration,
     hub: &Shared,
-) -> Option<(PubSubSink, PubSubStream)> {
+    node: Option<(String, u16)>,
+) -> Option<Sub> {
     let opened = tokio::time::timeout(timeout, async {
-        let client = servers.client(timeout).await?;
+        let client = match &node {
+            Some((host, port)) => servers.node_client(host, *port)?,
+            None => servers.client(timeout).await?,
+        };
         let (mut sink, stream) = client.get_async_pubsub().await?.split();
         sink.subscribe(&hub.listened()).await?;
         Ok::<_, redis::RedisError>((sink, stream))
     })
     .await;
     match opened {
-        Ok(Ok(conn)) => {
-            hub.live.store(true, Ordering::SeqCst);
-            hub.wake_all();
-            Some(conn)
-        }
+        Ok(Ok((sink, stream))) => Some(Sub { node, sink, stream }),
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "zklock: cannot open the Redis pub/sub connection");
             None

@@ -87,8 +87,99 @@ impl Servers {
         }
     }
 
+    /// The pub/sub connections the hub keeps: one to the server (`None`), or on Cluster one
+    /// per primary, asking the Cluster for its slots first when a node failed since or none is
+    /// known. Empty when no primary is known.
+    pub(crate) async fn listened_nodes(&self, timeout: Duration) -> Vec<Option<(String, u16)>> {
+        match self {
+            Servers::Cluster(c) => {
+                if c.stale() || c.primaries().is_empty() {
+                    if let Err(e) = c.refresh(timeout).await {
+                        tracing::debug!(error = ?e, "zklock: could not ask the Redis Cluster for its slots");
+                    }
+                }
+                c.primaries().into_iter().map(Some).collect()
+            }
+            _ => vec![None],
+        }
+    }
+
+    /// Whether `node` is where the hub takes a message about `key` from. On Cluster every
+    /// node delivers every message, the publishing node first: a message counts from the
+    /// primary that owns `key`'s slot if one of `listened` is that primary, else from any node
+    /// (a duplicate then only wakes a waiter twice). Always, off Cluster.
+    pub(crate) fn first_hand(
+        &self,
+        node: Option<&(String, u16)>,
+        key: &str,
+        mut listened: impl Iterator<Item = Option<(String, u16)>>,
+    ) -> bool {
+        let Servers::Cluster(c) = self else {
+            return true;
+        };
+        match c.owner_of_key(key) {
+            Some(owner) if listened.any(|n| n.as_ref() == Some(&owner)) => node == Some(&owner),
+            _ => true,
+        }
+    }
+
+    /// On Cluster, changes whenever the slot map does (see `Cluster::changes`).
+    pub(crate) fn map_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match self {
+            Servers::Cluster(c) => Some(c.changes()),
+            _ => None,
+        }
+    }
+
+    /// Whether `nodes` are every primary now known (off Cluster: whether there is one).
+    pub(crate) fn covered_by(&self, nodes: &[Option<(String, u16)>]) -> bool {
+        match self {
+            Servers::Cluster(c) => {
+                let primaries = c.primaries();
+                !primaries.is_empty()
+                    && primaries
+                        .into_iter()
+                        .all(|p| nodes.iter().any(|n| n.as_ref() == Some(&p)))
+            }
+            _ => !nodes.is_empty(),
+        }
+    }
+
     /// Whether a fresh connection must say it is the primary (`ROLE`) before it is used.
     pub(crate) fn checks_role(&self) -> bool {
         matches!(self, Servers::Sentinel(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::cluster::slot;
+
+    #[test]
+    fn a_cluster_message_counts_from_the_primary_of_its_slot_only() {
+        let cluster = Cluster::parse("redis+cluster://127.0.0.1:7001").expect("a URL");
+        let key = "zklock:wake:{8df2810047fa336d}/zklock/locks/sku_7";
+        cluster.moved(slot(key), "127.0.0.1:7002");
+        let servers = Servers::Cluster(Arc::new(cluster));
+        let (a, b) = (
+            ("127.0.0.1".to_string(), 7001),
+            ("127.0.0.1".to_string(), 7002),
+        );
+        let both = || [Some(a.clone()), Some(b.clone())].into_iter();
+        assert!(servers.first_hand(Some(&b), key, both()));
+        assert!(
+            !servers.first_hand(Some(&a), key, both()),
+            "the copy another node relays over the bus is a duplicate"
+        );
+        // Not listening on the owner: whichever node delivers it counts.
+        assert!(servers.first_hand(Some(&a), key, [Some(a.clone())].into_iter()));
+        // A slot with no known owner: every copy counts.
+        assert!(servers.first_hand(Some(&a), "zklock:wake:{other}/x", both()));
+        // Off Cluster there is one connection.
+        let one = Servers::One(Box::new(
+            redis::Client::open("redis://127.0.0.1:1/").expect("a URL"),
+        ));
+        assert!(one.first_hand(None, key, [None].into_iter()));
     }
 }
