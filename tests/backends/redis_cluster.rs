@@ -280,3 +280,68 @@ async fn a_waiting_manager_listens_on_every_primary_and_follows_a_failover() {
     drop(guard);
     drop(b);
 }
+
+/// The primary that holds a key matching `pattern`.
+fn primary_holding(cluster: &RedisCluster, pattern: &str) -> usize {
+    cluster
+        .primaries()
+        .unwrap()
+        .into_iter()
+        .find(|&i| {
+            let keys = cluster.command(i, &["KEYS", pattern]).unwrap();
+            keys.array().is_some_and(|a| !a.is_empty())
+        })
+        .unwrap_or_else(|| panic!("no primary holds {pattern}"))
+}
+
+/// A break of a manager's connections to one primary loses the holds on that primary only: a
+/// hold on another primary is kept, renewed past several leases, and still excludes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_of_one_primarys_connections_loses_only_the_holds_on_it() {
+    let cluster = start(0).await;
+    let url = url(&cluster);
+    let a = manager(&url).await;
+    let b = manager(&url).await;
+    // Two locks on two different primaries.
+    let first = a.lock("crate-0").await.unwrap();
+    let here = primary_holding(&cluster, "zklock:lock:*");
+    let mut other = None;
+    for i in 1..64 {
+        let key = format!("crate-{i}");
+        let guard = a.lock(&key).await.unwrap();
+        let pattern = format!("zklock:lock:*{key}");
+        if primary_holding(&cluster, &pattern) != here {
+            other = Some((key, guard));
+            break;
+        }
+    }
+    let (other_key, kept) = other.expect("a key on another primary");
+    // A waiter of `crate-0` in manager a, so that it listens (pub/sub) on every primary too.
+    let waiting = {
+        let a = a.clone();
+        tokio::spawn(async move { a.lock_timeout("crate-0", 4 * LEASE).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every client connection of the first lock's primary is cut (a's command and pub/sub
+    // connections to it among them).
+    cluster
+        .command(here, &["CLIENT", "KILL", "TYPE", "normal"])
+        .unwrap();
+    cluster
+        .command(here, &["CLIENT", "KILL", "TYPE", "pubsub"])
+        .unwrap();
+    let reason = tokio::time::timeout(2 * LEASE, first.lost())
+        .await
+        .expect("the hold on the cut primary is lost");
+    assert_eq!(reason, LossReason::Disconnected);
+    // The hold on the other primary outlives several leases, renewed, and still excludes.
+    tokio::time::sleep(2 * LEASE).await;
+    assert!(kept.is_held(), "the hold on the other primary was lost");
+    assert!(b.try_lock(&other_key).await.unwrap().is_none());
+    drop(first);
+    let again = waiting.await.unwrap().expect("the waiter gets crate-0");
+    drop(again);
+    drop(kept);
+    let next = b.lock(&other_key).await.unwrap();
+    drop(next);
+}

@@ -139,7 +139,7 @@ impl<'a> Acquire<'a> {
                 // A connection broke while the attempt was under way: the grant may predate a
                 // restart that lost it. Asked again (idempotent for these ids): granted anew,
                 // or refused.
-                Ok(Attempt::Granted(_)) if inner.breaks.epoch() != sent.epoch => {
+                Ok(Attempt::Granted(_)) if inner.breaks.ended_since(sent.epoch, self.keys.slot) => {
                     self.queued = self.mutex && self.queue;
                     Next::Again
                 }
@@ -264,7 +264,7 @@ impl<'a> Acquire<'a> {
         // and that grant is what the replicas acknowledge.
         if token <= refused_at
             || !in_time
-            || inner.breaks.epoch() != sent.epoch
+            || inner.breaks.ended_since(sent.epoch, self.keys.slot)
             || inner.acks.is_some()
         {
             return Next::Again;

@@ -8,10 +8,11 @@
 //! primary and takes each message from the node that owns its lock's slot (see
 //! [`hub`](super::hub)), told of map changes through [`Cluster::changes`].
 //!
-//! A hold is lost (`LossReason::Failover`) when its slot's owner changes under it (a `-MOVED`
-//! reply: a failover or a migration; Redis's replication to the new owner is asynchronous) or
-//! the server turned replica (`-READONLY`); any node's connection break is a break for every
-//! hold, as on one server.
+//! A hold is lost (`LossReason::Failover`) when its slot's owner changes in the map (a full
+//! answer or a `-MOVED` reply: a failover or a migration; Redis's replication to the new owner
+//! is asynchronous), or its node answers `-MOVED` for any slot or turned replica
+//! (`-READONLY`); a break of a node's connection is a break for the holds in that node's slots
+//! (see [`Breaks`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex as StdMutex;
@@ -19,12 +20,11 @@ use std::time::Duration;
 
 use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError, RedisResult};
 
+use super::breaks::{Breaks, SLOTS};
 use crate::types::error::{Error, Result, ServerError};
 
 /// The scheme of a Cluster URL.
 pub(crate) const SCHEME: &str = "redis+cluster://";
-/// The number of hash slots.
-const SLOTS: usize = 16384;
 /// No known owner.
 const NONE: u16 = u16::MAX;
 
@@ -107,6 +107,32 @@ impl SlotMap {
         }
     }
 
+    /// The slots whose owner is another in `new` than here (known or not).
+    fn changed_in(&self, new: &SlotMap) -> Vec<u16> {
+        // This map's node indexes in `new`'s numbering.
+        let renumbered: Vec<u16> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                new.nodes
+                    .iter()
+                    .position(|m| m == n)
+                    .map_or(NONE, |i| i as u16)
+            })
+            .collect();
+        (0..SLOTS as u16)
+            .filter(|&s| {
+                let old = self.owner[usize::from(s)];
+                let old = if old == NONE {
+                    NONE
+                } else {
+                    renumbered[usize::from(old)]
+                };
+                old == NONE || old != new.owner[usize::from(s)]
+            })
+            .collect()
+    }
+
     fn owner_of(&self, slot: u16) -> Option<(String, u16)> {
         let i = self.owner[usize::from(slot)];
         (i != NONE).then(|| self.nodes[usize::from(i)].clone())
@@ -146,6 +172,8 @@ pub(crate) struct Cluster {
     turn: std::sync::atomic::AtomicUsize,
     /// Counts changes of the map (a full answer, a `-MOVED`).
     changes: tokio::sync::watch::Sender<u64>,
+    /// The backend's breaks, per slot: a slot whose owner changes is a failover of its holds.
+    breaks: Breaks,
 }
 
 impl Cluster {
@@ -200,6 +228,7 @@ impl Cluster {
             refreshing: tokio::sync::Mutex::new(()),
             turn: std::sync::atomic::AtomicUsize::new(0),
             changes: tokio::sync::watch::channel(0).0,
+            breaks: Breaks::of_cluster(),
         })
     }
 
@@ -235,6 +264,23 @@ impl Cluster {
     /// Every primary that owns a slot, as last learned.
     pub(crate) fn primaries(&self) -> Vec<(String, u16)> {
         self.map.lock().unwrap().owners.clone()
+    }
+
+    /// The backend's breaks, which count a slot whose owner changed as a failover of the holds
+    /// in it.
+    pub(crate) fn breaks(&self) -> Breaks {
+        self.breaks.clone()
+    }
+
+    /// The slots the node at `addr` owns in the map as last learned.
+    pub(crate) fn slots_of(&self, addr: &(String, u16)) -> Vec<u16> {
+        let map = self.map.lock().unwrap();
+        let Some(i) = map.nodes.iter().position(|n| n == addr) else {
+            return Vec::new();
+        };
+        (0..SLOTS as u16)
+            .filter(|&s| map.owner[usize::from(s)] == i as u16)
+            .collect()
     }
 
     /// The primary that owns `key`'s slot in the map as last learned, if one is known.
@@ -280,9 +326,13 @@ impl Cluster {
         if let Ok(addr) = super::wire::split_addr(addr) {
             let mut map = self.map.lock().unwrap();
             let i = map.node(addr);
+            let changed = map.owner[usize::from(slot)] != i;
             map.owner[usize::from(slot)] = i;
             map.settle();
             drop(map);
+            if changed {
+                self.breaks.failed_over(Some(&[slot]));
+            }
             self.changes.send_modify(|n| *n += 1);
         }
         // Other slots may have moved with it (a failover moves all of a node's).
@@ -318,7 +368,13 @@ impl Cluster {
             match asked {
                 Ok(reply) => match parse_slots(&reply, &host) {
                     Some(map) if map.uncovered() == 0 => {
-                        *self.map.lock().unwrap() = map;
+                        let mut current = self.map.lock().unwrap();
+                        let changed = current.changed_in(&map);
+                        *current = map;
+                        drop(current);
+                        if !changed.is_empty() {
+                            self.breaks.failed_over(Some(&changed));
+                        }
                         self.stale.store(false, Ordering::SeqCst);
                         self.changes.send_modify(|n| *n += 1);
                         return Ok(());

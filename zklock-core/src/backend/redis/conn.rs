@@ -1,81 +1,32 @@
-//! The Redis backend's command connection: one multiplexed connection, replaced when it
-//! breaks; and the backend's [`Breaks`], the count of connection breaks that holds are
-//! confirmed against.
+//! The Redis backend's command connections: one multiplexed connection per server, replaced
+//! when it breaks, each break counted in the backend's [`Breaks`] for the holds it reaches.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError, RedisResult};
-use tokio::sync::{watch, Mutex as AsyncMutex};
+use tokio::sync::Mutex as AsyncMutex;
 
 use crate::types::error::{Error, ServerError};
 use crate::types::loss::LossReason;
 
+use super::breaks::Breaks;
 use super::servers::Servers;
 
 pub(crate) use crate::background::Background;
 
-/// The epoch of a backend's connections: bumped whenever one of them (the command connection,
-/// the hub's pub/sub connection) breaks or is given up as silent. The server may have restarted
-/// then and lost every key (or a proxy may have cut us off while someone else got in): a hold
-/// is held only while the epoch it was granted in (its grant's request sent in it, and answered
-/// before the next break) is the current one; a break is a loss of every hold granted before.
-///
-/// A failover (a Sentinel announced a new primary, or the server turned replica) is a break
-/// too, remembered as such so that the holds it ends say why ([`LossReason::Failover`]).
-#[derive(Clone)]
-pub(crate) struct Breaks(Arc<watch::Sender<u64>>, Arc<AtomicU64>);
-
-impl Breaks {
-    pub(crate) fn new() -> Breaks {
-        Breaks(Arc::new(watch::channel(0).0), Arc::default())
-    }
-
-    /// The current epoch: read it before sending a request whose answer confirms a hold.
-    pub(crate) fn epoch(&self) -> u64 {
-        *self.0.borrow()
-    }
-
-    /// A connection broke: every hold confirmed before is unconfirmed from now on.
-    pub(crate) fn broke(&self) {
-        self.0.send_modify(|n| *n += 1);
-    }
-
-    /// The primary changed: every hold confirmed before is unconfirmed from now on, lost to a
-    /// failover.
-    pub(crate) fn failed_over(&self) {
-        self.0.send_modify(|n| {
-            *n += 1;
-            self.1.fetch_max(*n, Ordering::SeqCst);
-        });
-    }
-
-    /// Why a hold confirmed in epoch `since` is no longer held, now that a later epoch is
-    /// current: a failover came since, or only a break.
-    pub(crate) fn why(&self, since: u64) -> LossReason {
-        if self.1.load(Ordering::SeqCst) > since {
-            LossReason::Failover
-        } else {
-            LossReason::Disconnected
-        }
-    }
-
-    /// Wakes on every break.
-    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
-        self.0.subscribe()
-    }
-}
-
-/// One open connection to a server, and whether it broke (set once, by its driver's end, a failed request or a failover; the break is
-/// counted in [`Breaks`] by whoever sets it first).
+/// One open connection to a server, and whether it broke (set once, by its driver's end, a
+/// failed request or a failover; the break is counted in [`Breaks`] by whoever sets it first).
 #[derive(Clone)]
 struct Link {
     connection: MultiplexedConnection,
     broken: Arc<AtomicBool>,
+    /// The server it goes to.
+    node: NodeKey,
 }
 
 impl Link {
@@ -196,10 +147,11 @@ impl Conn {
         }
     }
 
-    /// Counts the break of a connection in the epoch, once (whoever marks it first).
-    fn count_break(breaks: &Breaks, broken: &AtomicBool) {
+    /// Counts the break of the connection to `node` in the epoch, once (whoever marks it
+    /// first), for the holds it reaches: on Cluster those in the node's slots.
+    fn count_break(servers: &Servers, breaks: &Breaks, broken: &AtomicBool, node: &NodeKey) {
         if !broken.swap(true, Ordering::SeqCst) {
-            breaks.broke();
+            breaks.broke(servers.slots_of(node).as_deref());
         }
     }
 
@@ -242,13 +194,18 @@ impl Conn {
                 let connection = client
                     .get_multiplexed_async_connection_with_config(&self.config)
                     .await?;
-                return Ok(Link { connection, broken });
+                return Ok(Link {
+                    connection,
+                    broken,
+                    node: node.clone(),
+                });
             }
         };
-        let (breaks, flag) = (self.breaks.clone(), broken.clone());
+        let (servers, breaks, flag) = (self.servers.clone(), self.breaks.clone(), broken.clone());
+        let at = node.clone();
         self.runtime.spawn(async move {
             driver.await;
-            Conn::count_break(&breaks, &flag);
+            Conn::count_break(&servers, &breaks, &flag, &at);
         });
         // Under Sentinel, only a server that says it is the primary is used (asked once the
         // driver runs: it carries the reply).
@@ -265,7 +222,11 @@ impl Conn {
                 return Err(e);
             }
         }
-        Ok(Link { connection, broken })
+        Ok(Link {
+            connection,
+            broken,
+            node: node.clone(),
+        })
     }
 
     /// The current connection to `node`, without waiting, if one is open and not broken.
@@ -300,12 +261,13 @@ impl Conn {
     /// The connection `link` broke, or stayed silent: the next request opens a new one.
     /// Counted as a break.
     fn broken(&self, link: &Link) {
-        Conn::count_break(&self.breaks, &link.broken);
+        Conn::count_break(&self.servers, &self.breaks, &link.broken, &link.node);
     }
 
     /// The server of `link` is no longer the primary (`None`: a Sentinel said the primary
     /// changed, whatever connection is current): the connection (every connection, for a
-    /// Sentinel's word) is forgotten, and every hold confirmed before is lost to a failover.
+    /// Sentinel's word) is forgotten, and every hold it reaches (on Cluster, those in the
+    /// node's slots; else every hold) confirmed before is lost to a failover.
     pub(crate) fn failed_over_at(&self, link: Option<&LinkRef>) {
         let first = match link {
             Some(link) => !link.0.broken.swap(true, Ordering::SeqCst),
@@ -319,7 +281,8 @@ impl Conn {
         // A connection's `-READONLY` replies count once, like its break; a Sentinel's
         // announcement always does (the current connection may be to the new primary already).
         if first {
-            self.breaks.failed_over();
+            let slots = link.and_then(|l| self.servers.slots_of(&l.0.node));
+            self.breaks.failed_over(slots.as_deref());
             crate::metrics::failover(crate::metrics::BackendLabel::Redis);
         }
     }
@@ -331,7 +294,8 @@ impl Conn {
     /// or another request is opening it).
     ///
     /// On Cluster, a `-MOVED` reply (the slot has another owner: a failover or a migration) is
-    /// a failover for every hold, and the request goes to the new owner; `-ASK` (the slot is
+    /// a failover for the holds on the node that sent it (a failover moves all its slots), and
+    /// the request goes to the new owner; `-ASK` (the slot is
     /// migrating and the key is on the target) sends it once to the target, after `ASKING`;
     /// `-TRYAGAIN` (the keys are split by a migration) and `-CLUSTERDOWN` are transient.
     pub(crate) async fn run<T, F, Fut>(
@@ -386,11 +350,11 @@ impl Conn {
                     e.kind(),
                     redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
                 ) {
-                    // The slot has a new owner: a failover for every hold (its lease may
-                    // not have reached the new owner). The old node's connection goes with
-                    // it, and is opened again when asked for.
-                    self.servers.moved(slot, &addr);
+                    // The slot has a new owner: a failover for the old owner's holds (their
+                    // leases may not have reached the new owner). The old node's connection
+                    // goes with it, and is opened again when asked for.
                     self.failed_over_at(Some(&LinkRef(link)));
+                    self.servers.moved(slot, &addr);
                     continue;
                 }
                 return self.asking(&addr, &mut request).await;

@@ -9,8 +9,8 @@ use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use super::breaks::Breaks;
 use super::conn::server_error;
-use super::conn::Breaks;
 use super::keys::Keys;
 use super::lease::reason;
 pub(crate) use super::lease::{extend, lose, HoldState, Side};
@@ -184,6 +184,7 @@ impl RedisHold {
         let (state, _) = watch::channel(HoldState {
             deadline: Inner::deadline_for(sent, lease),
             epoch,
+            slot: keys.slot,
             lost: None,
             released: false,
         });

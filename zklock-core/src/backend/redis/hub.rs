@@ -30,7 +30,7 @@ use futures::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::conn::Breaks;
+use super::breaks::Breaks;
 use super::keys::NOTIFY_PREFIX;
 
 /// The longest a waiter sleeps between attempts while the hub has no live subscription.
@@ -406,9 +406,9 @@ async fn run(
             Event::Request(Request::Unsubscribe(channel)) => task.unsubscribe(&hub, channel).await,
             Event::Request(Request::Reconnect) => {
                 if !task.subs.is_empty() {
-                    task.subs.clear();
+                    let nodes: Vec<_> = task.subs.drain(..).map(|s| s.node).collect();
                     task.recheck();
-                    task.broke(&hub);
+                    task.broke(&hub, &nodes);
                     task.reconnect(&hub).await;
                 }
             }
@@ -552,13 +552,18 @@ impl HubTask {
         if took.iter().all(|&t| t) {
             return true;
         }
+        let mut failed = Vec::new();
         let mut i = 0;
-        self.subs.retain(|_| {
+        self.subs.retain(|sub| {
             i += 1;
-            took.get(i - 1).copied().unwrap_or(true)
+            let keep = took.get(i - 1).copied().unwrap_or(true);
+            if !keep {
+                failed.push(sub.node.clone());
+            }
+            keep
         });
         self.recheck();
-        self.broke(hub);
+        self.broke(hub, &failed);
         false
     }
 
@@ -571,9 +576,9 @@ impl HubTask {
             tracing::debug!(
                 "zklock: a Redis pub/sub connection broke; waiters poll until it is back"
             );
-            self.subs.swap_remove(i);
+            let node = self.subs.swap_remove(i).node;
             self.recheck();
-            self.broke(hub);
+            self.broke(hub, &[node]);
             return;
         };
         let first_hand = |key: &str| {
@@ -651,11 +656,19 @@ impl HubTask {
         complete
     }
 
-    /// A connection broke (or is given up; the caller dropped it): the break counted in the
-    /// backend's [`Breaks`], the hub no longer live, and every listener woken (it may have
-    /// missed a release).
-    fn broke(&mut self, hub: &Shared) {
-        self.breaks.broke();
+    /// The connections to `nodes` broke (or are given up; the caller dropped them): the break
+    /// counted in the backend's [`Breaks`] for the holds it reaches (on Cluster, those in the
+    /// nodes' slots: a lingering hold there may have missed the word that someone waits), the
+    /// hub no longer live, and every listener woken (it may have missed a release).
+    fn broke(&mut self, hub: &Shared, nodes: &[Option<(String, u16)>]) {
+        let mut slots = Some(Vec::new());
+        for node in nodes {
+            match (self.servers.slots_of(node), &mut slots) {
+                (Some(of_node), Some(all)) => all.extend(of_node),
+                _ => slots = None,
+            }
+        }
+        self.breaks.broke(slots.as_deref());
         hub.live.store(false, Ordering::SeqCst);
         hub.wake_all();
     }

@@ -88,6 +88,8 @@ pub(crate) struct Keys {
     pub(crate) alive: String,
     /// A job's `at_least` window: no run may start before this server time (ms).
     pub(crate) run: String,
+    /// On Redis Cluster (tagged keys), the hash slot every key of the lock is in.
+    pub(crate) slot: Option<u16>,
 }
 
 impl Keys {
@@ -122,6 +124,7 @@ impl Keys {
             queue: name("queue"),
             alive: name("alive"),
             run: name("run"),
+            slot: (!tag.is_empty()).then(|| super::cluster::slot(&tag)),
         }
     }
 }

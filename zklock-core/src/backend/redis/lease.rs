@@ -4,7 +4,7 @@
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::conn::Breaks;
+use super::breaks::Breaks;
 use crate::types::loss::LossReason;
 
 /// Which key a hold lives in.
@@ -24,11 +24,13 @@ pub(crate) struct HoldState {
     /// When the lease could run out: the send time of the last confirmed grant or renewal,
     /// plus the lease the server was told, minus a margin (see `Inner::margin`).
     pub(crate) deadline: Instant,
-    /// The connection epoch (see [`Breaks`]) in which the hold was granted. Once a later epoch
-    /// is current (a connection broke since: the server may have restarted and lost the key,
-    /// and let someone else in), the hold is lost (`Disconnected`), at once and for good: a
-    /// hold seen not held never turns held again.
+    /// The connection epoch (see [`Breaks`]) in which the hold was granted. Once a break that
+    /// reaches the hold comes after it (a connection broke since: the server may have
+    /// restarted and lost the key, and let someone else in), the hold is lost
+    /// (`Disconnected`), at once and for good: a hold seen not held never turns held again.
     pub(crate) epoch: u64,
+    /// On Cluster, the hold's slot: only breaks that reach it count (see [`Breaks`]).
+    pub(crate) slot: Option<u16>,
     /// Set once the hold is lost; never cleared.
     pub(crate) lost: Option<LossReason>,
     /// The hold ended (released or downgraded): its deadline no longer matters.
@@ -46,8 +48,8 @@ impl HoldState {
             None
         } else if now >= self.deadline {
             Some(LossReason::LeaseExpired)
-        } else if self.epoch != breaks.epoch() {
-            Some(breaks.why(self.epoch))
+        } else if breaks.ended_since(self.epoch, self.slot) {
+            Some(breaks.why(self.epoch, self.slot))
         } else {
             None
         }
@@ -75,7 +77,7 @@ pub(crate) fn reason(state: &watch::Receiver<HoldState>, breaks: &Breaks) -> Opt
 
 /// Moves the deadline on to `deadline` after a renewal (or check) sent in connection epoch
 /// `sent` was confirmed with `breaks` current, unless the hold was already lost: its deadline
-/// passed, or a connection broke since its grant or during the request, before the
+/// passed, or a break that reaches it came since its grant or during the request, before the
 /// confirmation came (someone may have seen it lost, and a loss is final).
 pub(crate) fn extend(
     state: &watch::Sender<HoldState>,
@@ -89,8 +91,8 @@ pub(crate) fn extend(
         }
         if let Some(reason) = s.reason_at(Instant::now(), breaks) {
             s.lost = Some(reason);
-        } else if sent != breaks.epoch() {
-            s.lost = Some(breaks.why(sent));
+        } else if breaks.ended_since(sent, s.slot) {
+            s.lost = Some(breaks.why(sent, s.slot));
         } else {
             s.deadline = s.deadline.max(deadline);
             return false;

@@ -10,8 +10,8 @@
 //!   time of the last confirmed renewal plus the lease less a [`margin`](Inner::margin), so
 //!   before the server lets anyone else in. A connection break (the command connection's
 //!   driver ends, a request fails, the hub's pub/sub connection breaks) makes every hold
-//!   granted before it lost (see [`conn::Breaks`]): the server may have restarted, lost the
-//!   key and let someone else in.
+//!   granted before it lost (on Cluster, every hold on that node; see [`breaks::Breaks`]): the
+//!   server may have restarted, lost the key and let someone else in.
 //! - A local handoff or a linger's re-take first confirms the key with the server (one
 //!   request; see `BackendHold::confirmed`): a key deleted or lost on the server is never handed
 //!   on within the process.
@@ -40,6 +40,7 @@
 //! lease/3 while it waits.
 
 mod acquire;
+mod breaks;
 mod cluster;
 mod conn;
 mod hold;
@@ -65,7 +66,8 @@ use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HO
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
-use conn::{server_error, transient, Background, Breaks, Conn};
+use breaks::Breaks;
+use conn::{server_error, transient, Background, Conn};
 use hub::Hub;
 use keys::Keys;
 pub use options::RedisOptions;
@@ -403,7 +405,10 @@ impl RedisBackend {
         let servers = RedisBackend::servers(&config).await?;
         let reply_timeout = config.lease.min(MAX_REPLY_TIMEOUT);
         let runtime = tokio::runtime::Handle::current();
-        let breaks = Breaks::new();
+        let breaks = match &servers {
+            Servers::Cluster(c) => c.breaks(),
+            _ => Breaks::new(),
+        };
         let conn = Conn::new(
             servers.clone(),
             config.connect_timeout,

@@ -87,6 +87,15 @@ impl Servers {
         }
     }
 
+    /// The slots whose holds a break of the connection to `node` reaches: on Cluster the
+    /// node's slots in the map as last learned; `None` (every hold) off Cluster.
+    pub(crate) fn slots_of(&self, node: &Option<(String, u16)>) -> Option<Vec<u16>> {
+        match (self, node) {
+            (Servers::Cluster(c), Some(addr)) => Some(c.slots_of(addr)),
+            _ => None,
+        }
+    }
+
     /// The pub/sub connections the hub keeps: one to the server (`None`), or on Cluster one
     /// per primary, asking the Cluster for its slots first when a node failed since or none is
     /// known. Empty when no primary is known.

@@ -8,8 +8,9 @@
 //! most a quarter of the shortest first lease (a hand-over's, see `super::waiter_ttl`), so a
 //! hold registered just after a tick is still renewed in time. The task ends with the backend.
 //!
-//! A connection break (see [`Breaks`](super::conn::Breaks)) makes every hold lost (it shows
-//! at once in each hold's state; the watchdog then makes it final and stops renewing it).
+//! A connection break (see [`Breaks`](super::breaks::Breaks)) makes every hold it reaches lost
+//! (it shows at once in each hold's state; the watchdog then makes it final and stops renewing
+//! it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
