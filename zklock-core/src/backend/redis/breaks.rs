@@ -21,7 +21,12 @@ pub(crate) const SLOTS: usize = 16384;
 /// Off Cluster a break reaches every hold. On Cluster a break reaches the holds in the slots
 /// of the node whose connection broke, and a slot that changes owner in the map (a failover, a
 /// migration) is a failover of the holds in it: a blip of one primary's connection costs the
-/// holds on that primary, not every hold of the process.
+/// holds on that primary, not every hold of the process. A node's slots are those of the map
+/// as last learned, so a hold whose key a migration moved to another node before the client
+/// heard of it (no `-ASK` or `-MOVED` yet) is reached by that node's break only once its next
+/// renewal (at most lease/3 away) is redirected: with lease/3 below the Cluster's failover
+/// time (`cluster-node-timeout` and the election), that comes before a replica of that node
+/// can take over.
 ///
 /// A failover (a Sentinel announced a new primary, the server turned replica, a slot's owner
 /// changed) is a break too, remembered as such so that the holds it ends say why
