@@ -245,6 +245,10 @@ pub struct Options {
     /// zklock only: whether holds carry fencing tokens (the manager's
     /// [`fencing_tokens`](zklock_core::Builder::fencing_tokens), on by default).
     pub fencing_tokens: bool,
+    /// zklock on Redis only: the replicas that must acknowledge each grant and renewal (the
+    /// backend's `replica_acks`, waiting at most [`REPLICA_ACK_TIMEOUT`]); 0 (the default):
+    /// none asked.
+    pub replica_acks: u32,
     /// Warm-up cycles on a separate key before measuring.
     pub warmup: usize,
     /// Session timeout of every session the run opens.
@@ -253,6 +257,9 @@ pub struct Options {
     /// `reacquire` and `handover` workloads, else zero.
     pub linger: Duration,
 }
+
+/// How long a run with [`Options::replica_acks`] waits for the replicas' acknowledgements.
+pub const REPLICA_ACK_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Options {
     /// Defaults: one worker, 1,000 cycles, one key, peer zklock, local queue on, 200 warm-up
@@ -272,6 +279,7 @@ impl Options {
             peer: Peer::Zklock,
             local_queue: true,
             fencing_tokens: true,
+            replica_acks: 0,
             warmup: 200,
             session_timeout: Duration::from_secs(30),
             linger: match workload {

@@ -53,6 +53,10 @@ struct Cli {
     /// an uncontended acquire is a bare `SET NX PX`, on PostgreSQL a grant writes nothing.
     #[arg(long)]
     no_fencing_tokens: bool,
+    /// zklock on Redis: count a grant or renewal only once this many replicas acknowledged it
+    /// (the backend's `replica_acks`, `WAIT` after each, 1 s at most); 0: none asked.
+    #[arg(long, default_value_t = 0)]
+    replica_acks: u32,
     /// Warm-up cycles on a separate key before measuring.
     #[arg(long, default_value_t = 200)]
     warmup: usize,
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
     options.peer = cli.peer;
     options.local_queue = !cli.no_local_queue;
     options.fencing_tokens = !cli.no_fencing_tokens;
+    options.replica_acks = cli.replica_acks;
     options.warmup = cli.warmup;
     options.session_timeout = Duration::from_secs(cli.session_timeout);
     if let Some(ms) = cli.linger_ms {

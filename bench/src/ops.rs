@@ -276,6 +276,9 @@ fn push_redis(report: &mut Report, options: &Options, counted: Counters, cycles:
             if !options.fencing_tokens {
                 report.push("fencing_tokens", "off");
             }
+            if options.replica_acks > 0 {
+                report.push("replica_acks", options.replica_acks);
+            }
         }
         Peer::Floor => report.push("set_nx_per_cycle", per(counted.attempts, cycles)),
         _ => {}

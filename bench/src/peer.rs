@@ -278,7 +278,13 @@ pub(crate) async fn redis_connection(url: &str) -> Result<MultiplexedConnection>
 pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result<LockManager> {
     let builder = LockManager::builder(options.connect.clone()).namespace(namespace);
     let builder = match zklock_core::BackendKind::of(&options.connect)? {
-        zklock_core::BackendKind::Redis => builder.redis(|r| r.lease(REDIS_TTL)),
+        zklock_core::BackendKind::Redis => builder.redis(|r| {
+            let r = r.lease(REDIS_TTL);
+            match options.replica_acks {
+                0 => r,
+                n => r.replica_acks(n, crate::REPLICA_ACK_TIMEOUT),
+            }
+        }),
         zklock_core::BackendKind::Postgres => builder,
         _ => builder.zookeeper(|zk| zk.session_timeout(options.session_timeout)),
     };

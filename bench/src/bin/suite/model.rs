@@ -28,6 +28,8 @@ pub(crate) enum Runner {
     /// `zklock-bench --peer <peer>` on another connect string than the section's (Sentinel:
     /// the primary's own address).
     OursAt { peer: &'static str, connect: String },
+    /// `zklock-bench --peer zklock --replica-acks <n>` on the section's connect string.
+    Acked(u32),
     /// The test kit's `peers/run <curator|kazoo>`.
     Peer(&'static str),
     /// `java CuratorMem`.

@@ -72,6 +72,14 @@ impl Env {
                     .args(["--keys", &row.keys.to_string()]);
                 cmd
             }
+            Runner::Acked(replicas) => {
+                let mut cmd = Command::new(&self.bench);
+                cmd.args(["--connect", &self.connect, "--workload", row.workload])
+                    .args(["--workers", &n, "--cycles", &m, "--peer", "zklock"])
+                    .args(["--keys", &row.keys.to_string()])
+                    .args(["--replica-acks", &replicas.to_string()]);
+                cmd
+            }
             Runner::Peer(which) => {
                 let mut cmd = Command::new(&self.peers_run);
                 cmd.args([which, self.connect.as_str(), row.workload, &n, &m]);

@@ -7,7 +7,9 @@
 //! for the primary and the primary for its `ROLE` once per new connection, and listens to every
 //! Sentinel's `+switch-master` on connections of their own; every acquire and release goes to
 //! the primary as on one server. The `direct` column (zklock on the primary's address) shows
-//! what that costs against the same server; `rslock` is the peer, as in the Redis section.
+//! what that costs against the same server; `rslock` is the peer, as in the Redis section. The
+//! `acked` column is zklock through the Sentinels with `replica_acks(1, 1 s)`: what waiting for
+//! one replica's `WAIT` after each grant and renewal costs.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -20,18 +22,21 @@ use crate::rounds::run_rounds;
 use crate::runner::Env;
 
 /// The columns of the table, in order: (column key, heading).
-const COLUMNS: [(&str, &str); 3] = [
+const COLUMNS: [(&str, &str); 4] = [
     ("zklock", "zklock (Sentinel)"),
+    ("acked", "zklock (Sentinel, replica_acks 1)"),
     ("direct", "zklock (primary, redis://)"),
     ("rslock", "rslock (Redlock, primary)"),
 ];
 
-/// The rows (see [`rslock_rows`]), each by zklock through the Sentinels, zklock on the
-/// primary's address and rslock on it.
+/// The rows (see [`rslock_rows`]), each by zklock through the Sentinels (without and with one
+/// replica's acknowledgement of each grant and renewal), zklock on the primary's address and
+/// rslock on it.
 fn rows(quick: bool, primary: &str) -> Vec<Row> {
     rslock_rows(quick, || {
         vec![
             ("zklock", Runner::ours("zklock")),
+            ("acked", Runner::Acked(1)),
             (
                 "direct",
                 Runner::OursAt {
@@ -97,9 +102,10 @@ fn render(rows: &[Row], results: &[RowRuns], took: Duration, quick: bool, rounds
     let _ = writeln!(
         md,
         "Throughput (acquire + release per second), {}. zklock (Sentinel) connects with \
-         `redis+sentinel://` (the three Sentinels, the master name); the other columns connect \
-         to the primary's own address. In parentheses: zklock (Sentinel)'s ratio to that \
-         column.\n",
+         `redis+sentinel://` (the three Sentinels, the master name), and with `replica_acks(1, \
+         1 s)` counts each grant and renewal once one replica acknowledged it (`WAIT 1 1000` \
+         after it); the other columns connect to the primary's own address. In parentheses: \
+         zklock (Sentinel)'s ratio to that column.\n",
         each_cell(rounds)
     );
     backend_tables(
