@@ -1,14 +1,15 @@
 //! Shared by the Redis Cluster fault and fence tests: the test kit's Cluster started off the
 //! async runtime, managers on it, where a lock's keys live (their hash tag and slot, computed as
-//! zklock and Redis compute them, checked against the servers). The fault tests' recorded holds
-//! and checks are in `failover.rs`, shared with the Sentinel's.
+//! zklock and Redis compute them, checked against the servers), and one client routed through
+//! the test kit's relays (each primary announcing its relay's port). The fault tests' recorded
+//! holds and checks are in `failover.rs`, shared with the Sentinel's.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use zklock::LockManager;
-use zklock_testkit::RedisCluster;
+use zklock_testkit::{RedisCluster, RedisReply, Relay};
 
 /// Runs blocking test-kit calls (they poll the nodes) without stalling the runtime.
 pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
@@ -137,4 +138,110 @@ pub fn replica_of(cluster: &RedisCluster, primary: usize) -> usize {
         .into_iter()
         .find(|&r| cluster.primary_of(r).unwrap() == Some(primary))
         .expect("a replica of the primary")
+}
+
+/// How long every node may take to learn the ports the primaries announce (gossip: a node
+/// pings each other node at least every half `cluster-node-timeout`).
+pub const ANNOUNCED_WITHIN: Duration = Duration::from_secs(10);
+
+/// Node `i`'s own port.
+pub fn port_of(cluster: &RedisCluster, i: usize) -> u16 {
+    let addr = cluster.addr(i);
+    addr.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// Node `i`'s cluster bus port.
+pub fn bus_port_of(cluster: &RedisCluster, i: usize) -> String {
+    let reply = cluster
+        .command(i, &["CONFIG", "GET", "cluster-port"])
+        .expect("CONFIG GET cluster-port");
+    reply.array().and_then(|kv| kv.get(1)?.text()).unwrap()
+}
+
+/// The ports of the primaries that node `i`'s `CLUSTER SLOTS` names (`None`: it did not
+/// answer).
+pub fn primary_ports(cluster: &RedisCluster, i: usize) -> Option<BTreeSet<u16>> {
+    let reply = cluster.command(i, &["CLUSTER", "SLOTS"]).ok()?;
+    let mut ports = BTreeSet::new();
+    for range in reply.array()? {
+        let primary = range.array()?.get(2)?.array()?;
+        let port = match primary.get(1)? {
+            RedisReply::Int(p) => u16::try_from(*p).ok()?,
+            _ => return None,
+        };
+        ports.insert(port);
+    }
+    Some(ports)
+}
+
+/// Each primary announces `port(primary)` (0: its own; `CONFIG SET cluster-announce-port`,
+/// the cluster bus stays direct), and every node's `CLUSTER SLOTS` names those ports before
+/// this returns (within [`ANNOUNCED_WITHIN`]). A client that asks for the slots from then on
+/// goes to the announced ports; one that asked before keeps what it learned until it asks
+/// again (after a failed connection or a `-MOVED`).
+pub fn announce(cluster: &RedisCluster, port: impl Fn(usize) -> u16) {
+    blocking(|| {
+        let primaries = cluster.primaries().expect("the Cluster's primaries");
+        let want: BTreeSet<u16> = primaries
+            .iter()
+            .map(|&p| match port(p) {
+                0 => port_of(cluster, p),
+                relay => relay,
+            })
+            .collect();
+        for &p in &primaries {
+            let announced = port(p).to_string();
+            cluster
+                .command(p, &["CONFIG", "SET", "cluster-announce-port", &announced])
+                .expect("CONFIG SET cluster-announce-port");
+        }
+        // Every other node meets each primary again: the primary's answer carries the port it
+        // announces now, and the node takes it at once (else it learns it from the primary's
+        // next ping, within half a node timeout).
+        for i in 0..cluster.len() {
+            for &p in primaries.iter().filter(|&&p| p != i) {
+                let (own, bus) = (port_of(cluster, p).to_string(), bus_port_of(cluster, p));
+                cluster
+                    .command(i, &["CLUSTER", "MEET", "127.0.0.1", &own, &bus])
+                    .expect("CLUSTER MEET");
+            }
+        }
+        let since = Instant::now();
+        loop {
+            let seen: Vec<_> = (0..cluster.len())
+                .map(|i| primary_ports(cluster, i))
+                .collect();
+            // And the meetings are over: no node keeps a second entry of a primary.
+            let meeting = (0..cluster.len()).any(|i| {
+                let nodes = cluster.command(i, &["CLUSTER", "NODES"]);
+                nodes.map_or(true, |n| n.text().unwrap_or_default().contains("handshake"))
+            });
+            if !meeting && seen.iter().all(|s| s.as_ref() == Some(&want)) {
+                return;
+            }
+            assert!(
+                since.elapsed() < ANNOUNCED_WITHIN,
+                "the nodes do not all name the primaries at {want:?} within \
+                 {ANNOUNCED_WITHIN:?}: {seen:?} (a meeting still going on: {meeting})"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+}
+
+/// A relay in front of each primary (each on its own: its faults and counts are its
+/// primary's alone), each primary announcing its relay's port (see [`announce`]); the
+/// primaries' relays, and the `redis+cluster://` URL whose seeds are the relays: a manager
+/// connected with it from now on reaches every primary through its relay (its `CLUSTER SLOTS`
+/// names the relays), while managers connected before keep the nodes' own ports. The replicas
+/// follow their primary's announced port too (they replicate through the relay).
+pub fn relayed_primaries(cluster: &RedisCluster) -> (BTreeMap<usize, Relay>, String) {
+    let primaries = blocking(|| cluster.primaries()).expect("the Cluster's primaries");
+    let relays: BTreeMap<usize, Relay> = primaries
+        .iter()
+        .map(|&p| (p, Relay::start(&cluster.addr(p)).expect("start a relay")))
+        .collect();
+    announce(cluster, |p| relays[&p].port());
+    let seeds: Vec<String> = relays.values().map(|r| r.addr().to_string()).collect();
+    (relays, format!("redis+cluster://{}", seeds.join(",")))
 }
