@@ -267,3 +267,93 @@ async fn the_sentinel_subscription_ends_with_the_manager() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Sentinels that ask for a password of their own: a manager given it with
+/// `sentinel_password` connects, excludes, and listens to every Sentinel's `+switch-master`;
+/// one without it, or with a wrong one, is refused at connect with an error that names the
+/// setting and never the password. The option on a URL without Sentinels is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_with_a_password_of_their_own_take_sentinel_password() {
+    let redis = tokio::task::spawn_blocking(RedisSentinel::start)
+        .await
+        .unwrap()
+        .expect("start Redis with Sentinels (test kit)");
+    const SECRET: &str = "s3ntinel-secret";
+    // Asked while the test kit can still ask the Sentinels (it has no password for them).
+    let primary = redis.primary_addr().unwrap();
+    for j in 0..redis.len() {
+        redis
+            .sentinel_command(
+                j,
+                &["ACL", "SETUSER", "default", "on", &format!(">{SECRET}")],
+            )
+            .expect("set the Sentinel's password");
+    }
+    let url = url(&redis);
+    let with = |password: Option<&'static str>| {
+        let url = url.clone();
+        async move {
+            LockManager::builder(url)
+                .redis(move |r| match password {
+                    Some(p) => r.lease(LEASE).sentinel_password(p),
+                    None => r.lease(LEASE),
+                })
+                .connect()
+                .await
+        }
+    };
+    for password in [None, Some("wrong-password")] {
+        match with(password).await {
+            Err(Error::Config(text)) => {
+                assert!(text.contains("sentinel_password"), "{text}");
+                assert!(
+                    !text.contains(SECRET) && !text.contains("wrong-password"),
+                    "{text}"
+                );
+            }
+            other => panic!("{password:?}: {:?}", other.map(|_| ())),
+        }
+    }
+    let a = with(Some(SECRET))
+        .await
+        .expect("connect with the Sentinels' password");
+    let b = with(Some(SECRET))
+        .await
+        .expect("connect with the Sentinels' password");
+    let held = a.lock("order-3").await.unwrap();
+    assert!(b.try_lock("order-3").await.unwrap().is_none());
+    // Every Sentinel has both managers' `+switch-master` subscriptions (authenticated).
+    for addr in redis.sentinel_addrs() {
+        let client = redis::Client::open(format!("redis://:{SECRET}@{addr}/")).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            // Sentinels know no PUBSUB: their client list shows each subscriber (`sub=1`).
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let n = clients.lines().filter(|l| l.contains(" sub=1 ")).count();
+            if n >= 2 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the Sentinel at {addr} has {n} +switch-master subscribers"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    held.release().await.unwrap();
+    assert!(b.try_lock("order-3").await.unwrap().is_some());
+    // The setting names Sentinels' credentials: a plain URL refuses it.
+    let plain = LockManager::builder(format!("redis://{primary}/"))
+        .redis(|r| r.sentinel_password("x"))
+        .connect()
+        .await;
+    match plain {
+        Err(Error::Config(text)) => assert!(text.contains("redis+sentinel://"), "{text}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}

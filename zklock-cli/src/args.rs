@@ -43,6 +43,17 @@ pub(crate) struct Cli {
     /// (default 10s; e.g. 4s, 1500ms)
     #[arg(long, global = true, value_parser = parse_duration, help_heading = "Redis, PostgreSQL and etcd")]
     pub(crate) lease: Option<Duration>,
+    /// The password the Sentinels of a redis+sentinel:// address ask for (their own; the
+    /// address's user:password@ are the data nodes'). Best given in the environment, which
+    /// `ps` does not show
+    #[arg(
+        long,
+        global = true,
+        env = "ZKLOCK_SENTINEL_PASSWORD",
+        hide_env_values = true,
+        help_heading = "Redis, PostgreSQL and etcd"
+    )]
+    pub(crate) sentinel_password: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

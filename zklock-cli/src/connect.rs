@@ -9,7 +9,8 @@ use crate::args::Cli;
 use crate::exit::fail;
 
 /// A manager for `--connect`, `--namespace` and the backend's own flags (`--session-timeout`
-/// on ZooKeeper, `--lease` on Redis, PostgreSQL and etcd). A flag of another backend than the one
+/// on ZooKeeper, `--lease` on Redis, PostgreSQL and etcd, `--sentinel-password` under Redis
+/// Sentinel). A flag of another backend than the one
 /// `--connect` names is refused: it would have no effect.
 pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
     let kind = BackendKind::of(&cli.connect)?;
@@ -25,10 +26,28 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
             kind.name()
         )));
     }
+    if cli.sentinel_password.is_some() && kind != BackendKind::Redis {
+        return Err(zklock_core::Error::Config(format!(
+            "--sentinel-password has no effect on {}: it is for redis+sentinel:// addresses",
+            kind.name()
+        )));
+    }
     let builder = LockManager::builder(&cli.connect).namespace(&cli.namespace);
     let builder = match (kind, cli.session_timeout, cli.lease) {
         (BackendKind::ZooKeeper, Some(t), _) => builder.zookeeper(|zk| zk.session_timeout(t)),
-        (BackendKind::Redis, _, Some(lease)) => builder.redis(|r| r.lease(lease)),
+        (BackendKind::Redis, _, lease) => {
+            let password = cli.sentinel_password.clone();
+            builder.redis(move |r| {
+                let r = match lease {
+                    Some(lease) => r.lease(lease),
+                    None => r,
+                };
+                match password {
+                    Some(p) => r.sentinel_password(p),
+                    None => r,
+                }
+            })
+        }
         (BackendKind::Postgres, _, Some(lease)) => builder.postgres(|pg| pg.lease(lease)),
         (BackendKind::Etcd, _, Some(lease)) => builder.etcd(|e| e.lease(lease)),
         _ => builder,

@@ -273,3 +273,39 @@ fn after_a_failover_the_next_token_is_above_every_earlier_one() {
     let (other, _) = exec_token_and_path(&url, &[]);
     assert!(other > highest, "{other} after {before:?}");
 }
+
+/// Sentinels with a password of their own: `--sentinel-password` (here from
+/// `ZKLOCK_SENTINEL_PASSWORD`, which `ps` does not show) lets `exec` through; without it the
+/// tool stops at connect with a usage error naming the flag; on another backend's address the
+/// flag is refused.
+#[test]
+fn sentinels_with_a_password_take_sentinel_password() {
+    let redis = start();
+    let url = url(&redis);
+    for j in 0..redis.len() {
+        redis
+            .sentinel_command(j, &["ACL", "SETUSER", "default", "on", ">sentinel-pw"])
+            .expect("set the Sentinel's password");
+    }
+    let out = zklock(&url)
+        .args(["exec", "job/pw", "--", "true"])
+        .env_remove("ZKLOCK_SENTINEL_PASSWORD")
+        .output()
+        .unwrap();
+    assert_exit(&out, 64);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--sentinel-password"), "{stderr}");
+    let out = zklock(&url)
+        .args(["exec", "job/pw", "--", "true"])
+        .env("ZKLOCK_SENTINEL_PASSWORD", "sentinel-pw")
+        .output()
+        .unwrap();
+    assert_exit(&out, 0);
+    let out = zklock("127.0.0.1:1")
+        .args(["--sentinel-password", "x", "ls"])
+        .output()
+        .unwrap();
+    assert_exit(&out, 64);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("redis+sentinel://"), "{stderr}");
+}

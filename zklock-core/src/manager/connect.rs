@@ -239,6 +239,7 @@ impl Builder {
             url: self.connect.clone(),
             lease,
             acks: options.acks,
+            sentinel_auth: options.sentinel_auth.clone(),
             connect_timeout: self
                 .connect_timeout
                 .unwrap_or(DEFAULT_REDIS_CONNECT_TIMEOUT),

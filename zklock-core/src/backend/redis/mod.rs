@@ -118,6 +118,8 @@ pub(crate) struct RedisConfig {
     pub(crate) tokens: bool,
     /// Replicas that must acknowledge a write before it counts (`WAIT`), if any.
     pub(crate) acks: Option<options::Acks>,
+    /// The Sentinels' own credentials (`redis+sentinel://` only).
+    pub(crate) sentinel_auth: Option<options::SentinelAuth>,
 }
 
 /// What the backend's holds and tasks share.
@@ -490,12 +492,19 @@ impl RedisBackend {
         let url = config.url.as_str();
         let scheme = url.trim().to_ascii_lowercase();
         if scheme.starts_with(sentinel::SCHEME) {
-            let sentinels = sentinel::Sentinels::parse(url)?;
+            let sentinels = sentinel::Sentinels::parse(url, config.sentinel_auth.as_ref())?;
             sentinels
                 .primary(config.connect_timeout)
                 .await
                 .map_err(|asked| sentinels.connect_error(asked, url))?;
             return Ok(Servers::Sentinel(Arc::new(sentinels)));
+        }
+        if config.sentinel_auth.is_some() {
+            return Err(Error::Config(
+                "sentinel_password and sentinel_user are for redis+sentinel:// URLs: this URL \
+                 names no Sentinel; give the server's password in the URL instead"
+                    .to_string(),
+            ));
         }
         if scheme.starts_with(cluster::SCHEME) {
             let cluster = cluster::Cluster::parse(url)?;

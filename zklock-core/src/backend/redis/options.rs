@@ -26,6 +26,24 @@ use crate::backend::DEFAULT_LEASE;
 pub struct RedisOptions {
     pub(crate) lease: Duration,
     pub(crate) acks: Option<Acks>,
+    pub(crate) sentinel_auth: Option<SentinelAuth>,
+}
+
+/// The credentials the Sentinels themselves ask for (see
+/// [`RedisOptions::sentinel_password`]). Its `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct SentinelAuth {
+    pub(crate) username: Option<String>,
+    pub(crate) password: String,
+}
+
+impl std::fmt::Debug for SentinelAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelAuth")
+            .field("username", &self.username)
+            .field("password", &"<hidden>")
+            .finish()
+    }
 }
 
 /// How many replicas must acknowledge a write before it counts (see
@@ -41,6 +59,7 @@ impl Default for RedisOptions {
         RedisOptions {
             lease: DEFAULT_LEASE,
             acks: None,
+            sentinel_auth: None,
         }
     }
 }
@@ -97,6 +116,55 @@ impl RedisOptions {
     /// ```
     pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> RedisOptions {
         self.acks = Some(Acks { replicas, timeout });
+        self
+    }
+
+    /// The password the Sentinels of a `redis+sentinel://` URL ask for (their own
+    /// `requirepass` or the `default` user's ACL password), sent with `AUTH` on every
+    /// connection to a Sentinel. The URL's `user:password@` are the data nodes'; Sentinels are
+    /// often set up with none, or with another one. Only for `redis+sentinel://` URLs: others
+    /// refuse it at connect.
+    ///
+    /// A Sentinel that asks for a password the manager does not have, or refuses the one it
+    /// has, is a [`Error::Config`](crate::Error::Config) at connect naming the Sentinel and
+    /// this setting.
+    ///
+    /// ```
+    /// // The data nodes take "app:pw1"; the Sentinels their own password.
+    /// let b = zklock_core::LockManager::builder(
+    ///     "redis+sentinel://app:pw1@10.0.0.1:26379,10.0.0.2:26379/orders",
+    /// )
+    /// .redis(|r| r.sentinel_password("sentinel-secret"));
+    /// # let _ = b;
+    /// ```
+    pub fn sentinel_password(mut self, password: impl Into<String>) -> RedisOptions {
+        let username = self.sentinel_auth.take().and_then(|a| a.username);
+        self.sentinel_auth = Some(SentinelAuth {
+            username,
+            password: password.into(),
+        });
+        self
+    }
+
+    /// The ACL user the Sentinels are asked to authenticate (with
+    /// [`sentinel_password`](Self::sentinel_password)); without it, `AUTH` names none (the
+    /// `default` user).
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("redis+sentinel://10.0.0.1:26379/orders")
+    ///     .redis(|r| r.sentinel_user("locks").sentinel_password("sentinel-secret"));
+    /// # let _ = b;
+    /// ```
+    pub fn sentinel_user(mut self, username: impl Into<String>) -> RedisOptions {
+        let password = self
+            .sentinel_auth
+            .take()
+            .map(|a| a.password)
+            .unwrap_or_default();
+        self.sentinel_auth = Some(SentinelAuth {
+            username: Some(username.into()),
+            password,
+        });
         self
     }
 }

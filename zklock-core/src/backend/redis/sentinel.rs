@@ -22,6 +22,7 @@ use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError, RedisResult};
 
+use super::options::SentinelAuth;
 use super::Inner;
 use crate::types::error::{Error, Result, ServerError};
 
@@ -37,6 +38,9 @@ pub(crate) enum Asked {
     NoSentinel(Option<RedisError>),
     /// The server at this address answered, but is no Sentinel (it knows no `SENTINEL`).
     NotSentinel(String),
+    /// The Sentinel at this address asks for a password the manager was not given (`NOAUTH`),
+    /// or refused the one it was given.
+    Refused(String),
 }
 
 impl Asked {
@@ -46,6 +50,7 @@ impl Asked {
             Asked::NoSentinel(Some(e)) => format!("no Sentinel answered: {e}"),
             Asked::NoSentinel(None) => "no Sentinel answered".to_string(),
             Asked::NotSentinel(addr) => format!("{addr} is not a Sentinel"),
+            Asked::Refused(addr) => format!("the Sentinel at {addr} refused this client"),
         };
         RedisError::from(std::io::Error::new(std::io::ErrorKind::NotConnected, text))
     }
@@ -60,16 +65,20 @@ pub(crate) struct Sentinels {
     /// The data nodes' connection settings (credentials, database); the address is the
     /// primary's, set per connection.
     data: ConnectionInfo,
+    /// The Sentinels' connection settings (their own credentials, if any); the address is set
+    /// per Sentinel.
+    sentinel: ConnectionInfo,
     /// The primary's address as last asked, for the logs and [`watch`].
     pub(crate) primary: StdMutex<Option<(String, u16)>>,
 }
 
 impl Sentinels {
-    /// Parses `redis+sentinel://[user:password@]host:port[,host:port…]/<master>[/<db>]`.
+    /// Parses `redis+sentinel://[user:password@]host:port[,host:port…]/<master>[/<db>]`; `auth`:
+    /// the Sentinels' own credentials (see `RedisOptions::sentinel_password`).
     ///
     /// # Errors
     /// [`Error::Config`] naming what is wrong (never the password).
-    pub(crate) fn parse(url: &str) -> Result<Sentinels> {
+    pub(crate) fn parse(url: &str, auth: Option<&SentinelAuth>) -> Result<Sentinels> {
         let bad = |what: &str| {
             Error::Config(format!(
                 "the Redis Sentinel URL is not usable: {what}; give \
@@ -128,10 +137,25 @@ impl Sentinels {
             .as_str()
             .into_connection_info()
             .map_err(|_| bad("the credentials are not usable"))?;
+        let mut sentinel = "redis://127.0.0.1:26379/0"
+            .into_connection_info()
+            .map_err(|_| bad("the Sentinels' settings"))?;
+        if let Some(auth) = auth {
+            let settings = sentinel
+                .redis_settings()
+                .clone()
+                .set_password(auth.password.clone());
+            let settings = match &auth.username {
+                Some(user) => settings.set_username(user.clone()),
+                None => settings,
+            };
+            sentinel = sentinel.set_redis_settings(settings);
+        }
         Ok(Sentinels {
             addrs,
             master,
             data,
+            sentinel,
             primary: StdMutex::new(None),
         })
     }
@@ -144,7 +168,11 @@ impl Sentinels {
     /// A client of Sentinel `i`.
     fn sentinel_client(&self, i: usize) -> RedisResult<Client> {
         let (host, port) = self.addrs[i].clone();
-        Client::open((host.as_str(), port))
+        Client::open(
+            self.sentinel
+                .clone()
+                .set_addr(ConnectionAddr::Tcp(host, port)),
+        )
     }
 
     /// Asks every Sentinel at once for the primary's address (`SENTINEL
@@ -178,6 +206,7 @@ impl Sentinels {
         let answers = futures::future::join_all(asks).await;
         let mut unknown = false;
         let mut not_sentinel = None;
+        let mut refused = None;
         let mut last_error = None;
         let mut votes: Vec<((String, u16), usize)> = Vec::new();
         for (i, asked) in answers {
@@ -195,6 +224,10 @@ impl Sentinels {
                     let (h, p) = &self.addrs[i];
                     not_sentinel = Some(format!("{h}:{p}"));
                 }
+                Err(e) if refused_credentials(&e) => {
+                    let (h, p) = &self.addrs[i];
+                    refused = Some(format!("{h}:{p}"));
+                }
                 Err(e) => last_error = Some(e),
             }
         }
@@ -209,10 +242,11 @@ impl Sentinels {
             *self.primary.lock().unwrap() = Some(addr.clone());
             return Ok(addr);
         }
-        Err(match (unknown, not_sentinel) {
-            (true, _) => Asked::UnknownMaster,
-            (false, Some(addr)) => Asked::NotSentinel(addr),
-            (false, None) => Asked::NoSentinel(last_error),
+        Err(match (unknown, not_sentinel, refused) {
+            (true, _, _) => Asked::UnknownMaster,
+            (false, Some(addr), _) => Asked::NotSentinel(addr),
+            (false, None, Some(addr)) => Asked::Refused(addr),
+            (false, None, None) => Asked::NoSentinel(last_error),
         })
     }
 
@@ -231,6 +265,13 @@ impl Sentinels {
                  knows no SENTINEL command): give the Sentinels' addresses (port 26379 by \
                  default), or connect to a single server with redis://{addr}"
             )),
+            Asked::Refused(addr) => Error::Config(format!(
+                "the Sentinel at {addr} asks for a password this manager does not have, or \
+                 refused the one it has: give the Sentinels' own password with \
+                 .redis(|r| r.sentinel_password(..)) (and .sentinel_user(..) for an ACL user; \
+                 the zklock tool's --sentinel-password); the URL's user:password@ are the data \
+                 nodes'"
+            )),
             asked @ Asked::NoSentinel(_) => {
                 let e = asked.into_redis();
                 Error::Unreachable {
@@ -246,6 +287,14 @@ impl Sentinels {
             }
         }
     }
+}
+
+/// Whether a Sentinel refused the client's credentials, or asked for some it was not given.
+fn refused_credentials(e: &RedisError) -> bool {
+    let text = e.to_string();
+    matches!(e.kind(), redis::ErrorKind::AuthenticationFailed)
+        || text.contains("NOAUTH")
+        || text.contains("WRONGPASS")
 }
 
 /// Asks a fresh connection's server for its role: `Ok` only for a primary. A Sentinel's answer
@@ -426,14 +475,25 @@ mod tests {
 
     #[test]
     fn urls_are_parsed() {
-        let s = Sentinels::parse("redis+sentinel://a:1,b:2/mymaster").unwrap();
+        let s = Sentinels::parse("redis+sentinel://a:1,b:2/mymaster", None).unwrap();
         assert_eq!(s.addrs, [("a".to_string(), 1), ("b".to_string(), 2)]);
         assert_eq!(s.master, "mymaster");
-        let s = Sentinels::parse("REDIS+SENTINEL://u:p%40ss@h/my%20master/3").unwrap();
+        let s = Sentinels::parse("REDIS+SENTINEL://u:p%40ss@h/my%20master/3", None).unwrap();
         assert_eq!(s.addrs, [("h".to_string(), 26379)]);
         assert_eq!(s.master, "my master");
         assert_eq!(s.data.redis_settings().db(), 3);
         assert_eq!(s.data.redis_settings().password(), Some("p@ss"));
+        // The Sentinels take their own credentials, not the data nodes'.
+        assert_eq!(s.sentinel.redis_settings().password(), None);
+        let auth = SentinelAuth {
+            username: Some("locks".into()),
+            password: "s3cret".into(),
+        };
+        let s = Sentinels::parse("redis+sentinel://u:pw@h/m", Some(&auth)).unwrap();
+        assert_eq!(s.sentinel.redis_settings().password(), Some("s3cret"));
+        assert_eq!(s.sentinel.redis_settings().username(), Some("locks"));
+        assert_eq!(s.data.redis_settings().password(), Some("pw"));
+        assert!(!format!("{auth:?}").contains("s3cret"));
     }
 
     #[test]
@@ -445,7 +505,7 @@ mod tests {
             ("redis+sentinel://h/m/x", "database"),
             ("redis+sentinel://h/m/1/2", "more than"),
         ] {
-            let err = Sentinels::parse(url).err().unwrap().to_string();
+            let err = Sentinels::parse(url, None).err().unwrap().to_string();
             assert!(err.contains(says), "{url}: {err}");
             assert!(!err.contains("secret"), "{err}");
         }
