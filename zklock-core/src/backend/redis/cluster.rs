@@ -288,11 +288,6 @@ impl Cluster {
         self.map.lock().unwrap().owner_of(slot(key))
     }
 
-    /// Whether a node failed since the map was last asked for.
-    pub(crate) fn stale(&self) -> bool {
-        self.stale.load(Ordering::SeqCst)
-    }
-
     /// Changes whenever the map does (a full answer to `CLUSTER SLOTS`, a `-MOVED`): the
     /// primaries to listen on may be others.
     pub(crate) fn changes(&self) -> tokio::sync::watch::Receiver<u64> {

@@ -67,8 +67,13 @@ struct Shared {
     notify: String,
     channels: StdMutex<HashMap<String, Channel>>,
     requests: mpsc::UnboundedSender<Request>,
-    /// The pub/sub connection is up and subscribed to every channel with listeners.
+    /// A pub/sub connection is up and subscribed to every channel with listeners (on Cluster,
+    /// one or more: a primary without one is heard through the others, see
+    /// [`Servers::first_hand`]).
     live: AtomicBool,
+    /// Bumped whenever a broadcast channel gets its first listener: a connection opened in the
+    /// background from a list of channels taken before subscribes them again if it changed.
+    listened_version: AtomicU64,
     /// Bumped whenever every listener is woken (the connection opened or broke): a listener
     /// registered later than an event it waits for compares it (see [`Hub::listen_direct_after`]).
     generation: AtomicU64,
@@ -166,6 +171,7 @@ impl Hub {
             channels: StdMutex::new(HashMap::new()),
             requests: tx,
             live: AtomicBool::new(false),
+            listened_version: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             orphans: StdMutex::new(HashMap::new()),
         });
@@ -283,7 +289,10 @@ impl Hub {
                     grants: HashMap::new(),
                 });
             entry.listeners += 1;
-            entry.subscribed |= !direct;
+            if !direct && !entry.subscribed {
+                entry.subscribed = true;
+                self.shared.listened_version.fetch_add(1, Ordering::SeqCst);
+            }
             entry.wake.subscribe()
         };
         Listener {
@@ -375,6 +384,7 @@ async fn run(
     requests: mpsc::UnboundedReceiver<Request>,
     breaks: Breaks,
 ) {
+    let (opened_tx, opened) = mpsc::unbounded_channel();
     let mut task = HubTask {
         map: servers.map_changes(),
         servers,
@@ -384,13 +394,16 @@ async fn run(
         breaks,
         subs: Vec::new(),
         complete: false,
+        opening: false,
+        opened,
+        opened_tx,
         backoff: RECONNECT_MIN,
     };
     loop {
         let Some(hub) = task.shared.upgrade() else {
             return;
         };
-        let reconnect = !task.complete && !hub.channels.lock().unwrap().is_empty();
+        let reconnect = !task.complete && !task.opening && !hub.channels.lock().unwrap().is_empty();
         drop(hub);
         let Some(event) = task.next_event(reconnect).await else {
             return;
@@ -407,14 +420,15 @@ async fn run(
             Event::Request(Request::Reconnect) => {
                 if !task.subs.is_empty() {
                     let nodes: Vec<_> = task.subs.drain(..).map(|s| s.node).collect();
-                    task.recheck();
+                    task.recheck(&hub);
                     task.broke(&hub, &nodes);
-                    task.reconnect(&hub).await;
+                    task.connect_now(&hub).await;
                 }
             }
             Event::Message(i, message) => task.dispatch(&hub, i, message),
             Event::MapChanged => task.map_changed(&hub).await,
-            Event::Reconnect => task.reconnect(&hub).await,
+            Event::Reconnect => task.open_missing(&hub).await,
+            Event::Opened(opened, version) => task.opened(&hub, opened, version).await,
         }
     }
 }
@@ -430,6 +444,9 @@ enum Event {
     /// Someone listens while a connection is missing, and the pause before reconnecting ran
     /// out.
     Reconnect,
+    /// Connections opened in the background, subscribed to the channels listened at
+    /// `version` of [`Shared::listened_version`].
+    Opened(Vec<Sub>, u64),
 }
 
 /// One pub/sub connection: to the one server or the Sentinels' primary (`node` `None`), or to
@@ -443,6 +460,10 @@ struct Sub {
 /// The hub's task's own state: its pub/sub connections (none while they are down and nobody
 /// listens, or until they reconnect) and the pause before its next reconnect. It holds its hub
 /// weakly: it ends once the hub is gone.
+///
+/// It never waits on a server it has no connection to while it has some: a missing
+/// connection (a Cluster primary down or cut off) is opened by a task of its own, so that the
+/// others' messages and the listeners' requests go on meanwhile.
 struct HubTask {
     servers: Servers,
     timeout: Duration,
@@ -458,20 +479,29 @@ struct HubTask {
     /// Whether a connection is open to every server the hub listens on: set by
     /// [`recheck`](Self::recheck) whenever the connections or the slot map change.
     complete: bool,
+    /// Missing connections are being opened in the background.
+    opening: bool,
+    /// Where the background opening reports.
+    opened: mpsc::UnboundedReceiver<(Vec<Sub>, u64)>,
+    opened_tx: mpsc::UnboundedSender<(Vec<Sub>, u64)>,
     backoff: Duration,
 }
 
 impl HubTask {
-    /// Finds out again whether a connection is open to every server the hub listens on.
-    fn recheck(&mut self) -> bool {
+    /// Finds out again whether a connection is open to every server the hub listens on, and
+    /// whether the hub is live (it has a connection: on Cluster the others are heard through
+    /// it, see [`Servers::first_hand`]).
+    fn recheck(&mut self, hub: &Shared) -> bool {
         let nodes: Vec<_> = self.subs.iter().map(|s| s.node.clone()).collect();
         self.complete = self.servers.covered_by(&nodes);
+        hub.live.store(!self.subs.is_empty(), Ordering::SeqCst);
         self.complete
     }
 
-    /// Waits for a request, a message, a change of the slot map, or (when `reconnect`) the
-    /// end of the pause before reconnecting, whichever comes first. `None` once the hub and
-    /// every listener are gone (the request channel closed).
+    /// Waits for a request, a message, a change of the slot map, connections opened in the
+    /// background, or (when `reconnect`) the end of the pause before reconnecting, whichever
+    /// comes first. `None` once the hub and every listener are gone (the request channel
+    /// closed).
     async fn next_event(&mut self, reconnect: bool) -> Option<Event> {
         let subs = &mut self.subs;
         let next_message = futures::future::poll_fn(|cx| {
@@ -497,19 +527,29 @@ impl HubTask {
             request = self.requests.recv() => request.map(Event::Request),
             (i, message) = next_message => Some(Event::Message(i, message)),
             () = map_changed => Some(Event::MapChanged),
+            Some((opened, version)) = self.opened.recv() => Some(Event::Opened(opened, version)),
             // While someone listens without every connection, reconnect with a growing pause.
             _ = tokio::time::sleep(self.backoff), if reconnect => Some(Event::Reconnect),
         }
     }
 
     /// Subscribes every connection to `channel` (`None`: the hub's own channel, subscribed
-    /// with each connection), opening missing connections first: whether it took on every
-    /// server. A subscribe that fails or times out counts as a break of its connection.
+    /// with each connection): whether it took on one at least (on Cluster the others' messages
+    /// come through it). With no connection at all, they are opened first (nothing else is
+    /// waiting then); missing ones beside open ones are opened in the background. A subscribe
+    /// that fails or times out counts as a break of its connection.
     async fn subscribe(&mut self, hub: &Shared, channel: Option<String>) -> bool {
-        let open_before = self.subs.len();
-        let complete = self.connect_missing(hub).await;
+        let open_before = if self.subs.is_empty() {
+            self.connect_now(hub).await;
+            0
+        } else {
+            if !self.complete {
+                self.open_missing(hub).await;
+            }
+            self.subs.len()
+        };
         let Some(channel) = channel else {
-            return complete;
+            return !self.subs.is_empty();
         };
         // The connections just opened subscribed to every listened channel already.
         let timeout = self.timeout;
@@ -523,7 +563,8 @@ impl HubTask {
             }
         }))
         .await;
-        self.drop_failed(hub, &took) && complete
+        self.drop_failed(hub, &took);
+        !self.subs.is_empty()
     }
 
     /// Unsubscribes every connection from `channel`, unless someone listens to it again by
@@ -562,7 +603,7 @@ impl HubTask {
             }
             keep
         });
-        self.recheck();
+        self.recheck(hub);
         self.broke(hub, &failed);
         false
     }
@@ -577,7 +618,7 @@ impl HubTask {
                 "zklock: a Redis pub/sub connection broke; waiters poll until it is back"
             );
             let node = self.subs.swap_remove(i).node;
-            self.recheck();
+            self.recheck(hub);
             self.broke(hub, &[node]);
             return;
         };
@@ -603,25 +644,91 @@ impl HubTask {
     }
 
     /// The Cluster's slot map changed: connections to nodes no longer primaries are closed,
-    /// missing ones opened (if the hub listens at all), and every listener woken: a message
-    /// may have been passed over as not first-hand under the old map.
+    /// missing ones opened in the background (if the hub listens at all), and every listener
+    /// woken: a message may have been passed over as not first-hand under the old map.
     async fn map_changed(&mut self, hub: &Shared) {
-        let primaries = self.servers.listened_nodes(self.timeout).await;
+        let primaries = self.servers.listened_nodes();
         let listening = !self.subs.is_empty();
         self.subs.retain(|s| primaries.contains(&s.node));
-        if !self.recheck() {
-            hub.live.store(false, Ordering::SeqCst);
-        }
+        self.recheck(hub);
         hub.wake_all();
         if listening {
-            self.reconnect(hub).await;
+            self.open_missing(hub).await;
         }
     }
 
-    /// Opens the missing connections again after the pause; the pause doubles (up to
-    /// [`RECONNECT_MAX`]) while it fails, and starts over once it succeeds.
-    async fn reconnect(&mut self, hub: &Shared) {
-        let complete = self.connect_missing(hub).await;
+    /// The servers the hub listens on and has no connection to.
+    fn missing(&self) -> Vec<Option<(String, u16)>> {
+        self.servers
+            .listened_nodes()
+            .into_iter()
+            .filter(|n| !self.subs.iter().any(|s| s.node == *n))
+            .collect()
+    }
+
+    /// Opens the missing connections here and now (when the hub has none: nothing else waits
+    /// on it meanwhile), each subscribed to every listened channel: every listener is woken if
+    /// one opened (it may have missed a release meanwhile).
+    async fn connect_now(&mut self, hub: &Shared) {
+        let missing = self.missing();
+        let channels = hub.listened();
+        let version = hub.listened_version.load(Ordering::SeqCst);
+        let opened = open_all(&self.servers, self.timeout, &channels, missing).await;
+        self.opened(hub, opened, version).await;
+    }
+
+    /// Starts opening the missing connections in a task of its own (unless one is at it),
+    /// which reports as [`Event::Opened`].
+    async fn open_missing(&mut self, hub: &Shared) {
+        if self.opening {
+            return;
+        }
+        let missing = self.missing();
+        if missing.is_empty() {
+            self.recheck(hub);
+            return;
+        }
+        self.opening = true;
+        let (servers, timeout, tx) = (self.servers.clone(), self.timeout, self.opened_tx.clone());
+        let channels = hub.listened();
+        let version = hub.listened_version.load(Ordering::SeqCst);
+        tokio::spawn(async move {
+            let opened = open_all(&servers, timeout, &channels, missing).await;
+            let _ = tx.send((opened, version));
+        });
+    }
+
+    /// Connections were opened, subscribed to the channels listened at `version`: each is
+    /// subscribed to every channel listened now if that changed since, kept unless the hub
+    /// has one to its server already; every listener is woken if one was kept. The pause
+    /// before the next reconnect doubles (up to [`RECONNECT_MAX`]) while some stay missing,
+    /// and starts over once none is.
+    async fn opened(&mut self, hub: &Shared, mut opened: Vec<Sub>, version: u64) {
+        self.opening = false;
+        let wanted = self.servers.listened_nodes();
+        opened.retain(|o| wanted.contains(&o.node) && !self.subs.iter().any(|s| s.node == o.node));
+        if hub.listened_version.load(Ordering::SeqCst) != version {
+            let channels = hub.listened();
+            let timeout = self.timeout;
+            let took = futures::future::join_all(opened.iter_mut().map(|sub| {
+                let channels = &channels;
+                async move {
+                    matches!(
+                        tokio::time::timeout(timeout, sub.sink.subscribe(channels)).await,
+                        Ok(Ok(()))
+                    )
+                }
+            }))
+            .await;
+            let mut took = took.into_iter();
+            opened.retain(|_| took.next().unwrap_or(false));
+        }
+        let any = !opened.is_empty();
+        self.subs.extend(opened);
+        let complete = self.recheck(hub);
+        if any {
+            hub.wake_all();
+        }
         self.backoff = if complete {
             RECONNECT_MIN
         } else {
@@ -629,37 +736,10 @@ impl HubTask {
         };
     }
 
-    /// Opens a connection to every server the hub listens on and has none to, each subscribed
-    /// to every listened channel: whether every one is open now (the hub is live then). Every
-    /// listener is woken if one opened (it may have missed a release meanwhile).
-    async fn connect_missing(&mut self, hub: &Shared) -> bool {
-        let missing: Vec<_> = self
-            .servers
-            .listened_nodes(self.timeout)
-            .await
-            .into_iter()
-            .filter(|n| !self.subs.iter().any(|s| s.node == *n))
-            .collect();
-        let opened = futures::future::join_all(
-            missing
-                .into_iter()
-                .map(|node| connect(&self.servers, self.timeout, hub, node)),
-        )
-        .await;
-        let any = opened.iter().any(Option::is_some);
-        self.subs.extend(opened.into_iter().flatten());
-        let complete = self.recheck();
-        hub.live.store(complete, Ordering::SeqCst);
-        if any {
-            hub.wake_all();
-        }
-        complete
-    }
-
     /// The connections to `nodes` broke (or are given up; the caller dropped them): the break
     /// counted in the backend's [`Breaks`] for the holds it reaches (on Cluster, those in the
-    /// nodes' slots: a lingering hold there may have missed the word that someone waits), the
-    /// hub no longer live, and every listener woken (it may have missed a release).
+    /// nodes' slots: a lingering hold there may have missed the word that someone waits), and
+    /// every listener woken (it may have missed a release).
     fn broke(&mut self, hub: &Shared, nodes: &[Option<(String, u16)>]) {
         let mut slots = Some(Vec::new());
         for node in nodes {
@@ -669,17 +749,34 @@ impl HubTask {
             }
         }
         self.breaks.broke(slots.as_deref());
-        hub.live.store(false, Ordering::SeqCst);
         hub.wake_all();
     }
 }
 
+/// Opens a connection to each of `nodes`, each subscribed to `channels`: those that opened.
+async fn open_all(
+    servers: &Servers,
+    timeout: Duration,
+    channels: &[String],
+    nodes: Vec<Option<(String, u16)>>,
+) -> Vec<Sub> {
+    futures::future::join_all(
+        nodes
+            .into_iter()
+            .map(|node| connect(servers, timeout, channels, node)),
+    )
+    .await
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 /// Opens a pub/sub connection to `node` (`None`: the one server, or the Sentinels' primary)
-/// and subscribes it to every listened channel.
+/// and subscribes it to `channels`.
 async fn connect(
     servers: &Servers,
     timeout: Duration,
-    hub: &Shared,
+    channels: &[String],
     node: Option<(String, u16)>,
 ) -> Option<Sub> {
     let opened = tokio::time::timeout(timeout, async {
@@ -688,7 +785,7 @@ async fn connect(
             None => servers.client(timeout).await?,
         };
         let (mut sink, stream) = client.get_async_pubsub().await?.split();
-        sink.subscribe(&hub.listened()).await?;
+        sink.subscribe(channels).await?;
         Ok::<_, redis::RedisError>((sink, stream))
     })
     .await;

@@ -97,18 +97,11 @@ impl Servers {
     }
 
     /// The pub/sub connections the hub keeps: one to the server (`None`), or on Cluster one
-    /// per primary, asking the Cluster for its slots first when a node failed since or none is
-    /// known. Empty when no primary is known.
-    pub(crate) async fn listened_nodes(&self, timeout: Duration) -> Vec<Option<(String, u16)>> {
+    /// per primary of the slot map as last learned (the requests' routing asks the Cluster
+    /// again when a node fails; the hub never waits on that).
+    pub(crate) fn listened_nodes(&self) -> Vec<Option<(String, u16)>> {
         match self {
-            Servers::Cluster(c) => {
-                if c.stale() || c.primaries().is_empty() {
-                    if let Err(e) = c.refresh(timeout).await {
-                        tracing::debug!(error = ?e, "zklock: could not ask the Redis Cluster for its slots");
-                    }
-                }
-                c.primaries().into_iter().map(Some).collect()
-            }
+            Servers::Cluster(c) => c.primaries().into_iter().map(Some).collect(),
             _ => vec![None],
         }
     }
