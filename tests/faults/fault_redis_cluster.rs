@@ -8,7 +8,9 @@
 //! a. A slot's primary killed (SIGKILL) mid-hold: its replica takes over after the node
 //!    timeout; no two believed holders (nothing excused); every grant of a key after the kill
 //!    has a token above every earlier one; the holds on the killed node are reported lost
-//!    (`Failover` or `Disconnected`).
+//!    (`Failover` or `Disconnected`); holds on the other primaries are not reached by it
+//!    (their renewals, refused with `-CLUSTERDOWN` until the promotion, are tried again until
+//!    their deadline).
 //! b. A manual failover (`CLUSTER FAILOVER` on the replica): the same, and the old holders are
 //!    told `Failover` (the old primary answers `-MOVED`).
 //! c. A primary frozen (SIGSTOP) past the node timeout, its replica promoted, then the old one
@@ -330,10 +332,24 @@ async fn killed_mid_hold(running_managers_recover: bool) {
             "{key} granted on both sides of the kill: {across:?}"
         );
     }
+    // The holds on the other primary: their renewals meet `-CLUSTERDOWN` until the replica
+    // is promoted, and are tried again until their deadline; no break reaches them.
+    for reason in &far {
+        assert!(
+            matches!(reason, None | Some(LossReason::LeaseExpired)),
+            "a hold on node {other}, which was not killed: {reason:?}"
+        );
+    }
+    // Lost across the kill: the killed node's holds, at the break or the failover; others only
+    // if the Cluster refused their renewals past their deadline.
     let lost = assert_losses_across_among(
         &report,
         killed_ns,
-        &[LossReason::Failover, LossReason::Disconnected],
+        &[
+            LossReason::Failover,
+            LossReason::Disconnected,
+            LossReason::LeaseExpired,
+        ],
     );
     let told_after = told_after(&report, "own", killed_ns);
     say(&format!(

@@ -67,16 +67,22 @@ pub(crate) struct Conn {
 /// So are a Cluster's passing states: `-TRYAGAIN` (a migration splits the keys), `-CLUSTERDOWN`
 /// and `-MASTERDOWN` (a failover under way).
 pub(crate) fn transient(err: &RedisError) -> bool {
-    connection_failed(err)
-        || read_only(err)
-        || matches!(
-            err.kind(),
-            redis::ErrorKind::Server(
-                redis::ServerErrorKind::TryAgain
-                    | redis::ServerErrorKind::ClusterDown
-                    | redis::ServerErrorKind::MasterDown
-            )
+    connection_failed(err) || read_only(err) || passing(err)
+}
+
+/// Whether a Cluster answered that it cannot serve the request for a moment: `-TRYAGAIN` (a
+/// migration splits the keys), `-CLUSTERDOWN` (a node failed and its replica is not promoted
+/// yet: every node refuses every request meanwhile) or `-MASTERDOWN`. The connection is fine
+/// and the keys are where they were: nothing is lost, and nobody else gets in meanwhile.
+pub(crate) fn passing(err: &RedisError) -> bool {
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(
+            redis::ServerErrorKind::TryAgain
+                | redis::ServerErrorKind::ClusterDown
+                | redis::ServerErrorKind::MasterDown
         )
+    )
 }
 
 /// Whether a failed request says its connection failed (or stayed silent): a break.

@@ -137,8 +137,14 @@ pub(crate) async fn run(inner: Weak<Inner>, tick: Duration) {
     }
 }
 
+/// How soon a renewal the Cluster refused for a moment (see `conn::passing`) is tried again,
+/// at most (a tenth of the lease when that is shorter).
+const PASSING_RETRY: Duration = Duration::from_millis(100);
+
 /// Renews one hold once; makes it lost (and stops renewing it) the moment the renewal fails
-/// or is refused, or when the lease could have run out before it was confirmed.
+/// or is refused, or when the lease could have run out before it was confirmed. A Cluster
+/// that cannot serve for a moment (`-CLUSTERDOWN`, `-TRYAGAIN`, `-MASTERDOWN`) is asked again
+/// soon instead, until the deadline.
 async fn renew(inner: &Inner, id: u64, r: &Renewal) {
     let (script, key): (&Script, &str) = match r.side {
         Side::Mutex | Side::Exclusive => (&*scripts::RENEW_EXCLUSIVE, &r.keys.exclusive),
@@ -187,6 +193,14 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
                 r.state.borrow().lost
             }
             Ok(Ok(_)) => Some(LossReason::NodeDeleted),
+            Ok(Err(e)) if super::conn::passing(&e) => {
+                // The Cluster cannot serve for a moment (a failover elsewhere under way): the
+                // key is where it was, and its deadline still stands. Tried again soon; the
+                // hold is lost at its deadline if no renewal gets through by then.
+                tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal was refused for now; trying again");
+                *r.due.lock().unwrap() = Instant::now() + PASSING_RETRY.min(inner.lease / 10);
+                r.state.borrow().lost
+            }
             Ok(Err(e)) => {
                 tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal failed");
                 Some(super::conn::loss_of(&e))
