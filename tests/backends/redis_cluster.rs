@@ -123,28 +123,21 @@ async fn bad_cluster_urls_are_clear_errors_at_connect() {
     );
 }
 
-/// A failover of the primary that holds a lock's slot (`CLUSTER FAILOVER` on its replica):
-/// the hold is lost (the old primary answers `-MOVED` for the slot now), and the next grant,
-/// on the new primary, has a larger token.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failover_of_the_slots_primary_loses_the_hold_and_the_token_goes_on() {
-    let cluster = start(1).await;
-    let url = url(&cluster);
-    let a = manager(&url).await;
-    let b = manager(&url).await;
-    let held = a.lock("order-7").await.unwrap();
-    let before = held.fencing_token();
-    let keys = {
-        let mut found = None;
-        for i in cluster.primaries().unwrap() {
-            let keys = cluster.command(i, &["KEYS", "zklock:lock:*"]).unwrap();
-            if let Some(k) = keys.array().and_then(|a| a.first()).and_then(|k| k.text()) {
-                found = Some((i, k));
-            }
-        }
-        found.expect("the lock's key on a primary")
-    };
-    let (primary, key) = keys;
+/// Fails the primary that holds the one lock key (`zklock:lock:*`) over to its replica
+/// (`CLUSTER FAILOVER`): the Cluster back, the old primary, the replica that took over, and
+/// the key.
+async fn fail_over_the_locks_primary(
+    cluster: RedisCluster,
+) -> (RedisCluster, usize, usize, String) {
+    let primary = primary_holding(&cluster, "zklock:lock:*");
+    let key = cluster
+        .command(primary, &["KEYS", "zklock:lock:*"])
+        .unwrap();
+    let key = key
+        .array()
+        .and_then(|a| a.first())
+        .and_then(|k| k.text())
+        .expect("the lock's key");
     let replica = cluster
         .replicas()
         .unwrap()
@@ -157,6 +150,21 @@ async fn a_failover_of_the_slots_primary_loses_the_hold_and_the_token_goes_on() 
     })
     .await
     .unwrap();
+    (cluster, primary, replica, key)
+}
+
+/// A failover of the primary that holds a lock's slot (`CLUSTER FAILOVER` on its replica):
+/// the hold is lost (the old primary answers `-MOVED` for the slot now), and the next grant,
+/// on the new primary, has a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_of_the_slots_primary_loses_the_hold_and_the_token_goes_on() {
+    let cluster = start(1).await;
+    let url = url(&cluster);
+    let a = manager(&url).await;
+    let b = manager(&url).await;
+    let held = a.lock("order-7").await.unwrap();
+    let before = held.fencing_token();
+    let (cluster, _, replica, key) = fail_over_the_locks_primary(cluster).await;
     assert_eq!(cluster.node_for_key(&key).unwrap(), replica);
     let reason = tokio::time::timeout(2 * LEASE, held.lost())
         .await
@@ -225,28 +233,7 @@ async fn a_waiting_manager_listens_on_every_primary_and_follows_a_failover() {
         (b, guard)
     });
     let listened = every_primary_listened(&cluster).await;
-    // The lock's primary, and the replica that takes over from it.
-    let primary = cluster
-        .primaries()
-        .unwrap()
-        .into_iter()
-        .find(|&i| {
-            let keys = cluster.command(i, &["KEYS", "zklock:lock:*"]).unwrap();
-            keys.array().is_some_and(|a| !a.is_empty())
-        })
-        .expect("a primary holds the lock's key");
-    let replica = cluster
-        .replicas()
-        .unwrap()
-        .into_iter()
-        .find(|&r| cluster.primary_of(r).unwrap() == Some(primary))
-        .expect("a replica of the lock's primary");
-    let cluster = tokio::task::spawn_blocking(move || {
-        cluster.failover(replica).unwrap();
-        cluster
-    })
-    .await
-    .unwrap();
+    let (cluster, primary, replica, _) = fail_over_the_locks_primary(cluster).await;
     let reason = tokio::time::timeout(2 * LEASE, held.lost())
         .await
         .expect("the hold is reported lost after the failover");

@@ -38,18 +38,14 @@ mod common;
 #[path = "../common/cuts.rs"]
 mod cuts;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cluster::{blocking, start_cluster, tag};
 use cuts::{sweep_through_relay, LeaseServer, Protocol};
 use zklock::LockManager;
 use zklock_testkit::{RedisCluster, RedisReply, Relay};
-
-/// How long every node may take to learn the announced addresses (gossip: a node pings each
-/// other node at least every half `cluster-node-timeout`).
-const ANNOUNCED_WITHIN: Duration = Duration::from_secs(10);
 
 /// The lock path of `key` in `protocol` (where its holder keys live).
 fn lock_path(m: &LockManager, protocol: Protocol, key: &str) -> String {
@@ -66,21 +62,6 @@ fn key_of(kind: &str, path: &str) -> String {
     format!("zklock:{kind}:{}{path}", tag(path))
 }
 
-/// The ports of the primaries that node `i`'s `CLUSTER SLOTS` names (`None`: it did not answer).
-fn primary_ports(cluster: &RedisCluster, i: usize) -> Option<BTreeSet<u16>> {
-    let reply = cluster.command(i, &["CLUSTER", "SLOTS"]).ok()?;
-    let mut ports = BTreeSet::new();
-    for range in reply.array()? {
-        let primary = range.array()?.get(2)?.array()?;
-        let port = match primary.get(1)? {
-            RedisReply::Int(p) => u16::try_from(*p).ok()?,
-            _ => return None,
-        };
-        ports.insert(port);
-    }
-    Some(ports)
-}
-
 /// The test kit's Cluster, its primaries, and which primary serves each lock path seen.
 struct Cluster {
     cluster: RedisCluster,
@@ -90,77 +71,9 @@ struct Cluster {
 
 impl Cluster {
     /// Each primary announces `port(primary)` (0: its own), and every node's `CLUSTER SLOTS`
-    /// names those ports before this returns.
+    /// names those ports before this returns (see [`cluster::announce`]).
     fn announce(&self, port: impl Fn(usize) -> u16) {
-        let want: BTreeSet<u16> = self
-            .primaries
-            .iter()
-            .map(|&p| match port(p) {
-                0 => self.port_of(p),
-                relay => relay,
-            })
-            .collect();
-        blocking(|| {
-            for &p in &self.primaries {
-                self.cluster
-                    .command(
-                        p,
-                        &[
-                            "CONFIG",
-                            "SET",
-                            "cluster-announce-port",
-                            &port(p).to_string(),
-                        ],
-                    )
-                    .expect("CONFIG SET cluster-announce-port");
-            }
-            // Every other node meets each primary again: the primary's answer carries the
-            // port it announces now, and the node takes it at once (else it learns it from
-            // the primary's next ping, within half a node timeout).
-            for i in 0..self.cluster.len() {
-                for &p in self.primaries.iter().filter(|&&p| p != i) {
-                    let (port, bus) = (self.port_of(p).to_string(), self.bus_port_of(p));
-                    self.cluster
-                        .command(i, &["CLUSTER", "MEET", "127.0.0.1", &port, &bus])
-                        .expect("CLUSTER MEET");
-                }
-            }
-            let since = Instant::now();
-            loop {
-                let seen: Vec<_> = (0..self.cluster.len())
-                    .map(|i| primary_ports(&self.cluster, i))
-                    .collect();
-                // And the meetings are over: no node keeps a second entry of a primary.
-                let meeting = (0..self.cluster.len()).any(|i| {
-                    let nodes = self.cluster.command(i, &["CLUSTER", "NODES"]);
-                    nodes.map_or(true, |n| n.text().unwrap_or_default().contains("handshake"))
-                });
-                if !meeting && seen.iter().all(|s| s.as_ref() == Some(&want)) {
-                    return;
-                }
-                assert!(
-                    since.elapsed() < ANNOUNCED_WITHIN,
-                    "the nodes do not all name the primaries at {want:?} within \
-                     {ANNOUNCED_WITHIN:?}: {seen:?} (a meeting still going on: {meeting})"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
-    }
-
-    /// Node `i`'s own port.
-    fn port_of(&self, i: usize) -> u16 {
-        let addr = self.cluster.addr(i);
-        addr.rsplit(':').next().unwrap().parse().unwrap()
-    }
-
-    /// Node `i`'s cluster bus port.
-    fn bus_port_of(&self, i: usize) -> String {
-        let reply = self
-            .cluster
-            .command(i, &["CONFIG", "GET", "cluster-port"])
-            .expect("CONFIG GET cluster-port");
-        reply.array().and_then(|kv| kv.get(1)?.text()).unwrap()
+        cluster::announce(&self.cluster, port);
     }
 
     /// The primary that serves the lock at `path`.
