@@ -154,6 +154,13 @@ pub(crate) enum Target {
     Ratios(Vec<Want>),
     /// A peak of at most this many MB (memory rows).
     PeakMb(f64),
+    /// zklock's median run shows at most `max` of a per-cycle count (`field`, e.g.
+    /// `round_trips_per_cycle`), named `name` in the table: what its protocol must cost.
+    PerCycleAtMost {
+        field: &'static str,
+        name: &'static str,
+        max: f64,
+    },
 }
 
 /// What one run gave: its line, or why there is none.

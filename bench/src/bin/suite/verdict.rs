@@ -17,6 +17,7 @@ pub(crate) fn target_text(row: &Row) -> String {
     match &row.target {
         None => "—".into(),
         Some(Target::PeakMb(mb)) => format!("≤ {mb} MB"),
+        Some(Target::PerCycleAtMost { name, max, .. }) => format!("≤ {max:.2} {name} per cycle"),
         Some(Target::Ratios(wants)) => wants
             .iter()
             .map(|w| want_text(row.metric, w))
@@ -54,6 +55,19 @@ pub(crate) fn verdict(row: &Row, runs: &RowRuns) -> (String, String) {
                 Some(kb) if kb / 1024.0 <= *mb => "met".into(),
                 Some(kb) => format!("**missed** ({:.1} MB)", kb / 1024.0),
                 None => "no figure".into(),
+            };
+            return (text, met);
+        }
+        Some(Target::PerCycleAtMost { field, name, max }) => {
+            let figure = runs
+                .kept
+                .get("zklock")
+                .and_then(|o| o.as_ref().ok())
+                .and_then(|r| r.number(field));
+            let met = match figure {
+                Some(n) if n <= *max => format!("met ({n:.2} {name})"),
+                Some(n) => format!("**missed** ({n:.2} {name})"),
+                None => format!("no {name} figure"),
             };
             return (text, met);
         }
@@ -141,5 +155,29 @@ mod tests {
             round("ops_per_s=95 p99_us=150", "ops_per_s=100 p99_us=100"),
         ]);
         assert_eq!(verdict(&row, &r).1, "met (×0.95 floor, ×1.50 floor p99)");
+    }
+
+    #[test]
+    fn a_per_cycle_target_reads_zklocks_median_run() {
+        let row = Row::ops("r", "reacquire", 1, 10, vec![]).with_target(Target::PerCycleAtMost {
+            field: "round_trips_per_cycle",
+            name: "round trips",
+            max: 1.0,
+        });
+        let kept = |n: &str| RowRuns {
+            kept: Cells::from([(
+                "zklock",
+                line(&format!(
+                    "peer=zklock ops_per_s=9 round_trips_per_cycle={n}"
+                )),
+            )]),
+            rounds: vec![],
+        };
+        assert_eq!(target_text(&row), "≤ 1.00 round trips per cycle");
+        assert_eq!(verdict(&row, &kept("1.00")).1, "met (1.00 round trips)");
+        assert_eq!(
+            verdict(&row, &kept("2.01")).1,
+            "**missed** (2.01 round trips)"
+        );
     }
 }
