@@ -274,8 +274,9 @@ fn the_etcd_section_runs_every_peer_in_quick_mode() {
 
 /// The suite's Redis under Sentinel section in quick mode (`zklock-bench-suite --quick --only
 /// sentinel`, which starts the test kit's primary, 2 replicas and 3 Sentinels): every row runs
-/// for zklock through the Sentinels, zklock on the primary's address and rslock on it, with no
-/// exclusion violation, and every row prints its verdict. No figure is asserted.
+/// for zklock through the Sentinels (with and without `replica_acks 1`), zklock on the
+/// primary's address and rslock on it, with no exclusion violation, and every row prints its
+/// verdict. No figure is asserted.
 #[test]
 fn the_sentinel_section_runs_every_peer_in_quick_mode() {
     let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
@@ -312,7 +313,19 @@ fn the_sentinel_section_runs_every_peer_in_quick_mode() {
             }
         }
     }
-    assert_eq!(runs.len(), 9, "{stdout}");
+    // And zklock through the Sentinels with one replica's acknowledgement.
+    for workload in ["uncontended", "contended", "keys"] {
+        let acked = runs
+            .iter()
+            .find(|r| {
+                r.get("workload") == Some(workload)
+                    && r.get("backend") == Some("redis-sentinel")
+                    && r.get("replica_acks") == Some("1")
+            })
+            .unwrap_or_else(|| panic!("no {workload} run with replica_acks=1 in:\n{stdout}"));
+        assert_eq!(acked.number("violations"), Some(0.0), "{acked}");
+    }
+    assert_eq!(runs.len(), 12, "{stdout}");
     assert!(
         !stdout.contains("FAILED") && !stdout.contains("timeout"),
         "{stdout}"
