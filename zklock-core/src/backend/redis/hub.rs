@@ -552,16 +552,13 @@ impl HubTask {
             return !self.subs.is_empty();
         };
         // The connections just opened subscribed to every listened channel already.
-        let timeout = self.timeout;
-        let took = futures::future::join_all(self.subs[..open_before].iter_mut().map(|sub| {
-            let channel = &channel;
-            async move {
-                matches!(
-                    tokio::time::timeout(timeout, sub.sink.subscribe(channel)).await,
-                    Ok(Ok(()))
-                )
-            }
-        }))
+        let channels = std::slice::from_ref(&channel);
+        let took = send_each(
+            &mut self.subs[..open_before],
+            self.timeout,
+            Command::Subscribe,
+            channels,
+        )
         .await;
         self.drop_failed(hub, &took);
         !self.subs.is_empty()
@@ -573,17 +570,8 @@ impl HubTask {
         if hub.channels.lock().unwrap().contains_key(&channel) {
             return;
         }
-        let timeout = self.timeout;
-        let took = futures::future::join_all(self.subs.iter_mut().map(|sub| {
-            let channel = &channel;
-            async move {
-                matches!(
-                    tokio::time::timeout(timeout, sub.sink.unsubscribe(channel)).await,
-                    Ok(Ok(()))
-                )
-            }
-        }))
-        .await;
+        let channels = std::slice::from_ref(&channel);
+        let took = send_each(&mut self.subs, self.timeout, Command::Unsubscribe, channels).await;
         self.drop_failed(hub, &took);
     }
 
@@ -594,10 +582,9 @@ impl HubTask {
             return true;
         }
         let mut failed = Vec::new();
-        let mut i = 0;
+        let mut took = took.iter();
         self.subs.retain(|sub| {
-            i += 1;
-            let keep = took.get(i - 1).copied().unwrap_or(true);
+            let keep = took.next().copied().unwrap_or(true);
             if !keep {
                 failed.push(sub.node.clone());
             }
@@ -626,7 +613,7 @@ impl HubTask {
             self.servers.first_hand(
                 self.subs[i].node.as_ref(),
                 key,
-                self.subs.iter().map(|s| s.node.clone()),
+                self.subs.iter().map(|s| s.node.as_ref()),
             )
         };
         let channel = message.get_channel_name();
@@ -709,17 +696,7 @@ impl HubTask {
         opened.retain(|o| wanted.contains(&o.node) && !self.subs.iter().any(|s| s.node == o.node));
         if hub.listened_version.load(Ordering::SeqCst) != version {
             let channels = hub.listened();
-            let timeout = self.timeout;
-            let took = futures::future::join_all(opened.iter_mut().map(|sub| {
-                let channels = &channels;
-                async move {
-                    matches!(
-                        tokio::time::timeout(timeout, sub.sink.subscribe(channels)).await,
-                        Ok(Ok(()))
-                    )
-                }
-            }))
-            .await;
+            let took = send_each(&mut opened, self.timeout, Command::Subscribe, &channels).await;
             let mut took = took.into_iter();
             opened.retain(|_| took.next().unwrap_or(false));
         }
@@ -751,6 +728,33 @@ impl HubTask {
         self.breaks.broke(slots.as_deref());
         hub.wake_all();
     }
+}
+
+/// What [`send_each`] sends.
+#[derive(Clone, Copy)]
+enum Command {
+    Subscribe,
+    Unsubscribe,
+}
+
+/// Sends `SUBSCRIBE` (or `UNSUBSCRIBE`) for `channels` on each of `subs` at once, each bounded
+/// by `timeout`: whether each took.
+async fn send_each(
+    subs: &mut [Sub],
+    timeout: Duration,
+    command: Command,
+    channels: &[String],
+) -> Vec<bool> {
+    futures::future::join_all(subs.iter_mut().map(|sub| async move {
+        let sent = async {
+            match command {
+                Command::Subscribe => sub.sink.subscribe(channels).await,
+                Command::Unsubscribe => sub.sink.unsubscribe(channels).await,
+            }
+        };
+        matches!(tokio::time::timeout(timeout, sent).await, Ok(Ok(())))
+    }))
+    .await
 }
 
 /// Opens a connection to each of `nodes`, each subscribed to `channels`: those that opened.

@@ -110,17 +110,17 @@ impl Servers {
     /// node delivers every message, the publishing node first: a message counts from the
     /// primary that owns `key`'s slot if one of `listened` is that primary, else from any node
     /// (a duplicate then only wakes a waiter twice). Always, off Cluster.
-    pub(crate) fn first_hand(
+    pub(crate) fn first_hand<'a>(
         &self,
         node: Option<&(String, u16)>,
         key: &str,
-        mut listened: impl Iterator<Item = Option<(String, u16)>>,
+        mut listened: impl Iterator<Item = Option<&'a (String, u16)>>,
     ) -> bool {
         let Servers::Cluster(c) = self else {
             return true;
         };
         match c.owner_of_key(key) {
-            Some(owner) if listened.any(|n| n.as_ref() == Some(&owner)) => node == Some(&owner),
+            Some(owner) if listened.any(|n| n == Some(&owner)) => node == Some(&owner),
             _ => true,
         }
     }
@@ -168,14 +168,14 @@ mod tests {
             ("127.0.0.1".to_string(), 7001),
             ("127.0.0.1".to_string(), 7002),
         );
-        let both = || [Some(a.clone()), Some(b.clone())].into_iter();
+        let both = || [Some(&a), Some(&b)].into_iter();
         assert!(servers.first_hand(Some(&b), key, both()));
         assert!(
             !servers.first_hand(Some(&a), key, both()),
             "the copy another node relays over the bus is a duplicate"
         );
         // Not listening on the owner: whichever node delivers it counts.
-        assert!(servers.first_hand(Some(&a), key, [Some(a.clone())].into_iter()));
+        assert!(servers.first_hand(Some(&a), key, [Some(&a)].into_iter()));
         // A slot with no known owner: every copy counts.
         assert!(servers.first_hand(Some(&a), "zklock:wake:{other}/x", both()));
         // Off Cluster there is one connection.
