@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend_memory;
 use crate::cli::{Cli, Section};
-use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
+use crate::model::{contended_against_rslock, Row, RowRuns, Runner, Target, Want};
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
 use crate::runner::Env;
@@ -57,20 +57,7 @@ fn rows(quick: bool) -> Vec<Row> {
             untokened(),
         )
         .with_target(untokened_target),
-        // rslock's refused waiters sleep 0–200 ms, so its releaser mostly takes the lock again:
-        // compared on how often the lock changes hands, not on cycles.
-        Row::ops(
-            "contended (8 connections, 1 key)",
-            "contended",
-            8,
-            contended,
-            cells(),
-        )
-        .with_target(Target::Ratios(vec![Want {
-            peer: "rslock",
-            figure: Figure::HolderChanges,
-            ratio: 1.5,
-        }])),
+        contended_against_rslock(contended, cells()),
         // The peers have no linger: they run it as `uncontended`. A re-take of a lingering
         // hold must confirm the key with the server (it may have been lost), so no safe
         // re-take skips the server: one round trip per cycle, where the floor makes two.
