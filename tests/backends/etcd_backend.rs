@@ -181,6 +181,112 @@ async fn a_job_window_is_kept_by_etcd() {
     }
 }
 
+/// A job's window counts from its claim, however long the claim took: a claim whose reply is
+/// held up after any of its requests (the network down a moment right after etcd acted, then
+/// back, as a stalled server does it too) still leaves a record that lasts `at_least` from the
+/// body's start. The run lease's TTL starts at its grant; a claim held up between the grant and
+/// the record's put used to leave a window short by the hold-up (the soak found a job run
+/// 507 ms into a 2 s window after a server pause).
+///
+/// One victim manager per request boundary k of an uncut run (from the job's start to its
+/// body's), each behind a relay that delivers the k-th request and withholds every answer for
+/// 1.2 s; all at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_window_counts_from_the_claim_however_long_it_took() {
+    use std::time::Instant;
+    use zklock_testkit::{After, Relay};
+
+    const WINDOW: Duration = Duration::from_secs(2);
+    const HELD_UP: Duration = Duration::from_millis(1_200);
+    let etcd = etcd();
+
+    /// A manager behind a relay of its own.
+    async fn behind_relay(etcd: &EtcdServer) -> (Relay, LockManager) {
+        let relay = Relay::start(&etcd.endpoint()).unwrap();
+        let m = LockManager::builder(relay.url(&etcd.url()))
+            .etcd(|e| e.lease(Duration::from_secs(3)))
+            .connect()
+            .await
+            .expect("connect to etcd through the relay");
+        (relay, m)
+    }
+
+    // The requests of one uncut run, up to its body.
+    let (relay, m) = behind_relay(&etcd).await;
+    let before = relay.requests();
+    let at_body = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = at_body.clone();
+    let ran = m
+        .job("counted")
+        .unwrap()
+        .at_least(WINDOW)
+        .run(async move { seen.store(relay.requests(), std::sync::atomic::Ordering::SeqCst) })
+        .await;
+    assert!(ran.unwrap().ran().is_some());
+    let sent = at_body.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert!(sent >= 2, "a run sent {sent} requests before its body");
+
+    let admin = manager(&etcd).await;
+    let runs = (1..=sent).map(|k| {
+        let etcd = &etcd;
+        let admin = &admin;
+        async move {
+            let (relay, m) = behind_relay(etcd).await;
+            let key = format!("held-up-{k}");
+            relay.cut_after_nth_request(k, After::Blackhole);
+            let body_at = std::sync::Mutex::new(None::<Instant>);
+            let job = m.job(&key).unwrap().at_least(WINDOW);
+            let run = job.run(async {
+                *body_at.lock().unwrap() = Some(Instant::now());
+            });
+            let heal = async {
+                while relay.cut_pending() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                tokio::time::sleep(HELD_UP).await;
+                relay.heal();
+            };
+            let (outcome, ()) = tokio::join!(run, heal);
+            let Some(started) = *body_at.lock().unwrap() else {
+                // The claim gave up (its reply too late) or lost its lock: no run, no window
+                // owed.
+                return (k, None);
+            };
+            assert!(outcome
+                .expect("a run whose body ran ends well")
+                .ran()
+                .is_some());
+            // Well before the window ends, counted from the body's start, another instance
+            // skips. A run that came back later than the window's end less the checker's
+            // tolerance is not judged (its claim may have come after the window on a busy
+            // machine).
+            tokio::time::sleep_until((started + WINDOW - Duration::from_millis(400)).into()).await;
+            let again = admin
+                .job(&key)
+                .unwrap()
+                .at_least(WINDOW)
+                .run(async {})
+                .await
+                .expect("ask for the job again");
+            let judged = started.elapsed() < WINDOW - Duration::from_millis(50);
+            (k, judged.then_some(again.ran().is_some()))
+        }
+    });
+    let results = futures::future::join_all(runs).await;
+    let too_soon: Vec<u64> = results
+        .iter()
+        .filter(|(_, again)| *again == Some(true))
+        .map(|(k, _)| *k)
+        .collect();
+    let judged = results.iter().filter(|(_, again)| again.is_some()).count();
+    assert!(judged > 0, "no held-up claim ran its body: {results:?}");
+    assert!(
+        too_soon.is_empty(),
+        "a second run came within the window of a claim held up after request {too_soon:?} \
+         (of {sent})"
+    );
+}
+
 /// What operators see on etcd comes from etcd: zklock's holder and waiter with their host and
 /// pid, and a key of etcd's own tools (as `etcdctl lock` makes it) as a contender too, in
 /// create order, with its lease as its session.

@@ -20,6 +20,8 @@
 //! - A job's run record is the key `<P>%RUN` on a lease of its own, of the job's `at_least`
 //!   (rounded up to whole seconds, and at least etcd's minimum TTL): the server lets the window
 //!   end, by its own clock, and only ever later (a new etcd leader restarts every lease's TTL).
+//!   A claim held up between the lease's grant and the record's put starts the lease's TTL
+//!   again with a keep-alive, so the window counts from the put.
 //! - A semaphore's leases are keys under its path, put together in one transaction (one create
 //!   revision), admitted first come first served within its size ([`semaphore`]).
 //! - Revocation is not offered: [`Error::Unsupported`].
@@ -457,6 +459,10 @@ impl Backend for EtcdBackend {
     }
 }
 
+/// How much of a job's window a claim may spend between its run lease's grant and its record's
+/// put before the lease's TTL is started again: about what the body's start lags the claim by.
+const CLAIM_DELAY_ALLOWED: Duration = Duration::from_millis(25);
+
 impl EtcdBackend {
     /// A job's run: the record `<path>%RUN`, put unless it exists, on a lease of its own that
     /// lasts `at_least` (rounded up to whole seconds) by etcd's clock.
@@ -469,6 +475,7 @@ impl EtcdBackend {
         let secs = at_least.as_secs() + u64::from(at_least.subsec_nanos() > 0);
         let mut client = inner.client.clone();
         inner.count_request();
+        let asked = std::time::Instant::now();
         let lease = error::bounded(
             "grant the job's run lease",
             inner.config.reply_timeout,
@@ -496,24 +503,64 @@ impl EtcdBackend {
                 Err(e) => return Err(e.error),
             }
         };
-        if resp.succeeded() {
+        // A retry after a lost reply finds its own record.
+        let own = resp.succeeded()
+            || resp.op_responses().into_iter().any(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => {
+                    g.kvs().first().is_some_and(|kv| kv.lease() == lease.id())
+                }
+                _ => false,
+            });
+        if own {
+            // The window runs from the lease's grant, which etcd applied before the record's
+            // put: a claim held up between the two (a stalled server, a put tried again) would
+            // leave a window short by that much. Past the rounding's slack, one keep-alive
+            // starts the lease's TTL again, after the put.
+            let granted = Duration::from_secs(lease.ttl().max(0) as u64);
+            let slack = granted.saturating_sub(at_least) + CLAIM_DELAY_ALLOWED;
+            if asked.elapsed() > slack {
+                return self.restart_window(lease.id()).await;
+            }
             return Ok(true);
         }
-        // A retry after a lost reply finds its own record.
-        let own = resp.op_responses().into_iter().any(|r| match r {
-            etcd_client::TxnOpResponse::Get(g) => {
-                g.kvs().first().is_some_and(|kv| kv.lease() == lease.id())
-            }
-            _ => false,
+        let id = lease.id();
+        let mut client = inner.client.clone();
+        inner.background.spawn(&inner.runtime, async move {
+            let _ = tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(id)).await;
         });
-        if !own {
-            let id = lease.id();
-            let mut client = inner.client.clone();
-            inner.background.spawn(&inner.runtime, async move {
-                let _ = tokio::time::timeout(Duration::from_secs(2), client.lease_revoke(id)).await;
-            });
+        Ok(false)
+    }
+
+    /// Starts the TTL of the run record's lease `id` again with a keep-alive answered within
+    /// [`CLAIM_DELAY_ALLOWED`] of its sending (etcd applied it in between, so the window then
+    /// counts from no earlier than the body's start less that): whether the lease (and the
+    /// record on it) was still there and so kept. A few tries; then the run is given up and its
+    /// record left to its lease.
+    async fn restart_window(&self, id: i64) -> Result<bool> {
+        let inner = &self.inner;
+        let mut client = inner.client.clone();
+        let operation = "keep the job's run lease from its claim";
+        let bound = inner.config.reply_timeout;
+        let (mut keeper, mut answers) =
+            error::bounded(operation, bound, client.lease_keep_alive(id)).await?;
+        for _ in 0..3 {
+            inner.count_request();
+            let sent = std::time::Instant::now();
+            error::bounded(operation, bound, keeper.keep_alive()).await?;
+            match error::bounded(operation, bound, answers.message()).await? {
+                // The lease ran out before the claim's answer came: the record went with it,
+                // and another instance may have claimed since. Not this run's.
+                Some(answer) if answer.ttl() <= 0 => return Ok(false),
+                Some(_) if sent.elapsed() <= CLAIM_DELAY_ALLOWED => return Ok(true),
+                Some(_) => {}
+                None => return Err(Error::Closed),
+            }
         }
-        Ok(own)
+        tracing::warn!(
+            "zklock: etcd answered the job's claim too slowly to keep its at_least window from \
+             the run's start; the run is skipped"
+        );
+        Ok(false)
     }
 }
 
