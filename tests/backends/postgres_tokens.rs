@@ -3,8 +3,10 @@
 //! (`PostgresServer::freeze_wal_writer`), then is killed: the commits made since are lost, as
 //! a failover to an asynchronous replica loses what the replica had not received. Each test
 //! first checks that the key row did go back, so it proves the fault happened, then that every
-//! token granted after the crash is above every token granted before it. And tokens stay at
-//! the server's clock: the counter does not run ahead of it.
+//! token granted after the crash is above every token granted before it. The same holds across
+//! a streaming standby promoted after replication was cut off (it lacks the last grants) and
+//! across a restore from an earlier base backup. And tokens stay at the server's clock: the
+//! counter does not run ahead of it.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -60,7 +62,9 @@ fn assert_above(earlier: &[FencingToken], later: &[FencingToken]) {
     for t in later {
         assert!(
             t > top,
-            "a token after the crash is not above every token before it: before {earlier:?}, after {later:?}"
+            "a token after the fault is not above every token before it: {t:?} after {top:?} \
+             (the highest of {} before), {later:?} after",
+            earlier.len()
         );
     }
     for pair in later.windows(2) {
@@ -240,4 +244,125 @@ async fn a_crash_loses_what_was_not_flushed() {
     assert_eq!(pg.psql("SELECT v FROM t ORDER BY id").unwrap(), "2\n2\n");
     pg.restart().unwrap();
     assert_eq!(pg.psql("SELECT v FROM t ORDER BY id").unwrap(), "0\n2\n");
+}
+
+/// A streaming standby promoted while tokens are being handed out, after replication was cut
+/// off (a relay in front of the primary, blackholed: the standby hears nothing more): the
+/// primary dies, the standby is promoted without the last grants (its key row is behind every
+/// token the primary gave since the cut, which proves they were lost), and every token granted
+/// on the promoted standby is above every token the old primary gave, the lost ones included.
+/// A grant on the old primary as it dies is either answered before or refused with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stay_above_across_a_standby_promotion_that_lost_grants() {
+    let mut primary = pg_server();
+    let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", primary.port())).unwrap();
+    let standby = primary.start_standby(Some(relay.port())).unwrap();
+    let (a, b) = (manager(&primary.url()).await, manager(&primary.url()).await);
+    let path = a.path_of("promoted").unwrap();
+    let mut before = vec![];
+    for m in [&a, &b, &a] {
+        before.push(grant(m, "promoted").await);
+    }
+    // The standby has every grant so far.
+    eventually("the standby caught up", Duration::from_secs(20), || async {
+        standby
+            .psql(&format!(
+                "SELECT fence FROM zklock_keys WHERE path = '{}'",
+                path.replace('\'', "''")
+            ))
+            .is_ok_and(|f| {
+                f.trim()
+                    .parse::<i64>()
+                    .is_ok_and(|f| f == fence(&primary, &path))
+            })
+    })
+    .await;
+
+    // Replication cut off; grants go on on the primary, busy while it dies.
+    relay.blackhole();
+    for m in [&b, &a, &b] {
+        before.push(grant(m, "promoted").await);
+    }
+    let given = fence(&primary, &path);
+    let busy = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let mut tokens = vec![];
+            // Until the server dies under it (a minute at most).
+            for _ in 0..100_000 {
+                match tokio::time::timeout(Duration::from_secs(5), a.lock("promoted")).await {
+                    Ok(Ok(g)) => {
+                        tokens.push(g.fencing_token());
+                        let _ = g.release().await;
+                    }
+                    // Refused (the server died under it) or never answered: no token.
+                    Ok(Err(_)) | Err(_) => break,
+                }
+            }
+            tokens
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    primary.stop().unwrap();
+    before.extend(busy.await.unwrap());
+    standby.promote().unwrap();
+    let back: i64 = standby
+        .psql(&format!(
+            "SELECT fence FROM zklock_keys WHERE path = '{}'",
+            path.replace('\'', "''")
+        ))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        back < given,
+        "the promoted standby must lack the grants made after the cut: {back} against {given}"
+    );
+
+    // The processes of the old primary, pointed at the new one, and a new process.
+    let c = manager(&standby.url()).await;
+    let d = manager(&standby.url()).await;
+    let mut after = vec![];
+    for m in [&c, &d, &c, &d] {
+        after.push(grant(m, "promoted").await);
+    }
+    assert_above(&before, &after);
+    for m in [a, b, c, d] {
+        m.flush().await;
+    }
+}
+
+/// The server restored from a base backup taken earlier (every grant since is gone from its
+/// key row): tokens granted after the restore are above every token granted before it, the
+/// ones the backup does not know of included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stay_above_after_a_restore_from_an_earlier_base_backup() {
+    let mut pg = pg_server();
+    let a = manager(&pg.url()).await;
+    let path = a.path_of("restored").unwrap();
+    let mut before = vec![grant(&a, "restored").await];
+    let backup = pg.base_backup().unwrap();
+    let kept = fence(&pg, &path);
+    for _ in 0..5 {
+        before.push(grant(&a, "restored").await);
+    }
+    let given = fence(&pg, &path);
+    assert!(given > kept);
+    pg.restore(&backup).unwrap();
+    assert_eq!(
+        fence(&pg, &path),
+        kept,
+        "the restore must bring the key row back to the backup's"
+    );
+
+    let b = manager(&pg.url()).await;
+    let mut after = vec![];
+    for m in [&b, &a, &b] {
+        after.push(grant(m, "restored").await);
+    }
+    assert_above(&before, &after);
+    for m in [a, b] {
+        m.flush().await;
+    }
 }

@@ -89,7 +89,7 @@ pub use history::{
 pub use install::ensure_zookeeper_installed;
 pub use kazoo::{KazooEvent, KazooPeer};
 pub use late_cancel::{LateCancel, LateCancelStats};
-pub use postgres::PostgresServer;
+pub use postgres::{BaseBackup, PostgresServer};
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use redis::RedisServer;
 pub use redis_ha::{

@@ -150,7 +150,18 @@ impl PostgresServer {
                 String::from_utf8_lossy(&initdb.stderr)
             )));
         }
-        // One data directory for every port tried: initdb runs once.
+        Self::serve(dir, bin, durable, env)
+    }
+
+    /// A server on the data directory `dir/data` (made by `initdb` or `pg_basebackup`), on a
+    /// free port.
+    fn serve(
+        dir: tempfile::TempDir,
+        bin: PathBuf,
+        durable: bool,
+        env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    ) -> io::Result<PostgresServer> {
+        // One data directory for every port tried.
         let mut dir = Some(dir);
         on_free_ports(1, PORT_ATTEMPTS, "postgres", |mut leases| {
             let dir_now = dir.take().expect("kept");
@@ -347,6 +358,148 @@ impl PostgresServer {
         restart(|| self.spawn())
     }
 
+    /// Starts a streaming standby of this server: `pg_basebackup -R` copies its data over a
+    /// replication connection and the copy starts, on a free port of its own, following this
+    /// server asynchronously (as a replica set up by hand does), hot (read-only queries
+    /// answer). [`promote`](Self::promote) makes it a primary. With `through` (a port, e.g. a
+    /// [`Relay`](crate::Relay)'s in front of this server), the standby copies and follows
+    /// through it, so a test can cut replication off.
+    ///
+    /// # Errors
+    ///
+    /// When `pg_basebackup` fails or the standby does not start.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let primary = zklock_testkit::PostgresServer::start()?;
+    /// let standby = primary.start_standby(None)?;
+    /// assert_eq!(standby.psql("SELECT pg_is_in_recovery()")?.trim(), "t");
+    /// standby.promote()?;
+    /// assert_eq!(standby.psql("SELECT pg_is_in_recovery()")?.trim(), "f");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start_standby(&self, through: Option<u16>) -> io::Result<PostgresServer> {
+        let dir = self.base_backup_dir("postgres-standby", through.unwrap_or(self.port()), true)?;
+        Self::serve(dir, self.bin.clone(), self.durable, self.env.clone())
+    }
+
+    /// Promotes a standby to a primary (`pg_promote()`, waiting until it is done): it stops
+    /// following its primary and takes writes; what it had not received is lost.
+    ///
+    /// # Errors
+    ///
+    /// When the server is not a standby or does not finish promoting within a minute.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let primary = zklock_testkit::PostgresServer::start()?;
+    /// let standby = primary.start_standby(None)?;
+    /// standby.promote()?;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn promote(&self) -> io::Result<()> {
+        let done = self.psql("SELECT pg_promote(true, 60)")?;
+        if done.trim() == "t" {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("pg_promote() answered {done:?}")))
+        }
+    }
+
+    /// Takes a base backup of this server (`pg_basebackup`, with the WAL it needs): a copy of
+    /// its data as of now, which [`restore`](Self::restore) puts back later, as an operator
+    /// restoring last night's backup does.
+    ///
+    /// # Errors
+    ///
+    /// When `pg_basebackup` fails.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut pg = zklock_testkit::PostgresServer::start()?;
+    /// let backup = pg.base_backup()?;
+    /// pg.psql("CREATE TABLE later ()")?;
+    /// pg.restore(&backup)?;
+    /// assert!(pg.psql("SELECT 'later'::regclass").is_err()); // gone with the restore
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn base_backup(&self) -> io::Result<BaseBackup> {
+        Ok(BaseBackup {
+            dir: self.base_backup_dir("postgres-backup", self.port(), false)?,
+        })
+    }
+
+    /// Stops the server (as a crash), replaces its data with a copy of `backup`, and starts it
+    /// again on the same port: every write since the backup is gone.
+    ///
+    /// # Errors
+    ///
+    /// When the data cannot be copied or the server does not start.
+    ///
+    /// # Examples
+    ///
+    /// See [`base_backup`](Self::base_backup).
+    pub fn restore(&mut self, backup: &BaseBackup) -> io::Result<()> {
+        self.stop()?;
+        let data = self.dir.path().join("data");
+        std::fs::remove_dir_all(&data)?;
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(backup.dir.path().join("data"))
+            .arg(&data)
+            .status()?;
+        if !copied.success() {
+            return Err(io::Error::other(format!(
+                "cp -a of the backup failed: {copied}"
+            )));
+        }
+        restart(|| self.spawn())
+    }
+
+    /// `pg_basebackup` of this server through `port` into a new directory's `data`, run as the
+    /// server's user; with `follow`, the copy is set up to follow (`-R`).
+    fn base_backup_dir(
+        &self,
+        name: &str,
+        port: u16,
+        follow: bool,
+    ) -> io::Result<tempfile::TempDir> {
+        let dir = workdir::create(name)?;
+        let user = run_as()?;
+        if let Some((uid, gid)) = user {
+            chown(dir.path(), uid, gid)?;
+        }
+        let mut cmd = Command::new(self.bin.join("pg_basebackup"));
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-X",
+            "stream",
+            "--no-sync",
+            "-p",
+        ])
+        .arg(port.to_string())
+        .arg("-D")
+        .arg(dir.path().join("data"));
+        if follow {
+            cmd.arg("-R");
+        }
+        let out = run_command(&mut cmd, user).stdin(Stdio::null()).output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "pg_basebackup failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(dir)
+    }
+
     /// Freezes the server and every backend with SIGSTOP: connections stay open but nothing
     /// answers, as in a long pause or a partition.
     ///
@@ -495,6 +648,22 @@ impl PostgresServer {
         }
         ready
     }
+}
+
+/// A base backup of a [`PostgresServer`] ([`base_backup`](PostgresServer::base_backup)), for
+/// [`restore`](PostgresServer::restore); its files are removed when it is dropped.
+///
+/// # Examples
+///
+/// ```no_run
+/// let pg = zklock_testkit::PostgresServer::start()?;
+/// let backup: zklock_testkit::BaseBackup = pg.base_backup()?;
+/// # let _ = backup;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct BaseBackup {
+    dir: tempfile::TempDir,
 }
 
 impl Drop for PostgresServer {
