@@ -223,14 +223,18 @@ fn the_soak_prints_growth_and_leaves_no_hold_once_drained() {
     }
 }
 
-/// The suite's etcd section in quick mode (`zklock-bench-suite --quick --only etcd`, which
-/// starts the test kit's etcd): every row runs for zklock, the floor and etcd's lock service
-/// (the floor sits out the inproc row), every run prints its line with no exclusion violation,
-/// and every row with a target prints its verdict. No figure is asserted.
+/// The suite's etcd section in quick mode (`zklock-bench-suite --quick --only etcd --charts
+/// DIR`, which starts the test kit's etcd): every row runs for zklock, the floor and etcd's
+/// lock service (the floor sits out the inproc row), every run prints its line with no
+/// exclusion violation, and every row with a target prints its verdict; its throughput and
+/// contended latency charts are written as well-formed SVG and linked under the section. No
+/// figure is asserted.
 #[test]
 fn the_etcd_section_runs_every_peer_in_quick_mode() {
+    let charts = tempfile::tempdir().expect("a directory for the charts");
     let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
-        .args(["--quick", "--only", "etcd"])
+        .args(["--quick", "--only", "etcd", "--charts"])
+        .arg(charts.path())
         .output()
         .expect("run zklock-bench-suite");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -270,6 +274,73 @@ fn the_etcd_section_runs_every_peer_in_quick_mode() {
         .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
         .count();
     assert_eq!(verdicts, 3, "{stdout}");
+
+    for (file, alt) in [
+        ("etcd-throughput.svg", "etcd throughput"),
+        ("etcd-contended-latency.svg", "etcd contended latency"),
+    ] {
+        let path = charts.path().join(file);
+        let svg = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (stderr: {stderr})", path.display()));
+        assert_well_formed_svg(&svg, file);
+        assert!(
+            svg.contains("zklock (etcd)"),
+            "{file} has no zklock label: {svg}"
+        );
+        assert!(
+            stdout.contains(&format!("![{alt}]({})", path.display())),
+            "no link to {file}: {stdout}"
+        );
+    }
+    // No chart without figures: the etcd section has no memory rows.
+    assert!(!charts.path().join("etcd-memory.svg").exists());
+}
+
+/// Checks that `svg` is a non-empty SVG document whose tags nest (every element closed, in
+/// order, under one `<svg>` root) and that it has text.
+fn assert_well_formed_svg(svg: &str, name: &str) {
+    let body = svg.trim();
+    assert!(body.starts_with("<svg"), "{name} is no SVG: {svg}");
+    assert!(body.contains("<text"), "{name} has no text: {svg}");
+    let mut open: Vec<&str> = vec![];
+    let mut rest = body;
+    let mut elements = 0;
+    while let Some(start) = rest.find('<') {
+        let end = rest[start..]
+            .find('>')
+            .unwrap_or_else(|| panic!("{name}: an unclosed tag: {}", &rest[start..]));
+        let tag = &rest[start + 1..start + end];
+        rest = &rest[start + end + 1..];
+        if tag.starts_with('?') || tag.starts_with('!') {
+            continue;
+        }
+        if let Some(closing) = tag.strip_prefix('/') {
+            assert_eq!(
+                open.pop(),
+                Some(closing.trim()),
+                "{name}: </{closing}> out of order"
+            );
+            continue;
+        }
+        let element = tag.split_whitespace().next().unwrap_or_default();
+        assert!(
+            !element.is_empty() && element.chars().all(|c| c.is_ascii_alphanumeric()),
+            "{name}: a bad tag <{tag}>"
+        );
+        elements += 1;
+        if open.is_empty() {
+            assert!(
+                elements == 1 && element == "svg",
+                "{name}: more than one root"
+            );
+        }
+        if !tag.ends_with('/') {
+            open.push(element);
+        }
+    }
+    assert!(open.is_empty(), "{name}: unclosed {open:?}");
+    assert!(rest.trim().is_empty(), "{name}: text after the root");
+    assert!(elements > 10, "{name}: nearly empty: {svg}");
 }
 
 /// The suite's Redis under Sentinel section in quick mode (`zklock-bench-suite --quick --only

@@ -66,11 +66,13 @@ pub(crate) fn run(env: &mut Env, rows: &[Row], section: &str) -> Vec<RowRuns> {
     run_rounds(env, rows, 1, &format!("{section} memory"))
 }
 
-/// The memory table, with what the backend's code bounds its connections by (`bound`).
+/// The memory table, with what the backend's code bounds its connections by (`bound`); and
+/// the section's memory chart ([`crate::charts::memory`]).
 pub(crate) fn table(md: &mut String, rows: &[Row], results: &[RowRuns], bound: &str) {
     if rows.is_empty() {
         return;
     }
+    crate::charts::memory(rows, results, &[("zklock", "zklock")]);
     let _ = write!(
         md,
         "\nMemory of one process, one run per row (base = resident once connected, held = \

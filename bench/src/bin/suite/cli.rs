@@ -22,6 +22,11 @@ pub(crate) struct Cli {
     /// Also write the markdown to this file.
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
+    /// Also draw each section's tables as SVG charts into this directory (made if missing):
+    /// `{section}-{chart}.svg`, e.g. `redis-throughput.svg`, linked under each section of the
+    /// markdown (by this path as given).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) charts: Option<PathBuf>,
     /// Seconds one run may take before it is killed (its cell then says "timeout").
     #[arg(long, default_value_t = 300)]
     pub(crate) run_timeout: u64,
@@ -67,12 +72,46 @@ impl Cli {
 /// A section of the suite: the backend its rows run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Section {
+    /// ZooKeeper: zklock beside the floor, zookeeper-client, Curator, kazoo and the naive herd.
     Zookeeper,
+    /// Redis: zklock's Redis backend beside rslock and a `SET NX PX` floor.
     Redis,
     /// Redis under Sentinel: a primary, 2 replicas, 3 Sentinels.
     Sentinel,
     /// Redis Cluster: 3 primaries with a replica each.
     Cluster,
+    /// PostgreSQL: zklock's PostgreSQL backend beside a `pg_advisory_lock` floor.
     Postgres,
+    /// etcd: zklock's etcd backend beside a put-on-a-lease floor and etcd's lock service.
     Etcd,
+}
+
+impl Section {
+    /// Its name on the command line (`--only`), lowercase: the first part of its charts' file
+    /// names.
+    pub(crate) fn slug(self) -> &'static str {
+        match self {
+            Section::Zookeeper => "zookeeper",
+            Section::Redis => "redis",
+            Section::Sentinel => "sentinel",
+            Section::Cluster => "cluster",
+            Section::Postgres => "postgres",
+            Section::Etcd => "etcd",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum as _;
+
+    use super::Section;
+
+    #[test]
+    fn a_sections_slug_is_its_name_on_the_command_line() {
+        for section in Section::value_variants() {
+            let value = section.to_possible_value().unwrap();
+            assert_eq!(section.slug(), value.get_name());
+        }
+    }
 }

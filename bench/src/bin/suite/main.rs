@@ -19,8 +19,11 @@
 //!
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
-//!                    [--only zookeeper|redis|sentinel|cluster|postgres|etcd]
+//!                    [--only zookeeper|redis|sentinel|cluster|postgres|etcd] [--charts DIR]
 //! ```
+//!
+//! With `--charts DIR` it also draws each section's tables as SVG charts into `DIR`
+//! ([`charts`]), linked under each section of the markdown.
 //!
 //! Every section runs its cells in rounds, the peers taking turns, and shows each cell's
 //! median run ([`rounds`]). Every run is a child process ([`runner`]): `zklock-bench` (next to
@@ -29,6 +32,7 @@
 //! are the test kit's: real ones on free loopback ports, stopped at exit.
 
 mod backend_memory;
+mod charts;
 mod cli;
 mod cluster;
 mod etcd;
@@ -56,14 +60,42 @@ fn main() -> ExitCode {
     } else {
         suite(&cli).map(Some)
     };
-    let markdown = match outcome {
-        Ok(Some(markdown)) => markdown,
+    let sections = match outcome {
+        Ok(Some(sections)) => sections,
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("zklock-bench-suite: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let mut code = ExitCode::SUCCESS;
+    // The charts, drawn once every section's markdown is made; linked only if written.
+    let written = match &cli.charts {
+        Some(dir) => match charts::write_all(dir) {
+            Ok(written) => {
+                for w in &written {
+                    eprintln!("chart: {}", dir.join(&w.file).display());
+                }
+                written
+            }
+            Err(e) => {
+                eprintln!("zklock-bench-suite: {e}");
+                code = ExitCode::FAILURE;
+                vec![]
+            }
+        },
+        None => vec![],
+    };
+    let mut markdown = String::new();
+    for (section, title, md) in sections {
+        if !markdown.is_empty() {
+            markdown.push_str(&format!("\n## {title}\n\n"));
+        }
+        markdown.push_str(&md);
+        if let Some(dir) = &cli.charts {
+            markdown.push_str(&charts::links(&written, section.slug(), dir));
+        }
+    }
     print!("{markdown}");
     if let Some(path) = &cli.out {
         if let Err(e) = std::fs::write(path, &markdown) {
@@ -71,14 +103,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    ExitCode::SUCCESS
+    code
 }
 
 /// A section's run: its markdown.
 type SectionRun = fn(&Cli) -> Result<String, String>;
 
-/// Every section `--only` lets run, one after the other.
-fn suite(cli: &Cli) -> Result<String, String> {
+/// Every section `--only` lets run, one after the other: each one's markdown, after its
+/// title.
+fn suite(cli: &Cli) -> Result<Vec<(Section, &'static str, String)>, String> {
     let sections: [(Section, &str, SectionRun); 6] = [
         (Section::Zookeeper, "ZooKeeper", zookeeper::section),
         (Section::Redis, "Redis", redis::section),
@@ -87,15 +120,13 @@ fn suite(cli: &Cli) -> Result<String, String> {
         (Section::Postgres, "PostgreSQL", postgres::section),
         (Section::Etcd, "etcd", etcd::section),
     ];
-    let mut markdown = String::new();
+    let mut done = vec![];
     for (section, title, run) in sections {
         if !cli.runs(section) {
             continue;
         }
-        if !markdown.is_empty() {
-            markdown.push_str(&format!("\n## {title}\n\n"));
-        }
-        markdown.push_str(&run(cli)?);
+        charts::begin_section(section.slug(), title, cli.quick);
+        done.push((section, title, run(cli)?));
     }
-    Ok(markdown)
+    Ok(done)
 }

@@ -200,7 +200,8 @@ pub(crate) struct BackendTables<'a> {
 }
 
 /// Writes such a section's tables: throughput with targets, the contended rows' fairness,
-/// latency with figures per cycle, and the report lines.
+/// latency with figures per cycle, and the report lines; and records its throughput and
+/// contended latency charts ([`crate::charts`]).
 pub(crate) fn backend_tables(
     md: &mut String,
     rows: &[Row],
@@ -225,6 +226,8 @@ pub(crate) fn backend_tables(
         let (target, met) = verdict(row, runs);
         let _ = writeln!(md, " {target} | {met} |");
     }
+    crate::charts::throughput(rows, results, t.columns, t.rounds);
+    crate::charts::contended_latency(rows, results, t.columns, t.rounds);
     contention_table(md, rows, results, t.columns);
     let _ = write!(
         md,

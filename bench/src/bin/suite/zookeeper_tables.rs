@@ -21,7 +21,14 @@ const COLUMNS: [(&str, &str); 6] = [
     ("naive", "naive (herd)"),
 ];
 
-/// The whole section.
+/// The columns of the memory chart: zklock, with the local queue off (`--extended`), Curator.
+const MEMORY_COLUMNS: [(&str, &str); 3] = [
+    ("zklock", "zklock"),
+    ("zklock-noq", "zklock, local queue off"),
+    ("curator", "Curator"),
+];
+
+/// The whole section (and its charts: [`crate::charts`]).
 pub(crate) fn render(
     rows: &[Row],
     results: &[RowRuns],
@@ -47,6 +54,10 @@ pub(crate) fn render(
         each_cell(rounds)
     );
     let kept: Vec<Cells> = results.iter().map(|r| r.kept.clone()).collect();
+    crate::charts::throughput(rows, results, &COLUMNS, rounds);
+    crate::charts::drain(rows, results, &COLUMNS, rounds);
+    crate::charts::contended_latency(rows, results, &COLUMNS, rounds);
+    crate::charts::memory(rows, results, &MEMORY_COLUMNS);
     throughput(&mut md, rows, results, &kept);
     drain_scaling(&mut md, rows, &kept);
     contention_table(&mut md, rows, results, &COLUMNS);
