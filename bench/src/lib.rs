@@ -15,7 +15,9 @@
 //!
 //! On Redis: `zklock` (its Redis backend), `floor` (`SET key id NX PX ttl`, released by a Lua
 //! compare-and-`DEL`; on a taken key it asks again at once) and `rslock` (the `rslock` crate's
-//! Redlock, on the one server). Under Sentinel (a `redis+sentinel://` connect string) zklock
+//! Redlock, on the one server, retrying with its own policy: up to 3 tries 0–200 ms apart,
+//! then again), every workload but `handover`; in `inproc` and `drain` the floor's and
+//! rslock's tasks share one connection or manager, as zklock's share one manager. Under Sentinel (a `redis+sentinel://` connect string) zklock
 //! follows the primary the Sentinels name, and the other peers and the server's counters use
 //! that primary's address. On a Redis Cluster (a `redis+cluster://` connect string) zklock
 //! routes by slot itself; rslock runs a plain manager per primary, each key sent to its slot's
@@ -35,9 +37,11 @@
 //! lock whose waiters sleep while the releaser takes it again shows as such.
 //!
 //! On PostgreSQL (a `postgres://` connect string): `zklock` (its PostgreSQL backend) and `floor`
-//! (`pg_advisory_lock` + `pg_advisory_unlock` on a plain client), uncontended and contended;
-//! their lines carry `backend=postgres` and the WAL written per cycle (see the `postgres`
-//! module).
+//! (`pg_advisory_lock` + `pg_advisory_unlock` on a plain client), uncontended, contended, over
+//! many keys, from many tasks of one process and the drain of a queue (the floor's tasks on
+//! connections of a pool of at most 64, one task per connection at a time: an advisory lock
+//! belongs to its session); their lines carry `backend=postgres` and the WAL written per cycle
+//! (see the `postgres` module).
 //!
 //! On etcd (an `etcd://` connect string): `zklock` (its etcd backend), `floor` (a put of the key
 //! on a lease granted up front, and its delete; a compare-and-put loop where workers share a
@@ -343,11 +347,11 @@ pub async fn run(options: &Options) -> Result<Report> {
         | Workload::Keys
         | Workload::Inproc
         | Workload::Reacquire => ops::run(options).await,
+        Workload::Drain => drain::run(options).await,
         other if peer::is_redis(&options.connect) => Err(BenchError(format!(
             "{other} runs on ZooKeeper only; on Redis: uncontended, contended, keys, inproc, \
-             mem-waiters, mem-keys"
+             drain, reacquire, mem-waiters, mem-keys"
         ))),
-        Workload::Drain => drain::run(options).await,
         Workload::Handover => linger::handover(options).await,
         Workload::MemWaiters | Workload::MemKeys => unreachable!("run above"),
     }

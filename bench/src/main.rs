@@ -17,8 +17,9 @@ use zklock_bench::{Options, Peer, Workload};
 #[command(name = "zklock-bench", version)]
 struct Cli {
     /// ZooKeeper connect string, host:port[,host:port...]; or a Redis URL, redis://host:port/
-    /// (peers zklock, floor, rslock); or a PostgreSQL URL, postgres://user@host:port/db (peers
-    /// zklock, floor; workloads uncontended, contended; zklock also mem-waiters, mem-keys); or
+    /// (peers zklock, floor, rslock; every workload but handover); or a PostgreSQL URL,
+    /// postgres://user@host:port/db (peers zklock, floor; workloads uncontended, contended,
+    /// keys, inproc, drain; zklock also mem-waiters, mem-keys); or
     /// an etcd URL, etcd://host:port (peers zklock, floor, lockservice; workloads uncontended,
     /// contended, keys, inproc).
     #[arg(long, env = "ZKLOCK_CONNECT")]
@@ -28,7 +29,8 @@ struct Cli {
     #[arg(long)]
     workload: Workload,
     /// Sessions (uncontended, contended, keys), tasks on one session (inproc; on etcd, the lock
-    /// service's tasks each have a lease of their own), waiters (drain),
+    /// service's tasks each have a lease of their own; on PostgreSQL, the floor's tasks share
+    /// a pool of at most 64 connections, one task per connection at a time), waiters (drain),
     /// tasks (mem-waiters, mem-keys).
     #[arg(long, default_value_t = 1)]
     workers: usize,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use redis::aio::MultiplexedConnection;
 
 use crate::peer::{is_cluster, is_redis, is_sentinel, redis_connection, Contender, Setup};
 use crate::window::{Gate, Overlap, Tally};
@@ -26,7 +27,7 @@ pub(crate) fn zk_stats(contenders: &[Arc<Contender>]) -> (u64, u64) {
 /// and the reads it processed from clients (`total_reads_processed`: one per batch of requests
 /// a client sent before waiting for replies, so one per round trip of a client that waits for
 /// each reply; pub/sub messages the server pushes are not reads).
-async fn redis_counters(conn: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
+async fn redis_counters(conn: &mut MultiplexedConnection) -> Result<(u64, u64)> {
     let info: String = redis::cmd("INFO")
         .arg("stats")
         .query_async(conn)
@@ -42,6 +43,30 @@ async fn redis_counters(conn: &mut redis::aio::MultiplexedConnection) -> Result<
         field("total_commands_processed")?,
         field("total_reads_processed")?,
     ))
+}
+
+/// Connections to the servers whose counters count a Redis run: the one server (or the
+/// Sentinels' primary), or every primary of a Cluster; none off Redis.
+pub(crate) async fn redis_admin(
+    options: &Options,
+    setup: &Setup,
+) -> Result<Vec<MultiplexedConnection>> {
+    Ok(match &setup.cluster {
+        Some(map) => map.connections().await?,
+        None if is_redis(&options.connect) => vec![redis_connection(&options.connect).await?],
+        None => vec![],
+    })
+}
+
+/// The commands run and the reads processed, summed over `servers` (see [`redis_counters`]).
+pub(crate) async fn redis_totals(servers: &mut [MultiplexedConnection]) -> Result<(u64, u64)> {
+    let (mut commands, mut reads) = (0, 0);
+    for conn in servers.iter_mut() {
+        let (c, r) = redis_counters(conn).await?;
+        commands += c;
+        reads += r;
+    }
+    Ok((commands, reads))
 }
 
 /// The counters a run reads before and after its window: the server's (Redis), zklock's
@@ -67,14 +92,9 @@ impl Counters {
     async fn read(
         setup: &Setup,
         contenders: &[Arc<Contender>],
-        redis_admin: &mut [redis::aio::MultiplexedConnection],
+        redis_admin: &mut [MultiplexedConnection],
     ) -> Result<Counters> {
-        let (mut commands, mut reads) = (0, 0);
-        for conn in redis_admin.iter_mut() {
-            let (c, r) = redis_counters(conn).await?;
-            commands += c;
-            reads += r;
-        }
+        let (commands, reads) = redis_totals(redis_admin).await?;
         let (requests, events) = zk_stats(contenders);
         Ok(Counters {
             commands,
@@ -174,11 +194,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     let contenders = open(options, &setup, keys).await?;
     // The servers whose counters count the run: the one server (or the Sentinels' primary),
     // or every primary of a Cluster.
-    let mut redis_admin = match &setup.cluster {
-        Some(map) => map.connections().await?,
-        None if is_redis(&options.connect) => vec![redis_connection(&options.connect).await?],
-        None => vec![],
-    };
+    let mut redis_admin = redis_admin(options, &setup).await?;
     // On a Cluster: how the timed keys spread over the primaries (`CLUSTER KEYSLOT`).
     let spread = match &setup.cluster {
         Some(map) => {
@@ -252,7 +268,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
 }
 
 /// `n / cycles` with two decimals.
-fn per(n: u64, cycles: u64) -> String {
+pub(crate) fn per(n: u64, cycles: u64) -> String {
     format!("{:.2}", n as f64 / cycles.max(1) as f64)
 }
 

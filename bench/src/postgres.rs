@@ -1,21 +1,32 @@
 //! The PostgreSQL rows (a `postgres://` connect string): zklock's PostgreSQL backend beside a
 //! bare floor, `SELECT pg_advisory_lock($1)` and `SELECT pg_advisory_unlock($1)` (prepared
-//! once) on a plain `tokio_postgres::Client` per worker: what the server costs at the least for
-//! one acquire and release of a session-level advisory lock. Its waiters block in the server,
-//! each on a connection of its own.
+//! once per connection) on plain `tokio_postgres::Client`s: what the server costs at the least
+//! for one acquire and release of a session-level advisory lock. Its waiters block in the
+//! server, each on a connection of its own.
 //!
-//! Workloads `uncontended` (one worker) and `contended` (`workers` managers or clients, one
-//! key). The lines carry `backend=postgres` and `wal_bytes_per_cycle`: the WAL the server wrote
-//! per cycle (from `pg_current_wal_lsn()`), which shows the commits that must reach the disk
-//! (the floor writes none; zklock commits each grant's token in the statement that takes the
-//! lock, and a release that wakes someone commits its `NOTIFY` asynchronously).
+//! Workloads `uncontended` (one worker), `contended` (`workers` managers or clients, one key),
+//! `keys` (`workers` managers or clients over `keys` keys, each cycle on a random key),
+//! `inproc` (`workers` tasks of one manager, or of one floor, on one key) and `drain`
+//! (`workers` waiters of one process queued behind a held lock, then released). The floor's
+//! tasks (`inproc`, `drain`) share a pool of at most [`POOL`] connections, task `w` on
+//! connection `w mod POOL`, which it keeps from its acquire to its release: an advisory lock
+//! belongs to its session, so two tasks on one connection would both hold it. With 64 tasks
+//! each has a connection of its own; a drain's waiters beyond the pool wait in the process for
+//! their connection, and those on a connection in the server's lock queue.
+//!
+//! The lines carry `backend=postgres` and `wal_bytes_per_cycle`: the WAL the server wrote per
+//! cycle (from `pg_current_wal_lsn()`), which shows the commits that must reach the disk (the
+//! floor writes none; zklock commits each grant's token in the statement that takes the lock,
+//! and a release that wakes someone commits its `NOTIFY` asynchronously).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use tokio::sync::{Mutex as AsyncMutex, MutexGuard};
 use tokio_postgres::{Client, NoTls, Statement};
-use zklock_core::{LockManager, Mutex};
+use zklock_core::{LockGuard, LockManager, Mutex};
 
 use crate::ops::local_queue_field;
 use crate::window::{Gate, Overlap, Tally};
@@ -24,6 +35,10 @@ use crate::{BenchError, Options, Peer, Report, Result, Workload};
 /// The lease of zklock's holds: long enough that the bench's load never makes a liveness check
 /// late.
 const LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most connections the floor's tasks of one process share (`inproc`, `drain`): one per
+/// task of the inproc row's 64, well below the test kit's `max_connections` of 200.
+pub(crate) const POOL: usize = 64;
 
 /// Whether `connect` names a PostgreSQL server.
 pub(crate) fn is_postgres(connect: &str) -> bool {
@@ -50,24 +65,99 @@ async fn wal_position(admin: &Client) -> Result<i64> {
     Ok(row.get(0))
 }
 
-/// One worker of a peer: a zklock manager, or the floor's client.
+/// The backends of the server waiting for an advisory lock.
+async fn advisory_waits(admin: &Client) -> Result<i64> {
+    let row = admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            &[],
+        )
+        .await
+        .map_err(pg)?;
+    Ok(row.get(0))
+}
+
+/// One of the floor's connections, with its statements prepared.
+struct FloorConn {
+    client: Client,
+    lock: Statement,
+    unlock: Statement,
+}
+
+impl FloorConn {
+    async fn open(url: &str) -> Result<FloorConn> {
+        let client = client(url).await?;
+        let lock = client
+            .prepare("SELECT pg_advisory_lock($1::bigint)")
+            .await
+            .map_err(pg)?;
+        let unlock = client
+            .prepare("SELECT pg_advisory_unlock($1::bigint)")
+            .await
+            .map_err(pg)?;
+        Ok(FloorConn {
+            client,
+            lock,
+            unlock,
+        })
+    }
+}
+
+/// One worker of a peer (one process's tasks, for `inproc` and `drain`): a zklock manager, or
+/// the floor's connections.
 enum Contender {
     Zklock {
         manager: LockManager,
-        /// The measured key, then the warm-up key.
-        mutexes: [Mutex; 2],
+        /// The measured keys, then the warm-up key.
+        mutexes: Vec<Mutex>,
     },
     Floor {
-        client: Client,
-        lock: Statement,
-        unlock: Statement,
-        /// The measured key, then the warm-up key (advisory lock ids of the one-`bigint` form).
-        keys: [i64; 2],
+        /// Task `w` uses `conns[w % conns.len()]`, for a whole cycle.
+        conns: Vec<AsyncMutex<FloorConn>>,
+        /// The measured keys, then the warm-up key (advisory lock ids of the one-`bigint`
+        /// form).
+        keys: Vec<i64>,
     },
 }
 
+/// A granted acquire, to be released.
+enum Held<'a> {
+    Zklock(LockGuard),
+    Floor {
+        conn: MutexGuard<'a, FloorConn>,
+        key: i64,
+    },
+}
+
+impl Held<'_> {
+    async fn release(self) -> Result<()> {
+        match self {
+            Held::Zklock(guard) => Ok(guard.release().await?),
+            Held::Floor { conn, key } => {
+                let row = conn
+                    .client
+                    .query_one(&conn.unlock, &[&key])
+                    .await
+                    .map_err(pg)?;
+                if row.get::<_, bool>(0) {
+                    Ok(())
+                } else {
+                    Err(BenchError("the floor's unlock found no lock".into()))
+                }
+            }
+        }
+    }
+}
+
 impl Contender {
-    async fn open(options: &Options, namespace: &str, floor_key: i64) -> Result<Contender> {
+    /// Handles for the keys `floor_keys` (the last one the warm-up's); the floor with
+    /// `connections` connections.
+    async fn open(
+        options: &Options,
+        namespace: &str,
+        floor_keys: &[i64],
+        connections: usize,
+    ) -> Result<Contender> {
         match options.peer {
             Peer::Zklock => {
                 let manager = LockManager::builder(options.connect.clone())
@@ -77,24 +167,23 @@ impl Contender {
                     .fencing_tokens(options.fencing_tokens)
                     .connect()
                     .await?;
-                let mutexes = [manager.mutex("bench")?, manager.mutex("warmup")?];
+                let mut mutexes = (0..floor_keys.len() - 1)
+                    .map(|k| manager.mutex(&format!("bench{k}")))
+                    .collect::<zklock_core::Result<Vec<_>>>()?;
+                mutexes.push(manager.mutex("warmup")?);
                 Ok(Contender::Zklock { manager, mutexes })
             }
             Peer::Floor => {
-                let client = client(&options.connect).await?;
-                let lock = client
-                    .prepare("SELECT pg_advisory_lock($1::bigint)")
-                    .await
-                    .map_err(pg)?;
-                let unlock = client
-                    .prepare("SELECT pg_advisory_unlock($1::bigint)")
-                    .await
-                    .map_err(pg)?;
+                let conns = futures::future::try_join_all(
+                    (0..connections).map(|_| FloorConn::open(&options.connect)),
+                )
+                .await?
+                .into_iter()
+                .map(AsyncMutex::new)
+                .collect();
                 Ok(Contender::Floor {
-                    client,
-                    lock,
-                    unlock,
-                    keys: [floor_key, floor_key + 1],
+                    conns,
+                    keys: floor_keys.to_vec(),
                 })
             }
             other => Err(BenchError(format!(
@@ -103,9 +192,23 @@ impl Contender {
         }
     }
 
-    /// One acquire of key `k` (0: measured, 1: warm-up), the critical section of worker
-    /// `who` (when timed: `overlap`), one release. When timed: how long the acquire took, and
-    /// whether the key changed hands.
+    /// Task `who`'s acquire of key `k`.
+    async fn acquire(&self, k: usize, who: usize) -> Result<Held<'_>> {
+        match self {
+            Contender::Zklock { mutexes, .. } => Ok(Held::Zklock(mutexes[k].lock().await?)),
+            Contender::Floor { conns, keys } => {
+                let conn = conns[who % conns.len()].lock().await;
+                conn.client
+                    .query_one(&conn.lock, &[&keys[k]])
+                    .await
+                    .map_err(pg)?;
+                Ok(Held::Floor { conn, key: keys[k] })
+            }
+        }
+    }
+
+    /// One acquire of key `k`, the critical section of task `who` (when timed: `overlap`),
+    /// one release. When timed: how long the acquire took, and whether the key changed hands.
     async fn cycle(
         &self,
         k: usize,
@@ -113,35 +216,21 @@ impl Contender {
         overlap: Option<&Overlap>,
     ) -> Result<(Duration, bool)> {
         let t0 = Instant::now();
+        let held = self.acquire(k, who).await?;
+        let waited = t0.elapsed();
         let mut changed = false;
-        let waited;
-        match self {
-            Contender::Zklock { mutexes, .. } => {
-                let guard = mutexes[k].lock().await?;
-                waited = t0.elapsed();
-                if let Some(overlap) = overlap {
-                    changed = overlap.critical_section(0, who).await;
-                }
-                guard.release().await?;
-            }
-            Contender::Floor {
-                client,
-                lock,
-                unlock,
-                keys,
-            } => {
-                client.query_one(lock, &[&keys[k]]).await.map_err(pg)?;
-                waited = t0.elapsed();
-                if let Some(overlap) = overlap {
-                    changed = overlap.critical_section(0, who).await;
-                }
-                let row = client.query_one(unlock, &[&keys[k]]).await.map_err(pg)?;
-                if !row.get::<_, bool>(0) {
-                    return Err(BenchError("the floor's unlock found no lock".into()));
-                }
-            }
+        if let Some(overlap) = overlap {
+            changed = overlap.critical_section(k, who).await;
         }
+        held.release().await?;
         Ok((waited, changed))
+    }
+
+    fn manager(&self) -> Option<&LockManager> {
+        match self {
+            Contender::Zklock { manager, .. } => Some(manager),
+            Contender::Floor { .. } => None,
+        }
     }
 
     async fn flush(&self) {
@@ -153,20 +242,30 @@ impl Contender {
 
 pub(crate) async fn run(options: &Options) -> Result<Report> {
     let workload = options.workload;
-    if !matches!(workload, Workload::Uncontended | Workload::Contended) {
-        return Err(BenchError(format!(
-            "{workload} does not run on PostgreSQL; on PostgreSQL: uncontended, contended, \
-             mem-waiters, mem-keys"
-        )));
-    }
+    let keys = match workload {
+        Workload::Keys => options.keys.max(1),
+        Workload::Uncontended | Workload::Contended | Workload::Inproc | Workload::Drain => 1,
+        other => {
+            return Err(BenchError(format!(
+                "{other} does not run on PostgreSQL; on PostgreSQL: uncontended, contended, \
+                 keys, inproc, drain, mem-waiters, mem-keys"
+            )))
+        }
+    };
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let namespace = format!("/bench-{nanos}-{}", std::process::id());
     // The floor's keys: fresh per run, and apart from anything else on the server.
-    let floor_key = ((nanos as i64) & 0x3fff_ffff_ffff) << 1;
+    let base = ((nanos as i64) & 0x3fff_ffff_ffff) << 8;
+    let floor_keys: Vec<i64> = (0..=keys as i64).map(|k| base + k).collect();
+    // One process's tasks share one manager, or the floor's pool; else one each.
+    let (processes, connections) = match workload {
+        Workload::Inproc | Workload::Drain => (1, options.workers.clamp(1, POOL)),
+        _ => (options.workers, 1),
+    };
     let contenders: Vec<Arc<Contender>> = futures::future::try_join_all(
-        (0..options.workers).map(|_| Contender::open(options, &namespace, floor_key)),
+        (0..processes).map(|_| Contender::open(options, &namespace, &floor_keys, connections)),
     )
     .await?
     .into_iter()
@@ -175,29 +274,35 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
 
     // Warm-up on its own key, as CuratorBench does.
     for _ in 0..options.warmup {
-        contenders[0].cycle(1, 0, None).await?;
+        contenders[0].cycle(keys, 0, None).await?;
     }
     for c in &contenders {
         c.flush().await;
     }
-
     let admin = client(&options.connect).await?;
-    let overlap = Arc::new(Overlap::new(1));
+    if workload == Workload::Drain {
+        return drain(options, contenders[0].clone(), &admin).await;
+    }
+
+    let overlap = Arc::new(Overlap::new(keys));
     let check = options.peer != Peer::Floor;
     let gate = Arc::new(Gate::new(options.workers));
     let mut tasks = Vec::with_capacity(options.workers);
-    for (w, contender) in contenders.iter().enumerate() {
-        let (contender, overlap, gate) = (contender.clone(), overlap.clone(), gate.clone());
+    for w in 0..options.workers {
+        let contender = contenders[w % contenders.len()].clone();
+        let (overlap, gate) = (overlap.clone(), gate.clone());
         let cycles = options.cycles;
         tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(w as u64);
             // Untimed: each worker's first acquire.
-            let first = contender.cycle(0, w, None).await;
+            let first = contender.cycle(w % keys, w, None).await;
             gate.ready().await;
             first?;
             let mut tally = Tally::with_capacity(cycles);
             for _ in 0..cycles {
+                let k = if keys > 1 { rng.gen_range(0..keys) } else { 0 };
                 let t0 = Instant::now();
-                let (waited, changed) = contender.cycle(0, w, Some(&overlap)).await?;
+                let (waited, changed) = contender.cycle(k, w, Some(&overlap)).await?;
                 tally.record(t0, waited, changed);
             }
             Ok::<_, BenchError>(tally)
@@ -232,13 +337,97 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     if check {
         report.push("violations", overlap.violations.load(Ordering::SeqCst));
     }
+    if workload == Workload::Keys {
+        report.push("keys", keys);
+    }
+    push_postgres(&mut report, options, connections, wal as f64 / n);
+    Ok(report)
+}
+
+/// The PostgreSQL fields of a line, with the WAL written per cycle.
+fn push_postgres(report: &mut Report, options: &Options, connections: usize, wal: f64) {
     report.push("backend", "postgres");
-    report.push("wal_bytes_per_cycle", format!("{:.0}", wal as f64 / n));
-    if options.peer == Peer::Zklock {
-        report.push("local_queue", local_queue_field(options));
-        if !options.fencing_tokens {
-            report.push("fencing_tokens", "off");
+    report.push("wal_bytes_per_cycle", format!("{wal:.0}"));
+    match options.peer {
+        Peer::Zklock => {
+            report.push("local_queue", local_queue_field(options));
+            if !options.fencing_tokens {
+                report.push("fencing_tokens", "off");
+            }
+        }
+        _ if matches!(options.workload, Workload::Inproc | Workload::Drain) => {
+            report.push("connections", connections);
+        }
+        _ => {}
+    }
+}
+
+/// `workers` waiters of `contender` (one process) queued behind a hold of the same process on
+/// key 0, then released: the time for the queue to pass through. The floor's holder is task 0
+/// and waiter `w` task `w + 1`: with the pool of [`POOL`], 63 waiters wait in the server's
+/// lock queue, and the others in the process for their connection.
+async fn drain(options: &Options, contender: Arc<Contender>, admin: &Client) -> Result<Report> {
+    let waiters = options.workers;
+    contender.cycle(0, 0, None).await?;
+    contender.flush().await;
+    let first = contender.acquire(0, 0).await?;
+    let overlap = Arc::new(Overlap::new(1));
+    let started = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(waiters);
+    for w in 1..=waiters {
+        let (contender, overlap, started) = (contender.clone(), overlap.clone(), started.clone());
+        tasks.push(tokio::spawn(async move {
+            started.fetch_add(1, Ordering::SeqCst);
+            let held = contender.acquire(0, w).await?;
+            let granted = Instant::now();
+            overlap.critical_section(0, w).await;
+            held.release().await?;
+            Ok::<_, BenchError>(granted)
+        }));
+    }
+    let connections = match &*contender {
+        Contender::Zklock { .. } => 0,
+        Contender::Floor { conns, .. } => conns.len(),
+    };
+    match contender.manager() {
+        Some(manager) if options.local_queue => {
+            crate::drain::wait_local_queue(manager, &started, waiters).await;
+        }
+        _ => {
+            // The floor's waiters on a connection of their own (all but the holder's) block
+            // in the server's lock queue; zklock's without the local queue, at most a few.
+            let queued = if connections > 0 {
+                waiters.min(connections - 1) as i64
+            } else {
+                1
+            };
+            while started.load(Ordering::SeqCst) < waiters || advisory_waits(admin).await? < queued
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+
+    let wal_before = wal_position(admin).await?;
+    let t0 = Instant::now();
+    first.release().await?;
+    let mut grants = Vec::with_capacity(waiters);
+    for task in tasks {
+        grants.push(
+            task.await
+                .map_err(|e| BenchError(format!("waiter panicked: {e}")))??,
+        );
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    contender.flush().await;
+    let wal = wal_position(admin).await? - wal_before;
+    let mut report = crate::drain::line(options, secs, t0, grants, &overlap);
+    push_postgres(
+        &mut report,
+        options,
+        connections,
+        wal as f64 / waiters as f64,
+    );
     Ok(report)
 }

@@ -464,3 +464,73 @@ fn the_cluster_section_runs_every_peer_in_quick_mode() {
         .count();
     assert_eq!(verdicts, 3, "{stdout}");
 }
+
+/// The suite's Redis and PostgreSQL sections in quick mode (`zklock-bench-suite --quick --only
+/// redis`, `--only postgres`, each on a server of the test kit): every throughput row runs for
+/// every peer (Redis: zklock, the floor, rslock; PostgreSQL: zklock, the floor), the keys,
+/// inproc and drain rows among them, with no exclusion violation and the server's figures per
+/// cycle, and those three rows print their verdicts. No figure is asserted.
+#[test]
+fn the_redis_and_postgres_sections_run_every_row_in_quick_mode() {
+    for (section, peers, per_cycle, rows) in [
+        (
+            "redis",
+            &["zklock", "floor", "rslock"][..],
+            "round_trips_per_cycle",
+            7,
+        ),
+        (
+            "postgres",
+            &["zklock", "floor"][..],
+            "wal_bytes_per_cycle",
+            7,
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
+            .args(["--quick", "--only", section])
+            .output()
+            .expect("run zklock-bench-suite");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "zklock-bench-suite --quick --only {section} failed: {stderr}"
+        );
+        eprintln!("{stdout}");
+        let runs: Vec<Report> = stdout
+            .lines()
+            .filter_map(parse_line)
+            .filter(|r| !r.get("workload").unwrap_or_default().starts_with("mem-"))
+            .collect();
+        for workload in ["keys", "inproc", "drain"] {
+            for peer in peers {
+                let r = runs
+                    .iter()
+                    .find(|r| r.get("peer") == Some(peer) && r.get("workload") == Some(workload))
+                    .unwrap_or_else(|| panic!("no {peer} {workload} run in:\n{stdout}\n{stderr}"));
+                assert_eq!(r.get("backend"), Some(section), "{r}");
+                if *peer != "floor" || workload == "drain" {
+                    assert_eq!(r.number("violations"), Some(0.0), "{r}");
+                }
+                for field in [per_cycle, "p50_us", "p99_us"] {
+                    assert!(r.number(field).is_some(), "{field} missing: {r}");
+                }
+            }
+        }
+        assert_eq!(runs.len(), rows * peers.len(), "{stdout}");
+        assert!(
+            !stdout.contains("FAILED") && !stdout.contains("timeout"),
+            "{stdout}"
+        );
+        let verdicts = stdout
+            .lines()
+            .filter(|l| {
+                ["| keys", "| inproc", "| drain"]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+            })
+            .filter(|l| l.contains("| met (") || l.contains("**missed**"))
+            .count();
+        assert_eq!(verdicts, 3, "{stdout}");
+    }
+}

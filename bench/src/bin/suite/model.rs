@@ -91,6 +91,31 @@ impl Row {
         }
     }
 
+    /// A `Drain` row (handoffs per second) of `waiters` queued in one process on one key,
+    /// with no target.
+    pub(crate) fn drain(
+        title: impl Into<String>,
+        waiters: usize,
+        cells: Vec<(&'static str, Runner)>,
+    ) -> Row {
+        Row {
+            title: title.into(),
+            workload: "drain",
+            workers: waiters,
+            cycles: 0,
+            keys: 1,
+            metric: Metric::Drain,
+            cells,
+            target: None,
+        }
+    }
+
+    /// The same row over `keys` keys.
+    pub(crate) fn over_keys(mut self, keys: usize) -> Row {
+        self.keys = keys;
+        self
+    }
+
     /// The same row with `target`.
     pub(crate) fn with_target(mut self, target: Target) -> Row {
         self.target = Some(target);

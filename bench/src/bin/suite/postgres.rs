@@ -1,6 +1,7 @@
 //! The PostgreSQL section (`--only postgres`): zklock's PostgreSQL backend beside a bare
-//! `pg_advisory_lock` + `pg_advisory_unlock` floor on a plain client, uncontended and
-//! contended, on a durable server of the test kit (`fsync` on, as a production server runs:
+//! `pg_advisory_lock` + `pg_advisory_unlock` floor on plain clients, uncontended, contended,
+//! over 64 keys, 64 tasks of one process and the drain of a queue of one process, on a durable
+//! server of the test kit (`fsync` on, as a production server runs:
 //! a grant's token is a commit, and its cost is part of the figure).
 
 use std::fmt::Write as _;
@@ -19,10 +20,38 @@ const COLUMNS: [(&str, &str); 2] = [
     ("floor", "floor: pg_advisory_lock + unlock"),
 ];
 
+/// The rows' sizes: cycles per worker or task, and the drain's waiters.
+struct Sizes {
+    uncontended: usize,
+    contended: usize,
+    keys: usize,
+    inproc: usize,
+    drain: usize,
+}
+
 /// The rows: zklock (with and without fencing tokens) and the floor, uncontended and
-/// contended.
+/// contended; over 64 keys, from 64 tasks of one process, and the drain of a queue of one
+/// process.
 fn rows(quick: bool) -> Vec<Row> {
-    let (uncontended, contended) = if quick { (50, 5) } else { (20_000, 400) };
+    // Full size, each run of the new rows about a second or less on 2 cores.
+    let s = if quick {
+        Sizes {
+            uncontended: 50,
+            contended: 5,
+            keys: 5,
+            inproc: 2,
+            drain: 20,
+        }
+    } else {
+        Sizes {
+            uncontended: 20_000,
+            contended: 400,
+            keys: 1_000,
+            inproc: 100,
+            drain: 1_000,
+        }
+    };
+    let (uncontended, contended) = (s.uncontended, s.contended);
     let cells = || {
         vec![
             ("zklock", Runner::ours("zklock")),
@@ -81,6 +110,50 @@ fn rows(quick: bool) -> Vec<Row> {
             untokened(),
         )
         .with_target(contended_target(0.9)),
+        // 8 managers / clients, each cycle on a random key of 64: mostly the uncontended
+        // cycle, 8 at once.
+        Row::ops(
+            "keys (8 managers / clients, 64 keys)",
+            "keys",
+            8,
+            s.keys,
+            cells(),
+        )
+        .over_keys(64)
+        // The first two full runs (2026-11-27, 3 rounds each, paired medians): ×0.48 and ×0.33
+        // floor (rounds ×0.20, ×0.57, ×0.48; ×0.32, ×0.46, ×0.33): each grant commits its
+        // token (≈ 120 B of WAL), the floor writes nothing. No lead; a floor not to fall
+        // under, a bit below the lower run.
+        .with_target(Target::Ratios(vec![Want::main("floor", 0.3)])),
+        // zklock: 64 tasks of one manager, queued in the process behind its one hold. The
+        // floor: the same 64 tasks, each on a connection of its own from a pool of 64 (an
+        // advisory lock belongs to its session: tasks sharing a connection would share the
+        // lock), waiting in the server's lock queue.
+        Row::ops(
+            "inproc (64 tasks; zklock 1 manager, floor 64 connections; 1 key)",
+            "inproc",
+            64,
+            s.inproc,
+            cells(),
+        )
+        // The first two full runs (2026-11-27, 3 rounds each, paired medians): ×1.79 and ×1.78
+        // floor (rounds ×1.77, ×2.14, ×1.79; ×1.78, ×1.23, ×2.04); each local handoff still
+        // confirms the holding session, one round trip.
+        .with_target(Target::Ratios(vec![Want::main("floor", 1.5)])),
+        // The waiters of one process queued behind a hold of that process: zklock's in its
+        // local queue, the floor's on a pool of 64 connections (63 waiting in the server's
+        // lock queue, the others in the process for their connection).
+        Row::drain(
+            format!("drain {} waiters (1 process, 1 key)", s.drain),
+            s.drain,
+            cells(),
+        )
+        // The first two full runs (2026-11-27, 3 rounds each, paired medians): ×0.70 and ×0.50
+        // floor (rounds ×0.70, ×0.45, ×0.80; ×0.30, ×0.50, ×0.57). zklock's local handoffs (a confirming round trip each) cost more per
+        // waiter the longer the queue (one process's drain, alone: 58 µs per waiter for 64,
+        // 108 for 200, 300 for 500, 570–910 for 1,000), so it trails the server's own queue
+        // here; a floor not to fall under, a bit below the lower run.
+        .with_target(Target::Ratios(vec![Want::main("floor", 0.45)])),
     ]
 }
 
@@ -143,7 +216,13 @@ fn render(
     let _ = writeln!(
         md,
         "Throughput (acquire + release per second), {}. In parentheses: zklock's ratio to the \
-         floor.\n",
+         floor. In the inproc and drain rows zklock's tasks share one manager; the floor's \
+         tasks take connections of a pool of 64, task `w` on connection `w mod 64`, kept from \
+         its lock to its unlock (an advisory lock belongs to its session: tasks sharing a \
+         connection would share the lock), so the inproc row's 64 tasks each have one and the \
+         drain's waiters beyond 63 wait in the process for theirs. The drain row is the \
+         handoffs per second of a queue of one process passing through once its hold is \
+         released; its latency is the gap between successive grants.\n",
         each_cell(rounds)
     );
     backend_tables(
