@@ -9,7 +9,7 @@
 //!
 //! - `throughput`: one group of bars per row, one bar per peer, each the figure the table's
 //!   cell shows (the median run's acquires + releases per second); zklock's bar in orange;
-//! - `drain` (ZooKeeper): the drain rows' handoffs per second, the same way;
+//! - `drain` (sections with drain rows): the drain rows' handoffs per second, the same way;
 //! - `contended-latency`: the contended rows' p50 and p99 of one acquire + release and the
 //!   longest acquire, per peer (the runs record those three figures, no histogram);
 //! - `memory`: the memory rows' peak resident memory per waiting task (or key held) above the

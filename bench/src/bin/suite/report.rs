@@ -200,8 +200,8 @@ pub(crate) struct BackendTables<'a> {
 }
 
 /// Writes such a section's tables: throughput with targets, the contended rows' fairness,
-/// latency with figures per cycle, and the report lines; and records its throughput and
-/// contended latency charts ([`crate::charts`]).
+/// latency with figures per cycle, and the report lines; and records its throughput, drain
+/// (if it has drain rows) and contended latency charts ([`crate::charts`]).
 pub(crate) fn backend_tables(
     md: &mut String,
     rows: &[Row],
@@ -227,6 +227,7 @@ pub(crate) fn backend_tables(
         let _ = writeln!(md, " {target} | {met} |");
     }
     crate::charts::throughput(rows, results, t.columns, t.rounds);
+    crate::charts::drain(rows, results, t.columns, t.rounds);
     crate::charts::contended_latency(rows, results, t.columns, t.rounds);
     contention_table(md, rows, results, t.columns);
     let _ = write!(
