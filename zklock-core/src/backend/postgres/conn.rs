@@ -71,6 +71,27 @@ fn lose(state: &watch::Sender<ConnState>, reason: LossReason) {
     });
 }
 
+/// A confirmed check moves the deadline to `deadline` (if later), unless the connection is
+/// lost, or the old deadline passed before the answer came (then it is lost now). Only a loss
+/// wakes the state's watchers (see [`HoldConn::answered`]).
+fn confirm_until(state: &watch::Sender<ConnState>, deadline: Instant) {
+    state.send_if_modified(|s| {
+        if s.lost.is_some() {
+            return false;
+        }
+        match s.reason_at(Instant::now()) {
+            Some(reason) => {
+                s.lost = Some(reason);
+                true
+            }
+            None => {
+                s.deadline = s.deadline.max(deadline);
+                false
+            }
+        }
+    });
+}
+
 /// What opening and checking connections needs.
 pub(crate) struct ConnConfig {
     pub(crate) config: tokio_postgres::Config,
@@ -394,18 +415,14 @@ impl HoldConn {
     /// A check sent at `sent` was answered: the session was alive then, so its locks are held
     /// until the lease from then (unless the connection was lost meanwhile, or the old
     /// deadline passed before the answer came: a loss is final).
+    ///
+    /// A later deadline is written without waking the state's watchers: only a loss does.
+    /// Every hold's loss signal, and every local waiter watching its holder's, sleeps until
+    /// the deadline it last read and reads the state again then, so an earlier wake-up was
+    /// for nothing; with a wake-up per check, a local queue of n tasks cost n polls per
+    /// handoff (each handoff confirms the hold), and its drain grew as n².
     fn answered(&self, sent: Instant) {
-        let deadline = self.cc.deadline(sent);
-        self.state.send_if_modified(|s| {
-            if s.lost.is_some() {
-                return false;
-            }
-            match s.reason_at(Instant::now()) {
-                Some(reason) => s.lost = Some(reason),
-                None => s.deadline = s.deadline.max(deadline),
-            }
-            true
-        });
+        confirm_until(&self.state, self.cc.deadline(sent));
     }
 
     /// Asks the session whether it is still there (one round trip on this connection): a
@@ -671,5 +688,36 @@ impl Need {
                 true
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A confirmed check moves the deadline without waking anyone (a local queue of n tasks
+    /// watches its holder's connection: a wake-up per handoff's check cost n polls, and its
+    /// drain n²); a loss wakes them.
+    #[tokio::test]
+    async fn a_later_deadline_wakes_nobody_and_a_loss_wakes_everyone() {
+        let now = Instant::now();
+        let state = watch::Sender::new(ConnState {
+            deadline: now + Duration::from_secs(1),
+            lost: None,
+            blocked: false,
+        });
+        let mut watcher = state.subscribe();
+        confirm_until(&state, now + Duration::from_secs(5));
+        assert!(!watcher.has_changed().unwrap(), "a later deadline woke a watcher");
+        assert_eq!(watcher.borrow().deadline, now + Duration::from_secs(5));
+        // An earlier one leaves it.
+        confirm_until(&state, now + Duration::from_secs(2));
+        assert_eq!(watcher.borrow().deadline, now + Duration::from_secs(5));
+        // A check answered after the deadline passed: lost, and every watcher told.
+        state.send_modify(|s| s.deadline = Instant::now() - Duration::from_millis(1));
+        watcher.borrow_and_update();
+        confirm_until(&state, Instant::now() + Duration::from_secs(5));
+        assert!(watcher.has_changed().unwrap());
+        assert_eq!(watcher.borrow().lost, Some(LossReason::LeaseExpired));
     }
 }
