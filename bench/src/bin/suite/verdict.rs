@@ -214,7 +214,11 @@ mod tests {
             },
             Target::Ratios(vec![Want::main("zkclient", 1.1)]),
         ]));
-        let ours = |n: &str, ops: u32| line(&format!("peer=zklock ops_per_s={ops} requests_per_cycle={n}"));
+        let ours = |n: &str, ops: u32| {
+            line(&format!(
+                "peer=zklock ops_per_s={ops} requests_per_cycle={n}"
+            ))
+        };
         let runs = |n: &str, ops: u32| RowRuns {
             kept: Cells::from([("zklock", ours(n, ops))]),
             rounds: vec![Cells::from([

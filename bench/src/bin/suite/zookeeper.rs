@@ -153,7 +153,11 @@ fn ops_rows(s: &Sizes) -> Vec<Row> {
             s.uncontended,
             vec![("zklock", zk), ("floor", Runner::ours("floor"))],
         )
-        .with_target(costs_and_leads("requests_per_cycle", 0.0, &[("floor", 100.0)])),
+        .with_target(costs_and_leads(
+            "requests_per_cycle",
+            0.0,
+            &[("floor", 100.0)],
+        )),
         // The peers' figures are those of the row above (they have no local queue).
         Row::ops(
             "inproc (64 tasks), local queue off",

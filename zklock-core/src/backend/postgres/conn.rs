@@ -708,7 +708,10 @@ mod tests {
         });
         let mut watcher = state.subscribe();
         confirm_until(&state, now + Duration::from_secs(5));
-        assert!(!watcher.has_changed().unwrap(), "a later deadline woke a watcher");
+        assert!(
+            !watcher.has_changed().unwrap(),
+            "a later deadline woke a watcher"
+        );
         assert_eq!(watcher.borrow().deadline, now + Duration::from_secs(5));
         // An earlier one leaves it.
         confirm_until(&state, now + Duration::from_secs(2));
