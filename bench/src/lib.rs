@@ -338,7 +338,7 @@ pub async fn run(options: &Options) -> Result<Report> {
     if matches!(options.workload, Workload::MemWaiters | Workload::MemKeys) {
         return memory::run(options).await;
     }
-    if postgres::is_postgres(&options.connect) {
+    if peer::is_postgres(&options.connect) {
         return postgres::run(options).await;
     }
     match options.workload {

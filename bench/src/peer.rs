@@ -47,6 +47,11 @@ end
 return 0
 "#;
 
+/// Whether `connect` names a PostgreSQL server.
+pub(crate) fn is_postgres(connect: &str) -> bool {
+    connect.starts_with("postgres://") || connect.starts_with("postgresql://")
+}
+
 /// Whether `connect` names a Redis server (or the Sentinels of one, or a Redis Cluster).
 pub(crate) fn is_redis(connect: &str) -> bool {
     connect.starts_with("redis://")

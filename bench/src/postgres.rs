@@ -40,11 +40,6 @@ const LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 /// task of the inproc row's 64, well below the test kit's `max_connections` of 200.
 pub(crate) const POOL: usize = 64;
 
-/// Whether `connect` names a PostgreSQL server.
-pub(crate) fn is_postgres(connect: &str) -> bool {
-    connect.starts_with("postgres://") || connect.starts_with("postgresql://")
-}
-
 fn pg(e: tokio_postgres::Error) -> BenchError {
     BenchError(format!("postgres: {e}"))
 }

@@ -10,8 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::peer::{is_redis, redis_connection, Contender};
-use crate::postgres::is_postgres;
+use crate::peer::{is_postgres, is_redis, redis_connection, Contender};
 use crate::{BenchError, Options, Result};
 
 /// A probe connection to the run's Redis or PostgreSQL server.
