@@ -59,16 +59,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     );
     let attempts_before = setup.attempts.load(Ordering::SeqCst);
     let redis_before = redis_totals(&mut servers).await?;
-    let t0 = Instant::now();
-    first.release().await?;
-    let mut grants = Vec::with_capacity(waiters);
-    for task in tasks {
-        grants.push(
-            task.await
-                .map_err(|e| BenchError(format!("waiter panicked: {e}")))??,
-        );
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let (t0, grants, secs) = release_and_collect(first.release(), tasks).await?;
     contender.flush().await;
     let (requests_after, events_after) = zk_stats(&contenders);
     let attempts = setup.attempts.load(Ordering::SeqCst) - attempts_before;
@@ -164,6 +155,25 @@ pub(crate) fn line(
     report.push("p50_us", pct(0.5));
     report.push("p99_us", pct(0.99));
     report
+}
+
+/// Releases the hold the queue waits behind (`release`) and collects every waiter's grant
+/// time: the time of the release's start, the grants, and the seconds from then until the last
+/// waiter was done.
+pub(crate) async fn release_and_collect(
+    release: impl std::future::Future<Output = Result<()>>,
+    tasks: Vec<tokio::task::JoinHandle<Result<Instant>>>,
+) -> Result<(Instant, Vec<Instant>, f64)> {
+    let t0 = Instant::now();
+    release.await?;
+    let mut grants = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        grants.push(
+            task.await
+                .map_err(|e| BenchError(format!("waiter panicked: {e}")))??,
+        );
+    }
+    Ok((t0, grants, t0.elapsed().as_secs_f64()))
 }
 
 /// Until every one of `waiters` tasks has started its acquire (counted in `started`), and

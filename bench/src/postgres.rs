@@ -405,16 +405,7 @@ async fn drain(options: &Options, contender: Arc<Contender>, admin: &Client) -> 
     }
 
     let wal_before = wal_position(admin).await?;
-    let t0 = Instant::now();
-    first.release().await?;
-    let mut grants = Vec::with_capacity(waiters);
-    for task in tasks {
-        grants.push(
-            task.await
-                .map_err(|e| BenchError(format!("waiter panicked: {e}")))??,
-        );
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let (t0, grants, secs) = crate::drain::release_and_collect(first.release(), tasks).await?;
     contender.flush().await;
     let wal = wal_position(admin).await? - wal_before;
     let mut report = crate::drain::line(options, secs, t0, grants, &overlap);

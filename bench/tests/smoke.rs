@@ -24,6 +24,25 @@ fn bench(connect: &str, args: &[&str]) -> Report {
     parse_line(line).unwrap_or_else(|| panic!("not an output line: {line:?} (stderr: {stderr})"))
 }
 
+/// What `zklock-bench-suite --quick --only <section>` with `extra` arguments prints (stdout:
+/// the markdown; stderr: every run's line), which must succeed (it starts the section's
+/// servers from the test kit).
+fn quick_section(section: &str, extra: &[&std::ffi::OsStr]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
+        .args(["--quick", "--only", section])
+        .args(extra)
+        .output()
+        .expect("run zklock-bench-suite");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "zklock-bench-suite --quick --only {section} failed: {stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{stdout}");
+    (stdout, stderr)
+}
+
 fn assert_ops(r: &Report, peer: &str, workload: &str, cycles: f64) {
     assert_eq!(r.get("peer"), Some(peer), "{r}");
     assert_eq!(r.get("workload"), Some(workload), "{r}");
@@ -232,18 +251,7 @@ fn the_soak_prints_growth_and_leaves_no_hold_once_drained() {
 #[test]
 fn the_etcd_section_runs_every_peer_in_quick_mode() {
     let charts = tempfile::tempdir().expect("a directory for the charts");
-    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
-        .args(["--quick", "--only", "etcd", "--charts"])
-        .arg(charts.path())
-        .output()
-        .expect("run zklock-bench-suite");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "zklock-bench-suite --quick --only etcd failed: {stderr}"
-    );
-    eprintln!("{stdout}");
+    let (stdout, stderr) = quick_section("etcd", &["--charts".as_ref(), charts.path().as_os_str()]);
     let runs: Vec<Report> = stdout.lines().filter_map(parse_line).collect();
     for (workload, peers) in [
         ("uncontended", &["zklock", "floor", "lockservice"][..]),
@@ -350,17 +358,7 @@ fn assert_well_formed_svg(svg: &str, name: &str) {
 /// verdict. No figure is asserted.
 #[test]
 fn the_sentinel_section_runs_every_peer_in_quick_mode() {
-    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
-        .args(["--quick", "--only", "sentinel"])
-        .output()
-        .expect("run zklock-bench-suite");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "zklock-bench-suite --quick --only sentinel failed: {stderr}"
-    );
-    eprintln!("{stdout}");
+    let (stdout, stderr) = quick_section("sentinel", &[]);
     let runs: Vec<Report> = stdout.lines().filter_map(parse_line).collect();
     for workload in ["uncontended", "contended", "keys"] {
         for (peer, backend) in [
@@ -415,17 +413,7 @@ fn the_sentinel_section_runs_every_peer_in_quick_mode() {
 /// prints its verdict. No figure is asserted.
 #[test]
 fn the_cluster_section_runs_every_peer_in_quick_mode() {
-    let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
-        .args(["--quick", "--only", "cluster"])
-        .output()
-        .expect("run zklock-bench-suite");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "zklock-bench-suite --quick --only cluster failed: {stderr}"
-    );
-    eprintln!("{stdout}");
+    let (stdout, stderr) = quick_section("cluster", &[]);
     let runs: Vec<Report> = stdout.lines().filter_map(parse_line).collect();
     for workload in ["uncontended", "contended", "keys"] {
         for peer in ["zklock", "rslock"] {
@@ -486,17 +474,7 @@ fn the_redis_and_postgres_sections_run_every_row_in_quick_mode() {
             7,
         ),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_zklock-bench-suite"))
-            .args(["--quick", "--only", section])
-            .output()
-            .expect("run zklock-bench-suite");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "zklock-bench-suite --quick --only {section} failed: {stderr}"
-        );
-        eprintln!("{stdout}");
+        let (stdout, stderr) = quick_section(section, &[]);
         let runs: Vec<Report> = stdout
             .lines()
             .filter_map(parse_line)

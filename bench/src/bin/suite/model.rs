@@ -190,6 +190,16 @@ pub(crate) enum Target {
     All(Vec<Target>),
 }
 
+/// The sizes of the Redis and PostgreSQL sections' rows: cycles per worker or task, and the
+/// drain's waiters.
+pub(crate) struct BackendSizes {
+    pub(crate) uncontended: usize,
+    pub(crate) contended: usize,
+    pub(crate) keys: usize,
+    pub(crate) inproc: usize,
+    pub(crate) drain: usize,
+}
+
 /// What one run gave: its line, or why there is none.
 pub(crate) type Outcome = Result<Report, String>;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend_memory;
 use crate::cli::{Cli, Section};
-use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
+use crate::model::{BackendSizes as Sizes, Figure, Row, RowRuns, Runner, Target, Want};
 use crate::report::{backend_tables, disk, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
 use crate::runner::Env;
@@ -19,15 +19,6 @@ const COLUMNS: [(&str, &str); 2] = [
     ("zklock", "zklock (PostgreSQL)"),
     ("floor", "floor: pg_advisory_lock + unlock"),
 ];
-
-/// The rows' sizes: cycles per worker or task, and the drain's waiters.
-struct Sizes {
-    uncontended: usize,
-    contended: usize,
-    keys: usize,
-    inproc: usize,
-    drain: usize,
-}
 
 /// The rows: zklock (with and without fencing tokens) and the floor, uncontended and
 /// contended; over 64 keys, from 64 tasks of one process, and the drain of a queue of one

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use crate::backend_memory;
 use crate::cli::{Cli, Section};
-use crate::model::{contended_against_rslock, Figure, Row, RowRuns, Runner, Target, Want};
+use crate::model::{
+    contended_against_rslock, BackendSizes as Sizes, Figure, Row, RowRuns, Runner, Target, Want,
+};
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
 use crate::runner::Env;
@@ -21,15 +23,6 @@ const COLUMNS: [(&str, &str); 3] = [
     ("floor", "floor: SET NX PX + Lua DEL"),
     ("rslock", "rslock (Redlock, 1 server)"),
 ];
-
-/// The rows' sizes: cycles per worker or task, and the drain's waiters.
-struct Sizes {
-    uncontended: usize,
-    contended: usize,
-    keys: usize,
-    inproc: usize,
-    drain: usize,
-}
 
 /// The rows: zklock, the floor and rslock, uncontended (zklock with and without fencing
 /// tokens), contended, over 64 keys, from 64 tasks of one process and the drain of a queue of

@@ -169,26 +169,12 @@ fn ops_rows(s: &Sizes) -> Vec<Row> {
     ]
 }
 
-/// A drain row of `waiters` with `cells`.
-fn drain(title: String, waiters: usize, cells: Vec<(&'static str, Runner)>) -> Row {
-    Row {
-        title,
-        workload: "drain",
-        workers: waiters,
-        cycles: 0,
-        keys: 1,
-        metric: Metric::Drain,
-        cells,
-        target: None,
-    }
-}
-
 /// The drain rows: the herd baseline, then the large drains with the local queue off and on.
 fn drain_rows(s: &Sizes) -> Vec<Row> {
     let ours = Runner::ours;
     let curator = || ("curator", Runner::Peer("curator"));
     vec![
-        drain(
+        Row::drain(
             format!("drain {} waiters (herd baseline)", s.herd),
             s.herd,
             vec![
@@ -203,7 +189,7 @@ fn drain_rows(s: &Sizes) -> Vec<Row> {
             1.0,
             &[("curator", 1.0), ("zkclient", 1.0)],
         )),
-        drain(
+        Row::drain(
             format!("drain {} waiters, local queue off", s.drain_small),
             s.drain_small,
             vec![
@@ -217,7 +203,7 @@ fn drain_rows(s: &Sizes) -> Vec<Row> {
             1.0,
             &[("curator", 1.0), ("zkclient", 1.0)],
         )),
-        drain(
+        Row::drain(
             format!("drain {} waiters, local queue off", s.drain_large),
             s.drain_large,
             vec![("zklock", zk_noq()), curator()],
@@ -228,7 +214,7 @@ fn drain_rows(s: &Sizes) -> Vec<Row> {
             &[("curator", 1.0)],
         )),
         // The waiters of one process pass through its local queue: no request per handoff.
-        drain(
+        Row::drain(
             format!("drain {} waiters, local queue on", s.drain_large),
             s.drain_large,
             vec![("zklock", ours("zklock"))],
