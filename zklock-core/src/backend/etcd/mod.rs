@@ -541,19 +541,20 @@ impl EtcdBackend {
         let mut client = inner.client.clone();
         let operation = "keep the job's run lease from its claim";
         let bound = inner.config.reply_timeout;
-        let (mut keeper, mut answers) =
-            error::bounded(operation, bound, client.lease_keep_alive(id)).await?;
+        let mut stream = error::bounded(operation, bound, client.lease_keep_alive(id)).await?;
         for _ in 0..3 {
             inner.count_request();
             let sent = std::time::Instant::now();
-            error::bounded(operation, bound, keeper.keep_alive()).await?;
-            match error::bounded(operation, bound, answers.message()).await? {
-                // The lease ran out before the claim's answer came: the record went with it,
-                // and another instance may have claimed since. Not this run's.
-                Some(answer) if answer.ttl() <= 0 => return Ok(false),
-                Some(_) if sent.elapsed() <= CLAIM_DELAY_ALLOWED => return Ok(true),
-                Some(_) => {}
-                None => return Err(Error::Closed),
+            let ttl = tokio::time::timeout(bound, session::renew(&mut stream))
+                .await
+                .map_err(|_| error::timed_out(operation))??;
+            // The lease ran out before the claim's answer came: the record went with it, and
+            // another instance may have claimed since. Not this run's.
+            if ttl <= 0 {
+                return Ok(false);
+            }
+            if sent.elapsed() <= CLAIM_DELAY_ALLOWED {
+                return Ok(true);
             }
         }
         tracing::warn!(

@@ -330,7 +330,7 @@ async fn keep_alive(
 
 /// One keep-alive on `stream`: the TTL etcd answered (0: the lease is gone), or why there was
 /// no answer.
-async fn renew(stream: &mut (LeaseKeeper, LeaseKeepAliveStream)) -> Result<i64> {
+pub(crate) async fn renew(stream: &mut (LeaseKeeper, LeaseKeepAliveStream)) -> Result<i64> {
     let (keeper, responses) = stream;
     keeper
         .keep_alive()
