@@ -437,6 +437,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     gate.all_ready().await;
     let before = Counters::read(&address).await?;
     let attempts_before = attempts.load(Ordering::SeqCst);
+    let cpu_before = crate::cpu::CpuTimes::now(options.server_pid);
     let t0 = gate.open();
     let mut tally = Tally::default();
     for worker in workers {
@@ -446,6 +447,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         tally.merge(mine);
     }
     let elapsed = t0.elapsed();
+    let cpu = crate::cpu::CpuTimes::now(options.server_pid);
     for c in &contenders {
         c.flush().await;
     }
@@ -462,6 +464,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("workload", workload);
     report.push("workers", options.workers);
     report.push_ops(elapsed, &mut latencies);
+    cpu.push_since(cpu_before, n as u64, &mut report);
     if options.workers > 1 {
         report.push_contention(elapsed, tally.changes, tally.max_wait_ns);
     }

@@ -71,6 +71,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod cpu;
 mod drain;
 mod etcd;
 mod linger;
@@ -260,6 +261,9 @@ pub struct Options {
     /// zklock only: the manager's linger ([`zklock_core::Builder::linger`]); 1 s for the
     /// `reacquire` and `handover` workloads, else zero.
     pub linger: Duration,
+    /// The server's process id, when it runs on this machine: the run then reports the
+    /// server's CPU time per cycle (with its child processes') beside its own.
+    pub server_pid: Option<u32>,
 }
 
 /// How long a run with [`Options::replica_acks`] waits for the replicas' acknowledgements.
@@ -290,6 +294,7 @@ impl Options {
                 Workload::Reacquire | Workload::Handover => Duration::from_secs(1),
                 _ => Duration::ZERO,
             },
+            server_pid: None,
         }
     }
 }

@@ -68,6 +68,11 @@ struct Cli {
     /// zklock: the manager's linger in ms (default: 1000 for reacquire and handover, else 0).
     #[arg(long)]
     linger_ms: Option<u64>,
+    /// The server's process id, when it runs on this machine: the line then gives the server's
+    /// CPU time per cycle (`server_cpu_us_per_cycle`, with its child processes') beside this
+    /// process's (`client_cpu_us_per_cycle`, always given).
+    #[arg(long)]
+    server_pid: Option<u32>,
 }
 
 fn main() -> ExitCode {
@@ -82,6 +87,7 @@ fn main() -> ExitCode {
     options.replica_acks = cli.replica_acks;
     options.warmup = cli.warmup;
     options.session_timeout = Duration::from_secs(cli.session_timeout);
+    options.server_pid = cli.server_pid;
     if let Some(ms) = cli.linger_ms {
         options.linger = Duration::from_millis(ms);
     }

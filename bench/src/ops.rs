@@ -220,6 +220,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         .collect();
     gate.all_ready().await;
     let before = Counters::read(&setup, &contenders, &mut redis_admin).await?;
+    let cpu_before = crate::cpu::CpuTimes::now(options.server_pid);
     let t0 = gate.open();
     let mut tally = Tally::default();
     for task in tasks {
@@ -229,6 +230,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         tally.merge(mine);
     }
     let elapsed = t0.elapsed();
+    let cpu = crate::cpu::CpuTimes::now(options.server_pid);
     for c in &contenders {
         c.flush().await;
     }
@@ -242,6 +244,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("workers", options.workers);
     let cycles = tally.latencies.len() as u64;
     report.push_ops(elapsed, &mut tally.latencies);
+    cpu.push_since(cpu_before, cycles, &mut report);
     if options.workers > 1 {
         report.push_contention(elapsed, tally.changes, tally.max_wait_ns);
     }

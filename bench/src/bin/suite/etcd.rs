@@ -109,6 +109,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     let server =
         zklock_testkit::EtcdServer::start().map_err(|e| format!("cannot start etcd: {e}"))?;
     let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
+    env.server_pid = server.pid();
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Etcd);
     let results = run_rounds(&mut env, &rows, rounds, "etcd");

@@ -165,6 +165,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         .unwrap_or_else(|_| "?".into());
     let version = format!("{version}, max_connections {max_connections}");
     let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
+    env.server_pid = server.pid();
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Postgres);
     let results = run_rounds(&mut env, &rows, rounds, "PostgreSQL");

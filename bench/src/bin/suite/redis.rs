@@ -163,6 +163,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     let server = zklock_testkit::RedisServer::start()
         .map_err(|e| format!("cannot start redis-server: {e}"))?;
     let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
+    env.server_pid = server.pid();
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Redis);
     let results = run_rounds(&mut env, &rows, rounds, "Redis");

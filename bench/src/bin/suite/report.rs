@@ -187,6 +187,21 @@ pub(crate) fn lines_heading(rounds: usize) -> &'static str {
     }
 }
 
+/// What the CPU figures of a run's line are, for a table's heading.
+pub(crate) const CPU_PER_CYCLE: &str = "the CPU time per cycle, in µs, of the benchmark's \
+     process (client: every thread, the library's connection tasks included) and of the \
+     server's processes (server; from `/proc`, over the timed window; — where the server is not \
+     one process of this machine)";
+
+/// A run's CPU time per cycle, client / server (see [`CPU_PER_CYCLE`]).
+pub(crate) fn cpu_per_cycle(r: &zklock_bench::Report) -> String {
+    format!(
+        "CPU {} / {} µs",
+        r.get("client_cpu_us_per_cycle").unwrap_or("—"),
+        r.get("server_cpu_us_per_cycle").unwrap_or("—")
+    )
+}
+
 /// What differs between the sections that put zklock's backend beside peers on a server of
 /// its own (Redis, PostgreSQL): see [`backend_tables`].
 pub(crate) struct BackendTables<'a> {
@@ -232,7 +247,7 @@ pub(crate) fn backend_tables(
     contention_table(md, rows, results, t.columns);
     let _ = write!(
         md,
-        "\nLatency of one acquire + release, p50 / p99 in µs; and {}:\n\n",
+        "\nLatency of one acquire + release, p50 / p99 in µs; {}; and {CPU_PER_CYCLE}:\n\n",
         t.per_cycle
     );
     heading(md, "workload", t.columns, &[]);
@@ -249,6 +264,7 @@ pub(crate) fn backend_tables(
                     for (field, unit) in t.per_cycle_fields {
                         let _ = write!(text, ", {} {unit}", r.get(field).unwrap_or("?"));
                     }
+                    let _ = write!(text, ", {}", cpu_per_cycle(r));
                     text
                 }
                 Some(Err(_)) => "—".into(),

@@ -20,6 +20,9 @@ pub(crate) struct Env {
     pub(crate) java_classes: Option<PathBuf>,
     /// How long one run may take.
     pub(crate) timeout: Duration,
+    /// The server's process id, when the suite started it: `zklock-bench`'s runs on `connect`
+    /// then also report the server's CPU time per cycle.
+    pub(crate) server_pid: Option<u32>,
     pub(crate) scratch: tempfile::TempDir,
 }
 
@@ -41,6 +44,7 @@ impl Env {
             peers_run: PathBuf::new(),
             java_classes: None,
             timeout,
+            server_pid: None,
             scratch: tempfile::tempdir().map_err(|e| e.to_string())?,
         })
     }
@@ -63,6 +67,7 @@ impl Env {
                 if *no_tokens {
                     cmd.arg("--no-fencing-tokens");
                 }
+                self.server_pid_arg(&mut cmd);
                 cmd
             }
             Runner::OursAt { peer, connect } => {
@@ -78,6 +83,7 @@ impl Env {
                     .args(["--workers", &n, "--cycles", &m, "--peer", "zklock"])
                     .args(["--keys", &row.keys.to_string()])
                     .args(["--replica-acks", &replicas.to_string()]);
+                self.server_pid_arg(&mut cmd);
                 cmd
             }
             Runner::Peer(which) => {
@@ -101,6 +107,14 @@ impl Env {
                 cmd
             }
         })
+    }
+
+    /// Asks a run of `zklock-bench` on `connect` for the server's CPU time, when its process
+    /// is known.
+    fn server_pid_arg(&self, cmd: &mut Command) {
+        if let Some(pid) = self.server_pid {
+            cmd.args(["--server-pid", &pid.to_string()]);
+        }
     }
 
     /// Runs one cell and waits for it (killed after the timeout).

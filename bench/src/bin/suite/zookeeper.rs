@@ -328,6 +328,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     };
     let mut env = Env::new(connect, Duration::from_secs(cli.run_timeout))?;
     env.peers_run = zklock_testkit::peers_dir().join("run");
+    env.server_pid = server.as_ref().and_then(|s| s.pid());
     let sizes = Sizes::new(cli.quick);
     let rows = rows(&sizes, cli.extended);
     warm_up(&env, cli.quick);

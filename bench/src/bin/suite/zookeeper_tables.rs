@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::model::{figure, value, Cells, Figure, Metric, Outcome, Row, RowRuns};
 use crate::report::{
-    cell_text, contention_table, each_cell, heading, lines, lines_heading, machine, quick_note,
-    zklock_cell,
+    cell_text, contention_table, cpu_per_cycle, each_cell, heading, lines, lines_heading, machine,
+    quick_note, zklock_cell, CPU_PER_CYCLE,
 };
 use crate::verdict::verdict;
 
@@ -63,6 +63,7 @@ pub(crate) fn render(
     contention_table(&mut md, rows, results, &COLUMNS);
     latency(&mut md, rows, &kept);
     recipe(&mut md, rows, &kept);
+    cpu(&mut md, rows, &kept);
     memory(&mut md, rows, &kept);
     lines(&mut md, rows, results, lines_heading(rounds));
     render_handover(&mut md, handover);
@@ -223,6 +224,28 @@ fn recipe(md: &mut String, rows: &[Row], results: &[Cells]) {
             r.get(req).unwrap_or("?"),
             r.get(ev).unwrap_or("?")
         );
+    }
+}
+
+/// What each cycle costs the client's process and the server in CPU time, for the peers run
+/// from `zklock-bench` (Curator's and kazoo's runs start a JVM or an interpreter: n/a).
+fn cpu(md: &mut String, rows: &[Row], results: &[Cells]) {
+    let _ = write!(md, "\nCost of one cycle: {CPU_PER_CYCLE}:\n\n");
+    heading(md, "workload", &COLUMNS, &[]);
+    for (row, cells) in rows.iter().zip(results) {
+        if row.metric != Metric::Ops {
+            continue;
+        }
+        let _ = write!(md, "| {} |", row.title);
+        for (column, _) in COLUMNS {
+            let text = match cells.get(column) {
+                Some(Ok(r)) if r.get("client_cpu_us_per_cycle").is_some() => cpu_per_cycle(r),
+                Some(Err(_)) => "—".into(),
+                _ => "n/a".into(),
+            };
+            let _ = write!(md, " {text} |");
+        }
+        md.push('\n');
     }
 }
 
