@@ -1,8 +1,9 @@
-//! The confirm-free handoff: a ZooKeeper waiter watches every contender node ahead of it in its
-//! window, so the deletion of the last one is its grant, with no request after it. These tests
-//! make the nodes ahead go in the ways that are not a grant (a waiter that gives up, a session
-//! that dies, a Curator client in the queue) and check that the waiter behind still waits for
-//! the holder, then gets the lock with a larger token.
+//! The confirm-free handoff: a ZooKeeper waiter watches its predecessor and the node before it,
+//! and behind a longer queue lists it again once that node goes (while its predecessor holds),
+//! so the predecessor's deletion is its grant, with no request after it. These tests make the
+//! nodes ahead go in the ways that are not a grant (a waiter that gives up, a session that
+//! dies, a Curator client in the queue) and check that the waiter behind still waits for the
+//! holder, then gets the lock with a larger token.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -240,25 +241,35 @@ async fn a_grant_after_the_nodes_ahead_went_in_order_sends_no_request() {
     }
     let last = Waiter::queue(&connect, "in-order").await;
     until_children(&holder, &path, 5).await;
-    // A watch on each of the four nodes ahead and one on its own node, set on the server.
-    last.until_watching(&zk, &path, 5).await;
+    // Four nodes ahead: a watch on the nearest two and one on its own node, set on the server.
+    last.until_watching(&zk, &path, 3).await;
     let watching = last.manager.stats().requests;
 
     held.release().await.unwrap();
     let mut token = FencingToken::new(0, 0);
-    for w in ahead {
+    let predecessor = ahead.len() - 1;
+    for (i, w) in ahead.into_iter().enumerate() {
         w.until_granted().await;
         assert!(!last.granted());
+        if i == predecessor {
+            // The node before its predecessor went: it listed the queue once, while its
+            // predecessor holds, and found it alone in front.
+            eventually("the listing behind the new holder", LONG, || async {
+                last.manager.stats().requests == watching + 1
+            })
+            .await;
+            last.until_watching(&zk, &path, 2).await;
+        }
         let next = w.release().await;
         assert!(next > token);
         token = next;
     }
     last.until_granted().await;
-    // The grant itself cost nothing: no request since the watches (the hold's node watch is
+    // The grant itself cost nothing: no request since that listing (the hold's node watch is
     // the one the waiter set on its own node).
     let sent = last.manager.stats().requests - watching;
-    assert_eq!(sent, 0, "{sent} requests between the watches and the grant");
-    assert_eq!(last.manager.stats().predecessor_events, 4);
+    assert_eq!(sent, 1, "{sent} requests between the watches and the grant");
+    assert_eq!(last.manager.stats().predecessor_events, 2);
     assert!(last.release().await > token);
 }
 
@@ -320,7 +331,7 @@ async fn a_waiter_behind_a_long_queue_whose_nearest_gives_up_keeps_waiting() {
     let held = holder.lock("long").await.unwrap();
 
     // Nine waiters, each in a process (manager) of its own, then the one under test: ten nodes
-    // ahead of it, more than its window of eight. It watches only its nearest.
+    // ahead of it. It watches its nearest two (and its own node).
     let mut ahead = vec![];
     for i in 0..9 {
         ahead.push(Waiter::queue(&connect, "long").await);
@@ -328,16 +339,21 @@ async fn a_waiter_behind_a_long_queue_whose_nearest_gives_up_keeps_waiting() {
     }
     let behind = Waiter::queue(&connect, "long").await;
     until_children(&holder, &path, 11).await;
-    behind.until_watching(&zk, &path, 2).await;
+    behind.until_watching(&zk, &path, 3).await;
+    let watching = behind.manager.stats().requests;
 
-    // Its nearest gives up: it then watches the rest of its window, and waits on.
+    // Its nearest gives up: only one node of its window is left while others are ahead, so it
+    // lists the queue again, watches the new nearest two (one of them already watched), and
+    // waits on.
     ahead.pop().unwrap().task.abort();
     until_children(&holder, &path, 10).await;
     behind.until_events(1).await;
     still_waiting(&behind, "its nearest gave up, nine nodes are still ahead").await;
-    // The second round: a watch on each of the seven nodes left in its window (and the one
-    // on its own node).
-    behind.until_watching(&zk, &path, 8).await;
+    behind.until_watching(&zk, &path, 3).await;
+    eventually("one listing and one watch more", LONG, || async {
+        behind.manager.stats().requests == watching + 2
+    })
+    .await;
 
     let mut token = held.fencing_token();
     held.release().await.unwrap();

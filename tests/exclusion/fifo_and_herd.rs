@@ -1,9 +1,9 @@
 //! FIFO order across sessions, no herd (a release wakes at most the waiters that watch it: the
 //! next `WINDOW` above it, never all of them), and a drain that costs O(1) requests per waiter.
 
-/// How many nodes ahead of it a waiter watches (the contender's window): each release is seen
-/// by at most this many waiters.
-const WINDOW: u64 = 8;
+/// How many nodes ahead of it a waiter watches (its predecessor and the node before it): each
+/// release is seen by at most this many waiters.
+const WINDOW: u64 = 2;
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -38,13 +38,14 @@ async fn waiters_get_the_lock_in_the_order_they_queued() {
         w.await.unwrap();
     }
     assert_eq!(*order.lock().unwrap(), (0..6).collect::<Vec<_>>());
-    // Waiter i watches the i + 1 nodes ahead of it (all within the window), and sees each go
-    // once: 1 + 2 + ... + 6 events at most, and at least its predecessor's. A herd would wake
-    // every waiter on every change of the lock path.
+    // Waiter i watches the two nodes nearest ahead of it and sees each go once; behind a longer
+    // queue taken in order, the listing after the first one went finds its predecessor alone,
+    // so it watches nothing more: min(i + 1, 2) events at most, and at least its
+    // predecessor's. A herd would wake every waiter on every change of the lock path.
     for (i, m) in managers.iter().enumerate() {
         let events = m.stats().predecessor_events;
         assert!(
-            (1..=i as u64 + 1).contains(&events),
+            (1..=(i as u64 + 1).min(WINDOW)).contains(&events),
             "waiter {i} got {events} events from the nodes ahead"
         );
     }
@@ -77,9 +78,10 @@ async fn draining_queued_waiters_costs_constant_requests_each() {
     }
     let after = m.stats();
     let requests = after.requests - before.requests;
-    // Per waiter: a watch on each node in its window (some may have been set before `before`),
-    // one listing when its window was drained while more nodes sorted below it, a watch on its
-    // own node once held, and its delete. Listing the children again on every wake (Curator)
+    // Per waiter: a watch on each of the two nodes nearest ahead (some may have been set before
+    // `before`), one listing when only its predecessor was left of them while more nodes sorted
+    // below, a watch on the new node before its predecessor if that listing found one, a watch
+    // on its own node, and its delete. Listing the children again on every wake (Curator)
     // would cost O(n) bytes per waiter; a herd would cost O(n) events per release.
     assert!(
         requests <= (WINDOW + 4) * n as u64 + 5,

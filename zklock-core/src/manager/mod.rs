@@ -48,9 +48,10 @@ use crate::types::layout;
 #[non_exhaustive]
 pub struct StatsSnapshot {
     /// Watch events received by waiters from the contender nodes ahead of them. A ZooKeeper
-    /// waiter watches each node in its window (the nearest 8 below it), so that the last one's
-    /// deletion is its grant with no request after it: a release is seen by at most 8 waiters,
-    /// however long the queue. A herd (every waiter woken by every change) shows up here.
+    /// waiter watches the two nodes nearest below it and, behind a longer queue, lists it again
+    /// once only its predecessor is left of them, so that its predecessor's deletion is its
+    /// grant with no request after it: a release is seen by at most 2 waiters, however long
+    /// the queue. A herd (every waiter woken by every change) shows up here.
     pub predecessor_events: u64,
     /// Requests the recipes sent to the server (counted on ZooKeeper; zero elsewhere).
     pub requests: u64,

@@ -1,7 +1,8 @@
 //! The read/write lock: Curator's `InterProcessReadWriteLock` recipe. Readers share, a writer
 //! excludes everyone, FIFO between them; a reader waits only on writers ahead of it, a writer
-//! on every node ahead of it (on ZooKeeper it watches the nearest 8, so the last one's deletion
-//! is its grant, with no request after it).
+//! on every node ahead of it (on ZooKeeper it watches the nearest 2, and lists the queue again
+//! while its predecessor holds, so the predecessor's deletion is its grant, with no request
+//! after it).
 
 use std::future::Future;
 use std::sync::Arc;

@@ -54,8 +54,8 @@ struct Waiting {
     /// Every blocker in the window is watched (one pipelined round), so the deletion of the
     /// last one is the grant: no request after the predecessor goes, whether the nodes below
     /// it were granted, gave up or died with their sessions (each shows as its deletion).
-    /// Behind a longer queue, only the nearest is watched until it goes (see
-    /// [`Queue::to_watch`]).
+    /// Behind a longer queue the waiter lists again once the node before its predecessor goes
+    /// (see [`Queue::wants_listing`]), keeping the watches of this incarnation's nodes.
     watches: Watches,
     /// The first listing's children watch, kept only if that listing showed our node alone
     /// and granted it (dropped as soon as the acquire waits or lists again).
@@ -117,8 +117,8 @@ impl Attempt<'_> {
     }
 
     /// Whether anything still blocks our node: first forgets what this process's own grants
-    /// on this very incarnation of the path vouch for, and lists again when the window ran out
-    /// with more nodes sorting below it.
+    /// on this very incarnation of the path vouch for, and lists again when at most the
+    /// predecessor is left of the window with more nodes sorting below it.
     async fn blocked(
         &self,
         waiting: &mut Waiting,
@@ -129,15 +129,15 @@ impl Attempt<'_> {
             if let Some(floor) = ticket.granted_floor(waiting.incarnation) {
                 waiting.queue.prune_below(&floor);
             }
-            if !waiting.queue.below.is_empty() {
-                return Ok(true);
-            }
-            if !waiting.queue.hidden {
-                return Ok(false);
+            if !waiting.queue.wants_listing() {
+                return Ok(!waiting.queue.below.is_empty());
             }
             waiting.alone = None;
-            waiting.watches = Watches::default();
             let listing = self.list().await?;
+            if listing.incarnation != waiting.incarnation {
+                // Watches on another incarnation's nodes say nothing about this one's.
+                waiting.watches = Watches::default();
+            }
             waiting.incarnation = listing.incarnation;
             let czxid = waiting.incarnation.czxid;
             check_path_acl(self.inner, &self.session.client, self.path, czxid).await?;
@@ -253,10 +253,7 @@ impl Attempt<'_> {
             .predecessor_events
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match event.event_type {
-            EventType::NodeDeleted => {
-                waiting.queue.remove(&node);
-                waiting.queue.near = true;
-            }
+            EventType::NodeDeleted => waiting.queue.remove(&node),
             // The session ended while waiting: our node went with it.
             EventType::Session => return Err(session_ended(&event)),
             // Data changed (e.g. a Curator revocation request): the watch is spent; the

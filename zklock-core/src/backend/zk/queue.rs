@@ -8,9 +8,17 @@
 //! Any other child there is refused ([`Refused::Unknown`]), never ignored.
 
 /// How many of the nearest lower blockers an exclusive waiter remembers from its listing, and
-/// watches: the last one's deletion is its grant, with no listing or check after it. Only when
-/// more nodes sorted below the window does the waiter list again once the window is empty.
-/// (A reader watches this many of its lowest lower writers at a time.)
+/// watches: its predecessor and the node before it. The last one's deletion is its grant, with
+/// no listing or check after it, when no other node sorted below them. When others did, the
+/// waiter lists again as soon as the node before its predecessor goes (see
+/// [`Queue::wants_listing`]): in a queue taken in order that node goes as its holder releases,
+/// so the listing runs while the predecessor holds, and finds it alone in front; the
+/// predecessor's deletion is then the grant. So a waiter behind a queue of any length pays two
+/// watches, one listing and two events, and none of them between its predecessor's release and
+/// its grant, where a window of every node ahead would pay a watch and an event per node.
+const NEAREST: usize = 2;
+
+/// How many of its lowest lower writers a reader watches at a time.
 const WINDOW: usize = 8;
 
 /// A hold's mode names its contender node and so which nodes block it, Curator's rules:
@@ -147,16 +155,11 @@ impl HoldMode {
 /// The lower contenders that block a waiter.
 pub(crate) struct Queue {
     kind: HoldMode,
-    /// Blockers in ascending order. Exclusive kinds keep the nearest [`WINDOW`] lower nodes;
-    /// readers keep every lower writer. See [`Queue::to_watch`].
+    /// Blockers in ascending order. Exclusive kinds keep the [`NEAREST`] lower nodes (and any
+    /// whose sequence wrapped); readers keep every lower writer. See [`Queue::to_watch`].
     pub(crate) below: Vec<String>,
     /// More blockers sort below the window.
     pub(crate) hidden: bool,
-    /// The queue ahead is short, or its nearest node has gone: every node in the window is
-    /// watched. Until then a waiter behind a longer queue watches only its nearest blocker: the
-    /// others go first (every such deletion would be an event for nothing), and when the
-    /// nearest goes one pipelined round of watches finds which of them are left.
-    pub(crate) near: bool,
     /// Sort key of the lowest node in the window when it was built; hidden nodes sort below it.
     floor: String,
     /// Other nodes of our own (same protected prefix), to delete.
@@ -204,7 +207,6 @@ impl Queue {
                 kind,
                 below,
                 hidden: false,
-                near: true,
                 floor: String::new(),
                 strays,
             });
@@ -218,10 +220,10 @@ impl Queue {
             }
             !wrapped
         });
-        // Only the nearest WINDOW matter: select them instead of sorting a long queue.
-        let hidden = below.len() > WINDOW;
+        // Only the nearest matter: select them instead of sorting a long queue.
+        let hidden = below.len() > NEAREST;
         if hidden {
-            let cut = below.len() - WINDOW;
+            let cut = below.len() - NEAREST;
             below.select_nth_unstable_by(cut, order);
             below.drain(..cut);
         }
@@ -237,26 +239,28 @@ impl Queue {
             kind,
             below,
             hidden,
-            near: !hidden,
             floor,
             strays,
         })
     }
 
-    /// The blockers to watch: all of an exclusive waiter's window (its nearest lower nodes), or
-    /// only the nearest while more sort below the window and none has gone (see
-    /// [`near`](Queue::near)); a reader's lowest [`WINDOW`] lower writers (the next ones are
-    /// watched as these go).
+    /// The blockers to watch: all of an exclusive waiter's window (its [`NEAREST`] lower
+    /// nodes); a reader's lowest [`WINDOW`] lower writers (the next ones are watched as these
+    /// go).
     pub(crate) fn to_watch(&self) -> &[String] {
         if self.kind.exclusive() {
-            if self.near {
-                &self.below
-            } else {
-                &self.below[self.below.len().saturating_sub(1)..]
-            }
+            &self.below
         } else {
             &self.below[..self.below.len().min(WINDOW)]
         }
+    }
+
+    /// Whether the waiter should list the queue again now: nodes sorted below its window when
+    /// it listed, and fewer than [`NEAREST`] of the window are left (at most its predecessor),
+    /// so a listing tells whether the predecessor's deletion will be the grant. Never twice for
+    /// one state: a new listing that still hides nodes fills the window again.
+    pub(crate) fn wants_listing(&self) -> bool {
+        self.hidden && self.below.len() < NEAREST
     }
 
     /// `node` is gone.
@@ -334,9 +338,12 @@ mod tests {
         .unwrap();
         assert!(q.to_watch().is_empty());
         let q = Queue::new(HoldMode::Write, kids, "_c_5-__WRIT__0000000005", "_c_5-").unwrap();
-        // A writer watches every lower node (here all four).
-        assert_eq!(q.to_watch().len(), 4);
-        assert_eq!(q.to_watch().last().unwrap(), "_c_4-__READ__0000000004");
+        // A writer is blocked by every lower node (here four), and watches the nearest two.
+        assert!(q.hidden);
+        assert_eq!(
+            q.to_watch(),
+            ["_c_3-__READ__0000000003", "_c_4-__READ__0000000004"]
+        );
     }
 
     #[test]
@@ -395,7 +402,8 @@ mod tests {
         assert_eq!(q.below, vec![kids[0].clone(), kids[1].clone()]);
         // A writer waits for every lower node, kazoo's reader included; the nearest is last.
         let q = Queue::new(HoldMode::Write, kids.clone(), &kids[5], "_c_5-").unwrap();
-        assert_eq!(q.below, kids[..5].to_vec());
+        assert_eq!(q.below, kids[3..5].to_vec());
+        assert!(q.hidden);
         assert_eq!(q.to_watch().last(), Some(&kids[4]));
     }
 
@@ -453,6 +461,37 @@ mod tests {
         assert_eq!(q.below, vec!["_c_0-lock-0000000001".to_string()]);
     }
 
+    /// Behind a long queue a waiter lists again once the node before its predecessor goes,
+    /// not before and not after its predecessor; behind a short one, never.
+    #[test]
+    fn a_waiter_lists_again_when_only_its_predecessor_is_left_of_a_longer_queue() {
+        let seqs: Vec<String> = (0..6).map(|i| format!("{i:010}")).collect();
+        let refs: Vec<&str> = seqs.iter().map(String::as_str).collect();
+        let kids = mutex_nodes(&refs);
+        let me = kids[5].clone();
+        let mut q = Queue::new(HoldMode::Exclusive, kids.clone(), &me, "_c_5-").unwrap();
+        assert!(q.hidden);
+        assert_eq!(q.to_watch(), &kids[3..5]);
+        assert!(!q.wants_listing());
+        q.remove(&kids[3]);
+        assert!(q.wants_listing(), "only the predecessor is left");
+        // The listing that follows finds the predecessor alone in front: its deletion grants.
+        let mut q = Queue::new(HoldMode::Exclusive, kids[4..].to_vec(), &me, "_c_5-").unwrap();
+        assert!(!q.hidden);
+        assert!(!q.wants_listing());
+        q.remove(&kids[4]);
+        assert!(!q.wants_listing());
+        assert!(
+            q.below.is_empty(),
+            "granted with no request after the deletion"
+        );
+        // Behind two, the window is the whole queue: no listing at all.
+        let mut q = Queue::new(HoldMode::Exclusive, kids[3..].to_vec(), &me, "_c_5-").unwrap();
+        assert!(!q.hidden);
+        q.remove(&kids[3]);
+        assert!(!q.wants_listing());
+    }
+
     #[test]
     fn wrapped_nodes_stay_in_the_window_however_long_the_queue() {
         let mut seqs: Vec<String> = (0..20).map(|i| format!("{:010}", i + 100)).collect();
@@ -463,7 +502,7 @@ mod tests {
         let me = kids.last().unwrap().clone();
         let q = Queue::new(HoldMode::Exclusive, kids, &me, "_c_21-").unwrap();
         assert!(q.hidden);
-        assert_eq!(q.below.len(), WINDOW + 1);
+        assert_eq!(q.below.len(), NEAREST + 1);
         assert!(q.below[0].ends_with("-2147483647"));
     }
 }
