@@ -180,6 +180,23 @@ fn drain_scaling(md: &mut String, rows: &[Row], results: &[Cells]) {
 /// Latency of the throughput rows.
 fn latency(md: &mut String, rows: &[Row], results: &[Cells]) {
     md.push_str("\nLatency of one acquire + release, p50 / p99 in µs:\n\n");
+    ops_table(md, rows, results, |r| {
+        format!(
+            "{} / {}",
+            r.get("p50_us").unwrap_or("?"),
+            r.get("p99_us").unwrap_or("?")
+        )
+    });
+}
+
+/// A table of the throughput rows, one column per peer, each cell `text` of the peer's run
+/// ("—" for a run that failed, "n/a" for a peer that does not run the row).
+fn ops_table(
+    md: &mut String,
+    rows: &[Row],
+    results: &[Cells],
+    text: impl Fn(&zklock_bench::Report) -> String,
+) {
     heading(md, "workload", &COLUMNS, &[]);
     for (row, cells) in rows.iter().zip(results) {
         if row.metric != Metric::Ops {
@@ -187,16 +204,12 @@ fn latency(md: &mut String, rows: &[Row], results: &[Cells]) {
         }
         let _ = write!(md, "| {} |", row.title);
         for (column, _) in COLUMNS {
-            let text = match cells.get(column) {
-                Some(Ok(r)) => format!(
-                    "{} / {}",
-                    r.get("p50_us").unwrap_or("?"),
-                    r.get("p99_us").unwrap_or("?")
-                ),
+            let cell = match cells.get(column) {
+                Some(Ok(r)) => text(r),
                 Some(Err(_)) => "—".into(),
                 None => "n/a".into(),
             };
-            let _ = write!(md, " {text} |");
+            let _ = write!(md, " {cell} |");
         }
         md.push('\n');
     }
@@ -231,22 +244,12 @@ fn recipe(md: &mut String, rows: &[Row], results: &[Cells]) {
 /// from `zklock-bench` (Curator's and kazoo's runs start a JVM or an interpreter: n/a).
 fn cpu(md: &mut String, rows: &[Row], results: &[Cells]) {
     let _ = write!(md, "\nCost of one cycle: {CPU_PER_CYCLE}:\n\n");
-    heading(md, "workload", &COLUMNS, &[]);
-    for (row, cells) in rows.iter().zip(results) {
-        if row.metric != Metric::Ops {
-            continue;
+    ops_table(md, rows, results, |r| {
+        match r.get("client_cpu_us_per_cycle") {
+            Some(_) => cpu_per_cycle(r),
+            None => "n/a".into(),
         }
-        let _ = write!(md, "| {} |", row.title);
-        for (column, _) in COLUMNS {
-            let text = match cells.get(column) {
-                Some(Ok(r)) if r.get("client_cpu_us_per_cycle").is_some() => cpu_per_cycle(r),
-                Some(Err(_)) => "—".into(),
-                _ => "n/a".into(),
-            };
-            let _ = write!(md, " {text} |");
-        }
-        md.push('\n');
-    }
+    });
 }
 
 /// The memory probes in detail.
