@@ -437,8 +437,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     gate.all_ready().await;
     let before = Counters::read(&address).await?;
     let attempts_before = attempts.load(Ordering::SeqCst);
-    let cpu_before = crate::cpu::CpuTimes::now(options.server_pid);
-    let t0 = gate.open();
+    let window = gate.open(options.server_pid);
     let mut tally = Tally::default();
     for worker in workers {
         let mine = worker
@@ -446,8 +445,8 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
         tally.merge(mine);
     }
-    let elapsed = t0.elapsed();
-    let cpu = crate::cpu::CpuTimes::now(options.server_pid);
+    let window = window.close();
+    let elapsed = window.elapsed;
     for c in &contenders {
         c.flush().await;
     }
@@ -464,7 +463,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("workload", workload);
     report.push("workers", options.workers);
     report.push_ops(elapsed, &mut latencies);
-    cpu.push_since(cpu_before, n as u64, &mut report);
+    window.push_cpu(n as u64, &mut report);
     if options.workers > 1 {
         report.push_contention(elapsed, tally.changes, tally.max_wait_ns);
     }

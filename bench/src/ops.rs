@@ -220,8 +220,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         .collect();
     gate.all_ready().await;
     let before = Counters::read(&setup, &contenders, &mut redis_admin).await?;
-    let cpu_before = crate::cpu::CpuTimes::now(options.server_pid);
-    let t0 = gate.open();
+    let window = gate.open(options.server_pid);
     let mut tally = Tally::default();
     for task in tasks {
         let mine = task
@@ -229,8 +228,8 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
         tally.merge(mine);
     }
-    let elapsed = t0.elapsed();
-    let cpu = crate::cpu::CpuTimes::now(options.server_pid);
+    let window = window.close();
+    let elapsed = window.elapsed;
     for c in &contenders {
         c.flush().await;
     }
@@ -244,7 +243,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("workers", options.workers);
     let cycles = tally.latencies.len() as u64;
     report.push_ops(elapsed, &mut tally.latencies);
-    cpu.push_since(cpu_before, cycles, &mut report);
+    window.push_cpu(cycles, &mut report);
     if options.workers > 1 {
         report.push_contention(elapsed, tally.changes, tally.max_wait_ns);
     }

@@ -305,8 +305,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     }
     gate.all_ready().await;
     let wal_before = wal_position(&admin).await?;
-    let cpu_before = crate::cpu::CpuTimes::now(options.server_pid);
-    let t0 = gate.open();
+    let window = gate.open(options.server_pid);
     let mut tally = Tally::default();
     for task in tasks {
         let mine = task
@@ -314,8 +313,8 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
         tally.merge(mine);
     }
-    let elapsed = t0.elapsed();
-    let cpu = crate::cpu::CpuTimes::now(options.server_pid);
+    let window = window.close();
+    let elapsed = window.elapsed;
     for c in &contenders {
         c.flush().await;
     }
@@ -328,7 +327,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     report.push("workload", workload);
     report.push("workers", options.workers);
     report.push_ops(elapsed, &mut latencies);
-    cpu.push_since(cpu_before, n as u64, &mut report);
+    window.push_cpu(n as u64, &mut report);
     if options.workers > 1 {
         report.push_contention(elapsed, tally.changes, tally.max_wait_ns);
     }

@@ -1,11 +1,15 @@
 //! The timed window that every acquire/release loop shares, whatever the backend: the
 //! critical section (exclusion check and holder changes), what each worker records, and the
-//! gate that opens the window only once every worker has connected and acquired once.
+//! gate that opens the window only once every worker has connected and acquired once, and the
+//! time and CPU the window took.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Barrier};
+
+use crate::cpu::CpuTimes;
+use crate::report::Report;
 
 /// Counts moments when two holders of one key overlap (CuratorBench's `violations`), and
 /// remembers each key's last holder (to count holder changes).
@@ -101,10 +105,48 @@ impl Gate {
         self.ready.wait().await;
     }
 
-    /// Opens the window: the time it opened.
-    pub(crate) fn open(&self) -> Instant {
-        let t0 = Instant::now();
+    /// Opens the window, reading the CPU time of this process and of the server's (`server`:
+    /// its process id, if known) as it opens.
+    pub(crate) fn open(&self, server: Option<u32>) -> Window {
+        let cpu = CpuTimes::now(server);
+        let opened = Instant::now();
         self.go.send_replace(true);
-        t0
+        Window {
+            opened,
+            cpu,
+            server,
+        }
+    }
+}
+
+/// An open timed window: when it opened, and the CPU times read then.
+pub(crate) struct Window {
+    opened: Instant,
+    cpu: CpuTimes,
+    server: Option<u32>,
+}
+
+impl Window {
+    /// Closes it once every worker finished: how long it was open, and the CPU times now.
+    pub(crate) fn close(self) -> Closed {
+        Closed {
+            elapsed: self.opened.elapsed(),
+            cpu_before: self.cpu,
+            cpu: CpuTimes::now(self.server),
+        }
+    }
+}
+
+/// A closed window: how long it was open, and the CPU spent in it.
+pub(crate) struct Closed {
+    pub(crate) elapsed: Duration,
+    cpu_before: CpuTimes,
+    cpu: CpuTimes,
+}
+
+impl Closed {
+    /// Adds the CPU time spent in the window per cycle to `report` (see [`CpuTimes`]).
+    pub(crate) fn push_cpu(&self, cycles: u64, report: &mut Report) {
+        self.cpu.push_since(self.cpu_before, cycles, report);
     }
 }
