@@ -213,6 +213,49 @@ pub(crate) async fn try_lock_is_none_while_held(backend: Backend) {
     }
 }
 
+/// A loop of tries while another task of the process holds the lock gives its thread back now
+/// and then, as tokio's own locks do. A try that finds the key busy in this process answers
+/// without a request; a loop of them that never gave the thread back would keep the holder
+/// (and the manager's own work: its releases, its watches) from running on it, and on a
+/// runtime of one thread the holder would never let go.
+pub(crate) async fn a_loop_of_tries_gives_the_thread_back(backend: Backend) {
+    const TRIES: usize = 10_000;
+    let env = Env::start(backend);
+    for queue in QUEUES {
+        let key = format!("spin_{queue:?}");
+        let managers = env.processes(1, queue).await;
+        let a = &managers[0];
+        let held = a.lock(&key).await.unwrap();
+        let mut spin = pin!(async {
+            for _ in 0..TRIES {
+                if let Some(got) = a.try_lock(&key).await.unwrap() {
+                    return Some(got);
+                }
+            }
+            None
+        });
+        match futures::poll!(spin.as_mut()) {
+            Poll::Pending => {}
+            Poll::Ready(None) => panic!(
+                "{TRIES} tries of a held lock ran without giving the thread back once ({queue:?})"
+            ),
+            Poll::Ready(Some(_)) => panic!("a try took a held lock ({queue:?})"),
+        }
+        held.release().await.unwrap();
+        let got = tokio::time::timeout(BOUND, spin)
+            .await
+            .expect("the loop of tries ends")
+            .expect("the loop of tries gets the lock once it is let go");
+        got.release().await.unwrap();
+        let path = a.path_of(&key).unwrap();
+        assert_eq!(
+            env.left_behind(&managers, &path).await,
+            Vec::<String>::new(),
+            "({queue:?})"
+        );
+    }
+}
+
 /// Acquires dropped at random points (waiting behind a holder, while the lock is free, while
 /// others contend) leave nothing: the lock is still obtainable at once, no waiter stalls, and
 /// on ZooKeeper no node is left.

@@ -147,6 +147,7 @@ impl LocalTable {
                 turn: 0,
                 holder: None,
                 queue: VecDeque::new(),
+                prune_at: PRUNE_FLOOR,
                 lingering: None,
             }),
         });
@@ -195,8 +196,31 @@ struct State {
     /// watch it, so that a lost hold kept by user code does not keep them waiting for ever.
     holder: Option<LossSignal>,
     queue: VecDeque<oneshot::Sender<Wake>>,
+    /// The queue's length at which it is next cleared of waiters that are gone: twice what
+    /// the last clearing left, at least [`PRUNE_FLOOR`].
+    prune_at: usize,
     /// The hold kept after the last local release (only while `busy` is false).
     lingering: Option<Lingering>,
+}
+
+/// The shortest queue that is cleared of waiters that are gone (see [`State::enqueue`]).
+const PRUNE_FLOOR: usize = 64;
+
+impl State {
+    /// Puts a waiter at the end of the queue. A waiter that timed out or was dropped leaves
+    /// its place behind (its sender, whose receiver is gone) until a release or a passed duty
+    /// reaches it; while one holder keeps the lock, waiters that keep giving up would grow
+    /// the queue for as long as it holds. So the queue is cleared of them whenever it has
+    /// doubled since the last clearing: its length stays below twice the live waiters plus
+    /// [`PRUNE_FLOOR`], at a constant cost per waiter.
+    fn enqueue(&mut self, tx: oneshot::Sender<Wake>) {
+        if self.queue.len() >= self.prune_at {
+            self.queue.retain(|tx| !tx.is_closed());
+            self.prune_at = (self.queue.len() * 2).max(PRUNE_FLOOR);
+            self.queue.shrink_to(self.prune_at);
+        }
+        self.queue.push_back(tx);
+    }
 }
 
 /// A hold kept after its last local release, for the next local acquire to take with no
@@ -606,7 +630,7 @@ fn admit(lock: &Arc<LocalLock>, wait: Wait, labels: &Labels) -> Option<Admission
             return None;
         } else {
             let (tx, rx) = oneshot::channel();
-            state.queue.push_back(tx);
+            state.enqueue(tx);
             Admission::Queued(rx)
         }
     };

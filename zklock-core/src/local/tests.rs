@@ -166,6 +166,56 @@ async fn a_waiter_that_times_out_in_the_queue_returns_timeout_and_leaves_it_movi
     assert!(idle(&table));
 }
 
+/// Waiters that give up while one holder keeps the lock (a handler that waits 100 ms for a key
+/// held for an hour) leave no place behind for longer than the queue takes to double: the
+/// queue stays short, and the live waiters among them keep their order.
+#[tokio::test]
+async fn waiters_that_give_up_under_a_long_hold_do_not_grow_the_queue() {
+    let backend = MemoryBackend::new();
+    let table = LocalTable::default();
+    let t = target();
+    let first = granted(
+        lock(&backend, &table, queued(8), &t, Wait::Forever),
+        "first",
+    )
+    .await;
+    let mut early = lock(&backend, &table, queued(8), &t, Wait::Forever);
+    assert!(pends(&mut early).await);
+    let queue_len = || {
+        let map = table.map.lock().unwrap();
+        let lock = map
+            .locks
+            .get(&(Arc::<str>::from(PATH), HoldMode::Exclusive))
+            .and_then(std::sync::Weak::upgrade)
+            .expect("the lock is in the table while it is held");
+        let len = lock.state().queue.len();
+        len
+    };
+    let mut longest = 0;
+    for _ in 0..10_000 {
+        let mut gives_up = lock(&backend, &table, queued(8), &t, Wait::Forever);
+        assert!(pends(&mut gives_up).await);
+        drop(gives_up);
+        longest = longest.max(queue_len());
+    }
+    let mut late = lock(&backend, &table, queued(8), &t, Wait::Forever);
+    assert!(pends(&mut late).await);
+    assert!(
+        longest <= 2 * 2 + 64,
+        "10,000 waiters gave up behind one holder, and the queue grew to {longest} places"
+    );
+    first.release().await.unwrap();
+    let early = granted(early, "the waiter queued before the ones that gave up").await;
+    assert!(pends(&mut late).await, "the later waiter waits its turn");
+    early.release().await.unwrap();
+    granted(late, "the waiter queued after the ones that gave up")
+        .await
+        .release()
+        .await
+        .unwrap();
+    assert!(idle(&table));
+}
+
 /// The grant is handed to a waiter, which is dropped before it polls it: the grant sitting in
 /// its channel goes to the next waiter.
 #[tokio::test]

@@ -100,6 +100,11 @@ impl Target {
 
     /// `Ok(None)` only for [`Wait::Never`] when the lock is taken.
     async fn guard(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        // Many acquires answer without a request (a try of a key busy in this process, a
+        // lingering hold taken again, a re-entry): each counts against tokio's cooperative
+        // budget, as tokio's own locks do, so that a loop of them gives its thread back now
+        // and then instead of starving the holder and the manager's own background work.
+        tokio::task::coop::consume_budget().await;
         let try_only = matches!(wait, Wait::Never);
         let key = &self.lock.key;
         let table = self.core.table.id();
