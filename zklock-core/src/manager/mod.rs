@@ -200,6 +200,11 @@ impl LockManager {
 
     /// Takes the lock on `key` only if nobody holds or waits for it; `Ok(None)` otherwise.
     ///
+    /// A try of a key that another task of this process holds answers without a request. Like
+    /// every acquire it counts against tokio's cooperative budget, so a loop of tries gives its
+    /// thread back now and then and the holder gets to run and let go; a loop that polls
+    /// should still wait between its tries, or use [`lock_timeout`](Self::lock_timeout).
+    ///
     /// # Cancel safety
     /// Cancel safe, as [`lock`](Self::lock).
     ///
