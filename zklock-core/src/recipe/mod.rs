@@ -100,11 +100,19 @@ impl Target {
 
     /// `Ok(None)` only for [`Wait::Never`] when the lock is taken.
     async fn guard(&self, wait: Wait) -> Result<Option<LockGuard>> {
+        let guard = self.take(wait).await;
         // Many acquires answer without a request (a try of a key busy in this process, a
         // lingering hold taken again, a re-entry): each counts against tokio's cooperative
         // budget, as tokio's own locks do, so that a loop of them gives its thread back now
         // and then instead of starving the holder and the manager's own background work.
+        // Counted once the answer is there: an acquire polled once has reached its place in
+        // the local queue, as before. A guard dropped here is released as any other.
         tokio::task::coop::consume_budget().await;
+        guard
+    }
+
+    /// [`guard`](Self::guard), without counting against the budget.
+    async fn take(&self, wait: Wait) -> Result<Option<LockGuard>> {
         let try_only = matches!(wait, Wait::Never);
         let key = &self.lock.key;
         let table = self.core.table.id();
