@@ -238,6 +238,7 @@ fn the_soak_prints_growth_and_leaves_no_hold_once_drained() {
         let number = |k: &str| r.get(k).and_then(|v| v.parse::<f64>().ok());
         assert!(number("cycles").is_some_and(|c| c > 0.0), "{r:?}");
         assert!(number("rss_mb_per_million").is_some(), "{r:?}");
+        assert!(number("longest_cycle_ms").is_some(), "{r:?}");
         assert_eq!(number(held), Some(0.0), "a hold left once drained: {r:?}");
     }
 }

@@ -1,6 +1,7 @@
 //! `zklock-soak`: a long run of mixed traffic on each backend, with periodic faults, that
 //! prints how this process's memory, file descriptors and threads, and what the server keeps
-//! for it, grow with the number of cycles once warmed up. `scripts/soak --minutes N` runs it
+//! for it, grow with the number of cycles once warmed up, and each work's longest cycle (where
+//! a worker that stands still shows). `scripts/soak --minutes N` runs it
 //! (release build) on every backend in turn; figures are printed, never asserted (a bounded
 //! sample runs in the bench's smoke test, which checks that a drained run leaves nothing on
 //! the server).
@@ -206,6 +207,14 @@ fn report(
     }
     println!("{line}");
     println!("  drained:{}", drained.server_text());
+    let longest = counts.longest.lock().expect("not poisoned");
+    let by_work: Vec<String> = longest
+        .iter()
+        .map(|(work, d)| format!("{work} {} ms", d.as_millis()))
+        .collect();
+    println!("  longest cycle by work: {}", by_work.join(", "));
+    let slowest = longest.values().max().copied().unwrap_or_default();
+    result.push_str(&format!(" longest_cycle_ms={}", slowest.as_millis()));
     let kinds = counts.kinds.lock().expect("not poisoned");
     let mut kinds: Vec<(&String, &u64)> = kinds.iter().collect();
     kinds.sort_by(|a, b| b.1.cmp(a.1));

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -26,6 +26,9 @@ pub(crate) struct Counts {
     pub(crate) errors: AtomicU64,
     /// How often each kind of error was seen: the worker's work and the error's text.
     pub(crate) kinds: Mutex<BTreeMap<String, u64>>,
+    /// The longest cycle of each work, over its workers: a worker that stands still (a
+    /// waiter nobody lets in, a thread nobody gives back) shows here.
+    pub(crate) longest: Mutex<BTreeMap<String, Duration>>,
 }
 
 impl Counts {
@@ -100,8 +103,10 @@ pub(crate) fn start(
 async fn worker(manager: LockManager, counts: Arc<Counts>, work: Work, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let participant = format!("soak-{seed}");
+    let mut longest = Duration::ZERO;
     while !counts.stop.load(Ordering::Relaxed) {
         let key = KEYS[rng.gen_range(0..KEYS.len())];
+        let started = Instant::now();
         let ok = match work {
             Work::Mutex => mutex(&manager, key).await,
             Work::Try => try_lock(&manager, key).await,
@@ -111,6 +116,7 @@ async fn worker(manager: LockManager, counts: Arc<Counts>, work: Work, seed: u64
             Work::Job => job(&manager).await,
             Work::Leader => leader(&manager, &participant).await,
         };
+        longest = longest.max(started.elapsed());
         let failed = ok.is_err();
         counts.done(work, ok);
         if failed {
@@ -118,6 +124,9 @@ async fn worker(manager: LockManager, counts: Arc<Counts>, work: Work, seed: u64
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let mut longests = counts.longest.lock().expect("not poisoned");
+    let entry = longests.entry(format!("{work:?}")).or_default();
+    *entry = (*entry).max(longest);
 }
 
 async fn mutex(manager: &LockManager, key: &str) -> Result<(), Error> {
