@@ -76,20 +76,20 @@ async fn granted<F: Future<Output = Result<Option<Grant>>> + Unpin>(fut: F, what
         .unwrap_or_else(|| panic!("{what}: not granted"))
 }
 
-/// Whether `table` has nobody holding, acquiring or queued for [`PATH`].
-fn idle(table: &LocalTable) -> bool {
+/// `table`'s local lock of the mutex on [`PATH`], while anyone holds, acquires or waits for it.
+fn local_lock(table: &LocalTable) -> Option<Arc<super::LocalLock>> {
     let map = table.map.lock().unwrap();
-    match map
-        .locks
+    map.locks
         .get(&(Arc::<str>::from(PATH), HoldMode::Exclusive))
         .and_then(std::sync::Weak::upgrade)
-    {
-        None => true,
-        Some(lock) => {
-            let state = lock.state();
-            !state.busy && state.queue.is_empty()
-        }
-    }
+}
+
+/// Whether `table` has nobody holding, acquiring or queued for [`PATH`].
+fn idle(table: &LocalTable) -> bool {
+    local_lock(table).is_none_or(|lock| {
+        let state = lock.state();
+        !state.busy && state.queue.is_empty()
+    })
 }
 
 /// A try through another table (another process): `Some` only when the backend lock is free.
@@ -182,12 +182,7 @@ async fn waiters_that_give_up_under_a_long_hold_do_not_grow_the_queue() {
     let mut early = lock(&backend, &table, queued(8), &t, Wait::Forever);
     assert!(pends(&mut early).await);
     let queue_len = || {
-        let map = table.map.lock().unwrap();
-        let lock = map
-            .locks
-            .get(&(Arc::<str>::from(PATH), HoldMode::Exclusive))
-            .and_then(std::sync::Weak::upgrade)
-            .expect("the lock is in the table while it is held");
+        let lock = local_lock(&table).expect("the lock is in the table while it is held");
         let len = lock.state().queue.len();
         len
     };
