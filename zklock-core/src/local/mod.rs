@@ -211,8 +211,8 @@ impl State {
     /// its place behind (its sender, whose receiver is gone) until a release or a passed duty
     /// reaches it; while one holder keeps the lock, waiters that keep giving up would grow
     /// the queue for as long as it holds. So the queue is cleared of them whenever it has
-    /// doubled since the last clearing: its length stays below twice the live waiters plus
-    /// [`PRUNE_FLOOR`], at a constant cost per waiter.
+    /// doubled since the last clearing: its length stays within twice the live waiters the
+    /// last clearing left, or [`PRUNE_FLOOR`], at a constant cost per waiter.
     fn enqueue(&mut self, tx: oneshot::Sender<Wake>) {
         if self.queue.len() >= self.prune_at {
             self.queue.retain(|tx| !tx.is_closed());
