@@ -254,6 +254,35 @@ pub(crate) async fn a_loop_of_tries_gives_the_thread_back(backend: Backend) {
             "({queue:?})"
         );
     }
+    // The same for a semaphore's tries, where the backend has semaphores (in memory a try
+    // answers at once).
+    if backend == Backend::Postgres {
+        return;
+    }
+    let managers = env.processes(1, Queue::Local).await;
+    let slots = managers[0].semaphore("spin_slots", 1).unwrap();
+    let lease = slots.acquire().await.unwrap();
+    let mut spin = pin!(async {
+        for _ in 0..TRIES {
+            if let Some(got) = slots.try_acquire().await.unwrap() {
+                return Some(got);
+            }
+        }
+        None
+    });
+    match futures::poll!(spin.as_mut()) {
+        Poll::Pending => {}
+        Poll::Ready(None) => {
+            panic!("{TRIES} tries of a full semaphore ran without giving the thread back once")
+        }
+        Poll::Ready(Some(_)) => panic!("a try took a lease of a full semaphore"),
+    }
+    lease.release().await.unwrap();
+    let got = tokio::time::timeout(BOUND, spin)
+        .await
+        .expect("the loop of tries ends")
+        .expect("the loop of tries gets the lease once it is let go");
+    got.release().await.unwrap();
 }
 
 /// Acquires dropped at random points (waiting behind a holder, while the lock is free, while

@@ -157,6 +157,15 @@ impl Semaphore {
 
     /// `Ok(None)` only for [`Wait::Never`] when the leases are not free.
     async fn acquire_inner(&self, n: u32, wait: Wait) -> Result<Option<Vec<Lease>>> {
+        let leases = self.lease(n, wait).await;
+        // Counted against tokio's cooperative budget once answered, as a lock's acquire is
+        // (see `Target::guard`): a loop of tries that answer at once gives its thread back.
+        tokio::task::coop::consume_budget().await;
+        leases
+    }
+
+    /// [`acquire_inner`](Self::acquire_inner), without counting against the budget.
+    async fn lease(&self, n: u32, wait: Wait) -> Result<Option<Vec<Lease>>> {
         let key = &self.target.key;
         if n == 0 || n > self.max_leases {
             return Err(Error::InvalidArgument(format!(
