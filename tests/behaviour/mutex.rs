@@ -219,35 +219,20 @@ pub(crate) async fn try_lock_is_none_while_held(backend: Backend) {
 /// (and the manager's own work: its releases, its watches) from running on it, and on a
 /// runtime of one thread the holder would never let go.
 pub(crate) async fn a_loop_of_tries_gives_the_thread_back(backend: Backend) {
-    const TRIES: usize = 10_000;
     let env = Env::start(backend);
     for queue in QUEUES {
         let key = format!("spin_{queue:?}");
         let managers = env.processes(1, queue).await;
-        let a = &managers[0];
-        let held = a.lock(&key).await.unwrap();
-        let mut spin = pin!(async {
-            for _ in 0..TRIES {
-                if let Some(got) = a.try_lock(&key).await.unwrap() {
-                    return Some(got);
-                }
-            }
-            None
-        });
-        match futures::poll!(spin.as_mut()) {
-            Poll::Pending => {}
-            Poll::Ready(None) => panic!(
-                "{TRIES} tries of a held lock ran without giving the thread back once ({queue:?})"
-            ),
-            Poll::Ready(Some(_)) => panic!("a try took a held lock ({queue:?})"),
-        }
-        held.release().await.unwrap();
-        let got = tokio::time::timeout(BOUND, spin)
-            .await
-            .expect("the loop of tries ends")
-            .expect("the loop of tries gets the lock once it is let go");
+        let (a, k) = (&managers[0], key.as_str());
+        let held = a.lock(k).await.unwrap();
+        let got = tries_give_the_thread_back(
+            &format!("a held lock ({queue:?})"),
+            move || async move { a.try_lock(k).await.unwrap() },
+            held.release(),
+        )
+        .await;
         got.release().await.unwrap();
-        let path = a.path_of(&key).unwrap();
+        let path = a.path_of(k).unwrap();
         assert_eq!(
             env.left_behind(&managers, &path).await,
             Vec::<String>::new(),
@@ -262,9 +247,31 @@ pub(crate) async fn a_loop_of_tries_gives_the_thread_back(backend: Backend) {
     let managers = env.processes(1, Queue::Local).await;
     let slots = managers[0].semaphore("spin_slots", 1).unwrap();
     let lease = slots.acquire().await.unwrap();
+    let slots = &slots;
+    let got = tries_give_the_thread_back(
+        "a full semaphore",
+        move || async move { slots.try_acquire().await.unwrap() },
+        lease.release(),
+    )
+    .await;
+    got.release().await.unwrap();
+}
+
+/// Polls a loop of up to 10,000 calls of `try_once` on `what`, held by this task, once: it
+/// must give the thread back before the loop ends, with nothing taken. Then `let_go` ends the
+/// hold, and the loop must get in: returns what it took.
+async fn tries_give_the_thread_back<T, Fut>(
+    what: &str,
+    mut try_once: impl FnMut() -> Fut,
+    let_go: impl Future<Output = Result<(), Error>>,
+) -> T
+where
+    Fut: Future<Output = Option<T>>,
+{
+    const TRIES: usize = 10_000;
     let mut spin = pin!(async {
         for _ in 0..TRIES {
-            if let Some(got) = slots.try_acquire().await.unwrap() {
+            if let Some(got) = try_once().await {
                 return Some(got);
             }
         }
@@ -273,16 +280,15 @@ pub(crate) async fn a_loop_of_tries_gives_the_thread_back(backend: Backend) {
     match futures::poll!(spin.as_mut()) {
         Poll::Pending => {}
         Poll::Ready(None) => {
-            panic!("{TRIES} tries of a full semaphore ran without giving the thread back once")
+            panic!("{TRIES} tries of {what} ran without giving the thread back once")
         }
-        Poll::Ready(Some(_)) => panic!("a try took a lease of a full semaphore"),
+        Poll::Ready(Some(_)) => panic!("a try took {what}"),
     }
-    lease.release().await.unwrap();
-    let got = tokio::time::timeout(BOUND, spin)
+    let_go.await.unwrap();
+    tokio::time::timeout(BOUND, spin)
         .await
         .expect("the loop of tries ends")
-        .expect("the loop of tries gets the lease once it is let go");
-    got.release().await.unwrap();
+        .unwrap_or_else(|| panic!("the loop of tries gets {what} once it is let go"))
 }
 
 /// Acquires dropped at random points (waiting behind a holder, while the lock is free, while

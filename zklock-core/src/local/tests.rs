@@ -76,6 +76,11 @@ async fn granted<F: Future<Output = Result<Option<Grant>>> + Unpin>(fut: F, what
         .unwrap_or_else(|| panic!("{what}: not granted"))
 }
 
+/// The first holder of the mutex on [`PATH`] through `table`'s local queue, granted at once.
+async fn first_holder(backend: &MemoryBackend, table: &LocalTable, t: &LockTarget) -> Grant {
+    granted(lock(backend, table, queued(8), t, Wait::Forever), "first").await
+}
+
 /// `table`'s local lock of the mutex on [`PATH`], while anyone holds, acquires or waits for it.
 fn local_lock(table: &LocalTable) -> Option<Arc<super::LocalLock>> {
     let map = table.map.lock().unwrap();
@@ -116,11 +121,7 @@ async fn a_waiter_cancelled_while_queued_does_not_stall_the_queue() {
     let backend = MemoryBackend::new();
     let table = LocalTable::default();
     let t = target();
-    let first = granted(
-        lock(&backend, &table, queued(8), &t, Wait::Forever),
-        "first",
-    )
-    .await;
+    let first = first_holder(&backend, &table, &t).await;
     let mut second = lock(&backend, &table, queued(8), &t, Wait::Forever);
     let mut third = lock(&backend, &table, queued(8), &t, Wait::Forever);
     assert!(pends(&mut second).await && pends(&mut third).await);
@@ -141,11 +142,7 @@ async fn a_waiter_that_times_out_in_the_queue_returns_timeout_and_leaves_it_movi
     let backend = MemoryBackend::new();
     let table = LocalTable::default();
     let t = target();
-    let first = granted(
-        lock(&backend, &table, queued(8), &t, Wait::Forever),
-        "first",
-    )
-    .await;
+    let first = first_holder(&backend, &table, &t).await;
     let mut bounded = lock(&backend, &table, queued(8), &t, within(50));
     assert!(pends(&mut bounded).await);
     let mut patient = lock(&backend, &table, queued(8), &t, Wait::Forever);
@@ -174,11 +171,7 @@ async fn waiters_that_give_up_under_a_long_hold_do_not_grow_the_queue() {
     let backend = MemoryBackend::new();
     let table = LocalTable::default();
     let t = target();
-    let first = granted(
-        lock(&backend, &table, queued(8), &t, Wait::Forever),
-        "first",
-    )
-    .await;
+    let first = first_holder(&backend, &table, &t).await;
     let mut early = lock(&backend, &table, queued(8), &t, Wait::Forever);
     assert!(pends(&mut early).await);
     let queue_len = || {
@@ -218,11 +211,7 @@ async fn a_waiter_cancelled_with_its_grant_in_flight_passes_the_grant_on() {
     let backend = MemoryBackend::new();
     let table = LocalTable::default();
     let t = target();
-    let first = granted(
-        lock(&backend, &table, queued(8), &t, Wait::Forever),
-        "first",
-    )
-    .await;
+    let first = first_holder(&backend, &table, &t).await;
     let token = first.token;
     let mut second = lock(&backend, &table, queued(8), &t, Wait::Forever);
     let mut third = lock(&backend, &table, queued(8), &t, Wait::Forever);

@@ -21,6 +21,18 @@ use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::{LockMode, Wait};
 
+/// Runs `acquire`, then counts it against tokio's cooperative budget, as tokio's own locks
+/// count theirs. Many acquires answer without a request (a try of a key busy in this process,
+/// a lingering hold taken again, a re-entry, a try in memory): counted, a loop of them gives
+/// its thread back now and then instead of starving the holder and the manager's own
+/// background work. Counted once the answer is there: an acquire polled once has reached its
+/// place in the local queue, as before. What is dropped here is released as any other.
+pub(crate) async fn budgeted<T>(acquire: impl Future<Output = T>) -> T {
+    let answer = acquire.await;
+    tokio::task::coop::consume_budget().await;
+    answer
+}
+
 /// What happens when the hold is lost while a body runs under it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnLost {
@@ -100,15 +112,7 @@ impl Target {
 
     /// `Ok(None)` only for [`Wait::Never`] when the lock is taken.
     async fn guard(&self, wait: Wait) -> Result<Option<LockGuard>> {
-        let guard = self.take(wait).await;
-        // Many acquires answer without a request (a try of a key busy in this process, a
-        // lingering hold taken again, a re-entry): each counts against tokio's cooperative
-        // budget, as tokio's own locks do, so that a loop of them gives its thread back now
-        // and then instead of starving the holder and the manager's own background work.
-        // Counted once the answer is there: an acquire polled once has reached its place in
-        // the local queue, as before. A guard dropped here is released as any other.
-        tokio::task::coop::consume_budget().await;
-        guard
+        budgeted(self.take(wait)).await
     }
 
     /// [`guard`](Self::guard), without counting against the budget.

@@ -157,11 +157,7 @@ impl Semaphore {
 
     /// `Ok(None)` only for [`Wait::Never`] when the leases are not free.
     async fn acquire_inner(&self, n: u32, wait: Wait) -> Result<Option<Vec<Lease>>> {
-        let leases = self.lease(n, wait).await;
-        // Counted against tokio's cooperative budget once answered, as a lock's acquire is
-        // (see `Target::guard`): a loop of tries that answer at once gives its thread back.
-        tokio::task::coop::consume_budget().await;
-        leases
+        super::budgeted(self.lease(n, wait)).await
     }
 
     /// [`acquire_inner`](Self::acquire_inner), without counting against the budget.
