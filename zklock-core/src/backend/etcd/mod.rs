@@ -59,7 +59,7 @@ use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
 pub use options::EtcdOptions;
 pub(crate) use session::MIN_LEASE;
-use session::{Session, SessionConfig};
+use session::{Keepers, Session, SessionConfig};
 
 /// The longest any single request waits for its reply; shorter when the lease is.
 const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -242,6 +242,32 @@ fn new_enough(version: &str) -> bool {
     (major, minor) >= OLDEST
 }
 
+/// How the backend's clients connect: a member cut off from the others answers nothing but
+/// errors (`require_leader`: no request, watch or keep-alive waits on a member without a
+/// leader), and a silent connection (a frozen member) is found by HTTP/2 pings within a third
+/// of the lease and given up after [`attempt_bound`], so that requests move to the members that
+/// answer.
+fn connect_options(config: &EtcdConfig, user: Option<&User>) -> ConnectOptions {
+    let ttl = config.options.lease;
+    let options = ConnectOptions::new()
+        .with_connect_timeout(config.connect_timeout)
+        .with_require_leader(true)
+        .with_keep_alive(ttl / 3, attempt_bound(ttl))
+        .with_keep_alive_while_idle(true);
+    match user {
+        Some((name, password)) => options.with_user(name.clone(), password.clone()),
+        None => options,
+    }
+}
+
+/// How long one keep-alive (and one HTTP/2 ping) waits for its answer before it is tried on
+/// the next member: a sixth of the lease, at most [`MAX_REPLY_TIMEOUT`]. A keep-alive is due
+/// every third of the lease, so one member that stays silent costs half the time a hold has
+/// left, not all of it.
+fn attempt_bound(ttl: Duration) -> Duration {
+    (ttl / 6).min(MAX_REPLY_TIMEOUT)
+}
+
 /// Connects to the cluster at `endpoints` as `user` and checks that a member answers and that
 /// it is new enough.
 async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) -> Result<Client> {
@@ -258,18 +284,7 @@ async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) ->
                 }
             ))
     };
-    let ttl = config.options.lease;
-    // A member cut off from the others answers nothing but errors (no request, watch or
-    // keep-alive waits on a member without a leader), and a silent connection is found by
-    // HTTP/2 pings within a third of the lease.
-    let mut options = ConnectOptions::new()
-        .with_connect_timeout(config.connect_timeout)
-        .with_require_leader(true)
-        .with_keep_alive(ttl / 3, ttl.min(MAX_REPLY_TIMEOUT))
-        .with_keep_alive_while_idle(true);
-    if let Some((name, password)) = user {
-        options = options.with_user(name.clone(), password.clone());
-    }
+    let options = connect_options(config, user);
     let timeout = config.connect_timeout;
     let mut client =
         match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
@@ -334,8 +349,16 @@ impl EtcdBackend {
         let session_config = SessionConfig {
             ttl,
             reply_timeout: ttl.min(MAX_REPLY_TIMEOUT),
+            attempt: attempt_bound(ttl),
         };
-        let session = match Session::start(client.clone(), session_config).await {
+        // With several members, keep-alives go to one member at a time, the next one after a
+        // keep-alive failed or stayed silent (see `session::Keepers`).
+        let keepers = if endpoints.len() > 1 {
+            Keepers::each(endpoints.clone(), connect_options(&config, user.as_ref()))
+        } else {
+            Keepers::one(client.clone())
+        };
+        let session = match Session::start(client.clone(), keepers, session_config).await {
             Ok(session) => session,
             Err(Error::Server { source, .. }) if source.downcast_ref::<etcd_client::Error>().is_some_and(error::is_auth) => {
                 return Err(Error::Config(format!(

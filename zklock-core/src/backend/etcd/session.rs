@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -80,6 +80,65 @@ pub(crate) struct SessionConfig {
     pub(crate) ttl: Duration,
     /// How long one request may wait for its reply.
     pub(crate) reply_timeout: Duration,
+    /// How long one keep-alive may wait for its answer before the next is sent to the next
+    /// member (well inside the lease; see `attempt_bound`).
+    pub(crate) attempt: Duration,
+}
+
+/// The clients keep-alives go through: the manager's own (one endpoint), or one per member of
+/// the connect string, used one at a time and left for the next after a keep-alive that failed
+/// or stayed silent. A frozen member keeps its connections open and answers nothing, so a
+/// client balanced over every member (the manager's) may send the next keep-alive to it again;
+/// here it costs one attempt's bound per turn. Each member's client is made when first used.
+pub(crate) struct Keepers {
+    endpoints: Vec<String>,
+    options: Option<ConnectOptions>,
+    clients: Vec<Option<Client>>,
+    /// The member keep-alives go to now.
+    at: usize,
+}
+
+impl Keepers {
+    /// Keep-alives through the manager's own client.
+    pub(crate) fn one(client: Client) -> Keepers {
+        Keepers {
+            endpoints: Vec::new(),
+            options: None,
+            clients: vec![Some(client)],
+            at: 0,
+        }
+    }
+
+    /// Keep-alives through a client of each member of `endpoints`, connected with `options`.
+    pub(crate) fn each(endpoints: Vec<String>, options: ConnectOptions) -> Keepers {
+        Keepers {
+            clients: vec![None; endpoints.len()],
+            endpoints,
+            options: Some(options),
+            at: 0,
+        }
+    }
+
+    /// The client of the member keep-alives go to now, made if it is the first use.
+    async fn client(&mut self, bound: Duration) -> Result<Client> {
+        if let Some(client) = &self.clients[self.at] {
+            return Ok(client.clone());
+        }
+        let endpoint = [self.endpoints[self.at].as_str()];
+        let made = bounded(
+            "keep the lease alive",
+            bound,
+            Client::connect(endpoint, self.options.clone()),
+        )
+        .await?;
+        self.clients[self.at] = Some(made.clone());
+        Ok(made)
+    }
+
+    /// The next member, after a keep-alive on this one failed or stayed silent.
+    fn next(&mut self) {
+        self.at = (self.at + 1) % self.clients.len();
+    }
 }
 
 impl SessionConfig {
@@ -101,7 +160,11 @@ pub(crate) struct Session {
 impl Session {
     /// Grants the first lease (so that connect fails when etcd does not grant one) and starts
     /// keeping it alive.
-    pub(crate) async fn start(client: Client, config: SessionConfig) -> Result<Session> {
+    pub(crate) async fn start(
+        client: Client,
+        keepers: Keepers,
+        config: SessionConfig,
+    ) -> Result<Session> {
         let first = grant(&client, config).await?;
         let (tx, state) = watch::channel(LeaseState {
             epoch: 1,
@@ -110,7 +173,7 @@ impl Session {
             ended: None,
         });
         let tx = std::sync::Arc::new(tx);
-        let task = tokio::spawn(keep(client.clone(), config, tx.clone())).abort_handle();
+        let task = tokio::spawn(keep(client.clone(), keepers, config, tx.clone())).abort_handle();
         Ok(Session {
             state,
             tell: tx,
@@ -203,6 +266,7 @@ async fn grant(client: &Client, config: SessionConfig) -> Result<(i64, Instant)>
 /// Keeps the session's leases alive, one after another, until the session is dropped.
 async fn keep(
     client: Client,
+    mut keepers: Keepers,
     config: SessionConfig,
     state: std::sync::Arc<watch::Sender<LeaseState>>,
 ) {
@@ -212,7 +276,7 @@ async fn keep(
             let s = state.borrow();
             (s.id, s.epoch)
         };
-        let ended = keep_alive(&client, config, id, &state).await;
+        let ended = keep_alive(&mut keepers, config, id, &state).await;
         tracing::warn!(lease = format_args!("{id:x}"), %ended, "the etcd lease ended: every hold on it is lost");
         // (A request that found it gone may have said so first, with its own reason.)
         state.send_if_modified(|s| {
@@ -248,9 +312,10 @@ async fn keep(
     }
 }
 
-/// Keeps lease `id` alive every TTL/3 until it ends: returns why.
+/// Keeps lease `id` alive every TTL/3 until it ends: returns why. A keep-alive that fails or
+/// gets no answer within `config.attempt` is sent again at once to the next member.
 async fn keep_alive(
-    client: &Client,
+    keepers: &mut Keepers,
     config: SessionConfig,
     id: i64,
     state: &watch::Sender<LeaseState>,
@@ -274,25 +339,22 @@ async fn keep_alive(
         }
         let sent = Instant::now();
         next = sent + period;
+        let bound = config.attempt.min(deadline.saturating_duration_since(sent));
         if stream.is_none() {
-            let mut c = client.clone();
-            let opened = bounded(
-                "keep the lease alive",
-                config.reply_timeout,
-                c.lease_keep_alive(id),
-            );
+            let opened = async {
+                let mut c = keepers.client(bound).await?;
+                bounded("keep the lease alive", bound, c.lease_keep_alive(id)).await
+            };
             match opened.await {
                 Ok(s) => stream = Some(s),
                 Err(e) => {
-                    tracing::debug!(error = %e, "opening the etcd keep-alive stream failed");
+                    tracing::debug!(error = %e, "opening the etcd keep-alive stream failed; trying the next member");
+                    keepers.next();
                     next = sent + Duration::from_millis(100).min(period);
                     continue;
                 }
             }
         }
-        let bound = config
-            .reply_timeout
-            .min(deadline.saturating_duration_since(sent));
         let answer = renew(stream.as_mut().expect("just opened"));
         match tokio::time::timeout(bound, answer).await {
             Ok(Ok(ttl)) if ttl > 0 => {
@@ -316,12 +378,17 @@ async fn keep_alive(
                 }
             }
             Ok(Err(e)) => {
-                tracing::debug!(error = %e, "an etcd keep-alive failed; reopening the stream");
+                tracing::debug!(error = %e, "an etcd keep-alive failed; reopening the stream on the next member");
                 stream = None;
+                keepers.next();
                 next = Instant::now() + Duration::from_millis(100).min(period);
             }
             Err(_) => {
+                tracing::debug!(
+                    "an etcd keep-alive got no answer in time; sending it to the next member"
+                );
                 stream = None;
+                keepers.next();
                 next = Instant::now();
             }
         }

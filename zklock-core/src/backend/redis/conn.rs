@@ -15,7 +15,7 @@ use crate::types::error::{Error, ServerError};
 use crate::types::loss::LossReason;
 
 use super::breaks::Breaks;
-use super::servers::Servers;
+use super::servers::{Servers, Trust};
 
 pub(crate) use crate::background::Background;
 
@@ -27,6 +27,8 @@ struct Link {
     broken: Arc<AtomicBool>,
     /// The server it goes to.
     node: NodeKey,
+    /// Under Sentinel, what it must still be to be taken into use.
+    trust: Trust,
 }
 
 impl Link {
@@ -167,8 +169,8 @@ impl Conn {
     /// at the next request; other addresses open through the client, and their breaks show at
     /// the next request.
     async fn open(&self, node: &NodeKey) -> RedisResult<Link> {
-        let client = match node {
-            Some((host, port)) => self.servers.node_client(host, *port)?,
+        let (client, trust) = match node {
+            Some((host, port)) => (self.servers.node_client(host, *port)?, None),
             None => self.servers.client(self.connect_timeout).await?,
         };
         let info = client.get_connection_info();
@@ -204,6 +206,7 @@ impl Conn {
                     connection,
                     broken,
                     node: node.clone(),
+                    trust,
                 });
             }
         };
@@ -232,6 +235,7 @@ impl Conn {
             connection,
             broken,
             node: node.clone(),
+            trust,
         })
     }
 
@@ -257,10 +261,19 @@ impl Conn {
             return Ok(link);
         }
         let link = self.open(node).await?;
-        self.links
-            .lock()
-            .unwrap()
-            .insert(node.clone(), link.clone());
+        let mut links = self.links.lock().unwrap();
+        // Under Sentinel, a failover acted on while it was opened (under this lock, the
+        // failover drops every connection in the map) makes it one to a primary this process
+        // no longer trusts: a primary frozen past the failover says `master` once woken.
+        if !self.servers.still_trusted(&link.trust) {
+            // Never used: not a break of anything this backend holds.
+            link.broken.store(true, Ordering::SeqCst);
+            return Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the primary this connection was opened to was failed over meanwhile",
+            )));
+        }
+        links.insert(node.clone(), link.clone());
         Ok(link)
     }
 

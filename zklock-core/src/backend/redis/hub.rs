@@ -786,7 +786,7 @@ async fn connect(
     let opened = tokio::time::timeout(timeout, async {
         let client = match &node {
             Some((host, port)) => servers.node_client(host, *port)?,
-            None => servers.client(timeout).await?,
+            None => servers.client(timeout).await?.0,
         };
         let (mut sink, stream) = client.get_async_pubsub().await?.split();
         sink.subscribe(channels).await?;

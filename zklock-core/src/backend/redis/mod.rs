@@ -493,10 +493,11 @@ impl RedisBackend {
         let scheme = url.trim().to_ascii_lowercase();
         if scheme.starts_with(sentinel::SCHEME) {
             let sentinels = sentinel::Sentinels::parse(url, config.sentinel_auth.as_ref())?;
-            sentinels
+            let named = sentinels
                 .primary(config.connect_timeout)
                 .await
                 .map_err(|asked| sentinels.connect_error(asked, url))?;
+            sentinels.trust(&named);
             return Ok(Servers::Sentinel(Arc::new(sentinels)));
         }
         if config.sentinel_auth.is_some() {

@@ -12,8 +12,13 @@
 //! the lock is taken again through a fresh acquire.
 //!
 //! Every connection to a data node asks `ROLE` first and is used only if the server says
-//! `master`: a Sentinel's answer can be stale for a moment during a failover.
+//! `master`: a Sentinel's answer can be stale for a moment during a failover. And a connection
+//! is used only if it goes to the primary this process trusts ([`Trusted`]: the newest naming
+//! it has heard, by the Sentinels' configuration epoch) and no failover was acted on while it
+//! was opened: a primary frozen past a failover still says `master` for seconds once woken,
+//! and a connection opened to it before the failover comes up then.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
@@ -68,8 +73,86 @@ pub(crate) struct Sentinels {
     /// The Sentinels' connection settings (their own credentials, if any); the address is set
     /// per Sentinel.
     sentinel: ConnectionInfo,
-    /// The primary's address as last asked, for the logs and [`watch`].
-    pub(crate) primary: StdMutex<Option<(String, u16)>>,
+    /// The primary this process trusts, and how many failovers it acted on.
+    trusted: StdMutex<Trusted>,
+    /// Told when a connection found the Sentinels naming a newer primary than the trusted one:
+    /// [`watch`] asks them and acts on the failover.
+    news: tokio::sync::Notify,
+}
+
+/// A primary as the Sentinels name it: its address and the configuration epoch of the naming
+/// (every failover a Sentinel takes part in or hears of raises it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Named {
+    pub(crate) addr: (String, u16),
+    pub(crate) epoch: u64,
+}
+
+/// The primary this process trusts: the first one named, then each one it acted on as a
+/// failover. Connections go only there.
+#[derive(Debug, Default)]
+struct Trusted {
+    /// `None` before the first answer.
+    named: Option<Named>,
+    /// The failovers acted on; a connection opened across one is never used.
+    failovers: u64,
+}
+
+/// How an answer of the Sentinels compares with the trusted primary.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The trusted primary (or the first one named): connections may go there.
+    Trusted,
+    /// A newer primary: a failover this process has not acted on yet.
+    Newer,
+    /// An older naming than the one this process acted on (a Sentinel that has not heard of a
+    /// failover yet): never connected to.
+    Stale,
+}
+
+impl Trusted {
+    /// Judges `named`, taking it as trusted if it is the first, or the trusted address under a
+    /// newer epoch.
+    fn judge(&mut self, named: &Named) -> Verdict {
+        let Some(trusted) = &mut self.named else {
+            self.named = Some(named.clone());
+            return Verdict::Trusted;
+        };
+        match (named.addr == trusted.addr, named.epoch.cmp(&trusted.epoch)) {
+            (true, ord) => {
+                if ord.is_gt() {
+                    trusted.epoch = named.epoch;
+                }
+                Verdict::Trusted
+            }
+            (false, std::cmp::Ordering::Greater) => Verdict::Newer,
+            (false, _) => Verdict::Stale,
+        }
+    }
+
+    /// Acts on `addr` as the primary, at `epoch` when known (an announcement carries none):
+    /// `true` if that is a failover (another primary than the trusted one, and not an older
+    /// naming), which is counted.
+    fn act(&mut self, addr: (String, u16), epoch: Option<u64>) -> bool {
+        let Some(trusted) = &mut self.named else {
+            self.named = Some(Named {
+                addr,
+                epoch: epoch.unwrap_or(0),
+            });
+            return false;
+        };
+        if addr == trusted.addr {
+            trusted.epoch = trusted.epoch.max(epoch.unwrap_or(0));
+            return false;
+        }
+        if epoch.is_some_and(|e| e <= trusted.epoch) {
+            return false;
+        }
+        trusted.addr = addr;
+        trusted.epoch = epoch.unwrap_or(trusted.epoch);
+        self.failovers += 1;
+        true
+    }
 }
 
 impl Sentinels {
@@ -156,7 +239,8 @@ impl Sentinels {
             master,
             data,
             sentinel,
-            primary: StdMutex::new(None),
+            trusted: StdMutex::default(),
+            news: tokio::sync::Notify::new(),
         })
     }
 
@@ -175,32 +259,20 @@ impl Sentinels {
         )
     }
 
-    /// Asks every Sentinel at once for the primary's address (`SENTINEL
-    /// GET-MASTER-ADDR-BY-NAME`), each within `timeout`, and takes the address most of those
-    /// that answered give (on a tie, the one the Sentinel that answered first gives).
+    /// Asks every Sentinel at once for the primary (`SENTINEL MASTER` for the configuration
+    /// epoch, then `SENTINEL GET-MASTER-ADDR-BY-NAME`, in one round trip), each within
+    /// `timeout`, and takes the newest naming: the highest epoch, and among the answers of that
+    /// epoch the address most give (on a tie, the one of the Sentinel listed first).
     ///
     /// One Sentinel's word is not enough during a failover: a Sentinel that has not heard of
-    /// it yet still names the old primary, which keeps answering `master` until it is
-    /// reconfigured, and a connection opened to it would take locks the new primary knows
-    /// nothing of.
-    pub(crate) async fn primary(
-        &self,
-        timeout: Duration,
-    ) -> std::result::Result<(String, u16), Asked> {
+    /// it yet still names the old primary, under the old epoch, and the old primary keeps
+    /// answering `master` until it is reconfigured; a connection opened to it would take locks
+    /// the new primary knows nothing of.
+    pub(crate) async fn primary(&self, timeout: Duration) -> std::result::Result<Named, Asked> {
         let asks = (0..self.addrs.len()).map(|i| async move {
-            let asked = tokio::time::timeout(timeout, async {
-                let mut c = self
-                    .sentinel_client(i)?
-                    .get_multiplexed_async_connection()
-                    .await?;
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(&self.master)
-                    .query_async::<Option<(String, u16)>>(&mut c)
-                    .await
-            })
-            .await
-            .unwrap_or_else(|_| Err(super::wire::timed_out()));
+            let asked = tokio::time::timeout(timeout, self.ask(i))
+                .await
+                .unwrap_or_else(|_| Err(super::wire::timed_out()));
             (i, asked)
         });
         let answers = futures::future::join_all(asks).await;
@@ -208,12 +280,12 @@ impl Sentinels {
         let mut not_sentinel = None;
         let mut refused = None;
         let mut last_error = None;
-        let mut votes: Vec<((String, u16), usize)> = Vec::new();
+        let mut votes: Vec<(Named, usize)> = Vec::new();
         for (i, asked) in answers {
             match asked {
-                Ok(Some(addr)) => match votes.iter_mut().find(|(a, _)| *a == addr) {
-                    Some((_, n)) => *n += 1,
-                    None => votes.push((addr, 1)),
+                Ok(Some(named)) => match votes.iter_mut().find(|(n, _)| *n == named) {
+                    Some((_, count)) => *count += 1,
+                    None => votes.push((named, 1)),
                 },
                 Ok(None) => unknown = true,
                 Err(e)
@@ -231,16 +303,17 @@ impl Sentinels {
                 Err(e) => last_error = Some(e),
             }
         }
-        // The most votes; among equals, the first given.
-        let mut best: Option<((String, u16), usize)> = None;
-        for (addr, n) in votes {
-            if best.as_ref().is_none_or(|(_, m)| n > *m) {
-                best = Some((addr, n));
+        // The newest epoch; within it the most votes; among equals, the first given.
+        let mut best: Option<(Named, usize)> = None;
+        for (named, count) in votes {
+            if best.as_ref().is_none_or(|(b, most)| {
+                named.epoch > b.epoch || (named.epoch == b.epoch && count > *most)
+            }) {
+                best = Some((named, count));
             }
         }
-        if let Some((addr, _)) = best {
-            *self.primary.lock().unwrap() = Some(addr.clone());
-            return Ok(addr);
+        if let Some((named, _)) = best {
+            return Ok(named);
         }
         Err(match (unknown, not_sentinel, refused) {
             (true, _, _) => Asked::UnknownMaster,
@@ -248,6 +321,79 @@ impl Sentinels {
             (false, None, Some(addr)) => Asked::Refused(addr),
             (false, None, None) => Asked::NoSentinel(last_error),
         })
+    }
+
+    /// Asks Sentinel `i` for the master's configuration epoch and address, in this order and
+    /// one round trip (a failover between them shows as an older epoch with the newer address,
+    /// which is judged stale, never the reverse). `None`: it knows no master of that name.
+    async fn ask(&self, i: usize) -> RedisResult<Option<Named>> {
+        let mut c = self
+            .sentinel_client(i)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let asked = redis::pipe()
+            .cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(&self.master)
+            .cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.master)
+            .query_async::<(HashMap<String, String>, Option<(String, u16)>)>(&mut c)
+            .await;
+        let (master, addr) = match asked {
+            Ok(answer) => answer,
+            Err(e) if e.to_string().contains("No such master") => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let epoch = master
+            .get("config-epoch")
+            .and_then(|e| e.parse::<u64>().ok())
+            .ok_or_else(|| {
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the Sentinel's SENTINEL MASTER reply has no config-epoch",
+                ))
+            })?;
+        Ok(addr.map(|addr| Named { addr, epoch }))
+    }
+
+    /// Takes `named` (the answer at connect) as the trusted primary.
+    pub(crate) fn trust(&self, named: &Named) {
+        self.trusted.lock().unwrap().judge(named);
+    }
+
+    /// The primary to open a connection to now, and the failovers acted on so far (see
+    /// [`Sentinels::still_trusted`]): the Sentinels' newest naming if it is the trusted one. A
+    /// newer one is a failover this process has not acted on yet ([`watch`] is told, and acts);
+    /// an older one a Sentinel that has not heard of the failover acted on: neither is
+    /// connected to, and the request fails as on a broken connection.
+    pub(crate) async fn trusted_primary(&self, timeout: Duration) -> RedisResult<(Named, u64)> {
+        let named = self.primary(timeout).await.map_err(Asked::into_redis)?;
+        let (verdict, failovers) = {
+            let mut trusted = self.trusted.lock().unwrap();
+            (trusted.judge(&named), trusted.failovers)
+        };
+        let why = match verdict {
+            Verdict::Trusted => return Ok((named, failovers)),
+            Verdict::Newer => {
+                self.news.notify_one();
+                "the Sentinels name a new primary: the failover is acted on first"
+            }
+            Verdict::Stale => {
+                "the Sentinels that answered name the primary of before the last failover"
+            }
+        };
+        Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            why,
+        )))
+    }
+
+    /// Whether a connection opened to `addr` when `failovers` had been acted on may be used:
+    /// no failover was acted on since, and `addr` is the trusted primary.
+    pub(crate) fn still_trusted(&self, addr: &(String, u16), failovers: u64) -> bool {
+        let trusted = self.trusted.lock().unwrap();
+        trusted.failovers == failovers && trusted.named.as_ref().is_some_and(|n| n.addr == *addr)
     }
 
     /// What `primary` found, at connect, as the error a user reads.
@@ -335,14 +481,16 @@ const RETRY_MIN: Duration = Duration::from_millis(100);
 /// The longest.
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// The task that listens to the Sentinels for `+switch-master` of this master, one Sentinel at
-/// a time (the next once one breaks), for as long as the backend lives. On each announcement,
-/// and whenever it (re)subscribes and finds the primary moved from the one the connections
-/// were opened to, it makes every hold lost to the failover and drops the command and pub/sub
-/// connections, so that the next request asks the Sentinels again.
+/// The task that listens to the Sentinels for `+switch-master` of this master, one
+/// subscription per Sentinel (each subscribed again once it breaks), for as long as the
+/// backend lives. On each announcement of another primary than the trusted one, whenever a
+/// listener (re)subscribes and finds the Sentinels naming a newer one, and whenever a new
+/// connection found them naming a newer one, it makes every hold lost to the failover and
+/// drops the command and pub/sub connections, so that the next request asks the Sentinels
+/// again.
 ///
 /// It ends when `stop` does: its sender lives in the backend, so the task and its Sentinel
-/// connection end with the backend.
+/// connections end with the backend.
 pub(crate) async fn watch(
     sentinels: Arc<Sentinels>,
     inner: Weak<Inner>,
@@ -353,14 +501,11 @@ pub(crate) async fn watch(
     // once it has reconfigured the replicas (a second or more after the promotion), the others
     // as soon as they hear of the new primary; a process listening to the first alone would
     // keep granting on the old primary, still a primary, while others grant on the new one.
-    let acted = Arc::new(tokio::sync::Mutex::new(
-        sentinels.primary.lock().unwrap().clone(),
-    ));
     // Asking the Sentinels again once the first subscription is up covers the time since
     // connect for every listener; a listener that subscribes again asks for itself.
     let first = Arc::new(AtomicBool::new(true));
     let each = (0..sentinels.addrs.len()).map(|i| {
-        let (sentinels, inner, acted) = (sentinels.clone(), inner.clone(), acted.clone());
+        let (sentinels, inner) = (sentinels.clone(), inner.clone());
         let first = first.clone();
         async move {
             let mut pause = RETRY_MIN;
@@ -368,7 +513,7 @@ pub(crate) async fn watch(
             loop {
                 let ask = again || first.swap(false, Ordering::SeqCst);
                 again = true;
-                match listen(&sentinels, i, &inner, timeout, &acted, ask).await {
+                match listen(&sentinels, i, &inner, timeout, ask).await {
                     Ok(()) => return,
                     Err(e) => {
                         tracing::debug!(error = %e, sentinel = i, "zklock: lost a Redis Sentinel subscription; subscribing again");
@@ -379,23 +524,33 @@ pub(crate) async fn watch(
             }
         }
     });
+    // A connection found the Sentinels naming a newer primary: ask them, and act on it.
+    let news = async {
+        loop {
+            sentinels.news.notified().await;
+            if let Ok(named) = sentinels.primary(timeout).await {
+                if !switch(&sentinels, &inner, named.addr, Some(named.epoch)) {
+                    return;
+                }
+            }
+        }
+    };
     tokio::select! {
         _ = &mut stop => {}
         _ = futures::future::join_all(each) => {}
+        _ = news => {}
     }
 }
 
-/// Subscribes to Sentinel `i`'s `+switch-master` and acts on each announcement of a primary
-/// other than the last one acted on (`acted`, shared by the listeners of every Sentinel, so a
-/// failover is acted on once however many Sentinels announce it) until the subscription breaks
-/// (`Err`) or the backend is gone (`Ok`). Once subscribed, `ask`s the Sentinels for the
-/// primary, for an announcement made while nothing listened.
+/// Subscribes to Sentinel `i`'s `+switch-master` and acts on each announcement of this
+/// master's primary until the subscription breaks (`Err`) or the backend is gone (`Ok`). Once
+/// subscribed, `ask`s the Sentinels for the primary, for a failover announced while nothing
+/// listened.
 async fn listen(
     sentinels: &Sentinels,
     i: usize,
     inner: &Weak<Inner>,
     timeout: Duration,
-    acted: &tokio::sync::Mutex<Option<(String, u16)>>,
     ask: bool,
 ) -> RedisResult<()> {
     let client = sentinels.sentinel_client(i)?;
@@ -406,11 +561,9 @@ async fn listen(
     })
     .await
     .map_err(|_| super::wire::timed_out())??;
-    // A failover this process missed while it listened nowhere: the Sentinel names another
-    // primary than the one acted on last.
     if ask {
-        if let Ok(now) = sentinels.primary(timeout).await {
-            if !switch(inner, acted, now).await {
+        if let Ok(named) = sentinels.primary(timeout).await {
+            if !switch(sentinels, inner, named.addr, Some(named.epoch)) {
                 return Ok(());
             }
         }
@@ -425,8 +578,7 @@ async fn listen(
         if let [name, _, _, host, port] = words[..] {
             if name == sentinels.master {
                 let now = (host.to_string(), port.parse().unwrap_or(0));
-                *sentinels.primary.lock().unwrap() = Some(now.clone());
-                if !switch(inner, acted, now).await {
+                if !switch(sentinels, inner, now, None) {
                     return Ok(());
                 }
             }
@@ -438,32 +590,24 @@ async fn listen(
     )))
 }
 
-/// Acts on `now` as the primary if it is not the one acted on last: every hold is lost to the
-/// failover. `false` once the backend is gone.
-async fn switch(
-    inner: &Weak<Inner>,
-    acted: &tokio::sync::Mutex<Option<(String, u16)>>,
-    now: (String, u16),
-) -> bool {
-    let mut acted = acted.lock().await;
-    if acted.as_ref() == Some(&now) {
-        return inner.strong_count() > 0;
-    }
-    let known = acted.replace(now.clone());
-    // The first answer (no primary known yet) is no failover.
-    if known.is_none() {
-        return inner.strong_count() > 0;
-    }
-    failed_over(inner, &now).await
-}
-
-/// Makes every hold of the backend lost to a failover to `primary`, and drops its connections.
+/// Acts on `now` as the primary (named at `epoch`, when known): if it is a failover (see
+/// `Trusted::act`), every hold of the backend is lost to it and its connections are dropped.
 /// `false` once the backend is gone.
-async fn failed_over(inner: &Weak<Inner>, primary: &(String, u16)) -> bool {
+fn switch(
+    sentinels: &Sentinels,
+    inner: &Weak<Inner>,
+    now: (String, u16),
+    epoch: Option<u64>,
+) -> bool {
+    // Counted before the connections are dropped (under their map's lock): a connection
+    // opened across it is either dropped with them or refused when it comes up.
+    if !sentinels.trusted.lock().unwrap().act(now.clone(), epoch) {
+        return inner.strong_count() > 0;
+    }
     let Some(inner) = inner.upgrade() else {
         return false;
     };
-    tracing::warn!(primary = %format!("{}:{}", primary.0, primary.1), "zklock: Redis failed over to a new primary (Sentinel); every hold is lost");
+    tracing::warn!(primary = %format!("{}:{}", now.0, now.1), "zklock: Redis failed over to a new primary (Sentinel); every hold is lost");
     inner.conn.failed_over_at(None);
     inner.hub.reconnect();
     true
@@ -494,6 +638,44 @@ mod tests {
         assert_eq!(s.sentinel.redis_settings().username(), Some("locks"));
         assert_eq!(s.data.redis_settings().password(), Some("pw"));
         assert!(!format!("{auth:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_naming_older_than_the_failover_acted_on_is_never_trusted() {
+        let (a, b) = (("a".to_string(), 1), ("b".to_string(), 2));
+        let named = |addr: &(String, u16), epoch| Named {
+            addr: addr.clone(),
+            epoch,
+        };
+        let mut trusted = Trusted::default();
+        assert_eq!(
+            trusted.judge(&named(&a, 3)),
+            Verdict::Trusted,
+            "the first answer"
+        );
+        assert_eq!(trusted.judge(&named(&b, 4)), Verdict::Newer);
+        assert_eq!(trusted.judge(&named(&b, 3)), Verdict::Stale);
+        assert!(
+            !trusted.act(a.clone(), Some(4)),
+            "the trusted primary: no failover"
+        );
+        // An announcement (no epoch) of another primary is a failover, counted.
+        assert!(trusted.act(b.clone(), None));
+        assert_eq!(trusted.failovers, 1);
+        // A Sentinel that has not heard of it names the old primary under the old epoch.
+        assert_eq!(trusted.judge(&named(&a, 4)), Verdict::Stale);
+        assert!(
+            !trusted.act(a.clone(), Some(4)),
+            "an older naming is no failover"
+        );
+        // Once heard under a newer epoch, the trusted primary keeps its address.
+        assert_eq!(trusted.judge(&named(&b, 5)), Verdict::Trusted);
+        assert_eq!(trusted.judge(&named(&a, 5)), Verdict::Stale);
+        // A failover back to the first primary, under a newer epoch still.
+        assert_eq!(trusted.judge(&named(&a, 6)), Verdict::Newer);
+        assert!(trusted.act(a.clone(), Some(6)));
+        assert_eq!(trusted.failovers, 2);
+        assert_eq!(trusted.named, Some(named(&a, 6)));
     }
 
     #[test]

@@ -10,6 +10,10 @@ use redis::{Client, RedisResult};
 use super::cluster::Cluster;
 use super::sentinel::Sentinels;
 
+/// Under Sentinel, the primary a connection was opened to and the failovers acted on when it
+/// was asked for; `None` elsewhere.
+pub(crate) type Trust = Option<((String, u16), u64)>;
+
 /// Where the backend's connections go.
 #[derive(Clone)]
 pub(crate) enum Servers {
@@ -23,16 +27,29 @@ pub(crate) enum Servers {
 
 impl Servers {
     /// The client of the server to connect to now when no key decides: the one server, the
-    /// primary the first Sentinel that answers names, or (Cluster: for the pub/sub connection,
-    /// which hears every node's messages) a primary of the Cluster.
-    pub(crate) async fn client(&self, timeout: Duration) -> RedisResult<Client> {
+    /// primary the Sentinels name if this process trusts it (see
+    /// [`Sentinels::trusted_primary`]), or (Cluster: for the pub/sub connection, which hears
+    /// every node's messages) a primary of the Cluster. Under Sentinel, also what a connection
+    /// must still be to be used once open ([`Servers::still_trusted`]).
+    pub(crate) async fn client(&self, timeout: Duration) -> RedisResult<(Client, Trust)> {
         match self {
-            Servers::One(client) => Ok(Client::clone(client)),
+            Servers::One(client) => Ok((Client::clone(client), None)),
             Servers::Sentinel(s) => {
-                let (host, port) = s.primary(timeout).await.map_err(|e| e.into_redis())?;
-                s.data_client(host, port)
+                let (named, failovers) = s.trusted_primary(timeout).await?;
+                let (host, port) = named.addr.clone();
+                Ok((s.data_client(host, port)?, Some((named.addr, failovers))))
             }
-            Servers::Cluster(c) => c.any_client(),
+            Servers::Cluster(c) => Ok((c.any_client()?, None)),
+        }
+    }
+
+    /// Whether a connection opened under `trust` may be used: always off Sentinel; under
+    /// Sentinel, if it goes to the trusted primary and no failover was acted on since it was
+    /// asked for.
+    pub(crate) fn still_trusted(&self, trust: &Trust) -> bool {
+        match (self, trust) {
+            (Servers::Sentinel(s), Some((addr, failovers))) => s.still_trusted(addr, *failovers),
+            _ => true,
         }
     }
 
