@@ -17,8 +17,7 @@
 //! - ZooKeeper's tokens (czxids) and sessions (timed by the server's elapsed time): kept. A
 //!   hold outlives steps of an hour either way, past its session timeout.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -5,8 +5,7 @@
 //! one, the tasks beyond wait in the process for a connection, and every one of them still
 //! gets its turn, one holder at a time. Checked on the server (`pg_stat_activity`).
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -6,8 +6,7 @@
 //! way — its deadline, its acquire dropped (also just as the lock is granted), its connection
 //! killed — leaves nothing held and nothing queued.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -8,8 +8,7 @@
 //! across a restore from an earlier base backup. And tokens stay at the server's clock: the
 //! counter does not run ahead of it.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

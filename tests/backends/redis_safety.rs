@@ -12,8 +12,7 @@
 //! Each asserts the thing itself: no two believed holders, tokens strictly increasing in
 //! grant order.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

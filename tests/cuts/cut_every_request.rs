@@ -15,13 +15,12 @@
 //! other process gets the lock within the session timeout, and no contender node is left).
 //!
 //! k runs over every request the protocol sends (counted on an uncut run). In CI each k gets
-//! one kind of cut, rotating; `ZKLOCK_CUTS=all cargo test --test cut_every_request` runs every
+//! one kind of cut, rotating;
+//! `ZKLOCK_CUTS=all cargo test --test cuts -- cut_every_request::` runs every
 //! kind at every k (scripts/cut-sweep).
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/cuts.rs"]
-mod cuts;
+use crate::common;
+use crate::cuts;
 
 use std::time::Duration;
 

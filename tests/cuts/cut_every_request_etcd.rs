@@ -38,12 +38,9 @@
 //! k runs over every chunk the protocol writes (counted on an uncut run; the lease's keep-alives
 //! and the HTTP/2 pings every third of the lease count too, so a boundary moves by one now and
 //! then). In CI each k gets one kind of cut, rotating, and the last k also `Kill`;
-//! `ZKLOCK_CUTS=all cargo test --test cut_every_request_etcd` runs every kind at every k.
+//! `ZKLOCK_CUTS=all cargo test --test cuts -- cut_every_request_etcd::` runs every kind at every k.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/cuts.rs"]
-mod cuts;
+use crate::cuts;
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -29,12 +29,11 @@
 //! k runs over every request the protocol sends (counted on an uncut run). In CI each k gets
 //! one kind of cut, rotating, and the last k also `Kill` (a partition while the victim holds:
 //! the one that checks its loss deadline against the server's);
-//! `ZKLOCK_CUTS=all cargo test --test cut_every_request_postgres` runs every kind at every k.
+//! `ZKLOCK_CUTS=all cargo test --test cuts -- cut_every_request_postgres::` runs every kind at
+//! every k.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/cuts.rs"]
-mod cuts;
+use crate::common;
+use crate::cuts;
 
 use std::time::Duration;
 

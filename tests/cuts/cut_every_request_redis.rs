@@ -25,12 +25,10 @@
 //!
 //! k runs over every request the protocol sends (counted on an uncut run). In CI each k gets
 //! one kind of cut, rotating, and the last k also `Kill`;
-//! `ZKLOCK_CUTS=all cargo test --test cut_every_request_redis` runs every kind at every k.
+//! `ZKLOCK_CUTS=all cargo test --test cuts -- cut_every_request_redis::` runs every kind at
+//! every k.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/cuts.rs"]
-mod cuts;
+use crate::cuts;
 
 use std::time::Duration;
 

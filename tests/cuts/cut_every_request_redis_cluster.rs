@@ -28,15 +28,11 @@
 //!
 //! k runs over every request the protocol sends (counted on an uncut run). In CI each k gets
 //! one kind of cut, rotating, and the last k also `Kill`;
-//! `ZKLOCK_CUTS=all cargo test --test cut_every_request_redis_cluster` runs every kind at
+//! `ZKLOCK_CUTS=all cargo test --test cuts -- cut_every_request_redis_cluster::` runs every kind at
 //! every k.
 
-#[path = "../common/cluster.rs"]
-mod cluster;
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/cuts.rs"]
-mod cuts;
+use crate::cluster;
+use crate::cuts;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

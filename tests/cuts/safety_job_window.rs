@@ -9,8 +9,7 @@
 //!
 //! (Redis claims in one script, a single request; PostgreSQL in one statement.)
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -5,8 +5,7 @@
 //! dies, a Curator client in the queue) and check that the waiter behind still waits for the
 //! holder, then gets the lock with a larger token.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

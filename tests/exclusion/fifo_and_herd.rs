@@ -5,8 +5,7 @@
 /// release is seen by at most this many waiters.
 const WINDOW: u64 = 2;
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

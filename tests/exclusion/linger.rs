@@ -3,8 +3,7 @@
 //! Curator), when the linger runs out, on flush and on the manager's drop; a lingering node
 //! whose session expired or that someone deleted is never taken again.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

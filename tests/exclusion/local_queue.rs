@@ -1,8 +1,7 @@
 //! The in-process lock table: tasks of one process share one znode per key, hand it on without
 //! a round trip, let other processes in after a bounded run, and survive cancellations.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,7 @@
 //! Mutual exclusion under contention: many tasks over several sessions, an overlap detector
 //! that would catch two holders, and tokens that strictly increase.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

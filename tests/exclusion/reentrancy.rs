@@ -1,8 +1,7 @@
 //! Reentrant counting in holder frames: nested acquires re-enter without ZooKeeper traffic,
 //! concurrent branches of one frame are serialized, spawned tasks start with no frame.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -10,10 +10,8 @@
 //! The rule: tokens strictly increase across successive holders that exclude each other. The read
 //! hold that continues W1 excludes W2, so W1 < read < W2 must hold.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::time::Duration;
 

@@ -19,8 +19,7 @@
 //! waiter that the release of the kept guard hands the duty to acquire a node. The semaphore's gate
 //! (`<path>/locks`) is a mutex path reaped and re-created the same way.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

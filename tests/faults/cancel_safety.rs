@@ -1,7 +1,6 @@
 //! Cancel safety: acquires dropped at random await points leave no contender node behind.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

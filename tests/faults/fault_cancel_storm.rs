@@ -4,10 +4,8 @@
 //! or dropped — across three sessions, under steady contention, with the history checker.
 //! Afterwards the lock paths are empty and no watch is left on the server.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

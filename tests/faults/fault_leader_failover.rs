@@ -6,8 +6,7 @@
 //! Holders keep their hold (the session survives the failover) or are told it is lost; never two
 //! holders, tokens always increase, every session goes on locking, and nothing is left behind.
 
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::faults;
 
 use std::time::Duration;
 

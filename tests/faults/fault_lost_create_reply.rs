@@ -3,10 +3,8 @@
 //! protected `_c_<uuid>-` prefix instead of creating a second one, the acquire completes, and when
 //! the acquire is abandoned while cut off, the node is found and deleted once the connection is back.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

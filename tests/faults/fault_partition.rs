@@ -3,10 +3,8 @@
 //! the session, the waiter gets in only after that, with a larger fencing token, and nothing is
 //! left behind once the partition heals.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::time::Duration;
 

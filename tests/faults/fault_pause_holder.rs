@@ -15,10 +15,8 @@
 //! The history checker sees the overlap in every variant and classifies it as the unprotected
 //! window a silent fault (the SIGSTOP) opens; tokens increase; nothing is left behind.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -95,6 +93,15 @@ async fn write(
                 .map_err(|e| format!("refused: {e}"))
         }
         other => panic!("unknown variant {other}"),
+    }
+}
+
+/// The worker test's name as libtest knows it: its module path below the crate
+/// (`fault_pause_holder::pause_worker_process` in the `faults` binary).
+fn worker_test_name() -> String {
+    match module_path!().split_once("::") {
+        Some((_, module)) => format!("{module}::pause_worker_process"),
+        None => "pause_worker_process".to_string(),
     }
 }
 
@@ -229,7 +236,7 @@ impl Worker {
     ) -> Worker {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
-            "pause_worker_process",
+            worker_test_name().as_str(),
             "--exact",
             "--ignored",
             "--nocapture",

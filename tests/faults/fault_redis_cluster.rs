@@ -35,14 +35,9 @@
 //! The tests take turns (one Cluster at a time): their timing (node timeout, leases) must not
 //! depend on how busy two cores are with another test's nodes.
 
-#[path = "../common/cluster.rs"]
-mod cluster;
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/failover.rs"]
-mod failover;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::cluster;
+use crate::common;
+use crate::failover;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -23,12 +23,9 @@
 //! The tests take turns (one Sentinel setup at a time): each one's timing (Sentinel's
 //! `down-after`, leases) must not depend on how busy two cores are with another's servers.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/failover.rs"]
-mod failover;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::failover;
+use crate::faults;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -6,10 +6,8 @@
 //! told, the server expires the session after it comes back, and the waiter gets in with a larger
 //! token. Nothing is left behind.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::time::Duration;
 

@@ -9,10 +9,8 @@
 //! notice before the server acts on it, so the checker reports any overlap it causes as an
 //! unprotected window (the one fencing tokens close), never as a violation.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -15,10 +15,8 @@
 //!    node by its prefix then found no path at all, and that error ended the acquire instead of
 //!    making the path and creating again.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::time::Duration;
 

@@ -12,10 +12,8 @@
 //! not know yet) and once the client saw the disconnection. After the partition heals, nothing
 //! may be left behind.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::fmt::Debug;
 use std::future::Future;

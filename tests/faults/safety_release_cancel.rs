@@ -17,10 +17,8 @@
 //! The last test cancels in the other order: the connection is reset first, and the release is
 //! cancelled while it waits to reconnect.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::fmt::Debug;
 use std::future::Future;

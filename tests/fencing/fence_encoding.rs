@@ -2,8 +2,7 @@
 //! edge values), read back to the same token, and refuse what is not one; and the in-memory
 //! fence passes the scenarios every store passes.
 
-#[path = "../common/fence.rs"]
-mod fence;
+use crate::fence;
 
 use std::cmp::Ordering;
 

@@ -10,8 +10,7 @@
 //! Tokens are made with `FencingToken::new(grant, local)` (the etcd lock backend is not there
 //! yet to hand them out).
 
-#[path = "../common/fence.rs"]
-mod fence;
+use crate::fence;
 
 use std::collections::BTreeSet;
 

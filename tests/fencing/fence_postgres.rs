@@ -4,8 +4,7 @@
 //! the newest token's write; tokens of local handoffs of real PostgreSQL locks pass; and the
 //! last token survives a restart of the server.
 
-#[path = "../common/fence.rs"]
-mod fence;
+use crate::fence;
 
 use zklock::fence::{Fence, FenceError, Fenced, Outcome, PgFence, PgWrite, ACCEPTED};
 use zklock::{FencingToken, LockManager};

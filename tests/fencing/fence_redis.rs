@@ -3,8 +3,7 @@
 //! end with the newest token's write; tokens of local handoffs of real Redis locks pass; and
 //! the last token survives a restart of a durable server.
 
-#[path = "../common/fence.rs"]
-mod fence;
+use crate::fence;
 
 use std::time::Duration;
 

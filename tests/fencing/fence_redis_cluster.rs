@@ -8,10 +8,8 @@
 //! fence's script is loaded on first use (`NOSCRIPT`, then `SCRIPT LOAD` that the cluster
 //! connection sends to every node).
 
-#[path = "../common/cluster.rs"]
-mod cluster;
-#[path = "../common/fence.rs"]
-mod fence;
+use crate::cluster;
+use crate::fence;
 
 use std::time::Duration;
 

@@ -3,8 +3,7 @@
 //! sessions (racing for the token node's version) end with the newest token's write; tokens of
 //! local handoffs of real ZooKeeper locks pass; and the last token survives a restart.
 
-#[path = "../common/fence.rs"]
-mod fence;
+use crate::fence;
 
 use std::time::Duration;
 

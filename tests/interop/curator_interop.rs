@@ -1,8 +1,7 @@
 //! Interop with Apache Curator's InterProcessMutex on the same path, both ways, and with the
 //! LeaderSelector built on it.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

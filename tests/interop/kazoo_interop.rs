@@ -4,8 +4,7 @@
 //! docs/interop-kazoo.md gives (the constants below); a node of neither kind on a lock path is a
 //! clear error rather than a lock silently taken beside it.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -22,13 +22,11 @@
 //! passes. On a violation the whole history is written to a file named in the output.
 //!
 //! 60 seconds of faults by default (plus start-up, a first Curator run that may install and compile
-//! the peer, and the drain); `ZKLOCK_SOAK_SECS=600 cargo test --test soak` soaks longer, and
-//! `ZKLOCK_SOAK_SEED=<n>` replays a fault schedule.
+//! the peer, and the drain); `ZKLOCK_SOAK_SECS=600 cargo test --test long_runs -- soak::` soaks
+//! longer, and `ZKLOCK_SOAK_SEED=<n>` replays a fault schedule.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1184,8 +1182,9 @@ async fn refused_grace(connect: &str, ask: Duration) -> String {
 /// node that everyone else queued behind). A watchdog fails the test when no grant comes for
 /// [`STALL`]; two believed holders of one key fail it too.
 ///
-/// 20 seconds by default; `ZKLOCK_PROGRESS_SECS=120 cargo test --test soak grants_keep` runs
-/// longer (the stall it guards against came after 60,000–200,000 cycles on a loaded machine).
+/// 20 seconds by default;
+/// `ZKLOCK_PROGRESS_SECS=120 cargo test --test long_runs -- soak::grants_keep` runs longer (the
+/// stall it guards against came after 60,000–200,000 cycles on a loaded machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_keep_coming_in_a_plain_contended_loop() {
     /// No grant of any key for this long, with no fault and holds of microseconds, is a stall.

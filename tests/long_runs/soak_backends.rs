@@ -31,10 +31,8 @@
 //! progress check and the drain); `ZKLOCK_SOAK_SECS=600` soaks longer, `ZKLOCK_SOAK_SEED=<n>`
 //! replays a fault schedule (the seed is printed).
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU8, Ordering};

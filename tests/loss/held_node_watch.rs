@@ -4,8 +4,7 @@
 //! deleted while alone, or after another contender queued, or asked to let go once the holder
 //! opted in to revocation, the hold is lost and says why.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

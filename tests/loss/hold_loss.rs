@@ -1,8 +1,7 @@
 //! Loss is reported, never hidden: session expiry and a deleted node fire `lost()`, the next
 //! holder gets in with a larger token, and a waiter whose session expires gets an error.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

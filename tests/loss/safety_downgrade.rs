@@ -12,8 +12,7 @@
 //!
 //! Expected: `Error::LockLost`, no node created, none left behind.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -21,8 +20,7 @@ use common::*;
 use faults::*;
 use zklock::Error;
 
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::faults;
 
 /// Waits (bounded) until `m` works on a new session (not `old`), connected.
 async fn until_renewed(m: &zklock::LockManager, old: zklock::zookeeper_client::SessionId) {

@@ -20,10 +20,8 @@
 //! node granted alone is checked for what it promises: a local handoff waits for that read,
 //! and the loss follows it.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::time::Duration;
 

@@ -12,8 +12,7 @@
 //! lost before another session is granted the lock (no overlap of the holder's "held" with the
 //! next holder's grant).
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,8 +2,7 @@
 //! key, the key is the template filled with the call's arguments, and every supported fn shape
 //! (free, generic, inherent and trait-impl methods, the global manager) locks for real.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::fmt::Display;
 use std::sync::atomic::{AtomicUsize, Ordering};

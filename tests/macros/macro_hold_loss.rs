@@ -1,8 +1,7 @@
 //! When the hold is lost while the body runs, `on_lost = "abort"` (the default) drops the body
 //! at its next await and returns the lock-lost error; `on_lost = "continue"` lets it finish.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

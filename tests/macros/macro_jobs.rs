@@ -4,8 +4,7 @@
 //! server's clock, `at_most` stops the body, `timeout` waits for the job, and the attribute's
 //! job is the same lock as `LockManager::job` on its key.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

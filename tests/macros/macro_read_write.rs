@@ -1,7 +1,6 @@
 //! `mode = "read"` holds are shared and `mode = "write"` holds exclusive, across sessions.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,8 +1,7 @@
 //! Nested annotated calls on the same key re-enter (no second node, no deadlock), and the body
 //! reads its fencing token with `zklock::current_fencing_token()`.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

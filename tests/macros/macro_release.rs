@@ -2,8 +2,7 @@
 //! panic and on cancellation, and a bounded wait (`timeout = "..."`) returns the timeout error
 //! and leaves nothing behind.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,8 +1,7 @@
 //! Managers with credentials protect their lock nodes: another tenant can neither delete nor
 //! revoke them, and gets a clear error instead of a lock.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use common::*;
 use zklock::{zookeeper_client, Error, LockManager};

@@ -3,10 +3,8 @@
 //! write. Each is a clear error in bounded time, nothing is created outside the namespace, and
 //! nothing is left behind.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};

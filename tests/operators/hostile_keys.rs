@@ -1,8 +1,7 @@
 //! Keys are untrusted input: nothing is ever created outside the namespace, bad keys are
 //! refused with a clear error, and different keys never share a node.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

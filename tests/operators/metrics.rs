@@ -8,8 +8,7 @@
 //! current-thread runtime, so that every task it starts (the session monitor, background
 //! releases, spawned waiters) reports to it and tests running beside it do not.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,6 @@
 //! Introspection (holders and waiters with identity, age and token) and revocation.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! Locks over TLS: a ZooKeeper the test kit starts with a secure client port and a throwaway
 //! certificate, and managers connecting with zookeeper-client's TLS options.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

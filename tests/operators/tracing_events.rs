@@ -1,8 +1,7 @@
 //! Observability: acquire (with wait time), hold, release, handoff and loss are traced with
 //! the key and the token as fields.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

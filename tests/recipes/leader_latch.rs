@@ -3,8 +3,7 @@
 //! leader whose session expires is told and replaced; `run` stops the leader's work on loss and
 //! queues again; `participate` reports every change.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

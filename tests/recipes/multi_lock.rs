@@ -1,8 +1,7 @@
 //! Multi-locks: all or nothing under one deadline, one global order (no deadlock between
 //! overlapping sets), and nothing left after a failure.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

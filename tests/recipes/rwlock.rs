@@ -1,8 +1,7 @@
 //! Read/write locks: readers share, a writer excludes everyone, FIFO between them, downgrade,
 //! no silent upgrade deadlock, and Curator's node format.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -11,10 +11,8 @@
 //! so that A's first lease, B's first lease and A's second one follow in that order. Then each
 //! must get both leases (in turn) within a bounded wait, and nothing may be left after.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../common/faults.rs"]
-mod faults;
+use crate::common;
+use crate::faults;
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,7 @@
 //! runs skip, `at_least` holds across the running process's exit (by the server's clock),
 //! `at_most` stops a stuck run and frees the job, `required` turns a skip into an error.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

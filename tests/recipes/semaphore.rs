@@ -1,8 +1,7 @@
 //! Semaphores: at most N leases at once across sessions, all-or-nothing multi-lease acquire,
 //! timeouts, cancel safety, and Curator's InterProcessSemaphoreV2 on the same path.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,0 +1,21 @@
+//! What operators see and set: inspection and revocation, metrics, tracing, ACLs, TLS, bad input.
+//! The metrics and tracing tests capture through a recorder and a subscriber local to their thread,
+//! which the other tests here do not reach.
+//!
+//! One test binary, `cargo test --test operators`: each file of `tests/operators/` is a module of
+//! it, so its tests are named `<file>::<test>` (`cargo test --test operators -- acl_tenants::`).
+//! The helpers of `tests/common/` are included once, here, and the files use them through
+//! `crate::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../common/faults.rs"]
+mod faults;
+
+mod acl_tenants;
+mod bad_input;
+mod hostile_keys;
+mod metrics;
+mod revoke_and_inspect;
+mod tls;
+mod tracing_events;
