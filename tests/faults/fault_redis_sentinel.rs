@@ -25,7 +25,6 @@
 
 use crate::common;
 use crate::failover;
-use crate::faults;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
