@@ -66,6 +66,28 @@ impl Contention {
         }
     }
 
+    /// Adds mutex workers of each named manager on every key, at the pace `work` (recorded as
+    /// `<name>/<tag>/<key>`): with a short `wait`, workers whose acquires keep timing out.
+    pub fn add(
+        &mut self,
+        managers: &[(String, LockManager)],
+        keys: &[String],
+        tag: &str,
+        work: Work,
+    ) {
+        for (name, m) in managers {
+            for key in keys {
+                self.tasks.push(tokio::spawn(mutex_worker(
+                    m.clone(),
+                    key.clone(),
+                    self.history.recorder(&format!("{name}/{tag}/{key}")),
+                    self.crew.clone(),
+                    work,
+                )));
+            }
+        }
+    }
+
     /// Waits until the workers are granted `more` times after the grants so far, within
     /// `within`.
     pub async fn until_more_grants(&self, more: u64, within: Duration) {
