@@ -140,7 +140,7 @@ async fn a_step_forward_past_the_redis_lease_is_an_overlap_the_fence_refuses() {
     let (a, b) = (manager().await.unwrap(), manager().await.unwrap());
     let conn = redis::Client::open(redis.url())
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
         .await
         .unwrap();
     let fence = RedisFence::new(conn.clone());

@@ -47,7 +47,10 @@ fn factory(url: String, lease: Duration) -> Factory {
 /// Every key of the Redis backend on `url`, sorted.
 async fn our_keys(url: &str) -> Vec<String> {
     let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg("zklock:*")
         .query_async(&mut con)
@@ -87,7 +90,10 @@ async fn keys_name_the_lock_path_and_the_holder() {
     let guard = m.lock("a/b").await.unwrap();
     assert_eq!(guard.node_path(), "zklock:lock:/zklock/locks/a%2Fb");
     let client = redis::Client::open(url.as_str()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     let value: String = redis::cmd("GET")
         .arg(guard.node_path())
         .query_async(&mut con)
@@ -188,7 +194,7 @@ async fn a_replica_is_refused_at_connect_naming_its_primary() {
     let replica = server();
     let mut admin = redis::Client::open(replica.url())
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
         .await
         .unwrap();
     let () = redis::cmd("REPLICAOF")
@@ -631,7 +637,10 @@ async fn a_late_hand_over_does_not_make_a_second_holder() {
     let member = redis_queue(&url, "late").await.remove(0);
     let (hub, id) = member.split_once(' ').expect("<hub id> <holder id>");
     let client = redis::Client::open(url.as_str()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     let receivers: i64 = redis::cmd("PUBLISH")
         .arg(format!("zklock:notify:{hub}"))
         .arg(format!("zklock:wake:/zklock/locks/late\n1\n{id}"))
@@ -670,7 +679,10 @@ async fn lingering(url: &str) -> LockManager {
 /// Who holds `key`'s mutex on Redis (the key's value: a holder id), if anyone.
 async fn holder_of(url: &str, key: &str) -> Option<String> {
     let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     redis::cmd("GET")
         .arg(format!("zklock:lock:/zklock/locks/{key}"))
         .query_async(&mut con)
@@ -826,7 +838,10 @@ async fn a_lingering_mutex_is_given_up_when_its_pubsub_connection_breaks() {
     monitor.until_checked("cut").await;
     assert!(holder_of(&url, "cut").await.is_some(), "it lingers");
     let client = redis::Client::open(url.as_str()).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")

@@ -39,7 +39,10 @@ async fn manager(url: &str, lease: Duration) -> LockManager {
 async fn liveness(url: &str, key: &str) -> Option<f64> {
     let member = redis_queue(url, key).await.into_iter().next()?;
     let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     redis::cmd("ZSCORE")
         .arg(format!("zklock:alive:/zklock/locks/{key}"))
         .arg(&member)
@@ -63,7 +66,10 @@ async fn refused_again(url: &str, key: &str, seen: Option<f64>) {
 /// The key's remaining time to live on the server (`PTTL`; -2: gone).
 async fn pttl(url: &str, key: &str) -> i64 {
     let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     redis::cmd("PTTL")
         .arg(format!("zklock:lock:/zklock/locks/{key}"))
         .query_async(&mut con)
@@ -74,7 +80,10 @@ async fn pttl(url: &str, key: &str) -> i64 {
 /// Deletes `key`'s mutex key from outside (an operator's `DEL`, an eviction).
 async fn delete_key(url: &str, key: &str) {
     let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     let n: i64 = redis::cmd("DEL")
         .arg(format!("zklock:lock:/zklock/locks/{key}"))
         .query_async(&mut con)

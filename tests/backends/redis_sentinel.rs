@@ -219,7 +219,10 @@ async fn a_primary_turned_replica_loses_its_holds_to_a_failover() {
     let addr = addr.trim_start_matches("redis://").trim_end_matches('/');
     let (host, port) = addr.rsplit_once(':').unwrap();
     let client = redis::Client::open(a.url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let mut c = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
     let _: () = redis::cmd("REPLICAOF")
         .arg(host)
         .arg(port)
@@ -325,7 +328,10 @@ async fn sentinels_with_a_password_of_their_own_take_sentinel_password() {
     // Every Sentinel has both managers' `+switch-master` subscriptions (authenticated).
     for addr in redis.sentinel_addrs() {
         let client = redis::Client::open(format!("redis://:{SECRET}@{addr}/")).unwrap();
-        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let mut c = client
+            .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+            .await
+            .unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             // Sentinels know no PUBSUB: their client list shows each subscriber (`sub=1`).

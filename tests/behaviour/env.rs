@@ -295,7 +295,7 @@ impl Env {
     pub(crate) async fn redis_conn(&self, name: &str) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.redis_data_url(name))
             .unwrap()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
             .await
             .expect("connect to the test Redis")
     }

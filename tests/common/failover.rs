@@ -248,7 +248,7 @@ pub async fn fence_store() -> (RedisServer, RedisFence) {
     let fence = RedisFence::new(
         redis::Client::open(store.url())
             .unwrap()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
             .await
             .unwrap(),
     );

@@ -197,11 +197,23 @@ pub fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// How the tests' own connections to Redis (to look at keys, or a fence's store) wait: up to
+/// 10 s to connect and for each reply. The client's defaults (1 s, 500 ms) are what a test
+/// process starved of CPU beside other test binaries can miss on a server nothing faults.
+pub fn unhurried() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(Some(Duration::from_secs(10)))
+}
+
 /// The members of a mutex's waiting queue on Redis, first first (the key in the default
 /// namespace).
 pub async fn redis_queue(url: &str, key: &str) -> Vec<String> {
     let client = redis::Client::open(url).unwrap();
-    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&unhurried())
+        .await
+        .unwrap();
     redis::cmd("ZRANGE")
         .arg(format!("zklock:queue:/zklock/locks/{key}"))
         .arg(0)

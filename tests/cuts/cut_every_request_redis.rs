@@ -40,7 +40,7 @@ use zklock_testkit::RedisServer;
 async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
         .await
         .expect("connect to the test Redis")
 }

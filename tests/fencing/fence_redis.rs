@@ -32,7 +32,7 @@ struct RedisSubject {
 async fn connect(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
         .await
         .expect("connect to the test redis-server")
 }

@@ -6,6 +6,8 @@
 
 #[path = "../common/cluster.rs"]
 mod cluster;
+#[path = "../common/mod.rs"]
+mod common;
 #[path = "../common/fence.rs"]
 mod fence;
 

@@ -202,7 +202,7 @@ async fn redis_fault(
     let conn = || async {
         redis::Client::open(url.as_str())
             .unwrap()
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
             .await
             .expect("connect to the test Redis")
     };

@@ -509,7 +509,7 @@ async fn a_failover_counts_once_with_the_holds_it_ended() {
         .unwrap();
     let mut c = redis::Client::open(a.url())
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
         .await
         .unwrap();
     let _: () = redis::cmd("REPLICAOF")
