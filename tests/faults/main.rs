@@ -26,6 +26,7 @@ mod fault_leader_failover;
 mod fault_lost_create_reply;
 mod fault_partition;
 mod fault_pause_holder;
+mod fault_postgres_failover;
 mod fault_redis_cluster;
 mod fault_redis_sentinel;
 mod fault_server_restart;

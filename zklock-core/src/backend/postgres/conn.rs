@@ -17,6 +17,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -108,6 +109,9 @@ pub(crate) struct ConnConfig {
     /// Whether grants take a fencing token (the key row's write); see
     /// [`Builder::fencing_tokens`](crate::Builder::fencing_tokens).
     pub(crate) tokens: bool,
+    /// The newest timeline a connection of this process reached a primary on (see
+    /// `open_session`).
+    pub(crate) timeline: AtomicU32,
     /// Told whenever a connection's use ends (a reservation, a loan, a wait in the server's
     /// queue): what an acquire waiting for a connection of a full [`Pool`] waits for.
     pub(crate) freed: tokio::sync::Notify,
@@ -175,6 +179,7 @@ pub(crate) struct HoldConn {
 async fn open_session(
     client: &Client,
     reply_timeout: Duration,
+    newest: &AtomicU32,
 ) -> Result<ServerSession, PostgresError> {
     let messages =
         match tokio::time::timeout(reply_timeout, client.simple_query(sql::OPEN_SESSION)).await {
@@ -189,12 +194,22 @@ async fn open_session(
                 started: row.get(1)?.to_string(),
             },
             row.get(2) == Some("true"),
+            row.get(3).and_then(|t| u32::from_str_radix(t, 16).ok()),
         )),
         _ => None,
     });
     match row {
-        Some((session, false)) => Ok(session),
-        Some((_, true)) => Err(PostgresError::Standby),
+        Some((session, false, timeline)) => {
+            // A promotion raises the timeline: once a connection reached a primary on a later
+            // one, a primary on an earlier one is one that was failed over and still runs.
+            let timeline = timeline.unwrap_or(0);
+            let newest = newest.fetch_max(timeline, Ordering::SeqCst).max(timeline);
+            if timeline < newest {
+                return Err(PostgresError::OldPrimary { timeline, newest });
+            }
+            Ok(session)
+        }
+        Some((_, true, _)) => Err(PostgresError::Standby),
         None => Err(PostgresError::timed_out()),
     }
 }
@@ -224,7 +239,7 @@ impl HoldConn {
                 lose(&on_end, LossReason::Disconnected);
             })
             .abort_handle();
-        let session = match open_session(&client, cc.reply_timeout).await {
+        let session = match open_session(&client, cc.reply_timeout, &cc.timeline).await {
             Ok(session) => session,
             Err(e) => {
                 driver.abort();

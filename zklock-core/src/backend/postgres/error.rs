@@ -15,6 +15,12 @@ pub(crate) enum PostgresError {
     /// The server is a standby (in recovery): its advisory locks exclude only its own
     /// sessions, never the primary's, and it refuses the key table's writes.
     Standby,
+    /// The server is a primary on an older timeline than one this process has used: a primary
+    /// that was failed over (a standby promoted) and still runs.
+    OldPrimary {
+        timeline: u32,
+        newest: u32,
+    },
 }
 
 impl PostgresError {
@@ -28,7 +34,9 @@ impl PostgresError {
     pub(crate) fn get_ref(&self) -> Option<&tokio_postgres::Error> {
         match self {
             PostgresError::Client(e) => Some(e),
-            PostgresError::TimedOut | PostgresError::Standby => None,
+            PostgresError::TimedOut | PostgresError::Standby | PostgresError::OldPrimary { .. } => {
+                None
+            }
         }
     }
 
@@ -37,7 +45,7 @@ impl PostgresError {
     pub(crate) fn is_transient(&self) -> bool {
         match self {
             PostgresError::TimedOut => true,
-            PostgresError::Standby => false,
+            PostgresError::Standby | PostgresError::OldPrimary { .. } => false,
             PostgresError::Client(e) => {
                 use tokio_postgres::error::SqlState;
                 e.is_closed()
@@ -63,6 +71,15 @@ impl PostgresError {
                      advisory locks would exclude only its own sessions, never the primary's; \
                      give the primary's address (with several hosts in the URL, add \
                      target_session_attrs=read-write)"
+                ))
+            }
+            PostgresError::OldPrimary { timeline, newest } => {
+                return Error::Config(format!(
+                    "the PostgreSQL URL reaches a primary on timeline {timeline} during \
+                     {operation}, but this process has used one on timeline {newest}: a standby \
+                     was promoted and this old primary still runs, so its advisory locks would \
+                     not exclude the new primary's; stop (fence) the old primary or take it out \
+                     of the URL"
                 ))
             }
             PostgresError::TimedOut => ServerError::timed_out("PostgreSQL"),
@@ -95,6 +112,11 @@ impl std::fmt::Display for PostgresError {
             },
             PostgresError::TimedOut => f.write_str("no reply from PostgreSQL in time"),
             PostgresError::Standby => f.write_str("the server is a standby (in recovery)"),
+            PostgresError::OldPrimary { timeline, newest } => write!(
+                f,
+                "the server is a primary on timeline {timeline}, older than timeline {newest} \
+                 this process has used (a failed-over primary)"
+            ),
         }
     }
 }

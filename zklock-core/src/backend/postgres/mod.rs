@@ -67,6 +67,7 @@ mod options;
 mod sql;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -308,6 +309,7 @@ impl PostgresBackend {
             reply_timeout: lease.min(MAX_REPLY_TIMEOUT),
             runtime: tokio::runtime::Handle::current(),
             tokens: config.tokens,
+            timeline: AtomicU32::new(0),
             freed: tokio::sync::Notify::new(),
         });
         let pool = Pool::new(cc.clone());

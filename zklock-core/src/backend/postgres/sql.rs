@@ -128,9 +128,12 @@
 /// What a holding connection runs first: statements read with a snapshot taken when they
 /// start, whatever the server's default (a reservation must not fail to serialize with a job's
 /// record); and the session's process id and start, which a cancel of its statements names
-/// ([`CANCEL`]).
+/// ([`CANCEL`]); whether the server is a standby; and a primary's timeline (the first 8 hex
+/// digits of its current WAL file's name), which every promotion raises.
 pub(crate) const OPEN_SESSION: &str = "SET default_transaction_isolation = 'read committed'; \
-     SELECT pid::text, backend_start::text, pg_is_in_recovery()::text \
+     SELECT pid::text, backend_start::text, pg_is_in_recovery()::text, \
+     CASE WHEN pg_is_in_recovery() THEN NULL \
+     ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END \
      FROM pg_stat_activity WHERE pid = pg_backend_pid()";
 
 /// Cancels the statement that the session `$1` (process id) started at `$2` (its
