@@ -92,6 +92,7 @@ pub use types::error::{Deadlock, Error, Result, ServerError};
 pub use types::inspect::{Contender, LockInfo, LockKind, Owner};
 pub use types::key::{Key, MAX_KEY_LEN};
 pub use types::loss::LossReason;
+pub use types::tls::Tls;
 pub use types::token::FencingToken;
 pub use zookeeper_client;
 

@@ -253,10 +253,12 @@ impl Builder {
     /// Connects the PostgreSQL backend.
     #[cfg(feature = "postgres")]
     async fn connect_postgres(self) -> Result<LockManager> {
-        let lease = self.postgres.clone().unwrap_or_default().lease;
+        let options = self.postgres.clone().unwrap_or_default();
+        let lease = options.lease;
         check_lease("PostgreSQL", lease, postgres::MIN_LEASE, "liveness checks")?;
         let backend = PostgresBackend::connect(PostgresConfig {
             url: self.connect.clone(),
+            tls: options.tls,
             lease,
             connect_timeout: self
                 .connect_timeout

@@ -32,6 +32,27 @@ pub enum Error {
         source: ServerError,
     },
 
+    /// A TLS connection to a server could not be set up: its certificate did not verify (not
+    /// signed by a trusted CA, not valid for the name, expired), it refused the client
+    /// certificate or asked for one that was not given, it does not speak TLS on that port, or
+    /// the TLS settings themselves are not usable (a CA or key file missing or not PEM). Never
+    /// retried: the settings or the server's certificate must change.
+    ///
+    /// ```
+    /// let err = zklock_core::Error::Tls {
+    ///     host: "10.0.0.5:6380".into(),
+    ///     reason: "the server's certificate has expired: renew it on the server".into(),
+    /// };
+    /// assert!(err.to_string().contains("10.0.0.5:6380"));
+    /// ```
+    #[error("TLS to {host} failed: {reason}")]
+    Tls {
+        /// The server (`host:port`).
+        host: String,
+        /// What went wrong, and what to do.
+        reason: String,
+    },
+
     /// Every server of the connect string refused the connection (nothing listens on those
     /// ports), again and again for about a second: reported then, rather than after the whole
     /// connection timeout.

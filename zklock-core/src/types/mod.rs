@@ -8,4 +8,5 @@ pub(crate) mod key;
 pub(crate) mod layout;
 pub(crate) mod loss;
 pub(crate) mod mode;
+pub(crate) mod tls;
 pub(crate) mod token;

@@ -26,7 +26,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::{Client, Statement};
 
 use super::error::PostgresError;
 use super::sql;
@@ -109,6 +109,8 @@ pub(crate) struct ConnConfig {
     /// Whether grants take a fencing token (the key row's write); see
     /// [`Builder::fencing_tokens`](crate::Builder::fencing_tokens).
     pub(crate) tokens: bool,
+    /// The TLS every connection uses (none unless the URL or the builder asks for it).
+    pub(crate) tls: super::tls::PgTls,
     /// The newest timeline a connection of this process reached a primary on (see
     /// `open_session`).
     pub(crate) timeline: AtomicU32,
@@ -219,7 +221,7 @@ impl HoldConn {
     /// liveness checks.
     async fn open(cc: &Arc<ConnConfig>) -> Result<Arc<HoldConn>, PostgresError> {
         let (client, connection) =
-            tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls))
+            tokio::time::timeout(cc.connect_timeout, cc.config.connect(cc.tls.clone()))
                 .await
                 .map_err(|_| PostgresError::timed_out())??;
         let sent = Instant::now();

@@ -46,6 +46,8 @@ impl PostgresError {
         match self {
             PostgresError::TimedOut => true,
             PostgresError::Standby | PostgresError::OldPrimary { .. } => false,
+            // A certificate that does not verify does not verify the next time either.
+            PostgresError::Client(e) if super::tls::tls_failure(e).is_some() => false,
             PostgresError::Client(e) => {
                 use tokio_postgres::error::SqlState;
                 e.is_closed()
@@ -64,6 +66,11 @@ impl PostgresError {
 
     /// This error during `operation`, as zklock's [`Error`].
     pub(crate) fn during(self, operation: &'static str) -> Error {
+        if let PostgresError::Client(e) = &self {
+            if let Some(failure) = super::tls::tls_failure(e) {
+                return failure;
+            }
+        }
         let source = match &self {
             PostgresError::Standby => {
                 return Error::Config(format!(

@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 
 use super::conn::ConnConfig;
 use super::sql;
@@ -364,7 +364,7 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
     loop {
         let connected = idle(
             &mut orders,
-            tokio::time::timeout(cc.connect_timeout, cc.config.connect(NoTls)),
+            tokio::time::timeout(cc.connect_timeout, cc.config.connect(cc.tls.clone())),
         )
         .await;
         if let Ok(Ok((client, mut connection))) = connected {

@@ -51,8 +51,8 @@
 //! session to someone else), one round trip per statement (the hot path's statements are
 //! prepared once per connection, the rest sent with `query_typed`, which needs no prepare), and
 //! the connection's `LISTEN` messages, which `tokio-postgres` gives directly
-//! (`Connection::poll_message`). No TLS is built in (a TLS tunnel, or a server on a private
-//! network); a URL asking for `sslmode=require` fails to connect with the client's error.
+//! (`Connection::poll_message`). TLS is zklock's own connector on rustls (`tls.rs`), with
+//! libpq's `sslmode`, `sslrootcert`, `sslcert` and `sslkey`.
 //!
 //! Advisory locks need a real session: behind PgBouncer in transaction pooling mode they do
 //! not work (use session pooling or a direct connection).
@@ -65,6 +65,7 @@ mod hub;
 mod inspect;
 mod options;
 mod sql;
+mod tls;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
@@ -126,6 +127,8 @@ const CONTENDED_PRUNE: usize = 256;
 pub(crate) struct PostgresConfig {
     /// `postgres://[user[:password]@]host[:port][/database][?options]`, or the key=value form.
     pub(crate) url: String,
+    /// The builder's TLS settings (the URL's `sslmode` and files complete them).
+    pub(crate) tls: Option<crate::types::tls::Tls>,
     /// The server ends a holding session idle this long, and a hold is reported lost before.
     pub(crate) lease: Duration,
     /// How long opening a connection may take.
@@ -281,8 +284,8 @@ impl PostgresBackend {
     /// does not answer or refuses the schema.
     pub(crate) async fn connect(config: PostgresConfig) -> Result<PostgresBackend> {
         // The URL may carry a password: errors name the problem, not the URL.
-        let mut pg: tokio_postgres::Config = config
-            .url
+        let (url, tls) = tls::split_url(&config.url, config.tls.as_ref())?;
+        let mut pg: tokio_postgres::Config = url
             .parse()
             .map_err(|e| Error::Config(format!("the PostgreSQL URL is not usable: {e}")))?;
         if pg.get_application_name().is_none() {
@@ -309,6 +312,7 @@ impl PostgresBackend {
             reply_timeout: lease.min(MAX_REPLY_TIMEOUT),
             runtime: tokio::runtime::Handle::current(),
             tokens: config.tokens,
+            tls,
             timeline: AtomicU32::new(0),
             freed: tokio::sync::Notify::new(),
         });

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::DEFAULT_LEASE;
+use crate::types::tls::Tls;
 
 /// The PostgreSQL backend's own settings, given to
 /// [`Builder::postgres`](crate::Builder::postgres). A manager whose connect string names
@@ -26,12 +27,14 @@ use crate::backend::DEFAULT_LEASE;
 #[derive(Debug, Clone)]
 pub struct PostgresOptions {
     pub(crate) lease: Duration,
+    pub(crate) tls: Option<Tls>,
 }
 
 impl Default for PostgresOptions {
     fn default() -> PostgresOptions {
         PostgresOptions {
             lease: DEFAULT_LEASE,
+            tls: None,
         }
     }
 }
@@ -52,6 +55,29 @@ impl PostgresOptions {
     /// ```
     pub fn lease(mut self, lease: Duration) -> PostgresOptions {
         self.lease = lease;
+        self
+    }
+
+    /// Connects over TLS with these settings (a private CA, a client certificate for
+    /// PostgreSQL's `cert` authentication, the name to check). The URL's `sslmode` says how the
+    /// server's certificate is checked (`verify-full`, the default here, or `verify-ca`); its
+    /// `sslrootcert`, `sslcert` and `sslkey` take the place of the files given here. Without
+    /// these settings, a URL with `sslmode=require`, `verify-ca` or `verify-full` uses TLS
+    /// verified against `sslrootcert` or the system's roots.
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("postgres://app@db.internal/app")
+    ///     .postgres(|pg| {
+    ///         pg.tls(
+    ///             zklock_core::Tls::new()
+    ///                 .ca_file("/etc/zklock/ca.pem")
+    ///                 .client_cert_files("/etc/zklock/app.pem", "/etc/zklock/app.key"),
+    ///         )
+    ///     });
+    /// # let _ = b;
+    /// ```
+    pub fn tls(mut self, tls: Tls) -> PostgresOptions {
+        self.tls = Some(tls);
         self
     }
 }
