@@ -4,20 +4,24 @@
 //! run against them with `ETCDCTL_API=3`.
 //!
 //! Readiness and the leader are asked of the members' HTTP gateway on their client port
-//! (`GET /health`, `POST /v3/maintenance/status`), without starting a program per probe.
+//! (`GET /health`, `POST /v3/maintenance/status`), without starting a program per probe; over
+//! TLS when the members serve TLS to their clients (their peers speak plaintext).
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::certs::{Certs, ClientAuth, ServerCert, ServerTls};
 use crate::daemon::{binary, on_free_ports, restart, Daemon, Log, Readiness};
 use crate::install::tail;
 use crate::ports::PortLease;
+use crate::tls_probe;
 use crate::workdir;
 
 /// Ports tried before giving up (a port claimed by no test may still be taken by another program).
@@ -38,6 +42,8 @@ struct Options {
     election_ms: u32,
     startup_timeout: Duration,
     extra: Vec<String>,
+    tls: Option<(Certs, ClientAuth)>,
+    server_cert: Option<ServerCert>,
 }
 
 impl Default for Options {
@@ -47,6 +53,8 @@ impl Default for Options {
             election_ms: DEFAULT_ELECTION_MS,
             startup_timeout: Duration::from_secs(30),
             extra: Vec::new(),
+            tls: None,
+            server_cert: None,
         }
     }
 }
@@ -115,7 +123,90 @@ macro_rules! etcd_options {
             self.opts.extra.push(flag.into());
             self
         }
+
+        /// Serves TLS to clients: `https://` client URLs with `--cert-file` and `--key-file`
+        /// from [`Certs::server_cert_path`](crate::Certs::server_cert_path) (or the
+        /// certificate [`server_cert`](Self::server_cert) picks) and, with
+        /// [`ClientAuth::Required`](crate::ClientAuth::Required), `--trusted-ca-file`
+        /// [`Certs::ca_path`](crate::Certs::ca_path) and `--client-cert-auth` (without, no
+        /// client certificate is asked for or checked). Plaintext clients are
+        /// refused; the members' peer traffic stays plaintext. The connect string becomes
+        /// `etcds://...` and the client URLs `https://...`; the endpoints stay `127.0.0.1:PORT`.
+        /// The kit's own probes and `etcdctl` runs speak TLS, presenting a certificate of the
+        /// CA's (`etcdctl --cacert --cert --key`).
+        ///
+        /// With [`ClientAuth::Required`](crate::ClientAuth::Required) the server certificate
+        /// cannot be the expired one: etcd's own gateway presents it to the server as a
+        /// client certificate, and the server would refuse it.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// use zklock_testkit::{Certs, ClientAuth};
+        ///
+        /// let certs = Certs::mint()?;
+        #[doc = concat!("let etcd = ", $builder, ".tls(&certs, ClientAuth::Required).start()?;")]
+        /// assert!(etcd.url().starts_with("etcds://127.0.0.1:"));
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn tls(mut self, certs: &crate::Certs, client_auth: crate::ClientAuth) -> Self {
+            self.opts.tls = Some((certs.clone(), client_auth));
+            self
+        }
+
+        /// Which of the certificates given to [`tls`](Self::tls) the members present (the
+        /// valid one unless told): the wrong name's or the expired one, which every verifying
+        /// client must refuse.
+        ///
+        /// # Examples
+        ///
+        /// ```no_run
+        /// use zklock_testkit::{Certs, ClientAuth, ServerCert};
+        ///
+        /// let certs = Certs::mint()?;
+        #[doc = concat!("let etcd = ", $builder, ".tls(&certs, ClientAuth::NotRequired).server_cert(ServerCert::WrongName).start()?;")]
+        /// # drop(etcd);
+        /// # Ok::<(), std::io::Error>(())
+        /// ```
+        pub fn server_cert(mut self, which: crate::ServerCert) -> Self {
+            self.opts.server_cert = Some(which);
+            self
+        }
     };
+}
+
+/// A TLS-serving cluster's settings and the kit's client configuration for its probes.
+#[derive(Debug)]
+struct Tls {
+    server: ServerTls,
+    probe: Arc<rustls::ClientConfig>,
+}
+
+impl Tls {
+    /// The settings of the options `opts`, if they ask for TLS.
+    fn of(opts: &Options) -> io::Result<Option<Arc<Tls>>> {
+        let Some(server) = ServerTls::from_options(opts.tls.clone(), opts.server_cert)? else {
+            return Ok(None);
+        };
+        if server.requires_client_cert() && server.cert == ServerCert::Expired {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "etcd cannot present the expired certificate and require client certificates: \
+                 its gateway presents the server certificate as a client and would be refused",
+            ));
+        }
+        let probe = tls_probe::client_config(&server.certs)?;
+        Ok(Some(Arc::new(Tls { server, probe })))
+    }
+}
+
+/// `https` for a TLS-serving cluster, else `http`.
+fn scheme(tls: bool) -> &'static str {
+    if tls {
+        "https"
+    } else {
+        "http"
+    }
 }
 
 /// One etcd process and its files, under its own directory: `data/`, `etcd.log`.
@@ -131,6 +222,7 @@ struct Member {
     initial_cluster: String,
     token: String,
     opts: Options,
+    tls: Option<Arc<Tls>>,
 }
 
 impl Member {
@@ -138,9 +230,27 @@ impl Member {
     fn spawn(&mut self) -> io::Result<()> {
         let binary = binary("ZKLOCK_ETCD", "etcd");
         let log = self.log.start_run()?;
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = format!(
+            "{}://127.0.0.1:{}",
+            scheme(self.tls.is_some()),
+            self.client_port
+        );
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let mut cmd = Command::new(&binary);
+        if let Some(tls) = &self.tls {
+            let server = &tls.server;
+            cmd.arg("--cert-file")
+                .arg(server.cert_path())
+                .arg("--key-file")
+                .arg(server.key_path());
+            // With a trusted CA, etcd checks every certificate a client presents, even
+            // without --client-cert-auth: its own gateway's (the server certificate) too.
+            if server.requires_client_cert() {
+                cmd.arg("--trusted-ca-file")
+                    .arg(server.certs.ca_path())
+                    .arg("--client-cert-auth=true");
+            }
+        }
         cmd.arg("--name")
             .arg(&self.name)
             .arg("--data-dir")
@@ -179,6 +289,7 @@ impl Member {
     /// it exited because a port was taken.
     fn wait_healthy(&mut self, deadline: Instant) -> io::Result<()> {
         let port = self.client_port;
+        let probe = self.tls.as_ref().map(|t| &t.probe);
         let ready = Readiness {
             port,
             log: &self.log,
@@ -189,7 +300,7 @@ impl Member {
             kill_on_timeout: false,
         };
         let result = self.daemon.wait_ready(ready, |process| {
-            Ok((!process.is_paused() && is_healthy(port)).then_some(()))
+            Ok((!process.is_paused() && is_healthy(port, probe)).then_some(()))
         });
         // Go says "bind: address already in use", which the kit's check (a C server's
         // "Address already in use") misses.
@@ -228,7 +339,7 @@ impl Member {
         if !self.is_running() || self.is_paused() {
             return None;
         }
-        status(self.client_port).ok()
+        status(self.client_port, self.tls.as_ref().map(|t| &t.probe)).ok()
     }
 }
 
@@ -239,13 +350,16 @@ struct Status {
     leader: u64,
 }
 
+/// The kit's TLS client configuration, for a member that serves TLS.
+type Probe<'a> = Option<&'a Arc<rustls::ClientConfig>>;
+
 /// Whether the member on `port` answers `GET /health` with `"health":"true"`.
-fn is_healthy(port: u16) -> bool {
-    http(port, "GET", "/health", "").is_ok_and(|body| body.contains(r#""health":"true""#))
+fn is_healthy(port: u16, tls: Probe<'_>) -> bool {
+    http(port, tls, "GET", "/health", "").is_ok_and(|body| body.contains(r#""health":"true""#))
 }
 
-fn status(port: u16) -> io::Result<Status> {
-    let body = http(port, "POST", "/v3/maintenance/status", "{}")?;
+fn status(port: u16, tls: Probe<'_>) -> io::Result<Status> {
+    let body = http(port, tls, "POST", "/v3/maintenance/status", "{}")?;
     let field = |key: &str| json_number(&body, key);
     match field("member_id") {
         Some(member_id) => Ok(Status {
@@ -261,20 +375,23 @@ fn status(port: u16) -> io::Result<Status> {
 }
 
 /// An HTTP/1.0 request (the server closes the connection after its answer, never chunked) to
-/// the member on `port`; the body of a `200` answer.
-fn http(port: u16, method: &str, path: &str, body: &str) -> io::Result<String> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-    stream.set_read_timeout(Some(PROBE_TIMEOUT))?;
-    stream.set_write_timeout(Some(PROBE_TIMEOUT))?;
-    write!(
-        stream,
+/// the member on `port`, over TLS with `tls`; the body of a `200` answer.
+fn http(port: u16, tls: Probe<'_>, method: &str, path: &str, body: &str) -> io::Result<String> {
+    let request = format!(
         "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
-    )?;
-    let mut answer = String::new();
-    stream.take(1 << 20).read_to_string(&mut answer)?;
+    );
+    let answer = match tls {
+        Some(config) => exchange(tls_probe::connect(config, port, PROBE_TIMEOUT)?, &request)?,
+        None => {
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+            stream.set_read_timeout(Some(PROBE_TIMEOUT))?;
+            stream.set_write_timeout(Some(PROBE_TIMEOUT))?;
+            exchange(stream, &request)?
+        }
+    };
     let (head, body) = answer.split_once("\r\n\r\n").ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidData, format!("not HTTP: {answer:?}"))
     })?;
@@ -285,6 +402,21 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> io::Result<String> {
         )));
     }
     Ok(body.to_string())
+}
+
+/// Sends `request` and reads the answer until the server closes the connection (a TLS server
+/// that closes without saying so still gave its whole answer to an HTTP/1.0 request).
+fn exchange(mut stream: impl Read + Write, request: &str) -> io::Result<String> {
+    stream.write_all(request.as_bytes())?;
+    stream.flush()?;
+    let mut answer = Vec::new();
+    match stream.take(1 << 20).read_to_end(&mut answer) {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+        other => {
+            other?;
+        }
+    }
+    String::from_utf8(answer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// The number under `"key":` in a JSON text, quoted (as etcd's gateway writes 64-bit numbers)
@@ -299,14 +431,32 @@ fn json_number(json: &str, key: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Runs `etcdctl` (API 3) against `endpoints` and returns its standard output.
-fn etcdctl(endpoints: &[String], args: &[&str]) -> io::Result<String> {
+/// Runs `etcdctl` (API 3) against `endpoints` (`127.0.0.1:PORT`), over TLS with `tls`, and
+/// returns its standard output.
+fn etcdctl(endpoints: &[String], tls: Option<&Tls>, args: &[&str]) -> io::Result<String> {
     let binary = binary("ZKLOCK_ETCDCTL", "etcdctl");
+    let endpoints: Vec<String> = endpoints
+        .iter()
+        .map(|e| format!("{}://{e}", scheme(tls.is_some())))
+        .collect();
     let mut cmd = Command::new(&binary);
     // etcdctl takes every ETCDCTL_* variable as a flag: only the API version is ours.
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("ETCDCTL_") {
             cmd.env_remove(name);
+        }
+    }
+    if let Some(tls) = tls {
+        let kit = tls.server.certs.kit_identity();
+        cmd.arg("--cacert")
+            .arg(tls.server.certs.ca_path())
+            .arg("--cert")
+            .arg(&kit.cert_path)
+            .arg("--key")
+            .arg(&kit.key_path);
+        if tls.server.cert != ServerCert::Valid {
+            // The kit's own runs work against a server presenting a bad certificate too.
+            cmd.arg("--insecure-skip-tls-verify");
         }
     }
     let out = cmd
@@ -375,6 +525,7 @@ pub struct EtcdCluster {
     _leases: Vec<PortLease>,
     _dir: TempDir,
     opts: Options,
+    tls: Option<Arc<Tls>>,
 }
 
 /// Options for an [`EtcdCluster`]; made by [`EtcdCluster::builder`].
@@ -404,7 +555,9 @@ impl EtcdClusterBuilder {
     /// # Errors
     ///
     /// When the size is 0, when `etcd` is missing, when no free ports work, or when the cluster
-    /// does not form within the startup timeout — with the members' log tails.
+    /// does not form within the startup timeout — with the members' log tails;
+    /// [`io::ErrorKind::InvalidInput`] when `server_cert` was given without `tls`, or is
+    /// [`ServerCert::Expired`] with [`ClientAuth::Required`].
     ///
     /// # Examples
     ///
@@ -421,6 +574,7 @@ impl EtcdClusterBuilder {
                 "an etcd cluster needs at least one member",
             ));
         }
+        let tls = Tls::of(&self.opts)?;
         on_free_ports(2 * n, PORT_ATTEMPTS, "an etcd cluster", |leases| {
             let dir = workdir::create("etcd")?;
             let initial_cluster = (0..n)
@@ -447,6 +601,7 @@ impl EtcdClusterBuilder {
                         initial_cluster: initial_cluster.clone(),
                         token: token.clone(),
                         opts: self.opts.clone(),
+                        tls: tls.clone(),
                     })
                 })
                 .collect::<io::Result<Vec<_>>>()?;
@@ -455,6 +610,7 @@ impl EtcdClusterBuilder {
                 _leases: leases,
                 _dir: dir,
                 opts: self.opts.clone(),
+                tls: tls.clone(),
             };
             for m in &mut cluster.members {
                 m.spawn()?;
@@ -533,7 +689,8 @@ impl EtcdCluster {
     }
 
     /// Every member's client address, `127.0.0.1:PORT`, in member order (an etcd client's
-    /// endpoints).
+    /// endpoints), without a scheme in TLS mode too ([`client_urls`](Self::client_urls) has
+    /// one).
     ///
     /// # Examples
     ///
@@ -564,7 +721,8 @@ impl EtcdCluster {
     }
 
     /// Every member's client URL, `http://127.0.0.1:PORT` (the form `etcd` and most clients
-    /// print and take).
+    /// print and take); `https://127.0.0.1:PORT` when it serves TLS
+    /// ([`EtcdClusterBuilder::tls`]).
     ///
     /// # Examples
     ///
@@ -576,11 +734,12 @@ impl EtcdCluster {
     pub fn client_urls(&self) -> Vec<String> {
         self.endpoints()
             .into_iter()
-            .map(|e| format!("http://{e}"))
+            .map(|e| format!("{}://{e}", scheme(self.is_tls())))
             .collect()
     }
 
-    /// `etcd://127.0.0.1:P0,127.0.0.1:P1,...`: every member in one connect string.
+    /// `etcd://127.0.0.1:P0,127.0.0.1:P1,...`: every member in one connect string;
+    /// `etcds://...` when it serves TLS ([`EtcdClusterBuilder::tls`]).
     ///
     /// # Examples
     ///
@@ -590,7 +749,21 @@ impl EtcdCluster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn url(&self) -> String {
-        format!("etcd://{}", self.endpoints().join(","))
+        let scheme = if self.is_tls() { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", self.endpoints().join(","))
+    }
+
+    /// Whether the members serve TLS to their clients ([`EtcdClusterBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let etcd = zklock_testkit::EtcdCluster::start(3)?;
+    /// assert!(!etcd.is_tls());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// Member `i`'s client port.
@@ -924,7 +1097,7 @@ impl EtcdCluster {
                 "every etcd member is killed or paused",
             ));
         }
-        etcdctl(&live, args)
+        etcdctl(&live, self.tls.as_deref(), args)
     }
 
     /// Runs `etcdctl` (`ETCDCTL_API=3`) with `args` against member `i` alone, and returns its
@@ -944,7 +1117,7 @@ impl EtcdCluster {
     /// ```
     pub fn member_etcdctl(&self, i: usize, args: &[&str]) -> io::Result<String> {
         self.member(i)?;
-        etcdctl(&[self.endpoint(i)], args)
+        etcdctl(&[self.endpoint(i)], self.tls.as_deref(), args)
     }
 
     fn member(&self, i: usize) -> io::Result<&Member> {
@@ -1066,7 +1239,8 @@ impl EtcdServer {
         }
     }
 
-    /// Its client address, `127.0.0.1:PORT`.
+    /// Its client address, `127.0.0.1:PORT`, without a scheme in TLS mode too
+    /// ([`client_url`](Self::client_url) has one).
     ///
     /// # Examples
     ///
@@ -1092,7 +1266,8 @@ impl EtcdServer {
         self.cluster.endpoints()
     }
 
-    /// Its client URL, `http://127.0.0.1:PORT`.
+    /// Its client URL, `http://127.0.0.1:PORT`; `https://127.0.0.1:PORT` when it serves TLS
+    /// ([`EtcdServerBuilder::tls`]).
     ///
     /// # Examples
     ///
@@ -1102,10 +1277,11 @@ impl EtcdServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn client_url(&self) -> String {
-        format!("http://{}", self.endpoint())
+        self.cluster.client_urls().remove(0)
     }
 
-    /// `etcd://127.0.0.1:PORT`.
+    /// `etcd://127.0.0.1:PORT`; `etcds://127.0.0.1:PORT` when it serves TLS
+    /// ([`EtcdServerBuilder::tls`]).
     ///
     /// # Examples
     ///
@@ -1116,6 +1292,19 @@ impl EtcdServer {
     /// ```
     pub fn url(&self) -> String {
         self.cluster.url()
+    }
+
+    /// Whether it serves TLS to its clients ([`EtcdServerBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let etcd = zklock_testkit::EtcdServer::start()?;
+    /// assert!(!etcd.is_tls());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_tls(&self) -> bool {
+        self.cluster.is_tls()
     }
 
     /// The client port.

@@ -52,6 +52,7 @@
 
 #![warn(missing_docs)]
 
+mod certs;
 mod clock;
 mod cluster;
 mod curator;
@@ -75,8 +76,10 @@ mod redis_ha;
 mod relay;
 mod server;
 mod tls;
+mod tls_probe;
 mod workdir;
 
+pub use certs::{Certs, ClientAuth, ServerCert};
 pub use clock::ServerClock;
 pub use cluster::{ZkCluster, ZkClusterBuilder};
 pub use curator::CuratorHold;
@@ -91,7 +94,7 @@ pub use kazoo::{KazooEvent, KazooPeer};
 pub use late_cancel::{LateCancel, LateCancelStats};
 pub use postgres::{BaseBackup, PostgresServer};
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
-pub use redis::RedisServer;
+pub use redis::{RedisServer, RedisServerBuilder};
 pub use redis_ha::{
     RedisCluster, RedisClusterBuilder, RedisReply, RedisSentinel, RedisSentinelBuilder,
 };

@@ -1,15 +1,19 @@
 //! A real `redis-server` for tests and demos: Debian's `redis-server` on a free loopback port with a
-//! throwaway directory, no persistence (or an append-only file fsynced at every write); stopped, restarted, paused (SIGSTOP) and resumed like
-//! [`ZkServer`](crate::ZkServer).
+//! throwaway directory, no persistence (or an append-only file fsynced at every write), plaintext
+//! or TLS only; stopped, restarted, paused (SIGSTOP) and resumed like [`ZkServer`](crate::ZkServer).
 
+use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::certs::{Certs, ClientAuth, ServerCert, ServerTls};
 use crate::daemon::{on_free_ports, restart, Daemon, Log, Readiness};
 use crate::ports::PortLease;
+use crate::tls_probe;
 use crate::workdir;
 
 /// How long a fresh server gets to answer `PING`.
@@ -26,6 +30,8 @@ const PORT_ATTEMPTS: usize = 5;
 ///
 /// The binary is `$ZKLOCK_REDIS_SERVER` if set, else `/usr/bin/redis-server` (Debian's `redis-server`
 /// package, which `scripts/setup` installs), else `redis-server` from `PATH`.
+///
+/// [`RedisServer::builder`] starts it in TLS mode too ([`RedisServerBuilder::tls`]).
 ///
 /// # Examples
 ///
@@ -47,7 +53,150 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     durable: bool,
     /// Variables the server runs with (a [`ServerClock`](crate::ServerClock)'s).
-    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    env: Vec<(OsString, OsString)>,
+    /// TLS only, when set, and the kit's client configuration for its `PING`s.
+    tls: Option<(ServerTls, Arc<rustls::ClientConfig>)>,
+}
+
+/// Options for a [`RedisServer`]; made by [`RedisServer::builder`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use zklock_testkit::{Certs, ClientAuth, RedisServer};
+///
+/// let certs = Certs::mint()?;
+/// let redis = RedisServer::builder()
+///     .durable()
+///     .tls(&certs, ClientAuth::Required)
+///     .start()?;
+/// assert!(redis.url().starts_with("rediss://"));
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct RedisServerBuilder {
+    durable: bool,
+    env: Vec<(OsString, OsString)>,
+    tls: Option<(Certs, ClientAuth)>,
+    server_cert: Option<ServerCert>,
+}
+
+impl RedisServerBuilder {
+    /// An append-only file written and fsynced before every reply, as
+    /// [`RedisServer::start_durable`] starts.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let mut redis = zklock_testkit::RedisServer::builder().durable().start()?;
+    /// redis.restart()?; // same port, same data
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn durable(mut self) -> Self {
+        self.durable = true;
+        self
+    }
+
+    /// The wall clock of `clock`, as [`RedisServer::start_with_clock`] starts.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let clock = zklock_testkit::ServerClock::new()?;
+    /// let redis = zklock_testkit::RedisServer::builder().clock(&clock).start()?;
+    /// # drop(redis);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn clock(mut self, clock: &crate::ServerClock) -> Self {
+        self.env = clock.env();
+        self
+    }
+
+    /// Serves TLS only: `--port 0 --tls-port PORT` with [`Certs::server_cert_path`] (or the
+    /// certificate [`server_cert`](Self::server_cert) picks), trusting [`Certs::ca_path`] for
+    /// client certificates, and `--tls-auth-clients yes` ([`ClientAuth::Required`], Redis's
+    /// default) or `no`. [`RedisServer::url`] becomes `rediss://127.0.0.1:PORT/`; a plaintext
+    /// client gets its connection closed. The kit's own `PING`s speak TLS, presenting a
+    /// certificate of the CA's.
+    ///
+    /// A client connects with the CA and, when required, [`Certs::client_cert_path`] and its
+    /// key: `redis-cli --tls --cacert CA --cert CERT --key KEY -p PORT`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, RedisServer};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let redis = RedisServer::builder().tls(&certs, ClientAuth::NotRequired).start()?;
+    /// assert_eq!(redis.url(), format!("rediss://127.0.0.1:{}/", redis.port()));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls(mut self, certs: &Certs, client_auth: ClientAuth) -> Self {
+        self.tls = Some((certs.clone(), client_auth));
+        self
+    }
+
+    /// Which of the certificates given to [`tls`](Self::tls) the server presents (the valid one
+    /// unless told): the wrong name's or the expired one, which every verifying client must
+    /// refuse.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, RedisServer, ServerCert};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let redis = RedisServer::builder()
+    ///     .tls(&certs, ClientAuth::NotRequired)
+    ///     .server_cert(ServerCert::Expired)
+    ///     .start()?;
+    /// # drop(redis);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn server_cert(mut self, which: ServerCert) -> Self {
+        self.server_cert = Some(which);
+        self
+    }
+
+    /// Starts the server and waits until it answers `PING`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start`]; [`io::ErrorKind::InvalidInput`] when
+    /// [`server_cert`](Self::server_cert) was given without [`tls`](Self::tls).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let redis = zklock_testkit::RedisServer::builder().start()?;
+    /// assert!(redis.url().starts_with("redis://"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start(self) -> io::Result<RedisServer> {
+        let tls = match ServerTls::from_options(self.tls, self.server_cert)? {
+            Some(tls) => {
+                let probe = tls_probe::client_config(&tls.certs)?;
+                Some((tls, probe))
+            }
+            None => None,
+        };
+        on_free_ports(1, PORT_ATTEMPTS, "redis-server", |mut leases| {
+            let dir = workdir::create("redis")?;
+            let mut server = RedisServer {
+                daemon: Daemon::new("redis-server", io::ErrorKind::NotFound),
+                lease: leases.remove(0),
+                log: Log::new(dir.path().join("redis.log")),
+                dir,
+                durable: self.durable,
+                env: self.env.clone(),
+                tls: tls.clone(),
+            };
+            server.spawn()?;
+            Ok(server)
+        })
+    }
 }
 
 impl RedisServer {
@@ -66,7 +215,20 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start() -> io::Result<RedisServer> {
-        Self::start_with(false, Vec::new())
+        RedisServer::builder().start()
+    }
+
+    /// Options for a server: durability, a moved clock, TLS.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let redis = zklock_testkit::RedisServer::builder().durable().start()?;
+    /// # drop(redis);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn builder() -> RedisServerBuilder {
+        RedisServerBuilder::default()
     }
 
     /// As [`start`](Self::start), with an append-only file written and fsynced before every reply
@@ -85,7 +247,7 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_durable() -> io::Result<RedisServer> {
-        Self::start_with(true, Vec::new())
+        RedisServer::builder().durable().start()
     }
 
     /// As [`start`](Self::start), on a wall clock that the test moves with `clock` (its
@@ -106,29 +268,10 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_with_clock(clock: &crate::ServerClock) -> io::Result<RedisServer> {
-        Self::start_with(false, clock.env())
+        RedisServer::builder().clock(clock).start()
     }
 
-    fn start_with(
-        durable: bool,
-        env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
-    ) -> io::Result<RedisServer> {
-        on_free_ports(1, PORT_ATTEMPTS, "redis-server", |mut leases| {
-            let dir = workdir::create("redis")?;
-            let mut server = RedisServer {
-                daemon: Daemon::new("redis-server", io::ErrorKind::NotFound),
-                lease: leases.remove(0),
-                log: Log::new(dir.path().join("redis.log")),
-                dir,
-                durable,
-                env: env.clone(),
-            };
-            server.spawn()?;
-            Ok(server)
-        })
-    }
-
-    /// The port it listens on (127.0.0.1).
+    /// The port it listens on (127.0.0.1): its TLS port in TLS mode (it has no other then).
     ///
     /// # Examples
     ///
@@ -141,7 +284,8 @@ impl RedisServer {
         self.lease.port()
     }
 
-    /// `redis://127.0.0.1:PORT/`, for a Redis client or `LockManager::connect`.
+    /// `redis://127.0.0.1:PORT/`, for a Redis client or `LockManager::connect`;
+    /// `rediss://127.0.0.1:PORT/` in TLS mode ([`RedisServerBuilder::tls`]).
     ///
     /// # Examples
     ///
@@ -152,7 +296,21 @@ impl RedisServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port())
+        let scheme = if self.is_tls() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port())
+    }
+
+    /// Whether it serves TLS only ([`RedisServerBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let redis = zklock_testkit::RedisServer::start()?;
+    /// assert!(!redis.is_tls());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The server's log file.
@@ -281,9 +439,25 @@ impl RedisServer {
         // redis-server appends to its log file itself.
         drop(self.log.start_run()?);
         let mut cmd = Command::new(&binary);
-        cmd.arg("--port")
-            .arg(self.port().to_string())
-            .args(["--bind", "127.0.0.1", "--save", ""])
+        match &self.tls {
+            None => cmd.arg("--port").arg(self.port().to_string()),
+            Some((tls, _)) => cmd
+                .args(["--port", "0", "--tls-port"])
+                .arg(self.port().to_string())
+                .arg("--tls-cert-file")
+                .arg(tls.cert_path())
+                .arg("--tls-key-file")
+                .arg(tls.key_path())
+                .arg("--tls-ca-cert-file")
+                .arg(tls.certs.ca_path())
+                .arg("--tls-auth-clients")
+                .arg(if tls.requires_client_cert() {
+                    "yes"
+                } else {
+                    "no"
+                }),
+        };
+        cmd.args(["--bind", "127.0.0.1", "--save", ""])
             .args(if self.durable {
                 ["--appendonly", "yes", "--appendfsync", "always"].as_slice()
             } else {
@@ -314,15 +488,26 @@ impl RedisServer {
             poll: Duration::from_millis(25),
             kill_on_timeout: true,
         };
-        self.daemon.wait_ready(ready, |_| Ok(ping(port).ok()))
+        let probe = self.tls.as_ref().map(|(_, probe)| probe.clone());
+        self.daemon
+            .wait_ready(ready, |_| Ok(ping(port, probe.as_ref()).ok()))
     }
 }
 
-/// Sends `PING` in Redis's inline protocol and expects `+PONG`.
-fn ping(port: u16) -> io::Result<()> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-    stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+/// Sends `PING` in Redis's inline protocol and expects `+PONG`, over TLS with `tls`.
+fn ping(port: u16, tls: Option<&Arc<rustls::ClientConfig>>) -> io::Result<()> {
+    match tls {
+        Some(config) => ping_on(tls_probe::connect(config, port, Duration::from_secs(1))?),
+        None => {
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+            stream.set_read_timeout(Some(Duration::from_secs(1)))?;
+            ping_on(stream)
+        }
+    }
+}
+
+fn ping_on(mut stream: impl Read + Write) -> io::Result<()> {
     stream.write_all(b"PING\r\n")?;
     let mut line = String::new();
     BufReader::new((&mut stream).take(64)).read_line(&mut line)?;

@@ -1,0 +1,207 @@
+//! The kit's TLS servers against their own command-line clients: each serves TLS with the
+//! kit's certificates, refuses plaintext, and (when told) refuses a client without a certificate
+//! of the CA's.
+
+use std::process::{Command, Output, Stdio};
+
+use zklock_testkit::{Certs, ClientAuth, EtcdCluster, EtcdServer, RedisServer, ServerCert};
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("the client runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `redis-cli PING` to `port`, with `tls` flags (none: plaintext).
+fn redis_ping(port: u16, tls: &[&std::ffi::OsStr]) -> String {
+    let out = run(Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(tls)
+        .arg("PING"));
+    text(&out)
+}
+
+#[test]
+fn redis_serves_tls_and_refuses_plaintext_and_strangers() {
+    let certs = Certs::mint().unwrap();
+    let redis = RedisServer::builder()
+        .tls(&certs, ClientAuth::Required)
+        .start()
+        .unwrap();
+    let p = redis.port();
+    assert_eq!(redis.url(), format!("rediss://127.0.0.1:{p}/"));
+    let flags = |ca: &std::path::Path, cert: Option<(&std::path::Path, &std::path::Path)>| {
+        let mut v: Vec<std::ffi::OsString> = vec!["--tls".into(), "--cacert".into(), ca.into()];
+        if let Some((c, k)) = cert {
+            v.extend(["--cert".into(), c.into(), "--key".into(), k.into()]);
+        }
+        v
+    };
+    let call = |f: Vec<std::ffi::OsString>| {
+        let refs: Vec<&std::ffi::OsStr> = f.iter().map(|s| s.as_os_str()).collect();
+        redis_ping(p, &refs)
+    };
+    let client = Some((certs.client_cert_path(), certs.client_key_path()));
+    assert_eq!(call(flags(certs.ca_path(), client)).trim(), "PONG");
+    let no_cert = call(flags(certs.ca_path(), None));
+    assert!(!no_cert.contains("PONG"), "{no_cert}");
+    let stranger = call(flags(
+        certs.ca_path(),
+        Some((certs.stranger_cert_path(), certs.stranger_key_path())),
+    ));
+    assert!(!stranger.contains("PONG"), "{stranger}");
+    let wrong_ca = call(flags(certs.other_ca_path(), client));
+    assert!(!wrong_ca.contains("PONG"), "{wrong_ca}");
+    let plain = redis_ping(p, &[]);
+    assert!(!plain.contains("PONG"), "{plain}");
+    eprintln!("no cert: {no_cert}\nstranger: {stranger}\nwrong ca: {wrong_ca}\nplain: {plain}");
+}
+
+#[test]
+fn redis_can_present_the_expired_or_wrong_name_certificate() {
+    let certs = Certs::mint().unwrap();
+    for which in [ServerCert::Expired, ServerCert::WrongName] {
+        let redis = RedisServer::builder()
+            .tls(&certs, ClientAuth::NotRequired)
+            .server_cert(which)
+            .start()
+            .unwrap();
+        let ca = certs.ca_path().as_os_str();
+        let answer = redis_ping(redis.port(), &["--tls".as_ref(), "--cacert".as_ref(), ca]);
+        eprintln!("{which:?}: {answer}");
+    }
+}
+
+/// `etcdctl put k v` at `url` with `flags`; what it printed, and whether it succeeded.
+fn etcd_put(url: &str, flags: &[&std::ffi::OsStr]) -> (bool, String) {
+    let mut cmd = Command::new("etcdctl");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("ETCDCTL_") {
+            cmd.env_remove(name);
+        }
+    }
+    let out = run(cmd
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={url}"))
+        .args(["--dial-timeout=2s", "--command-timeout=3s"])
+        .args(flags)
+        .args(["put", "k", "v"]));
+    (out.status.success(), text(&out))
+}
+
+#[test]
+fn etcd_serves_tls_and_refuses_plaintext_and_strangers() {
+    let certs = Certs::mint().unwrap();
+    let etcd = EtcdServer::builder()
+        .tls(&certs, ClientAuth::Required)
+        .start()
+        .unwrap();
+    let https = etcd.client_url();
+    assert_eq!(https, format!("https://127.0.0.1:{}", etcd.port()));
+    assert_eq!(etcd.url(), format!("etcds://127.0.0.1:{}", etcd.port()));
+    let ca = certs.ca_path().as_os_str();
+    let (cert, key) = (
+        certs.client_cert_path().as_os_str(),
+        certs.client_key_path().as_os_str(),
+    );
+    let ok = etcd_put(
+        &https,
+        &[
+            "--cacert".as_ref(),
+            ca,
+            "--cert".as_ref(),
+            cert,
+            "--key".as_ref(),
+            key,
+        ],
+    );
+    assert!(ok.0, "{}", ok.1);
+    let no_cert = etcd_put(&https, &["--cacert".as_ref(), ca]);
+    assert!(!no_cert.0, "{}", no_cert.1);
+    let (s_cert, s_key) = (
+        certs.stranger_cert_path().as_os_str(),
+        certs.stranger_key_path().as_os_str(),
+    );
+    let stranger = etcd_put(
+        &https,
+        &[
+            "--cacert".as_ref(),
+            ca,
+            "--cert".as_ref(),
+            s_cert,
+            "--key".as_ref(),
+            s_key,
+        ],
+    );
+    assert!(!stranger.0, "{}", stranger.1);
+    let other_ca = certs.other_ca_path().as_os_str();
+    let wrong_ca = etcd_put(
+        &https,
+        &[
+            "--cacert".as_ref(),
+            other_ca,
+            "--cert".as_ref(),
+            cert,
+            "--key".as_ref(),
+            key,
+        ],
+    );
+    assert!(!wrong_ca.0, "{}", wrong_ca.1);
+    let plain = etcd_put(&format!("http://{}", etcd.endpoint()), &[]);
+    assert!(!plain.0, "{}", plain.1);
+    // The kit's own etcdctl speaks TLS.
+    assert_eq!(
+        etcd.etcdctl(&["get", "k", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "v"
+    );
+    eprintln!(
+        "no cert: {}\nstranger: {}\nwrong ca: {}\nplain: {}",
+        no_cert.1, stranger.1, wrong_ca.1, plain.1
+    );
+}
+
+#[test]
+fn etcd_can_present_the_expired_or_wrong_name_certificate() {
+    let certs = Certs::mint().unwrap();
+    for which in [ServerCert::Expired, ServerCert::WrongName] {
+        let etcd = EtcdServer::builder()
+            .tls(&certs, ClientAuth::NotRequired)
+            .server_cert(which)
+            .start()
+            .unwrap();
+        let refused = etcd_put(
+            &etcd.client_url(),
+            &["--cacert".as_ref(), certs.ca_path().as_os_str()],
+        );
+        assert!(!refused.0, "{}", refused.1);
+        eprintln!("{which:?}: {}", refused.1);
+        etcd.etcdctl(&["put", "k", "v"]).unwrap();
+    }
+}
+
+#[test]
+fn an_etcd_cluster_serves_tls() {
+    let certs = Certs::mint().unwrap();
+    let etcd = EtcdCluster::builder(3)
+        .tls(&certs, ClientAuth::Required)
+        .start()
+        .unwrap();
+    assert!(etcd.url().starts_with("etcds://"));
+    assert!(etcd.client_urls().iter().all(|u| u.starts_with("https://")));
+    etcd.member_etcdctl(0, &["put", "k", "v"]).unwrap();
+    assert_eq!(
+        etcd.member_etcdctl(2, &["get", "k", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "v"
+    );
+    assert!(etcd.leader().is_some());
+}
