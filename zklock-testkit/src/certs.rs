@@ -20,7 +20,7 @@ use crate::workdir;
 /// The common name of [`Certs::client_cert_path`]'s certificate.
 const CLIENT_NAME: &str = "zklock-client";
 /// The common name of the certificate the kit's own probes present to a server that asks for one.
-const KIT_NAME: &str = "zklock-testkit";
+pub(crate) const KIT_NAME: &str = "zklock-testkit";
 /// The only name [`Certs::wrong_name_cert_path`]'s certificate is valid for.
 const WRONG_NAME: &str = "wrong.example";
 /// The names every good server certificate is valid for.

@@ -92,7 +92,7 @@ pub use history::{
 pub use install::ensure_zookeeper_installed;
 pub use kazoo::{KazooEvent, KazooPeer};
 pub use late_cancel::{LateCancel, LateCancelStats};
-pub use postgres::{BaseBackup, PostgresServer};
+pub use postgres::{BaseBackup, PostgresServer, PostgresServerBuilder};
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use redis::{RedisServer, RedisServerBuilder};
 pub use redis_ha::{

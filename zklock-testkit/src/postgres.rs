@@ -1,15 +1,17 @@
 //! A real PostgreSQL for tests and demos: Debian's `postgresql` on a free loopback port with a
 //! throwaway data directory, run as an unprivileged user (PostgreSQL refuses to run as root);
 //! stopped (as in a crash), restarted, paused (SIGSTOP) and resumed like
-//! [`RedisServer`](crate::RedisServer).
+//! [`RedisServer`](crate::RedisServer); plaintext, or TLS only on TCP.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::certs::{Certs, ClientAuth, ServerCert, ServerTls};
 use crate::daemon::{on_free_ports, restart, Daemon, Log, Readiness};
 use crate::ports::PortLease;
 use crate::workdir;
@@ -32,6 +34,8 @@ const PORT_ATTEMPTS: usize = 5;
 /// `/usr/lib/postgresql/<version>/bin` (Debian's `postgresql` package, which `scripts/setup`
 /// installs).
 ///
+/// [`PostgresServer::builder`] starts it in TLS mode too ([`PostgresServerBuilder::tls`]).
+///
 /// # Examples
 ///
 /// ```no_run
@@ -51,7 +55,137 @@ pub struct PostgresServer {
     bin: PathBuf,
     durable: bool,
     /// Variables the server runs with (a [`ServerClock`](crate::ServerClock)'s).
-    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    env: Vec<(OsString, OsString)>,
+    /// TLS only on TCP, when set (its files copied into the server's directory, `tls/`).
+    tls: Option<ServerTls>,
+}
+
+/// Options for a [`PostgresServer`]; made by [`PostgresServer::builder`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use zklock_testkit::{Certs, ClientAuth, PostgresServer};
+///
+/// let certs = Certs::mint()?;
+/// let pg = PostgresServer::builder()
+///     .tls(&certs, ClientAuth::Required)
+///     .start()?;
+/// assert_eq!(pg.psql("SHOW ssl")?.trim(), "on");
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct PostgresServerBuilder {
+    durable: bool,
+    env: Vec<(OsString, OsString)>,
+    tls: Option<(Certs, ClientAuth)>,
+    server_cert: Option<ServerCert>,
+}
+
+impl PostgresServerBuilder {
+    /// `fsync` on, as [`PostgresServer::start_durable`] starts.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::builder().durable().start()?;
+    /// assert_eq!(pg.psql("SHOW fsync")?.trim(), "on");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn durable(mut self) -> Self {
+        self.durable = true;
+        self
+    }
+
+    /// The wall clock of `clock`, as [`PostgresServer::start_with_clock`] starts.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let clock = zklock_testkit::ServerClock::new()?;
+    /// let pg = zklock_testkit::PostgresServer::builder().clock(&clock).start()?;
+    /// # drop(pg);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn clock(mut self, clock: &crate::ServerClock) -> Self {
+        self.env = clock.env();
+        self
+    }
+
+    /// Serves TLS, and only TLS on TCP: `ssl = on` with [`Certs::server_cert_path`] (or the
+    /// certificate [`server_cert`](Self::server_cert) picks) and `ssl_ca_file`
+    /// [`Certs::ca_path`] (a client certificate from another CA is refused), and a
+    /// `pg_hba.conf` that rejects every TCP connection without TLS (`hostnossl ... reject`).
+    ///
+    /// With [`ClientAuth::Required`], a TCP client must present a certificate of the CA's
+    /// (`hostssl ... cert map=zklock`): the certificate's common name is the role it logs in
+    /// as, and [`Certs::client_name`]'s certificate may log in as `postgres` too, so
+    /// [`PostgresServer::url`] works with it. With [`ClientAuth::NotRequired`], TLS clients
+    /// are trusted as before (`hostssl ... trust`).
+    ///
+    /// The kit's own `psql`, `pg_isready` and `pg_basebackup` runs use the server's Unix
+    /// socket, which stays open to the `postgres` superuser without TLS.
+    ///
+    /// A client connects as libpq users write it:
+    /// `postgres://postgres@127.0.0.1:PORT/postgres?sslmode=verify-full&sslrootcert=CA&sslcert=CERT&sslkey=KEY`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, PostgresServer};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let pg = PostgresServer::builder().tls(&certs, ClientAuth::NotRequired).start()?;
+    /// let url = format!("{}?sslmode=verify-full&sslrootcert={}", pg.url(), certs.ca_path().display());
+    /// # let _ = url;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls(mut self, certs: &Certs, client_auth: ClientAuth) -> Self {
+        self.tls = Some((certs.clone(), client_auth));
+        self
+    }
+
+    /// Which of the certificates given to [`tls`](Self::tls) the server presents (the valid one
+    /// unless told): the wrong name's or the expired one, which `sslmode=verify-full` refuses
+    /// (and `verify-ca` too, for the expired one).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, PostgresServer, ServerCert};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let pg = PostgresServer::builder()
+    ///     .tls(&certs, ClientAuth::NotRequired)
+    ///     .server_cert(ServerCert::WrongName)
+    ///     .start()?;
+    /// # drop(pg);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn server_cert(mut self, which: ServerCert) -> Self {
+        self.server_cert = Some(which);
+        self
+    }
+
+    /// Makes a cluster and starts a server on it, and waits until it accepts connections.
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresServer::start`]; [`io::ErrorKind::InvalidInput`] when
+    /// [`server_cert`](Self::server_cert) was given without [`tls`](Self::tls).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::builder().start()?;
+    /// # drop(pg);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn start(self) -> io::Result<PostgresServer> {
+        let tls = ServerTls::from_options(self.tls, self.server_cert)?;
+        PostgresServer::start_with(self.durable, self.env, tls)
+    }
 }
 
 impl PostgresServer {
@@ -72,7 +206,20 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start() -> io::Result<PostgresServer> {
-        Self::start_with(false, Vec::new())
+        PostgresServer::builder().start()
+    }
+
+    /// Options for a server: durability, a moved clock, TLS.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::builder().durable().start()?;
+    /// # drop(pg);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn builder() -> PostgresServerBuilder {
+        PostgresServerBuilder::default()
     }
 
     /// As [`start`](Self::start), with `fsync` on, as production servers run (for benchmarks).
@@ -89,7 +236,7 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_durable() -> io::Result<PostgresServer> {
-        Self::start_with(true, Vec::new())
+        PostgresServer::builder().durable().start()
     }
 
     /// As [`start`](Self::start), on a wall clock that the test moves with `clock` (its
@@ -111,12 +258,13 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_with_clock(clock: &crate::ServerClock) -> io::Result<PostgresServer> {
-        Self::start_with(false, clock.env())
+        PostgresServer::builder().clock(clock).start()
     }
 
     fn start_with(
         durable: bool,
-        env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+        env: Vec<(OsString, OsString)>,
+        tls: Option<ServerTls>,
     ) -> io::Result<PostgresServer> {
         let bin = bin_dir()?;
         let dir = workdir::create("postgres")?;
@@ -150,7 +298,10 @@ impl PostgresServer {
                 String::from_utf8_lossy(&initdb.stderr)
             )));
         }
-        Self::serve(dir, bin, durable, env)
+        if let Some(tls) = &tls {
+            write_tls_hba(&dir.path().join("data"), tls, user)?;
+        }
+        Self::serve(dir, bin, durable, env, tls)
     }
 
     /// A server on the data directory `dir/data` (made by `initdb` or `pg_basebackup`), on a
@@ -159,8 +310,12 @@ impl PostgresServer {
         dir: tempfile::TempDir,
         bin: PathBuf,
         durable: bool,
-        env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+        env: Vec<(OsString, OsString)>,
+        tls: Option<ServerTls>,
     ) -> io::Result<PostgresServer> {
+        if let Some(tls) = &tls {
+            install_tls_files(dir.path(), tls, run_as()?)?;
+        }
         // One data directory for every port tried.
         let mut dir = Some(dir);
         on_free_ports(1, PORT_ATTEMPTS, "postgres", |mut leases| {
@@ -173,6 +328,7 @@ impl PostgresServer {
                 bin: bin.clone(),
                 durable,
                 env: env.clone(),
+                tls: tls.clone(),
             };
             match server.spawn() {
                 Ok(()) => Ok(server),
@@ -200,7 +356,8 @@ impl PostgresServer {
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`, for a PostgreSQL client or
-    /// `LockManager::connect`.
+    /// `LockManager::connect`; the same in TLS mode, where a client adds libpq's `sslmode`,
+    /// `sslrootcert`, `sslcert` and `sslkey` (see [`PostgresServerBuilder::tls`]).
     ///
     /// # Examples
     ///
@@ -212,6 +369,34 @@ impl PostgresServer {
     /// ```
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port())
+    }
+
+    /// Whether it serves TCP clients over TLS only ([`PostgresServerBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let pg = zklock_testkit::PostgresServer::start()?;
+    /// assert!(!pg.is_tls());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Where the kit's own tools connect: the URL, or in TLS mode the Unix socket (which
+    /// needs no certificate).
+    fn local_conninfo(&self) -> OsString {
+        if self.tls.is_none() {
+            return self.url().into();
+        }
+        let mut info = OsString::from("host=");
+        info.push(self.dir.path());
+        info.push(format!(
+            " port={} user=postgres dbname=postgres",
+            self.port()
+        ));
+        info
     }
 
     /// The server's log file.
@@ -242,7 +427,8 @@ impl PostgresServer {
     }
 
     /// Runs `sql` with `psql` as the superuser and returns its output (unaligned, tuples only),
-    /// e.g. to end a session with `pg_terminate_backend`.
+    /// e.g. to end a session with `pg_terminate_backend`. In TLS mode it goes through the Unix
+    /// socket.
     ///
     /// # Errors
     ///
@@ -258,7 +444,7 @@ impl PostgresServer {
     pub fn psql(&self, sql: &str) -> io::Result<String> {
         let out = Command::new(self.bin.join("psql"))
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
-            .arg(self.url())
+            .arg(self.local_conninfo())
             .arg("-c")
             .arg(sql)
             .stdin(Stdio::null())
@@ -380,8 +566,14 @@ impl PostgresServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start_standby(&self, through: Option<u16>) -> io::Result<PostgresServer> {
-        let dir = self.base_backup_dir("postgres-standby", through.unwrap_or(self.port()), true)?;
-        Self::serve(dir, self.bin.clone(), self.durable, self.env.clone())
+        let dir = self.base_backup_dir("postgres-standby", through, true)?;
+        Self::serve(
+            dir,
+            self.bin.clone(),
+            self.durable,
+            self.env.clone(),
+            self.tls.clone(),
+        )
     }
 
     /// Promotes a standby to a primary (`pg_promote()`, waiting until it is done): it stops
@@ -428,7 +620,7 @@ impl PostgresServer {
     /// ```
     pub fn base_backup(&self) -> io::Result<BaseBackup> {
         Ok(BaseBackup {
-            dir: self.base_backup_dir("postgres-backup", self.port(), false)?,
+            dir: self.base_backup_dir("postgres-backup", None, false)?,
         })
     }
 
@@ -464,7 +656,7 @@ impl PostgresServer {
     fn base_backup_dir(
         &self,
         name: &str,
-        port: u16,
+        through: Option<u16>,
         follow: bool,
     ) -> io::Result<tempfile::TempDir> {
         let dir = workdir::create(name)?;
@@ -472,20 +664,28 @@ impl PostgresServer {
         if let Some((uid, gid)) = user {
             chown(dir.path(), uid, gid)?;
         }
+        let port = through.unwrap_or(self.port());
         let mut cmd = Command::new(self.bin.join("pg_basebackup"));
-        cmd.args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-X",
-            "stream",
-            "--no-sync",
-            "-p",
-        ])
-        .arg(port.to_string())
-        .arg("-D")
-        .arg(dir.path().join("data"));
+        match (&self.tls, through) {
+            (None, _) => cmd
+                .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg(port.to_string()),
+            // TLS mode: the Unix socket, which needs no certificate...
+            (Some(_), None) => cmd.arg("-d").arg(self.local_conninfo()),
+            // ... or TLS through the given port, with the kit's certificate.
+            (Some(_), Some(_)) => {
+                let tls = self.dir.path().join(TLS_DIR);
+                cmd.arg("-d").arg(format!(
+                    "host=127.0.0.1 port={port} user=postgres sslmode=require \
+                     sslcert={} sslkey={}",
+                    tls.join("kit.pem").display(),
+                    tls.join("kit.key").display()
+                ))
+            }
+        };
+        cmd.args(["-X", "stream", "--no-sync"])
+            .arg("-D")
+            .arg(dir.path().join("data"));
         if follow {
             cmd.arg("-R");
         }
@@ -602,6 +802,12 @@ impl PostgresServer {
                     self.dir.path().display()
                 ))
                 .args(["-c", "max_connections=200", "-c", "shared_buffers=16MB"])
+                .args(
+                    self.tls
+                        .as_ref()
+                        .map(|_| tls_settings(self.dir.path()))
+                        .unwrap_or_default(),
+                )
                 .args([
                     "-c",
                     if self.durable {
@@ -633,9 +839,16 @@ impl PostgresServer {
             kill_on_timeout: false,
         };
         let (bin, port) = (&self.bin, self.port());
+        // In TLS mode the Unix socket, which takes the kit without a certificate.
+        let host = match self.tls {
+            Some(_) => self.dir.path().as_os_str().to_owned(),
+            None => OsString::from("127.0.0.1"),
+        };
         let ready = self.daemon.wait_ready(ready, |_| {
             let ready = Command::new(bin.join("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .args(["-q", "-U", "postgres", "-h"])
+                .arg(&host)
+                .arg("-p")
                 .arg(port.to_string())
                 .status()?;
             Ok(ready.success().then_some(()))
@@ -670,6 +883,89 @@ impl Drop for PostgresServer {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+/// The folder of a server's directory that holds its TLS files.
+const TLS_DIR: &str = "tls";
+
+/// The `-c` settings that turn TLS on with the files in `dir`'s [`TLS_DIR`].
+fn tls_settings(dir: &Path) -> Vec<String> {
+    let tls = dir.join(TLS_DIR);
+    [
+        "ssl=on".to_string(),
+        format!("ssl_cert_file={}", tls.join("server.pem").display()),
+        format!("ssl_key_file={}", tls.join("server.key").display()),
+        format!("ssl_ca_file={}", tls.join("ca.pem").display()),
+    ]
+    .into_iter()
+    .flat_map(|setting| ["-c".to_string(), setting])
+    .collect()
+}
+
+/// Copies the server's certificate and key, the CA and the kit's own client certificate and
+/// key into `dir`'s [`TLS_DIR`], owned by the server's `user` (PostgreSQL reads keys only
+/// when they are the server user's and private to it; libpq its client key likewise).
+fn install_tls_files(dir: &Path, tls: &ServerTls, user: Option<(u32, u32)>) -> io::Result<()> {
+    let to = dir.join(TLS_DIR);
+    std::fs::create_dir_all(&to)?;
+    let kit = tls.certs.kit_identity();
+    let files: [(&Path, &str, u32); 5] = [
+        (tls.cert_path(), "server.pem", 0o644),
+        (tls.key_path(), "server.key", 0o600),
+        (tls.certs.ca_path(), "ca.pem", 0o644),
+        (&kit.cert_path, "kit.pem", 0o644),
+        (&kit.key_path, "kit.key", 0o600),
+    ];
+    for (from, name, mode) in files {
+        let path = to.join(name);
+        std::fs::copy(from, &path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        if let Some((uid, gid)) = user {
+            chown(&path, uid, gid)?;
+        }
+    }
+    if let Some((uid, gid)) = user {
+        chown(&to, uid, gid)?;
+    }
+    Ok(())
+}
+
+/// Rewrites `data`'s `pg_hba.conf` (and `pg_ident.conf`) for TLS mode: the Unix socket as
+/// before, TCP without TLS rejected, TCP with TLS trusted or, when client certificates are
+/// required, authenticated by them (`cert`), their common name mapped to a role of that name,
+/// and the client's and the kit's also to `postgres`.
+fn write_tls_hba(data: &Path, tls: &ServerTls, user: Option<(u32, u32)>) -> io::Result<()> {
+    let method = if tls.requires_client_cert() {
+        "cert map=zklock"
+    } else {
+        "trust"
+    };
+    let hba = format!(
+        "# Written by zklock-testkit: TLS only on TCP.\n\
+         local all all trust\n\
+         local replication all trust\n\
+         hostnossl all all all reject\n\
+         hostnossl replication all all reject\n\
+         hostssl all all 127.0.0.1/32 {method}\n\
+         hostssl replication all 127.0.0.1/32 {method}\n"
+    );
+    let ident = format!(
+        "# Written by zklock-testkit: a certificate's common name is the role of that name; the\n\
+         # client's and the kit's may be postgres too.\n\
+         zklock {} postgres\n\
+         zklock {} postgres\n\
+         zklock /^(.*)$ \\1\n",
+        tls.certs.client_name(),
+        crate::certs::KIT_NAME,
+    );
+    for (name, text) in [("pg_hba.conf", hba), ("pg_ident.conf", ident)] {
+        let path = data.join(name);
+        std::fs::write(&path, text)?;
+        if let Some((uid, gid)) = user {
+            chown(&path, uid, gid)?;
+        }
+    }
+    Ok(())
 }
 
 /// The processes whose parent is `pid`.

@@ -4,7 +4,9 @@
 
 use std::process::{Command, Output, Stdio};
 
-use zklock_testkit::{Certs, ClientAuth, EtcdCluster, EtcdServer, RedisServer, ServerCert};
+use zklock_testkit::{
+    Certs, ClientAuth, EtcdCluster, EtcdServer, PostgresServer, RedisServer, Relay, ServerCert,
+};
 
 fn run(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null()).output().expect("the client runs")
@@ -204,4 +206,167 @@ fn an_etcd_cluster_serves_tls() {
         "v"
     );
     assert!(etcd.leader().is_some());
+}
+
+/// `psql -c 'SELECT 1'` with the connection string `conninfo`; whether it answered 1, and
+/// what it printed.
+fn psql(conninfo: &str) -> (bool, String) {
+    let bin = std::fs::read_dir("/usr/lib/postgresql")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("bin/psql"))
+        .filter(|p| p.exists())
+        .max()
+        .expect("Debian's postgresql");
+    let out = run(Command::new(bin)
+        .env("PGCONNECT_TIMEOUT", "5")
+        .args(["-X", "-A", "-t", "-c", "SELECT 1", "-d", conninfo]));
+    (out.status.success() && text(&out).trim() == "1", text(&out))
+}
+
+#[test]
+fn postgres_serves_tls_and_refuses_plaintext_and_strangers() {
+    let certs = Certs::mint().unwrap();
+    let pg = PostgresServer::builder()
+        .tls(&certs, ClientAuth::Required)
+        .start()
+        .unwrap();
+    assert_eq!(pg.psql("SHOW ssl").unwrap().trim(), "on");
+    let base = format!("host=127.0.0.1 port={} dbname=postgres", pg.port());
+    let d = |p: &std::path::Path| p.display().to_string();
+    let client = format!(
+        "sslcert={} sslkey={}",
+        d(certs.client_cert_path()),
+        d(certs.client_key_path())
+    );
+    let verify = format!("sslmode=verify-full sslrootcert={}", d(certs.ca_path()));
+    // The client certificate logs in as postgres (pg_ident maps it) and as its own name.
+    let ok = psql(&format!("{base} user=postgres {verify} {client}"));
+    assert!(ok.0, "{}", ok.1);
+    pg.psql(&format!("CREATE ROLE \"{}\" LOGIN", certs.client_name()))
+        .unwrap();
+    let own = psql(&format!(
+        "{base} user={} {verify} {client}",
+        certs.client_name()
+    ));
+    assert!(own.0, "{}", own.1);
+    // The URL form, as tokio-postgres and libpq users write it.
+    let url = format!(
+        "{}?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+        pg.url(),
+        d(certs.ca_path()),
+        d(certs.client_cert_path()),
+        d(certs.client_key_path())
+    );
+    let by_url = psql(&url);
+    assert!(by_url.0, "{}", by_url.1);
+
+    let no_cert = psql(&format!("{base} user=postgres {verify}"));
+    assert!(
+        !no_cert.0 && no_cert.1.contains("certificate"),
+        "{}",
+        no_cert.1
+    );
+    let stranger = psql(&format!(
+        "{base} user=postgres {verify} sslcert={} sslkey={}",
+        d(certs.stranger_cert_path()),
+        d(certs.stranger_key_path())
+    ));
+    assert!(!stranger.0, "{}", stranger.1);
+    let wrong_ca = psql(&format!(
+        "{base} user=postgres sslmode=verify-ca sslrootcert={} {client}",
+        d(certs.other_ca_path())
+    ));
+    assert!(
+        !wrong_ca.0 && wrong_ca.1.contains("certificate verify failed"),
+        "{}",
+        wrong_ca.1
+    );
+    let plain = psql(&format!("{base} user=postgres sslmode=disable"));
+    assert!(!plain.0 && plain.1.contains("no encryption"), "{}", plain.1);
+    eprintln!(
+        "no cert: {}\nstranger: {}\nwrong ca: {}\nplain: {}",
+        no_cert.1, stranger.1, wrong_ca.1, plain.1
+    );
+}
+
+#[test]
+fn postgres_can_present_the_expired_or_wrong_name_certificate() {
+    let certs = Certs::mint().unwrap();
+    let verify = format!(
+        "sslmode=verify-full sslrootcert={}",
+        certs.ca_path().display()
+    );
+    let expired = PostgresServer::builder()
+        .tls(&certs, ClientAuth::NotRequired)
+        .server_cert(ServerCert::Expired)
+        .start()
+        .unwrap();
+    let refused = psql(&format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres {verify}",
+        expired.port()
+    ));
+    // libpq says no more than that (the handshake test below names the expiry).
+    assert!(
+        !refused.0 && refused.1.contains("certificate verify failed"),
+        "{}",
+        refused.1
+    );
+    let wrong = PostgresServer::builder()
+        .tls(&certs, ClientAuth::NotRequired)
+        .server_cert(ServerCert::WrongName)
+        .start()
+        .unwrap();
+    let refused = psql(&format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres {verify}",
+        wrong.port()
+    ));
+    assert!(
+        !refused.0 && refused.1.contains("wrong.example"),
+        "{}",
+        refused.1
+    );
+    // Without a client certificate required, a verifying client with the CA gets in.
+    let ok = psql(&format!(
+        "host=localhost port={} user=postgres dbname=postgres sslmode=verify-ca sslrootcert={}",
+        wrong.port(),
+        certs.ca_path().display()
+    ));
+    assert!(ok.0, "{}", ok.1);
+}
+
+#[test]
+fn a_tls_postgres_restarts_and_has_a_standby() {
+    let certs = Certs::mint().unwrap();
+    let mut pg = PostgresServer::builder()
+        .tls(&certs, ClientAuth::Required)
+        .start()
+        .unwrap();
+    pg.psql("CREATE TABLE t (); ").unwrap();
+    pg.restart().unwrap();
+    let standby = pg.start_standby(None).unwrap();
+    assert!(standby.is_tls());
+    assert_eq!(
+        standby.psql("SELECT pg_is_in_recovery()").unwrap().trim(),
+        "t"
+    );
+    assert_eq!(standby.psql("SHOW ssl").unwrap().trim(), "on");
+    standby.promote().unwrap();
+    // Through a relay, the standby copies and follows over TLS with the kit's certificate.
+    let relay = Relay::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
+    let relayed = pg.start_standby(Some(relay.port())).unwrap();
+    assert_eq!(
+        relayed.psql("SELECT pg_is_in_recovery()").unwrap().trim(),
+        "t"
+    );
+    let sql = "SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid) \
+               WHERE r.client_addr IS NOT NULL AND s.ssl";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while pg.psql(sql).unwrap().trim() != "1" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replication over TLS"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
