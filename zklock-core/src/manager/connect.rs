@@ -240,6 +240,7 @@ impl Builder {
             lease,
             acks: options.acks,
             sentinel_auth: options.sentinel_auth.clone(),
+            tls: options.tls.clone(),
             connect_timeout: self
                 .connect_timeout
                 .unwrap_or(DEFAULT_REDIS_CONNECT_TIMEOUT),

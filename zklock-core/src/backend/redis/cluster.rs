@@ -18,9 +18,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
-use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError, RedisResult};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError,
+    RedisResult,
+};
 
 use super::breaks::{Breaks, SLOTS};
+use super::dial::Dial;
 use crate::types::error::{Error, Result, ServerError};
 
 /// The scheme of a Cluster URL.
@@ -174,6 +178,8 @@ pub(crate) struct Cluster {
     changes: tokio::sync::watch::Sender<u64>,
     /// The backend's breaks, per slot: a slot whose owner changes is a failover of its holds.
     breaks: Breaks,
+    /// How the nodes are reached (TLS or not).
+    pub(crate) dial: Dial,
 }
 
 impl Cluster {
@@ -181,7 +187,7 @@ impl Cluster {
     ///
     /// # Errors
     /// [`Error::Config`] naming what is wrong (never the password).
-    pub(crate) fn parse(url: &str) -> Result<Cluster> {
+    pub(crate) fn parse(url: &str, dial: Dial) -> Result<Cluster> {
         let bad = |what: &str| {
             Error::Config(format!(
                 "the Redis Cluster URL is not usable: {what}; give \
@@ -229,6 +235,7 @@ impl Cluster {
             turn: std::sync::atomic::AtomicUsize::new(0),
             changes: tokio::sync::watch::channel(0).0,
             breaks: Breaks::of_cluster(),
+            dial,
         })
     }
 
@@ -350,8 +357,8 @@ impl Cluster {
         for (host, port) in self.candidates() {
             let asked = tokio::time::timeout(timeout, async {
                 let mut c = self
-                    .client(&host, port)?
-                    .get_multiplexed_async_connection()
+                    .dial
+                    .connection(&self.client(&host, port)?, &AsyncConnectionConfig::new())
                     .await?;
                 redis::cmd("CLUSTER")
                     .arg("SLOTS")
@@ -500,7 +507,7 @@ mod tests {
 
     #[test]
     fn urls_are_parsed() {
-        let c = Cluster::parse("redis+cluster://u:p%40w@a:1,b:2").unwrap();
+        let c = Cluster::parse("redis+cluster://u:p%40w@a:1,b:2", Dial::default()).unwrap();
         assert_eq!(c.seeds, [("a".to_string(), 1), ("b".to_string(), 2)]);
         assert_eq!(c.data.redis_settings().password(), Some("p@w"));
         for (url, says) in [
@@ -508,7 +515,10 @@ mod tests {
             ("redis+cluster://a", "host:port"),
             ("redis+cluster://u:secret@a:1/3", "one database"),
         ] {
-            let err = Cluster::parse(url).err().unwrap().to_string();
+            let err = Cluster::parse(url, Dial::default())
+                .err()
+                .unwrap()
+                .to_string();
             assert!(err.contains(says), "{url}: {err}");
             assert!(!err.contains("secret"), "{err}");
         }

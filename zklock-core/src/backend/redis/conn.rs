@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ConnectionAddr, RedisError, RedisResult};
+use redis::{AsyncConnectionConfig, RedisError, RedisResult};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::types::error::{Error, ServerError};
@@ -69,6 +69,10 @@ pub(crate) struct Conn {
 /// So are a Cluster's passing states: `-TRYAGAIN` (a migration splits the keys), `-CLUSTERDOWN`
 /// and `-MASTERDOWN` (a failover under way).
 pub(crate) fn transient(err: &RedisError) -> bool {
+    // A certificate that does not verify does not verify the next time either.
+    if super::dial::tls_failure(err).is_some() {
+        return false;
+    }
     connection_failed(err) || read_only(err) || passing(err)
 }
 
@@ -116,6 +120,9 @@ pub(crate) fn read_only(err: &RedisError) -> bool {
 
 /// A client error during `operation`, as zklock's [`Error`].
 pub(crate) fn server_error(operation: &'static str, err: RedisError) -> Error {
+    if let Some(failure) = super::dial::tls_failure(&err) {
+        return failure;
+    }
     Error::Server {
         backend: "redis",
         operation,
@@ -163,53 +170,21 @@ impl Conn {
         }
     }
 
-    /// Opens a connection to `node` (`None`: the one server, or the Sentinels' primary). Over
-    /// TCP or a Unix socket the connection is driven by a task of this backend, so its end
-    /// (the server closed it, restarted, or the socket failed) counts as a break at once, not
-    /// at the next request; other addresses open through the client, and their breaks show at
-    /// the next request.
+    /// Opens a connection to `node` (`None`: the one server, or the Sentinels' primary), over
+    /// TCP (with TLS if asked) or a Unix socket. It is driven by a task of this backend, so
+    /// its end (the server closed it, restarted, or the socket failed) counts as a break at
+    /// once, not at the next request.
     async fn open(&self, node: &NodeKey) -> RedisResult<Link> {
         let (client, trust) = match node {
             Some((host, port)) => (self.servers.node_client(host, *port)?, None),
             None => self.servers.client(self.connect_timeout).await?,
         };
-        let info = client.get_connection_info();
         let broken = Arc::new(AtomicBool::new(false));
-        let (mut connection, driver) = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
-                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
-                stream.set_nodelay(true)?;
-                let (c, d) = MultiplexedConnection::new_with_config(
-                    info.redis_settings(),
-                    stream,
-                    self.config.clone(),
-                )
-                .await?;
-                (c, futures::FutureExt::boxed(d))
-            }
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                let (c, d) = MultiplexedConnection::new_with_config(
-                    info.redis_settings(),
-                    stream,
-                    self.config.clone(),
-                )
-                .await?;
-                (c, futures::FutureExt::boxed(d))
-            }
-            _ => {
-                let connection = client
-                    .get_multiplexed_async_connection_with_config(&self.config)
-                    .await?;
-                return Ok(Link {
-                    connection,
-                    broken,
-                    node: node.clone(),
-                    trust,
-                });
-            }
-        };
+        let (mut connection, driver) = self
+            .servers
+            .dial()
+            .multiplexed(&client, &self.config)
+            .await?;
         let (servers, breaks, flag) = (self.servers.clone(), self.breaks.clone(), broken.clone());
         let at = node.clone();
         self.runtime.spawn(async move {
@@ -430,8 +405,10 @@ impl Conn {
     {
         let (host, port) = split_addr(addr)?;
         let client = self.servers.node_client(&host, port)?;
-        let mut c = client
-            .get_multiplexed_async_connection_with_config(&self.config)
+        let mut c = self
+            .servers
+            .dial()
+            .connection(&client, &self.config)
             .await?;
         redis::cmd("ASKING").query_async::<()>(&mut c).await?;
         request(c).await

@@ -788,7 +788,7 @@ async fn connect(
             Some((host, port)) => servers.node_client(host, *port)?,
             None => servers.client(timeout).await?.0,
         };
-        let (mut sink, stream) = client.get_async_pubsub().await?.split();
+        let (mut sink, stream) = servers.dial().pubsub(&client).await?.split();
         sink.subscribe(channels).await?;
         Ok::<_, redis::RedisError>((sink, stream))
     })
@@ -815,7 +815,7 @@ mod tests {
     fn live_hub() -> Hub {
         let client = redis::Client::open("redis://127.0.0.1:1/").expect("a URL");
         let hub = Hub::start(
-            Servers::One(Box::new(client)),
+            Servers::One(Box::new(client), crate::backend::redis::Dial::default()),
             Duration::from_millis(50),
             &tokio::runtime::Handle::current(),
             Breaks::new(),

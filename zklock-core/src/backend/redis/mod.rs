@@ -43,6 +43,7 @@ mod acquire;
 mod breaks;
 mod cluster;
 mod conn;
+mod dial;
 mod hold;
 mod hub;
 mod inspect;
@@ -68,6 +69,7 @@ use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
 use breaks::Breaks;
 use conn::{server_error, transient, Background, Conn};
+use dial::Dial;
 use hub::Hub;
 use keys::Keys;
 pub use options::RedisOptions;
@@ -120,6 +122,8 @@ pub(crate) struct RedisConfig {
     pub(crate) acks: Option<options::Acks>,
     /// The Sentinels' own credentials (`redis+sentinel://` only).
     pub(crate) sentinel_auth: Option<options::SentinelAuth>,
+    /// The options' TLS settings (a `rediss` scheme asks for TLS too).
+    pub(crate) tls: Option<crate::types::tls::Tls>,
 }
 
 /// What the backend's holds and tasks share.
@@ -489,10 +493,11 @@ impl RedisBackend {
     /// so that a wrong master name, no Sentinel or node answering, or a Cluster with slots
     /// uncovered is a clear error at connect.
     async fn servers(config: &RedisConfig) -> Result<Servers> {
-        let url = config.url.as_str();
+        let (url, dial) = Dial::of(&config.url, config.tls.as_ref());
+        let url = url.as_str();
         let scheme = url.trim().to_ascii_lowercase();
         if scheme.starts_with(sentinel::SCHEME) {
-            let sentinels = sentinel::Sentinels::parse(url, config.sentinel_auth.as_ref())?;
+            let sentinels = sentinel::Sentinels::parse(url, config.sentinel_auth.as_ref(), dial)?;
             let named = sentinels
                 .primary(config.connect_timeout)
                 .await
@@ -508,7 +513,7 @@ impl RedisBackend {
             ));
         }
         if scheme.starts_with(cluster::SCHEME) {
-            let cluster = cluster::Cluster::parse(url)?;
+            let cluster = cluster::Cluster::parse(url, dial)?;
             cluster
                 .refresh(config.connect_timeout)
                 .await
@@ -518,7 +523,7 @@ impl RedisBackend {
         // The URL may carry a password: errors name the problem, not the URL.
         let client = redis::Client::open(url)
             .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
-        Ok(Servers::One(Box::new(client)))
+        Ok(Servers::One(Box::new(client), dial))
     }
 
     /// One attempt of `ask` for `ids` on `keys`; a mutex waiter queues as `member` unless

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::DEFAULT_LEASE;
+use crate::types::tls::Tls;
 
 /// The Redis backend's own settings, given to [`Builder::redis`](crate::Builder::redis). A
 /// manager whose connect string names another backend refuses them at
@@ -27,6 +28,7 @@ pub struct RedisOptions {
     pub(crate) lease: Duration,
     pub(crate) acks: Option<Acks>,
     pub(crate) sentinel_auth: Option<SentinelAuth>,
+    pub(crate) tls: Option<Tls>,
 }
 
 /// The credentials the Sentinels themselves ask for (see
@@ -60,11 +62,33 @@ impl Default for RedisOptions {
             lease: DEFAULT_LEASE,
             acks: None,
             sentinel_auth: None,
+            tls: None,
         }
     }
 }
 
 impl RedisOptions {
+    /// Connects over TLS with these settings (a private CA, a client certificate for
+    /// `tls-auth-clients yes`, the name to check): to the server, or to the Sentinels and the
+    /// primary, or to every Cluster node. A `rediss://` (`rediss+sentinel://`,
+    /// `rediss+cluster://`) URL uses TLS with the system's roots when no settings are given.
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("rediss://redis.internal:6380")
+    ///     .redis(|r| {
+    ///         r.tls(
+    ///             zklock_core::Tls::new()
+    ///                 .ca_file("/etc/zklock/ca.pem")
+    ///                 .client_cert_files("/etc/zklock/app.pem", "/etc/zklock/app.key"),
+    ///         )
+    ///     });
+    /// # let _ = b;
+    /// ```
+    pub fn tls(mut self, tls: Tls) -> RedisOptions {
+        self.tls = Some(tls);
+        self
+    }
+
     /// How long a hold lives without a renewal (default [`DEFAULT_LEASE`], 10 s; at least
     /// 100 ms): the `PX` of its key.
     ///

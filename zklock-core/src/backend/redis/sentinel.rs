@@ -25,8 +25,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
-use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError, RedisResult};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError,
+    RedisResult,
+};
 
+use super::dial::Dial;
 use super::options::SentinelAuth;
 use super::Inner;
 use crate::types::error::{Error, Result, ServerError};
@@ -75,6 +79,8 @@ pub(crate) struct Sentinels {
     sentinel: ConnectionInfo,
     /// The primary this process trusts, and how many failovers it acted on.
     trusted: StdMutex<Trusted>,
+    /// How the Sentinels and the data nodes are reached (TLS or not).
+    pub(crate) dial: Dial,
     /// Told when a connection found the Sentinels naming a newer primary than the trusted one:
     /// [`watch`] asks them and acts on the failover.
     news: tokio::sync::Notify,
@@ -161,7 +167,7 @@ impl Sentinels {
     ///
     /// # Errors
     /// [`Error::Config`] naming what is wrong (never the password).
-    pub(crate) fn parse(url: &str, auth: Option<&SentinelAuth>) -> Result<Sentinels> {
+    pub(crate) fn parse(url: &str, auth: Option<&SentinelAuth>, dial: Dial) -> Result<Sentinels> {
         let bad = |what: &str| {
             Error::Config(format!(
                 "the Redis Sentinel URL is not usable: {what}; give \
@@ -240,6 +246,7 @@ impl Sentinels {
             data,
             sentinel,
             trusted: StdMutex::default(),
+            dial,
             news: tokio::sync::Notify::new(),
         })
     }
@@ -328,8 +335,8 @@ impl Sentinels {
     /// which is judged stale, never the reverse). `None`: it knows no master of that name.
     async fn ask(&self, i: usize) -> RedisResult<Option<Named>> {
         let mut c = self
-            .sentinel_client(i)?
-            .get_multiplexed_async_connection()
+            .dial
+            .connection(&self.sentinel_client(i)?, &AsyncConnectionConfig::new())
             .await?;
         let asked = redis::pipe()
             .cmd("SENTINEL")
@@ -555,7 +562,7 @@ async fn listen(
 ) -> RedisResult<()> {
     let client = sentinels.sentinel_client(i)?;
     let mut pubsub = tokio::time::timeout(timeout, async {
-        let mut p = client.get_async_pubsub().await?;
+        let mut p = sentinels.dial.pubsub(&client).await?;
         p.subscribe("+switch-master").await?;
         Ok::<_, RedisError>(p)
     })
@@ -619,10 +626,16 @@ mod tests {
 
     #[test]
     fn urls_are_parsed() {
-        let s = Sentinels::parse("redis+sentinel://a:1,b:2/mymaster", None).unwrap();
+        let s =
+            Sentinels::parse("redis+sentinel://a:1,b:2/mymaster", None, Dial::default()).unwrap();
         assert_eq!(s.addrs, [("a".to_string(), 1), ("b".to_string(), 2)]);
         assert_eq!(s.master, "mymaster");
-        let s = Sentinels::parse("REDIS+SENTINEL://u:p%40ss@h/my%20master/3", None).unwrap();
+        let s = Sentinels::parse(
+            "REDIS+SENTINEL://u:p%40ss@h/my%20master/3",
+            None,
+            Dial::default(),
+        )
+        .unwrap();
         assert_eq!(s.addrs, [("h".to_string(), 26379)]);
         assert_eq!(s.master, "my master");
         assert_eq!(s.data.redis_settings().db(), 3);
@@ -633,7 +646,8 @@ mod tests {
             username: Some("locks".into()),
             password: "s3cret".into(),
         };
-        let s = Sentinels::parse("redis+sentinel://u:pw@h/m", Some(&auth)).unwrap();
+        let s =
+            Sentinels::parse("redis+sentinel://u:pw@h/m", Some(&auth), Dial::default()).unwrap();
         assert_eq!(s.sentinel.redis_settings().password(), Some("s3cret"));
         assert_eq!(s.sentinel.redis_settings().username(), Some("locks"));
         assert_eq!(s.data.redis_settings().password(), Some("pw"));
@@ -687,7 +701,10 @@ mod tests {
             ("redis+sentinel://h/m/x", "database"),
             ("redis+sentinel://h/m/1/2", "more than"),
         ] {
-            let err = Sentinels::parse(url, None).err().unwrap().to_string();
+            let err = Sentinels::parse(url, None, Dial::default())
+                .err()
+                .unwrap()
+                .to_string();
             assert!(err.contains(says), "{url}: {err}");
             assert!(!err.contains("secret"), "{err}");
         }

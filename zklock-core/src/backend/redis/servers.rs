@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::{Client, RedisResult};
 
 use super::cluster::Cluster;
+use super::dial::Dial;
 use super::sentinel::Sentinels;
 
 /// Under Sentinel, the primary a connection was opened to and the failovers acted on when it
@@ -17,8 +18,8 @@ pub(crate) type Trust = Option<((String, u16), u64)>;
 /// Where the backend's connections go.
 #[derive(Clone)]
 pub(crate) enum Servers {
-    /// One server (`redis://`, `redis+unix://`, `unix://`).
-    One(Box<Client>),
+    /// One server (`redis://`, `rediss://`, `redis+unix://`, `unix://`), and how to reach it.
+    One(Box<Client>, Dial),
     /// The primary the Sentinels name.
     Sentinel(Arc<Sentinels>),
     /// The primaries of a Redis Cluster, each key on its slot's.
@@ -33,7 +34,7 @@ impl Servers {
     /// must still be to be used once open ([`Servers::still_trusted`]).
     pub(crate) async fn client(&self, timeout: Duration) -> RedisResult<(Client, Trust)> {
         match self {
-            Servers::One(client) => Ok((Client::clone(client), None)),
+            Servers::One(client, _) => Ok((Client::clone(client), None)),
             Servers::Sentinel(s) => {
                 let (named, failovers) = s.trusted_primary(timeout).await?;
                 let (host, port) = named.addr.clone();
@@ -58,7 +59,7 @@ impl Servers {
         match self {
             Servers::Cluster(c) => c.client(host, port),
             Servers::Sentinel(s) => s.data_client(host.to_string(), port),
-            Servers::One(client) => Ok(Client::clone(client)),
+            Servers::One(client, _) => Ok(Client::clone(client)),
         }
     }
 
@@ -164,6 +165,15 @@ impl Servers {
         }
     }
 
+    /// How connections are opened (TLS or not): the same for every server.
+    pub(crate) fn dial(&self) -> &Dial {
+        match self {
+            Servers::One(_, dial) => dial,
+            Servers::Sentinel(s) => &s.dial,
+            Servers::Cluster(c) => &c.dial,
+        }
+    }
+
     /// Whether a fresh connection must say it is the primary (`ROLE`) before it is used.
     pub(crate) fn checks_role(&self) -> bool {
         matches!(self, Servers::Sentinel(_))
@@ -177,7 +187,8 @@ mod tests {
 
     #[test]
     fn a_cluster_message_counts_from_the_primary_of_its_slot_only() {
-        let cluster = Cluster::parse("redis+cluster://127.0.0.1:7001").expect("a URL");
+        let cluster =
+            Cluster::parse("redis+cluster://127.0.0.1:7001", Dial::default()).expect("a URL");
         let key = "zklock:wake:{8df2810047fa336d}/zklock/locks/sku_7";
         cluster.moved(slot(key), "127.0.0.1:7002");
         let servers = Servers::Cluster(Arc::new(cluster));
@@ -196,9 +207,10 @@ mod tests {
         // A slot with no known owner: every copy counts.
         assert!(servers.first_hand(Some(&a), "zklock:wake:{other}/x", both()));
         // Off Cluster there is one connection.
-        let one = Servers::One(Box::new(
-            redis::Client::open("redis://127.0.0.1:1/").expect("a URL"),
-        ));
+        let one = Servers::One(
+            Box::new(redis::Client::open("redis://127.0.0.1:1/").expect("a URL")),
+            Dial::default(),
+        );
         assert!(one.first_hand(None, key, [None].into_iter()));
     }
 }

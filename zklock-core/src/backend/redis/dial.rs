@@ -1,0 +1,184 @@
+//! How the Redis backend opens every connection ([`Dial`]): TCP or a Unix socket, with TLS over
+//! TCP when the URL is `rediss://` (`rediss+sentinel://`, `rediss+cluster://`) or the options
+//! give [`Tls`] — to the server, the Sentinels and every Cluster node alike. The redis client's
+//! own TLS is not used: every backend shares one TLS stack ([`Tls`]).
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use redis::aio::{MultiplexedConnection, PubSub};
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError, RedisResult};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::types::error::Error;
+use crate::types::tls::{Check, Tls};
+
+/// A byte stream to a server.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+
+/// How connections are opened: in plaintext, or over TLS with these settings.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Dial {
+    tls: Option<Tls>,
+}
+
+/// The TLS schemes, and the plaintext ones the redis client parses in their place.
+const TLS_SCHEMES: [(&str, &str); 3] = [
+    ("rediss+sentinel://", "redis+sentinel://"),
+    ("rediss+cluster://", "redis+cluster://"),
+    ("rediss://", "redis://"),
+];
+
+impl Dial {
+    /// The dial of `url` with the options' `tls`: TLS if either asks for it. Answers the URL with
+    /// its scheme in plaintext form, for the parsers.
+    pub(crate) fn of(url: &str, tls: Option<&Tls>) -> (String, Dial) {
+        let trimmed = url.trim();
+        let lower = trimmed.to_ascii_lowercase();
+        for (tls_scheme, plain) in TLS_SCHEMES {
+            if lower.starts_with(tls_scheme) {
+                let rest = &trimmed[tls_scheme.len()..];
+                return (
+                    format!("{plain}{rest}"),
+                    Dial {
+                        tls: Some(tls.cloned().unwrap_or_default()),
+                    },
+                );
+            }
+        }
+        (trimmed.to_string(), Dial { tls: tls.cloned() })
+    }
+
+    /// Whether connections use TLS.
+    #[cfg(test)]
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// A stream to the server `client` names, TLS set up if asked for.
+    async fn stream(&self, client: &Client) -> RedisResult<Box<dyn Io>> {
+        match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                stream.set_nodelay(true)?;
+                match &self.tls {
+                    None => Ok(Box::new(stream)),
+                    Some(tls) => tls
+                        .handshake(stream, host, *port, Check::Full)
+                        .await
+                        .map(|s| Box::new(s) as Box<dyn Io>)
+                        .map_err(into_redis),
+                }
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => {
+                if self.tls.is_some() {
+                    return Err(into_redis(Error::Config(
+                        "TLS was asked for a Unix socket: give the server's TCP address".into(),
+                    )));
+                }
+                Ok(Box::new(tokio::net::UnixStream::connect(path).await?))
+            }
+            other => Err(into_redis(Error::Config(format!(
+                "the Redis address {other} is not one zklock can open"
+            )))),
+        }
+    }
+
+    /// A multiplexed connection to the server `client` names, and the future that drives it
+    /// (its end is the connection's).
+    pub(crate) async fn multiplexed(
+        &self,
+        client: &Client,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<(MultiplexedConnection, BoxFuture<'static, ()>)> {
+        let stream = self.stream(client).await?;
+        let info = client.get_connection_info();
+        let (connection, driver) =
+            MultiplexedConnection::new_with_config(info.redis_settings(), stream, config.clone())
+                .await?;
+        Ok((connection, driver.boxed()))
+    }
+
+    /// A multiplexed connection driven by a task of its own on the current runtime (for a
+    /// request or two: a scan, `CLUSTER SLOTS`, a Sentinel's answer).
+    pub(crate) async fn connection(
+        &self,
+        client: &Client,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<MultiplexedConnection> {
+        let (connection, driver) = self.multiplexed(client, config).await?;
+        tokio::spawn(driver);
+        Ok(connection)
+    }
+
+    /// A pub/sub connection to the server `client` names.
+    pub(crate) async fn pubsub(&self, client: &Client) -> RedisResult<PubSub> {
+        let stream = self.stream(client).await?;
+        PubSub::new(client.get_connection_info().redis_settings(), stream).await
+    }
+}
+
+/// Why TLS failed, carried through the redis client's error (see [`tls_failure`]).
+#[derive(Debug)]
+struct Failure(Error);
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// `err` as a redis client error that [`tls_failure`] finds again.
+fn into_redis(err: Error) -> RedisError {
+    RedisError::from(std::io::Error::other(Failure(err)))
+}
+
+/// zklock's error inside a redis client error from [`Dial`] (a TLS failure, an address it
+/// cannot open), if it carries one.
+pub(crate) fn tls_failure(err: &RedisError) -> Option<Error> {
+    // The client keeps an I/O error as `Arc<dyn Error>`, its source.
+    type Kept = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let kept = std::error::Error::source(err)?.downcast_ref::<Kept>()?;
+    let io = (**kept).downcast_ref::<std::io::Error>()?;
+    let Failure(failure) = io.get_ref()?.downcast_ref::<Failure>()?;
+    Some(failure.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tls_schemes_ask_for_tls() {
+        let (url, dial) = Dial::of("rediss://h:6380/0", None);
+        assert_eq!(url, "redis://h:6380/0");
+        assert!(dial.is_tls());
+        let (url, dial) = Dial::of("REDISS+CLUSTER://a:1,b:2", None);
+        assert_eq!(url, "redis+cluster://a:1,b:2");
+        assert!(dial.is_tls());
+        let (url, dial) = Dial::of("rediss+sentinel://s:26379/m", None);
+        assert_eq!(url, "redis+sentinel://s:26379/m");
+        assert!(dial.is_tls());
+        let (_, dial) = Dial::of("redis://h", None);
+        assert!(!dial.is_tls());
+        let (_, dial) = Dial::of("redis+sentinel://s/m", Some(&Tls::new()));
+        assert!(dial.is_tls(), "the options' TLS asks for it too");
+    }
+
+    #[test]
+    fn a_failure_is_found_again_in_the_client_error() {
+        let failure = Error::Tls {
+            host: "h:1".into(),
+            reason: "expired".into(),
+        };
+        let err = into_redis(failure.clone());
+        assert_eq!(tls_failure(&err), Some(failure));
+        let plain = RedisError::from(std::io::Error::other("reset"));
+        assert_eq!(tls_failure(&plain), None);
+    }
+}
