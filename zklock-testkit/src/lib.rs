@@ -12,7 +12,14 @@
 //!   adversary's cut after the Nth request (the server acts, the client never hears the answer).
 //! - [`History`]: what lock workers did (acquire, grant with fencing token, release, loss), and
 //!   [`check`] to find two holders at once, tokens that do not increase, and holds that never end.
-//! - TLS: [`ZkServerBuilder::tls`] serves a `secureClientPort` with a throwaway certificate.
+//! - TLS: [`Certs`] mints a private CA and certificates in-process (good, wrong name, expired,
+//!   a client's, another CA's client), and the servers serve TLS with them:
+//!   [`RedisServerBuilder::tls`] (`rediss://`), [`PostgresServerBuilder::tls`] (`ssl = on`,
+//!   plaintext TCP refused), [`EtcdServerBuilder::tls`] and [`EtcdClusterBuilder::tls`]
+//!   (`etcds://`, `https://` client URLs) and [`ZkServerBuilder::tls_with`] (the secure port),
+//!   each asking for client certificates or not ([`ClientAuth`]) and presenting the
+//!   certificate a test picks ([`ServerCert`]). [`ZkServerBuilder::tls`] alone serves a
+//!   `secureClientPort` with a throwaway `keytool` certificate.
 //! - [`RedisServer`]: Debian's `redis-server` on a free loopback port with a throwaway directory, for
 //!   the Redis backend and the inventory demo; stop, restart, pause and resume it.
 //! - [`PostgresServer`]: Debian's `postgresql` on a free loopback port with a throwaway data
@@ -110,6 +117,11 @@ mod tests {
         send_sync::<crate::ZkServer>();
         send_sync::<crate::RedisServer>();
         send_sync::<crate::PostgresServer>();
+        send_sync::<crate::Certs>();
+        send_sync::<crate::RedisServerBuilder>();
+        send_sync::<crate::PostgresServerBuilder>();
+        send_sync::<crate::EtcdServer>();
+        send_sync::<crate::EtcdServerBuilder>();
         send_sync::<crate::ZkCluster>();
         send_sync::<crate::ZkServerBuilder>();
         send_sync::<crate::ZkClusterBuilder>();

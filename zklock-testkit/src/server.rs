@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::certs::{Certs, ClientAuth, ServerCert, ServerTls};
 use crate::daemon::on_free_ports;
-use crate::install::ensure_zookeeper_installed;
+use crate::install::{ensure_netty_installed, ensure_zookeeper_installed};
 use crate::member::{Member, Options};
 use crate::ports::PortLease;
 use crate::tls::{self, TlsMaterial};
@@ -48,6 +49,7 @@ pub struct ZkServer {
     lease: PortLease,
     secure_lease: Option<PortLease>,
     tls: Option<std::sync::Arc<TlsMaterial>>,
+    certs: Option<ServerTls>,
     _dir: TempDir,
 }
 
@@ -71,6 +73,8 @@ pub struct ZkServer {
 pub struct ZkServerBuilder {
     opts: Options,
     tls: bool,
+    certs: Option<(Certs, ClientAuth)>,
+    server_cert: Option<ServerCert>,
 }
 
 impl ZkServerBuilder {
@@ -96,12 +100,61 @@ impl ZkServerBuilder {
         self
     }
 
+    /// Serves TLS too, as [`tls`](Self::tls) does, but with `certs`: the secure port presents
+    /// [`Certs::server_cert_path`] (or the certificate [`server_cert`](Self::server_cert)
+    /// picks; ZooKeeper reads PEM files, `ssl.keyStore.type=PEM`) and trusts
+    /// [`Certs::ca_path`] for client certificates (`ssl.trustStore.type=PEM`), which it
+    /// requires with [`ClientAuth::Required`] (`ssl.clientAuth=need`; else `none`). The plain
+    /// port stays, as with [`tls`](Self::tls); [`ZkServer::tls_ca_pem`] is the CA's.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, ZkServer};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let server = ZkServer::builder().tls_with(&certs, ClientAuth::Required).start()?;
+    /// let connect = server.secure_connect_string().unwrap();
+    /// // A TLS client trusts certs.ca_path() and presents certs.client_cert_path().
+    /// # let _ = connect;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls_with(mut self, certs: &Certs, client_auth: ClientAuth) -> Self {
+        self.tls = true;
+        self.certs = Some((certs.clone(), client_auth));
+        self
+    }
+
+    /// Which of the certificates given to [`tls_with`](Self::tls_with) the secure port
+    /// presents (the valid one unless told): the wrong name's or the expired one, which every
+    /// verifying client must refuse.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, ServerCert, ZkServer};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let server = ZkServer::builder()
+    ///     .tls_with(&certs, ClientAuth::NotRequired)
+    ///     .server_cert(ServerCert::Expired)
+    ///     .start()?;
+    /// # drop(server);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn server_cert(mut self, which: ServerCert) -> Self {
+        self.server_cert = Some(which);
+        self
+    }
+
     /// Starts the server and waits until it serves.
     ///
     /// # Errors
     ///
     /// When ZooKeeper or Java is missing and cannot be installed, when no free port works, or when the
-    /// server does not serve within the startup timeout — with the tail of the server's log.
+    /// server does not serve within the startup timeout — with the tail of the server's log;
+    /// [`io::ErrorKind::InvalidInput`] when [`server_cert`](Self::server_cert) was given without
+    /// [`tls_with`](Self::tls_with).
     ///
     /// # Examples
     ///
@@ -112,10 +165,14 @@ impl ZkServerBuilder {
     /// ```
     pub fn start(self) -> io::Result<ZkServer> {
         ensure_zookeeper_installed()?;
-        let material = if self.tls {
-            Some(tls::material()?)
-        } else {
-            None
+        let certs = ServerTls::from_options(self.certs.clone(), self.server_cert)?;
+        let material = match (&certs, self.tls) {
+            (None, true) => Some(tls::material()?),
+            (Some(_), _) => {
+                ensure_netty_installed()?;
+                None
+            }
+            (None, false) => None,
         };
         let ports_needed = if self.tls { 2 } else { 1 };
         on_free_ports(ports_needed, PORT_ATTEMPTS, "ZooKeeper", |mut leases| {
@@ -123,12 +180,17 @@ impl ZkServerBuilder {
             let lease = leases.remove(0);
             let dir = workdir::create("server")?;
             let mut opts = self.opts.clone();
-            if let (Some(material), Some(secure)) = (&material, &secure_lease) {
-                // Extra lines the caller gave still win over these.
-                let mut lines = material.config_lines(secure.port());
-                lines.append(&mut opts.extra);
-                opts.extra = lines;
-            }
+            let tls_lines = match (&material, &certs, &secure_lease) {
+                (Some(material), _, Some(secure)) => material.config_lines(secure.port()),
+                (None, Some(certs), Some(secure)) => {
+                    pem_config_lines(certs, dir.path(), secure.port())?
+                }
+                _ => Vec::new(),
+            };
+            // Extra lines the caller gave still win over these.
+            let mut lines = tls_lines;
+            lines.append(&mut opts.extra);
+            opts.extra = lines;
             let mut member = Member::create(dir.path().to_path_buf(), &opts, lease.port(), &[], 0)?;
             member.spawn()?;
             member.wait_serving(None)?;
@@ -137,6 +199,7 @@ impl ZkServerBuilder {
                 lease,
                 secure_lease,
                 tls: material.clone(),
+                certs: certs.clone(),
                 _dir: dir,
             })
         })
@@ -229,7 +292,8 @@ impl ZkServer {
     }
 
     /// The PEM certificate a TLS client must trust to talk to this server (its self-signed
-    /// certificate), when the server was built with [`ZkServerBuilder::tls`].
+    /// certificate), when the server was built with [`ZkServerBuilder::tls`]; the CA's
+    /// ([`Certs::ca_pem`]) with [`ZkServerBuilder::tls_with`].
     ///
     /// # Examples
     ///
@@ -239,7 +303,11 @@ impl ZkServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn tls_ca_pem(&self) -> Option<&str> {
-        self.tls.as_deref().map(TlsMaterial::ca_pem)
+        match (&self.tls, &self.certs) {
+            (Some(material), _) => Some(material.ca_pem()),
+            (None, Some(certs)) => Some(certs.certs.ca_pem()),
+            (None, None) => None,
+        }
     }
 
     /// The JVM's process id, or `None` while stopped.
@@ -424,4 +492,51 @@ impl Drop for ZkServer {
         // Kill the JVM before the port lease and the directory go (field order does the rest).
         let _ = self.member.stop();
     }
+}
+
+/// The `zoo.cfg` lines that make a server serve TLS on `secure_port` with `tls`'s PEM files:
+/// the key and certificate in one file (as ZooKeeper's PEM key store wants them), written in
+/// `dir`.
+fn pem_config_lines(
+    tls: &ServerTls,
+    dir: &Path,
+    secure_port: u16,
+) -> io::Result<Vec<(String, String)>> {
+    let keystore = dir.join("keystore.pem");
+    let mut pem = std::fs::read_to_string(tls.key_path())?;
+    pem.push_str(&std::fs::read_to_string(tls.cert_path())?);
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&keystore)?
+            .write_all(pem.as_bytes())?;
+    }
+    let client_auth = if tls.requires_client_cert() {
+        "need"
+    } else {
+        "none"
+    };
+    Ok([
+        ("secureClientPort", secure_port.to_string()),
+        ("secureClientPortAddress", "127.0.0.1".to_string()),
+        (
+            "serverCnxnFactory",
+            "org.apache.zookeeper.server.NettyServerCnxnFactory".to_string(),
+        ),
+        ("ssl.keyStore.location", keystore.display().to_string()),
+        ("ssl.keyStore.type", "PEM".to_string()),
+        (
+            "ssl.trustStore.location",
+            tls.certs.ca_path().display().to_string(),
+        ),
+        ("ssl.trustStore.type", "PEM".to_string()),
+        ("ssl.clientAuth", client_auth.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect())
 }
