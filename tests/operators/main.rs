@@ -18,4 +18,5 @@ mod hostile_keys;
 mod metrics;
 mod revoke_and_inspect;
 mod tls;
+mod tls_redis_postgres;
 mod tracing_events;

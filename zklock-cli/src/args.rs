@@ -1,6 +1,7 @@
 //! The command line: the global options (where to connect, namespace, each backend's own) and
 //! each command's arguments, as clap parses them, with the job rules clap cannot say.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -54,6 +55,34 @@ pub(crate) struct Cli {
         help_heading = "Redis, PostgreSQL and etcd"
     )]
     pub(crate) sentinel_password: Option<String>,
+    /// Trust the certificate authorities in this PEM file to verify the servers' certificates
+    /// (a private CA), instead of the system's roots. Asks for TLS on Redis and PostgreSQL
+    #[arg(
+        long,
+        global = true,
+        env = "ZKLOCK_TLS_CA",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// Present this client certificate (PEM) to servers that ask for one; needs --tls-key
+    #[arg(
+        long,
+        global = true,
+        env = "ZKLOCK_TLS_CERT",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert
+    #[arg(
+        long,
+        global = true,
+        env = "ZKLOCK_TLS_KEY",
+        value_name = "FILE",
+        help_heading = "TLS"
+    )]
+    pub(crate) tls_key: Option<PathBuf>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }

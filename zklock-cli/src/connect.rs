@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use zklock_core::{BackendKind, LockManager};
+use zklock_core::{BackendKind, LockManager, Tls};
 
 use crate::args::Cli;
 use crate::exit::fail;
@@ -32,6 +32,7 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
             kind.name()
         )));
     }
+    let tls = tls(cli, kind)?;
     let builder = LockManager::builder(&cli.connect).namespace(&cli.namespace);
     let builder = match (kind, cli.session_timeout, cli.lease) {
         (BackendKind::ZooKeeper, Some(t), _) => builder.zookeeper(|zk| zk.session_timeout(t)),
@@ -42,17 +43,59 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
                     Some(lease) => r.lease(lease),
                     None => r,
                 };
+                let r = match tls {
+                    Some(tls) => r.tls(tls),
+                    None => r,
+                };
                 match password {
                     Some(p) => r.sentinel_password(p),
                     None => r,
                 }
             })
         }
-        (BackendKind::Postgres, _, Some(lease)) => builder.postgres(|pg| pg.lease(lease)),
+        (BackendKind::Postgres, _, lease) => builder.postgres(move |pg| {
+            let pg = match lease {
+                Some(lease) => pg.lease(lease),
+                None => pg,
+            };
+            match tls {
+                Some(tls) => pg.tls(tls),
+                None => pg,
+            }
+        }),
         (BackendKind::Etcd, _, Some(lease)) => builder.etcd(|e| e.lease(lease)),
         _ => builder,
     };
     builder.connect().await
+}
+
+/// The TLS settings of `--tls-ca`, `--tls-cert` and `--tls-key`, if any is given.
+fn tls(cli: &Cli, kind: BackendKind) -> zklock_core::Result<Option<Tls>> {
+    if cli.tls_ca.is_none() && cli.tls_cert.is_none() && cli.tls_key.is_none() {
+        return Ok(None);
+    }
+    if matches!(kind, BackendKind::ZooKeeper | BackendKind::Etcd) {
+        return Err(zklock_core::Error::Config(format!(
+            "--tls-ca, --tls-cert and --tls-key are not supported on {} yet by the zklock tool: \
+             use the library's own TLS settings",
+            kind.name()
+        )));
+    }
+    let mut tls = Tls::new();
+    if let Some(ca) = &cli.tls_ca {
+        tls = tls.ca_file(ca);
+    }
+    match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => tls = tls.client_cert_files(cert, key),
+        (None, None) => {}
+        _ => {
+            return Err(zklock_core::Error::Config(
+                "--tls-cert and --tls-key go together: give the client certificate and its key"
+                    .to_string(),
+            ))
+        }
+    }
+    Ok(Some(tls))
 }
 
 /// Lets background releases and cleanups reach the server before the process exits (at most

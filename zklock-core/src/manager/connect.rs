@@ -77,7 +77,9 @@ impl BackendKind {
             "redis+unix://",
             "unix://",
             "redis+sentinel://",
+            "rediss+sentinel://",
             "redis+cluster://",
+            "rediss+cluster://",
         ]) {
             return Ok(BackendKind::Redis);
         }
@@ -92,7 +94,7 @@ impl BackendKind {
             Some((scheme, _)) => Err(Error::Config(format!(
                 "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
                  servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
-                 rediss://, redis+unix://, unix://, redis+sentinel://host:26379/<master>, redis+cluster://host:port,...), PostgreSQL as postgres://user@host/db, etcd \
+                 rediss://, redis+unix://, unix://, redis+sentinel://host:26379/<master>, redis+cluster://host:port,..., rediss+sentinel://, rediss+cluster://), PostgreSQL as postgres://user@host/db, etcd \
                  as etcd://host:2379[,host:2379...]",
                 redacted(connect)
             ))),

@@ -157,20 +157,20 @@ impl std::error::Error for TlsFailure {}
 /// answer that it speaks no TLS.
 pub(crate) fn tls_failure(err: &tokio_postgres::Error) -> Option<Error> {
     let mut source = std::error::Error::source(err);
+    let mut plaintext = false;
     while let Some(e) = source {
         if let Some(TlsFailure(failure)) = e.downcast_ref::<TlsFailure>() {
             return Some(failure.clone());
         }
+        plaintext |= e.to_string().contains("server does not support TLS");
         source = e.source();
     }
-    let text = err.to_string();
-    text.contains("server does not support TLS")
-        .then(|| Error::Tls {
-            host: "the PostgreSQL server".to_string(),
-            reason: "the server does not speak TLS (ssl = off in its postgresql.conf): turn it on \
+    plaintext.then(|| Error::Tls {
+        host: "the PostgreSQL server".to_string(),
+        reason: "the server does not speak TLS (ssl = off in its postgresql.conf): turn it on \
                  there, or connect without sslmode"
-                .to_string(),
-        })
+            .to_string(),
+    })
 }
 
 impl<S> MakeTlsConnect<S> for PgTls

@@ -3,6 +3,8 @@
 //! give [`Tls`] — to the server, the Sentinels and every Cluster node alike. The redis client's
 //! own TLS is not used: every backend shares one TLS stack ([`Tls`]).
 
+use std::time::Duration;
+
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
@@ -22,6 +24,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Dial {
     tls: Option<Tls>,
+    /// How long a TLS handshake may take: half the connect timeout, so that a server that
+    /// never answers it is named as such before the connect gives up.
+    handshake_timeout: Duration,
 }
 
 /// The TLS schemes, and the plaintext ones the redis client parses in their place.
@@ -34,7 +39,8 @@ const TLS_SCHEMES: [(&str, &str); 3] = [
 impl Dial {
     /// The dial of `url` with the options' `tls`: TLS if either asks for it. Answers the URL with
     /// its scheme in plaintext form, for the parsers.
-    pub(crate) fn of(url: &str, tls: Option<&Tls>) -> (String, Dial) {
+    pub(crate) fn of(url: &str, tls: Option<&Tls>, connect_timeout: Duration) -> (String, Dial) {
+        let handshake_timeout = connect_timeout / 2;
         let trimmed = url.trim();
         let lower = trimmed.to_ascii_lowercase();
         for (tls_scheme, plain) in TLS_SCHEMES {
@@ -44,11 +50,18 @@ impl Dial {
                     format!("{plain}{rest}"),
                     Dial {
                         tls: Some(tls.cloned().unwrap_or_default()),
+                        handshake_timeout,
                     },
                 );
             }
         }
-        (trimmed.to_string(), Dial { tls: tls.cloned() })
+        (
+            trimmed.to_string(),
+            Dial {
+                tls: tls.cloned(),
+                handshake_timeout,
+            },
+        )
     }
 
     /// Whether connections use TLS.
@@ -63,13 +76,23 @@ impl Dial {
             ConnectionAddr::Tcp(host, port) => {
                 let stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
                 stream.set_nodelay(true)?;
-                match &self.tls {
-                    None => Ok(Box::new(stream)),
-                    Some(tls) => tls
-                        .handshake(stream, host, *port, Check::Full)
-                        .await
-                        .map(|s| Box::new(s) as Box<dyn Io>)
-                        .map_err(into_redis),
+                let Some(tls) = &self.tls else {
+                    return Ok(Box::new(stream));
+                };
+                let handshake = tls.handshake(stream, host, *port, Check::Full);
+                match tokio::time::timeout(self.handshake_timeout, handshake).await {
+                    Ok(Ok(stream)) => Ok(Box::new(stream)),
+                    Ok(Err(e)) => Err(into_redis(e)),
+                    // A plaintext server reads the greeting as the start of a command and
+                    // waits for its end.
+                    Err(_) => Err(into_redis(Error::Tls {
+                        host: format!("{host}:{port}"),
+                        reason: format!(
+                            "no answer to the TLS handshake within {:?}: the server may not \
+                             speak TLS on this port (a plaintext port?)",
+                            self.handshake_timeout
+                        ),
+                    })),
                 }
             }
             #[cfg(unix)]
@@ -96,10 +119,29 @@ impl Dial {
     ) -> RedisResult<(MultiplexedConnection, BoxFuture<'static, ()>)> {
         let stream = self.stream(client).await?;
         let info = client.get_connection_info();
-        let (connection, driver) =
-            MultiplexedConnection::new_with_config(info.redis_settings(), stream, config.clone())
-                .await?;
-        Ok((connection, driver.boxed()))
+        let opened = async {
+            let (mut connection, driver) = MultiplexedConnection::new_with_config(
+                info.redis_settings(),
+                stream,
+                config.clone(),
+            )
+            .await?;
+            let driver = tokio::spawn(driver);
+            if self.tls.is_some() {
+                // Under TLS 1.3 a server refuses a client certificate after the handshake, in
+                // its first answer: ask for one here, so that the refusal is this dial's.
+                let pinged = redis::cmd("PING").query_async::<()>(&mut connection).await;
+                if let Err(e) = pinged {
+                    driver.abort();
+                    return Err(e);
+                }
+            }
+            let driver = async move {
+                let _ = driver.await;
+            };
+            Ok((connection, driver.boxed()))
+        };
+        opened.await.map_err(|e| self.refused(e, client))
     }
 
     /// A multiplexed connection driven by a task of its own on the current runtime (for a
@@ -117,7 +159,38 @@ impl Dial {
     /// A pub/sub connection to the server `client` names.
     pub(crate) async fn pubsub(&self, client: &Client) -> RedisResult<PubSub> {
         let stream = self.stream(client).await?;
-        PubSub::new(client.get_connection_info().redis_settings(), stream).await
+        let opened = async {
+            let mut pubsub =
+                PubSub::new(client.get_connection_info().redis_settings(), stream).await?;
+            if self.tls.is_some() {
+                // As in `multiplexed`: a refused client certificate shows in the first answer.
+                pubsub.ping::<()>().await?;
+            }
+            Ok(pubsub)
+        };
+        opened.await.map_err(|e| self.refused(e, client))
+    }
+
+    /// `err`, or the TLS refusal inside it (an alert the server sent after the handshake) as
+    /// [`Error::Tls`] naming the server.
+    fn refused(&self, err: RedisError, client: &Client) -> RedisError {
+        let Some(tls) = &self.tls else {
+            return err;
+        };
+        let Some(io) = kept_io(&err).filter(|io| {
+            io.get_ref()
+                .is_some_and(|e| e.downcast_ref::<rustls::Error>().is_some())
+        }) else {
+            return err;
+        };
+        let host = match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
+            other => other.to_string(),
+        };
+        into_redis(Error::Tls {
+            host,
+            reason: crate::types::tls::handshake_failure(io, tls),
+        })
     }
 }
 
@@ -141,12 +214,15 @@ fn into_redis(err: Error) -> RedisError {
 /// zklock's error inside a redis client error from [`Dial`] (a TLS failure, an address it
 /// cannot open), if it carries one.
 pub(crate) fn tls_failure(err: &RedisError) -> Option<Error> {
-    // The client keeps an I/O error as `Arc<dyn Error>`, its source.
+    let Failure(failure) = kept_io(err)?.get_ref()?.downcast_ref::<Failure>()?;
+    Some(failure.clone())
+}
+
+/// The I/O error a redis client error keeps, if it is one (as `Arc<dyn Error>`, its source).
+fn kept_io(err: &RedisError) -> Option<&std::io::Error> {
     type Kept = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     let kept = std::error::Error::source(err)?.downcast_ref::<Kept>()?;
-    let io = (**kept).downcast_ref::<std::io::Error>()?;
-    let Failure(failure) = io.get_ref()?.downcast_ref::<Failure>()?;
-    Some(failure.clone())
+    (**kept).downcast_ref::<std::io::Error>()
 }
 
 #[cfg(test)]
@@ -155,18 +231,22 @@ mod tests {
 
     #[test]
     fn the_tls_schemes_ask_for_tls() {
-        let (url, dial) = Dial::of("rediss://h:6380/0", None);
+        let (url, dial) = Dial::of("rediss://h:6380/0", None, Duration::from_secs(4));
         assert_eq!(url, "redis://h:6380/0");
         assert!(dial.is_tls());
-        let (url, dial) = Dial::of("REDISS+CLUSTER://a:1,b:2", None);
+        let (url, dial) = Dial::of("REDISS+CLUSTER://a:1,b:2", None, Duration::from_secs(4));
         assert_eq!(url, "redis+cluster://a:1,b:2");
         assert!(dial.is_tls());
-        let (url, dial) = Dial::of("rediss+sentinel://s:26379/m", None);
+        let (url, dial) = Dial::of("rediss+sentinel://s:26379/m", None, Duration::from_secs(4));
         assert_eq!(url, "redis+sentinel://s:26379/m");
         assert!(dial.is_tls());
-        let (_, dial) = Dial::of("redis://h", None);
+        let (_, dial) = Dial::of("redis://h", None, Duration::from_secs(4));
         assert!(!dial.is_tls());
-        let (_, dial) = Dial::of("redis+sentinel://s/m", Some(&Tls::new()));
+        let (_, dial) = Dial::of(
+            "redis+sentinel://s/m",
+            Some(&Tls::new()),
+            Duration::from_secs(4),
+        );
         assert!(dial.is_tls(), "the options' TLS asks for it too");
     }
 

@@ -493,7 +493,7 @@ impl RedisBackend {
     /// so that a wrong master name, no Sentinel or node answering, or a Cluster with slots
     /// uncovered is a clear error at connect.
     async fn servers(config: &RedisConfig) -> Result<Servers> {
-        let (url, dial) = Dial::of(&config.url, config.tls.as_ref());
+        let (url, dial) = Dial::of(&config.url, config.tls.as_ref(), config.connect_timeout);
         let url = url.as_str();
         let scheme = url.trim().to_ascii_lowercase();
         if scheme.starts_with(sentinel::SCHEME) {
