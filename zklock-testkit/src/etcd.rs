@@ -179,7 +179,7 @@ macro_rules! etcd_options {
 #[derive(Debug)]
 struct Tls {
     server: ServerTls,
-    probe: Arc<rustls::ClientConfig>,
+    probe: tls_probe::Probe,
 }
 
 impl Tls {
@@ -350,15 +350,12 @@ struct Status {
     leader: u64,
 }
 
-/// The kit's TLS client configuration, for a member that serves TLS.
-type Probe<'a> = Option<&'a Arc<rustls::ClientConfig>>;
-
 /// Whether the member on `port` answers `GET /health` with `"health":"true"`.
-fn is_healthy(port: u16, tls: Probe<'_>) -> bool {
+fn is_healthy(port: u16, tls: Option<&tls_probe::Probe>) -> bool {
     http(port, tls, "GET", "/health", "").is_ok_and(|body| body.contains(r#""health":"true""#))
 }
 
-fn status(port: u16, tls: Probe<'_>) -> io::Result<Status> {
+fn status(port: u16, tls: Option<&tls_probe::Probe>) -> io::Result<Status> {
     let body = http(port, tls, "POST", "/v3/maintenance/status", "{}")?;
     let field = |key: &str| json_number(&body, key);
     match field("member_id") {
@@ -376,7 +373,13 @@ fn status(port: u16, tls: Probe<'_>) -> io::Result<Status> {
 
 /// An HTTP/1.0 request (the server closes the connection after its answer, never chunked) to
 /// the member on `port`, over TLS with `tls`; the body of a `200` answer.
-fn http(port: u16, tls: Probe<'_>, method: &str, path: &str, body: &str) -> io::Result<String> {
+fn http(
+    port: u16,
+    tls: Option<&tls_probe::Probe>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> io::Result<String> {
     let request = format!(
         "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",

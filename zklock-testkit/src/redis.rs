@@ -7,7 +7,6 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::certs::{Certs, ClientAuth, ServerCert, ServerTls};
@@ -55,7 +54,7 @@ pub struct RedisServer {
     /// Variables the server runs with (a [`ServerClock`](crate::ServerClock)'s).
     env: Vec<(OsString, OsString)>,
     /// TLS only, when set, and the kit's client configuration for its `PING`s.
-    tls: Option<(ServerTls, Arc<rustls::ClientConfig>)>,
+    tls: Option<(ServerTls, tls_probe::Probe)>,
 }
 
 /// Options for a [`RedisServer`]; made by [`RedisServer::builder`].
@@ -495,7 +494,7 @@ impl RedisServer {
 }
 
 /// Sends `PING` in Redis's inline protocol and expects `+PONG`, over TLS with `tls`.
-fn ping(port: u16, tls: Option<&Arc<rustls::ClientConfig>>) -> io::Result<()> {
+fn ping(port: u16, tls: Option<&tls_probe::Probe>) -> io::Result<()> {
     match tls {
         Some(config) => ping_on(tls_probe::connect(config, port, Duration::from_secs(1))?),
         None => {

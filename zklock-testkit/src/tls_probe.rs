@@ -19,8 +19,19 @@ use crate::certs::Certs;
 /// A TLS stream to a server on loopback.
 pub(crate) type TlsStream = StreamOwned<ClientConnection, TcpStream>;
 
+/// The kit's client configuration for the servers using one [`Certs`]; its `Debug` says no more
+/// than its name (a server's `Debug` holds it).
+#[derive(Clone)]
+pub(crate) struct Probe(Arc<ClientConfig>);
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Probe")
+    }
+}
+
 /// The kit's client configuration for servers using `certs`.
-pub(crate) fn client_config(certs: &Certs) -> io::Result<Arc<ClientConfig>> {
+pub(crate) fn client_config(certs: &Certs) -> io::Result<Probe> {
     let provider = Arc::new(aws_lc_rs::default_provider());
     let kit = certs.kit_identity();
     let config = ClientConfig::builder_with_provider(provider.clone())
@@ -33,21 +44,17 @@ pub(crate) fn client_config(certs: &Certs) -> io::Result<Arc<ClientConfig>> {
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(kit.key_der.clone())),
         )
         .map_err(io::Error::other)?;
-    Ok(Arc::new(config))
+    Ok(Probe(Arc::new(config)))
 }
 
 /// Connects to 127.0.0.1:`port` and completes the TLS handshake, each step within `timeout`.
-pub(crate) fn connect(
-    config: &Arc<ClientConfig>,
-    port: u16,
-    timeout: Duration,
-) -> io::Result<TlsStream> {
+pub(crate) fn connect(probe: &Probe, port: u16, timeout: Duration) -> io::Result<TlsStream> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let tcp = TcpStream::connect_timeout(&addr, timeout)?;
     tcp.set_read_timeout(Some(timeout))?;
     tcp.set_write_timeout(Some(timeout))?;
     let name = ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
-    let conn = ClientConnection::new(config.clone(), name).map_err(io::Error::other)?;
+    let conn = ClientConnection::new(probe.0.clone(), name).map_err(io::Error::other)?;
     let mut stream = StreamOwned::new(conn, tcp);
     while stream.conn.is_handshaking() {
         stream.conn.complete_io(&mut stream.sock)?;
