@@ -18,5 +18,5 @@ mod hostile_keys;
 mod metrics;
 mod revoke_and_inspect;
 mod tls;
-mod tls_redis_postgres;
+mod tls_servers;
 mod tracing_events;

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use zklock::{Error, LockManager, Tls};
-use zklock_testkit::{Certs, ClientAuth, PostgresServer, RedisServer, ServerCert};
+use zklock_testkit::{Certs, ClientAuth, EtcdServer, PostgresServer, RedisServer, ServerCert};
 
 /// The managers' connect timeout: every failure must come within it.
 const CONNECT: Duration = Duration::from_secs(5);
@@ -310,5 +310,63 @@ async fn postgres_refuses_what_does_not_verify_naming_the_server_and_the_cause()
         Some(Tls::new().ca_file(certs.ca_path())),
     ))
     .await;
+    assert!(matches!(err, Error::Tls { .. }), "{err}");
+}
+
+async fn etcd(url: &str, tls: Option<Tls>) -> zklock::Result<LockManager> {
+    LockManager::builder(url)
+        .connect_timeout(CONNECT)
+        .etcd(|e| {
+            let e = e.lease(Duration::from_secs(3));
+            match tls {
+                Some(tls) => e.tls(tls),
+                None => e,
+            }
+        })
+        .connect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_mutual_tls_holds_and_hands_over() {
+    let certs = certs();
+    let server = blocking(|| {
+        EtcdServer::builder()
+            .tls(&certs, ClientAuth::Required)
+            .start()
+    })
+    .unwrap();
+    let url = server.url();
+    assert!(url.starts_with("etcds://"), "{url}");
+    let a = etcd(&url, Some(mutual(&certs))).await.unwrap();
+    let b = etcd(&url, Some(mutual(&certs))).await.unwrap();
+    hold_and_hand_over(&a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_refuses_what_does_not_verify_naming_the_server_and_the_cause() {
+    let certs = certs();
+    let server = blocking(|| {
+        EtcdServer::builder()
+            .tls(&certs, ClientAuth::Required)
+            .start()
+    })
+    .unwrap();
+    let host = format!("127.0.0.1:{}", server.port());
+    let other_ca = Tls::new()
+        .ca_file(certs.other_ca_path())
+        .client_cert_files(certs.client_cert_path(), certs.client_key_path());
+    refused_for(etcd(&server.url(), Some(other_ca)), &host, "not signed").await;
+    let no_client_cert = Tls::new().ca_file(certs.ca_path());
+    refused_for(
+        etcd(&server.url(), Some(no_client_cert)),
+        &host,
+        "client certificate",
+    )
+    .await;
+    // TLS to a plaintext member.
+    let plain = blocking(EtcdServer::start).unwrap();
+    let tls_url = plain.url().replacen("etcd://", "etcds://", 1);
+    let err = fails_in_time(etcd(&tls_url, Some(Tls::new().ca_file(certs.ca_path())))).await;
     assert!(matches!(err, Error::Tls { .. }), "{err}");
 }

@@ -63,7 +63,16 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
                 None => pg,
             }
         }),
-        (BackendKind::Etcd, _, Some(lease)) => builder.etcd(|e| e.lease(lease)),
+        (BackendKind::Etcd, _, lease) => builder.etcd(move |e| {
+            let e = match lease {
+                Some(lease) => e.lease(lease),
+                None => e,
+            };
+            match tls {
+                Some(tls) => e.tls(tls),
+                None => e,
+            }
+        }),
         _ => builder,
     };
     builder.connect().await
@@ -74,7 +83,7 @@ fn tls(cli: &Cli, kind: BackendKind) -> zklock_core::Result<Option<Tls>> {
     if cli.tls_ca.is_none() && cli.tls_cert.is_none() && cli.tls_key.is_none() {
         return Ok(None);
     }
-    if matches!(kind, BackendKind::ZooKeeper | BackendKind::Etcd) {
+    if kind == BackendKind::ZooKeeper {
         return Err(zklock_core::Error::Config(format!(
             "--tls-ca, --tls-cert and --tls-key are not supported on {} yet by the zklock tool: \
              use the library's own TLS settings",

@@ -86,7 +86,7 @@ impl BackendKind {
         if has(&["postgres://", "postgresql://"]) {
             return Ok(BackendKind::Postgres);
         }
-        if has(&["etcd://"]) {
+        if has(&["etcd://", "etcds://"]) {
             return Ok(BackendKind::Etcd);
         }
         match connect.trim_start().split_once("://") {
@@ -95,7 +95,7 @@ impl BackendKind {
                 "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
                  servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
                  rediss://, redis+unix://, unix://, redis+sentinel://host:26379/<master>, redis+cluster://host:port,..., rediss+sentinel://, rediss+cluster://), PostgreSQL as postgres://user@host/db, etcd \
-                 as etcd://host:2379[,host:2379...]",
+                 as etcd://host:2379[,host:2379...] (or etcds://)",
                 redacted(connect)
             ))),
         }

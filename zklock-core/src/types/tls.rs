@@ -194,6 +194,31 @@ impl Tls {
         self
     }
 
+    /// The PEM texts as of now (the files read again) and the name to check, for a client that
+    /// builds its own TLS configuration (etcd's, through its gRPC stack); errors name `host`.
+    pub(crate) fn pem_now(&self, host: &str) -> Result<PemNow, Error> {
+        let bad = |reason: String| Error::Tls {
+            host: host.to_string(),
+            reason,
+        };
+        let ca = match &self.ca {
+            Some(ca) => Some(ca.read("CA").map_err(bad)?),
+            None => None,
+        };
+        let client = match &self.client {
+            Some((cert, key)) => Some((
+                cert.read("client certificate").map_err(bad)?,
+                key.read("client key").map_err(bad)?,
+            )),
+            None => None,
+        };
+        Ok(PemNow {
+            ca,
+            client,
+            server_name: self.server_name.clone(),
+        })
+    }
+
     /// Whether a CA (rather than the system's roots) was given.
     pub(crate) fn has_ca(&self) -> bool {
         self.ca.is_some()
@@ -318,6 +343,13 @@ impl Tls {
     }
 }
 
+/// [`Tls`]'s PEM texts as read at one moment, and the name to check.
+pub(crate) struct PemNow {
+    pub(crate) ca: Option<Vec<u8>>,
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) server_name: Option<String>,
+}
+
 /// What of the server's certificate is checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Check {
@@ -393,68 +425,107 @@ fn private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
 /// Why a TLS handshake failed, for a user: the certificate that did not verify and what to do,
 /// a client certificate the server refused, or a peer that does not speak TLS.
 pub(crate) fn handshake_failure(err: &std::io::Error, tls: &Tls) -> String {
-    let inner = err
+    let cause = match err
         .get_ref()
-        .and_then(|e| e.downcast_ref::<rustls::Error>());
-    match inner {
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+    {
         Some(rustls::Error::InvalidCertificate(cert)) => match cert {
-            CertificateError::UnknownIssuer | CertificateError::BadSignature => {
-                if tls.has_ca() {
-                    "the server's certificate is not signed by the CA given: give the CA that \
-                     signed it"
-                        .to_string()
-                } else {
-                    "the server's certificate is not signed by a CA the system trusts: give the \
-                     CA that signed it (a private CA)"
-                        .to_string()
-                }
-            }
+            CertificateError::UnknownIssuer | CertificateError::BadSignature => Cause::UnknownCa,
             CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
-                "the server's certificate is not valid for this host name: connect with a name \
-                 the certificate lists, or set the server name to check"
-                    .to_string()
+                Cause::WrongName
             }
-            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => Cause::Expired,
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                Cause::NotYetValid
+            }
+            other => Cause::Other(format!(
+                "the server's certificate does not verify: {other:?}"
+            )),
+        },
+        Some(rustls::Error::AlertReceived(alert)) => Cause::Alert(format!("{alert:?}")),
+        Some(rustls::Error::InvalidMessage(_))
+        | Some(rustls::Error::InappropriateMessage { .. }) => Cause::Plaintext,
+        Some(other) => Cause::Other(other.to_string()),
+        None if err.kind() == std::io::ErrorKind::UnexpectedEof => Cause::Closed,
+        None => Cause::Other(err.to_string()),
+    };
+    cause.reason(tls)
+}
+
+/// The reason of a TLS failure that a client reported only as text (rustls's error printed
+/// inside another library's), if the text holds one.
+pub(crate) fn failure_in_text(text: &str, tls: &Tls) -> Option<String> {
+    let cause = if text.contains("UnknownIssuer") || text.contains("BadSignature") {
+        Cause::UnknownCa
+    } else if text.contains("NotValidForName") || text.contains("not valid for name") {
+        Cause::WrongName
+    } else if text.contains("invalid peer certificate: Expired")
+        || text.contains("certificate expired")
+    {
+        Cause::Expired
+    } else if let Some((_, alert)) = text.split_once("received fatal alert: ") {
+        let alert: String = alert
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        Cause::Alert(alert)
+    } else if text.contains("corrupt message") || text.contains("InappropriateMessage") {
+        Cause::Plaintext
+    } else if text.contains("tls handshake eof") {
+        Cause::Closed
+    } else {
+        return None;
+    };
+    Some(cause.reason(tls))
+}
+
+/// What went wrong in a TLS handshake.
+enum Cause {
+    UnknownCa,
+    WrongName,
+    Expired,
+    NotYetValid,
+    /// The server sent this alert (often: it refused the client certificate, or wanted one).
+    Alert(String),
+    Plaintext,
+    Closed,
+    Other(String),
+}
+
+impl Cause {
+    fn reason(self, tls: &Tls) -> String {
+        match self {
+            Cause::UnknownCa if tls.has_ca() => "the server's certificate is not signed by the CA \
+                 given: give the CA that signed it"
+                .to_string(),
+            Cause::UnknownCa => "the server's certificate is not signed by a CA the system \
+                 trusts: give the CA that signed it (a private CA)"
+                .to_string(),
+            Cause::WrongName => "the server's certificate is not valid for this host name: \
+                 connect with a name the certificate lists, or set the server name to check"
+                .to_string(),
+            Cause::Expired => {
                 "the server's certificate has expired: renew it on the server".to_string()
             }
-            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+            Cause::NotYetValid => {
                 "the server's certificate is not valid yet (check the clocks)".to_string()
             }
-            CertificateError::Revoked => "the server's certificate is revoked".to_string(),
-            other => format!("the server's certificate does not verify: {other:?}"),
-        },
-        Some(rustls::Error::AlertReceived(alert)) => {
-            let alert = format!("{alert:?}");
-            if !tls.has_client_cert()
-                && matches!(
-                    alert.as_str(),
-                    "CertificateRequired" | "HandshakeFailure" | "BadCertificate"
-                )
-            {
-                format!(
-                    "the server refused the handshake ({alert}): it asks for a client \
-                     certificate, and none was given"
-                )
-            } else if tls.has_client_cert() {
-                format!(
-                    "the server refused the handshake ({alert}): it does not accept the client \
-                     certificate given (not signed by a CA it trusts, or expired)"
-                )
-            } else {
-                format!("the server refused the handshake ({alert})")
+            Cause::Alert(alert) if !tls.has_client_cert() => format!(
+                "the server refused the handshake ({alert}): it asks for a client certificate, \
+                 and none was given"
+            ),
+            Cause::Alert(alert) => format!(
+                "the server refused the handshake ({alert}): it does not accept the client \
+                 certificate given (not signed by a CA it trusts, or expired)"
+            ),
+            Cause::Plaintext => {
+                "the server does not speak TLS on this port (a plaintext port?)".to_string()
             }
+            Cause::Closed => "the server closed the connection during the handshake (a \
+                 plaintext port, or a client certificate it refused)"
+                .to_string(),
+            Cause::Other(text) => text,
         }
-        Some(rustls::Error::InvalidMessage(_))
-        | Some(rustls::Error::InappropriateMessage { .. }) => {
-            "the server does not speak TLS on this port (a plaintext port?)".to_string()
-        }
-        Some(other) => format!("{other}"),
-        None if err.kind() == std::io::ErrorKind::UnexpectedEof => {
-            "the server closed the connection during the handshake (a plaintext port, or a \
-             client certificate it refused)"
-                .to_string()
-        }
-        None => err.to_string(),
     }
 }
 
@@ -474,6 +545,20 @@ mod tests {
         let shown = format!("{tls:?}");
         assert!(shown.contains("/c.pem"), "{shown}");
         assert!(!shown.contains("k.pem"), "{shown}");
+    }
+
+    #[test]
+    fn a_failure_printed_by_another_library_is_read_back() {
+        let tls = Tls::new().ca_file("/ca.pem");
+        let text = "grpc request error: message: \"invalid peer certificate: UnknownIssuer\"";
+        assert!(failure_in_text(text, &tls)
+            .unwrap()
+            .contains("not signed by the CA given"));
+        let text = "error: received fatal alert: CertificateRequired";
+        assert!(failure_in_text(text, &tls)
+            .unwrap()
+            .contains("none was given"));
+        assert_eq!(failure_in_text("connection refused", &tls), None);
     }
 
     #[test]

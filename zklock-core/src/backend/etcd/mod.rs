@@ -201,10 +201,16 @@ fn parse_url(url: &str) -> Result<(Vec<String>, Option<User>)> {
             redacted(url)
         ))
     };
-    let rest = url
-        .trim()
-        .strip_prefix("etcd://")
-        .ok_or_else(|| bad("it does not start with etcd://"))?;
+    let trimmed = url.trim();
+    let (rest, scheme) = match trimmed.strip_prefix("etcds://") {
+        Some(rest) => (rest, "https"),
+        None => (
+            trimmed
+                .strip_prefix("etcd://")
+                .ok_or_else(|| bad("it does not start with etcd:// or etcds://"))?,
+            "http",
+        ),
+    };
     let (user, hosts) = match rest.rsplit_once('@') {
         Some((user, hosts)) => {
             let (name, password) = user.split_once(':').unwrap_or((user, ""));
@@ -229,7 +235,7 @@ fn parse_url(url: &str) -> Result<(Vec<String>, Option<User>)> {
             }
             _ => format!("{host}:2379"),
         };
-        endpoints.push(format!("http://{with_port}"));
+        endpoints.push(format!("{scheme}://{with_port}"));
     }
     Ok((endpoints, user))
 }
@@ -247,17 +253,80 @@ fn new_enough(version: &str) -> bool {
 /// leader), and a silent connection (a frozen member) is found by HTTP/2 pings within a third
 /// of the lease and given up after [`attempt_bound`], so that requests move to the members that
 /// answer.
-fn connect_options(config: &EtcdConfig, user: Option<&User>) -> ConnectOptions {
+fn connect_options(
+    config: &EtcdConfig,
+    user: Option<&User>,
+    tls: Option<&etcd_client::TlsOptions>,
+) -> ConnectOptions {
     let ttl = config.options.lease;
     let options = ConnectOptions::new()
         .with_connect_timeout(config.connect_timeout)
         .with_require_leader(true)
         .with_keep_alive(ttl / 3, attempt_bound(ttl))
         .with_keep_alive_while_idle(true);
+    let options = match tls {
+        Some(tls) => options.with_tls(tls.clone()),
+        None => options,
+    };
     match user {
         Some((name, password)) => options.with_user(name.clone(), password.clone()),
         None => options,
     }
+}
+
+/// The gRPC client's TLS settings from [`Tls`](crate::Tls) (its files read now), for
+/// `endpoints` (`https://`); `None` in plaintext.
+fn grpc_tls(config: &EtcdConfig, endpoints: &[String]) -> Result<Option<etcd_client::TlsOptions>> {
+    if !endpoints.iter().any(|e| e.starts_with("https://")) {
+        return Ok(None);
+    }
+    let tls = config.options.tls.clone().unwrap_or_default();
+    let first = endpoints[0].trim_start_matches("https://");
+    let pem = tls.pem_now(first)?;
+    let mut options = etcd_client::TlsOptions::new();
+    options = match pem.ca {
+        Some(ca) => options.ca_certificate(etcd_client::Certificate::from_pem(ca)),
+        None => options.with_native_roots(),
+    };
+    if let Some((cert, key)) = pem.client {
+        options = options.identity(etcd_client::Identity::from_pem(cert, key));
+    }
+    if let Some(name) = pem.server_name {
+        options = options.domain_name(name);
+    }
+    Ok(Some(options))
+}
+
+/// The TLS failure inside an etcd client error, as [`Error::Tls`] naming `host`, if it is
+/// one: a certificate that did not verify, a refused client certificate, a plaintext member.
+/// (The gRPC stack keeps rustls's error as text in its status.)
+fn tls_failure(err: &etcd_client::Error, host: &str, tls: &crate::Tls) -> Option<Error> {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        text.push_str(" / ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    let closed = text.contains("broken pipe") || text.contains("connection reset");
+    let reason = match crate::types::tls::failure_in_text(&text, tls) {
+        Some(reason) => reason,
+        // Under TLS 1.3 a server refuses a client certificate after the handshake: the client
+        // sees its connection closed as it first writes.
+        None if closed && !tls.has_client_cert() => "the server closed the connection right \
+             after the TLS handshake: it asks for a client certificate (etcd's \
+             --client-cert-auth), and none was given"
+            .to_string(),
+        None if closed => "the server closed the connection right after the TLS handshake: it \
+             does not accept the client certificate given (not signed by a CA it trusts, or \
+             expired)"
+            .to_string(),
+        None => return None,
+    };
+    Some(Error::Tls {
+        host: host.to_string(),
+        reason,
+    })
 }
 
 /// How long one keep-alive (and one HTTP/2 ping) waits for its answer before it is tried on
@@ -284,8 +353,18 @@ async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) ->
                 }
             ))
     };
-    let options = connect_options(config, user);
+    let tls = grpc_tls(config, endpoints)?;
+    let options = connect_options(config, user, tls.as_ref());
     let timeout = config.connect_timeout;
+    let tls_failure = |e: &etcd_client::Error| {
+        tls.as_ref().and_then(|_| {
+            tls_failure(
+                e,
+                endpoints[0].trim_start_matches("https://"),
+                &config.options.tls.clone().unwrap_or_default(),
+            )
+        })
+    };
     let mut client =
         match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
             Ok(Ok(client)) => client,
@@ -293,12 +372,15 @@ async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) ->
                 return Err(refused(user.map_or("", |u| u.0.as_str()), &e))
             }
             Ok(Err(e)) => {
+                if let Some(failure) = tls_failure(&e) {
+                    return Err(failure);
+                }
                 return Err(unreachable(ServerError::new(
                     Arc::new(e),
                     "no etcd member answered".into(),
                     true,
                     "check the endpoints and that the etcd members are up",
-                )))
+                )));
             }
             Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
         };
@@ -308,6 +390,9 @@ async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) ->
             return Err(refused(user.map_or("", |u| u.0.as_str()), &e))
         }
         Ok(Err(e)) => {
+            if let Some(failure) = tls_failure(&e) {
+                return Err(failure);
+            }
             let message = format!("no etcd member answered: {e}");
             return Err(unreachable(ServerError::new(
                 Arc::new(e),
@@ -354,7 +439,11 @@ impl EtcdBackend {
         // With several members, keep-alives go to one member at a time, the next one after a
         // keep-alive failed or stayed silent (see `session::Keepers`).
         let keepers = if endpoints.len() > 1 {
-            Keepers::each(endpoints.clone(), connect_options(&config, user.as_ref()))
+            let tls = grpc_tls(&config, &endpoints)?;
+            Keepers::each(
+                endpoints.clone(),
+                connect_options(&config, user.as_ref(), tls.as_ref()),
+            )
         } else {
             Keepers::one(client.clone())
         };
