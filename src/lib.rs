@@ -62,7 +62,8 @@
 //! guide, in the `docs/` folder (`docs/README.md` is the index), has a page per topic: recipes
 //! (`docs/recipes.md`), fencing (`docs/fencing.md`), each backend and what it promises under
 //! each fault (`docs/backends/zookeeper.md`, `etcd.md`, `redis.md`, `postgres.md`, `memory.md`), operating
-//! it: inspection, metrics, the `zklock` command (`docs/operating.md`), and performance
+//! it: inspection, metrics, the `zklock` command (`docs/operating.md`), TLS and secrets
+//! (`docs/security.md`), and performance
 //! (`docs/performance.md`). The guide's and the README's examples are compiled as this crate's
 //! doctests. This crate re-exports [`zklock_core`], the library, with the attribute.
 #![cfg_attr(doctest, doc = include_str!("../README.md"))]
@@ -74,6 +75,7 @@
 #![cfg_attr(doctest, doc = include_str!("../docs/backends/etcd.md"))]
 #![cfg_attr(doctest, doc = include_str!("../docs/backends/memory.md"))]
 #![cfg_attr(doctest, doc = include_str!("../docs/operating.md"))]
+#![cfg_attr(doctest, doc = include_str!("../docs/security.md"))]
 #![cfg_attr(doctest, doc = include_str!("../docs/performance.md"))]
 pub use zklock_core::*;
 #[doc(inline)]
