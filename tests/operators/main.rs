@@ -15,6 +15,7 @@ mod faults;
 mod acl_tenants;
 mod bad_input;
 mod hostile_keys;
+mod least_privilege;
 mod metrics;
 mod revoke_and_inspect;
 mod tls;

@@ -1,0 +1,195 @@
+//! zklock under the narrowest account a backend grants it, and no more.
+//!
+//! Redis: an ACL user limited to zklock's keys (`~zklock:*`) and channels (`&zklock:*`) and to
+//! the commands zklock sends (those its scripts call included: Redis checks them too), as
+//! `docs/security.md` gives it. The core recipes work under it (a mutex held and handed over
+//! between two managers with increasing tokens, a read/write lock, a semaphore, a job, a
+//! leader, inspection); another application's user (`~app:*`) can neither read nor delete
+//! zklock's keys; and a user that lacks one command zklock needs fails with an error that names
+//! it.
+
+use std::time::Duration;
+
+use zklock::LockManager;
+use zklock_testkit::RedisServer;
+
+/// The ACL rules of zklock's Redis user (after `ACL SETUSER <name> on ><password>`), as the
+/// guide gives them.
+pub const REDIS_RULES: &[&str] = &[
+    "resetkeys",
+    "~zklock:*",
+    "resetchannels",
+    "&zklock:*",
+    "-@all",
+    // Connecting, and what the client sends when it connects.
+    "+ping",
+    "+info",
+    "+role",
+    "+select",
+    // Scripts, and the commands they call.
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+get",
+    "+set",
+    "+del",
+    "+hset",
+    "+incr",
+    "+incrby",
+    "+pexpire",
+    "+pttl",
+    "+rpush",
+    "+time",
+    "+zadd",
+    "+zcard",
+    "+zrange",
+    "+zrangebyscore",
+    "+zrem",
+    "+zremrangebyscore",
+    "+zscore",
+    // Wake-ups, replicas' acknowledgements, inspection.
+    "+publish",
+    "+subscribe",
+    "+unsubscribe",
+    "+wait",
+    "+scan",
+];
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Runs `ACL SETUSER name on >password rules...` as the server's default user.
+async fn acl_user(server: &RedisServer, name: &str, password: &str, rules: &[&str]) {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut admin = client
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER")
+        .arg(name)
+        .arg("reset")
+        .arg("on")
+        .arg(format!(">{password}"));
+    for rule in rules {
+        cmd.arg(*rule);
+    }
+    cmd.query_async::<()>(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+}
+
+fn url_as(server: &RedisServer, user: &str, password: &str) -> String {
+    format!("redis://{user}:{password}@127.0.0.1:{}/", server.port())
+}
+
+async fn manager(url: &str) -> zklock::Result<LockManager> {
+    LockManager::builder(url)
+        .connect_timeout(Duration::from_secs(5))
+        .redis(|r| r.lease(Duration::from_secs(3)))
+        .connect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_recipes_work_under_the_narrow_acl_user_and_nothing_more() {
+    let server = blocking(RedisServer::start).unwrap();
+    acl_user(&server, "locks", "locks-pw", REDIS_RULES).await;
+    let url = url_as(&server, "locks", "locks-pw");
+    let (a, b) = (manager(&url).await.unwrap(), manager(&url).await.unwrap());
+
+    // A mutex held, contended and handed over.
+    let held = a.lock("sku_1").await.expect("a lock under the narrow user");
+    let first = held.fencing_token();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("sku_1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "excluded");
+    held.release().await.unwrap();
+    let next = waiter.await.unwrap().expect("handed over");
+    assert!(next.fencing_token() > first);
+    next.release().await.unwrap();
+    // Read/write, a semaphore, a job, a leader, inspection.
+    let (ra, rb) = (a.rwlock("shelf").unwrap(), b.rwlock("shelf").unwrap());
+    let (r1, r2) = (ra.read().await.unwrap(), rb.read().await.unwrap());
+    drop((r1, r2));
+    ra.write().await.unwrap().release().await.unwrap();
+    let slots = a.semaphore("slots", 2).unwrap();
+    let lease = slots.acquire().await.expect("a semaphore lease");
+    assert!(a.inspect("slots").await.is_ok());
+    drop(lease);
+    let ran = a
+        .job("nightly")
+        .unwrap()
+        .at_least(Duration::from_secs(60))
+        .run(async { 7 })
+        .await
+        .expect("a job under the narrow user");
+    assert_eq!(ran.ran(), Some(7));
+    let latch = a.leader_latch("scheduler", "a").unwrap();
+    let leadership = latch.lead().await.expect("leads");
+    leadership.leave().await.unwrap();
+    let held = a.lock("sku_2").await.unwrap();
+    let info = b
+        .inspect("sku_2")
+        .await
+        .expect("inspection under the narrow user");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert!(!b.list("").await.unwrap().is_empty());
+
+    // Another application's user reaches none of zklock's keys.
+    acl_user(&server, "app", "app-pw", &["~app:*", "+@all"]).await;
+    let other = redis::Client::open(url_as(&server, "app", "app-pw")).unwrap();
+    let mut other = other
+        .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
+        .await
+        .unwrap();
+    let key = held.node_path().to_string();
+    for (what, result) in [
+        (
+            "read",
+            redis::cmd("GET")
+                .arg(&key)
+                .query_async::<Option<String>>(&mut other)
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "delete",
+            redis::cmd("DEL")
+                .arg(&key)
+                .query_async::<i64>(&mut other)
+                .await
+                .map(|_| ()),
+        ),
+    ] {
+        let err = result.expect_err(what);
+        assert!(
+            err.to_string().to_ascii_lowercase().contains("noperm"),
+            "{what}: {err}"
+        );
+    }
+    assert!(held.is_held());
+    held.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_under_a_user_that_lacks_a_command_fails_naming_it() {
+    let server = blocking(RedisServer::start).unwrap();
+    let without: Vec<&str> = REDIS_RULES
+        .iter()
+        .copied()
+        .filter(|r| *r != "+evalsha" && *r != "+eval")
+        .collect();
+    acl_user(&server, "narrower", "pw", &without).await;
+    let result = match manager(&url_as(&server, "narrower", "pw")).await {
+        Ok(m) => m.lock_timeout("k", Duration::from_secs(3)).await.map(drop),
+        Err(e) => Err(e),
+    };
+    let err = result.expect_err("refused");
+    let text = err.to_string().to_ascii_lowercase();
+    assert!(text.contains("noperm") && text.contains("eval"), "{err}");
+}
