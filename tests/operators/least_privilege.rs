@@ -7,11 +7,18 @@
 //! leader, inspection); another application's user (`~app:*`) can neither read nor delete
 //! zklock's keys; and a user that lacks one command zklock needs fails with an error that names
 //! it.
+//!
+//! PostgreSQL: a role that may only log in, granted what `zklock setup --grant-to` prints after
+//! an administrator ran it: the recipes PostgreSQL offers work, a dropped wait in the server's
+//! queue is cancelled (a session of the same role), and without the set-up `connect` says what
+//! to run.
 
 use std::time::Duration;
 
-use zklock::LockManager;
-use zklock_testkit::RedisServer;
+use crate::common;
+
+use zklock::{BackendKind, Error, LockManager};
+use zklock_testkit::{PostgresServer, RedisServer};
 
 /// The ACL rules of zklock's Redis user (after `ACL SETUSER <name> on ><password>`), as the
 /// guide gives them.
@@ -192,4 +199,89 @@ async fn redis_under_a_user_that_lacks_a_command_fails_naming_it() {
     let err = result.expect_err("refused");
     let text = err.to_string().to_ascii_lowercase();
     assert!(text.contains("noperm") && text.contains("eval"), "{err}");
+}
+
+/// A PostgreSQL role that may log in and nothing more, as `CREATE ROLE` makes it.
+fn pg_role(server: &PostgresServer, role: &str) {
+    blocking(|| server.psql(&format!("CREATE ROLE {role} LOGIN"))).expect("create the narrow role");
+}
+
+async fn pg_manager(server: &PostgresServer, role: &str) -> zklock::Result<LockManager> {
+    LockManager::builder(format!(
+        "postgres://{role}@127.0.0.1:{}/postgres",
+        server.port()
+    ))
+    .connect_timeout(Duration::from_secs(5))
+    .postgres(|pg| pg.lease(Duration::from_secs(3)))
+    .connect()
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_recipes_work_under_a_role_granted_only_what_setup_prints() {
+    let server = blocking(common::pg_server);
+    pg_role(&server, "locks");
+    let sql = BackendKind::Postgres
+        .setup_sql(Some("locks"))
+        .unwrap()
+        .expect("PostgreSQL has a set-up");
+    blocking(|| server.psql(&sql)).expect("the administrator runs the set-up");
+    let (a, b) = (
+        pg_manager(&server, "locks").await.unwrap(),
+        pg_manager(&server, "locks").await.unwrap(),
+    );
+    // A mutex held and handed over, with a dropped wait on the server's queue between (its
+    // cancel is a pg_cancel_backend of a session of the same role).
+    let held = a.lock("sku_1").await.expect("a lock under the narrow role");
+    let first = held.fencing_token();
+    assert!(matches!(
+        b.lock_timeout("sku_1", Duration::from_millis(300)).await,
+        Err(Error::Timeout { .. })
+    ));
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), b.lock("sku_1"))
+        .await
+        .expect("the cancelled wait holds nobody up")
+        .expect("handed over");
+    assert!(next.fencing_token() > first);
+    let info = a
+        .inspect("sku_1")
+        .await
+        .expect("inspection under the narrow role");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    next.release().await.unwrap();
+    // Read/write, a job, a leader.
+    let (ra, rb) = (a.rwlock("shelf").unwrap(), b.rwlock("shelf").unwrap());
+    let (r1, r2) = (ra.read().await.unwrap(), rb.read().await.unwrap());
+    drop((r1, r2));
+    ra.write().await.unwrap().release().await.unwrap();
+    let ran = a
+        .job("nightly")
+        .unwrap()
+        .at_least(Duration::from_secs(60))
+        .run(async { 7 })
+        .await
+        .expect("a job under the narrow role");
+    assert_eq!(ran.ran(), Some(7));
+    let latch = a.leader_latch("scheduler", "a").unwrap();
+    latch.lead().await.expect("leads").leave().await.unwrap();
+    // Nothing of the cancelled wait is left in the server's lock table.
+    let waiting = blocking(|| {
+        server.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+    })
+    .unwrap();
+    assert_eq!(waiting.trim(), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_without_the_set_up_says_what_to_run() {
+    let server = blocking(common::pg_server);
+    pg_role(&server, "locks");
+    let err = pg_manager(&server, "locks")
+        .await
+        .expect_err("the role may not create the table");
+    assert!(
+        matches!(&err, Error::Config(text) if text.contains("setup --grant-to")),
+        "{err}"
+    );
 }

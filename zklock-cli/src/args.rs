@@ -123,6 +123,17 @@ pub(crate) enum Command {
     /// start it again to queue for the next election.
     #[command(after_help = EXIT_CODES)]
     Elect(ElectArgs),
+    /// Print what an administrator runs once so that a narrow account can use the backend of
+    /// --connect: on PostgreSQL, the SQL that creates zklock's table and grants --grant-to
+    /// exactly what zklock uses (run it with psql as the table's owner). Connects to nothing.
+    Setup(SetupArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SetupArgs {
+    /// The role (PostgreSQL) the service connects as
+    #[arg(long, value_name = "ROLE")]
+    pub(crate) grant_to: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -86,5 +86,28 @@ async fn run(cli: Cli) -> u8 {
             operate(&cli, |m| async move { revoke::revoke(&m, args).await }).await
         }
         Command::Elect(ref args) => elect::elect(&cli, args).await,
+        Command::Setup(ref args) => setup(&cli, args),
+    }
+}
+
+/// `zklock setup`: prints the backend's set-up, or says there is none.
+fn setup(cli: &Cli, args: &args::SetupArgs) -> u8 {
+    let kind = match zklock_core::BackendKind::of(&cli.connect) {
+        Ok(kind) => kind,
+        Err(e) => return exit::fail(&e),
+    };
+    match kind.setup_sql(args.grant_to.as_deref()) {
+        Ok(Some(sql)) => {
+            print!("{sql}");
+            0
+        }
+        Ok(None) => {
+            eprintln!(
+                "zklock: {} needs no set-up; the account it needs is in the security guide",
+                kind.name()
+            );
+            0
+        }
+        Err(e) => exit::fail(&e),
     }
 }

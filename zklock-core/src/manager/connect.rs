@@ -114,6 +114,35 @@ impl BackendKind {
             BackendKind::Etcd => "etcd",
         }
     }
+
+    /// What an administrator runs once so that a narrow account can use the backend, if it
+    /// needs anything: on PostgreSQL, the SQL that creates zklock's table and, with `grant_to`,
+    /// gives that role exactly what zklock uses (`zklock setup` prints it). The other backends
+    /// need no set-up (`None`); their accounts are in the security guide.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a role name with a NUL byte.
+    ///
+    /// ```
+    /// use zklock_core::BackendKind;
+    ///
+    /// let sql = BackendKind::Postgres.setup_sql(Some("locks"))?.expect("SQL");
+    /// assert!(sql.contains("CREATE TABLE IF NOT EXISTS zklock_keys"));
+    /// assert!(sql.contains(r#"TO "locks""#));
+    /// assert!(BackendKind::Redis.setup_sql(None)?.is_none());
+    /// # Ok::<(), zklock_core::Error>(())
+    /// ```
+    pub fn setup_sql(self, grant_to: Option<&str>) -> Result<Option<String>> {
+        match self {
+            #[cfg(feature = "postgres")]
+            BackendKind::Postgres => postgres::setup_sql(grant_to).map(Some),
+            #[cfg(not(feature = "postgres"))]
+            BackendKind::Postgres => Err(Error::Config(
+                "zklock was built without its `postgres` feature".into(),
+            )),
+            _ => Ok(None),
+        }
+    }
 }
 
 impl Builder {

@@ -98,6 +98,28 @@ pub(crate) const POLL_FALLBACK: Duration = Duration::from_millis(500);
 /// The shortest lease accepted: liveness checks go out every lease/3, and the server counts
 /// `idle_session_timeout` in milliseconds.
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(300);
+
+/// The SQL that creates zklock's table and, with `grant_to`, grants that role what zklock uses
+/// of it: reading and writing its rows (never deleting them) and taking ids from its sequence.
+/// Advisory locks, `LISTEN`/`NOTIFY`, `idle_session_timeout` and cancelling a statement of
+/// another session of the same role need no grant.
+pub(crate) fn setup_sql(grant_to: Option<&str>) -> Result<String> {
+    let mut sql = sql::CREATE_SCHEMA.to_string();
+    if let Some(role) = grant_to {
+        if role.contains('\0') {
+            return Err(Error::InvalidArgument(
+                "a role name cannot hold a NUL byte".to_string(),
+            ));
+        }
+        let role = format!("\"{}\"", role.replace('"', "\"\""));
+        sql.push_str(&format!(
+            "\nGRANT SELECT, INSERT, UPDATE ON TABLE zklock_keys TO {role};\
+             \nGRANT USAGE ON SEQUENCE zklock_keys_id_seq TO {role};"
+        ));
+    }
+    sql.push('\n');
+    Ok(sql)
+}
 /// How many times an acquire looks a path's id up again after finding it stale before giving
 /// up (someone keeps dropping the key table).
 const STALE_ID_RETRIES: u32 = 3;
@@ -329,10 +351,17 @@ impl PostgresBackend {
             contended: StdMutex::default(),
         });
         let conn = inner.pool.any().await.map_err(pg_error("connect"))?;
-        inner
-            .ensure_schema(&conn)
-            .await
-            .map_err(pg_error("create the table zklock_keys"))?;
+        inner.ensure_schema(&conn).await.map_err(|e| {
+            if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+                return Error::Config(
+                    "zklock's table zklock_keys is not in this database, and this role may not \
+                     create it: have an administrator run, once, the SQL that `zklock --connect \
+                     <URL> setup --grant-to <role>` prints (see the security guide)"
+                        .to_string(),
+                );
+            }
+            e.during("create the table zklock_keys")
+        })?;
         Ok(PostgresBackend { inner })
     }
 }
