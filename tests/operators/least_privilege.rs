@@ -18,7 +18,7 @@ use std::time::Duration;
 use crate::common;
 
 use zklock::{BackendKind, Error, LockManager};
-use zklock_testkit::{PostgresServer, RedisServer};
+use zklock_testkit::{EtcdServer, PostgresServer, RedisServer};
 
 /// The ACL rules of zklock's Redis user (after `ACL SETUSER <name> on ><password>`), as the
 /// guide gives them.
@@ -284,4 +284,107 @@ async fn postgres_without_the_set_up_says_what_to_run() {
         matches!(&err, Error::Config(text) if text.contains("setup --grant-to")),
         "{err}"
     );
+}
+
+/// etcd with authentication on: `root`, and `user` with a role of read and write on `prefix`.
+fn etcd_user(server: &EtcdServer, user: &str, password: &str, prefix: &str) {
+    let role = format!("{user}-role");
+    blocking(|| -> std::io::Result<()> {
+        for args in [
+            vec!["role", "add", &role],
+            vec![
+                "role",
+                "grant-permission",
+                &role,
+                "readwrite",
+                prefix,
+                "--prefix=true",
+            ],
+            vec!["user", "add", user, "--new-user-password", password],
+            vec!["user", "grant-role", user, &role],
+        ] {
+            server.etcdctl(&args)?;
+        }
+        Ok(())
+    })
+    .expect("set up the etcd user");
+}
+
+async fn etcd_manager(
+    server: &EtcdServer,
+    user: &str,
+    password: &str,
+) -> zklock::Result<LockManager> {
+    LockManager::builder(format!("etcd://{user}:{password}@{}", server.endpoint()))
+        .connect_timeout(Duration::from_secs(5))
+        .etcd(|e| e.lease(Duration::from_secs(3)))
+        .connect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_recipes_work_under_a_role_limited_to_zklocks_prefix() {
+    let server = blocking(EtcdServer::start).unwrap();
+    blocking(|| {
+        server.etcdctl(&["user", "add", "root", "--new-user-password", "root-pw"])?;
+        server.etcdctl(&["user", "grant-role", "root", "root"])
+    })
+    .expect("etcd's root user");
+    etcd_user(&server, "locks", "locks-pw", "/zklock/");
+    etcd_user(&server, "app", "app-pw", "/app/");
+    blocking(|| server.etcdctl(&["auth", "enable"])).expect("authentication on");
+
+    let (a, b) = (
+        etcd_manager(&server, "locks", "locks-pw").await.unwrap(),
+        etcd_manager(&server, "locks", "locks-pw").await.unwrap(),
+    );
+    let held = a.lock("sku_1").await.expect("a lock under the narrow role");
+    let first = held.fencing_token();
+    assert!(b.try_lock("sku_1").await.unwrap().is_none(), "excluded");
+    held.release().await.unwrap();
+    let next = b.lock("sku_1").await.expect("handed over");
+    assert!(next.fencing_token() > first);
+    let info = a
+        .inspect("sku_1")
+        .await
+        .expect("inspection under the narrow role");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    next.release().await.unwrap();
+    let (ra, rb) = (a.rwlock("shelf").unwrap(), b.rwlock("shelf").unwrap());
+    let (r1, r2) = (ra.read().await.unwrap(), rb.read().await.unwrap());
+    drop((r1, r2));
+    ra.write().await.unwrap().release().await.unwrap();
+    let slots = a.semaphore("slots", 2).unwrap();
+    drop(slots.acquire().await.expect("a semaphore lease"));
+    let ran = a
+        .job("nightly")
+        .unwrap()
+        .at_least(Duration::from_secs(60))
+        .run(async { 7 })
+        .await
+        .expect("a job under the narrow role");
+    assert_eq!(ran.ran(), Some(7));
+    let latch = a.leader_latch("scheduler", "a").unwrap();
+    latch.lead().await.expect("leads").leave().await.unwrap();
+
+    // A user without zklock's prefix is told at its first acquire, within its timeout.
+    let started = std::time::Instant::now();
+    let refused = match etcd_manager(&server, "app", "app-pw").await {
+        Ok(m) => m
+            .lock_timeout("sku_1", Duration::from_secs(5))
+            .await
+            .map(drop),
+        Err(e) => Err(e),
+    };
+    let err = refused.expect_err("no permission on zklock's prefix");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.to_string().to_ascii_lowercase().contains("permission"),
+        "{err}"
+    );
+    common::say(&format!("least_privilege (etcd): a user without the prefix: {err}"));
 }
