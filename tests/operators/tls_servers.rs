@@ -370,3 +370,32 @@ async fn etcd_refuses_what_does_not_verify_naming_the_server_and_the_cause() {
     let err = fails_in_time(etcd(&tls_url, Some(Tls::new().ca_file(certs.ca_path())))).await;
     assert!(matches!(err, Error::Tls { .. }), "{err}");
 }
+
+async fn zookeeper(connect: &str, tls: Tls) -> zklock::Result<LockManager> {
+    LockManager::builder(connect)
+        .connect_timeout(CONNECT)
+        .zookeeper(|zk| zk.session_timeout(Duration::from_secs(4)).tls_settings(tls))
+        .connect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_with_client_certificates_holds_and_refuses_a_client_without_one() {
+    let certs = certs();
+    let server = blocking(|| {
+        zklock_testkit::ZkServer::builder()
+            .tls_with(&certs, ClientAuth::Required)
+            .start()
+    })
+    .unwrap();
+    let secure = server.secure_connect_string().expect("a secure port");
+    let a = zookeeper(&secure, mutual(&certs)).await.unwrap();
+    let b = zookeeper(&secure, mutual(&certs)).await.unwrap();
+    hold_and_hand_over(&a, &b).await;
+    // The server asks for a client certificate: without one, or with another CA's, no session.
+    fails_in_time(zookeeper(&secure, Tls::new().ca_file(certs.ca_path()))).await;
+    let stranger = Tls::new()
+        .ca_file(certs.ca_path())
+        .client_cert_files(certs.stranger_cert_path(), certs.stranger_key_path());
+    fails_in_time(zookeeper(&secure, stranger)).await;
+}

@@ -56,7 +56,8 @@ pub(crate) struct Cli {
     )]
     pub(crate) sentinel_password: Option<String>,
     /// Trust the certificate authorities in this PEM file to verify the servers' certificates
-    /// (a private CA), instead of the system's roots. Asks for TLS on Redis, PostgreSQL and etcd
+    /// (a private CA), instead of the system's roots. Asks for TLS (on ZooKeeper: give the servers'
+    /// secureClientPort)
     #[arg(
         long,
         global = true,

@@ -32,10 +32,19 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
             kind.name()
         )));
     }
-    let tls = tls(cli, kind)?;
+    let tls = tls(cli)?;
     let builder = LockManager::builder(&cli.connect).namespace(&cli.namespace);
     let builder = match (kind, cli.session_timeout, cli.lease) {
-        (BackendKind::ZooKeeper, Some(t), _) => builder.zookeeper(|zk| zk.session_timeout(t)),
+        (BackendKind::ZooKeeper, timeout, _) => builder.zookeeper(move |zk| {
+            let zk = match timeout {
+                Some(t) => zk.session_timeout(t),
+                None => zk,
+            };
+            match tls {
+                Some(tls) => zk.tls_settings(tls),
+                None => zk,
+            }
+        }),
         (BackendKind::Redis, _, lease) => {
             let password = cli.sentinel_password.clone();
             builder.redis(move |r| {
@@ -79,16 +88,9 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
 }
 
 /// The TLS settings of `--tls-ca`, `--tls-cert` and `--tls-key`, if any is given.
-fn tls(cli: &Cli, kind: BackendKind) -> zklock_core::Result<Option<Tls>> {
+fn tls(cli: &Cli) -> zklock_core::Result<Option<Tls>> {
     if cli.tls_ca.is_none() && cli.tls_cert.is_none() && cli.tls_key.is_none() {
         return Ok(None);
-    }
-    if kind == BackendKind::ZooKeeper {
-        return Err(zklock_core::Error::Config(format!(
-            "--tls-ca, --tls-cert and --tls-key are not supported on {} yet by the zklock tool: \
-             use the library's own TLS settings",
-            kind.name()
-        )));
     }
     let mut tls = Tls::new();
     if let Some(ca) = &cli.tls_ca {

@@ -133,6 +133,8 @@ impl BackendKind {
     /// # Ok::<(), zklock_core::Error>(())
     /// ```
     pub fn setup_sql(self, grant_to: Option<&str>) -> Result<Option<String>> {
+        #[cfg(not(feature = "postgres"))]
+        let _ = grant_to;
         match self {
             #[cfg(feature = "postgres")]
             BackendKind::Postgres => postgres::setup_sql(grant_to).map(Some),
@@ -233,7 +235,7 @@ impl Builder {
             renew_session: zk.renew_session,
             digest: zk.digest.clone(),
             #[cfg(feature = "tls")]
-            tls: zk.tls.clone(),
+            tls: zk.tls_options(&self.connect)?,
         })
         .await?;
         let backend = Arc::new(ZkBackend::new(

@@ -1,6 +1,16 @@
 //! [`Tls`]: how a manager speaks TLS to its servers, the same on every networked backend, and
 //! the one place that turns it into a rustls client configuration (aws-lc-rs, the one crypto
 //! provider of the build) and a handshake whose failure names the host and the cause.
+// What of it is used depends on the backends compiled in; all of them use all of it.
+#![cfg_attr(
+    not(all(
+        feature = "redis",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "tls"
+    )),
+    allow(dead_code)
+)]
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -341,6 +351,23 @@ impl Tls {
                 reason: handshake_failure(&e, self),
             })
     }
+}
+
+/// The system's root certificates as PEM text (for a client that takes its CA as PEM only).
+#[cfg(feature = "tls")]
+pub(crate) fn system_roots_pem() -> String {
+    use base64::Engine;
+    let mut pem = String::new();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in encoded.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem
 }
 
 /// [`Tls`]'s PEM texts as read at one moment, and the name to check.

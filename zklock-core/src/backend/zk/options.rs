@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "tls")]
+use crate::types::tls::Tls;
+
 use crate::types::disconnect::DisconnectPolicy;
 
 /// The ZooKeeper backend's own settings, given to
@@ -27,7 +30,7 @@ use crate::types::disconnect::DisconnectPolicy;
 ///     .await?;
 /// # let _ = manager; Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ZooKeeperOptions {
     pub(crate) session_timeout: Duration,
     pub(crate) disconnect_policy: DisconnectPolicy,
@@ -36,8 +39,33 @@ pub struct ZooKeeperOptions {
     pub(crate) digest: Option<String>,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<zookeeper_client::TlsOptions>,
+    /// zklock's own TLS settings, turned into zookeeper-client's at connect.
+    #[cfg(feature = "tls")]
+    pub(crate) tls_settings: Option<Tls>,
     pub(crate) revocable: bool,
     pub(crate) watch_held_nodes: bool,
+}
+
+impl std::fmt::Debug for ZooKeeperOptions {
+    // Never the digest's password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("ZooKeeperOptions");
+        d.field("session_timeout", &self.session_timeout)
+            .field("disconnect_policy", &self.disconnect_policy)
+            .field("renew_session", &self.renew_session)
+            .field(
+                "digest_user",
+                &self
+                    .digest
+                    .as_ref()
+                    .map(|d| d.split_once(':').map_or(d.as_str(), |(user, _)| user)),
+            );
+        #[cfg(feature = "tls")]
+        d.field("tls", &(self.tls.is_some() || self.tls_settings.is_some()));
+        d.field("revocable", &self.revocable)
+            .field("watch_held_nodes", &self.watch_held_nodes)
+            .finish()
+    }
 }
 
 impl Default for ZooKeeperOptions {
@@ -49,6 +77,8 @@ impl Default for ZooKeeperOptions {
             digest: None,
             #[cfg(feature = "tls")]
             tls: None,
+            #[cfg(feature = "tls")]
+            tls_settings: None,
             revocable: false,
             watch_held_nodes: true,
         }
@@ -134,6 +164,61 @@ impl ZooKeeperOptions {
         self
     }
 
+    /// Connects over TLS with zklock's [`Tls`] settings, as every other backend takes them: a
+    /// private CA (or the system's roots) and a client certificate for servers with
+    /// `ssl.clientAuth=need`; the files are read when the manager connects. (The name checked is
+    /// the connect string's host: zookeeper-client takes no other.) Needs the `tls` feature.
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("zk1:2281,zk2:2281").zookeeper(|zk| {
+    ///     zk.tls_settings(
+    ///         zklock_core::Tls::new()
+    ///             .ca_file("/etc/zookeeper/ca.pem")
+    ///             .client_cert_files("/etc/zklock/zk.pem", "/etc/zklock/zk.key"),
+    ///     )
+    /// });
+    /// # let _ = b;
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls_settings(mut self, tls: Tls) -> ZooKeeperOptions {
+        self.tls_settings = Some(tls);
+        self
+    }
+
+    /// zookeeper-client's TLS options: those given with [`tls`](Self::tls), or made from the
+    /// [`Tls`] settings now (their files read), naming `connect` in an error.
+    #[cfg(feature = "tls")]
+    pub(crate) fn tls_options(
+        &self,
+        connect: &str,
+    ) -> crate::Result<Option<zookeeper_client::TlsOptions>> {
+        if let Some(options) = &self.tls {
+            return Ok(Some(options.clone()));
+        }
+        let Some(tls) = &self.tls_settings else {
+            return Ok(None);
+        };
+        let pem = tls.pem_now(connect)?;
+        let bad = |what: &str, e: zookeeper_client::Error| crate::Error::Tls {
+            host: connect.to_string(),
+            reason: format!("the {what} is not usable: {e}"),
+        };
+        let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+        let ca = match pem.ca {
+            Some(ca) => text(ca),
+            None => crate::types::tls::system_roots_pem(),
+        };
+        let mut options = zookeeper_client::TlsOptions::new()
+            .with_pem_ca(&ca)
+            .map_err(|e| bad("CA", e))?;
+        if let Some((cert, key)) = pem.client {
+            options = options
+                .with_pem_identity(&text(cert), &text(key))
+                .map_err(|e| bad("client certificate and key", e))?;
+        }
+        Ok(Some(options))
+    }
+
     /// Makes every hold of this manager revocable (see
     /// [`LockGuard::make_revocable`](crate::LockGuard::make_revocable)): Curator's
     /// revocation, a `__REVOKE__` written to the holder's node.
@@ -172,5 +257,18 @@ impl ZooKeeperOptions {
     pub fn watch_held_nodes(mut self, on: bool) -> ZooKeeperOptions {
         self.watch_held_nodes = on;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_the_digest_user_but_never_its_password() {
+        let options = ZooKeeperOptions::default().digest_auth("locks", "s3cret");
+        let shown = format!("{options:?}");
+        assert!(shown.contains("locks"), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
     }
 }
