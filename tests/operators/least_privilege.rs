@@ -386,5 +386,7 @@ async fn etcd_recipes_work_under_a_role_limited_to_zklocks_prefix() {
         err.to_string().to_ascii_lowercase().contains("permission"),
         "{err}"
     );
-    common::say(&format!("least_privilege (etcd): a user without the prefix: {err}"));
+    common::say(&format!(
+        "least_privilege (etcd): a user without the prefix: {err}"
+    ));
 }

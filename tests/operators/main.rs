@@ -18,6 +18,7 @@ mod hostile_keys;
 mod least_privilege;
 mod metrics;
 mod revoke_and_inspect;
+mod secrets;
 mod tls;
 mod tls_servers;
 mod tracing_events;
