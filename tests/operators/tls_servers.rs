@@ -399,3 +399,41 @@ async fn zookeeper_with_client_certificates_holds_and_refuses_a_client_without_o
         .client_cert_files(certs.stranger_cert_path(), certs.stranger_key_path());
     fails_in_time(zookeeper(&secure, stranger)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_reads_a_renewed_client_certificate_for_its_next_connection() {
+    let certs = certs();
+    let mut server = blocking(|| {
+        PostgresServer::builder()
+            .tls(&certs, ClientAuth::Required)
+            .start()
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
+    let install = |from_cert: &Path, from_key: &Path| {
+        std::fs::copy(from_cert, &cert).unwrap();
+        std::fs::copy(from_key, &key).unwrap();
+    };
+    install(certs.client_cert_path(), certs.client_key_path());
+    let tls = Tls::new()
+        .ca_file(certs.ca_path())
+        .client_cert_files(&cert, &key);
+    let m = postgres(&server.url(), Some(tls)).await.unwrap();
+    m.lock("rotated").await.unwrap().release().await.unwrap();
+
+    // A certificate the server refuses is installed; the server restarts, ending every
+    // session: the next connection presents it and is refused.
+    install(certs.stranger_cert_path(), certs.stranger_key_path());
+    blocking(|| server.restart()).unwrap();
+    let refused = m.lock_timeout("rotated", Duration::from_secs(3)).await;
+    assert!(refused.is_err(), "the refused certificate was presented");
+    // The renewed one is installed: the next connection gets in, with no new manager.
+    blocking(|| certs.renew_client()).unwrap();
+    install(certs.client_cert_path(), certs.client_key_path());
+    let held = m
+        .lock_timeout("rotated", Duration::from_secs(10))
+        .await
+        .expect("the renewed certificate is read for the next connection");
+    held.release().await.unwrap();
+}
