@@ -99,6 +99,29 @@ async fn manager(url: &str) -> zklock::Result<LockManager> {
         .await
 }
 
+/// Read/write locks (two readers share, a writer after them), a semaphore (where the backend
+/// has them), a job with an `at_least` window, and a leader, on managers `a` and `b`.
+async fn other_recipes_work(a: &LockManager, b: &LockManager, semaphores: bool) {
+    let (ra, rb) = (a.rwlock("shelf").unwrap(), b.rwlock("shelf").unwrap());
+    let (r1, r2) = (ra.read().await.unwrap(), rb.read().await.unwrap());
+    drop((r1, r2));
+    ra.write().await.unwrap().release().await.unwrap();
+    if semaphores {
+        let slots = a.semaphore("slots", 2).unwrap();
+        drop(slots.acquire().await.expect("a semaphore lease"));
+    }
+    let ran = a
+        .job("nightly")
+        .unwrap()
+        .at_least(Duration::from_secs(60))
+        .run(async { 7 })
+        .await
+        .expect("a job");
+    assert_eq!(ran.ran(), Some(7));
+    let latch = a.leader_latch("scheduler", "a").unwrap();
+    latch.lead().await.expect("leads").leave().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_recipes_work_under_the_narrow_acl_user_and_nothing_more() {
     let server = blocking(RedisServer::start).unwrap();
@@ -113,32 +136,26 @@ async fn redis_recipes_work_under_the_narrow_acl_user_and_nothing_more() {
         let b = b.clone();
         tokio::spawn(async move { b.lock("sku_1").await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    common::eventually(
+        "b to wait in the queue",
+        Duration::from_secs(10),
+        || async {
+            a.inspect("sku_1")
+                .await
+                .is_ok_and(|info| info.waiters.len() == 1)
+        },
+    )
+    .await;
     assert!(!waiter.is_finished(), "excluded");
     held.release().await.unwrap();
     let next = waiter.await.unwrap().expect("handed over");
     assert!(next.fencing_token() > first);
     next.release().await.unwrap();
     // Read/write, a semaphore, a job, a leader, inspection.
-    let (ra, rb) = (a.rwlock("shelf").unwrap(), b.rwlock("shelf").unwrap());
-    let (r1, r2) = (ra.read().await.unwrap(), rb.read().await.unwrap());
-    drop((r1, r2));
-    ra.write().await.unwrap().release().await.unwrap();
-    let slots = a.semaphore("slots", 2).unwrap();
-    let lease = slots.acquire().await.expect("a semaphore lease");
+    other_recipes_work(&a, &b, true).await;
+    let lease = a.semaphore("slots", 2).unwrap().acquire().await.unwrap();
     assert!(a.inspect("slots").await.is_ok());
     drop(lease);
-    let ran = a
-        .job("nightly")
-        .unwrap()
-        .at_least(Duration::from_secs(60))
-        .run(async { 7 })
-        .await
-        .expect("a job under the narrow user");
-    assert_eq!(ran.ran(), Some(7));
-    let latch = a.leader_latch("scheduler", "a").unwrap();
-    let leadership = latch.lead().await.expect("leads");
-    leadership.leave().await.unwrap();
     let held = a.lock("sku_2").await.unwrap();
     let info = b
         .inspect("sku_2")
@@ -251,20 +268,7 @@ async fn postgres_recipes_work_under_a_role_granted_only_what_setup_prints() {
     assert_eq!(info.holders.len(), 1, "{info:?}");
     next.release().await.unwrap();
     // Read/write, a job, a leader.
-    let (ra, rb) = (a.rwlock("shelf").unwrap(), b.rwlock("shelf").unwrap());
-    let (r1, r2) = (ra.read().await.unwrap(), rb.read().await.unwrap());
-    drop((r1, r2));
-    ra.write().await.unwrap().release().await.unwrap();
-    let ran = a
-        .job("nightly")
-        .unwrap()
-        .at_least(Duration::from_secs(60))
-        .run(async { 7 })
-        .await
-        .expect("a job under the narrow role");
-    assert_eq!(ran.ran(), Some(7));
-    let latch = a.leader_latch("scheduler", "a").unwrap();
-    latch.lead().await.expect("leads").leave().await.unwrap();
+    other_recipes_work(&a, &b, false).await;
     // Nothing of the cancelled wait is left in the server's lock table.
     let waiting = blocking(|| {
         server.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
@@ -350,22 +354,7 @@ async fn etcd_recipes_work_under_a_role_limited_to_zklocks_prefix() {
         .expect("inspection under the narrow role");
     assert_eq!(info.holders.len(), 1, "{info:?}");
     next.release().await.unwrap();
-    let (ra, rb) = (a.rwlock("shelf").unwrap(), b.rwlock("shelf").unwrap());
-    let (r1, r2) = (ra.read().await.unwrap(), rb.read().await.unwrap());
-    drop((r1, r2));
-    ra.write().await.unwrap().release().await.unwrap();
-    let slots = a.semaphore("slots", 2).unwrap();
-    drop(slots.acquire().await.expect("a semaphore lease"));
-    let ran = a
-        .job("nightly")
-        .unwrap()
-        .at_least(Duration::from_secs(60))
-        .run(async { 7 })
-        .await
-        .expect("a job under the narrow role");
-    assert_eq!(ran.ran(), Some(7));
-    let latch = a.leader_latch("scheduler", "a").unwrap();
-    latch.lead().await.expect("leads").leave().await.unwrap();
+    other_recipes_work(&a, &b, true).await;
 
     // A user without zklock's prefix is told at its first acquire, within its timeout.
     let started = std::time::Instant::now();

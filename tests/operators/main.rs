@@ -14,6 +14,7 @@ mod faults;
 
 mod acl_tenants;
 mod bad_input;
+mod capture;
 mod hostile_keys;
 mod least_privilege;
 mod metrics;

@@ -6,46 +6,15 @@
 //! Each test runs on one thread, so that every task the manager spawns traces into the test's
 //! capture.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::capture::Captured;
 
 use zklock::{LockManager, Tls};
 use zklock_testkit::{EtcdServer, RedisServer};
 
 /// The password every connect string here carries.
 const SECRET: &str = "hunter2-s3cret";
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// Starts capturing everything traced at DEBUG on this thread.
-    fn start() -> (Captured, tracing::subscriber::DefaultGuard) {
-        let captured = Captured::default();
-        let sink = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || sink.clone())
-            .finish();
-        (captured, tracing::subscriber::set_default(subscriber))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 /// Everything a user may print of `result`, with what was traced.
 fn printed(result: &zklock::Result<LockManager>, captured: &Captured) -> String {

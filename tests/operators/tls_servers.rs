@@ -189,6 +189,63 @@ async fn redis_refuses_what_does_not_verify_naming_the_server_and_the_cause() {
     .await;
 }
 
+/// A client certificate's files, copied where a manager reads them, so that the test can put
+/// another pair in their place.
+struct ClientFiles {
+    _dir: tempfile::TempDir,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+impl ClientFiles {
+    fn of(certs: &Certs) -> ClientFiles {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
+        let files = ClientFiles {
+            _dir: dir,
+            cert,
+            key,
+        };
+        files.install(certs.client_cert_path(), certs.client_key_path());
+        files
+    }
+
+    fn install(&self, cert: &Path, key: &Path) {
+        std::fs::copy(cert, &self.cert).unwrap();
+        std::fs::copy(key, &self.key).unwrap();
+    }
+
+    fn tls(&self, certs: &Certs) -> Tls {
+        Tls::new()
+            .ca_file(certs.ca_path())
+            .client_cert_files(&self.cert, &self.key)
+    }
+}
+
+/// A running manager `m`, connected with `files`, reads them again for its next connection:
+/// a certificate the server refuses is installed and the server restarted (`restart`, which
+/// ends every connection), so the next acquire presents it and fails; the renewed one is
+/// installed, and the next acquire gets in, with no new manager.
+async fn renewed_certificate_is_read_again(
+    m: &LockManager,
+    certs: &Certs,
+    files: &ClientFiles,
+    restart: impl FnOnce(),
+) {
+    m.lock("rotated").await.unwrap().release().await.unwrap();
+    files.install(certs.stranger_cert_path(), certs.stranger_key_path());
+    blocking(restart);
+    let refused = m.lock_timeout("rotated", Duration::from_secs(3)).await;
+    assert!(refused.is_err(), "the refused certificate was presented");
+    blocking(|| certs.renew_client()).unwrap();
+    files.install(certs.client_cert_path(), certs.client_key_path());
+    let held = m
+        .lock_timeout("rotated", Duration::from_secs(10))
+        .await
+        .expect("the renewed certificate is read for the next connection");
+    held.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_reads_a_renewed_client_certificate_for_its_next_connection() {
     let certs = certs();
@@ -198,33 +255,9 @@ async fn redis_reads_a_renewed_client_certificate_for_its_next_connection() {
             .start()
     })
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
-    let install = |from_cert: &Path, from_key: &Path| {
-        std::fs::copy(from_cert, &cert).unwrap();
-        std::fs::copy(from_key, &key).unwrap();
-    };
-    install(certs.client_cert_path(), certs.client_key_path());
-    let tls = Tls::new()
-        .ca_file(certs.ca_path())
-        .client_cert_files(&cert, &key);
-    let m = redis(&server.url(), Some(tls)).await.unwrap();
-    m.lock("rotated").await.unwrap().release().await.unwrap();
-
-    // A certificate the server refuses is installed: the next connection (after the server's
-    // restart) presents it and is refused.
-    install(certs.stranger_cert_path(), certs.stranger_key_path());
-    blocking(|| server.restart()).unwrap();
-    let refused = m.lock_timeout("rotated", Duration::from_secs(3)).await;
-    assert!(refused.is_err(), "the refused certificate was presented");
-    // The renewed one is installed: the next connection gets in, with no new manager.
-    blocking(|| certs.renew_client()).unwrap();
-    install(certs.client_cert_path(), certs.client_key_path());
-    let held = m
-        .lock_timeout("rotated", Duration::from_secs(10))
-        .await
-        .expect("the renewed certificate is read for the next connection");
-    held.release().await.unwrap();
+    let files = ClientFiles::of(&certs);
+    let m = redis(&server.url(), Some(files.tls(&certs))).await.unwrap();
+    renewed_certificate_is_read_again(&m, &certs, &files, || server.restart().unwrap()).await;
 }
 
 /// The libpq parameters of the kit's certificates.
@@ -409,31 +442,9 @@ async fn postgres_reads_a_renewed_client_certificate_for_its_next_connection() {
             .start()
     })
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
-    let install = |from_cert: &Path, from_key: &Path| {
-        std::fs::copy(from_cert, &cert).unwrap();
-        std::fs::copy(from_key, &key).unwrap();
-    };
-    install(certs.client_cert_path(), certs.client_key_path());
-    let tls = Tls::new()
-        .ca_file(certs.ca_path())
-        .client_cert_files(&cert, &key);
-    let m = postgres(&server.url(), Some(tls)).await.unwrap();
-    m.lock("rotated").await.unwrap().release().await.unwrap();
-
-    // A certificate the server refuses is installed; the server restarts, ending every
-    // session: the next connection presents it and is refused.
-    install(certs.stranger_cert_path(), certs.stranger_key_path());
-    blocking(|| server.restart()).unwrap();
-    let refused = m.lock_timeout("rotated", Duration::from_secs(3)).await;
-    assert!(refused.is_err(), "the refused certificate was presented");
-    // The renewed one is installed: the next connection gets in, with no new manager.
-    blocking(|| certs.renew_client()).unwrap();
-    install(certs.client_cert_path(), certs.client_key_path());
-    let held = m
-        .lock_timeout("rotated", Duration::from_secs(10))
+    let files = ClientFiles::of(&certs);
+    let m = postgres(&server.url(), Some(files.tls(&certs)))
         .await
-        .expect("the renewed certificate is read for the next connection");
-    held.release().await.unwrap();
+        .unwrap();
+    renewed_certificate_is_read_again(&m, &certs, &files, || server.restart().unwrap()).await;
 }

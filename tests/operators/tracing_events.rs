@@ -3,34 +3,13 @@
 
 use crate::common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use crate::capture::Captured;
 
 use common::*;
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn lock_life_is_traced_with_key_and_token() {
-    let captured = Captured::default();
-    let sink = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = Captured::start();
 
     let zk = server();
     let m = manager(&zk.connect_string()).await;
@@ -51,7 +30,7 @@ async fn lock_life_is_traced_with_key_and_token() {
     g.lost().await;
     drop(g);
 
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     assert!(
         log.contains("zklock: acquired") && log.contains("waited_ms="),
         "{log}"

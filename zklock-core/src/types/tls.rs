@@ -506,6 +506,21 @@ pub(crate) fn failure_in_text(text: &str, tls: &Tls) -> Option<String> {
     Some(cause.reason(tls))
 }
 
+/// Why a server closed a connection right after the TLS handshake, for a user: under TLS 1.3
+/// a server refuses a client certificate (or the lack of one) only then, as the client first
+/// writes.
+pub(crate) fn closed_after_handshake(tls: &Tls) -> String {
+    if tls.has_client_cert() {
+        "the server closed the connection right after the TLS handshake: it probably does not \
+         accept the client certificate given (not signed by a CA it trusts, or expired)"
+            .to_string()
+    } else {
+        "the server closed the connection right after the TLS handshake: it probably asks for a \
+         client certificate, and none was given"
+            .to_string()
+    }
+}
+
 /// What went wrong in a TLS handshake.
 enum Cause {
     UnknownCa,

@@ -308,19 +308,18 @@ fn tls_failure(err: &etcd_client::Error, host: &str, tls: &crate::Tls) -> Option
         text.push_str(&e.to_string());
         source = e.source();
     }
-    let closed = text.contains("broken pipe") || text.contains("connection reset");
+    // (As a broken pipe, a reset or a closed connection, whichever the client meets first.)
+    let closed = [
+        "broken pipe",
+        "connection reset",
+        "connection closed",
+        "stream closed",
+    ]
+    .iter()
+    .any(|c| text.contains(c));
     let reason = match crate::types::tls::failure_in_text(&text, tls) {
         Some(reason) => reason,
-        // Under TLS 1.3 a server refuses a client certificate after the handshake: the client
-        // sees its connection closed as it first writes.
-        None if closed && !tls.has_client_cert() => "the server closed the connection right \
-             after the TLS handshake: it asks for a client certificate (etcd's \
-             --client-cert-auth), and none was given"
-            .to_string(),
-        None if closed => "the server closed the connection right after the TLS handshake: it \
-             does not accept the client certificate given (not signed by a CA it trusts, or \
-             expired)"
-            .to_string(),
+        None if closed => crate::types::tls::closed_after_handshake(tls),
         None => return None,
     };
     Some(Error::Tls {

@@ -177,20 +177,30 @@ impl Dial {
         let Some(tls) = &self.tls else {
             return err;
         };
-        let Some(io) = kept_io(&err).filter(|io| {
-            io.get_ref()
-                .is_some_and(|e| e.downcast_ref::<rustls::Error>().is_some())
-        }) else {
+        let Some(io) = kept_io(&err) else {
             return err;
+        };
+        let alert = io
+            .get_ref()
+            .is_some_and(|e| e.downcast_ref::<rustls::Error>().is_some());
+        // Or the connection closed as the first request went out (TLS 1.3's late refusal).
+        let closed = matches!(
+            io.kind(),
+            std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::UnexpectedEof
+        );
+        let reason = match (alert, closed) {
+            (true, _) => crate::types::tls::handshake_failure(io, tls),
+            (false, true) => crate::types::tls::closed_after_handshake(tls),
+            (false, false) => return err,
         };
         let host = match client.get_connection_info().addr() {
             ConnectionAddr::Tcp(host, port) => format!("{host}:{port}"),
             other => other.to_string(),
         };
-        into_redis(Error::Tls {
-            host,
-            reason: crate::types::tls::handshake_failure(io, tls),
-        })
+        into_redis(Error::Tls { host, reason })
     }
 }
 
