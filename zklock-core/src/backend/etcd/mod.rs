@@ -274,7 +274,7 @@ fn connect_options(
     }
 }
 
-/// The gRPC client's TLS settings from [`Tls`](crate::Tls) (its files read now), for
+/// The gRPC client's TLS settings from [`Tls`](crate::types::tls::Tls) (its files read now), for
 /// `endpoints` (`https://`); `None` in plaintext.
 fn grpc_tls(config: &EtcdConfig, endpoints: &[String]) -> Result<Option<etcd_client::TlsOptions>> {
     if !endpoints.iter().any(|e| e.starts_with("https://")) {
@@ -300,7 +300,11 @@ fn grpc_tls(config: &EtcdConfig, endpoints: &[String]) -> Result<Option<etcd_cli
 /// The TLS failure inside an etcd client error, as [`Error::Tls`] naming `host`, if it is
 /// one: a certificate that did not verify, a refused client certificate, a plaintext member.
 /// (The gRPC stack keeps rustls's error as text in its status.)
-fn tls_failure(err: &etcd_client::Error, host: &str, tls: &crate::Tls) -> Option<Error> {
+fn tls_failure(
+    err: &etcd_client::Error,
+    host: &str,
+    tls: &crate::types::tls::Tls,
+) -> Option<Error> {
     let mut text = err.to_string();
     let mut source = std::error::Error::source(err);
     while let Some(e) = source {

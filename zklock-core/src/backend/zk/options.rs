@@ -191,7 +191,7 @@ impl ZooKeeperOptions {
     pub(crate) fn tls_options(
         &self,
         connect: &str,
-    ) -> crate::Result<Option<zookeeper_client::TlsOptions>> {
+    ) -> crate::types::error::Result<Option<zookeeper_client::TlsOptions>> {
         if let Some(options) = &self.tls {
             return Ok(Some(options.clone()));
         }
@@ -199,7 +199,7 @@ impl ZooKeeperOptions {
             return Ok(None);
         };
         let pem = tls.pem_now(connect)?;
-        let bad = |what: &str, e: zookeeper_client::Error| crate::Error::Tls {
+        let bad = |what: &str, e: zookeeper_client::Error| crate::types::error::Error::Tls {
             host: connect.to_string(),
             reason: format!("the {what} is not usable: {e}"),
         };
