@@ -1,2 +1,2 @@
 // The forms of the expansion snapshot, through the macro.
-include!("../../../../zklock-macros/snapshots/forms.rs");
+include!("../../../../snapshots/forms.rs");

@@ -1,2 +1,2 @@
 // The expansion snapshot of more forms compiles as plain code.
-include!("../../../../zklock-macros/snapshots/forms.expanded.rs");
+include!("../../../../snapshots/forms.expanded.rs");

@@ -1,2 +1,2 @@
 // The handler of the expansion snapshot, through the macro.
-include!("../../../../zklock-macros/snapshots/handler.rs");
+include!("../../../../snapshots/handler.rs");

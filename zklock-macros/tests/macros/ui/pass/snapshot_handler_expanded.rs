@@ -1,2 +1,2 @@
 // The expansion snapshot itself compiles as plain code.
-include!("../../../../zklock-macros/snapshots/handler.expanded.rs");
+include!("../../../../snapshots/handler.expanded.rs");

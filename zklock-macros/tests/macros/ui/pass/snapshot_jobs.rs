@@ -1,2 +1,2 @@
 // The forms of the jobs expansion snapshot, through the macro.
-include!("../../../../zklock-macros/snapshots/jobs.rs");
+include!("../../../../snapshots/jobs.rs");

@@ -1,2 +1,2 @@
 // The expansion snapshot of jobs compiles as plain code.
-include!("../../../../zklock-macros/snapshots/jobs.expanded.rs");
+include!("../../../../snapshots/jobs.expanded.rs");
