@@ -1,6 +1,6 @@
 //! `#[distributed_lock]` at run time. One test,
 //! `macro_exclusion::the_default_manager_is_the_global_one`, sets the process's global manager; no
-//! other test here uses it. The compile-time cases are the binary `macro_ui`.
+//! other test here uses it. The compile-time cases are zklock-macros' `macro_ui`.
 //!
 //! One test binary, `cargo test --test macros`: each file of `tests/macros/` is a module of it, so
 //! its tests are named `<file>::<test>` (`cargo test --test macros -- macro_exclusion::`). The
