@@ -277,6 +277,13 @@ where
         }
         None
     });
+    // Polled with a fresh budget, as a task is each time the runtime polls it: this test runs
+    // on `block_on`'s thread, where a `block_in_place` earlier in the same poll (the test
+    // kit's blocking calls) leaves the budget unconstrained until the next poll (tokio's
+    // `block_in_place` restores it only on a worker thread). With the budget off, the loop ran
+    // its 10,000 tries at once, now and then, under load (an injected `block_in_place` here
+    // makes it fail every time); one yield gives the next poll a fresh budget.
+    tokio::task::yield_now().await;
     match futures::poll!(spin.as_mut()) {
         Poll::Pending => {}
         Poll::Ready(None) => {
