@@ -111,6 +111,29 @@ where
     err
 }
 
+/// The server certificates a client must refuse, each with the client's settings and the cause
+/// its error must give: one signed by another CA than the client trusts, one for another
+/// name, an expired one.
+fn unverifiable(certs: &Certs) -> [(ServerCert, Tls, &'static str); 3] {
+    [
+        (
+            ServerCert::Valid,
+            Tls::new().ca_file(certs.other_ca_path()),
+            "not signed by the CA given",
+        ),
+        (
+            ServerCert::WrongName,
+            Tls::new().ca_file(certs.ca_path()),
+            "not valid for this host name",
+        ),
+        (
+            ServerCert::Expired,
+            Tls::new().ca_file(certs.ca_path()),
+            "expired",
+        ),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_mutual_tls_holds_and_hands_over() {
     let certs = certs();
@@ -131,23 +154,7 @@ async fn redis_mutual_tls_holds_and_hands_over() {
 async fn redis_refuses_what_does_not_verify_naming_the_server_and_the_cause() {
     let certs = certs();
     let host = "127.0.0.1";
-    for (cert, tls, cause) in [
-        (
-            ServerCert::Valid,
-            Tls::new().ca_file(certs.other_ca_path()),
-            "not signed by the CA given",
-        ),
-        (
-            ServerCert::WrongName,
-            Tls::new().ca_file(certs.ca_path()),
-            "not valid for this host name",
-        ),
-        (
-            ServerCert::Expired,
-            Tls::new().ca_file(certs.ca_path()),
-            "expired",
-        ),
-    ] {
+    for (cert, tls, cause) in unverifiable(&certs) {
         let server = blocking(|| {
             RedisServer::builder()
                 .tls(&certs, ClientAuth::NotRequired)
@@ -296,23 +303,7 @@ async fn postgres_mutual_tls_holds_and_hands_over_with_libpq_parameters_or_the_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_refuses_what_does_not_verify_naming_the_server_and_the_cause() {
     let certs = certs();
-    for (cert, tls, cause) in [
-        (
-            ServerCert::Valid,
-            Tls::new().ca_file(certs.other_ca_path()),
-            "not signed by the CA given",
-        ),
-        (
-            ServerCert::WrongName,
-            Tls::new().ca_file(certs.ca_path()),
-            "not valid for this host name",
-        ),
-        (
-            ServerCert::Expired,
-            Tls::new().ca_file(certs.ca_path()),
-            "expired",
-        ),
-    ] {
+    for (cert, tls, cause) in unverifiable(&certs) {
         let server = blocking(|| {
             PostgresServer::builder()
                 .tls(&certs, ClientAuth::NotRequired)
