@@ -134,6 +134,7 @@ every_backend!(
     fencing_tokens_can_be_off,
     lock_timeout_leaves_nothing,
     try_lock_is_none_while_held,
+    a_dropped_guard_frees_the_key_for_its_process,
     a_loop_of_tries_gives_the_thread_back,
     cancelled_acquires_leave_nothing,
     with_lock_frames_reenter,

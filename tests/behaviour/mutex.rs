@@ -213,6 +213,47 @@ pub(crate) async fn try_lock_is_none_while_held(backend: Backend) {
     }
 }
 
+/// A guard dropped (its release sent in the background) frees the key for its own process at
+/// once: a try right after the drop, or a job's next run after a run it skipped, is never
+/// refused by the process's own release still under way. Other processes may still meet the
+/// old hold for a moment, as they would meet any holder.
+pub(crate) async fn a_dropped_guard_frees_the_key_for_its_process(backend: Backend) {
+    let env = Env::start(backend);
+    for queue in QUEUES {
+        let key = format!("dropped_{queue:?}");
+        let m = env.process(queue).await;
+        for round in 0..20 {
+            drop(m.lock(&key).await.unwrap());
+            let again = m.try_lock(&key).await.unwrap();
+            assert!(
+                again.is_some(),
+                "round {round}: a try after a drop found the process's own hold ({queue:?})"
+            );
+        }
+        let job = m
+            .job(&format!("job_{queue:?}"))
+            .unwrap()
+            .at_least(Duration::from_secs(3600));
+        assert!(job.run(async {}).await.unwrap().ran().is_some());
+        for round in 0..20 {
+            // A skip inside the window drops the job's hold: the next run still finds the
+            // lock free and skips for its window, never for "another instance holds it".
+            let skipped = job.clone().required(true).run(async {}).await;
+            assert!(
+                matches!(skipped, Err(Error::JobSkipped { .. })),
+                "round {round}: {skipped:?}"
+            );
+            assert!(
+                m.try_lock(&format!("job_{queue:?}"))
+                    .await
+                    .unwrap()
+                    .is_some(),
+                "round {round}: the skipped run's hold was still there ({queue:?})"
+            );
+        }
+    }
+}
+
 /// A loop of tries while another task of the process holds the lock gives its thread back now
 /// and then, as tokio's own locks do. A try that finds the key busy in this process answers
 /// without a request; a loop of them that never gave the thread back would keep the holder

@@ -1,11 +1,14 @@
-//! [`Undos`]: the undos of dropped acquires that a backend runs in the background, counted per
-//! lock, so that the process's next acquire of that lock starts only once they are done.
+//! [`Undos`]: the undos that a backend runs in the background (of dropped acquires, and the
+//! releases of dropped holds), counted per lock, so that the process's next acquire of that
+//! lock starts only once they are done.
 //!
 //! An acquire dropped while its request may still take the lock on the server leaves an undo
-//! behind, which releases what the request took. Until it has run, the lock may be held, for a
-//! moment, by an acquire that its caller already gave up: the process's own next try of the
-//! same lock would find it taken (a job skipped for nothing). Waiting for the undos first keeps
-//! a process from being held up by its own abandoned acquires; other processes can still meet
+//! behind, which releases what the request took; a hold dropped (its guard dropped, or given
+//! up by the local table) is released by a request sent from a task of its own. Until that
+//! has run, the lock may be held, for a moment, by an acquire that its caller already gave up
+//! or a hold it already let go of: the process's own next try of the same lock would find it
+//! taken (a job skipped for nothing, a `try_lock` right after a drop refused). Waiting for the
+//! undos first keeps a process from being held up by itself; other processes can still meet
 //! such a moment, as they would meet a holder.
 
 use std::collections::{BTreeSet, HashMap};
@@ -37,7 +40,7 @@ impl<K> Default for Undos<K> {
 }
 
 impl<K: Hash + Eq + Clone> Undos<K> {
-    /// An undo of an acquire of `lock` starts: it counts until the returned [`Undoing`] is
+    /// An undo of `lock` (of an acquire, or a release in the background) starts: it counts until the returned [`Undoing`] is
     /// dropped (move it into the undo's task: a task dropped unrun ends it too).
     pub(crate) fn start(self: &Arc<Self>, lock: &K) -> Undoing<K> {
         let mut number = 0;

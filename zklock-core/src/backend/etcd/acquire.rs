@@ -425,6 +425,7 @@ impl Entry {
         EtcdHold::new(
             self.inner.clone(),
             self.user_key.clone(),
+            self.path.clone(),
             std::mem::take(&mut self.key),
             rev,
             lease,

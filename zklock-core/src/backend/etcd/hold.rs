@@ -89,6 +89,9 @@ pub(crate) struct EtcdHold {
     inner: Arc<Inner>,
     /// The user's key, for errors.
     user_key: Arc<str>,
+    /// The lock's path: a release in the background counts as an undo of it (see
+    /// [`Undos`](crate::backend::undos::Undos)).
+    path: Arc<str>,
     /// The key in etcd: what inspection shows as the contender's location.
     key: String,
     /// Its create revision: the fencing token.
@@ -107,6 +110,7 @@ impl EtcdHold {
     pub(crate) fn new(
         inner: Arc<Inner>,
         user_key: Arc<str>,
+        path: Arc<str>,
         key: String,
         rev: i64,
         lease: LeaseState,
@@ -115,6 +119,7 @@ impl EtcdHold {
         EtcdHold {
             inner,
             user_key,
+            path,
             key,
             rev,
             lease,
@@ -442,6 +447,7 @@ impl EtcdHold {
         let read = Arc::new(EtcdHold::new(
             inner,
             target.key.clone(),
+            target.path.clone(),
             key,
             rev,
             self.lease.clone(),
@@ -462,13 +468,21 @@ impl Drop for EtcdHold {
             w.abort();
         }
         if !self.released.swap(true, Ordering::SeqCst) {
+            // The process's next acquire of the lock waits for the delete: it never finds
+            // the lock held by this dropped hold.
+            let undoing = self.inner.undos.start(&self.path);
             let undo = undo_created(
                 self.inner.clone(),
                 std::mem::take(&mut self.key),
                 self.lease.id,
                 self.rev,
             );
-            self.inner.background.spawn(&self.inner.runtime, undo);
+            self.inner
+                .background
+                .spawn(&self.inner.runtime, async move {
+                    undo.await;
+                    drop(undoing);
+                });
         }
     }
 }

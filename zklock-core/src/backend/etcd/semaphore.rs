@@ -151,6 +151,7 @@ impl Leases {
                 Arc::new(EtcdHold::new(
                     self.inner.clone(),
                     self.user_key.clone(),
+                    self.path.clone(),
                     key,
                     rev,
                     lease.clone(),

@@ -10,6 +10,7 @@ use super::conn::{ConnState, HoldConn, Reservation};
 use super::error::PostgresError;
 use super::hub::WaiterWatch;
 use super::{sql, Inner};
+use crate::backend::undos::Undoing;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
@@ -108,22 +109,40 @@ async fn unlock_on(reservation: &Reservation, shared: bool) -> Result<bool, Post
 /// An unlock not yet known to be done. Dropped before it finished (a hold dropped, or the
 /// caller's release future dropped), it unlocks in the background and only then gives the
 /// reservation back: an unlock begun in the caller's task may not have been sent, and unlocking
-/// a lock the session no longer holds only draws a warning from the server. The reservation keeps any other acquire of the id off
-/// the connection meanwhile.
+/// a lock the session no longer holds only draws a warning from the server. The reservation
+/// keeps any other acquire of the id off the connection meanwhile, and the unlock counts as an
+/// undo of the id until it is done: the process's next acquire of the lock waits for it, and
+/// never finds the lock held by the hold it let go of.
 struct Unlocking {
     reservation: Option<Reservation>,
     shared: bool,
     inner: Arc<Inner>,
+    undoing: Option<Undoing<i32>>,
+}
+
+impl Unlocking {
+    fn new(inner: &Arc<Inner>, reservation: Reservation, shared: bool) -> Unlocking {
+        let undoing = inner.undos.start(&reservation.id);
+        Unlocking {
+            reservation: Some(reservation),
+            shared,
+            inner: inner.clone(),
+            undoing: Some(undoing),
+        }
+    }
 }
 
 impl Drop for Unlocking {
     fn drop(&mut self) {
         if let Some(reservation) = self.reservation.take() {
             let shared = self.shared;
+            let undoing = self.undoing.take();
             self.inner
                 .background
                 .spawn(&self.inner.runtime, async move {
                     let _ = unlock_on(&reservation, shared).await;
+                    drop(reservation);
+                    drop(undoing);
                 });
         }
     }
@@ -210,11 +229,7 @@ impl PgHold {
             return false;
         };
         // Dropped unfinished: the unlock goes to the background.
-        drop(Unlocking {
-            reservation: Some(reservation),
-            shared: self.shared,
-            inner: self.inner.clone(),
-        });
+        drop(Unlocking::new(&self.inner, reservation, self.shared));
         true
     }
 
@@ -225,12 +240,9 @@ impl PgHold {
         };
         // In the caller's task (no hop to another); if this is dropped half way, the rest is
         // left to the background.
-        let mut unlocking = Unlocking {
-            reservation: Some(reservation),
-            shared: self.shared,
-            inner: self.inner.clone(),
-        };
+        let mut unlocking = Unlocking::new(&self.inner, reservation, self.shared);
         let result = unlock_on(unlocking.reservation.as_ref().expect("set"), self.shared).await;
+        // Done: the reservation goes back, then the undo ends (with `unlocking`).
         unlocking.reservation = None;
         let lost_now = self.loss_reason();
         self.end(lost_before);

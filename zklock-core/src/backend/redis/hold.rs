@@ -353,10 +353,14 @@ impl Drop for RedisHold {
             let until = self.state.borrow().deadline;
             self.end();
             let (inner, keys, undo) = (self.inner.clone(), self.keys.clone(), self.undo());
+            // The process's next acquire of the lock waits for the delete: it never finds
+            // the lock held by this dropped hold.
+            let undoing = inner.undos.start(&keys.exclusive);
             self.inner.background.spawn(&self.inner.runtime, async move {
                 if let Err(e) = inner.delete(&keys, &undo, until).await {
                     tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not release a Redis lock; it ends when its lease runs out");
                 }
+                drop(undoing);
             });
         }
     }
