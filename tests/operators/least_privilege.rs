@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::common;
 
-use zklock::{BackendKind, Error, LockManager};
+use zklock::{Error, LockManager};
 use zklock_testkit::{EtcdServer, PostgresServer, RedisServer};
 
 /// The ACL rules of zklock's Redis user (after `ACL SETUSER <name> on ><password>`), as the
@@ -238,7 +238,7 @@ async fn pg_manager(server: &PostgresServer, role: &str) -> zklock::Result<LockM
 async fn postgres_recipes_work_under_a_role_granted_only_what_setup_prints() {
     let server = blocking(common::pg_server);
     pg_role(&server, "locks");
-    let sql = BackendKind::Postgres
+    let sql = LockManager::builder(server.url())
         .setup_sql(Some("locks"))
         .unwrap()
         .expect("PostgreSQL has a set-up");

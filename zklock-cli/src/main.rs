@@ -96,7 +96,7 @@ fn setup(cli: &Cli, args: &args::SetupArgs) -> u8 {
         Ok(kind) => kind,
         Err(e) => return exit::fail(&e),
     };
-    match kind.setup_sql(args.grant_to.as_deref()) {
+    match zklock_core::LockManager::builder(&cli.connect).setup_sql(args.grant_to.as_deref()) {
         Ok(Some(sql)) => {
             print!("{sql}");
             0

@@ -18,7 +18,7 @@ impl LockManager {
         self.backend()
             .inspector()
             .map_err(|feature| Error::Unsupported {
-                backend: self.backend().name(),
+                backend: self.backend().kind().label(),
                 feature,
             })
     }
@@ -154,7 +154,7 @@ impl LockManager {
         self.backend()
             .revoker()
             .map_err(|feature| Error::Unsupported {
-                backend: self.backend().name(),
+                backend: self.backend().kind().label(),
                 feature,
             })
     }

@@ -71,8 +71,8 @@ pub use manager::PostgresOptions;
 #[cfg(feature = "redis")]
 pub use manager::RedisOptions;
 pub use manager::{
-    global, set_global, BackendKind, Builder, LockManager, StatsSnapshot, ZooKeeperOptions,
-    DEFAULT_LEASE, DEFAULT_NAMESPACE,
+    global, set_global, Builder, LockManager, StatsSnapshot, ZooKeeperOptions, DEFAULT_LEASE,
+    DEFAULT_NAMESPACE,
 };
 pub use metrics::KeyLabel;
 pub use multi::{LockSpec, MultiGuard};
@@ -87,6 +87,7 @@ pub use recipe::semaphore::{Lease, Semaphore};
 pub use redis;
 #[cfg(feature = "postgres")]
 pub use tokio_postgres;
+pub use types::backend_kind::BackendKind;
 pub use types::disconnect::DisconnectPolicy;
 pub use types::error::{Deadlock, Error, Result, ServerError};
 pub use types::inspect::{Contender, LockInfo, LockKind, Owner};

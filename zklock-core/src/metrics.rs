@@ -67,6 +67,7 @@ use std::time::{Duration, Instant};
 use ::metrics::{Key, Label, Level, Metadata, Recorder, Unit};
 use once_cell::sync::Lazy;
 
+use crate::types::backend_kind::BackendKind;
 use crate::types::loss::LossReason;
 
 /// Name of the acquires counter (see the [module docs](self)).
@@ -233,40 +234,14 @@ const RECIPES: &[(&str, &str)] = &[
     ("recipe", "job"),
 ];
 
-/// Which backend a metric is about (its `backend` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BackendLabel {
-    Zk,
-    Redis,
-    Postgres,
-    Memory,
-    Etcd,
-}
-
+/// The `backend` label's values, indexed by [`BackendKind`] (`kind as usize`).
 const BACKENDS: &[(&str, &str)] = &[
-    ("backend", "zookeeper"),
-    ("backend", "redis"),
-    ("backend", "postgres"),
-    ("backend", "memory"),
-    ("backend", "etcd"),
+    ("backend", BackendKind::ALL[0].label()),
+    ("backend", BackendKind::ALL[1].label()),
+    ("backend", BackendKind::ALL[2].label()),
+    ("backend", BackendKind::ALL[3].label()),
+    ("backend", BackendKind::ALL[4].label()),
 ];
-
-impl BackendLabel {
-    /// The label of the backend named `name` (`Backend::name`): the label's value is that
-    /// name, so that a backend is called the same in errors, tracing and metrics.
-    pub(crate) fn from_name(name: &str) -> BackendLabel {
-        match name {
-            "zookeeper" => BackendLabel::Zk,
-            "redis" => BackendLabel::Redis,
-            "postgres" => BackendLabel::Postgres,
-            "memory" => BackendLabel::Memory,
-            "etcd" => BackendLabel::Etcd,
-            other => {
-                unreachable!("the backend {other:?} has no metrics label: add it to BackendLabel")
-            }
-        }
-    }
-}
 
 /// How an acquire ended (the `outcome` label of [`ACQUIRES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,16 +417,21 @@ fn record(family: &Family, index: usize, key: Option<&Arc<str>>, value: Duration
 #[derive(Debug, Clone)]
 pub(crate) struct Labels {
     recipe: Recipe,
-    backend: BackendLabel,
+    backend: BackendKind,
     key: Option<Arc<str>>,
 }
 
 impl Labels {
-    /// The labels of `key`'s lock of `recipe` on the backend named `backend`.
-    pub(crate) fn new(recipe: Recipe, backend: &str, key_label: KeyLabel, key: &str) -> Labels {
+    /// The labels of `key`'s lock of `recipe` on `backend`.
+    pub(crate) fn new(
+        recipe: Recipe,
+        backend: BackendKind,
+        key_label: KeyLabel,
+        key: &str,
+    ) -> Labels {
         Labels {
             recipe,
-            backend: BackendLabel::from_name(backend),
+            backend,
             key: key_label.label(key),
         }
     }
@@ -572,24 +552,24 @@ impl Drop for HoldMeter {
 
 /// A ZooKeeper session changed state.
 pub(crate) fn session_state(state: SessionState) {
-    let index = BackendLabel::Zk as usize * STATES.len() + state as usize;
+    let index = BackendKind::ZooKeeper as usize * STATES.len() + state as usize;
     increment(&STATE_KEYS, index, None, 1);
 }
 
 /// An attempt to open a new ZooKeeper session after expiry ended (`ok`: it opened).
 pub(crate) fn session_renewal(ok: bool) {
-    let index = BackendLabel::Zk as usize * RENEWALS.len() + usize::from(!ok);
+    let index = BackendKind::ZooKeeper as usize * RENEWALS.len() + usize::from(!ok);
     increment(&RENEWAL_KEYS, index, None, 1);
 }
 
 /// A release was sent again after a connection loss.
-pub(crate) fn release_retry(backend: BackendLabel) {
+pub(crate) fn release_retry(backend: BackendKind) {
     increment(&RETRY_KEYS, backend as usize, None, 1);
 }
 
 /// The backend saw its store fail over to a new primary.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn failover(backend: BackendLabel) {
+pub(crate) fn failover(backend: BackendKind) {
     increment(&FAILOVER_KEYS, backend as usize, None, 1);
 }
 
@@ -603,7 +583,7 @@ mod tests {
             ACQUIRES_KEYS.keys.len(),
             RECIPES.len() * BACKENDS.len() * OUTCOMES.len()
         );
-        let l = Labels::new(Recipe::Job, "postgres", KeyLabel::None, "k");
+        let l = Labels::new(Recipe::Job, BackendKind::Postgres, KeyLabel::None, "k");
         let key = &ACQUIRES_KEYS.keys[l.base(OUTCOMES.len()) + Outcome::Skipped as usize];
         let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
         assert_eq!(
@@ -618,7 +598,7 @@ mod tests {
             &HOLDS_LOST_KEYS.keys[l.base(REASONS.len()) + reason_index(LossReason::HoldLimit)];
         assert_eq!(lost.labels().last().unwrap().value(), "hold_limit");
         let state = &STATE_KEYS.keys
-            [BackendLabel::Zk as usize * STATES.len() + SessionState::AuthFailed as usize];
+            [BackendKind::ZooKeeper as usize * STATES.len() + SessionState::AuthFailed as usize];
         assert_eq!(
             state.labels().map(|l| l.value()).collect::<Vec<_>>(),
             ["zookeeper", "auth_failed"]

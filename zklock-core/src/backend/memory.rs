@@ -12,6 +12,7 @@ use tokio::sync::{oneshot, watch};
 use super::{
     Backend, BackendHold, BoxFuture, Downgraded, Inspect, LockTarget, Lose, SharedHold, HOST_PID,
 };
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::loss::{Loss, LossReason, LossSignal};
@@ -259,8 +260,8 @@ impl Drop for Unfinished {
 }
 
 impl Backend for MemoryBackend {
-    fn name(&self) -> &'static str {
-        "memory"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Memory
     }
 
     fn acquire<'a>(

@@ -36,6 +36,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::Result;
 use crate::types::inspect::{LockInfo, LockKind};
 use crate::types::loss::{LossReason, LossSignal};
@@ -163,8 +164,8 @@ pub(crate) struct Downgraded {
 
 /// A lock service.
 pub(crate) trait Backend: Send + Sync + 'static {
-    /// The backend's name, for errors and tracing (`zookeeper`, `memory`, ...).
-    fn name(&self) -> &'static str;
+    /// Which backend this is: its name in messages, its label in metrics, tracing and errors.
+    fn kind(&self) -> BackendKind;
 
     /// Acquires a hold of `mode` on `target` within `wait`. `Ok(None)` only for
     /// [`Wait::Never`] when the lock is taken. Cancel safe: a dropped acquire leaves nothing.

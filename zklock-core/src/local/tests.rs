@@ -59,8 +59,14 @@ fn lock<'a>(
 }
 
 /// The metrics' labels of [`PATH`]'s acquires.
-static LABELS: once_cell::sync::Lazy<Labels> =
-    once_cell::sync::Lazy::new(|| Labels::new(Recipe::Mutex, "memory", KeyLabel::None, "k"));
+static LABELS: once_cell::sync::Lazy<Labels> = once_cell::sync::Lazy::new(|| {
+    Labels::new(
+        Recipe::Mutex,
+        crate::types::backend_kind::BackendKind::Memory,
+        KeyLabel::None,
+        "k",
+    )
+});
 
 /// Polls `fut` once: true while it is still pending (in the queue, or at the backend).
 async fn pends<F: Future + Unpin>(fut: &mut F) -> bool {

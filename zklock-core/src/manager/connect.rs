@@ -17,6 +17,7 @@ use crate::backend::postgres::{self, PostgresBackend, PostgresConfig};
 use crate::backend::redis::{RedisBackend, RedisConfig, MIN_LEASE};
 use crate::backend::zk::{SessionConfig, SessionOwner, ZkBackend, ZkConfig};
 use crate::backend::Backend;
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{redacted, Error, Result};
 use crate::types::key::validate_path;
 
@@ -34,118 +35,6 @@ const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// says otherwise: a cluster with no member up is reported in about this long.
 #[cfg(feature = "etcd")]
 const DEFAULT_ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Which backend a connect string names.
-///
-/// # Examples
-///
-/// ```
-/// use zklock_core::BackendKind;
-///
-/// assert_eq!(BackendKind::of("zk1:2181,zk2:2181/app")?, BackendKind::ZooKeeper);
-/// assert_eq!(BackendKind::of("redis://127.0.0.1:6379")?, BackendKind::Redis);
-/// assert_eq!(BackendKind::of("postgresql://app@db/app")?, BackendKind::Postgres);
-/// assert_eq!(BackendKind::of("etcd://10.0.0.1:2379,10.0.0.2:2379")?, BackendKind::Etcd);
-/// assert!(BackendKind::of("mysql://db").is_err());
-/// # Ok::<(), zklock_core::Error>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum BackendKind {
-    /// `host:port[,host:port…][/chroot]`.
-    ZooKeeper,
-    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, `redis+sentinel://` (the
-    /// primary a set of Sentinels names) and `redis+cluster://` (a Redis Cluster).
-    Redis,
-    /// `postgres://`, `postgresql://`.
-    Postgres,
-    /// `etcd://`.
-    Etcd,
-}
-
-impl BackendKind {
-    /// The backend `connect` names, by its scheme (a ZooKeeper connect string has none).
-    ///
-    /// # Errors
-    /// [`Error::Config`] for a scheme that no backend takes.
-    pub fn of(connect: &str) -> Result<BackendKind> {
-        let lower = connect.trim_start().to_ascii_lowercase();
-        let has = |schemes: &[&str]| schemes.iter().any(|s| lower.starts_with(s));
-        if has(&[
-            "redis://",
-            "rediss://",
-            "redis+unix://",
-            "unix://",
-            "redis+sentinel://",
-            "rediss+sentinel://",
-            "redis+cluster://",
-            "rediss+cluster://",
-        ]) {
-            return Ok(BackendKind::Redis);
-        }
-        if has(&["postgres://", "postgresql://"]) {
-            return Ok(BackendKind::Postgres);
-        }
-        if has(&["etcd://", "etcds://"]) {
-            return Ok(BackendKind::Etcd);
-        }
-        match connect.trim_start().split_once("://") {
-            None => Ok(BackendKind::ZooKeeper),
-            Some((scheme, _)) => Err(Error::Config(format!(
-                "no backend takes the scheme {scheme:?} of the connect string {}; give ZooKeeper \
-                 servers as host:port[,host:port...][/chroot], Redis as redis://host:port (or \
-                 rediss://, redis+unix://, unix://, redis+sentinel://host:26379/<master>, redis+cluster://host:port,..., rediss+sentinel://, rediss+cluster://), PostgreSQL as postgres://user@host/db, etcd \
-                 as etcd://host:2379[,host:2379...] (or etcds://)",
-                redacted(connect)
-            ))),
-        }
-    }
-
-    /// The backend's name as messages give it: `ZooKeeper`, `Redis`, `PostgreSQL`, `etcd`.
-    ///
-    /// ```
-    /// assert_eq!(zklock_core::BackendKind::Postgres.name(), "PostgreSQL");
-    /// ```
-    pub fn name(self) -> &'static str {
-        match self {
-            BackendKind::ZooKeeper => "ZooKeeper",
-            BackendKind::Redis => "Redis",
-            BackendKind::Postgres => "PostgreSQL",
-            BackendKind::Etcd => "etcd",
-        }
-    }
-
-    /// What an administrator runs once so that a narrow account can use the backend, if it
-    /// needs anything: on PostgreSQL, the SQL that creates zklock's table and, with `grant_to`,
-    /// gives that role exactly what zklock uses (`zklock setup` prints it). The other backends
-    /// need no set-up (`None`); their accounts are in the security guide.
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] for a role name with a NUL byte.
-    ///
-    /// ```
-    /// use zklock_core::BackendKind;
-    ///
-    /// let sql = BackendKind::Postgres.setup_sql(Some("locks"))?.expect("SQL");
-    /// assert!(sql.contains("CREATE TABLE IF NOT EXISTS zklock_keys"));
-    /// assert!(sql.contains(r#"TO "locks""#));
-    /// assert!(BackendKind::Redis.setup_sql(None)?.is_none());
-    /// # Ok::<(), zklock_core::Error>(())
-    /// ```
-    pub fn setup_sql(self, grant_to: Option<&str>) -> Result<Option<String>> {
-        #[cfg(not(feature = "postgres"))]
-        let _ = grant_to;
-        match self {
-            #[cfg(feature = "postgres")]
-            BackendKind::Postgres => postgres::setup_sql(grant_to).map(Some),
-            #[cfg(not(feature = "postgres"))]
-            BackendKind::Postgres => Err(Error::Config(
-                "zklock was built without its `postgres` feature".into(),
-            )),
-            _ => Ok(None),
-        }
-    }
-}
 
 impl Builder {
     /// Opens the backend the connect string names (a ZooKeeper session, Redis or PostgreSQL
@@ -185,39 +74,70 @@ impl Builder {
             BackendKind::Redis => self.connect_redis().await,
             BackendKind::Postgres => self.connect_postgres().await,
             BackendKind::Etcd => self.connect_etcd().await,
+            // No connect string names it (`LockManager::in_memory` makes it).
+            BackendKind::Memory => unreachable!("BackendKind::of never gives Memory"),
+        }
+    }
+
+    /// What an administrator runs once so that a narrow account can use the backend the
+    /// connect string names, if it needs anything: on PostgreSQL, the SQL that creates
+    /// zklock's table and, with `grant_to`, gives that role exactly what zklock uses
+    /// (`zklock setup` prints it). No connection is made. The other backends need no set-up
+    /// (`None`); their accounts are in the security guide.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a connect string whose scheme no backend takes (or PostgreSQL
+    /// without the `postgres` feature); [`Error::InvalidArgument`] for a role name with a NUL
+    /// byte.
+    ///
+    /// ```
+    /// use zklock_core::LockManager;
+    ///
+    /// let sql = LockManager::builder("postgres://admin@db/app")
+    ///     .setup_sql(Some("locks"))?
+    ///     .expect("PostgreSQL needs its table");
+    /// assert!(sql.contains("CREATE TABLE IF NOT EXISTS zklock_keys"));
+    /// assert!(sql.contains(r#"TO "locks""#));
+    /// assert!(LockManager::builder("redis://cache:6379").setup_sql(None)?.is_none());
+    /// # Ok::<(), zklock_core::Error>(())
+    /// ```
+    pub fn setup_sql(&self, grant_to: Option<&str>) -> Result<Option<String>> {
+        #[cfg(not(feature = "postgres"))]
+        let _ = grant_to;
+        match BackendKind::of(&self.connect)? {
+            #[cfg(feature = "postgres")]
+            BackendKind::Postgres => postgres::setup_sql(grant_to).map(Some),
+            #[cfg(not(feature = "postgres"))]
+            BackendKind::Postgres => Err(Error::Config(
+                "zklock was built without its `postgres` feature".into(),
+            )),
+            _ => Ok(None),
         }
     }
 
     /// Refuses the settings of a backend other than `kind`: they would be silently ignored.
+    /// The builder's method for each backend's settings is named by its label.
     fn refuse_other_backends(&self, kind: BackendKind) -> Result<()> {
         let given = [
-            (
-                BackendKind::ZooKeeper,
-                "zookeeper",
-                self.zookeeper.is_some(),
-            ),
+            (BackendKind::ZooKeeper, self.zookeeper.is_some()),
             #[cfg(feature = "redis")]
-            (BackendKind::Redis, "redis", self.redis.is_some()),
+            (BackendKind::Redis, self.redis.is_some()),
             #[cfg(feature = "postgres")]
-            (BackendKind::Postgres, "postgres", self.postgres.is_some()),
+            (BackendKind::Postgres, self.postgres.is_some()),
             #[cfg(feature = "etcd")]
-            (BackendKind::Etcd, "etcd", self.etcd.is_some()),
+            (BackendKind::Etcd, self.etcd.is_some()),
         ];
-        for (other, method, set) in given {
+        for (other, set) in given {
             if set && other != kind {
                 return Err(Error::Config(format!(
-                    "{} settings were given (Builder::{method}), but the connect string {} names \
+                    "{} settings were given (Builder::{}), but the connect string {} names \
                      {}: they would have no effect; give {} settings through Builder::{}",
                     other.name(),
+                    other.label(),
                     redacted(&self.connect),
                     kind.name(),
                     kind.name(),
-                    match kind {
-                        BackendKind::ZooKeeper => "zookeeper",
-                        BackendKind::Redis => "redis",
-                        BackendKind::Postgres => "postgres",
-                        BackendKind::Etcd => "etcd",
-                    }
+                    kind.label(),
                 )));
             }
         }
@@ -256,7 +176,7 @@ impl Builder {
     async fn connect_redis(self) -> Result<LockManager> {
         let options = self.redis.clone().unwrap_or_default();
         let lease = options.lease;
-        check_lease("Redis", lease, MIN_LEASE, "renewals")?;
+        check_lease(BackendKind::Redis, lease, MIN_LEASE, "renewals")?;
         if let Some(acks) = options.acks {
             if acks.timeout.is_zero() || acks.timeout >= lease / 3 || acks.replicas == 0 {
                 return Err(Error::Config(format!(
@@ -289,7 +209,12 @@ impl Builder {
     async fn connect_postgres(self) -> Result<LockManager> {
         let options = self.postgres.clone().unwrap_or_default();
         let lease = options.lease;
-        check_lease("PostgreSQL", lease, postgres::MIN_LEASE, "liveness checks")?;
+        check_lease(
+            BackendKind::Postgres,
+            lease,
+            postgres::MIN_LEASE,
+            "liveness checks",
+        )?;
         let backend = PostgresBackend::connect(PostgresConfig {
             url: self.connect.clone(),
             tls: options.tls,
@@ -308,7 +233,12 @@ impl Builder {
     #[cfg(feature = "etcd")]
     async fn connect_etcd(self) -> Result<LockManager> {
         let options = self.etcd.clone().unwrap_or_default();
-        check_lease("etcd", options.lease, etcd::MIN_LEASE, "keep-alives")?;
+        check_lease(
+            BackendKind::Etcd,
+            options.lease,
+            etcd::MIN_LEASE,
+            "keep-alives",
+        )?;
         if options.lease.subsec_nanos() != 0 {
             return Err(Error::Config(format!(
                 "the etcd lease is {:?}; give whole seconds (etcd counts leases in seconds)",
@@ -359,7 +289,7 @@ impl Builder {
 
 /// Refuses a lease too short for what goes out every lease/3 to keep a hold (`renewals`).
 #[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
-fn check_lease(backend: &str, lease: Duration, min: Duration, renewals: &str) -> Result<()> {
+fn check_lease(backend: BackendKind, lease: Duration, min: Duration, renewals: &str) -> Result<()> {
     if lease < min {
         return Err(Error::Config(format!(
             "the {backend} lease is {lease:?}; give at least {min:?} ({renewals} go out every \

@@ -71,7 +71,7 @@ impl LockManager {
     pub fn lose(&self, key: &str, reason: LossReason) -> Result<()> {
         let backend = &self.inner.core.backend;
         let loser = backend.loser().map_err(|feature| Error::Unsupported {
-            backend: backend.name(),
+            backend: backend.kind().label(),
             feature,
         })?;
         let key = Key::new(key)?;

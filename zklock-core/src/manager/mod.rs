@@ -21,7 +21,6 @@ pub use builder::PostgresOptions;
 #[cfg(feature = "redis")]
 pub use builder::RedisOptions;
 pub use builder::{Builder, ZooKeeperOptions, DEFAULT_LEASE, DEFAULT_NAMESPACE};
-pub use connect::BackendKind;
 pub use global::{global, set_global};
 
 use crate::backend::Backend;
@@ -100,7 +99,7 @@ pub(crate) struct Inner {
 impl std::fmt::Debug for LockManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut d = f.debug_struct("LockManager");
-        d.field("backend", &self.inner.core.backend.name())
+        d.field("backend", &self.inner.core.backend.kind().label())
             .field("connect", &redacted(&self.inner.connect))
             .field("namespace", &self.inner.namespace);
         if let Some(session) = self.inner.core.backend.session() {

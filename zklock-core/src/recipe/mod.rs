@@ -56,7 +56,7 @@ pub(crate) struct Core {
 impl fmt::Debug for Core {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Core")
-            .field("backend", &self.backend.name())
+            .field("backend", &self.backend.kind().label())
             .finish()
     }
 }
@@ -89,7 +89,7 @@ pub(crate) struct Target {
 impl Target {
     /// The lock `lock` of `recipe`, taken in `mode`.
     pub(crate) fn new(core: Arc<Core>, lock: LockTarget, mode: LockMode, recipe: Recipe) -> Target {
-        let labels = Labels::new(recipe, core.backend.name(), core.key_label, &lock.key);
+        let labels = Labels::new(recipe, core.backend.kind(), core.key_label, &lock.key);
         Target {
             core,
             lock,
@@ -145,7 +145,7 @@ impl Target {
             Reentry::NotHeld => {}
         }
         let started = std::time::Instant::now();
-        let backend = self.core.backend.name();
+        let backend = self.core.backend.kind().label();
         let span = tracing::debug_span!("zklock.acquire", key = %key, mode = ?self.mode, backend);
         let core = &self.core;
         let acquire = local::acquire(

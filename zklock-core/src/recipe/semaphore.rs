@@ -50,7 +50,7 @@ impl Semaphore {
                 "the semaphore {key} needs at least one lease"
             )));
         }
-        let labels = Labels::new(Recipe::Semaphore, core.backend.name(), core.key_label, &key);
+        let labels = Labels::new(Recipe::Semaphore, core.backend.kind(), core.key_label, &key);
         Ok(Semaphore {
             core,
             target: LockTarget::lock(key, path.into()),

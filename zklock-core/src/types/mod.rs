@@ -1,6 +1,7 @@
 //! Shared types, the lowest layer: keys, errors, fencing tokens, loss reasons, modes. Imports
 //! nothing else of the crate.
 
+pub(crate) mod backend_kind;
 pub(crate) mod disconnect;
 pub(crate) mod error;
 pub(crate) mod inspect;

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result, ServerError};
 
 /// gRPC's status codes (the numbers every gRPC implementation shares).
@@ -63,7 +64,7 @@ pub(crate) fn server_error(operation: &'static str, err: etcd_client::Error) -> 
     };
     let transient = transient(&err);
     Error::Server {
-        backend: "etcd",
+        backend: BackendKind::Etcd.label(),
         operation,
         source: ServerError::new(
             Arc::new(err),
@@ -77,9 +78,9 @@ pub(crate) fn server_error(operation: &'static str, err: etcd_client::Error) -> 
 /// A request of `operation` that got no reply within its bound.
 pub(crate) fn timed_out(operation: &'static str) -> Error {
     Error::Server {
-        backend: "etcd",
+        backend: BackendKind::Etcd.label(),
         operation,
-        source: ServerError::timed_out("etcd"),
+        source: ServerError::timed_out(BackendKind::Etcd.label()),
     }
 }
 

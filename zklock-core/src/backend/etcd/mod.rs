@@ -54,6 +54,7 @@ use super::{
     HOST_PID,
 };
 use crate::background::Background;
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{redacted, Error, Result, ServerError};
 use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
@@ -385,7 +386,11 @@ async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) ->
                     "check the endpoints and that the etcd members are up",
                 )));
             }
-            Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
+            Err(_) => {
+                return Err(unreachable(ServerError::timed_out(
+                    BackendKind::Etcd.label(),
+                )))
+            }
         };
     let status = match tokio::time::timeout(timeout, client.status()).await {
         Ok(Ok(status)) => status,
@@ -404,7 +409,11 @@ async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) ->
                 "check the endpoints and that the etcd members are up",
             )));
         }
-        Err(_) => return Err(unreachable(ServerError::timed_out("etcd"))),
+        Err(_) => {
+            return Err(unreachable(ServerError::timed_out(
+                BackendKind::Etcd.label(),
+            )))
+        }
     };
     if !new_enough(status.version()) {
         return Err(Error::Config(format!(
@@ -491,8 +500,8 @@ impl Drop for EtcdBackend {
 }
 
 impl Backend for EtcdBackend {
-    fn name(&self) -> &'static str {
-        "etcd"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Etcd
     }
 
     fn acquire<'a>(

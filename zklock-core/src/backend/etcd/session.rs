@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::error::{bounded, server_error};
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 
@@ -225,9 +226,11 @@ impl Session {
                 tokio::time::timeout_at(until, wait)
                     .await
                     .unwrap_or(Err(Error::Server {
-                        backend: "etcd",
+                        backend: BackendKind::Etcd.label(),
                         operation: "grant a lease",
-                        source: crate::types::error::ServerError::timed_out("etcd"),
+                        source: crate::types::error::ServerError::timed_out(
+                            BackendKind::Etcd.label(),
+                        ),
                     }))
             }
             None => wait.await,

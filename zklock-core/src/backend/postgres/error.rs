@@ -1,6 +1,7 @@
 //! What went wrong talking to PostgreSQL: the client's error or no reply in time, inside the
 //! backend; zklock's [`Error::Server`] once it leaves it.
 
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, ServerError};
 
 /// What to check when PostgreSQL fails a request.
@@ -95,7 +96,7 @@ impl PostgresError {
             }
         };
         Error::Server {
-            backend: "postgres",
+            backend: BackendKind::Postgres.label(),
             operation,
             source,
         }

@@ -78,6 +78,7 @@ use tokio_postgres::types::Type;
 use super::undos::Undos;
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
 use crate::background::Background;
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
@@ -371,8 +372,8 @@ impl Backend for PostgresBackend {
         Some(self.inner.cc.lease)
     }
 
-    fn name(&self) -> &'static str {
-        "postgres"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Postgres
     }
 
     fn acquire<'a>(
@@ -404,7 +405,7 @@ impl Backend for PostgresBackend {
     ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
         Box::pin(async {
             Err(Error::Unsupported {
-                backend: "postgres",
+                backend: BackendKind::Postgres.label(),
                 feature: "semaphores",
             })
         })

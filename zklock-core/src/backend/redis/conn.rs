@@ -11,6 +11,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError, RedisResult};
 use tokio::sync::Mutex as AsyncMutex;
 
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, ServerError};
 use crate::types::loss::LossReason;
 
@@ -124,7 +125,7 @@ pub(crate) fn server_error(operation: &'static str, err: RedisError) -> Error {
         return failure;
     }
     Error::Server {
-        backend: "redis",
+        backend: BackendKind::Redis.label(),
         operation,
         source: ServerError::new(
             Arc::new(err.clone()),
@@ -277,7 +278,7 @@ impl Conn {
         if first {
             let slots = link.and_then(|l| self.servers.slots_of(&l.0.node));
             self.breaks.failed_over(slots.as_deref());
-            crate::metrics::failover(crate::metrics::BackendLabel::Redis);
+            crate::metrics::failover(BackendKind::Redis);
         }
     }
 

@@ -64,6 +64,7 @@ use tokio::time::Instant;
 
 use super::undos::Undos;
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 use acquire::Acquire;
@@ -269,7 +270,7 @@ impl Inner {
             match freed {
                 Ok(n) => return Ok(n == 1),
                 Err(e) if transient(&e) && Instant::now() + pause < until => {
-                    crate::metrics::release_retry(crate::metrics::BackendLabel::Redis);
+                    crate::metrics::release_retry(BackendKind::Redis);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(RETRY_MAX);
                 }
@@ -288,7 +289,7 @@ fn unacked(acks: Option<options::Acks>, acked: i64, what: &'static str) -> Error
     );
     let e = redis::RedisError::from(std::io::Error::other(message.clone()));
     Error::Server {
-        backend: "redis",
+        backend: BackendKind::Redis.label(),
         operation: "acquire the lock",
         source: crate::types::error::ServerError::new(
             Arc::new(e),
@@ -652,8 +653,8 @@ impl Backend for RedisBackend {
         Some(self.inner.lease)
     }
 
-    fn name(&self) -> &'static str {
-        "redis"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Redis
     }
 
     fn acquire<'a>(

@@ -1,5 +1,6 @@
 //! ZooKeeper's client errors as zklock's [`Error`].
 
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, ServerError};
 
 /// What to check when ZooKeeper refuses a request.
@@ -21,7 +22,7 @@ impl Error {
                 path: path.to_string(),
             },
             other => Error::Server {
-                backend: "zookeeper",
+                backend: BackendKind::ZooKeeper.label(),
                 operation,
                 source: server_error(other),
             },

@@ -21,6 +21,7 @@ use super::{
     Backend, BackendHold, BackendStats, BoxFuture, Inspect, LockTarget, Revoke, SessionInfo,
     SharedHold,
 };
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::Result;
 use crate::types::mode::{HoldMode, LockMode, Wait};
 pub use options::ZooKeeperOptions;
@@ -193,8 +194,8 @@ impl ZkBackend {
 }
 
 impl Backend for ZkBackend {
-    fn name(&self) -> &'static str {
-        "zookeeper"
+    fn kind(&self) -> BackendKind {
+        BackendKind::ZooKeeper
     }
 
     fn acquire<'a>(

@@ -11,7 +11,8 @@ use std::time::Duration;
 use super::session::{connection_lost, is_terminal, wait_reconnect};
 use super::Inner;
 use crate::backend::LockTarget;
-use crate::metrics::{self, BackendLabel};
+use crate::metrics;
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::layout::run_record;
 
@@ -194,7 +195,7 @@ pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: Str
                         return;
                     }
                     counter.count_requests(1);
-                    metrics::release_retry(BackendLabel::Zk);
+                    metrics::release_retry(BackendKind::ZooKeeper);
                     result = client.delete(&path, None).await;
                 }
                 Err(err) if is_terminal(&err) => return,

@@ -18,7 +18,8 @@ use super::protocol::delete_in_background;
 use super::session::{connection_lost, wait_reconnect, Health, Session};
 use super::{DirTicket, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
-use crate::metrics::{self, BackendLabel};
+use crate::metrics;
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::loss::{LossReason, LossSignal};
 use crate::types::token::FencingToken;
@@ -301,7 +302,7 @@ impl Hold {
                     if !wait_reconnect(&self.session.client).await {
                         return Err(lost(LossReason::SessionExpired));
                     }
-                    metrics::release_retry(BackendLabel::Zk);
+                    metrics::release_retry(BackendKind::ZooKeeper);
                 }
                 Err(err) => {
                     return Err(match self.loss_reason() {
