@@ -11,8 +11,8 @@ const EXIT_CODES: &str = "\
 EXIT CODES (exec, elect):
   CMD's own exit code when CMD ran (128+N when signal N ended it)
   64   bad usage, invalid key or option
-  69   the server unreachable (ZooKeeper, Redis or PostgreSQL), or the manager's session or
-       connection failed before CMD ran
+  69   the server unreachable (ZooKeeper, Redis, PostgreSQL or etcd), a TLS handshake
+       refused, or the manager's session or connection failed before CMD ran
   75   timed out waiting for the lock (--timeout)
   76   the lock (or leadership) was lost while CMD ran; CMD was sent SIGTERM (or, on
        ZooKeeper, the waiting node was deleted by someone else, and CMD never ran)
@@ -31,8 +31,8 @@ pub(crate) struct Cli {
         default_value = "127.0.0.1:2181"
     )]
     pub(crate) connect: String,
-    /// Namespace under which keys live (a znode path on ZooKeeper; on Redis and PostgreSQL, the
-    /// start of every lock's name)
+    /// Namespace under which keys live (a znode path on ZooKeeper, a key prefix on etcd; on Redis
+    /// and PostgreSQL, the start of every lock's name)
     #[arg(long, global = true, env = "ZKLOCK_NAMESPACE", default_value = zklock_core::DEFAULT_NAMESPACE)]
     pub(crate) namespace: String,
     /// How long a holder may go silent before it loses the lock: the session timeout asked of
@@ -112,8 +112,8 @@ pub(crate) enum Command {
     /// Show one lock in detail: every holder and waiter with who, since when, and token.
     Status(TargetArgs),
     /// Ask the holder(s) of a lock to let go (ZooKeeper only: Curator's revocation). Holders
-    /// that opted in are told their hold is lost; others are not forced. Redis and PostgreSQL
-    /// refuse it.
+    /// that opted in are told their hold is lost; others are not forced. Redis, PostgreSQL and
+    /// etcd refuse it.
     Revoke(TargetArgs),
     /// Run CMD while this process leads the election NAME (on ZooKeeper, Curator's LeaderLatch
     /// on the wire); exit with CMD's exit code.

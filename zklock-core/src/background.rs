@@ -1,5 +1,6 @@
 //! Background tasks (releases, cleanups, undos of cancelled acquires), counted so that a flush
-//! can wait for them: the ZooKeeper session owner's, and the Redis and PostgreSQL backends'.
+//! can wait for them: the ZooKeeper session owner's, and the Redis, PostgreSQL and etcd
+//! backends'.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,8 +2,9 @@
 //!
 //! The library behind the `zklock` crate: distributed locks for Rust services that run as
 //! several instances, on Apache ZooKeeper (in Apache Curator's wire format, so that JVM services
-//! locking the same paths exclude each other), on Redis (feature `redis`), on PostgreSQL
-//! (feature `postgres`), or in memory for unit tests ([`LockManager::in_memory`]). RAII guards,
+//! locking the same paths exclude each other), on Redis (feature `redis`: one server, under
+//! Sentinel, or a Redis Cluster), on PostgreSQL (feature `postgres`), on etcd (feature `etcd`),
+//! or in memory for unit tests ([`LockManager::in_memory`]). RAII guards,
 //! reentrancy scoped to holder frames, read/write locks, semaphores, multi-locks, leader
 //! election, scheduled jobs, fencing tokens, timeouts, cancel safety and a signal when a hold is
 //! lost.
@@ -25,14 +26,17 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The connect string of [`LockManager::connect`] picks the backend: `host:port[,host:port...]`
-//! is ZooKeeper, `redis://host:6379` is Redis (leases renewed while held), and
-//! `postgres://user@host/db` is PostgreSQL (session-level advisory locks). The same guards,
+//! The connect string of [`LockManager::connect`] picks the backend ([`BackendKind::of`]):
+//! `host:port[,host:port...]` is ZooKeeper, `redis://host:6379` is Redis (leases renewed while
+//! held; `redis+sentinel://` and `redis+cluster://` for its replicated deployments),
+//! `postgres://user@host/db` is PostgreSQL (session-level advisory locks) and
+//! `etcd://host:2379[,host:2379...]` is etcd (keys on a lease, in the format of etcd's own
+//! `concurrency` package); `rediss://`, `etcds://` and libpq's `sslmode` ask for TLS. The same guards,
 //! frames, tokens and loss signal run on each; what differs is speed and what each promises
 //! when things go wrong.
 //!
 //! A fencing token is only safe if the store refuses stale ones: [`fence`] does that check in
-//! PostgreSQL, Redis, ZooKeeper or memory, in the same atomic step as the write
+//! PostgreSQL, Redis, etcd, ZooKeeper or memory, in the same atomic step as the write
 //! (`guard.fenced(&store).write(..)`). [`metrics`] lists what zklock emits.
 //!
 //! The user guide is in the repository's `docs/` folder (`docs/README.md` is its index:

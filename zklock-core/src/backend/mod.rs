@@ -53,7 +53,7 @@ pub(crate) static HOST_PID: once_cell::sync::Lazy<String> = once_cell::sync::Laz
 });
 
 /// A boxed, sendable future: what the seam's async methods return.
-/// The default lease of a hold on Redis and PostgreSQL (see their options' `lease`).
+/// The default lease of a hold on Redis, PostgreSQL and etcd (see their options' `lease`).
 pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

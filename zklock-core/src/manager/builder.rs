@@ -81,8 +81,10 @@ pub const DEFAULT_NAMESPACE: &str = "/zklock/locks";
 
 impl Builder {
     /// Starts options for the given connect string: ZooKeeper's
-    /// `host:port[,host:port...][/chroot]`, or a Redis URL `redis://host:port[/db]` (feature
-    /// `redis`).
+    /// `host:port[,host:port...][/chroot]`, a Redis URL `redis://host:port[/db]` (or
+    /// `redis+sentinel://`, `redis+cluster://`; feature `redis`), a PostgreSQL URL
+    /// `postgres://user@host/db` (feature `postgres`) or etcd's `etcd://host:2379[,…]` (feature
+    /// `etcd`). The scheme picks the backend ([`BackendKind::of`](crate::BackendKind::of)).
     ///
     /// ```
     /// let b = zklock_core::LockManager::builder("127.0.0.1:2181");

@@ -37,17 +37,17 @@ const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Builder {
-    /// Opens the backend the connect string names (a ZooKeeper session, Redis or PostgreSQL
-    /// connections) and returns the manager.
+    /// Opens the backend the connect string names (a ZooKeeper session; Redis, PostgreSQL or
+    /// etcd connections) and returns the manager.
     ///
     /// Must run inside a tokio runtime, which then serves the backend's background work.
     ///
     /// # Errors
     /// [`Error::Config`] for a bad namespace or setting: a connect string whose scheme no
-    /// backend takes, a Redis or PostgreSQL URL without its feature, settings of a backend
-    /// the connect string does not name, a lease too short; [`Error::Unreachable`] or
-    /// [`Error::Refused`] when no ZooKeeper server answers in time, [`Error::Server`] when a
-    /// Redis or PostgreSQL server does not.
+    /// backend takes, a URL whose backend's feature is off, settings of a backend the connect
+    /// string does not name, a lease too short; [`Error::Unreachable`] or [`Error::Refused`]
+    /// when no ZooKeeper server answers in time, [`Error::Server`] when a Redis, PostgreSQL or
+    /// etcd server does not; [`Error::Tls`] when a TLS handshake fails.
     pub async fn connect(self) -> Result<LockManager> {
         // A namespace is configuration, not an argument of a call.
         validate_path(&self.namespace, "namespace").map_err(|e| match e {

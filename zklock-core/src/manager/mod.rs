@@ -52,12 +52,13 @@ pub struct StatsSnapshot {
     /// grant with no request after it: a release is seen by at most 2 waiters, however long
     /// the queue. A herd (every waiter woken by every change) shows up here.
     pub predecessor_events: u64,
-    /// Requests the recipes sent to the server (counted on ZooKeeper; zero elsewhere).
+    /// Requests the recipes sent to the server (counted on ZooKeeper and etcd; zero on Redis,
+    /// PostgreSQL and in memory).
     pub requests: u64,
 }
 
-/// One connection to a lock service (a ZooKeeper session, Redis or PostgreSQL connections, or
-/// the in-memory table) and the locks taken through it.
+/// One connection to a lock service (a ZooKeeper session, Redis, PostgreSQL or etcd
+/// connections, or the in-memory table) and the locks taken through it.
 ///
 /// Create one per process (or use the [global](crate::global) one) and share it: it is a
 /// cheap handle (`Clone`) to the session. On ZooKeeper locks are znodes under the manager's namespace
@@ -111,7 +112,8 @@ impl std::fmt::Debug for LockManager {
 
 impl LockManager {
     /// Options for a manager connecting to `connect` (`host:port[,host:port...]` for
-    /// ZooKeeper, `redis://host:port[/db]` for Redis).
+    /// ZooKeeper, `redis://host:port[/db]` for Redis, `postgres://user@host/db` for PostgreSQL,
+    /// `etcd://host:2379` for etcd; see [`BackendKind::of`](crate::BackendKind::of)).
     ///
     /// ```
     /// let b = zklock_core::LockManager::builder("127.0.0.1:2181");
@@ -121,12 +123,16 @@ impl LockManager {
         Builder::new(connect)
     }
 
-    /// Connects with default options, to ZooKeeper, to Redis (a `redis://` URL, feature
-    /// `redis`) or to PostgreSQL (a `postgres://` URL, feature `postgres`).
+    /// Connects with default options, to ZooKeeper, to Redis (a `redis://` URL, or
+    /// `redis+sentinel://`, `redis+cluster://`; feature `redis`), to PostgreSQL (a
+    /// `postgres://` URL, feature `postgres`) or to etcd (`etcd://`, feature `etcd`).
     ///
     /// # Errors
-    /// [`Error::Unreachable`](crate::Error::Unreachable) when no ZooKeeper server answers within the session timeout;
-    /// [`Error::Server`](crate::Error::Server) when a Redis or PostgreSQL server does not answer.
+    /// [`Error::Config`](crate::Error::Config) for a connect string no backend takes;
+    /// [`Error::Unreachable`](crate::Error::Unreachable) when no ZooKeeper server answers within
+    /// the session timeout; [`Error::Server`](crate::Error::Server) when a Redis, PostgreSQL or
+    /// etcd server does not answer; [`Error::Tls`](crate::Error::Tls) when a TLS handshake
+    /// fails.
     ///
     /// ```no_run
     /// # async fn run() -> zklock_core::Result<()> {

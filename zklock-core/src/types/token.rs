@@ -6,8 +6,9 @@ use std::fmt;
 ///
 /// It has two parts. The first, [`grant`](Self::grant), is what the store handed out with the
 /// grant to this process: on ZooKeeper the czxid of the holder's contender node (the zxid of
-/// the transaction that created it); on Redis and PostgreSQL the key's counter, raised to the
-/// server's clock in microseconds at each grant. The second, [`local`](Self::local), counts
+/// the transaction that created it); on etcd the create revision of the holder's key; on Redis
+/// and PostgreSQL the key's counter, raised to the server's clock in microseconds at each
+/// grant. The second, [`local`](Self::local), counts
 /// the handoffs from task to task within the process that followed that grant without asking
 /// the store again. Pass the token to the store you protect and have the store refuse writes
 /// that carry an older token than the last it accepted: a holder that was paused past its

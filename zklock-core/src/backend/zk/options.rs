@@ -137,7 +137,7 @@ impl ZooKeeperOptions {
     /// Authenticates the session with ZooKeeper's `digest` scheme. Lock paths and contender
     /// nodes are then created with the `creator_all` ACL: only sessions with the same
     /// credentials can delete, revoke or queue on them, so another tenant cannot take your
-    /// locks away. (Redis and PostgreSQL take credentials in their URLs.)
+    /// locks away. (Redis, PostgreSQL and etcd take credentials in their URLs.)
     ///
     /// ```
     /// let b = zklock_core::LockManager::builder("h:2181")
