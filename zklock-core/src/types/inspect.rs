@@ -125,7 +125,7 @@ pub struct Contender {
     /// Its name on the server: a ZooKeeper node's name (under the lock path, or its
     /// `leases`/`locks` child for semaphores), a Redis holder id, a PostgreSQL session's pid.
     pub node: String,
-    /// `mutex`, `read`, `write`, `lease` or `latch`.
+    /// `mutex`, `read`, `write`, `lease` or `leader` (a leader latch's participant).
     pub mode: &'static str,
     /// Who it is.
     pub owner: Owner,

@@ -15,7 +15,9 @@
 //! which API an acquire came through, so a job's acquire counts as `job`, not as a mutex),
 //! the attribute's `private::Mode` (what `mode = ...` of `#[distributed_lock]` may say), and
 //! each backend's names for a mode on its server (Curator's node names on ZooKeeper, in
-//! `backend/zk/queue.rs`), converted there from [`HoldMode`].
+//! `backend/zk/queue.rs`'s `CuratorMode`), converted there from [`HoldMode`]. What inspection
+//! shows of a mode is [`HoldMode::name`] on every backend, and it agrees with [`LockKind`]'s
+//! names (a leader latch's participants are `leader`).
 
 use std::time::Duration;
 
@@ -64,15 +66,28 @@ impl HoldMode {
         }
     }
 
+    /// The exclusive hold of a lock of `kind`: the mode of a mutex's holder, a read/write
+    /// lock's writer, a semaphore's lease, a latch's leader.
+    pub(crate) fn exclusive_of(kind: LockKind) -> HoldMode {
+        match kind {
+            LockKind::ReadWrite => HoldMode::Write,
+            LockKind::Semaphore => HoldMode::Lease,
+            LockKind::Leader => HoldMode::Leader,
+            _ => HoldMode::Exclusive,
+        }
+    }
+
     /// The mode's name in inspection ([`Contender::mode`](crate::Contender::mode)), in the
-    /// command line's listings and in tracing: `mutex`, `read`, `write`, `lease`, `latch`.
+    /// command line's listings and in tracing: `mutex`, `read`, `write`, `lease`, `leader`
+    /// (a leader latch's participants, as [`LockKind::Leader`] prints). Every backend's
+    /// inspection takes its modes' names from here.
     pub(crate) fn name(self) -> &'static str {
         match self {
             HoldMode::Exclusive => "mutex",
             HoldMode::Read => "read",
             HoldMode::Write => "write",
             HoldMode::Lease => "lease",
-            HoldMode::Leader => "latch",
+            HoldMode::Leader => "leader",
         }
     }
 }

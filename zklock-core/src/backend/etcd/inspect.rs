@@ -13,6 +13,7 @@ use super::EtcdBackend;
 use crate::backend::{BoxFuture, Inspect};
 use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
+use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
 /// Since when a key's contender waits or holds: the `at=` its value carries (zklock's
@@ -61,12 +62,7 @@ fn side(prefix: &str, kv: &KeyValue) -> Option<bool> {
 /// The holders and the waiters among `kvs` (the keys under `prefix`, in create order), by the
 /// rule the contenders of `kind` follow.
 fn contenders(prefix: &str, kind: LockKind, kvs: &[KeyValue]) -> (Vec<Contender>, Vec<Contender>) {
-    let exclusive = match kind {
-        LockKind::Leader => "latch",
-        LockKind::ReadWrite => "write",
-        LockKind::Semaphore => "lease",
-        _ => "mutex",
-    };
+    let exclusive = HoldMode::exclusive_of(kind).name();
     // A semaphore's size, as its first contender's process asked it.
     let max = kvs
         .first()
@@ -81,8 +77,8 @@ fn contenders(prefix: &str, kind: LockKind, kvs: &[KeyValue]) -> (Vec<Contender>
     let (mut any_before, mut writer_before) = (false, false);
     for kv in kvs {
         let (mode, reader) = match (kind, side(prefix, kv)) {
-            (LockKind::ReadWrite, Some(false)) => ("read", true),
-            (LockKind::ReadWrite, Some(true)) => ("write", false),
+            (LockKind::ReadWrite, Some(false)) => (HoldMode::Read.name(), true),
+            (LockKind::ReadWrite, Some(true)) => (HoldMode::Write.name(), false),
             // Some other key under a read/write lock's prefix: not a contender.
             (LockKind::ReadWrite, None) => continue,
             _ => (exclusive, false),

@@ -16,6 +16,7 @@ use super::{pg_error, PostgresBackend};
 use crate::backend::{BoxFuture, Inspect};
 use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
+use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
 /// The class of a waiting writer's intent (`zkIN`), as in [`super::sql::INTENT_CLASS`].
@@ -118,12 +119,14 @@ impl PostgresBackend {
             lingering: false,
             location: location(path, r.id),
         };
-        let exclusive_mode = match kind {
-            LockKind::ReadWrite => "write",
-            LockKind::Leader => "latch",
-            _ => "mutex",
+        let exclusive_mode = HoldMode::exclusive_of(kind).name();
+        let mode_of = |r: &Row| {
+            if r.shared {
+                HoldMode::Read.name()
+            } else {
+                exclusive_mode
+            }
         };
-        let mode_of = |r: &Row| if r.shared { "read" } else { exclusive_mode };
         let mut holders = vec![];
         let mut waiters = vec![];
         // A process whose waiter is blocked on the lock is shown by that waiter, not again by
@@ -146,7 +149,9 @@ impl PostgresBackend {
                     waiters.push(contender(r, mode_of(r), 0, at_us(r.since_us)))
                 }
                 // A writer's intent: it waits, and new readers wait behind it.
-                (INTENT, true) => waiters.push(contender(r, "write", 0, at_us(r.since_us))),
+                (INTENT, true) => {
+                    waiters.push(contender(r, HoldMode::Write.name(), 0, at_us(r.since_us)))
+                }
                 // A process that registered a waiting task (one entry per process).
                 // (Its lock mode is the registration's own, not the wait's: shown as the
                 // lock's exclusive mode, which a process that waits to read does not say.)

@@ -22,6 +22,7 @@ use super::RedisBackend;
 use crate::backend::{BoxFuture, Inspect};
 use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
+use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
 /// KEYS: exclusive, shared, intent, fence, queue, alive. Answers `{now ms, holder or false,
@@ -125,23 +126,25 @@ impl RedisBackend {
         if let Some(id) = &holder {
             // A queued waiter the key was reserved for holds it once it takes it; until then
             // the key names it too, and it is shown as the holder: nobody else can take it.
-            let mode = match kind {
-                LockKind::ReadWrite => "write",
-                LockKind::Leader => "latch",
-                _ => "mutex",
-            };
+            let mode = HoldMode::exclusive_of(kind).name();
             holders.push(self.contender(id, mode, at_us(fence), fence, &keys.exclusive));
         }
         for (id, ends) in &shared {
             let mode = if kind == LockKind::Semaphore {
-                "lease"
+                HoldMode::Lease.name()
             } else {
-                "read"
+                HoldMode::Read.name()
             };
             holders.push(self.contender(id, mode, at_ms(ends - lease_ms), 0, &keys.shared));
         }
         if let Some(id) = &intent {
-            waiters.push(self.contender(id, "write", at_ms(now as f64), 0, &keys.intent));
+            waiters.push(self.contender(
+                id,
+                HoldMode::Write.name(),
+                at_ms(now as f64),
+                0,
+                &keys.intent,
+            ));
         }
         for (member, queued_us) in &queue {
             if !alive.iter().any(|(m, _)| m == member) {
@@ -150,9 +153,9 @@ impl RedisBackend {
             // `<hub id> <holder id>`
             let id = member.split_once(' ').map_or(member.as_str(), |(_, id)| id);
             let mode = if kind == LockKind::Leader {
-                "latch"
+                HoldMode::Leader.name()
             } else {
-                "mutex"
+                HoldMode::Exclusive.name()
             };
             waiters.push(self.contender(id, mode, at_us(*queued_us as i64), 0, &keys.queue));
         }

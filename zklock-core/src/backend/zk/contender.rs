@@ -10,7 +10,7 @@ use zookeeper_client::EventType;
 use super::hold::{HandedWatch, Hold, NodeWatch, REVOKE_MESSAGE};
 use super::node::{Attempt, Unfinished};
 use super::protocol::{check_path_acl, delete_in_background};
-use super::queue::{Queue, Refused};
+use super::queue::{CuratorMode, Queue, Refused};
 use super::{DirTicket, Incarnation, Inner};
 use crate::types::error::{Error, Result};
 use crate::types::mode::HoldMode;

@@ -7,26 +7,24 @@ use crate::types::error::{Error, ServerError};
 const ADVICE: &str =
     "check the connect string, the servers and the manager's credentials, then retry";
 
-impl Error {
-    /// Wraps a client error that happened during `operation` on `path`.
-    pub(crate) fn zk(operation: &'static str, path: &str, err: zookeeper_client::Error) -> Error {
-        use zookeeper_client::Error as Zk;
-        match err {
-            Zk::SessionExpired => Error::SessionExpired,
-            Zk::ClientClosed => Error::Closed,
-            // A connection broken otherwise than by a clean close fails requests with the
-            // transport's error (see `recipe::connection_lost`).
-            Zk::ConnectionLoss | Zk::Custom(_) => Error::ConnectionLoss { operation },
-            Zk::NoAuth => Error::NoAuth {
-                operation,
-                path: path.to_string(),
-            },
-            other => Error::Server {
-                backend: BackendKind::ZooKeeper.label(),
-                operation,
-                source: server_error(other),
-            },
-        }
+/// Wraps a client error that happened during `operation` on `path`.
+pub(crate) fn zk_error(operation: &'static str, path: &str, err: zookeeper_client::Error) -> Error {
+    use zookeeper_client::Error as Zk;
+    match err {
+        Zk::SessionExpired => Error::SessionExpired,
+        Zk::ClientClosed => Error::Closed,
+        // A connection broken otherwise than by a clean close fails requests with the
+        // transport's error (see `recipe::connection_lost`).
+        Zk::ConnectionLoss | Zk::Custom(_) => Error::ConnectionLoss { operation },
+        Zk::NoAuth => Error::NoAuth {
+            operation,
+            path: path.to_string(),
+        },
+        other => Error::Server {
+            backend: BackendKind::ZooKeeper.label(),
+            operation,
+            source: server_error(other),
+        },
     }
 }
 

@@ -4,16 +4,17 @@
 //! no zklock acquire gets past it. And Curator's revocation, which writes `__REVOKE__` into a
 //! holder's node.
 
+use super::error::zk_error;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::hold::REVOKE_MESSAGE;
 use super::queue::{
-    lock_contender, LockContender, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME,
-    WRITE_NAME,
+    lock_contender, CuratorMode, LockContender, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME,
+    MUTEX_NAME, READ_NAME, WRITE_NAME,
 };
 use super::ZkBackend;
 use crate::backend::{BoxFuture, Inspect, Revoke};
-use crate::types::error::{Error, Result};
+use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::layout;
 use crate::types::mode::HoldMode;
@@ -23,28 +24,31 @@ use crate::types::token::FencingToken;
 /// read/write lock's path, kazoo's `__lock__` is a mutex or a writer as the path's recipe is,
 /// its `__rlock__` a reader, and a node that is no lock contender `unknown`.
 fn mode_of(node: &str, kind: HoldMode) -> &'static str {
-    if kind.is_lock() {
-        return match lock_contender(node) {
-            None => "unknown",
-            Some(LockContender::Shared(_)) => "read",
-            Some(_) if node.contains(WRITE_NAME) => "write",
-            Some(_) if kind == HoldMode::Exclusive || node.contains(MUTEX_NAME) => "mutex",
-            Some(_) => "write",
+    node_mode(node, kind).map_or("unknown", HoldMode::name)
+}
+
+/// The hold mode of a contender node's name (see [`mode_of`]); `None` for no contender.
+fn node_mode(node: &str, kind: HoldMode) -> Option<HoldMode> {
+    if kind.lock_path() {
+        return match lock_contender(node)? {
+            LockContender::Shared(_) => Some(HoldMode::Read),
+            _ if node.contains(WRITE_NAME) => Some(HoldMode::Write),
+            _ if kind == HoldMode::Exclusive || node.contains(MUTEX_NAME) => {
+                Some(HoldMode::Exclusive)
+            }
+            _ => Some(HoldMode::Write),
         };
     }
-    if node.contains(WRITE_NAME) {
-        "write"
-    } else if node.contains(READ_NAME) {
-        "read"
-    } else if node.contains(LEASE_NAME) {
-        "lease"
-    } else if node.contains(LATCH_NAME) {
-        "latch"
-    } else if node.contains(MUTEX_NAME) {
-        "mutex"
-    } else {
-        "unknown"
-    }
+    [
+        (WRITE_NAME, HoldMode::Write),
+        (READ_NAME, HoldMode::Read),
+        (LEASE_NAME, HoldMode::Lease),
+        (LATCH_NAME, HoldMode::Leader),
+        (MUTEX_NAME, HoldMode::Exclusive),
+    ]
+    .into_iter()
+    .find(|(name, _)| node.contains(name))
+    .map(|(_, mode)| mode)
 }
 
 /// The recipe of a raw lock path, told by the names of its children.
@@ -69,8 +73,9 @@ fn split_read_write(all: Vec<Contender>) -> (Vec<Contender>, Vec<Contender>) {
     let (mut holders, mut waiters) = (vec![], vec![]);
     let mut writer_ahead = false;
     for (i, c) in all.into_iter().enumerate() {
-        let holds = i == 0 || (c.mode == "read" && !writer_ahead);
-        writer_ahead |= c.mode != "read";
+        let reader = c.mode == HoldMode::Read.name();
+        let holds = i == 0 || (reader && !writer_ahead);
+        writer_ahead |= !reader;
         if holds {
             holders.push(c);
         } else {
@@ -108,7 +113,7 @@ impl ZkBackend {
         match self.client().list_children(dir).await {
             Ok(names) => Ok(names),
             Err(zookeeper_client::Error::NoNode) => Ok(vec![]),
-            Err(err) => Err(Error::zk(what, dir, err)),
+            Err(err) => Err(zk_error(what, dir, err)),
         }
     }
 
@@ -120,7 +125,7 @@ impl ZkBackend {
         // On a lock's path, nodes that are no contender come last.
         fn order(kind: HoldMode, n: &str) -> (bool, &str) {
             (
-                kind.is_lock() && lock_contender(n).is_none(),
+                kind.lock_path() && lock_contender(n).is_none(),
                 kind.sort_key(n),
             )
         }
@@ -144,7 +149,7 @@ impl ZkBackend {
                 }),
                 // Gone between the listing and the read: it no longer contends.
                 Err(zookeeper_client::Error::NoNode) => {}
-                Err(err) => return Err(Error::zk("read a contender", dir, err)),
+                Err(err) => return Err(zk_error("read a contender", dir, err)),
             }
         }
         Ok(out)
@@ -226,7 +231,7 @@ impl Revoke for ZkBackend {
                 match client.set_data(&node, REVOKE_MESSAGE, None).await {
                     Ok(_) => asked.push(node),
                     Err(zookeeper_client::Error::NoNode) => {}
-                    Err(err) => return Err(Error::zk("revoke the lock", &node, err)),
+                    Err(err) => return Err(zk_error("revoke the lock", &node, err)),
                 }
             }
             Ok(asked)

@@ -2,6 +2,8 @@
 //! round trip, Curator's protected prefix to find a node whose create reply was lost, and the
 //! clean-up of a node whose acquire ended without a hold.
 
+use super::error::zk_error;
+use super::queue::CuratorMode;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -13,7 +15,7 @@ use super::protocol::{
 };
 use super::session::{connection_lost, Session};
 use super::{DirTicket, Incarnation, Inner};
-use crate::types::error::{Error, Result};
+use crate::types::error::Result;
 use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
@@ -142,10 +144,10 @@ impl Attempt<'_> {
                         return Ok(found);
                     }
                 }
-                Err(err) => return Err(Error::zk("create the contender node", self.path, err)),
+                Err(err) => return Err(zk_error("create the contender node", self.path, err)),
             }
         }
-        Err(Error::zk(
+        Err(zk_error(
             "create the contender node",
             self.path,
             zookeeper_client::Error::NoNode,
@@ -202,7 +204,7 @@ impl Attempt<'_> {
                 unfinished.node = None;
                 Ok(None)
             }
-            Err(err) => Err(Error::zk("read the contender node", &path, err)),
+            Err(err) => Err(zk_error("read the contender node", &path, err)),
         }
     }
 
@@ -237,7 +239,7 @@ impl Attempt<'_> {
             err if connection_lost(&err) => {
                 self.session.wait_connected(operation, self.deadline).await
             }
-            err => Err(Error::zk(operation, self.path, err)),
+            err => Err(zk_error(operation, self.path, err)),
         }
     }
 }

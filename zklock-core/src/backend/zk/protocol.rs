@@ -1,6 +1,7 @@
 //! Curator's node protocol on ZooKeeper: node names and their order, CONTAINER lock paths,
 //! ACLs, and the background deletes that clean up after a release or a cancelled acquire.
 
+use super::error::zk_error;
 use std::sync::Arc;
 
 use once_cell::sync::Lazy;
@@ -99,14 +100,14 @@ pub(crate) async fn ensure_parents(inner: &Inner, client: &Client, dir: &str) ->
                             )))
                         }
                         Err(zookeeper_client::Error::NoNode) => {}
-                        Err(err) => return Err(Error::zk("create the lock path", parent, err)),
+                        Err(err) => return Err(zk_error("create the lock path", parent, err)),
                     }
                 }
             }
-            Err(err) => return Err(Error::zk("create the lock path", dir, err)),
+            Err(err) => return Err(zk_error("create the lock path", dir, err)),
         }
     }
-    Err(Error::zk(
+    Err(zk_error(
         "create the lock path",
         dir,
         zookeeper_client::Error::NoNode,
@@ -149,7 +150,7 @@ pub(crate) async fn check_path_acl(
     let (acls, stat) = client
         .get_acl(dir)
         .await
-        .map_err(|err| Error::zk("read the lock path's ACL", dir, err))?;
+        .map_err(|err| zk_error("read the lock path's ACL", dir, err))?;
     let dangerous = zookeeper_client::Permission::DELETE | zookeeper_client::Permission::ADMIN;
     let foreign = |acl: &zookeeper_client::Acl| {
         (acl.permission() & dangerous) != zookeeper_client::Permission::NONE
@@ -269,7 +270,7 @@ pub(crate) async fn claim_run(
     let session = inner.live_session(None).await?;
     let client = &session.client;
     let record = run_record(&target.path);
-    let fail = |op, err| Error::zk(op, &record, err);
+    let fail = |op, err| zk_error(op, &record, err);
     let persistent = if inner.config.protected {
         &PERSISTENT_PROTECTED
     } else {

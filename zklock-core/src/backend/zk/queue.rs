@@ -101,9 +101,26 @@ pub(crate) enum Refused {
     Unknown(String),
 }
 
-impl HoldMode {
+/// What a hold mode means in Curator's node protocol: its nodes' names, their order, and
+/// which lower nodes block a contender. A trait of this backend's own, so that the shared
+/// [`HoldMode`] stays free of ZooKeeper's names.
+pub(crate) trait CuratorMode {
     /// The name Curator gives this mode's contender nodes, before the sequence number.
-    pub(crate) fn lock_name(self) -> &'static str {
+    fn lock_name(self) -> &'static str;
+    /// Curator's sort key for a child of a path of this kind's recipe.
+    fn sort_key(self, node: &str) -> &str;
+    /// Whether `other` (a lower node) blocks a contender of this kind.
+    fn blocked_by(self, other: &str) -> bool;
+    /// Whether this kind's path is a lock's, holding lock contenders only (a mutex's or a
+    /// read/write lock's).
+    fn lock_path(self) -> bool;
+    /// Exclusive grants prove that every lower node is gone.
+    fn exclusive(self) -> bool;
+}
+
+impl CuratorMode for HoldMode {
+    /// The name Curator gives this mode's contender nodes, before the sequence number.
+    fn lock_name(self) -> &'static str {
         match self {
             HoldMode::Exclusive => MUTEX_NAME,
             HoldMode::Read => READ_NAME,
@@ -117,7 +134,7 @@ impl HoldMode {
     /// read/write lock's path, every lock contender (Curator's or kazoo's) sorts by its
     /// sequence number: for Curator's own nodes that is exactly the text Curator's drivers
     /// keep after stripping the lock name.
-    pub(crate) fn sort_key(self, node: &str) -> &str {
+    fn sort_key(self, node: &str) -> &str {
         match self {
             HoldMode::Exclusive | HoldMode::Read | HoldMode::Write => {
                 lock_contender(node).map_or(node, LockContender::sequence)
@@ -129,7 +146,7 @@ impl HoldMode {
 
     /// Whether `other` (a lower node) blocks a contender of this kind: a reader waits only
     /// for exclusive contenders (Curator's or kazoo's).
-    pub(crate) fn blocked_by(self, other: &str) -> bool {
+    fn blocked_by(self, other: &str) -> bool {
         match self {
             HoldMode::Exclusive | HoldMode::Write | HoldMode::Leader => true,
             HoldMode::Read => matches!(lock_contender(other), Some(LockContender::Exclusive(_))),
@@ -139,12 +156,12 @@ impl HoldMode {
 
     /// Whether this kind's path holds lock contenders only (see [`lock_contender`]): a
     /// mutex's or a read/write lock's.
-    pub(crate) fn is_lock(self) -> bool {
+    fn lock_path(self) -> bool {
         matches!(self, HoldMode::Exclusive | HoldMode::Read | HoldMode::Write)
     }
 
     /// Exclusive grants prove that every lower node is gone.
-    pub(crate) fn exclusive(self) -> bool {
+    fn exclusive(self) -> bool {
         matches!(
             self,
             HoldMode::Exclusive | HoldMode::Write | HoldMode::Leader
@@ -181,7 +198,7 @@ impl Queue {
         if !children.iter().any(|c| c == me) {
             return Err(Refused::Gone);
         }
-        if kind.is_lock() {
+        if kind.lock_path() {
             if let Some(unknown) = children.iter().find(|c| lock_contender(c).is_none()) {
                 return Err(Refused::Unknown(unknown.clone()));
             }

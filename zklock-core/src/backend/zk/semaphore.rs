@@ -3,6 +3,7 @@
 //! `<path>/leases/_c_<uuid>-lease-<seq>` and waits, still holding the mutex, until at most N
 //! leases exist. Only that one acquirer watches the leases: no herd.
 
+use super::error::zk_error;
 use std::sync::Arc;
 
 use zookeeper_client::{EventType, OneshotWatcher};
@@ -203,7 +204,7 @@ impl<'a> Leases<'a> {
     /// (within the wait's deadline); anything else is the acquire's error.
     async fn failed(&self, err: zookeeper_client::Error) -> Result<()> {
         if !connection_lost(&err) {
-            return Err(Error::zk("list the leases", &self.path, err));
+            return Err(zk_error("list the leases", &self.path, err));
         }
         self.session
             .wait_connected("list the leases", self.wait.deadline())

@@ -2,6 +2,7 @@
 //! a read node made on the write hold's own session, and the write node kept while a writer
 //! queued between the two.
 
+use super::super::queue::CuratorMode;
 use std::sync::Arc;
 
 use super::super::node::create_node;

@@ -7,6 +7,7 @@ mod loss;
 mod monitor;
 mod others;
 
+use super::error::zk_error;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -307,7 +308,7 @@ impl Hold {
                 Err(err) => {
                     return Err(match self.loss_reason() {
                         Some(reason) => lost(reason),
-                        None => Error::zk("release the lock", &self.node, err),
+                        None => zk_error("release the lock", &self.node, err),
                     })
                 }
             }
