@@ -21,6 +21,7 @@
 //! Optional abilities are their own traits, asked for through [`Backend`]: [`Inspect`] (who
 //! holds and waits, read from the server), [`Revoke`], and the in-memory test hook [`Lose`].
 
+pub(crate) mod backoff;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod memory;

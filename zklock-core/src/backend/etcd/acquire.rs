@@ -29,12 +29,15 @@ use super::error::bounded;
 use super::hold::EtcdHold;
 use super::session::{lease_ended, LeaseState};
 use super::Inner;
+use crate::backend::backoff::Backoff;
 use crate::backend::LockTarget;
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 
 use super::request::Layout;
-use super::request::{delete, put_tracked, undo, RequestError, Settled, RETRY_MAX, RETRY_MIN};
+use super::request::{
+    backoff, delete, put_tracked, undo, RequestError, Settled, RETRY_MAX, RETRY_MIN,
+};
 
 /// What one attempt came to.
 pub(crate) enum Attempt {
@@ -81,7 +84,7 @@ impl Acquire<'_> {
     /// One attempt on `lease`: put the key, wait for those before it, check it is still there.
     async fn attempt(&self, entry: &mut Entry, lease: &LeaseState) -> Result<Attempt> {
         let layout = Layout::of(&self.target.path, self.mode);
-        let mut pause = RETRY_MIN;
+        let mut backoff = backoff();
         let (rev, first) = loop {
             let failed = tokio::select! {
                 r = entry.put(&layout) => match r {
@@ -96,7 +99,7 @@ impl Acquire<'_> {
                 self.inner.session.lease_gone(lease.id);
                 return Ok(Attempt::Again);
             }
-            self.pause_after(failed, &mut pause).await?;
+            self.pause_after(failed, &mut backoff).await?;
         };
         if first.is_none_or(|first| first >= rev) {
             // Held while the lease is: one that could have run out meanwhile is no grant.
@@ -171,7 +174,7 @@ impl Acquire<'_> {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, RequestError>>,
     {
-        let mut pause = RETRY_MIN;
+        let mut backoff = backoff();
         loop {
             let failed = tokio::select! {
                 r = request() => match r {
@@ -180,26 +183,25 @@ impl Acquire<'_> {
                 },
                 () = self.until_deadline() => return Err(self.timeout()),
             };
-            self.pause_after(failed, &mut pause).await?;
+            self.pause_after(failed, &mut backoff).await?;
         }
     }
 
-    /// After `failed`: `Err` when it is for good (or a try's), else waits `pause` (doubled
-    /// for the next time) for the request to be sent again.
+    /// After `failed`: `Err` when it is for good (or a try's), else waits `backoff`'s next
+    /// pause for the request to be sent again.
     pub(crate) async fn pause_after(
         &self,
         failed: RequestError,
-        pause: &mut Duration,
+        backoff: &mut Backoff,
     ) -> Result<()> {
         if !failed.transient || matches!(self.wait, Wait::Never) {
             return Err(failed.error);
         }
         tracing::debug!(key = %self.target.key, error = %failed.error, "an etcd request of an acquire failed; retrying");
         tokio::select! {
-            () = tokio::time::sleep(*pause) => {}
+            () = backoff.wait() => {}
             () = self.until_deadline() => return Err(self.timeout()),
         }
-        *pause = (*pause * 2).min(RETRY_MAX);
         Ok(())
     }
 }

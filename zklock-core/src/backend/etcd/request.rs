@@ -8,13 +8,20 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::error::transient;
 use super::Inner;
+use crate::backend::backoff::Backoff;
 use crate::types::error::Error;
 use crate::types::mode::LockMode;
 
-/// The first pause before retrying a request that failed on the connection; doubled up to
-/// [`RETRY_MAX`].
-pub(crate) const RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(20);
+/// The first pause before retrying a request that failed on the connection.
+pub(crate) const RETRY_MIN: std::time::Duration = crate::backend::backoff::RETRY_MIN;
+/// The longest pause between retries of a request: shorter than on the other backends, since
+/// a request that failed moves on to the next member, which is likely up.
 pub(crate) const RETRY_MAX: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The pauses between retries of an etcd request.
+pub(crate) const fn backoff() -> Backoff {
+    Backoff::new(RETRY_MIN, RETRY_MAX)
+}
 
 /// Which keys a contender of `mode` on lock path `path` waits for, and where its own goes.
 #[derive(Debug, Clone)]
@@ -114,14 +121,11 @@ pub(crate) async fn delete(inner: &Inner, key: &str, lease: i64, created: Option
         }
         Txn::new().when(when).and_then([TxnOp::delete(key, None)])
     };
-    let mut pause = RETRY_MIN;
+    let mut backoff = backoff();
     loop {
         match txn(inner, "delete the contender's key", delete()).await {
             Ok(_) => break,
-            Err(e) if e.transient && inner.lease_may_hold(lease) => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX);
-            }
+            Err(e) if e.transient && inner.lease_may_hold(lease) => backoff.wait().await,
             // Gone with its lease, or refused for good: the lease's end deletes it.
             Err(e) => {
                 tracing::debug!(%key, error = %e.error, "could not delete an etcd key; its lease's end will");

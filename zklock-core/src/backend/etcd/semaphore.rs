@@ -18,7 +18,7 @@ use etcd_client::{
 use super::acquire::{lease_live, undo_counted, Acquire, Attempt};
 use super::error::bounded;
 use super::hold::EtcdHold;
-use super::request::{put_tracked, RequestError, Settled, RETRY_MIN};
+use super::request::{backoff, put_tracked, RequestError, Settled, RETRY_MIN};
 use super::session::{lease_ended, LeaseState};
 use super::Inner;
 use crate::backend::{LockTarget, SharedHold};
@@ -234,7 +234,7 @@ async fn attempt(
     max: u32,
 ) -> Result<Attempt> {
     let inner = acquire.inner;
-    let mut pause = RETRY_MIN;
+    let mut backoff = backoff();
     let (rev, mut revisions, mut seen) = loop {
         let failed = tokio::select! {
             r = leases.put() => match r {
@@ -247,7 +247,7 @@ async fn attempt(
             inner.session.lease_gone(lease.id);
             return Ok(Attempt::Again);
         }
-        acquire.pause_after(failed, &mut pause).await?;
+        acquire.pause_after(failed, &mut backoff).await?;
     };
     let prefix = leases.prefix();
     loop {

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::error::{bounded, server_error};
+use crate::backend::backoff::Backoff;
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
@@ -273,7 +274,7 @@ async fn keep(
     config: SessionConfig,
     state: std::sync::Arc<watch::Sender<LeaseState>>,
 ) {
-    let mut backoff = Duration::from_millis(20);
+    let mut backoff = Backoff::requests();
     loop {
         let (id, epoch) = {
             let s = state.borrow();
@@ -302,13 +303,12 @@ async fn keep(
                         deadline,
                         ended: None,
                     });
-                    backoff = Duration::from_millis(20);
+                    backoff.reset();
                     break;
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "granting a new etcd lease failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    backoff.wait().await;
                 }
             }
         }

@@ -20,8 +20,9 @@ use super::hold::PgHold;
 use super::hub::{Listener, Queued, WaiterWatch};
 use super::{
     is_cancelled, is_undefined_table, pg_error, sql, Inner, CANCEL_UNLESS_WITHIN, POLL_FALLBACK,
-    QUEUE_NOTICE, QUEUE_SLICE, RETRY_MAX, RETRY_MIN, STALE_ID_RETRIES,
+    QUEUE_NOTICE, QUEUE_SLICE, STALE_ID_RETRIES,
 };
+use crate::backend::backoff::Backoff;
 use crate::backend::{BoxFuture, LockTarget};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
@@ -181,7 +182,7 @@ pub(super) struct Acquire<'a> {
     /// Releases of the lock notified to this backend, once the acquire waits by retrying.
     listener: Option<Listener>,
     /// The pause before retrying after a failure on a connection.
-    pause: Duration,
+    backoff: Backoff,
     /// How often the key table's row was found not to name the path.
     stale: u32,
     /// A permit to wait in the server's queue.
@@ -209,7 +210,7 @@ impl<'a> Acquire<'a> {
             wait,
             unfinished: None,
             listener: None,
-            pause: RETRY_MIN,
+            backoff: Backoff::requests(),
             stale: 0,
             permit: None,
             taken_once: false,
@@ -247,8 +248,7 @@ impl<'a> Acquire<'a> {
     /// Backs off after a failure on a connection.
     async fn back_off(&mut self, e: &PostgresError, what: &str) {
         tracing::debug!(key = %self.target.key, error = %e, "zklock: {what}; retrying");
-        tokio::time::sleep(self.pause).await;
-        self.pause = (self.pause * 2).min(RETRY_MAX);
+        self.backoff.wait().await;
     }
 
     /// Reserves the lock id on a connection, unless the acquire has one that is not lost
@@ -412,7 +412,7 @@ impl<'a> Acquire<'a> {
     /// waits again; otherwise the acquire gets in line for a wait there, and meanwhile waits
     /// for a notified release (a writer behind its intent).
     async fn taken(&mut self, blocked: bool) -> Result<()> {
-        self.pause = RETRY_MIN;
+        self.backoff.reset();
         self.inner.mark_contended(self.id());
         if blocked {
             return Ok(());

@@ -89,10 +89,6 @@ pub use options::PostgresOptions;
 
 /// The longest any single request waits for its reply; shorter when the lease is.
 const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
-/// The first pause before retrying an attempt that failed on the connection; doubled up to
-/// [`RETRY_MAX`].
-const RETRY_MIN: Duration = Duration::from_millis(20);
-const RETRY_MAX: Duration = Duration::from_secs(1);
 /// How long a waiter sleeps without a notified release before it tries again: a holder whose
 /// session ended (killed, crashed, partitioned past the lease) released without notifying.
 pub(crate) const POLL_FALLBACK: Duration = Duration::from_millis(500);

@@ -13,7 +13,8 @@ use super::conn::{server_error, transient};
 use super::hold::{RedisHold, Side};
 use super::hub::Listener;
 use super::keys::Keys;
-use super::{Ask, Attempt, Inner, RedisBackend, Undo, Unfinished, RETRY_MAX, RETRY_MIN};
+use super::{Ask, Attempt, Inner, RedisBackend, Undo, Unfinished};
+use crate::backend::backoff::Backoff;
 use crate::backend::LockTarget;
 use crate::types::error::Result;
 use crate::types::mode::Wait;
@@ -58,7 +59,7 @@ pub(super) struct Acquire<'a> {
     /// nothing); a hand-over or a connection event between its attempt and then is not
     /// missed (see `Hub::listen_direct_after`).
     listener: Option<Listener>,
-    pause: Duration,
+    backoff: Backoff,
     /// Whether an attempt queued this mutex waiter (or may have: its reply was lost).
     queued: bool,
 }
@@ -101,7 +102,7 @@ impl<'a> Acquire<'a> {
             mutex,
             queue: !matches!(wait, Wait::Never),
             listener: None,
-            pause: RETRY_MIN,
+            backoff: Backoff::requests(),
             queued: false,
         }
     }
@@ -206,7 +207,7 @@ impl<'a> Acquire<'a> {
     /// mutex waiter's place. A try ends; a waiter listens for releases (first time: then tries
     /// again at once, a release may have come before), and waits for one, or for a hand-over.
     async fn taken(&mut self, free_in: Option<Duration>, refused_at: i64, sent: Sent) -> Next {
-        self.pause = RETRY_MIN;
+        self.backoff.reset();
         self.queued = self.mutex && self.queue;
         self.unfinished.armed = matches!(self.ask, Ask::Write) || (self.mutex && self.queue);
         if matches!(self.wait, Wait::Never) {
@@ -283,8 +284,7 @@ impl<'a> Acquire<'a> {
         }
         self.queued = self.mutex && self.queue;
         tracing::debug!(key = %self.target.key, error = %e, "zklock: a Redis acquire attempt failed; retrying");
-        tokio::time::sleep(self.pause).await;
-        self.pause = (self.pause * 2).min(RETRY_MAX);
+        self.backoff.wait().await;
         Ok(Next::Again)
     }
 }

@@ -32,6 +32,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::breaks::Breaks;
 use super::keys::NOTIFY_PREFIX;
+use crate::backend::backoff::Backoff;
 
 /// The longest a waiter sleeps between attempts while the hub has no live subscription.
 pub(crate) const UNSUBSCRIBED_POLL: Duration = Duration::from_millis(500);
@@ -397,7 +398,7 @@ async fn run(
         opening: false,
         opened,
         opened_tx,
-        backoff: RECONNECT_MIN,
+        backoff: Backoff::new(RECONNECT_MIN, RECONNECT_MAX),
     };
     loop {
         let Some(hub) = task.shared.upgrade() else {
@@ -484,7 +485,7 @@ struct HubTask {
     /// Where the background opening reports.
     opened: mpsc::UnboundedReceiver<(Vec<Sub>, u64)>,
     opened_tx: mpsc::UnboundedSender<(Vec<Sub>, u64)>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl HubTask {
@@ -529,7 +530,7 @@ impl HubTask {
             () = map_changed => Some(Event::MapChanged),
             Some((opened, version)) = self.opened.recv() => Some(Event::Opened(opened, version)),
             // While someone listens without every connection, reconnect with a growing pause.
-            _ = tokio::time::sleep(self.backoff), if reconnect => Some(Event::Reconnect),
+            _ = tokio::time::sleep(self.backoff.peek()), if reconnect => Some(Event::Reconnect),
         }
     }
 
@@ -706,11 +707,11 @@ impl HubTask {
         if any {
             hub.wake_all();
         }
-        self.backoff = if complete {
-            RECONNECT_MIN
+        if complete {
+            self.backoff.reset();
         } else {
-            (self.backoff * 2).min(RECONNECT_MAX)
-        };
+            self.backoff.take();
+        }
     }
 
     /// The connections to `nodes` broke (or are given up; the caller dropped them): the break

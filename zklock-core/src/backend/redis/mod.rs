@@ -64,6 +64,7 @@ use tokio::time::Instant;
 
 use super::undos::Undos;
 use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
+use crate::backend::backoff::Backoff;
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
@@ -79,10 +80,6 @@ use servers::Servers;
 /// The longest any single request waits for its reply (acquire attempts, releases); shorter
 /// when the lease is.
 const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
-/// The first pause before retrying an attempt that failed on the connection; doubled up to
-/// [`RETRY_MAX`].
-const RETRY_MIN: Duration = Duration::from_millis(20);
-const RETRY_MAX: Duration = Duration::from_secs(1);
 /// The shortest lease accepted: renewals go out every lease/3.
 pub(crate) const MIN_LEASE: Duration = Duration::from_millis(100);
 /// The longest a queued mutex waiter stays in the queue without refreshing its liveness.
@@ -238,7 +235,7 @@ impl Inner {
         undo: &Undo,
         until: Instant,
     ) -> redis::RedisResult<bool> {
-        let mut pause = RETRY_MIN;
+        let mut backoff = Backoff::requests();
         loop {
             let freed = self
                 .conn
@@ -269,10 +266,9 @@ impl Inner {
                 .await;
             match freed {
                 Ok(n) => return Ok(n == 1),
-                Err(e) if transient(&e) && Instant::now() + pause < until => {
+                Err(e) if transient(&e) && Instant::now() + backoff.peek() < until => {
                     crate::metrics::release_retry(BackendKind::Redis);
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
+                    backoff.wait().await;
                 }
                 Err(e) => return Err(e),
             }

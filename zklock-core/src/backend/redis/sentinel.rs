@@ -33,6 +33,7 @@ use redis::{
 use super::dial::Dial;
 use super::options::SentinelAuth;
 use super::Inner;
+use crate::backend::backoff::Backoff;
 use crate::types::error::{Error, Result, ServerError};
 
 /// The scheme of a Sentinel URL.
@@ -484,9 +485,9 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// The shortest pause before listening to the next Sentinel after one broke or refused.
-const RETRY_MIN: Duration = Duration::from_millis(100);
+const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
 /// The longest.
-const RETRY_MAX: Duration = Duration::from_secs(2);
+const LISTEN_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// The task that listens to the Sentinels for `+switch-master` of this master, one
 /// subscription per Sentinel (each subscribed again once it breaks), for as long as the
@@ -515,7 +516,7 @@ pub(crate) async fn watch(
         let (sentinels, inner) = (sentinels.clone(), inner.clone());
         let first = first.clone();
         async move {
-            let mut pause = RETRY_MIN;
+            let mut backoff = Backoff::new(LISTEN_RETRY_MIN, LISTEN_RETRY_MAX);
             let mut again = false;
             loop {
                 let ask = again || first.swap(false, Ordering::SeqCst);
@@ -526,8 +527,7 @@ pub(crate) async fn watch(
                         tracing::debug!(error = %e, sentinel = i, "zklock: lost a Redis Sentinel subscription; subscribing again");
                     }
                 }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX);
+                backoff.wait().await;
             }
         }
     });

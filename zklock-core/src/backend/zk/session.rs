@@ -14,10 +14,16 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use zookeeper_client::{Client, SessionState, StateWatcher};
 
+use crate::backend::backoff::Backoff;
 use crate::metrics;
 use crate::types::disconnect::DisconnectPolicy;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
+
+/// The first pause before trying again to open a session after expiry.
+const RENEW_RETRY_MIN: Duration = Duration::from_millis(100);
+/// The longest pause between tries.
+const RENEW_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// What the session layer is configured with (the session part of
 /// [`Builder`](crate::Builder)).
@@ -507,7 +513,7 @@ impl SessionMonitor {
 /// Opens a new session, retrying while the servers are unreachable, with a pause that grows
 /// from 100 ms to 5 s. `None` once `owner` is gone (looked at after each failure).
 async fn reopen(owner: &Weak<SessionOwner>, config: &SessionConfig) -> Option<Client> {
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff = Backoff::new(RENEW_RETRY_MIN, RENEW_RETRY_MAX);
     loop {
         match open_session(config).await {
             Ok(client) => {
@@ -520,8 +526,7 @@ async fn reopen(owner: &Weak<SessionOwner>, config: &SessionConfig) -> Option<Cl
                 if owner.strong_count() == 0 {
                     return None;
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff.wait().await;
             }
         }
     }
