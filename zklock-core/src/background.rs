@@ -2,6 +2,17 @@
 //! can wait for them: the ZooKeeper session owner's, and the Redis, PostgreSQL and etcd
 //! backends'.
 
+// A build with only the in-memory backend has no background work.
+#![cfg_attr(
+    not(any(
+        feature = "zookeeper",
+        feature = "redis",
+        feature = "postgres",
+        feature = "etcd"
+    )),
+    allow(dead_code)
+)]
+
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

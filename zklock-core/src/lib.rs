@@ -74,9 +74,10 @@ pub use manager::EtcdOptions;
 pub use manager::PostgresOptions;
 #[cfg(feature = "redis")]
 pub use manager::RedisOptions;
+#[cfg(feature = "zookeeper")]
+pub use manager::ZooKeeperOptions;
 pub use manager::{
-    global, set_global, Builder, LockManager, StatsSnapshot, ZooKeeperOptions, DEFAULT_LEASE,
-    DEFAULT_NAMESPACE,
+    global, set_global, Builder, LockManager, StatsSnapshot, DEFAULT_LEASE, DEFAULT_NAMESPACE,
 };
 pub use metrics::KeyLabel;
 pub use multi::{LockSpec, MultiGuard};
@@ -99,6 +100,7 @@ pub use types::key::{Key, MAX_KEY_LEN};
 pub use types::loss::LossReason;
 pub use types::tls::Tls;
 pub use types::token::FencingToken;
+#[cfg(feature = "zookeeper")]
 pub use zookeeper_client;
 
 #[doc(hidden)]

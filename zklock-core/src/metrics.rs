@@ -297,6 +297,7 @@ fn reason_index(reason: LossReason) -> usize {
 
 /// A ZooKeeper session state, as the `state` label of [`SESSION_STATE_CHANGES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
 pub(crate) enum SessionState {
     Connected,
     ReadOnly,
@@ -306,6 +307,7 @@ pub(crate) enum SessionState {
     AuthFailed,
 }
 
+#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
 const STATES: &[(&str, &str)] = &[
     ("state", "connected"),
     ("state", "read_only"),
@@ -315,6 +317,7 @@ const STATES: &[(&str, &str)] = &[
     ("state", "auth_failed"),
 ];
 
+#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
 const RENEWALS: &[(&str, &str)] = &[("outcome", "ok"), ("outcome", "error")];
 
 /// Where every emission is said to come from.
@@ -551,18 +554,21 @@ impl Drop for HoldMeter {
 }
 
 /// A ZooKeeper session changed state.
+#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
 pub(crate) fn session_state(state: SessionState) {
     let index = BackendKind::ZooKeeper as usize * STATES.len() + state as usize;
     increment(&STATE_KEYS, index, None, 1);
 }
 
 /// An attempt to open a new ZooKeeper session after expiry ended (`ok`: it opened).
+#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
 pub(crate) fn session_renewal(ok: bool) {
     let index = BackendKind::ZooKeeper as usize * RENEWALS.len() + usize::from(!ok);
     increment(&RENEWAL_KEYS, index, None, 1);
 }
 
 /// A release was sent again after a connection loss.
+#[cfg_attr(not(any(feature = "zookeeper", feature = "redis")), allow(dead_code))]
 pub(crate) fn release_retry(backend: BackendKind) {
     increment(&RETRY_KEYS, backend as usize, None, 1);
 }

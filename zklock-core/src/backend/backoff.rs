@@ -2,6 +2,12 @@
 //! each failure up to a bound and started over after a success. Every backend's retries (of an
 //! attempt, a release, a reconnection, a subscription) pause with it.
 
+// ZooKeeper alone (a build without the lease backends) uses only part of it.
+#![cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+    allow(dead_code)
+)]
+
 use std::time::Duration;
 
 /// The first pause before retrying a request that failed on its connection.
@@ -34,6 +40,7 @@ impl Backoff {
     }
 
     /// The next pause, without taking it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn peek(&self) -> Duration {
         self.next
     }

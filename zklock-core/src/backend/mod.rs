@@ -31,6 +31,7 @@ pub(crate) mod postgres;
 pub(crate) mod redis;
 #[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 pub(crate) mod undos;
+#[cfg(feature = "zookeeper")]
 pub(crate) mod zk;
 
 use std::future::Future;
@@ -71,6 +72,7 @@ pub(crate) struct LockTarget {
     pub(crate) path: Arc<str>,
     /// A leader latch's participant id, kept with its hold (Curator's `LeaderLatch` writes it as
     /// the node's data); `None` for locks.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
     pub(crate) participant: Option<Arc<str>>,
 }
 

@@ -73,6 +73,7 @@ pub enum FenceError {
 
     /// ZooKeeper failed the read or the multi; `op` is the index of your operation that failed,
     /// if it was one of yours (none of them was applied then).
+    #[cfg(feature = "zookeeper")]
     #[error("fenced write on ZooKeeper failed{}: {source}", op.map(|i| format!(" at your operation {i}")).unwrap_or_default())]
     ZooKeeper {
         /// The index among your operations of the one that failed, if it was yours.

@@ -105,6 +105,7 @@ mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 mod writer;
+#[cfg(feature = "zookeeper")]
 mod zookeeper;
 
 #[cfg(feature = "etcd")]
@@ -117,6 +118,7 @@ pub use encoding::{SORTABLE_BYTES_LEN, SORTABLE_STRING_LEN};
 pub use error::FenceError;
 pub use memory::MemoryFence;
 pub use writer::{current, Fenced};
+#[cfg(feature = "zookeeper")]
 pub use zookeeper::{ZkFence, ZkWrite};
 
 /// What a fenced write did.

@@ -8,6 +8,7 @@ pub use crate::backend::etcd::EtcdOptions;
 pub use crate::backend::postgres::PostgresOptions;
 #[cfg(feature = "redis")]
 pub use crate::backend::redis::RedisOptions;
+#[cfg(feature = "zookeeper")]
 pub use crate::backend::zk::ZooKeeperOptions;
 pub use crate::backend::DEFAULT_LEASE;
 use crate::metrics::KeyLabel;
@@ -67,6 +68,7 @@ pub struct Builder {
     pub(crate) metrics_key_label: KeyLabel,
     /// Each backend's own settings, when given (refused for a connect string that names
     /// another backend).
+    #[cfg(feature = "zookeeper")]
     pub(crate) zookeeper: Option<ZooKeeperOptions>,
     #[cfg(feature = "redis")]
     pub(crate) redis: Option<RedisOptions>,
@@ -102,6 +104,7 @@ impl Builder {
             try_timeout: Duration::from_secs(2),
             identity: None,
             metrics_key_label: KeyLabel::None,
+            #[cfg(feature = "zookeeper")]
             zookeeper: None,
             #[cfg(feature = "redis")]
             redis: None,
@@ -306,6 +309,7 @@ impl Builder {
     ///     .zookeeper(|zk| zk.revocable(true)); // adds to the settings before
     /// # let _ = b;
     /// ```
+    #[cfg(feature = "zookeeper")]
     pub fn zookeeper(
         mut self,
         options: impl FnOnce(ZooKeeperOptions) -> ZooKeeperOptions,

@@ -15,6 +15,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::postgres::{self, PostgresBackend, PostgresConfig};
 #[cfg(feature = "redis")]
 use crate::backend::redis::{RedisBackend, RedisConfig, MIN_LEASE};
+#[cfg(feature = "zookeeper")]
 use crate::backend::zk::{SessionConfig, SessionOwner, ZkBackend, ZkConfig};
 use crate::backend::Backend;
 use crate::types::backend_kind::BackendKind;
@@ -118,7 +119,8 @@ impl Builder {
     /// Refuses the settings of a backend other than `kind`: they would be silently ignored.
     /// The builder's method for each backend's settings is named by its label.
     fn refuse_other_backends(&self, kind: BackendKind) -> Result<()> {
-        let given = [
+        let given: &[(BackendKind, bool)] = &[
+            #[cfg(feature = "zookeeper")]
             (BackendKind::ZooKeeper, self.zookeeper.is_some()),
             #[cfg(feature = "redis")]
             (BackendKind::Redis, self.redis.is_some()),
@@ -127,7 +129,7 @@ impl Builder {
             #[cfg(feature = "etcd")]
             (BackendKind::Etcd, self.etcd.is_some()),
         ];
-        for (other, set) in given {
+        for &(other, set) in given {
             if set && other != kind {
                 return Err(Error::Config(format!(
                     "{} settings were given (Builder::{}), but the connect string {} names \
@@ -145,6 +147,7 @@ impl Builder {
     }
 
     /// Connects the ZooKeeper backend.
+    #[cfg(feature = "zookeeper")]
     async fn connect_zookeeper(self) -> Result<LockManager> {
         let zk = self.zookeeper.clone().unwrap_or_default();
         let session = SessionOwner::connect(SessionConfig {
@@ -274,6 +277,17 @@ impl Builder {
              `postgres` feature; enable it (zklock = { version = \"...\", features = [\"postgres\"] })"
                 .into(),
         ))
+    }
+
+    /// A ZooKeeper connect string without the `zookeeper` feature.
+    #[cfg(not(feature = "zookeeper"))]
+    async fn connect_zookeeper(self) -> Result<LockManager> {
+        Err(Error::Config(format!(
+            "the connect string {} names ZooKeeper servers (it has no scheme), but zklock was \
+             built without its `zookeeper` feature; enable it (zklock = {{ version = \"...\", \
+             features = [\"zookeeper\"] }}), or give a redis://, postgres:// or etcd:// URL",
+            redacted(&self.connect)
+        )))
     }
 
     /// A Redis URL without the `redis` feature.

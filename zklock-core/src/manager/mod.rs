@@ -20,7 +20,9 @@ pub use builder::EtcdOptions;
 pub use builder::PostgresOptions;
 #[cfg(feature = "redis")]
 pub use builder::RedisOptions;
-pub use builder::{Builder, ZooKeeperOptions, DEFAULT_LEASE, DEFAULT_NAMESPACE};
+#[cfg(feature = "zookeeper")]
+pub use builder::ZooKeeperOptions;
+pub use builder::{Builder, DEFAULT_LEASE, DEFAULT_NAMESPACE};
 pub use global::{global, set_global};
 
 use crate::backend::Backend;

@@ -257,6 +257,15 @@ pub struct ServerError {
 impl ServerError {
     /// The client's `error`, with its `message` as users should read it, whether the same
     /// request may succeed later, and what to check.
+    #[cfg_attr(
+        not(any(
+            feature = "zookeeper",
+            feature = "redis",
+            feature = "postgres",
+            feature = "etcd"
+        )),
+        allow(dead_code)
+    )]
     pub(crate) fn new(
         error: std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>,
         message: String,

@@ -51,6 +51,7 @@ pub(crate) fn path(namespace: &str, kind: LockKind, key: &Key) -> String {
 
 /// Where a job's last run is recorded: beside the job's lock path, never under it (a Curator
 /// client locking the path would take a child for a contender).
+#[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
 pub(crate) fn run_record(lock_path: &str) -> String {
     format!("{lock_path}%RUN")
 }

@@ -68,6 +68,10 @@ impl HoldMode {
 
     /// The exclusive hold of a lock of `kind`: the mode of a mutex's holder, a read/write
     /// lock's writer, a semaphore's lease, a latch's leader.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+        allow(dead_code)
+    )]
     pub(crate) fn exclusive_of(kind: LockKind) -> HoldMode {
         match kind {
             LockKind::ReadWrite => HoldMode::Write,
@@ -120,6 +124,7 @@ impl Wait {
     }
 
     /// When the wait must end, if it has a deadline.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
     pub(crate) fn deadline(self) -> Option<Instant> {
         match self {
             Wait::Until(deadline, _) => Some(deadline),
