@@ -452,8 +452,6 @@ impl BackendHold for MemoryHold {
     }
 
     /// Nothing asks a memory hold to let go: revocation is ZooKeeper's.
-    fn make_revocable(&self) {}
-
     /// The read entry takes the write entry's place in the queue, so no queued writer gets in
     /// between; the write hold is then let go.
     fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {

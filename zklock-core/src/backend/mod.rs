@@ -19,7 +19,8 @@
 //!   itself and why, at the call, never by weakening a promise.
 //!
 //! Optional abilities are their own traits, asked for through [`Backend`]: [`Inspect`] (who
-//! holds and waits, read from the server), [`Revoke`], and the in-memory test hook [`Lose`].
+//! holds and waits, read from the server), [`Revoke`], and the in-memory test hook [`Lose`];
+//! and through [`BackendHold`]: [`Revocable`] (a hold that opts in to revocation).
 
 pub(crate) mod backoff;
 #[cfg(feature = "etcd")]
@@ -150,13 +151,22 @@ pub(crate) trait BackendHold: Send + Sync + 'static {
     /// before the answer leaves the release to the background.
     fn release(&self) -> BoxFuture<'_, Result<()>>;
 
-    /// Opts in to revocation: a revoke request becomes a loss ([`LossReason::Revoked`]).
-    fn make_revocable(&self);
+    /// The hold's optional ability to be revoked ([`Revocable`]); `None`, as here by default,
+    /// on a backend without revocation.
+    fn revocable(&self) -> Option<&dyn Revocable> {
+        None
+    }
 
     /// Turns this write hold into a read hold of the same lock without letting another writer
     /// in. Returns the read hold, and whether the write hold must be kept until the read hold
     /// ends (a writer queued in between).
     fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>>;
+}
+
+/// An optional ability of a hold: opting in to revocation (ZooKeeper: Curator's).
+pub(crate) trait Revocable {
+    /// Opts in: a revoke request becomes a loss ([`LossReason::Revoked`]).
+    fn make_revocable(&self);
 }
 
 /// What a downgrade made.

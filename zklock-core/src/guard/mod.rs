@@ -197,7 +197,9 @@ impl LockGuard {
     /// # Ok(()) }
     /// ```
     pub fn make_revocable(&self) {
-        self.grant().hold().make_revocable();
+        if let Some(hold) = self.grant().hold().revocable() {
+            hold.make_revocable();
+        }
     }
 
     /// How many holds share this one (1 unless re-entered with [`reenter`](Self::reenter),

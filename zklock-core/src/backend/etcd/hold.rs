@@ -369,8 +369,6 @@ impl BackendHold for EtcdHold {
         Box::pin(self.delete())
     }
 
-    fn make_revocable(&self) {}
-
     fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {
         Box::pin(async move { self.downgrade_to_read(target).await })
     }

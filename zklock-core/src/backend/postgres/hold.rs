@@ -333,8 +333,6 @@ impl BackendHold for PgHold {
     }
 
     /// Revocation is ZooKeeper's (Curator's `__REVOKE__`); nothing asks an advisory lock to let go.
-    fn make_revocable(&self) {}
-
     /// One statement takes the shared lock on the same session and unlocks the exclusive one,
     /// so no writer gets in between and the write hold need not be kept.
     fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {

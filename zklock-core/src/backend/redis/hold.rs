@@ -421,8 +421,6 @@ impl BackendHold for RedisHold {
     }
 
     /// Revocation is ZooKeeper's (Curator's `__REVOKE__`); nothing asks a Redis hold to let go.
-    fn make_revocable(&self) {}
-
     /// One script adds the read hold and deletes the write key, so no writer gets in between
     /// and the write hold need not be kept.
     fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {

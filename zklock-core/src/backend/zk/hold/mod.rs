@@ -18,7 +18,7 @@ use tokio::task::AbortHandle;
 use super::protocol::delete_in_background;
 use super::session::{connection_lost, wait_reconnect, Health, Session};
 use super::{DirTicket, Inner};
-use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
+use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget, Revocable};
 use crate::metrics;
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
@@ -367,6 +367,12 @@ impl Drop for Hold {
     }
 }
 
+impl Revocable for Hold {
+    fn make_revocable(&self) {
+        Hold::make_revocable(self)
+    }
+}
+
 impl BackendHold for Hold {
     fn token(&self) -> FencingToken {
         FencingToken::new(self.czxid, 0)
@@ -422,8 +428,8 @@ impl BackendHold for Hold {
         Box::pin(Hold::release(self))
     }
 
-    fn make_revocable(&self) {
-        Hold::make_revocable(self)
+    fn revocable(&self) -> Option<&dyn Revocable> {
+        Some(self)
     }
 
     /// A read node is created (no wait: we hold the write lock) on the write hold's own
