@@ -369,52 +369,31 @@ async fn open(config: &EtcdConfig, endpoints: &[String], user: Option<&User>) ->
             )
         })
     };
-    let mut client =
-        match tokio::time::timeout(timeout, Client::connect(endpoints, Some(options))).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) if error::is_auth(&e) => {
-                return Err(refused(user.map_or("", |u| u.0.as_str()), &e))
-            }
-            Ok(Err(e)) => {
-                if let Some(failure) = tls_failure(&e) {
-                    return Err(failure);
-                }
-                return Err(unreachable(ServerError::new(
-                    Arc::new(e),
-                    "no etcd member answered".into(),
-                    true,
-                    "check the endpoints and that the etcd members are up",
-                )));
-            }
-            Err(_) => {
-                return Err(unreachable(ServerError::timed_out(
-                    BackendKind::Etcd.label(),
-                )))
-            }
-        };
-    let status = match tokio::time::timeout(timeout, client.status()).await {
-        Ok(Ok(status)) => status,
-        Ok(Err(e)) if error::is_auth(&e) => {
-            return Err(refused(user.map_or("", |u| u.0.as_str()), &e))
+    // A failed step of connecting: credentials refused, a TLS failure, or no member answered.
+    let failed = |e: etcd_client::Error| -> Error {
+        if error::is_auth(&e) {
+            return refused(user.map_or("", |u| u.0.as_str()), &e);
         }
-        Ok(Err(e)) => {
-            if let Some(failure) = tls_failure(&e) {
-                return Err(failure);
-            }
-            let message = format!("no etcd member answered: {e}");
-            return Err(unreachable(ServerError::new(
-                Arc::new(e),
-                message,
-                true,
-                "check the endpoints and that the etcd members are up",
-            )));
+        if let Some(failure) = tls_failure(&e) {
+            return failure;
         }
-        Err(_) => {
-            return Err(unreachable(ServerError::timed_out(
-                BackendKind::Etcd.label(),
-            )))
-        }
+        let message = format!("no etcd member answered: {e}");
+        unreachable(ServerError::new(
+            Arc::new(e),
+            message,
+            true,
+            "check the endpoints and that the etcd members are up",
+        ))
     };
+    let timed_out = |_| unreachable(ServerError::timed_out(BackendKind::Etcd.label()));
+    let mut client = tokio::time::timeout(timeout, Client::connect(endpoints, Some(options)))
+        .await
+        .map_err(timed_out)?
+        .map_err(&failed)?;
+    let status = tokio::time::timeout(timeout, client.status())
+        .await
+        .map_err(timed_out)?
+        .map_err(&failed)?;
     if !new_enough(status.version()) {
         return Err(Error::Config(format!(
             "etcd {} is too old: zklock needs etcd {}.{} or later",
