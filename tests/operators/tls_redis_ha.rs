@@ -209,3 +209,22 @@ async fn cluster_refuses_another_ca_no_client_certificate_and_plaintext_in_time(
     let cluster = cluster_with_tls(&certs);
     refusals(&cluster.url(), &certs, &cluster.addrs()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_sentinel_or_node_answering_is_named_by_the_tls_url_given() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tls = Tls::new().ca_file(certs().ca_path());
+    for url in [
+        format!("rediss+sentinel://127.0.0.1:{port}/zklock"),
+        format!("rediss+cluster://127.0.0.1:{port}"),
+    ] {
+        let err = fails_in_time(redis(&url, Some(tls.clone()))).await;
+        assert!(matches!(err, Error::Unreachable { .. }), "{err}");
+        assert!(err.to_string().contains(&url), "{err}");
+    }
+}
