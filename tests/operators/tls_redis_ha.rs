@@ -174,14 +174,18 @@ where
     }
 }
 
+/// Another CA than the one that signed the servers' certificates, and the client certificate.
+fn other_ca(certs: &Certs) -> Tls {
+    Tls::new()
+        .ca_file(certs.other_ca_path())
+        .client_cert_files(certs.client_cert_path(), certs.client_key_path())
+}
+
 /// What a TLS-only deployment at `url` (`rediss+…`) whose clients must present a certificate
 /// refuses, within the timeout: servers trusted by another CA than theirs, no client
 /// certificate, and plaintext (`redis+…`). `servers` are the addresses the URL names.
 async fn refusals(url: &str, certs: &Certs, servers: &[String]) {
-    let other_ca = Tls::new()
-        .ca_file(certs.other_ca_path())
-        .client_cert_files(certs.client_cert_path(), certs.client_key_path());
-    refused_naming(redis(url, Some(other_ca)), servers, "not signed").await;
+    refused_naming(redis(url, Some(other_ca(certs))), servers, "not signed").await;
     let no_client_cert = Tls::new().ca_file(certs.ca_path());
     refused_naming(
         redis(url, Some(no_client_cert)),
@@ -199,15 +203,34 @@ async fn refusals(url: &str, certs: &Certs, servers: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_refuses_another_ca_no_client_certificate_and_plaintext_in_time() {
     let certs = certs();
-    let redis = sentinel_with_tls(&certs);
-    refusals(&redis.url(), &certs, &redis.sentinel_addrs()).await;
+    let mut setup = sentinel_with_tls(&certs);
+    let (url, sentinels) = (setup.url(), setup.sentinel_addrs());
+    refusals(&url, &certs, &sentinels).await;
+    // The last Sentinel of the URL stopped: the others' TLS failure is still what is reported.
+    blocking(|| setup.kill_sentinel(2)).unwrap();
+    refused_naming(
+        redis(&url, Some(other_ca(&certs))),
+        &sentinels[..2],
+        "not signed",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_refuses_another_ca_no_client_certificate_and_plaintext_in_time() {
     let certs = certs();
-    let cluster = cluster_with_tls(&certs);
-    refusals(&cluster.url(), &certs, &cluster.addrs()).await;
+    let mut cluster = cluster_with_tls(&certs);
+    let (url, nodes) = (cluster.url(), cluster.addrs());
+    refusals(&url, &certs, &nodes).await;
+    // The last node of the URL stopped: the others' TLS failure is still what is reported.
+    let last = nodes.len() - 1;
+    blocking(|| cluster.kill(last)).unwrap();
+    refused_naming(
+        redis(&url, Some(other_ca(&certs))),
+        &nodes[..last],
+        "not signed",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
