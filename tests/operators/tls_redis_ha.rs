@@ -5,11 +5,14 @@
 //!
 //! Under Sentinel: two managers hold and hand over a lock on the primary with increasing
 //! tokens, and again on the new primary after a failover, every connection (to the Sentinels,
-//! their `+switch-master` subscriptions and the primary they name) over TLS. On a Cluster: keys
-//! on every primary's slots held and handed over, tokens increasing per key. On both, `connect`
-//! fails within its timeout with `Error::Tls` naming one of the deployment's servers when the
-//! client trusts another CA or gives no client certificate, and a plaintext URL to the
-//! TLS-only deployment fails within the timeout too.
+//! their `+switch-master` subscriptions and the primary they name) over TLS. On a Cluster: a key
+//! on each primary held at once and handed over, tokens increasing per key, and every node
+//! checked against one `Tls::server_name` instead of the address it announces. On both,
+//! `connect` fails within its timeout with `Error::Tls` naming one of the deployment's servers
+//! when the client trusts another CA, checks a name their certificates do not list, or gives no
+//! client certificate (also with the URL's last server stopped); a plaintext URL to the TLS-only
+//! deployment fails within the timeout with `Error::Unreachable`, and so does a TLS URL nobody
+//! answers, named as given.
 
 use std::time::{Duration, Instant};
 
@@ -152,6 +155,13 @@ async fn cluster_mutual_tls_holds_and_hands_over_keys_on_every_primary() {
         let [_, second] = hand_over(&b, &a, &key, || {}).await;
         assert!(second > first, "{key}: {second:?} after {first:?}");
     }
+    // Every node checked against one name (which its certificate lists) instead of the
+    // address it announces.
+    let by_name = zklock_redis(&url, mutual(&certs).server_name("localhost")).await;
+    for key in keys.values().map(|k| &k[0]) {
+        let held = by_name.lock_timeout(key, FOLLOW).await.expect("granted");
+        held.release().await.unwrap();
+    }
 }
 
 /// A manager on `url` with `tls`, which must connect.
@@ -182,10 +192,17 @@ fn other_ca(certs: &Certs) -> Tls {
 }
 
 /// What a TLS-only deployment at `url` (`rediss+…`) whose clients must present a certificate
-/// refuses, within the timeout: servers trusted by another CA than theirs, no client
-/// certificate, and plaintext (`redis+…`). `servers` are the addresses the URL names.
+/// refuses, within the timeout: servers trusted by another CA than theirs, a name to check
+/// that their certificates do not list, no client certificate, and plaintext (`redis+…`). `servers` are the addresses the URL names.
 async fn refusals(url: &str, certs: &Certs, servers: &[String]) {
     refused_naming(redis(url, Some(other_ca(certs))), servers, "not signed").await;
+    let wrong_name = mutual(certs).server_name("wrong.example");
+    refused_naming(
+        redis(url, Some(wrong_name)),
+        servers,
+        "not valid for this host name",
+    )
+    .await;
     let no_client_cert = Tls::new().ca_file(certs.ca_path());
     refused_naming(
         redis(url, Some(no_client_cert)),
@@ -201,7 +218,7 @@ async fn refusals(url: &str, certs: &Certs, servers: &[String]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_refuses_another_ca_no_client_certificate_and_plaintext_in_time() {
+async fn sentinel_refuses_what_does_not_verify_and_plaintext_within_the_timeout() {
     let certs = certs();
     let mut setup = sentinel_with_tls(&certs);
     let (url, sentinels) = (setup.url(), setup.sentinel_addrs());
@@ -217,7 +234,7 @@ async fn sentinel_refuses_another_ca_no_client_certificate_and_plaintext_in_time
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_refuses_another_ca_no_client_certificate_and_plaintext_in_time() {
+async fn cluster_refuses_what_does_not_verify_and_plaintext_within_the_timeout() {
     let certs = certs();
     let mut cluster = cluster_with_tls(&certs);
     let (url, nodes) = (cluster.url(), cluster.addrs());
