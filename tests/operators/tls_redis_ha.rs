@@ -4,8 +4,9 @@
 //! bus over TLS, client certificates required.
 //!
 //! Under Sentinel: two managers hold and hand over a lock on the primary with increasing
-//! tokens, and again on the new primary after a failover, every connection (to the Sentinels,
-//! their `+switch-master` subscriptions and the primary they name) over TLS. On a Cluster: a key
+//! tokens, a hold across a failover is lost to it as the Sentinels announce it, and the lock is
+//! held and handed over again on the new primary, every connection (to the Sentinels, their
+//! `+switch-master` subscriptions and the primary they name) over TLS. On a Cluster: a key
 //! on each primary held at once and handed over, tokens increasing per key, and every node
 //! checked against one `Tls::server_name` instead of the address it announces. On both,
 //! `connect` fails within its timeout with `Error::Tls` naming one of the deployment's servers
@@ -16,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use zklock::{Error, FencingToken, LockManager, Tls};
+use zklock::{Error, FencingToken, LockManager, LossReason, Tls};
 use zklock_testkit::{Certs, ClientAuth, RedisCluster, RedisSentinel};
 
 use crate::cluster::{keys_per_primary, lock_key};
@@ -26,6 +27,8 @@ use crate::tls_servers::{blocking, certs, fails_in_time, mutual, redis};
 const KEY: &str = "tls_ha_key";
 /// How long an acquire may wait for the managers to follow a failover.
 const FOLLOW: Duration = Duration::from_secs(30);
+/// How long after the Sentinels agree on a new primary a hold may take to be lost to it.
+const ANNOUNCED: Duration = Duration::from_secs(5);
 
 fn sentinel_with_tls(certs: &Certs) -> RedisSentinel {
     blocking(|| {
@@ -112,8 +115,16 @@ async fn sentinel_mutual_tls_holds_and_hands_over_across_a_failover() {
     let old = blocking(|| redis.primary()).unwrap();
     let before = hand_over(&a, &b, KEY, || assert!(exists(&redis, old, &lock))).await;
 
+    // A hold across the failover is lost to it as the Sentinels announce it (`+switch-master`,
+    // heard on subscriptions over TLS): the old primary, still running, says `master` and
+    // renews its lease for 8 s and more, so nothing else would tell this soon.
+    let kept = a.lock_timeout(KEY, FOLLOW).await.unwrap();
     let new = blocking(|| redis.failover()).expect("a failover over TLS");
     assert_ne!(new, old);
+    let lost = tokio::time::timeout(ANNOUNCED, kept.lost()).await;
+    assert_eq!(lost, Ok(LossReason::Failover));
+    assert!(kept.fencing_token() > before[1]);
+    drop(kept);
     assert_eq!(blocking(|| redis.primary()).unwrap(), new);
     let after = hand_over(&a, &b, KEY, || {
         assert!(exists(&redis, new, &lock), "held on the new primary");
