@@ -7,8 +7,9 @@
 //! tokens, a hold across a failover is lost to it as the Sentinels announce it, and the lock is
 //! held and handed over again on the new primary, every connection (to the Sentinels, their
 //! `+switch-master` subscriptions and the primary they name) over TLS. On a Cluster: a key
-//! on each primary held at once and handed over, tokens increasing per key, and every node
-//! checked against one `Tls::server_name` instead of the address it announces. On both,
+//! on each primary held at once and handed over, tokens increasing per key, every node checked
+//! against one `Tls::server_name` instead of the address it announces, and a failover followed
+//! to the replica that took over (a hold lost to it, the key taken again there). On both,
 //! `connect` fails within its timeout with `Error::Tls` naming one of the deployment's servers
 //! when the client trusts another CA, checks a name their certificates do not list, or gives no
 //! client certificate (also with the URL's last server stopped); a plaintext URL to the TLS-only
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 use zklock::{Error, FencingToken, LockManager, LossReason, Tls};
 use zklock_testkit::{Certs, ClientAuth, RedisCluster, RedisSentinel};
 
-use crate::cluster::{keys_per_primary, lock_key};
+use crate::cluster::{keys_per_primary, lock_key, replica_of};
 use crate::tls_servers::{blocking, certs, fails_in_time, mutual, redis};
 
 /// The lock the Sentinel scenario hands over.
@@ -173,6 +174,36 @@ async fn cluster_mutual_tls_holds_and_hands_over_keys_on_every_primary() {
         let held = by_name.lock_timeout(key, FOLLOW).await.expect("granted");
         held.release().await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_follows_a_failover_to_a_node_first_reached_over_tls() {
+    let certs = certs();
+    let cluster = cluster_with_tls(&certs);
+    let url = cluster.url();
+    let a = zklock_redis(&url, mutual(&certs)).await;
+    let b = zklock_redis(&url, mutual(&certs)).await;
+    let (primary, keys) = blocking(|| keys_per_primary(&cluster, &a, "tls_ha_failover", 1))
+        .into_iter()
+        .next()
+        .unwrap();
+    let key = &keys[0];
+    let kept = a.lock_timeout(key, FOLLOW).await.unwrap();
+    // Its replica takes over: the next renewal is answered `-MOVED`, to a node the managers
+    // hold no connection to.
+    let replica = replica_of(&cluster, primary);
+    blocking(|| cluster.failover(replica)).expect("a Cluster failover over TLS");
+    let lost = tokio::time::timeout(FOLLOW, kept.lost()).await;
+    assert_eq!(lost, Ok(LossReason::Failover));
+    let before = kept.fencing_token();
+    drop(kept);
+    let name = lock_key(&a, "lock", key);
+    let [first, _] = hand_over(&a, &b, key, || {
+        let on = cluster.command(replica, &["EXISTS", &name]).unwrap();
+        assert_eq!(on.int(), Some(1), "held on the new primary, node {replica}");
+    })
+    .await;
+    assert!(first > before, "{first:?} after {before:?}");
 }
 
 /// A manager on `url` with `tls`, which must connect.
