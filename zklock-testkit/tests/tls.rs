@@ -148,6 +148,30 @@ fn redis_sentinels_and_their_nodes_serve_tls_only_and_fail_over() {
 }
 
 #[test]
+fn a_tls_sentinel_setup_is_killed_frozen_and_restarted_as_in_plaintext() {
+    let certs = Certs::mint().unwrap();
+    let mut redis = RedisSentinel::builder()
+        .tls(&certs, ClientAuth::NotRequired)
+        .start()
+        .unwrap();
+    let old = redis.kill_primary().unwrap();
+    let new = redis
+        .wait_for_new_primary(old, Duration::from_secs(30))
+        .unwrap();
+    redis.restart(old).unwrap(); // a replica of the new primary, over TLS
+    assert_eq!(redis.wait_settled(Duration::from_secs(30)).unwrap(), new);
+    assert_eq!(redis.role(old).as_deref(), Some("slave"));
+    let replica = (0..redis.len()).find(|&i| i != new).unwrap();
+    redis.pause(replica).unwrap();
+    assert_eq!(redis.role(replica), None);
+    redis.resume(replica).unwrap();
+    redis.kill_sentinel(0).unwrap();
+    assert_eq!(redis.primary().unwrap(), new);
+    redis.restart_sentinel(0).unwrap();
+    assert_eq!(redis.wait_settled(Duration::from_secs(30)).unwrap(), new);
+}
+
+#[test]
 fn a_redis_cluster_serves_tls_only_and_fails_over() {
     let certs = Certs::mint().unwrap();
     let cluster = RedisCluster::builder()
@@ -196,6 +220,32 @@ fn a_redis_cluster_serves_tls_only_and_fails_over() {
             .as_deref(),
         Some("v")
     );
+}
+
+#[test]
+fn a_tls_cluster_is_killed_frozen_and_restarted_as_in_plaintext() {
+    let certs = Certs::mint().unwrap();
+    let mut cluster = RedisCluster::builder()
+        .tls(&certs, ClientAuth::NotRequired)
+        .start()
+        .unwrap();
+    let primary = cluster.primaries().unwrap()[0];
+    let replica = cluster
+        .replicas()
+        .unwrap()
+        .into_iter()
+        .find(|&r| cluster.primary_of(r).unwrap() == Some(primary))
+        .unwrap();
+    cluster.kill(primary).unwrap(); // its replica takes over, elected over the TLS bus
+    cluster.wait_until_ok(Duration::from_secs(30)).unwrap();
+    assert!(cluster.primaries().unwrap().contains(&replica));
+    cluster.restart(primary).unwrap();
+    cluster.wait_until_ok(Duration::from_secs(30)).unwrap();
+    assert_eq!(cluster.primary_of(primary).unwrap(), Some(replica));
+    cluster.pause(primary).unwrap();
+    assert_eq!(cluster.role(primary), None);
+    cluster.resume(primary).unwrap();
+    cluster.wait_until_ok(Duration::from_secs(30)).unwrap();
 }
 
 /// `etcdctl put k v` at `url` with `flags`; what it printed, and whether it succeeded.
