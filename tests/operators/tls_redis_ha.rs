@@ -235,7 +235,8 @@ fn other_ca(certs: &Certs) -> Tls {
 
 /// What a TLS-only deployment at `url` (`rediss+…`) whose clients must present a certificate
 /// refuses, within the timeout: servers trusted by another CA than theirs, a name to check
-/// that their certificates do not list, no client certificate, and plaintext (`redis+…`). `servers` are the addresses the URL names.
+/// that their certificates do not list, no client certificate, and plaintext (`redis+…`).
+/// `servers` are the addresses the URL names.
 async fn refusals(url: &str, certs: &Certs, servers: &[String]) {
     refused_naming(redis(url, Some(other_ca(certs))), servers, "not signed").await;
     let wrong_name = mutual(certs).server_name("wrong.example");
