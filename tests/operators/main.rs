@@ -7,6 +7,8 @@
 //! The helpers of `tests/common/` are included once, here, and the files use them through
 //! `crate::`.
 
+#[path = "../common/cluster.rs"]
+mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
 #[path = "../common/faults.rs"]
@@ -21,5 +23,6 @@ mod metrics;
 mod revoke_and_inspect;
 mod secrets;
 mod tls;
+mod tls_redis_ha;
 mod tls_servers;
 mod tracing_events;

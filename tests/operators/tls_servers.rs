@@ -21,22 +21,22 @@ use zklock_testkit::{Certs, ClientAuth, EtcdServer, PostgresServer, RedisServer,
 /// The managers' connect timeout: every failure must come within it.
 const CONNECT: Duration = Duration::from_secs(5);
 
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
-fn certs() -> Certs {
+pub(crate) fn certs() -> Certs {
     blocking(Certs::mint).expect("mint the test certificates")
 }
 
 /// The kit's CA and its client certificate.
-fn mutual(certs: &Certs) -> Tls {
+pub(crate) fn mutual(certs: &Certs) -> Tls {
     Tls::new()
         .ca_file(certs.ca_path())
         .client_cert_files(certs.client_cert_path(), certs.client_key_path())
 }
 
-async fn redis(url: &str, tls: Option<Tls>) -> zklock::Result<LockManager> {
+pub(crate) async fn redis(url: &str, tls: Option<Tls>) -> zklock::Result<LockManager> {
     LockManager::builder(url)
         .connect_timeout(CONNECT)
         .redis(|r| {
@@ -97,7 +97,7 @@ where
 }
 
 /// `connect` fails (with any error) within the timeout.
-async fn fails_in_time<F>(connect: F) -> Error
+pub(crate) async fn fails_in_time<F>(connect: F) -> Error
 where
     F: std::future::Future<Output = zklock::Result<LockManager>>,
 {

@@ -14,7 +14,10 @@
 //!   [`check`] to find two holders at once, tokens that do not increase, and holds that never end.
 //! - TLS: [`Certs`] mints a private CA and certificates in-process (good, wrong name, expired,
 //!   a client's, another CA's client), and the servers serve TLS with them:
-//!   [`RedisServerBuilder::tls`] (`rediss://`), [`PostgresServerBuilder::tls`] (`ssl = on`,
+//!   [`RedisServerBuilder::tls`] (`rediss://`), [`RedisSentinelBuilder::tls`] and
+//!   [`RedisClusterBuilder::tls`] (`rediss+sentinel://`, `rediss+cluster://`: every node and
+//!   Sentinel TLS-only, replication and the cluster bus over TLS too),
+//!   [`PostgresServerBuilder::tls`] (`ssl = on`,
 //!   plaintext TCP refused), [`EtcdServerBuilder::tls`] and [`EtcdClusterBuilder::tls`]
 //!   (`etcds://`, `https://` client URLs) and [`ZkServerBuilder::tls_with`] (the secure port),
 //!   each asking for client certificates or not ([`ClientAuth`]) and presenting the

@@ -13,8 +13,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use zklock_testkit::{
-    Certs, ClientAuth, EtcdCluster, EtcdServer, PostgresServer, RedisServer, Relay, ServerCert,
-    ZkServer,
+    Certs, ClientAuth, EtcdCluster, EtcdServer, PostgresServer, RedisCluster, RedisSentinel,
+    RedisServer, Relay, ServerCert, ZkServer,
 };
 
 fn run(cmd: &mut Command) -> Output {
@@ -87,6 +87,165 @@ fn redis_cli_refuses_the_expired_certificate() {
     assert!(answer.contains("certificate verify failed"), "{answer}");
     // redis-cli checks no name: the wrong name's certificate is shown refused by a client
     // that does in servers_present_the_certificate_they_are_told_to.
+}
+
+/// `redis-cli --tls` flags trusting the kit's CA and presenting its client certificate.
+fn redis_cli_mutual(certs: &Certs) -> Vec<std::ffi::OsString> {
+    vec![
+        "--tls".into(),
+        "--cacert".into(),
+        certs.ca_path().into(),
+        "--cert".into(),
+        certs.client_cert_path().into(),
+        "--key".into(),
+        certs.client_key_path().into(),
+    ]
+}
+
+/// `redis-cli PING` to `addr` (`127.0.0.1:PORT`) with `flags`.
+fn redis_ping_at(addr: &str, flags: &[std::ffi::OsString]) -> String {
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let refs: Vec<&std::ffi::OsStr> = flags.iter().map(|s| s.as_os_str()).collect();
+    redis_ping(port, &refs)
+}
+
+#[test]
+fn redis_sentinels_and_their_nodes_serve_tls_only_and_fail_over() {
+    let certs = Certs::mint().unwrap();
+    let redis = RedisSentinel::builder()
+        .tls(&certs, ClientAuth::Required)
+        .start()
+        .unwrap();
+    assert!(redis.is_tls());
+    assert_eq!(
+        redis.url(),
+        format!(
+            "rediss+sentinel://{}/zklock",
+            redis.sentinel_addrs().join(",")
+        )
+    );
+    assert!(redis.sentinel_urls()[0].starts_with("rediss://127.0.0.1:"));
+    let mutual = redis_cli_mutual(&certs);
+    for addr in redis.sentinel_addrs().iter().chain(&redis.node_addrs()) {
+        assert_eq!(redis_ping_at(addr, &mutual).trim(), "PONG", "{addr}");
+        let plain = redis_ping_at(addr, &[]);
+        assert!(!plain.contains("PONG"), "{addr}: {plain}");
+        let no_cert = redis_ping_at(addr, &mutual[..3]);
+        assert!(!no_cert.contains("PONG"), "{addr}: {no_cert}");
+    }
+    // Replication, the Sentinels' links and the kit's own commands go over TLS.
+    let old = redis.primary().unwrap();
+    let replies = redis
+        .commands(old, &[&["SET", "k", "v"], &["WAIT", "2", "5000"]])
+        .unwrap();
+    assert_eq!(replies[1].int(), Some(2));
+    let new = redis.failover().unwrap();
+    assert_ne!(new, old);
+    assert_eq!(
+        redis.command(new, &["GET", "k"]).unwrap().text().as_deref(),
+        Some("v")
+    );
+}
+
+#[test]
+fn a_tls_sentinel_setup_is_killed_frozen_and_restarted_as_in_plaintext() {
+    let certs = Certs::mint().unwrap();
+    let mut redis = RedisSentinel::builder()
+        .tls(&certs, ClientAuth::NotRequired)
+        .start()
+        .unwrap();
+    let old = redis.kill_primary().unwrap();
+    let new = redis
+        .wait_for_new_primary(old, Duration::from_secs(30))
+        .unwrap();
+    redis.restart(old).unwrap(); // a replica of the new primary, over TLS
+    assert_eq!(redis.wait_settled(Duration::from_secs(30)).unwrap(), new);
+    assert_eq!(redis.role(old).as_deref(), Some("slave"));
+    let replica = (0..redis.len()).find(|&i| i != new).unwrap();
+    redis.pause(replica).unwrap();
+    assert_eq!(redis.role(replica), None);
+    redis.resume(replica).unwrap();
+    redis.kill_sentinel(0).unwrap();
+    assert_eq!(redis.primary().unwrap(), new);
+    redis.restart_sentinel(0).unwrap();
+    assert_eq!(redis.wait_settled(Duration::from_secs(30)).unwrap(), new);
+}
+
+#[test]
+fn a_redis_cluster_serves_tls_only_and_fails_over() {
+    let certs = Certs::mint().unwrap();
+    let cluster = RedisCluster::builder()
+        .tls(&certs, ClientAuth::Required)
+        .start()
+        .unwrap();
+    assert!(cluster.is_tls());
+    assert_eq!(
+        cluster.url(),
+        format!("rediss+cluster://{}", cluster.addrs().join(","))
+    );
+    assert!(cluster.urls()[0].starts_with("rediss://127.0.0.1:"));
+    let mutual = redis_cli_mutual(&certs);
+    for addr in cluster.addrs() {
+        assert_eq!(redis_ping_at(&addr, &mutual).trim(), "PONG", "{addr}");
+        let plain = redis_ping_at(&addr, &[]);
+        assert!(!plain.contains("PONG"), "{addr}: {plain}");
+    }
+    // The nodes announce their TLS ports: CLUSTER SLOTS names the kit's addresses.
+    let slots = cluster.command(0, &["CLUSTER", "SLOTS"]).unwrap();
+    let owner = slots.array().unwrap()[0].array().unwrap()[2]
+        .array()
+        .unwrap()[1]
+        .int();
+    let ports: Vec<i64> = cluster
+        .addrs()
+        .iter()
+        .map(|a| a.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(ports.contains(&owner.unwrap()), "{slots:?}");
+    let key_owner = cluster.node_for_key("k").unwrap();
+    cluster.command(key_owner, &["SET", "k", "v"]).unwrap();
+    let replica = cluster
+        .replicas()
+        .unwrap()
+        .into_iter()
+        .find(|&r| cluster.primary_of(r).unwrap() == Some(key_owner))
+        .unwrap();
+    cluster.failover(replica).unwrap();
+    assert_eq!(cluster.node_for_key("k").unwrap(), replica);
+    assert_eq!(
+        cluster
+            .command(replica, &["GET", "k"])
+            .unwrap()
+            .text()
+            .as_deref(),
+        Some("v")
+    );
+}
+
+#[test]
+fn a_tls_cluster_is_killed_frozen_and_restarted_as_in_plaintext() {
+    let certs = Certs::mint().unwrap();
+    let mut cluster = RedisCluster::builder()
+        .tls(&certs, ClientAuth::NotRequired)
+        .start()
+        .unwrap();
+    let primary = cluster.primaries().unwrap()[0];
+    let replica = cluster
+        .replicas()
+        .unwrap()
+        .into_iter()
+        .find(|&r| cluster.primary_of(r).unwrap() == Some(primary))
+        .unwrap();
+    cluster.kill(primary).unwrap(); // its replica takes over, elected over the TLS bus
+    cluster.wait_until_ok(Duration::from_secs(30)).unwrap();
+    assert!(cluster.primaries().unwrap().contains(&replica));
+    cluster.restart(primary).unwrap();
+    cluster.wait_until_ok(Duration::from_secs(30)).unwrap();
+    assert_eq!(cluster.primary_of(primary).unwrap(), Some(replica));
+    cluster.pause(primary).unwrap();
+    assert_eq!(cluster.role(primary), None);
+    cluster.resume(primary).unwrap();
+    cluster.wait_until_ok(Duration::from_secs(30)).unwrap();
 }
 
 /// `etcdctl put k v` at `url` with `flags`; what it printed, and whether it succeeded.

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{info_field, no_node, Node, RedisReply, POLL, PORT_ATTEMPTS};
+use super::{info_field, no_node, scheme, Node, NodeTls, RedisReply, POLL, PORT_ATTEMPTS};
+use crate::certs::{Certs, ClientAuth};
 use crate::daemon::{binary, on_free_ports};
 use crate::install::tail;
 use crate::ports::PortLease;
@@ -25,6 +26,7 @@ struct Options {
     node_timeout_ms: u32,
     startup_timeout: Duration,
     env: Vec<(OsString, OsString)>,
+    tls: Option<(Certs, ClientAuth)>,
 }
 
 /// One node as a node of the cluster sees it, from a line of `CLUSTER NODES`.
@@ -123,6 +125,8 @@ impl Topology {
 /// `/usr/bin/redis-server` and `/usr/bin/redis-cli` (Debian's `redis-server` and `redis-tools`),
 /// else from `PATH`.
 ///
+/// [`RedisClusterBuilder::tls`] starts every node in TLS mode, the cluster bus included.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -145,6 +149,8 @@ pub struct RedisCluster {
     _leases: Vec<PortLease>,
     _dir: TempDir,
     opts: Options,
+    /// TLS only, when set.
+    tls: Option<NodeTls>,
 }
 
 /// Options for a [`RedisCluster`]; made by [`RedisCluster::builder`].
@@ -243,6 +249,35 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// Serves TLS only, on every node: each listens on its TLS port alone (`port 0`, `tls-port
+    /// PORT`) with [`Certs::server_cert_path`], trusts [`Certs::ca_path`] for client
+    /// certificates, and asks its clients for one (`tls-auth-clients yes`,
+    /// [`ClientAuth::Required`]) or not (`no`). Replication (`tls-replication yes`) and the
+    /// cluster bus (`tls-cluster yes`) go over TLS too, each node presenting its server
+    /// certificate, so the nodes announce their TLS ports: `CLUSTER SLOTS` and `-MOVED` name
+    /// `127.0.0.1:PORT` as [`RedisCluster::addrs`] does. [`RedisCluster::url`] becomes
+    /// `rediss+cluster://...`. The kit's own commands, and its `redis-cli --cluster create`,
+    /// speak TLS, presenting a certificate of the CA's.
+    ///
+    /// A client trusts the CA and, when required, presents [`Certs::client_cert_path`] and its
+    /// key: `redis-cli -c --tls --cacert CA --cert CERT --key KEY -p PORT`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, RedisCluster};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let cluster = RedisCluster::builder().tls(&certs, ClientAuth::Required).start()?;
+    /// assert!(cluster.is_tls());
+    /// assert!(cluster.url().starts_with("rediss+cluster://127.0.0.1:"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls(mut self, certs: &Certs, client_auth: ClientAuth) -> Self {
+        self.opts.tls = Some((certs.clone(), client_auth));
+        self
+    }
+
     /// Starts the nodes, makes the cluster with `redis-cli --cluster create`, and waits until
     /// every node reports `cluster_state:ok` with all 16384 slots served, the nodes agree on
     /// who serves what, and every replica is in sync.
@@ -269,13 +304,14 @@ impl RedisClusterBuilder {
             ));
         }
         let n = opts.primaries * (opts.replicas + 1);
+        let tls = NodeTls::of(opts.tls.clone())?;
         on_free_ports(2 * n, PORT_ATTEMPTS, "a Redis Cluster", |leases| {
             let deadline = Instant::now() + opts.startup_timeout;
             let dir = workdir::create("redis-cluster")?;
             let nodes = (0..n)
                 .map(|i| {
                     let node_dir = dir.path().join(format!("node-{i}"));
-                    let args = vec![
+                    let mut args: Vec<String> = vec![
                         "--cluster-enabled".into(),
                         "yes".into(),
                         "--cluster-config-file".into(),
@@ -287,7 +323,10 @@ impl RedisClusterBuilder {
                         "--cluster-port".into(),
                         leases[n + i].port().to_string(),
                     ];
-                    Node::server(node_dir, leases[i].port(), args, &opts.env)
+                    if tls.is_some() {
+                        args.extend(["--tls-cluster".into(), "yes".into()]);
+                    }
+                    Node::server(node_dir, leases[i].port(), args, &opts.env, tls.as_ref())
                 })
                 .collect::<io::Result<Vec<_>>>()?;
             let mut cluster = RedisCluster {
@@ -296,6 +335,7 @@ impl RedisClusterBuilder {
                 _leases: leases,
                 _dir: dir,
                 opts: opts.clone(),
+                tls: tls.clone(),
             };
             for node in &mut cluster.nodes {
                 node.spawn(&[])?;
@@ -355,6 +395,7 @@ impl RedisCluster {
                 node_timeout_ms: 1000,
                 startup_timeout: Duration::from_secs(30),
                 env: Vec::new(),
+                tls: None,
             },
         }
     }
@@ -362,7 +403,9 @@ impl RedisCluster {
     /// `redis-cli --cluster create` on every node.
     fn create(&self) -> io::Result<()> {
         let cli = binary("ZKLOCK_REDIS_CLI", "redis-cli");
+        let tls = self.tls.as_ref().map(NodeTls::cli_args);
         let out = Command::new(&cli)
+            .args(tls.into_iter().flatten())
             .arg("--cluster")
             .arg("create")
             .args(self.addrs())
@@ -449,7 +492,8 @@ impl RedisCluster {
         self.nodes[i].addr()
     }
 
-    /// Every node as a URL, `redis://127.0.0.1:PORT/` (the form cluster clients take).
+    /// Every node as a URL, `redis://127.0.0.1:PORT/` (the form cluster clients take);
+    /// `rediss://127.0.0.1:PORT/` in TLS mode.
     ///
     /// # Examples
     ///
@@ -459,10 +503,39 @@ impl RedisCluster {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn urls(&self) -> Vec<String> {
-        self.addrs()
-            .into_iter()
-            .map(|a| format!("redis://{a}/"))
-            .collect()
+        self.nodes.iter().map(Node::url).collect()
+    }
+
+    /// zklock's URL of the cluster, every node a seed: `redis+cluster://<every node>`, or
+    /// `rediss+cluster://...` in TLS mode ([`RedisClusterBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let cluster = zklock_testkit::RedisCluster::start()?;
+    /// let url = cluster.url(); // redis+cluster://127.0.0.1:P1,...,127.0.0.1:P6
+    /// assert!(url.starts_with("redis+cluster://127.0.0.1:"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}",
+            scheme("redis+cluster", self.is_tls()),
+            self.addrs().join(",")
+        )
+    }
+
+    /// Whether every node serves TLS only ([`RedisClusterBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let cluster = zklock_testkit::RedisCluster::start()?;
+    /// assert!(!cluster.is_tls());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// Node `i`'s cluster id (`CLUSTER MYID`), which it keeps across restarts.

@@ -6,13 +6,17 @@
 //! Every node runs without persistence (`--save ''`, `--appendonly no`), and replicas sync
 //! without waiting (`--repl-diskless-sync-delay 0`; Redis waits 5 s by default to batch
 //! replicas).
+//!
+//! In TLS mode ([`RedisSentinelBuilder::tls`], [`RedisClusterBuilder::tls`]) every process
+//! listens on a TLS port only and speaks TLS to the others ([`NodeTls`]), and the kit's own
+//! commands go over TLS too, presenting the kit's client certificate.
 
 mod cluster;
 mod sentinel;
 
 use std::ffi::OsString;
 use std::fs;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -21,7 +25,9 @@ use std::time::{Duration, Instant};
 pub use cluster::{RedisCluster, RedisClusterBuilder};
 pub use sentinel::{RedisSentinel, RedisSentinelBuilder};
 
+use crate::certs::{Certs, ClientAuth, ServerTls};
 use crate::daemon::{binary, restart, Daemon, Log, Readiness};
+use crate::tls_probe::{self, Probe};
 
 /// Ports tried before giving up (a port claimed by no test may still be taken by another program).
 const PORT_ATTEMPTS: usize = 5;
@@ -111,21 +117,110 @@ impl RedisReply {
     }
 }
 
+/// How the processes of a deployment speak TLS: to their clients, to each other (replication,
+/// Sentinels' links, the Cluster bus) and to the kit, whose commands present the kit's client
+/// certificate.
+#[derive(Clone, Debug)]
+struct NodeTls {
+    server: ServerTls,
+    probe: Probe,
+}
+
+impl NodeTls {
+    /// The settings of a builder given `tls` (its `tls` option), with the kit's client.
+    fn of(tls: Option<(Certs, ClientAuth)>) -> io::Result<Option<NodeTls>> {
+        let Some(server) = ServerTls::from_options(tls, None)? else {
+            return Ok(None);
+        };
+        let probe = tls_probe::client_config(&server.certs)?;
+        Ok(Some(NodeTls { server, probe }))
+    }
+
+    /// The directives, as `(name, value)`, that make a process listen on `port` with TLS only
+    /// and speak TLS to the nodes it connects to (a replica to its primary, a Sentinel to the
+    /// nodes and the other Sentinels), presenting its server certificate to them.
+    fn directives(&self, port: u16) -> Vec<(&'static str, String)> {
+        let path = |p: &std::path::Path| p.display().to_string();
+        let auth = if self.server.requires_client_cert() {
+            "yes"
+        } else {
+            "no"
+        };
+        vec![
+            ("port", "0".into()),
+            ("tls-port", port.to_string()),
+            ("tls-cert-file", path(self.server.cert_path())),
+            ("tls-key-file", path(self.server.key_path())),
+            ("tls-ca-cert-file", path(self.server.certs.ca_path())),
+            ("tls-auth-clients", auth.into()),
+            ("tls-replication", "yes".into()),
+        ]
+    }
+
+    /// `redis-cli`'s options to speak TLS to the nodes as the kit.
+    fn cli_args(&self) -> Vec<OsString> {
+        let kit = self.server.certs.kit_identity();
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            self.server.certs.ca_path().into(),
+            "--cert".into(),
+            kit.cert_path.clone().into(),
+            "--key".into(),
+            kit.key_path.clone().into(),
+        ]
+    }
+}
+
+/// A connection the kit sends commands on, plaintext or TLS.
+trait Stream: Read + Write {}
+
+impl<T: Read + Write> Stream for T {}
+
+/// Connects to `127.0.0.1:port`, over TLS with `tls`, each step within `timeout`.
+fn open(port: u16, tls: Option<&Probe>, timeout: Duration) -> io::Result<Box<dyn Stream>> {
+    Ok(match tls {
+        Some(probe) => {
+            // The handshake is a round trip or two more than a plaintext connect.
+            let handshake = Duration::from_secs(2).min(timeout);
+            let stream = tls_probe::connect(probe, port, handshake)?;
+            stream.sock.set_read_timeout(Some(timeout))?;
+            stream.sock.set_write_timeout(Some(timeout))?;
+            Box::new(stream)
+        }
+        None => {
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let connect = Duration::from_millis(500).min(timeout);
+            let stream = TcpStream::connect_timeout(&addr, connect)?;
+            stream.set_read_timeout(Some(timeout))?;
+            stream.set_write_timeout(Some(timeout))?;
+            Box::new(stream)
+        }
+    })
+}
+
 /// Sends one command to `127.0.0.1:port` on a connection of its own and reads the reply.
-fn command(port: u16, args: &[&str], timeout: Duration) -> io::Result<RedisReply> {
-    let mut replies = commands(port, &[args], timeout)?;
+fn command(
+    port: u16,
+    tls: Option<&Probe>,
+    args: &[&str],
+    timeout: Duration,
+) -> io::Result<RedisReply> {
+    let mut replies = commands(port, tls, &[args], timeout)?;
     Ok(replies.remove(0))
 }
 
 /// Sends commands to `127.0.0.1:port` one after the other on one connection of their own (as
 /// `WAIT` needs: it waits for the replicas to have the connection's own writes), and reads
 /// their replies; stops at the first error reply.
-fn commands(port: u16, cmds: &[&[&str]], timeout: Duration) -> io::Result<Vec<RedisReply>> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500).min(timeout))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let mut reader = BufReader::new(&stream);
+fn commands(
+    port: u16,
+    tls: Option<&Probe>,
+    cmds: &[&[&str]],
+    timeout: Duration,
+) -> io::Result<Vec<RedisReply>> {
+    // Each reply is read whole before the next command goes out: nothing is left buffered.
+    let mut reader = BufReader::new(open(port, tls, timeout)?);
     let mut replies = Vec::with_capacity(cmds.len());
     for args in cmds {
         let mut request = format!("*{}\r\n", args.len()).into_bytes();
@@ -134,7 +229,7 @@ fn commands(port: u16, cmds: &[&[&str]], timeout: Duration) -> io::Result<Vec<Re
             request.extend(arg.as_bytes());
             request.extend(b"\r\n");
         }
-        (&stream).write_all(&request)?;
+        reader.get_mut().write_all(&request)?;
         replies.push(read_reply(&mut reader)?);
     }
     Ok(replies)
@@ -218,6 +313,8 @@ struct Node {
     dir: PathBuf,
     program: Program,
     env: Vec<(OsString, OsString)>,
+    /// TLS only, when set.
+    tls: Option<NodeTls>,
 }
 
 impl Node {
@@ -227,6 +324,7 @@ impl Node {
         port: u16,
         args: Vec<String>,
         env: &[(OsString, OsString)],
+        tls: Option<&NodeTls>,
     ) -> io::Result<Node> {
         fs::create_dir_all(&dir)?;
         Ok(Node {
@@ -236,23 +334,33 @@ impl Node {
             dir,
             program: Program::Server(args),
             env: env.to_vec(),
+            tls: tls.cloned(),
         })
     }
 
     /// A stopped Sentinel on `port` working in `dir` (created) with the configuration `config`
-    /// (the kit adds the port, address and directory).
+    /// (the kit adds the port, address and directory, and with `tls` the TLS directives).
     fn sentinel(
         dir: PathBuf,
         port: u16,
         config: &str,
         env: &[(OsString, OsString)],
+        tls: Option<&NodeTls>,
     ) -> io::Result<Node> {
         fs::create_dir_all(&dir)?;
         let file = dir.join("sentinel.conf");
+        let listen = match tls {
+            None => format!("port {port}\n"),
+            Some(tls) => tls
+                .directives(port)
+                .into_iter()
+                .map(|(name, value)| format!("{name} {value}\n"))
+                .collect(),
+        };
         fs::write(
             &file,
             format!(
-                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\n{config}",
+                "{listen}bind 127.0.0.1\ndaemonize no\ndir {}\n{config}",
                 dir.display()
             ),
         )?;
@@ -263,6 +371,7 @@ impl Node {
             dir,
             program: Program::Sentinel(file),
             env: env.to_vec(),
+            tls: tls.cloned(),
         })
     }
 
@@ -274,8 +383,13 @@ impl Node {
             Program::Server(args) => {
                 let binary = binary("ZKLOCK_REDIS_SERVER", "redis-server");
                 let mut cmd = Command::new(&binary);
-                cmd.args(["--port", &self.port.to_string()])
-                    .args(["--bind", "127.0.0.1", "--protected-mode", "yes"])
+                match &self.tls {
+                    None => cmd.args(["--port", &self.port.to_string()]),
+                    Some(tls) => cmd.args(tls.directives(self.port).into_iter().flat_map(
+                        |(name, value)| [OsString::from(format!("--{name}")), value.into()],
+                    )),
+                };
+                cmd.args(["--bind", "127.0.0.1", "--protected-mode", "yes"])
                     .args(["--daemonize", "no", "--save", "", "--appendonly", "no"])
                     .args(["--repl-diskless-sync-delay", "0"])
                     .arg("--dir")
@@ -307,6 +421,7 @@ impl Node {
     /// Waits until the process answers `PING`.
     fn wait_ready(&mut self, deadline: Instant) -> io::Result<()> {
         let port = self.port;
+        let probe = self.probe_config().cloned();
         let ready = Readiness {
             port,
             log: &self.log,
@@ -318,7 +433,7 @@ impl Node {
         };
         self.daemon.wait_ready(ready, |process| {
             let pong = !process.is_paused()
-                && command(port, &["PING"], PROBE_TIMEOUT)
+                && command(port, probe.as_ref(), &["PING"], PROBE_TIMEOUT)
                     .is_ok_and(|r| r == RedisReply::Status("PONG".into()));
             Ok(pong.then_some(()))
         })
@@ -338,14 +453,19 @@ impl Node {
         self.daemon.is_running() && !self.daemon.is_paused()
     }
 
+    /// The kit's TLS client configuration for this node, in TLS mode.
+    fn probe_config(&self) -> Option<&Probe> {
+        self.tls.as_ref().map(|tls| &tls.probe)
+    }
+
     /// A command a test sends.
     fn command(&self, args: &[&str]) -> io::Result<RedisReply> {
-        command(self.port, args, COMMAND_TIMEOUT)
+        command(self.port, self.probe_config(), args, COMMAND_TIMEOUT)
     }
 
     /// Commands a test sends, on one connection.
     fn commands(&self, cmds: &[&[&str]]) -> io::Result<Vec<RedisReply>> {
-        commands(self.port, cmds, COMMAND_TIMEOUT)
+        commands(self.port, self.probe_config(), cmds, COMMAND_TIMEOUT)
     }
 
     /// A command sent while polling: `None` when the node is killed, paused, or does not
@@ -354,7 +474,7 @@ impl Node {
         if !self.is_live() {
             return None;
         }
-        command(self.port, args, PROBE_TIMEOUT).ok()
+        command(self.port, self.probe_config(), args, PROBE_TIMEOUT).ok()
     }
 
     /// A probe's text (`INFO`, `CLUSTER INFO`, ...).
@@ -364,6 +484,20 @@ impl Node {
 
     fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://ADDR/`, or `rediss://ADDR/` in TLS mode.
+    fn url(&self) -> String {
+        format!("{}://{}/", scheme("redis", self.tls.is_some()), self.addr())
+    }
+}
+
+/// `base`, or its TLS form (`rediss`, `rediss+sentinel`, ...) when `tls`.
+fn scheme(base: &str, tls: bool) -> String {
+    match base.split_once('+') {
+        Some((redis, rest)) if tls => format!("{redis}s+{rest}"),
+        None if tls => format!("{base}s"),
+        _ => base.to_string(),
     }
 }
 

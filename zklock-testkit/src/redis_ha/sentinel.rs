@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{addr_at, index_of, info_field, no_node, pair, pairs, Node, POLL, PORT_ATTEMPTS};
+use super::{
+    addr_at, index_of, info_field, no_node, pair, pairs, scheme, Node, NodeTls, POLL, PORT_ATTEMPTS,
+};
+use crate::certs::{Certs, ClientAuth};
 use crate::daemon::on_free_ports;
 use crate::ports::PortLease;
 use crate::workdir;
@@ -22,6 +25,7 @@ struct Options {
     failover_timeout_ms: u32,
     startup_timeout: Duration,
     env: Vec<(OsString, OsString)>,
+    tls: Option<(Certs, ClientAuth)>,
 }
 
 /// A Redis primary with replicas (2 by default) and Sentinels (3 by default) watching it under
@@ -41,6 +45,8 @@ struct Options {
 /// The binaries are `$ZKLOCK_REDIS_SERVER` and `$ZKLOCK_REDIS_SENTINEL` if set, else
 /// `/usr/bin/redis-server` and `/usr/bin/redis-sentinel` (Debian's `redis-server` and
 /// `redis-sentinel` packages, which `scripts/setup` installs), else from `PATH`.
+///
+/// [`RedisSentinelBuilder::tls`] starts every node and Sentinel in TLS mode.
 ///
 /// # Examples
 ///
@@ -63,6 +69,8 @@ pub struct RedisSentinel {
     _leases: Vec<PortLease>,
     _dir: TempDir,
     opts: Options,
+    /// TLS only, when set.
+    tls: Option<NodeTls>,
 }
 
 /// Options for a [`RedisSentinel`]; made by [`RedisSentinel::builder`].
@@ -198,6 +206,35 @@ impl RedisSentinelBuilder {
         self
     }
 
+    /// Serves TLS only, on every data node and Sentinel: each listens on its TLS port alone
+    /// (`port 0`, `tls-port PORT`) with [`Certs::server_cert_path`], trusts [`Certs::ca_path`]
+    /// for client certificates, and asks its clients for one (`tls-auth-clients yes`,
+    /// [`ClientAuth::Required`]) or not (`no`). Replication and the Sentinels' links to the
+    /// nodes and to each other go over TLS too (`tls-replication yes`), each process
+    /// presenting its server certificate. Addresses stay `127.0.0.1:PORT` (the TLS ports);
+    /// [`RedisSentinel::url`] becomes `rediss+sentinel://...`. The kit's own commands speak
+    /// TLS, presenting a certificate of the CA's.
+    ///
+    /// A client trusts the CA and, when required, presents [`Certs::client_cert_path`] and its
+    /// key, to the Sentinels and to the data nodes alike:
+    /// `redis-cli --tls --cacert CA --cert CERT --key KEY -p PORT`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, RedisSentinel};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let redis = RedisSentinel::builder().tls(&certs, ClientAuth::Required).start()?;
+    /// assert!(redis.is_tls());
+    /// assert!(redis.url().starts_with("rediss+sentinel://127.0.0.1:"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls(mut self, certs: &Certs, client_auth: ClientAuth) -> Self {
+        self.opts.tls = Some((certs.clone(), client_auth));
+        self
+    }
+
     /// Starts the nodes and the Sentinels, and waits until every replica is in sync with the
     /// primary and every Sentinel knows the primary, every replica and the other Sentinels.
     ///
@@ -222,6 +259,7 @@ impl RedisSentinelBuilder {
             ));
         }
         let n = opts.replicas + 1;
+        let tls = NodeTls::of(opts.tls.clone())?;
         on_free_ports(
             n + opts.sentinels,
             PORT_ATTEMPTS,
@@ -237,6 +275,7 @@ impl RedisSentinelBuilder {
                             leases[i].port(),
                             Vec::new(),
                             &opts.env,
+                            tls.as_ref(),
                         )
                     })
                     .collect::<io::Result<Vec<_>>>()?;
@@ -257,6 +296,7 @@ impl RedisSentinelBuilder {
                             leases[n + j].port(),
                             &config,
                             &opts.env,
+                            tls.as_ref(),
                         )
                     })
                     .collect::<io::Result<Vec<_>>>()?;
@@ -266,6 +306,7 @@ impl RedisSentinelBuilder {
                     _leases: leases,
                     _dir: dir,
                     opts: opts.clone(),
+                    tls: tls.clone(),
                 };
                 let replica_of = ["--replicaof".to_string(), "127.0.0.1".into(), primary];
                 for (i, node) in redis.nodes.iter_mut().enumerate() {
@@ -328,6 +369,7 @@ impl RedisSentinel {
                 failover_timeout_ms: 3000,
                 startup_timeout: Duration::from_secs(30),
                 env: Vec::new(),
+                tls: None,
             },
         }
     }
@@ -411,7 +453,7 @@ impl RedisSentinel {
     }
 
     /// Every Sentinel as a URL, `redis://127.0.0.1:PORT/` (the form Redis clients take for the
-    /// Sentinels to ask).
+    /// Sentinels to ask); `rediss://127.0.0.1:PORT/` in TLS mode.
     ///
     /// # Examples
     ///
@@ -421,10 +463,40 @@ impl RedisSentinel {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn sentinel_urls(&self) -> Vec<String> {
-        self.sentinels
-            .iter()
-            .map(|s| format!("redis://{}/", s.addr()))
-            .collect()
+        self.sentinels.iter().map(Node::url).collect()
+    }
+
+    /// zklock's URL of the setup: `redis+sentinel://<every Sentinel>/<master name>`, or
+    /// `rediss+sentinel://...` in TLS mode ([`RedisSentinelBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let redis = zklock_testkit::RedisSentinel::start()?;
+    /// let url = redis.url(); // redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/zklock
+    /// assert!(url.ends_with("/zklock"));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}/{}",
+            scheme("redis+sentinel", self.is_tls()),
+            self.sentinel_addrs().join(","),
+            self.opts.master_name
+        )
+    }
+
+    /// Whether every node and Sentinel serves TLS only ([`RedisSentinelBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let redis = zklock_testkit::RedisSentinel::start()?;
+    /// assert!(!redis.is_tls());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// Data node `i`'s address, `127.0.0.1:PORT`.

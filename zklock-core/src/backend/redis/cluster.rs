@@ -24,7 +24,7 @@ use redis::{
 };
 
 use super::breaks::{Breaks, SLOTS};
-use super::dial::Dial;
+use super::dial::{tls_failure, Dial};
 use crate::types::error::{Error, Result, ServerError};
 
 /// The scheme of a Cluster URL.
@@ -397,7 +397,11 @@ impl Cluster {
                     last = Asked::Refused(format!("{host}:{port}"));
                 }
                 Err(e) => {
-                    if matches!(last, Asked::NoNode(_)) {
+                    // A TLS failure is kept over the other nodes' errors: it is what the user
+                    // must fix.
+                    let kept_tls =
+                        matches!(&last, Asked::NoNode(Some(l)) if tls_failure(l).is_some());
+                    if matches!(last, Asked::NoNode(_)) && !kept_tls {
                         last = Asked::NoNode(Some(e));
                     }
                 }
@@ -406,8 +410,14 @@ impl Cluster {
         Err(last)
     }
 
-    /// What [`refresh`](Self::refresh) found at connect, as the error a user reads.
+    /// What [`refresh`](Self::refresh) found at connect, as the error a user reads: a node that
+    /// failed TLS is [`Error::Tls`] naming it.
     pub(crate) fn connect_error(&self, asked: Asked, url: &str) -> Error {
+        if let Asked::NoNode(Some(e)) = &asked {
+            if let Some(failure) = tls_failure(e) {
+                return failure;
+            }
+        }
         let nodes: Vec<String> = self.seeds.iter().map(|(h, p)| format!("{h}:{p}")).collect();
         match asked {
             Asked::NotCluster(addr) => Error::Config(format!(

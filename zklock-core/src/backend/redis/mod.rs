@@ -498,7 +498,7 @@ impl RedisBackend {
             let named = sentinels
                 .primary(config.connect_timeout)
                 .await
-                .map_err(|asked| sentinels.connect_error(asked, url))?;
+                .map_err(|asked| sentinels.connect_error(asked, &config.url))?;
             sentinels.trust(&named);
             return Ok(Servers::Sentinel(Arc::new(sentinels)));
         }
@@ -514,7 +514,7 @@ impl RedisBackend {
             cluster
                 .refresh(config.connect_timeout)
                 .await
-                .map_err(|asked| cluster.connect_error(asked, url))?;
+                .map_err(|asked| cluster.connect_error(asked, &config.url))?;
             return Ok(Servers::Cluster(Arc::new(cluster)));
         }
         // The URL may carry a password: errors name the problem, not the URL.

@@ -30,7 +30,7 @@ use redis::{
     RedisResult,
 };
 
-use super::dial::Dial;
+use super::dial::{tls_failure, Dial};
 use super::options::SentinelAuth;
 use super::Inner;
 use crate::backend::backoff::Backoff;
@@ -308,6 +308,11 @@ impl Sentinels {
                     let (h, p) = &self.addrs[i];
                     refused = Some(format!("{h}:{p}"));
                 }
+                // A TLS failure is kept over the others' errors: it is what the user must fix.
+                Err(_)
+                    if last_error
+                        .as_ref()
+                        .is_some_and(|l| tls_failure(l).is_some()) => {}
                 Err(e) => last_error = Some(e),
             }
         }
@@ -404,8 +409,14 @@ impl Sentinels {
         trusted.failovers == failovers && trusted.named.as_ref().is_some_and(|n| n.addr == *addr)
     }
 
-    /// What `primary` found, at connect, as the error a user reads.
+    /// What `primary` found, at connect, as the error a user reads: a Sentinel that failed
+    /// TLS is [`Error::Tls`] naming it.
     pub(crate) fn connect_error(&self, asked: Asked, url: &str) -> Error {
+        if let Asked::NoSentinel(Some(e)) = &asked {
+            if let Some(failure) = tls_failure(e) {
+                return failure;
+            }
+        }
         let sentinels: Vec<String> = self.addrs.iter().map(|(h, p)| format!("{h}:{p}")).collect();
         match asked {
             Asked::UnknownMaster => Error::Config(format!(
