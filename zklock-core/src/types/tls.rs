@@ -521,6 +521,23 @@ pub(crate) fn closed_after_handshake(tls: &Tls) -> String {
     }
 }
 
+/// Why a server closed a connection during the TLS handshake or right after it, for a user,
+/// when the client cannot tell which (it saw a reset, a broken pipe or a closed stream): the
+/// port speaks no TLS (a plaintext server drops the client's hello), or, under TLS 1.3, the
+/// server refused the client certificate (or the lack of one), which it does only as the
+/// client first writes.
+pub(crate) fn closed_in_handshake(tls: &Tls) -> String {
+    let certificate = if tls.has_client_cert() {
+        "does not accept the client certificate given (not signed by a CA it trusts, or expired)"
+    } else {
+        "asks for a client certificate, and none was given"
+    };
+    format!(
+        "the server closed the connection during or right after the TLS handshake: the port \
+         probably does not speak TLS, or the server {certificate}"
+    )
+}
+
 /// What went wrong in a TLS handshake.
 enum Cause {
     UnknownCa,

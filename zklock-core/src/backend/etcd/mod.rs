@@ -313,7 +313,9 @@ fn tls_failure(
         text.push_str(&e.to_string());
         source = e.source();
     }
-    // (As a broken pipe, a reset or a closed connection, whichever the client meets first.)
+    // (As a broken pipe, a reset or a closed connection, whichever the client meets first; the
+    // system's words are capitalised: "Connection reset by peer".)
+    let lower = text.to_ascii_lowercase();
     let closed = [
         "broken pipe",
         "connection reset",
@@ -321,10 +323,10 @@ fn tls_failure(
         "stream closed",
     ]
     .iter()
-    .any(|c| text.contains(c));
+    .any(|c| lower.contains(c));
     let reason = match crate::types::tls::failure_in_text(&text, tls) {
         Some(reason) => reason,
-        None if closed => crate::types::tls::closed_after_handshake(tls),
+        None if closed => crate::types::tls::closed_in_handshake(tls),
         None => return None,
     };
     Some(Error::Tls {
