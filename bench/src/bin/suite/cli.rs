@@ -45,7 +45,7 @@ pub(crate) struct Cli {
     pub(crate) only: Option<Section>,
     /// How many rounds every section runs, its peers taking turns; each cell shows its median
     /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis,
-    /// Sentinel and Cluster 7, PostgreSQL 5, etcd 5, TLS 5; 1 with `--quick`).
+    /// Sentinel and Cluster 7, PostgreSQL 5, etcd 5, TLS 7; 1 with `--quick`).
     #[arg(long)]
     pub(crate) rounds: Option<usize>,
 }
@@ -58,7 +58,8 @@ impl Cli {
             (true, _) => 1,
             (false, Section::Zookeeper) => 3,
             (false, Section::Redis | Section::Sentinel | Section::Cluster) => 7,
-            (false, Section::Postgres | Section::Etcd | Section::Tls) => 5,
+            (false, Section::Postgres | Section::Etcd) => 5,
+            (false, Section::Tls) => 7,
         };
         self.rounds.unwrap_or(default).max(1)
     }

@@ -283,6 +283,18 @@ impl RowRuns {
         ours: &str,
         theirs: &str,
     ) -> Option<f64> {
+        median(&self.ratios_between(metric, which, ours, theirs))
+    }
+
+    /// `ours`'s ratio to `theirs` on `which` in each round in which both ran, lowest first
+    /// (for memory, `theirs` over `ours`).
+    pub(crate) fn ratios_between(
+        &self,
+        metric: Metric,
+        which: Figure,
+        ours: &str,
+        theirs: &str,
+    ) -> Vec<f64> {
         let mut ratios: Vec<f64> = self
             .rounds
             .iter()
@@ -301,16 +313,19 @@ impl RowRuns {
                 })
             })
             .collect();
-        if ratios.is_empty() {
-            return None;
-        }
         ratios.sort_by(f64::total_cmp);
-        let mid = ratios.len() / 2;
-        Some(if ratios.len() % 2 == 1 {
-            ratios[mid]
-        } else {
-            (ratios[mid - 1] + ratios[mid]) / 2.0
-        })
+        ratios
+    }
+}
+
+/// The median of `sorted` (lowest first): its middle figure, or the mean of its middle two;
+/// none if it is empty.
+pub(crate) fn median(sorted: &[f64]) -> Option<f64> {
+    let mid = sorted.len() / 2;
+    match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[mid]),
+        _ => Some((sorted[mid - 1] + sorted[mid]) / 2.0),
     }
 }
 

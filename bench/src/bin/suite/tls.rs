@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use zklock_testkit::{Certs, ClientAuth, EtcdServer, PostgresServer, RedisServer, ZkServer};
 
 use crate::cli::{Cli, Section};
-use crate::model::{ClientTls, Figure, Row, RowRuns, Runner, Server};
+use crate::model::{median, ClientTls, Figure, Row, RowRuns, Runner, Server};
 use crate::report::{
     cell_text, cpu_per_cycle, each_cell, lines, lines_heading, machine, quick_note, CPU_PER_CYCLE,
 };
-use crate::rounds::run_rounds;
+use crate::rounds::run_rounds_swapping;
 use crate::runner::Env;
 use crate::verdict::target_text;
 
@@ -36,7 +36,7 @@ struct Backend {
 
 // Full sizes: each run about a second on 2 cores (from the backends' own sections' figures:
 // ZooKeeper ≈ 800 and 1,000 cycles/s, Redis ≈ 9,000 and 10,000, PostgreSQL ≈ 7,000 and
-// 5,000, etcd ≈ 850 and 350), 16 runs a round, 5 rounds in about three minutes.
+// 5,000, etcd ≈ 850 and 350), 16 runs a round, 7 rounds in about three minutes.
 const ZOOKEEPER: Backend = Backend {
     name: "ZooKeeper",
     uncontended: 800,
@@ -238,13 +238,39 @@ fn run_part(
         env.run_rows(std::slice::from_ref(&warm));
     }
     let rounds = cli.rounds(Section::Tls);
-    let results = run_rounds(&mut env, &rows, rounds, &format!("TLS on {}", backend.name));
+    let section = format!("TLS on {}", backend.name);
+    let results = run_rounds_swapping(&mut env, &rows, rounds, &section);
     Ok(Part {
         backend: backend.name,
         servers,
         rows,
         results,
     })
+}
+
+/// The CPU time TLS adds to a cycle, client / server: for each, the median over the rounds of
+/// the TLS run's figure less the plaintext run's.
+fn cpu_added(runs: &RowRuns) -> String {
+    let added = |field: &str| {
+        let mut added: Vec<f64> = runs
+            .rounds
+            .iter()
+            .filter_map(|round| {
+                let of = |column: &str| round.get(column)?.as_ref().ok()?.number(field);
+                Some(of(TLS)? - of(PLAIN)?)
+            })
+            .collect();
+        added.sort_by(f64::total_cmp);
+        median(&added)
+    };
+    match (
+        added("client_cpu_us_per_cycle"),
+        added("server_cpu_us_per_cycle"),
+    ) {
+        (Some(client), Some(server)) => format!("{client:+.0} / {server:+.0} µs"),
+        (Some(client), None) => format!("{client:+.0} / — µs"),
+        _ => "—".into(),
+    }
 }
 
 fn render(parts: Vec<Part>, took: Duration, cli: &Cli) -> String {
@@ -264,34 +290,46 @@ fn render(parts: Vec<Part>, took: Duration, cli: &Cli) -> String {
         md,
         "\nzklock's acquires + releases per second in plaintext and with mutual TLS (the server \
          checks the client's certificate, the client the server's against the test kit's CA), \
-         {}; TLS / plaintext: the median over the rounds of the ratio within a round. Every \
+         {}, plaintext running first in odd rounds and TLS in even ones; TLS / plaintext: the \
+         median over the rounds of the ratio within a round, with the lowest and highest \
+         round's in parentheses; CPU added by TLS: the median over the rounds of the TLS run's \
+         CPU time per cycle less the plaintext run's. Every \
          worker connects and acquires once before the timed window: the handshake is per \
          connection, not per lock, so these are the cost of encrypting every request and \
          reply. CPU: {CPU_PER_CYCLE}.\n",
         each_cell(rounds)
     );
     md.push_str(
-        "| backend | workload | plaintext | mutual TLS | TLS / plaintext | CPU per cycle, \
-         plaintext | CPU per cycle, TLS | target |\n|---|---|---|---|---|---|---|---|\n",
+        "| backend | workload | plaintext | mutual TLS | TLS / plaintext (rounds' range) | CPU \
+         per cycle, plaintext | CPU per cycle, TLS | CPU added by TLS | target |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     for part in &parts {
         for (row, runs) in part.rows.iter().zip(&part.results) {
-            let ratio = runs
-                .paired_between(row.metric, Figure::Main, TLS, PLAIN)
-                .map_or("—".into(), |r| format!("×{r:.2}"));
+            let ratio = match (
+                runs.paired_between(row.metric, Figure::Main, TLS, PLAIN),
+                &runs.ratios_between(row.metric, Figure::Main, TLS, PLAIN)[..],
+            ) {
+                (Some(ratio), [lowest, .., highest]) => {
+                    format!("×{ratio:.2} ({lowest:.2}–{highest:.2})")
+                }
+                (Some(ratio), _) => format!("×{ratio:.2}"),
+                (None, _) => "—".into(),
+            };
             let cpu = |column: &str| match runs.kept.get(column) {
                 Some(Ok(r)) => cpu_per_cycle(r),
                 _ => "—".into(),
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {ratio} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {ratio} | {} | {} | {} | {} |",
                 part.backend,
                 row.title,
                 cell_text(row.metric, None, runs.kept.get(PLAIN)),
                 cell_text(row.metric, None, runs.kept.get(TLS)),
                 cpu(PLAIN),
                 cpu(TLS),
+                cpu_added(runs),
                 target_text(row),
             );
         }
