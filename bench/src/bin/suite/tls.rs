@@ -346,3 +346,40 @@ fn render(parts: Vec<Part>, took: Duration, cli: &Cli) -> String {
     lines(&mut md, &rows, &results, lines_heading(rounds));
     md
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Cells, Outcome};
+
+    fn line(s: &str) -> Outcome {
+        Ok(zklock_bench::parse_line(s).unwrap())
+    }
+
+    #[test]
+    fn the_cpu_tls_adds_is_the_median_of_the_rounds_differences() {
+        let round = |plain: (u32, u32), tls: (u32, u32)| {
+            let run = |(client, server): (u32, u32)| {
+                line(&format!(
+                    "peer=zklock client_cpu_us_per_cycle={client} \
+                     server_cpu_us_per_cycle={server}"
+                ))
+            };
+            Cells::from([(PLAIN, run(plain)), (TLS, run(tls))])
+        };
+        let mut failed = round((1, 1), (900, 900));
+        failed.insert(TLS, Err("timeout".into()));
+        let runs = RowRuns {
+            kept: Cells::new(),
+            rounds: vec![
+                round((40, 50), (50, 70)),
+                round((40, 50), (30, 40)),
+                round((60, 50), (90, 130)),
+                failed,
+            ],
+        };
+        // Client: +10, -10, +30; server: +20, -10, +80. The failed round does not count.
+        assert_eq!(cpu_added(&runs), "+10 / +20 µs");
+        assert_eq!(cpu_added(&RowRuns::default()), "—");
+    }
+}
