@@ -80,8 +80,11 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             "redis"
         };
         report.push("backend", backend);
-        report.push("round_trips_per_cycle", per(reads, waiters as u64));
-        report.push("commands_per_cycle", per(commands, waiters as u64));
+        // No server counted over TLS (see `redis_admin`).
+        if asked > 0 {
+            report.push("round_trips_per_cycle", per(reads, waiters as u64));
+            report.push("commands_per_cycle", per(commands, waiters as u64));
+        }
     }
     match options.peer {
         Peer::Zklock => {

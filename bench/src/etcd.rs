@@ -40,17 +40,18 @@ const LEASE: Duration = Duration::from_secs(10);
 
 /// Whether `connect` names an etcd cluster.
 pub(crate) fn is_etcd(connect: &str) -> bool {
-    connect.starts_with("etcd://")
+    connect.starts_with("etcd://") || connect.starts_with("etcds://")
 }
 
 fn etcd(e: etcd_client::Error) -> BenchError {
     BenchError(format!("etcd: {e}"))
 }
 
-/// `etcd://host:port[,host:port...]` -> `host:port` addresses.
+/// `etcd://host:port[,host:port...]` (or `etcds://`) -> `host:port` addresses.
 fn endpoints(connect: &str) -> Result<Vec<String>> {
     let hosts = connect
         .strip_prefix("etcd://")
+        .or_else(|| connect.strip_prefix("etcds://"))
         .ok_or_else(|| BenchError(format!("not an etcd:// URL: {connect}")))?
         .trim_end_matches('/');
     let hosts: Vec<String> = hosts
@@ -153,9 +154,16 @@ impl Contender {
         let names: Vec<String> = (0..=keys).map(|k| format!("{root}/k{k}")).collect();
         Ok(match options.peer {
             Peer::Zklock => {
+                let tls = options.tls.clone();
                 let manager = LockManager::builder(options.connect.clone())
                     .namespace(root)
-                    .etcd(|e| e.lease(LEASE))
+                    .etcd(|e| {
+                        let e = e.lease(LEASE);
+                        match tls {
+                            Some(tls) => e.tls(tls),
+                            None => e,
+                        }
+                    })
                     .local_queue(options.local_queue)
                     .fencing_tokens(options.fencing_tokens)
                     .connect()
@@ -435,7 +443,11 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         }));
     }
     gate.all_ready().await;
-    let before = Counters::read(&address).await?;
+    // The server's counters, from `/metrics` over plain HTTP: none over TLS.
+    let before = match options.tls {
+        None => Some(Counters::read(&address).await?),
+        Some(_) => None,
+    };
     let attempts_before = attempts.load(Ordering::SeqCst);
     let window = gate.open(options.server_pid);
     let mut tally = Tally::default();
@@ -450,7 +462,10 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     for c in &contenders {
         c.flush().await;
     }
-    let counted = Counters::read(&address).await?.since(before);
+    let counted = match before {
+        Some(before) => Some(Counters::read(&address).await?.since(before)),
+        None => None,
+    };
     let sent = attempts.load(Ordering::SeqCst) - attempts_before;
     for c in &contenders {
         c.close().await;
@@ -473,9 +488,11 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     }
     report.push("backend", "etcd");
     let per = |v: f64| format!("{:.2}", v / n);
-    report.push("requests_per_cycle", per(counted.messages));
-    report.push("writes_per_cycle", per(counted.writes));
-    report.push("fsyncs_per_cycle", per(counted.fsyncs));
+    if let Some(counted) = counted {
+        report.push("requests_per_cycle", per(counted.messages));
+        report.push("writes_per_cycle", per(counted.writes));
+        report.push("fsyncs_per_cycle", per(counted.fsyncs));
+    }
     match options.peer {
         Peer::Zklock => {
             report.push("local_queue", local_queue_field(options));

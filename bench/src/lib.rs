@@ -50,6 +50,10 @@
 //! `backend=etcd` and the server's gRPC requests, Raft writes and WAL fsyncs per cycle (see the
 //! `etcd` module).
 //!
+//! zklock speaks TLS when given [`Options::tls`] (a `rediss://` or `etcds://` URL, libpq's
+//! `sslmode` or a ZooKeeper secure port): its line then says `tls=on` and carries no server
+//! counters that need a connection of the bench's own, which speaks plain TCP.
+//!
 //! The memory probes run for zklock on ZooKeeper, Redis and PostgreSQL; on Redis and PostgreSQL their lines
 //! also carry the connections the process holds on the server (`server_connections`).
 //!
@@ -264,6 +268,12 @@ pub struct Options {
     /// The server's process id, when it runs on this machine: the run then reports the
     /// server's CPU time per cycle (with its child processes') beside its own.
     pub server_pid: Option<u32>,
+    /// zklock only: speak TLS to the server with these settings (the backend's `tls`; on
+    /// ZooKeeper `tls_settings`; see [`zklock_core::Tls`]). The line then says `tls=on`, and
+    /// the run reads none of the server's counters that need a connection of their own
+    /// (Redis's `INFO`, PostgreSQL's WAL position, etcd's `/metrics`): its CPU time is all it
+    /// gives beside the throughput and latency.
+    pub tls: Option<zklock_core::Tls>,
 }
 
 /// How long a run with [`Options::replica_acks`] waits for the replicas' acknowledgements.
@@ -295,6 +305,7 @@ impl Options {
                 _ => Duration::ZERO,
             },
             server_pid: None,
+            tls: None,
         }
     }
 }
@@ -337,6 +348,21 @@ pub async fn run(options: &Options) -> Result<Report> {
     if options.workers == 0 {
         return Err(BenchError("--workers must be at least 1".into()));
     }
+    if options.tls.is_some() && options.peer != Peer::Zklock {
+        return Err(BenchError(format!(
+            "TLS settings are zklock's only, not {}'s",
+            options.peer
+        )));
+    }
+    let mut report = run_workload(options).await?;
+    if options.tls.is_some() {
+        report.push("tls", "on");
+    }
+    Ok(report)
+}
+
+/// The run of `options`' workload on its backend.
+async fn run_workload(options: &Options) -> Result<Report> {
     if etcd::is_etcd(&options.connect) {
         return etcd::run(options).await;
     }

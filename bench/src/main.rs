@@ -6,11 +6,13 @@
 //! peer=zklock workload=contended workers=8 cycles=4000 secs=... ops_per_s=... p50_us=... p99_us=... violations=0 ...
 //! ```
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 use zklock_bench::{Options, Peer, Workload};
+use zklock_core::Tls;
 
 /// Benchmarks zklock (or an in-project peer) on a running ZooKeeper.
 #[derive(Parser, Debug)]
@@ -73,10 +75,35 @@ struct Cli {
     /// process's (`client_cpu_us_per_cycle`, always given).
     #[arg(long)]
     server_pid: Option<u32>,
+    /// zklock: speak TLS to the server, trusting this CA (PEM): on Redis with a `rediss://`
+    /// URL, on etcd with `etcds://`, on ZooKeeper with its secure port. The run then reads no
+    /// server counters that need a connection of the bench's own (Redis's INFO, PostgreSQL's
+    /// WAL position, etcd's /metrics); the line says `tls=on`.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// zklock with --tls-ca: present this client certificate (PEM), with --tls-key (mutual
+    /// TLS).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl Cli {
+    /// The TLS settings of --tls-ca, --tls-cert and --tls-key, if given.
+    fn tls(&self) -> Option<Tls> {
+        let tls = Tls::new().ca_file(self.tls_ca.as_ref()?);
+        Some(match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => tls.client_cert_files(cert, key),
+            _ => tls,
+        })
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let tls = cli.tls();
     let mut options = Options::new(cli.connect, cli.workload);
     options.workers = cli.workers;
     options.cycles = cli.cycles;
@@ -88,6 +115,7 @@ fn main() -> ExitCode {
     options.warmup = cli.warmup;
     options.session_timeout = Duration::from_secs(cli.session_timeout);
     options.server_pid = cli.server_pid;
+    options.tls = tls;
     if let Some(ms) = cli.linger_ms {
         options.linger = Duration::from_millis(ms);
     }

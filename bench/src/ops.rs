@@ -46,12 +46,14 @@ async fn redis_counters(conn: &mut MultiplexedConnection) -> Result<(u64, u64)> 
 }
 
 /// Connections to the servers whose counters count a Redis run: the one server (or the
-/// Sentinels' primary), or every primary of a Cluster; none off Redis.
+/// Sentinels' primary), or every primary of a Cluster; none off Redis, and none over TLS (the
+/// bench's own connections speak plain TCP).
 pub(crate) async fn redis_admin(
     options: &Options,
     setup: &Setup,
 ) -> Result<Vec<MultiplexedConnection>> {
     Ok(match &setup.cluster {
+        _ if options.tls.is_some() => vec![],
         Some(map) => map.connections().await?,
         None if is_redis(&options.connect) => vec![redis_connection(&options.connect).await?],
         None => vec![],
@@ -253,7 +255,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     if options.workload == Workload::Keys {
         report.push("keys", keys);
     }
-    if !redis_admin.is_empty() {
+    if is_redis(&options.connect) {
         push_redis(&mut report, options, counted, cycles);
         if let Some(spread) = spread {
             report.push("primaries", redis_admin.len());
@@ -263,7 +265,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         push_zookeeper(&mut report, options, counted, cycles);
     }
     drop(contenders);
-    if redis_admin.is_empty() {
+    if !is_redis(&options.connect) {
         setup.cleanup().await;
     }
     Ok(report)
@@ -286,8 +288,11 @@ fn push_redis(report: &mut Report, options: &Options, counted: Counters, cycles:
             "redis"
         },
     );
-    report.push("round_trips_per_cycle", per(counted.reads, cycles));
-    report.push("commands_per_cycle", per(counted.commands, cycles));
+    // No server counted over TLS (see `redis_admin`).
+    if counted.servers > 0 {
+        report.push("round_trips_per_cycle", per(counted.reads, cycles));
+        report.push("commands_per_cycle", per(counted.commands, cycles));
+    }
     match options.peer {
         Peer::Zklock => {
             report.push("local_queue", local_queue_field(options));

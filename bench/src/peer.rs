@@ -55,6 +55,7 @@ pub(crate) fn is_postgres(connect: &str) -> bool {
 /// Whether `connect` names a Redis server (or the Sentinels of one, or a Redis Cluster).
 pub(crate) fn is_redis(connect: &str) -> bool {
     connect.starts_with("redis://")
+        || connect.starts_with("rediss://")
         || connect.starts_with("redis+unix://")
         || is_sentinel(connect)
         || is_cluster(connect)
@@ -282,16 +283,27 @@ pub(crate) async fn redis_connection(url: &str) -> Result<MultiplexedConnection>
 /// Opens a zklock manager with the run's options under `namespace`.
 pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result<LockManager> {
     let builder = LockManager::builder(options.connect.clone()).namespace(namespace);
+    let tls = options.tls.clone();
     let builder = match zklock_core::BackendKind::of(&options.connect)? {
         zklock_core::BackendKind::Redis => builder.redis(|r| {
             let r = r.lease(REDIS_TTL);
+            let r = match tls {
+                Some(tls) => r.tls(tls),
+                None => r,
+            };
             match options.replica_acks {
                 0 => r,
                 n => r.replica_acks(n, crate::REPLICA_ACK_TIMEOUT),
             }
         }),
         zklock_core::BackendKind::Postgres => builder,
-        _ => builder.zookeeper(|zk| zk.session_timeout(options.session_timeout)),
+        _ => builder.zookeeper(|zk| {
+            let zk = zk.session_timeout(options.session_timeout);
+            match tls {
+                Some(tls) => zk.tls_settings(tls),
+                None => zk,
+            }
+        }),
     };
     Ok(builder
         .local_queue(options.local_queue)

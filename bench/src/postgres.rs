@@ -155,9 +155,16 @@ impl Contender {
     ) -> Result<Contender> {
         match options.peer {
             Peer::Zklock => {
+                let tls = options.tls.clone();
                 let manager = LockManager::builder(options.connect.clone())
                     .namespace(namespace)
-                    .postgres(|pg| pg.lease(LEASE))
+                    .postgres(|pg| {
+                        let pg = pg.lease(LEASE);
+                        match tls {
+                            Some(tls) => pg.tls(tls),
+                            None => pg,
+                        }
+                    })
                     .local_queue(options.local_queue)
                     .fencing_tokens(options.fencing_tokens)
                     .connect()
@@ -247,6 +254,13 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
             )))
         }
     };
+    if workload == Workload::Drain && options.tls.is_some() {
+        return Err(BenchError(
+            "drain does not run over TLS: it watches the server's lock queue on a plain \
+             connection of its own"
+                .into(),
+        ));
+    }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -274,9 +288,14 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     for c in &contenders {
         c.flush().await;
     }
-    let admin = client(&options.connect).await?;
-    if workload == Workload::Drain {
-        return drain(options, contenders[0].clone(), &admin).await;
+    // The server's WAL position, asked on a plain connection of the bench's own: none over
+    // TLS.
+    let admin = match options.tls {
+        None => Some(client(&options.connect).await?),
+        Some(_) => None,
+    };
+    if let (Workload::Drain, Some(admin)) = (workload, &admin) {
+        return drain(options, contenders[0].clone(), admin).await;
     }
 
     let overlap = Arc::new(Overlap::new(keys));
@@ -304,7 +323,10 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
         }));
     }
     gate.all_ready().await;
-    let wal_before = wal_position(&admin).await?;
+    let wal_before = match &admin {
+        Some(admin) => Some(wal_position(admin).await?),
+        None => None,
+    };
     let window = gate.open(options.server_pid);
     let mut tally = Tally::default();
     for task in tasks {
@@ -318,7 +340,10 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     for c in &contenders {
         c.flush().await;
     }
-    let wal = wal_position(&admin).await? - wal_before;
+    let wal = match (&admin, wal_before) {
+        (Some(admin), Some(before)) => Some(wal_position(admin).await? - before),
+        _ => None,
+    };
     let mut latencies = tally.latencies;
 
     let n = latencies.len().max(1) as f64;
@@ -337,14 +362,17 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     if workload == Workload::Keys {
         report.push("keys", keys);
     }
-    push_postgres(&mut report, options, connections, wal as f64 / n);
+    push_postgres(&mut report, options, connections, wal.map(|w| w as f64 / n));
     Ok(report)
 }
 
-/// The PostgreSQL fields of a line, with the WAL written per cycle.
-fn push_postgres(report: &mut Report, options: &Options, connections: usize, wal: f64) {
+/// The PostgreSQL fields of a line, with the WAL written per cycle if it was read (not over
+/// TLS).
+fn push_postgres(report: &mut Report, options: &Options, connections: usize, wal: Option<f64>) {
     report.push("backend", "postgres");
-    report.push("wal_bytes_per_cycle", format!("{wal:.0}"));
+    if let Some(wal) = wal {
+        report.push("wal_bytes_per_cycle", format!("{wal:.0}"));
+    }
     match options.peer {
         Peer::Zklock => {
             report.push("local_queue", local_queue_field(options));
@@ -415,7 +443,7 @@ async fn drain(options: &Options, contender: Arc<Contender>, admin: &Client) -> 
         &mut report,
         options,
         connections,
-        wal as f64 / waiters as f64,
+        Some(wal as f64 / waiters as f64),
     );
     Ok(report)
 }

@@ -513,3 +513,49 @@ fn the_redis_and_postgres_sections_run_every_row_in_quick_mode() {
         assert_eq!(verdicts, 3, "{stdout}");
     }
 }
+
+/// The suite's TLS section in quick mode (`zklock-bench-suite --quick --only tls`, which starts
+/// the test kit's servers with and without TLS): on every backend, zklock runs uncontended and
+/// contended in plaintext and with mutual TLS, with no exclusion violation, and every row of
+/// the table has both figures and their ratio. No figure is asserted.
+#[test]
+fn the_tls_section_runs_every_backend_in_quick_mode() {
+    let (stdout, stderr) = quick_section("tls", &[]);
+    let runs: Vec<Report> = stdout.lines().filter_map(parse_line).collect();
+    assert_eq!(runs.len(), 16, "{stdout}\n{stderr}");
+    for backend in [None, Some("redis"), Some("postgres"), Some("etcd")] {
+        for workload in ["uncontended", "contended"] {
+            for tls in [None, Some("on")] {
+                let r = runs
+                    .iter()
+                    .find(|r| {
+                        r.get("backend") == backend
+                            && r.get("workload") == Some(workload)
+                            && r.get("tls") == tls
+                    })
+                    .unwrap_or_else(|| {
+                        panic!("no {backend:?} {workload} run with tls {tls:?} in:\n{stdout}")
+                    });
+                assert_ops(
+                    r,
+                    "zklock",
+                    workload,
+                    if workload == "contended" { 24.0 } else { 20.0 },
+                );
+                assert!(r.number("client_cpu_us_per_cycle").is_some(), "{r}");
+            }
+        }
+    }
+    let rows = stdout
+        .lines()
+        .filter(|l| l.contains("| uncontended (") || l.contains("| contended ("))
+        .collect::<Vec<_>>();
+    assert_eq!(rows.len(), 8, "{stdout}");
+    for row in rows {
+        assert!(row.contains("/s | ") && row.contains("| ×"), "{row}");
+    }
+    assert!(
+        !stdout.contains("failed") && !stdout.contains("timeout"),
+        "{stdout}"
+    );
+}

@@ -38,13 +38,14 @@ pub(crate) struct Cli {
     /// fsyncs its log before it acknowledges a write, as production servers do.
     #[arg(long)]
     pub(crate) no_fsync: bool,
-    /// Run one backend's section only: `zookeeper`, `redis`, `sentinel` (Redis under
-    /// Sentinel), `cluster` (Redis Cluster), `postgres` or `etcd`.
+    /// Run one section only: `zookeeper`, `redis`, `sentinel` (Redis under Sentinel),
+    /// `cluster` (Redis Cluster), `postgres`, `etcd`, or `tls` (zklock with mutual TLS beside
+    /// plaintext on ZooKeeper, Redis, PostgreSQL and etcd).
     #[arg(long)]
     pub(crate) only: Option<Section>,
     /// How many rounds every section runs, its peers taking turns; each cell shows its median
     /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis,
-    /// Sentinel and Cluster 7, PostgreSQL 5, etcd 5; 1 with `--quick`).
+    /// Sentinel and Cluster 7, PostgreSQL 5, etcd 5, TLS 7; 1 with `--quick`).
     #[arg(long)]
     pub(crate) rounds: Option<usize>,
 }
@@ -57,8 +58,8 @@ impl Cli {
             (true, _) => 1,
             (false, Section::Zookeeper) => 3,
             (false, Section::Redis | Section::Sentinel | Section::Cluster) => 7,
-            (false, Section::Postgres) => 5,
-            (false, Section::Etcd) => 5,
+            (false, Section::Postgres | Section::Etcd) => 5,
+            (false, Section::Tls) => 7,
         };
         self.rounds.unwrap_or(default).max(1)
     }
@@ -84,6 +85,8 @@ pub(crate) enum Section {
     Postgres,
     /// etcd: zklock's etcd backend beside a put-on-a-lease floor and etcd's lock service.
     Etcd,
+    /// What TLS costs: zklock with mutual TLS beside plaintext, on each backend.
+    Tls,
 }
 
 impl Section {
@@ -97,6 +100,7 @@ impl Section {
             Section::Cluster => "cluster",
             Section::Postgres => "postgres",
             Section::Etcd => "etcd",
+            Section::Tls => "tls",
         }
     }
 }

@@ -124,7 +124,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
 }
 
 /// `etcd --version`'s version (the test kit's binary: `$ZKLOCK_ETCD`, else `etcd`).
-fn version() -> String {
+pub(crate) fn version() -> String {
     let binary = std::env::var("ZKLOCK_ETCD").unwrap_or_else(|_| "etcd".into());
     Command::new(binary)
         .arg("--version")

@@ -12,14 +12,17 @@
 //! - PostgreSQL: zklock's PostgreSQL backend beside a bare `pg_advisory_lock` floor on a
 //!   durable server ([`postgres`]);
 //! - etcd: zklock's etcd backend beside a bare put-on-a-lease + delete floor and etcd's own
-//!   lock service (`Lock` / `Unlock`), on a member that fsyncs its log ([`etcd`]).
+//!   lock service (`Lock` / `Unlock`), on a member that fsyncs its log ([`etcd`]);
+//! - TLS: zklock with mutual TLS beside zklock in plaintext, on each of ZooKeeper, Redis,
+//!   PostgreSQL and etcd: what encryption costs ([`tls`]).
 //!
 //! The Redis and PostgreSQL sections end with zklock's memory with 10,000 tasks waiting on one
 //! key and the server connections of its process ([`backend_memory`]).
 //!
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
-//!                    [--only zookeeper|redis|sentinel|cluster|postgres|etcd] [--charts DIR]
+//!                    [--only zookeeper|redis|sentinel|cluster|postgres|etcd|tls]
+//!                    [--charts DIR]
 //! ```
 //!
 //! With `--charts DIR` it also draws each section's tables as SVG charts into `DIR`
@@ -43,6 +46,7 @@ mod report;
 mod rounds;
 mod runner;
 mod sentinel;
+mod tls;
 mod verdict;
 mod zookeeper;
 mod zookeeper_tables;
@@ -112,13 +116,14 @@ type SectionRun = fn(&Cli) -> Result<String, String>;
 /// Every section `--only` lets run, one after the other: each one's markdown, after its
 /// title.
 fn suite(cli: &Cli) -> Result<Vec<(Section, &'static str, String)>, String> {
-    let sections: [(Section, &str, SectionRun); 6] = [
+    let sections: [(Section, &str, SectionRun); 7] = [
         (Section::Zookeeper, "ZooKeeper", zookeeper::section),
         (Section::Redis, "Redis", redis::section),
         (Section::Sentinel, "Redis under Sentinel", sentinel::section),
         (Section::Cluster, "Redis Cluster", cluster::section),
         (Section::Postgres, "PostgreSQL", postgres::section),
         (Section::Etcd, "etcd", etcd::section),
+        (Section::Tls, "TLS", tls::section),
     ];
     let mut done = vec![];
     for (section, title, run) in sections {

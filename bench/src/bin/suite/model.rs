@@ -2,6 +2,7 @@
 //! row compares, and its target.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use zklock_bench::Report;
 
@@ -30,6 +31,9 @@ pub(crate) enum Runner {
     OursAt { peer: &'static str, connect: String },
     /// `zklock-bench --peer zklock --replica-acks <n>` on the section's connect string.
     Acked(u32),
+    /// `zklock-bench --peer zklock` on a server of its own, plain or over TLS (the TLS
+    /// section's cells, each on its backend's plain or TLS server).
+    On(Server),
     /// The test kit's `peers/run <curator|kazoo>`.
     Peer(&'static str),
     /// `java CuratorMem`.
@@ -54,6 +58,26 @@ impl Runner {
             no_tokens: true,
         }
     }
+}
+
+/// A server a cell runs zklock on, and how zklock connects to it.
+#[derive(Clone, Debug)]
+pub(crate) struct Server {
+    /// Its connect string.
+    pub(crate) connect: String,
+    /// Its process, when it runs on this machine: the run then reports its CPU time.
+    pub(crate) pid: Option<u32>,
+    /// The certificates zklock speaks TLS with; none: plaintext.
+    pub(crate) tls: Option<ClientTls>,
+}
+
+/// What a TLS client is given: the CA it trusts, and the certificate and key it presents
+/// (mutual TLS).
+#[derive(Clone, Debug)]
+pub(crate) struct ClientTls {
+    pub(crate) ca: PathBuf,
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
 }
 
 /// One row of a table: one workload, run by each of its cells.
@@ -247,6 +271,30 @@ impl RowRuns {
     /// peer's over zklock's). Runs side by side in one round meet the same load, so the ratio
     /// keeps out a drift that the medians of each cell alone would let in.
     pub(crate) fn paired(&self, metric: Metric, which: Figure, peer: &str) -> Option<f64> {
+        self.paired_between(metric, which, "zklock", peer)
+    }
+
+    /// `ours`'s ratio to `theirs` on `which`, paired by round as [`paired`](Self::paired)
+    /// pairs zklock's.
+    pub(crate) fn paired_between(
+        &self,
+        metric: Metric,
+        which: Figure,
+        ours: &str,
+        theirs: &str,
+    ) -> Option<f64> {
+        median(&self.ratios_between(metric, which, ours, theirs))
+    }
+
+    /// `ours`'s ratio to `theirs` on `which` in each round in which both ran, lowest first
+    /// (for memory, `theirs` over `ours`).
+    pub(crate) fn ratios_between(
+        &self,
+        metric: Metric,
+        which: Figure,
+        ours: &str,
+        theirs: &str,
+    ) -> Vec<f64> {
         let mut ratios: Vec<f64> = self
             .rounds
             .iter()
@@ -258,23 +306,26 @@ impl RowRuns {
                         .and_then(|r| figure_of(metric, which, r))
                         .filter(|v| *v > 0.0)
                 };
-                let (ours, theirs) = (of("zklock")?, of(peer)?);
+                let (ours, theirs) = (of(ours)?, of(theirs)?);
                 Some(match (which, metric) {
                     (Figure::Main, Metric::Memory) => theirs / ours,
                     _ => ours / theirs,
                 })
             })
             .collect();
-        if ratios.is_empty() {
-            return None;
-        }
         ratios.sort_by(f64::total_cmp);
-        let mid = ratios.len() / 2;
-        Some(if ratios.len() % 2 == 1 {
-            ratios[mid]
-        } else {
-            (ratios[mid - 1] + ratios[mid]) / 2.0
-        })
+        ratios
+    }
+}
+
+/// The median of `sorted` (lowest first): its middle figure, or the mean of its middle two;
+/// none if it is empty.
+pub(crate) fn median(sorted: &[f64]) -> Option<f64> {
+    let mid = sorted.len() / 2;
+    match sorted.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(sorted[mid]),
+        _ => Some((sorted[mid - 1] + sorted[mid]) / 2.0),
     }
 }
 

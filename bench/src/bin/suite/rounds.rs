@@ -21,16 +21,47 @@ pub(crate) fn run_rounds(
         eprintln!("{section} rows, round {round} of {rounds}");
         all.push(env.run_rows(rows));
     }
-    let mut by_row: Vec<RowRuns> = rows.iter().map(|_| RowRuns::default()).collect();
+    by_row(rows, all)
+}
+
+/// As [`run_rounds`], each row's cells running in reverse order every other round: of a row's
+/// two cells, each runs first as often as the other (one more time for the first, in an odd
+/// number of rounds), so that neither always meets what the other leaves behind.
+pub(crate) fn run_rounds_swapping(
+    env: &mut Env,
+    rows: &[Row],
+    rounds: usize,
+    section: &str,
+) -> Vec<RowRuns> {
+    let swapped: Vec<Row> = rows
+        .iter()
+        .map(|row| {
+            let mut row = row.clone();
+            row.cells.reverse();
+            row
+        })
+        .collect();
+    let mut all = Vec::with_capacity(rounds);
+    for round in 1..=rounds {
+        eprintln!("{section} rows, round {round} of {rounds}");
+        let order = if round % 2 == 1 { rows } else { &swapped };
+        all.push(env.run_rows(order));
+    }
+    by_row(rows, all)
+}
+
+/// Every round's outcomes of `rows` (`all`, round by round), by row, with each cell's median.
+fn by_row(rows: &[Row], all: Vec<Vec<Cells>>) -> Vec<RowRuns> {
+    let mut each: Vec<RowRuns> = rows.iter().map(|_| RowRuns::default()).collect();
     for round in &all {
-        for (runs, cells) in by_row.iter_mut().zip(round) {
+        for (runs, cells) in each.iter_mut().zip(round) {
             runs.rounds.push(cells.clone());
         }
     }
-    for (runs, kept) in by_row.iter_mut().zip(medians(rows, all)) {
+    for (runs, kept) in each.iter_mut().zip(medians(rows, all)) {
         runs.kept = kept;
     }
-    by_row
+    each
 }
 
 /// Each cell's median run among the rounds, by the figure the row ranks by (failed runs count

@@ -77,6 +77,21 @@ impl Env {
                     .args(["--keys", &row.keys.to_string()]);
                 cmd
             }
+            Runner::On(server) => {
+                let mut cmd = Command::new(&self.bench);
+                cmd.args(["--connect", &server.connect, "--workload", row.workload])
+                    .args(["--workers", &n, "--cycles", &m, "--peer", "zklock"])
+                    .args(["--keys", &row.keys.to_string()]);
+                if let Some(pid) = server.pid {
+                    cmd.args(["--server-pid", &pid.to_string()]);
+                }
+                if let Some(tls) = &server.tls {
+                    cmd.arg("--tls-ca").arg(&tls.ca);
+                    cmd.arg("--tls-cert").arg(&tls.cert);
+                    cmd.arg("--tls-key").arg(&tls.key);
+                }
+                cmd
+            }
             Runner::Acked(replicas) => {
                 let mut cmd = Command::new(&self.bench);
                 cmd.args(["--connect", &self.connect, "--workload", row.workload])

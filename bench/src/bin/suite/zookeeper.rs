@@ -348,7 +348,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
 }
 
 /// The server's release and how it writes its log.
-fn version(server: &zklock_testkit::ZkServer, fsync: bool) -> String {
+pub(crate) fn version(server: &zklock_testkit::ZkServer, fsync: bool) -> String {
     server
         .four_letter("srvr")
         .ok()
