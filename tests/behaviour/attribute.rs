@@ -186,7 +186,7 @@ async fn read_mode_shares(managers: &[LockManager]) {
 async fn a_lost_hold_aborts_or_carries_on(managers: &[LockManager], env: &Env) {
     let lost = tokio::time::timeout(
         Duration::from_secs(20),
-        loses_its_hold(&managers[0], &env, 1),
+        loses_its_hold(&managers[0], env, 1),
     )
     .await
     .expect("the body is aborted well before its sleep ends");
@@ -197,7 +197,7 @@ async fn a_lost_hold_aborts_or_carries_on(managers: &[LockManager], env: &Env) {
         }
         other => panic!("expected LockLost, got {other:?}"),
     }
-    let kept = tokio::time::timeout(Duration::from_secs(20), carries_on(&managers[1], &env, 2))
+    let kept = tokio::time::timeout(Duration::from_secs(20), carries_on(&managers[1], env, 2))
         .await
         .expect("the body finishes");
     assert_eq!(kept.unwrap(), 2);

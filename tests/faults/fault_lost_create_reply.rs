@@ -96,7 +96,7 @@ impl Scene<'_> {
         } = self;
         let key = "busy";
         let path = direct.path_of(key).unwrap();
-        let held = lock_recorded(&direct, key, &holder).await;
+        let held = lock_recorded(direct, key, holder).await;
         let most = Arc::new(AtomicUsize::new(0));
         let sampler = tokio::spawn({
             let (direct, path, most) = (direct.clone(), path.clone(), most.clone());
@@ -135,22 +135,22 @@ impl Scene<'_> {
             creates + 1,
             "one create, never a second"
         );
-        assert_eq!(children(&direct, &path).await.len(), 2);
+        assert_eq!(children(direct, &path).await.len(), 2);
         let holder_token = held.fencing_token();
-        release_recorded(held, key, &holder).await;
+        release_recorded(held, key, holder).await;
         let got = tokio::time::timeout(Duration::from_secs(20), waiting)
             .await
             .expect("the contender gets the lock")
             .unwrap();
         assert!(got.fencing_token() > holder_token);
-        assert_eq!(children(&direct, &path).await.len(), 1);
+        assert_eq!(children(direct, &path).await.len(), 1);
         sampler.abort();
         assert_eq!(
             most.load(Ordering::SeqCst),
             2,
             "never more than the holder's node and the contender's"
         );
-        release_recorded(got, key, &contender).await;
+        release_recorded(got, key, contender).await;
     }
 
     /// 2. The first lock of a fresh path (the create fails for want of the path, but the client
@@ -190,7 +190,7 @@ impl Scene<'_> {
         } = self;
         let key = "abandoned";
         let path = direct.path_of(key).unwrap();
-        let held = lock_recorded(&direct, key, &holder).await;
+        let held = lock_recorded(direct, key, holder).await;
         proxy.drop_reply_to_nth_with(&CREATE_OPCODES, 1, AfterDrop::ResetAndBlackhole);
         let rec = contender.clone();
         rec.acquire_invoked(key, Mode::Exclusive);
@@ -205,7 +205,7 @@ impl Scene<'_> {
         )
         .await;
         assert_eq!(
-            children(&direct, &path).await.len(),
+            children(direct, &path).await.len(),
             2,
             "the create happened"
         );
@@ -217,10 +217,10 @@ impl Scene<'_> {
             .await
             .expect("the cleanup finishes once the connection is back");
         assert_eq!(
-            children(&direct, &path).await,
+            children(direct, &path).await,
             vec![held.node_path().rsplit('/').next().unwrap().to_string()],
             "only the holder's node is left"
         );
-        release_recorded(held, key, &holder).await;
+        release_recorded(held, key, holder).await;
     }
 }

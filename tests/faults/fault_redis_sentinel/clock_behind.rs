@@ -1,5 +1,5 @@
 //! 4. A failover to a replica that lacks a key's token counter, with the new primary's clock
-//! behind: tokens stay above the old ones while it is behind by less than the failover took.
+//!    behind: tokens stay above the old ones while it is behind by less than the failover took.
 
 use super::*;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,5 +1,5 @@
 //! 5. The primary frozen past `down-after` under managers of different settings, then woken
-//! once the Sentinels name the promoted replica: nothing is granted on the woken old primary.
+//!    once the Sentinels name the promoted replica: nothing is granted on the woken old primary.
 
 use super::*;
 use crate::faults;

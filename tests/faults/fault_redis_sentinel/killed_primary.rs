@@ -1,5 +1,5 @@
 //! 1. The primary killed (SIGKILL) while managers contend: every hold of the killed primary
-//! is reported lost, and every later grant's token is above every earlier one of its key.
+//!    is reported lost, and every later grant's token is above every earlier one of its key.
 
 use super::*;
 

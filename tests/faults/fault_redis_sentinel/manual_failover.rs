@@ -1,5 +1,5 @@
 //! 2. A manual failover (`SENTINEL FAILOVER`) under load, whichever Sentinel each manager
-//! listens to: no two believed holders, and the old holders are told `Failover`.
+//!    listens to: no two believed holders, and the old holders are told `Failover`.
 
 use super::*;
 

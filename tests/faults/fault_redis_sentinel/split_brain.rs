@@ -1,5 +1,5 @@
 //! 3. Split brain: the primary frozen past `down-after` with a grant its replicas lack, then
-//! woken: the overlap is bounded by the lease and the old holder's writes are fenced.
+//!    woken: the overlap is bounded by the lease and the old holder's writes are fenced.
 
 use super::*;
 
