@@ -78,7 +78,15 @@ pub(crate) async fn attribute_locks_on_either_manager(backend: Backend) {
     let env = Env::start(backend);
     let managers = env.processes(3, Queue::Local).await;
 
-    // Exclusion, free fns and methods on one key, tokens increasing per holder.
+    excludes_on_the_key_of_its_arguments(&managers).await;
+    nested_calls_reenter(&managers).await;
+    a_bounded_wait_times_out(&managers).await;
+    read_mode_shares(&managers).await;
+    a_lost_hold_aborts_or_carries_on(&managers, &env).await;
+}
+
+/// Exclusion, free fns and methods on one key, tokens increasing per holder.
+async fn excludes_on_the_key_of_its_arguments(managers: &[LockManager]) {
     let overlap = Arc::new(Overlap::default());
     let shop = Arc::new(Shop {
         locks: managers[2].clone(),
@@ -122,8 +130,10 @@ pub(crate) async fn attribute_locks_on_either_manager(backend: Backend) {
             .is_ok()
     );
     drop(held);
+}
 
-    // Nested annotated calls on one key re-enter.
+/// Nested annotated calls on one key re-enter.
+async fn nested_calls_reenter(managers: &[LockManager]) {
     let (o, i) = tokio::time::timeout(Duration::from_secs(10), outer(&managers[0], 1))
         .await
         .expect("the nested call re-enters instead of waiting for itself")
@@ -132,8 +142,10 @@ pub(crate) async fn attribute_locks_on_either_manager(backend: Backend) {
     let next = managers[1].lock("account_1").await.unwrap();
     assert!(next.fencing_token() > o);
     drop(next);
+}
 
-    // A bounded wait times out and leaves nothing.
+/// A bounded wait times out and leaves nothing.
+async fn a_bounded_wait_times_out(managers: &[LockManager]) {
     let held = managers[1].lock("report_3").await.unwrap();
     let err = bounded(&managers[0], 3).await.unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
@@ -145,8 +157,10 @@ pub(crate) async fn attribute_locks_on_either_manager(backend: Backend) {
             .unwrap(),
         3
     );
+}
 
-    // Read mode shares, write inside read is refused.
+/// Read mode shares, write inside read is refused.
+async fn read_mode_shares(managers: &[LockManager]) {
     let all_in = Barrier::new(2);
     let (x, y) = tokio::time::timeout(Duration::from_secs(15), async {
         tokio::join!(
@@ -166,11 +180,13 @@ pub(crate) async fn attribute_locks_on_either_manager(backend: Backend) {
         "{refused:?}"
     );
     write_catalog(&managers[1], 1).await.unwrap();
+}
 
-    // A lost hold aborts the body by default, or lets it finish with `on_lost = "continue"`.
+/// A lost hold aborts the body by default, or lets it finish with `on_lost = "continue"`.
+async fn a_lost_hold_aborts_or_carries_on(managers: &[LockManager], env: &Env) {
     let lost = tokio::time::timeout(
         Duration::from_secs(20),
-        loses_its_hold(&managers[0], &env, 1),
+        loses_its_hold(&managers[0], env, 1),
     )
     .await
     .expect("the body is aborted well before its sleep ends");
@@ -181,7 +197,7 @@ pub(crate) async fn attribute_locks_on_either_manager(backend: Backend) {
         }
         other => panic!("expected LockLost, got {other:?}"),
     }
-    let kept = tokio::time::timeout(Duration::from_secs(20), carries_on(&managers[1], &env, 2))
+    let kept = tokio::time::timeout(Duration::from_secs(20), carries_on(&managers[1], env, 2))
         .await
         .expect("the body finishes");
     assert_eq!(kept.unwrap(), 2);

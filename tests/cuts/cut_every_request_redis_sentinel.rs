@@ -17,7 +17,7 @@
 //! connections through the primary's relay (each begins with `CLIENT SETNAME sentinel-…`) are
 //! not counted ([`Relay::uncounted_when_first_request_has`](zklock_testkit::Relay::uncounted_when_first_request_has)),
 //! and the Sentinels hold the primary down only after a minute of silence: a partition of the
-//! victim never makes them fail over (failovers are `faults/fault_redis_sentinel.rs`'s).
+//! victim never makes them fail over (failovers are `faults/fault_redis_sentinel/`'s).
 //!
 //! The other process connects to the primary directly (`redis://`: the same keys and scripts
 //! as the primary of a Sentinel URL), and the checker reads it directly. Each run is judged as

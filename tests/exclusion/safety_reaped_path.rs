@@ -24,8 +24,9 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use zklock::{Error, LockGuard, LockManager, LossReason};
+use zklock::{Error, Lease, LockGuard, LockManager, LossReason, Semaphore};
 use zookeeper_client::SessionState;
 
 const KEY: &str = "reaped";
@@ -439,26 +440,15 @@ async fn semaphore_gate_and_leases_never_double_grant_on_a_recreated_path() {
     // The gate's node of that acquire is deleted in the background: wait for it, so that the
     // counts below see the nodes of the acquires that follow.
     m2.flush().await;
-    let m2_next = tokio::spawn({
-        let s2 = s2.clone();
-        async move { s2.acquire().await }
-    });
+    let m2_next = queued_acquire(&s2);
     until_children(&direct, &locks, 1).await;
     for _ in 0..4 {
         assert!(s1.try_acquire().await.unwrap().is_none());
     }
     m1.flush().await; // the tries' nodes are deleted in the background
-    let m1_queued = tokio::spawn({
-        let s1 = s1.clone();
-        async move { s1.acquire().await }
-    });
+    let m1_queued = queued_acquire(&s1);
     until_children(&direct, &locks, 2).await;
-    let m1_gate = owners(&direct, &locks, &who).await.pop().unwrap();
-    let m1_gate_seq = seq(m1_gate.split(' ').next().unwrap());
-    assert!(
-        m1_gate.ends_with("(owner m1)") && m1_gate_seq > 0,
-        "{m1_gate}"
-    );
+    let m1_gate_seq = m1_gate_seq(&direct, &locks, &who).await;
     m2_lease.release().await.unwrap();
     let m2_next = tokio::time::timeout(WITHIN, m2_next)
         .await
@@ -489,51 +479,17 @@ async fn semaphore_gate_and_leases_never_double_grant_on_a_recreated_path() {
         .await
         .expect("m2 gets the free lease")
         .unwrap();
-    let m2_waiter = tokio::spawn({
-        let s2 = s2.clone();
-        async move { s2.acquire().await }
-    });
-    let (d, l, ls) = (&direct, &locks, &leases);
-    eventually(
-        "m2's waiter to hold the gate of the new path",
-        WITHIN,
-        move || async move {
-            let gate = children(d, l).await;
-            gate.len() == 1 && seq(&gate[0]) < m1_gate_seq && children(d, ls).await.len() == 2
-        },
-    )
-    .await;
+    let m2_waiter = queued_acquire(&s2);
+    until_gate_below(&direct, &path, m1_gate_seq).await;
     assert_ne!(incarnation(&direct, &locks).await, old_locks);
 
     // m1 acquires with a bounded wait: it must neither pass m2's gate holder (a lease node of
     // m1 appears only past the gate) nor get a second lease.
-    let m1_id = m1
-        .client::<zookeeper_client::Client>()
-        .expect("a ZooKeeper manager")
-        .session_id()
-        .0;
     let second = tokio::spawn({
         let s1 = s1.clone();
         async move { s1.acquire_timeout(SECOND_ACQUIRE).await }
     });
-    let mut passed_gate = None;
-    while !second.is_finished() {
-        for lease in children(&direct, &leases).await {
-            let stat = direct
-                .client::<zookeeper_client::Client>()
-                .expect("a ZooKeeper manager")
-                .check_stat(&format!("{leases}/{lease}"))
-                .await
-                .unwrap();
-            if stat.is_some_and(|s| s.ephemeral_owner == m1_id) {
-                passed_gate = Some((
-                    owners(&direct, &locks, &who).await,
-                    owners(&direct, &leases, &who).await,
-                ));
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let passed_gate = m1_past_the_gate(&second, &direct, &m1, &path, &who).await;
     let second = tokio::time::timeout(WITHIN, second).await.unwrap().unwrap();
     if let Ok(lease) = &second {
         panic!(
@@ -562,6 +518,75 @@ async fn semaphore_gate_and_leases_never_double_grant_on_a_recreated_path() {
         .unwrap()
         .unwrap();
     assert!(m2_waiter.is_held() && !kept.is_held());
+}
+
+/// The sequence of the last node in the semaphore's gate `locks`, which must be m1's.
+async fn m1_gate_seq(direct: &LockManager, locks: &str, who: &[(&str, &LockManager)]) -> i64 {
+    let m1_gate = owners(direct, locks, who).await.pop().unwrap();
+    let m1_gate_seq = seq(m1_gate.split(' ').next().unwrap());
+    assert!(
+        m1_gate.ends_with("(owner m1)") && m1_gate_seq > 0,
+        "{m1_gate}"
+    );
+    m1_gate_seq
+}
+
+/// Waits until one node holds the gate of the semaphore at `path`, sorting below
+/// `m1_gate_seq`, with two lease nodes: m2's waiter holds the gate of the new path.
+async fn until_gate_below(direct: &LockManager, path: &str, m1_gate_seq: i64) {
+    let (locks, leases) = (format!("{path}/locks"), format!("{path}/leases"));
+    let (d, l, ls) = (direct, &locks, &leases);
+    eventually(
+        "m2's waiter to hold the gate of the new path",
+        WITHIN,
+        move || async move {
+            let gate = children(d, l).await;
+            gate.len() == 1 && seq(&gate[0]) < m1_gate_seq && children(d, ls).await.len() == 2
+        },
+    )
+    .await;
+}
+
+/// A task of `semaphore`'s that acquires one lease, queued.
+fn queued_acquire(semaphore: &Semaphore) -> JoinHandle<zklock::Result<Lease>> {
+    let semaphore = semaphore.clone();
+    tokio::spawn(async move { semaphore.acquire().await })
+}
+
+/// Watches the leases of the semaphore at `path` until `acquire` ends: answers the gate's and
+/// the leases' owners if a lease node of `m1` appeared (m1 passed the gate).
+async fn m1_past_the_gate<T>(
+    acquire: &JoinHandle<T>,
+    direct: &LockManager,
+    m1: &LockManager,
+    path: &str,
+    who: &[(&str, &LockManager)],
+) -> Option<(Vec<String>, Vec<String>)> {
+    let (locks, leases) = (format!("{path}/locks"), format!("{path}/leases"));
+    let m1_id = m1
+        .client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager")
+        .session_id()
+        .0;
+    let mut passed_gate = None;
+    while !acquire.is_finished() {
+        for lease in children(direct, &leases).await {
+            let stat = direct
+                .client::<zookeeper_client::Client>()
+                .expect("a ZooKeeper manager")
+                .check_stat(&format!("{leases}/{lease}"))
+                .await
+                .unwrap();
+            if stat.is_some_and(|s| s.ephemeral_owner == m1_id) {
+                passed_gate = Some((
+                    owners(direct, &locks, who).await,
+                    owners(direct, &leases, who).await,
+                ));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    passed_gate
 }
 
 /// With the local queue on, a task of the first manager wants the key while user code keeps the

@@ -31,43 +31,9 @@ async fn killing_and_isolating_the_leader_never_grants_a_lock_twice() {
     let mut disconnections = Vec::new();
     let mut tasks = Vec::new();
     for i in 0..4 {
-        let mut builder =
-            LockManager::builder(&connect).zookeeper(|zk| zk.session_timeout(session));
-        if i % 2 == 1 {
-            builder = builder.zookeeper(|zk| {
-                zk.disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(3)))
-            });
-        }
-        let m = builder.connect().await.unwrap();
+        let m = session_manager(&connect, session, i).await;
         disconnections.push(count_disconnections(&m));
-        let work = Work {
-            wait: Duration::from_secs(30),
-            hold: Duration::from_millis(30),
-            think: Duration::from_millis(10),
-        };
-        tasks.push(tokio::spawn(mutex_worker(
-            m.clone(),
-            "failover".into(),
-            history.recorder(&format!("m{i}/mutex")),
-            crew.clone(),
-            work,
-        )));
-        tasks.push(tokio::spawn(rw_worker(
-            m.clone(),
-            "failover".into(),
-            history.recorder(&format!("m{i}/rw")),
-            crew.clone(),
-            work,
-            3,
-        )));
-        tasks.push(tokio::spawn(leader_worker(
-            m.clone(),
-            "failover-leader".into(),
-            format!("m{i}"),
-            history.recorder(&format!("m{i}/leader")),
-            crew.clone(),
-            work,
-        )));
+        tasks.extend(workers(&m, i, &history, &crew));
         managers.push(m);
     }
     crew.until_grants(0, 10, Duration::from_secs(30)).await;
@@ -137,4 +103,54 @@ async fn killing_and_isolating_the_leader_never_grants_a_lock_twice() {
         Duration::from_secs(20),
     )
     .await;
+}
+
+/// Session `i` of four, with the session timeout `session`: the even ones treat a
+/// disconnection as a loss, the odd ones have a grace of 3 s.
+async fn session_manager(connect: &str, session: Duration, i: usize) -> LockManager {
+    let mut builder = LockManager::builder(connect).zookeeper(|zk| zk.session_timeout(session));
+    if i % 2 == 1 {
+        builder = builder
+            .zookeeper(|zk| zk.disconnect_policy(DisconnectPolicy::Grace(Duration::from_secs(3))));
+    }
+    builder.connect().await.unwrap()
+}
+
+/// The mutex, read/write and election workers of session `i`.
+fn workers(
+    m: &LockManager,
+    i: usize,
+    history: &History,
+    crew: &Crew,
+) -> [tokio::task::JoinHandle<()>; 3] {
+    let work = Work {
+        wait: Duration::from_secs(30),
+        hold: Duration::from_millis(30),
+        think: Duration::from_millis(10),
+    };
+    [
+        tokio::spawn(mutex_worker(
+            m.clone(),
+            "failover".into(),
+            history.recorder(&format!("m{i}/mutex")),
+            crew.clone(),
+            work,
+        )),
+        tokio::spawn(rw_worker(
+            m.clone(),
+            "failover".into(),
+            history.recorder(&format!("m{i}/rw")),
+            crew.clone(),
+            work,
+            3,
+        )),
+        tokio::spawn(leader_worker(
+            m.clone(),
+            "failover-leader".into(),
+            format!("m{i}"),
+            history.recorder(&format!("m{i}/leader")),
+            crew.clone(),
+            work,
+        )),
+    ]
 }

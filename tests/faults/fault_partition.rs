@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use faults::*;
-use zklock::Error;
-use zklock_testkit::{History, Mode};
+use zklock::{Error, FencingToken, LockManager};
+use zklock_testkit::{History, Mode, Recorder};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_gets_in() {
@@ -40,17 +40,7 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
     let mut queued = Vec::new();
     for key in ["k1", "k2"] {
         let rec = history.recorder(&format!("waiter-{key}"));
-        let m = waiters.clone();
-        queued.push(tokio::spawn(async move {
-            rec.acquire_invoked(key, Mode::Exclusive);
-            let guard = m.lock(key).await.unwrap();
-            let token = guard.fencing_token();
-            rec.acquire_ok(key, Mode::Exclusive, token.as_u128());
-            rec.release_invoked(key);
-            guard.release().await.unwrap();
-            rec.release_ok(key);
-            token
-        }));
+        queued.push(waiter(waiters.clone(), key, rec));
         until_children(&waiters, &waiters.path_of(key).unwrap(), 2).await;
     }
 
@@ -93,18 +83,7 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
             other => panic!("releasing a lost hold must say so: {other:?}"),
         }
     }
-    for (m, key, name) in holders.each(["k1", "k2"]) {
-        let rec = history.recorder(name);
-        rec.acquire_invoked(key, Mode::Exclusive);
-        let guard = tokio::time::timeout(Duration::from_secs(20), m.lock(key))
-            .await
-            .expect("the manager recovers")
-            .unwrap();
-        rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
-        rec.release_invoked(key);
-        guard.release().await.unwrap();
-        rec.release_ok(key);
-    }
+    lock_again(&holders, &history).await;
 
     let report = history.check();
     eprintln!(
@@ -128,6 +107,40 @@ async fn holders_cut_off_past_their_session_timeout_are_told_before_anyone_else_
     .await;
     let stats = holders.proxy.stats();
     assert!(stats.connections >= 4, "{stats:?}");
+}
+
+/// A waiter of `m` queued on `key`: locks it, releases it at once, and answers its token.
+fn waiter(
+    m: LockManager,
+    key: &'static str,
+    rec: Recorder,
+) -> tokio::task::JoinHandle<FencingToken> {
+    tokio::spawn(async move {
+        rec.acquire_invoked(key, Mode::Exclusive);
+        let guard = m.lock(key).await.unwrap();
+        let token = guard.fencing_token();
+        rec.acquire_ok(key, Mode::Exclusive, token.as_u128());
+        rec.release_invoked(key);
+        guard.release().await.unwrap();
+        rec.release_ok(key);
+        token
+    })
+}
+
+/// Healed: each cut-off holder's manager locks its key again (a new session) and releases it.
+async fn lock_again(holders: &CutOff, history: &History) {
+    for (m, key, name) in holders.each(["k1", "k2"]) {
+        let rec = history.recorder(name);
+        rec.acquire_invoked(key, Mode::Exclusive);
+        let guard = tokio::time::timeout(Duration::from_secs(20), m.lock(key))
+            .await
+            .expect("the manager recovers")
+            .unwrap();
+        rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
+        rec.release_invoked(key);
+        guard.release().await.unwrap();
+        rec.release_ok(key);
+    }
 }
 
 /// The same partition for leaders: two elections, each led by a manager behind the proxy (one

@@ -45,6 +45,58 @@ async fn in_line(
     })
 }
 
+/// Waits (bounded) until some manager's node is `nth` in line on `path`; answers which.
+async fn until_in_line(
+    direct: &LockManager,
+    path: &str,
+    managers: &[LockManager],
+    nth: usize,
+) -> usize {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = in_line(direct, path, managers, nth).await {
+            break v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nobody {nth} in line"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Manager `i`'s two mutex workers on `key`, and one participant of an election: its
+/// leadership ends with the session.
+fn workers(
+    m: &LockManager,
+    i: usize,
+    key: &str,
+    history: &History,
+    crew: &Crew,
+    work: Work,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for j in 0..2 {
+        let rec = history.recorder(&format!("m{i}/w{j}"));
+        tasks.push(tokio::spawn(mutex_worker(
+            m.clone(),
+            key.to_string(),
+            rec,
+            crew.clone(),
+            work,
+        )));
+    }
+    tasks.push(tokio::spawn(leader_worker(
+        m.clone(),
+        format!("{key}-leader"),
+        format!("m{i}"),
+        history.recorder(&format!("m{i}/leader")),
+        crew.clone(),
+        work,
+    )));
+    tasks
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_expired_while_holding_and_while_waiting_are_reported_and_never_double_granted() {
     let zk = server();
@@ -65,25 +117,7 @@ async fn sessions_expired_while_holding_and_while_waiting_are_reported_and_never
     for i in 0..3 {
         let m = manager(&connect).await;
         let crew = Crew::new();
-        for j in 0..2 {
-            let rec = history.recorder(&format!("m{i}/w{j}"));
-            tasks.push(tokio::spawn(mutex_worker(
-                m.clone(),
-                key.to_string(),
-                rec,
-                crew.clone(),
-                work,
-            )));
-        }
-        // And one participant of an election per manager: its leadership ends with the session.
-        tasks.push(tokio::spawn(leader_worker(
-            m.clone(),
-            format!("{key}-leader"),
-            format!("m{i}"),
-            history.recorder(&format!("m{i}/leader")),
-            crew.clone(),
-            work,
-        )));
+        tasks.extend(workers(&m, i, key, &history, &crew, work));
         managers.push(m);
         crews.push(crew);
     }
@@ -96,17 +130,7 @@ async fn sessions_expired_while_holding_and_while_waiting_are_reported_and_never
     for round in 0..4 {
         // Even rounds expire the holder's session, odd ones a waiter's.
         let nth = round % 2;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        let victim = loop {
-            if let Some(v) = in_line(&direct, &path, &managers, nth).await {
-                break v;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "nobody {nth} in line"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let victim = until_in_line(&direct, &path, &managers, nth).await;
         let losses = crews[victim].losses.load(Ordering::SeqCst);
         let failures = crews[victim].failures.load(Ordering::SeqCst);
         for worker in ["w0", "w1", "leader"] {

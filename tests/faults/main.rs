@@ -4,12 +4,14 @@
 //! setup, one Cluster at a time), and their timing must not depend on how busy the cores are with
 //! other tests' servers: `scripts/test` runs each of them in a process of its own with nothing
 //! beside it (`cargo test --test faults -- fault_redis_sentinel::`). The etcd faults
-//! (`tests/faults/fault_etcd.rs`) are a binary of their own, `fault_etcd`: its frozen holder runs
-//! that executable again for one test named without a module path.
+//! (`tests/faults/fault_etcd/`) are a binary of their own, `fault_etcd`: its frozen holder runs
+//! that executable again for one of its tests.
 //!
 //! One test binary, `cargo test --test faults`: each file of `tests/faults/` is a module of it, so
-//! its tests are named `<file>::<test>` (`cargo test --test faults -- cancel_safety::`). The
-//! helpers of `tests/common/` are included once, here, and the files use them through `crate::`.
+//! its tests are named `<file>::<test>` (`cargo test --test faults -- cancel_safety::`); the
+//! Sentinel and Cluster faults are folders of one file per fault
+//! (`fault_redis_cluster::slot_migration::…`). The helpers of `tests/common/` are included once,
+//! here, and the files use them through `crate::`.
 
 #[path = "../common/cluster.rs"]
 mod cluster;

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use common::*;
 use faults::*;
-use zklock::LockManager;
+use tokio::task::JoinHandle;
+use zklock::{LockGuard, LockManager};
 
 /// Deletes `node` from another session, then makes one round trip on the holder's own client.
 async fn delete_behind_its_back(holder: &LockManager, ops: &LockManager, node: &str) {
@@ -148,19 +149,9 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
     // For a failure's message: which session is whose.
     println!(
         "sessions: m {:#x}, other {:#x}, ops {:#x}",
-        m.client::<zookeeper_client::Client>()
-            .expect("a ZooKeeper manager")
-            .session_id()
-            .0,
-        other
-            .client::<zookeeper_client::Client>()
-            .expect("a ZooKeeper manager")
-            .session_id()
-            .0,
-        ops.client::<zookeeper_client::Client>()
-            .expect("a ZooKeeper manager")
-            .session_id()
-            .0
+        session_id(&m),
+        session_id(&other),
+        session_id(&ops)
     );
     let key = "handoff";
     let path = m.path_of(key).unwrap();
@@ -199,75 +190,8 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
     .await
     .expect("someone gets the lock of a deleted node");
     match first_granted {
-        (true, Ok(mine)) => {
-            println!(
-                "the next local task holds first, on {} (token {})",
-                mine.node_path(),
-                mine.fencing_token()
-            );
-            assert_ne!(
-                mine.node_path(),
-                deleted,
-                "the next local task was handed the deleted node (token {}): it holds nothing, \
-                 and another process may hold the lock",
-                mine.fencing_token()
-            );
-            assert_first_in_line(&ops, &path, mine.node_path(), "the next local task").await;
-            assert!(
-                !theirs.is_finished(),
-                "two holders: the other process got the lock too"
-            );
-            let token = mine.fencing_token();
-            mine.release().await.unwrap();
-            let theirs = tokio::time::timeout(Duration::from_secs(10), theirs)
-                .await
-                .expect("the other process gets the lock next")
-                .unwrap()
-                .unwrap();
-            assert!(theirs.fencing_token() > token);
-            theirs.release().await.unwrap();
-        }
-        (false, Ok(theirs)) => {
-            println!(
-                "the other process holds first, on {} (token {})",
-                theirs.node_path(),
-                theirs.fencing_token()
-            );
-            assert_first_in_line(&ops, &path, theirs.node_path(), "the other process").await;
-            // A local handoff happens within the release, so a wrongly handed node shows at once.
-            let mut refused = false;
-            match tokio::time::timeout(Duration::from_secs(2), &mut second).await {
-                Err(_) => {} // still waiting, as it must
-                Ok(joined) => match joined.unwrap() {
-                    Ok(mine) => panic!(
-                        "two holders: the next local task got the lock on node {} (token {}) \
-                         while another process holds it on {} (token {})",
-                        mine.node_path(),
-                        mine.fencing_token(),
-                        theirs.node_path(),
-                        theirs.fencing_token()
-                    ),
-                    Err(e) => {
-                        println!("the next local task was refused: {e}");
-                        refused = true;
-                    }
-                },
-            }
-            let token = theirs.fencing_token();
-            theirs.release().await.unwrap();
-            // Awaited even if it finished already: its guard must be released, not left in
-            // the finished task's output (it would keep its node until the handle is dropped).
-            if !refused {
-                let mine = tokio::time::timeout(Duration::from_secs(10), second)
-                    .await
-                    .expect("the next local task gets the lock once the other process released")
-                    .unwrap()
-                    .unwrap();
-                assert!(mine.is_held());
-                assert!(mine.fencing_token() > token);
-                mine.release().await.unwrap();
-            }
-        }
+        (true, Ok(mine)) => the_other_process_waits(mine, theirs, &ops, &path, &deleted).await,
+        (false, Ok(theirs)) => the_next_local_task_waits(theirs, second, &ops, &path).await,
         (local, Err(e)) => panic!(
             "the {} acquire failed: {e}",
             if local { "local" } else { "other process's" }
@@ -285,4 +209,98 @@ async fn a_deleted_node_is_not_handed_to_the_next_local_task() {
         Duration::from_secs(10),
     )
     .await;
+}
+
+/// The session id of `m`'s ZooKeeper client.
+fn session_id(m: &LockManager) -> i64 {
+    m.client::<zookeeper_client::Client>()
+        .expect("a ZooKeeper manager")
+        .session_id()
+        .0
+}
+
+/// The next local task was granted first (`mine`): not on the deleted node, first in line on
+/// the server, and the other process's acquire (`theirs`) waits for its release.
+async fn the_other_process_waits(
+    mine: LockGuard,
+    theirs: JoinHandle<zklock::Result<LockGuard>>,
+    ops: &LockManager,
+    path: &str,
+    deleted: &str,
+) {
+    println!(
+        "the next local task holds first, on {} (token {})",
+        mine.node_path(),
+        mine.fencing_token()
+    );
+    assert_ne!(
+        mine.node_path(),
+        deleted,
+        "the next local task was handed the deleted node (token {}): it holds nothing, \
+         and another process may hold the lock",
+        mine.fencing_token()
+    );
+    assert_first_in_line(ops, path, mine.node_path(), "the next local task").await;
+    assert!(
+        !theirs.is_finished(),
+        "two holders: the other process got the lock too"
+    );
+    let token = mine.fencing_token();
+    mine.release().await.unwrap();
+    let theirs = tokio::time::timeout(Duration::from_secs(10), theirs)
+        .await
+        .expect("the other process gets the lock next")
+        .unwrap()
+        .unwrap();
+    assert!(theirs.fencing_token() > token);
+    theirs.release().await.unwrap();
+}
+
+/// The other process was granted first (`theirs`): first in line on the server, and the next
+/// local task (`second`) waits for its release, or is refused.
+async fn the_next_local_task_waits(
+    theirs: LockGuard,
+    mut second: JoinHandle<zklock::Result<LockGuard>>,
+    ops: &LockManager,
+    path: &str,
+) {
+    println!(
+        "the other process holds first, on {} (token {})",
+        theirs.node_path(),
+        theirs.fencing_token()
+    );
+    assert_first_in_line(ops, path, theirs.node_path(), "the other process").await;
+    // A local handoff happens within the release, so a wrongly handed node shows at once.
+    let mut refused = false;
+    match tokio::time::timeout(Duration::from_secs(2), &mut second).await {
+        Err(_) => {} // still waiting, as it must
+        Ok(joined) => match joined.unwrap() {
+            Ok(mine) => panic!(
+                "two holders: the next local task got the lock on node {} (token {}) \
+                 while another process holds it on {} (token {})",
+                mine.node_path(),
+                mine.fencing_token(),
+                theirs.node_path(),
+                theirs.fencing_token()
+            ),
+            Err(e) => {
+                println!("the next local task was refused: {e}");
+                refused = true;
+            }
+        },
+    }
+    let token = theirs.fencing_token();
+    theirs.release().await.unwrap();
+    // Awaited even if it finished already: its guard must be released, not left in
+    // the finished task's output (it would keep its node until the handle is dropped).
+    if !refused {
+        let mine = tokio::time::timeout(Duration::from_secs(10), second)
+            .await
+            .expect("the next local task gets the lock once the other process released")
+            .unwrap()
+            .unwrap();
+        assert!(mine.is_held());
+        assert!(mine.fencing_token() > token);
+        mine.release().await.unwrap();
+    }
 }

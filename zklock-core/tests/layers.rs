@@ -5,6 +5,9 @@
 //! (`crate::LockManager`: that hides which layer it comes from), or when code outside
 //! `backend/` names a backend's insides. And in every crate of the workspace, no two sibling
 //! modules use each other, directly or around a cycle. Doc comments are not code.
+//!
+//! And the tests stay readable: no function of the workspace's tests is over 100 lines (a long
+//! scenario is split into named steps).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -474,4 +477,129 @@ fn the_cycle_check_sees_a_cycle() {
     fs::remove_dir_all(&dir).unwrap();
     assert_eq!(cycles.len(), 1, "{cycles:?}");
     assert!(cycles[0].contains("b -> c -> b"), "{cycles:?}");
+}
+
+/// The folders of test code held to `MAX_TEST_FN_LINES`, relative to the workspace's root.
+const TEST_FOLDERS: &[&str] = &[
+    "tests",
+    "zklock-core/tests",
+    "zklock-cli/tests",
+    "zklock-macros/tests",
+    "zklock-testkit/tests",
+];
+
+/// The most lines a function of the tests may span (from its signature to its closing brace,
+/// attributes and doc comments not counted): a longer scenario is split into named steps.
+const MAX_TEST_FN_LINES: usize = 100;
+
+/// Test files not held to the limit while another change rewrites them, each named only while
+/// a function in it is over (the check fails on an entry that no longer needs to be here).
+const LONG_TEST_FNS_ALLOWED: &[&str] = &[
+    // Empty: `tests/operators/tls_servers.rs` and the other `tests/operators/tls_*.rs`, being
+    // rewritten in another change, have no function over the limit. Name such a file here
+    // only while one of its functions is.
+];
+
+/// Every function of a source file (free, in an impl or a trait, nested or not) with its first
+/// line and the lines it spans.
+fn function_lengths(source: &str) -> syn::Result<Vec<(String, usize, usize)>> {
+    use syn::spanned::Spanned;
+    use syn::visit::Visit;
+
+    struct Lengths(Vec<(String, usize, usize)>);
+    impl Lengths {
+        fn add(&mut self, sig: &syn::Signature, block: &syn::Block) {
+            let first = sig.span().start().line;
+            let last = block.brace_token.span.close().end().line;
+            self.0
+                .push((sig.ident.to_string(), first, last + 1 - first));
+        }
+    }
+    impl<'ast> Visit<'ast> for Lengths {
+        fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+            self.add(&f.sig, &f.block);
+            syn::visit::visit_item_fn(self, f);
+        }
+        fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+            self.add(&f.sig, &f.block);
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+        fn visit_trait_item_fn(&mut self, f: &'ast syn::TraitItemFn) {
+            if let Some(block) = &f.default {
+                self.add(&f.sig, block);
+            }
+            syn::visit::visit_trait_item_fn(self, f);
+        }
+    }
+    let file = syn::parse_file(source)?;
+    let mut lengths = Lengths(Vec::new());
+    lengths.visit_file(&file);
+    Ok(lengths.0)
+}
+
+/// `file:line fn name: N lines` for each function of `source` over `MAX_TEST_FN_LINES`.
+fn long_functions(shown: &str, source: &str) -> Vec<String> {
+    match function_lengths(source) {
+        Ok(lengths) => lengths
+            .into_iter()
+            .filter(|(_, _, lines)| *lines > MAX_TEST_FN_LINES)
+            .map(|(name, line, lines)| format!("{shown}:{line} fn {name}: {lines} lines"))
+            .collect(),
+        Err(e) => vec![format!("{shown}: not read as Rust ({e})")],
+    }
+}
+
+#[test]
+fn no_test_function_is_over_100_lines() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut files = Vec::new();
+    for folder in TEST_FOLDERS {
+        rust_files(&workspace.join(folder), &mut files);
+    }
+    files.sort();
+    let mut long = Vec::new();
+    let mut allowed_but_short = Vec::new();
+    for file in &files {
+        let shown = file.strip_prefix(workspace).unwrap().to_string_lossy();
+        let found = long_functions(&shown, &fs::read_to_string(file).unwrap());
+        if LONG_TEST_FNS_ALLOWED.contains(&&*shown) {
+            if found.is_empty() {
+                allowed_but_short.push(shown.into_owned());
+            }
+        } else {
+            long.extend(found);
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "{} test functions over {MAX_TEST_FN_LINES} lines (split each into named steps: setup, \
+         the fault, the check):\n{}",
+        long.len(),
+        long.join("\n")
+    );
+    assert!(
+        allowed_but_short.is_empty(),
+        "no longer over {MAX_TEST_FN_LINES} lines: take them out of LONG_TEST_FNS_ALLOWED: {}",
+        allowed_but_short.join(", ")
+    );
+}
+
+#[test]
+fn the_length_check_sees_a_long_function() {
+    let body = "    let x = 1;\n".repeat(MAX_TEST_FN_LINES - 1);
+    let source = format!(
+        "/// Doc.\n#[test]\nfn long() {{\n{body}}}\nimpl S {{\n    async fn short() {{}}\n}}\n"
+    );
+    let lengths = function_lengths(&source).unwrap();
+    assert_eq!(
+        lengths,
+        vec![
+            ("long".to_string(), 3, MAX_TEST_FN_LINES + 1),
+            ("short".to_string(), MAX_TEST_FN_LINES + 5, 1),
+        ]
+    );
+    assert_eq!(
+        long_functions("t.rs", &source),
+        vec![format!("t.rs:3 fn long: {} lines", MAX_TEST_FN_LINES + 1)]
+    );
 }
