@@ -184,21 +184,16 @@ async fn read_mode_shares(managers: &[LockManager]) {
 
 /// A lost hold aborts the body by default, or lets it finish with `on_lost = "continue"`.
 async fn a_lost_hold_aborts_or_carries_on(managers: &[LockManager], env: &Env) {
-    let lost = tokio::time::timeout(
-        Duration::from_secs(20),
-        loses_its_hold(&managers[0], env, 1),
-    )
-    .await
-    .expect("the body is aborted well before its sleep ends");
-    match lost {
+    // No deadline of its own: how long the loss takes to stage is the test kit's (on ZooKeeper
+    // a session expired through a second handle took 6-19 s under load), and the outcome says
+    // it all: an aborted body is `LockLost`, one that was not would end its 60 s sleep `Ok`.
+    // The behaviour's bound catches a hang.
+    match loses_its_hold(&managers[0], env, 1).await {
         Err(Error::LockLost { key, reason }) => {
             assert_eq!(key, "job_1");
             assert!(env.loss_reason_ok(reason), "{reason:?}");
         }
         other => panic!("expected LockLost, got {other:?}"),
     }
-    let kept = tokio::time::timeout(Duration::from_secs(20), carries_on(&managers[1], env, 2))
-        .await
-        .expect("the body finishes");
-    assert_eq!(kept.unwrap(), 2);
+    assert_eq!(carries_on(&managers[1], env, 2).await.unwrap(), 2);
 }
