@@ -11,12 +11,14 @@ use super::report::{HoldEnd, HoldSpan, JobRun, Overlap, Report, Violation};
 /// How much closer than its `at_least` window the checker lets two runs of a job start before it
 /// reports [`Violation::JobTooSoon`]: 50 ms.
 ///
-/// The window is enforced by the server's clock, at the server's time of each run's claim; the
-/// history records each run when its body starts, on this machine's monotonic clock ([`now_ns`](crate::now_ns)).
-/// The two differ by the time from the claim to the body's start (a reply in flight, a task
-/// waiting for a busy core) and by the drift between the server's wall clock and the monotonic
-/// one: tens of milliseconds on a loaded machine, never a window's worth. A run that starts a
-/// tenth of a window early is still found for every window of a second or more.
+/// The window is enforced by the server's clock, at the server's time of each run's claim. The
+/// history brackets each claim on this machine's monotonic clock ([`now_ns`](crate::now_ns)):
+/// not before the run's worker asked for the job's lock (its `AcquireInvoked`, when recorded),
+/// not after its body started ([`Recorder::job_ran`](crate::Recorder::job_ran)). A run is too
+/// soon when its body started before the earliest end of an earlier run's window, by more than
+/// this tolerance, which covers the drift between the server's wall clock and the monotonic
+/// one. A run that starts a tenth of a window early is still found for every window of a second
+/// or more.
 ///
 /// # Examples
 ///
@@ -238,10 +240,18 @@ impl<'a> Rebuild<'a> {
     fn job_ran(&mut self, e: &'a Event, at_least_ms: u64) {
         self.report.job_runs += 1;
         let tolerance_ns = JOB_WINDOW_TOLERANCE.as_nanos() as u64;
+        // The claim was made between the run's ask for the lock and its body's start: a run is
+        // too soon only if it started before the earliest end of an earlier window.
+        let claimed_from_ns = match self.states.get(&(e.worker.as_str(), e.key.as_str())) {
+            Some(State::Holding(h)) => h.invoked_ns.min(e.at_ns),
+            Some(State::Acquiring { invoked_ns }) => (*invoked_ns).min(e.at_ns),
+            _ => e.at_ns,
+        };
         let run = JobRun {
             worker: e.worker.clone(),
             key: e.key.clone(),
             at_ns: e.at_ns,
+            claimed_from_ns,
             at_least_ms,
         };
         match self.job_windows.get(e.key.as_str()) {

@@ -114,16 +114,21 @@ pub struct JobRun {
     pub worker: String,
     /// Which job.
     pub key: String,
-    /// When its body started, in [`now_ns`](crate::now_ns) time.
+    /// When its body started, in [`now_ns`](crate::now_ns) time: the latest its claim can have
+    /// been made.
     pub at_ns: u64,
+    /// When its worker asked for the job's lock (its `AcquireInvoked`), or its body's start if
+    /// it recorded none: the earliest its claim can have been made.
+    pub claimed_from_ns: u64,
     /// The window it was claimed with, in milliseconds.
     pub at_least_ms: u64,
 }
 
 impl JobRun {
-    /// The end of the run's window, in [`now_ns`](crate::now_ns) time.
+    /// The earliest the run's window can end, in [`now_ns`](crate::now_ns) time: the window
+    /// counts from the claim, which came after the run was asked for.
     pub(super) fn window_end_ns(&self) -> u64 {
-        self.at_ns
+        self.claimed_from_ns
             .saturating_add(self.at_least_ms.saturating_mul(1_000_000))
     }
 }

@@ -366,3 +366,48 @@ fn job_runs_apart_or_within_the_tolerance_pass() {
     ));
     assert!(check(&e).is_ok());
 }
+
+/// A job's events as the soak records them: the ask for its lock at `asked_ms`, the grant and
+/// the body's start at `body_ms`, the release 5 ms later.
+fn job_run(e: &mut Vec<Event>, worker: &str, asked_ms: u64, body_ms: u64, at_least_ms: u64) {
+    let ms = 1_000_000;
+    let x = Mode::Exclusive;
+    e.push(ev(asked_ms * ms, worker, "job", x, Op::AcquireInvoked));
+    let token = u128::from(body_ms);
+    e.push(ev(body_ms * ms, worker, "job", x, Op::AcquireOk { token }));
+    e.push(ev(
+        body_ms * ms + 1,
+        worker,
+        "job",
+        x,
+        Op::JobRan { at_least_ms },
+    ));
+    e.push(ev((body_ms + 5) * ms, worker, "job", x, Op::ReleaseInvoked));
+    e.push(ev((body_ms + 5) * ms + 1, worker, "job", x, Op::ReleaseOk));
+}
+
+/// The window counts from the claim, which came between the run's ask and its body: a run
+/// whose body started late (a busy core between its claim and its body) is judged from its
+/// ask, and the next run, whose body started on time, is not "too soon". A run that starts
+/// before even the ask's window ended still is.
+#[test]
+fn a_job_window_counts_from_the_ask_at_the_earliest() {
+    // a asked at 1.000 s, its claim then; its body started 80 ms later. b claimed 2 s after
+    // a's claim and started at once: 1.92 s after a's body, yet not too soon.
+    let mut e = Vec::new();
+    job_run(&mut e, "a", 1_000, 1_080, 2_000);
+    job_run(&mut e, "b", 2_990, 3_000, 2_000);
+    e.sort_by_key(|e| e.at_ns);
+    let r = check(&e);
+    assert!(r.is_ok(), "{r}");
+    // c's body starts 1.5 s after a's ask: too soon, whatever the bracket.
+    let mut e = Vec::new();
+    job_run(&mut e, "a", 1_000, 1_080, 2_000);
+    job_run(&mut e, "c", 2_400, 2_500, 2_000);
+    e.sort_by_key(|e| e.at_ns);
+    let r = check(&e);
+    assert!(
+        matches!(r.violations.as_slice(), [Violation::JobTooSoon { .. }]),
+        "{r}"
+    );
+}
