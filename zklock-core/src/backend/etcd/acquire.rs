@@ -34,8 +34,8 @@ use crate::backend::LockTarget;
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 
-use super::request::Layout;
-use super::request::{
+use super::wire::Layout;
+use super::wire::{
     backoff, delete, put_tracked, undo, RequestError, Settled, RETRY_MAX, RETRY_MIN,
 };
 

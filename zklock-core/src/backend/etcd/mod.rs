@@ -35,11 +35,10 @@ mod error;
 mod hold;
 mod inspect;
 mod options;
-mod others;
 mod reaper;
-mod request;
 mod semaphore;
 mod session;
+mod wire;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -602,7 +601,7 @@ impl EtcdBackend {
             .or_else([TxnOp::get(record.as_str(), None)]);
         let mut attempts = 0;
         let resp = loop {
-            match request::txn(inner, "record the job's run", put.clone()).await {
+            match wire::txn(inner, "record the job's run", put.clone()).await {
                 Ok(resp) => break resp,
                 Err(e) if e.transient && attempts < 3 => attempts += 1,
                 Err(e) => return Err(e.error),

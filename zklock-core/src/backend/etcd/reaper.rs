@@ -14,7 +14,7 @@ use std::sync::{Arc, Weak};
 
 use etcd_client::LeaseTimeToLiveOptions;
 
-use super::request::delete;
+use super::wire::delete;
 use super::Inner;
 
 /// Starts the reaper of `inner`'s lease; it ends with the backend.

@@ -18,8 +18,8 @@ use etcd_client::{
 use super::acquire::{lease_live, undo_counted, Acquire, Attempt};
 use super::error::bounded;
 use super::hold::EtcdHold;
-use super::request::{backoff, put_tracked, RequestError, Settled, RETRY_MIN};
 use super::session::{lease_ended, LeaseState};
+use super::wire::{backoff, put_tracked, RequestError, Settled, RETRY_MIN};
 use super::Inner;
 use crate::backend::{LockTarget, SharedHold};
 use crate::types::error::{Error, Result};

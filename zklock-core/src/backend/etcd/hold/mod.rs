@@ -13,15 +13,17 @@ use etcd_client::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::others::{Others, OthersWatch};
-use super::request::{txn, undo, undo_created, Layout};
+mod others;
+
 use super::session::LeaseState;
+use super::wire::{txn, undo, undo_created, Layout};
 use super::Inner;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
 use crate::types::mode::LockMode;
 use crate::types::token::FencingToken;
+use others::{Others, OthersWatch};
 
 /// A hold's own end, apart from its lease's: its key deleted by someone else, or released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
 use tokio::sync::watch;
 
-use super::Inner;
+use super::super::Inner;
 
 /// Whether another contender may be waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
