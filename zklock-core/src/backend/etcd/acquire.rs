@@ -19,28 +19,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
-};
+use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, TxnOpResponse};
 use tokio::time::Instant;
 
 use super::error::bounded;
 use super::hold::EtcdHold;
+use super::session::Inner;
 use super::session::{lease_ended, LeaseState};
-use super::Inner;
 use crate::backend::backoff::Backoff;
 use crate::backend::LockTarget;
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 
-use super::wire::Layout;
 use super::wire::{
-    backoff, delete, put_tracked, undo, RequestError, Settled, RETRY_MAX, RETRY_MIN,
+    backoff, delete, put_contender, put_tracked, undo, Layout, RequestError, Settled, RETRY_MAX,
+    RETRY_MIN,
 };
 
 /// What one attempt came to.
-pub(crate) enum Attempt {
+pub(super) enum Attempt {
     /// Held, with the key's create revision.
     Held(i64),
     /// A try found the lock taken.
@@ -50,16 +47,16 @@ pub(crate) enum Attempt {
 }
 
 /// An acquire of `target` in `mode` within `wait`.
-pub(crate) struct Acquire<'a> {
-    pub(crate) inner: &'a Arc<Inner>,
-    pub(crate) target: &'a LockTarget,
-    pub(crate) mode: LockMode,
-    pub(crate) wait: Wait,
+pub(super) struct Acquire<'a> {
+    pub(super) inner: &'a Arc<Inner>,
+    pub(super) target: &'a LockTarget,
+    pub(super) mode: LockMode,
+    pub(super) wait: Wait,
 }
 
 impl Acquire<'_> {
     /// Runs the acquire: `Ok(None)` only for a try that found the lock taken.
-    pub(crate) async fn run(self) -> Result<Option<EtcdHold>> {
+    pub(super) async fn run(self) -> Result<Option<EtcdHold>> {
         self.inner.undos.finished(&self.target.path).await;
         loop {
             let lease = self.inner.session.live(self.wait.deadline()).await?;
@@ -150,14 +147,14 @@ impl Acquire<'_> {
     }
 
     /// Completes at the wait's deadline (never without one).
-    pub(crate) async fn until_deadline(&self) {
+    pub(super) async fn until_deadline(&self) {
         match self.wait.deadline() {
             Some(deadline) => tokio::time::sleep_until(deadline).await,
             None => std::future::pending().await,
         }
     }
 
-    pub(crate) fn timeout(&self) -> Error {
+    pub(super) fn timeout(&self) -> Error {
         Error::Timeout {
             key: self.target.key.to_string(),
             waited: match self.wait {
@@ -169,7 +166,7 @@ impl Acquire<'_> {
 
     /// Runs `request` until it succeeds, fails for good, or the wait's deadline passes (then
     /// [`Error::Timeout`]); a try gets one attempt.
-    pub(crate) async fn retrying<T, F, Fut>(&self, mut request: F) -> Result<T>
+    pub(super) async fn retrying<T, F, Fut>(&self, mut request: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, RequestError>>,
@@ -189,7 +186,7 @@ impl Acquire<'_> {
 
     /// After `failed`: `Err` when it is for good (or a try's), else waits `backoff`'s next
     /// pause for the request to be sent again.
-    pub(crate) async fn pause_after(
+    pub(super) async fn pause_after(
         &self,
         failed: RequestError,
         backoff: &mut Backoff,
@@ -207,7 +204,7 @@ impl Acquire<'_> {
 }
 
 /// Whether `lease` is still the session's live lease.
-pub(crate) fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
+pub(super) fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
     inner
         .session
         .watch()
@@ -305,7 +302,7 @@ async fn watch_deletion(inner: &Inner, key: Vec<u8>, created: i64, seen: i64) {
 }
 
 /// A contender's key while its acquire runs: deleted when the acquire ends without a hold.
-pub(crate) struct Entry {
+pub(super) struct Entry {
     inner: Arc<Inner>,
     user_key: Arc<str>,
     path: Arc<str>,
@@ -349,31 +346,7 @@ impl Entry {
         layout: &Layout,
     ) -> std::result::Result<(i64, Option<i64>), RequestError> {
         loop {
-            let first = TxnOp::get(
-                layout.blockers.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1)
-                        .with_keys_only(),
-                ),
-            );
-            let put = Txn::new()
-                .when([Compare::create_revision(
-                    self.key.as_str(),
-                    CompareOp::Equal,
-                    0,
-                )])
-                .and_then([
-                    TxnOp::put(
-                        self.key.as_str(),
-                        self.value.as_str(),
-                        Some(PutOptions::new().with_lease(self.lease)),
-                    ),
-                    first.clone(),
-                ])
-                .or_else([TxnOp::get(self.key.as_str(), None), first]);
+            let put = put_contender(&self.key, &self.value, self.lease, &layout.blockers);
             let resp =
                 put_tracked(&self.inner, &mut self.sent, "put the contender's key", put).await?;
             let ranges: Vec<_> = resp
@@ -464,7 +437,7 @@ impl Drop for Entry {
 /// and registered as an undo of `path` (the process's next acquire of the lock waits for it,
 /// even when the acquire that started it is dropped while it runs); the receiver says when it
 /// is done.
-pub(crate) fn undo_counted(
+pub(super) fn undo_counted(
     inner: &Arc<Inner>,
     path: &Arc<str>,
     keys: Vec<String>,

@@ -1,4 +1,5 @@
-//! A granted etcd hold: its key on the session's lease, its loss, its release.
+//! A granted etcd hold: its key on the session's lease, its loss ([`loss`]), its release, its
+//! downgrade ([`downgrade`]), and what it knows of others waiting ([`others`]).
 //!
 //! A hold is lost when its lease ends (see [`session`](super::session)) and when its key is
 //! deleted by someone else: a watch on the key tells, started by the first interest in the
@@ -7,87 +8,26 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
-};
+use etcd_client::GetOptions;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
+mod downgrade;
+mod loss;
 mod others;
 
+use super::session::Inner;
 use super::session::LeaseState;
-use super::wire::{txn, undo, undo_created, Layout};
-use super::Inner;
+use super::wire::undo_created;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
-use crate::types::loss::{Loss, LossReason, LossSignal};
+use crate::types::loss::{LossReason, LossSignal};
 use crate::types::mode::LockMode;
 use crate::types::token::FencingToken;
+use loss::{mark_deleted, watch_key, EtcdLoss, Own};
 use others::{Others, OthersWatch};
 
-/// A hold's own end, apart from its lease's: its key deleted by someone else, or released.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Own {
-    Held,
-    Lost(LossReason),
-    Released,
-}
-
-/// The loss signal of a hold: its lease's state and its own.
-struct EtcdLoss {
-    lease: watch::Receiver<LeaseState>,
-    epoch: u64,
-    own: watch::Receiver<Own>,
-}
-
-impl EtcdLoss {
-    fn reason_now(&self) -> Option<LossReason> {
-        match *self.own.borrow() {
-            Own::Lost(reason) => return Some(reason),
-            Own::Released => return None,
-            Own::Held => {}
-        }
-        self.lease.borrow().reason_for(self.epoch, Instant::now())
-    }
-}
-
-impl Loss for EtcdLoss {
-    fn reason(&self) -> Option<LossReason> {
-        self.reason_now()
-    }
-
-    fn lost(&self) -> BoxFuture<'static, LossReason> {
-        let mut lease = self.lease.clone();
-        let mut own = self.own.clone();
-        let epoch = self.epoch;
-        Box::pin(async move {
-            loop {
-                let own_now = *own.borrow_and_update();
-                match own_now {
-                    Own::Lost(reason) => return reason,
-                    // An ended hold is never lost.
-                    Own::Released => return std::future::pending().await,
-                    Own::Held => {}
-                }
-                let deadline = {
-                    let s = lease.borrow_and_update();
-                    if let Some(reason) = s.reason_for(epoch, Instant::now()) {
-                        return reason;
-                    }
-                    s.deadline
-                };
-                tokio::select! {
-                    changed = lease.changed() => if changed.is_err() { return LossReason::Closed },
-                    changed = own.changed() => if changed.is_err() { return LossReason::Closed },
-                    _ = tokio::time::sleep_until(deadline) => {}
-                }
-            }
-        })
-    }
-}
-
 /// A hold of one key on the session's lease.
-pub(crate) struct EtcdHold {
+pub(super) struct EtcdHold {
     inner: Arc<Inner>,
     /// The user's key, for errors.
     user_key: Arc<str>,
@@ -109,7 +49,7 @@ pub(crate) struct EtcdHold {
 }
 
 impl EtcdHold {
-    pub(crate) fn new(
+    pub(super) fn new(
         inner: Arc<Inner>,
         user_key: Arc<str>,
         path: Arc<str>,
@@ -220,81 +160,6 @@ impl EtcdHold {
     }
 }
 
-/// Marks a hold lost to its key's deletion, unless it ended first.
-fn mark_deleted(own: &watch::Sender<Own>) {
-    own.send_if_modified(|o| {
-        let held = *o == Own::Held;
-        if held {
-            *o = Own::Lost(LossReason::NodeDeleted);
-        }
-        held
-    });
-}
-
-/// Watches `key` (created at `rev` on `lease`) until it is deleted, then marks the hold lost.
-async fn watch_key(
-    inner: Arc<Inner>,
-    own: Arc<watch::Sender<Own>>,
-    key: String,
-    rev: i64,
-    lease: i64,
-) {
-    let mut from = rev + 1;
-    loop {
-        if *own.borrow() != Own::Held {
-            return;
-        }
-        let mut client = inner.client.clone();
-        let options = WatchOptions::new().with_start_revision(from);
-        if let Ok(Ok(mut stream)) = tokio::time::timeout(
-            inner.config.reply_timeout,
-            client.watch(key.as_str(), Some(options)),
-        )
-        .await
-        {
-            while let Ok(Some(resp)) = stream.message().await {
-                // Any event on the key is a deletion or a new incarnation: not this hold's.
-                if resp.events().iter().any(|e| {
-                    e.event_type() == EventType::Delete
-                        || e.kv().is_some_and(|kv| kv.create_revision() != rev)
-                }) {
-                    return mark_deleted(&own);
-                }
-                if let Some(last) = resp
-                    .events()
-                    .iter()
-                    .filter_map(|e| e.kv())
-                    .map(|kv| kv.mod_revision())
-                    .max()
-                {
-                    from = from.max(last + 1);
-                }
-                // Compacted past `from`, or cancelled: read the key instead.
-                if resp.canceled() {
-                    break;
-                }
-            }
-        }
-        // The watch ended without a word on the key: read it, then watch again from the read.
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        let mut client = inner.client.clone();
-        if let Ok(Ok(got)) =
-            tokio::time::timeout(inner.config.reply_timeout, client.get(key.as_str(), None)).await
-        {
-            let here = got
-                .kvs()
-                .first()
-                .is_some_and(|kv| kv.create_revision() == rev && kv.lease() == lease);
-            if !here {
-                return mark_deleted(&own);
-            }
-            if let Some(h) = got.header() {
-                from = h.revision() + 1;
-            }
-        }
-    }
-}
-
 impl BackendHold for EtcdHold {
     fn token(&self) -> FencingToken {
         if self.inner.config.tokens {
@@ -373,92 +238,6 @@ impl BackendHold for EtcdHold {
 
     fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {
         Box::pin(async move { self.downgrade_to_read(target).await })
-    }
-}
-
-impl EtcdHold {
-    /// Puts a read key beside this write key. If a writer queued between the two, the write
-    /// key must stay until the read hold ends (that writer waits for it); otherwise it goes at
-    /// once, and every writer that comes later waits for the read key.
-    async fn downgrade_to_read(self: Arc<Self>, target: LockTarget) -> Result<Downgraded> {
-        if self.mode != LockMode::Write {
-            return Err(Error::InvalidArgument(
-                "only a write hold can be downgraded".into(),
-            ));
-        }
-        if let Some(reason) = self.loss_reason() {
-            return Err(Error::LockLost {
-                key: target.key.to_string(),
-                reason,
-            });
-        }
-        let inner = self.inner.clone();
-        let key = inner.reserve(&target.path, LockMode::Read, self.lease.id);
-        let writers = Layout::of(&target.path, LockMode::Read).blockers;
-        let put = Txn::new()
-            .when([
-                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
-                Compare::create_revision(self.key.as_str(), CompareOp::Equal, self.rev),
-            ])
-            .and_then([
-                TxnOp::put(
-                    key.as_str(),
-                    inner.owner_value(),
-                    Some(PutOptions::new().with_lease(self.lease.id)),
-                ),
-                TxnOp::get(
-                    writers.as_str(),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_keys_only()
-                            .with_limit(1)
-                            // (A range's count is taken before this filter: read the keys.)
-                            .with_min_create_revision(self.rev + 1),
-                    ),
-                ),
-            ]);
-        let resp = match txn(&inner, "downgrade to a read hold", put).await {
-            Ok(resp) if resp.succeeded() => resp,
-            Ok(_) => {
-                inner.unreserve(&key);
-                self.gone();
-                return Err(Error::LockLost {
-                    key: target.key.to_string(),
-                    reason: LossReason::NodeDeleted,
-                });
-            }
-            Err(e) => {
-                // The read key may exist: delete it in the background.
-                let undo = undo(inner.clone(), key, self.lease.id);
-                inner.background.spawn(&inner.runtime, undo);
-                return Err(e.error);
-            }
-        };
-        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
-        let queued_writers = resp
-            .op_responses()
-            .into_iter()
-            .find_map(|r| match r {
-                TxnOpResponse::Get(g) => Some(g.kvs().len()),
-                _ => None,
-            })
-            .unwrap_or(1);
-        let read = Arc::new(EtcdHold::new(
-            inner,
-            target.key.clone(),
-            target.path.clone(),
-            key,
-            rev,
-            self.lease.clone(),
-            LockMode::Read,
-        ));
-        // Writers created after the read key wait for it; only those between count.
-        let keep_write = queued_writers > 0;
-        if !keep_write {
-            self.delete().await?;
-        }
-        Ok(Downgraded { read, keep_write })
     }
 }
 
