@@ -15,6 +15,9 @@
 //! An acquire that ends without a hold (a try that found the lock taken, a deadline, an error,
 //! a drop) deletes its key: at once where it can wait for the answer, else in the background
 //! (an undo that the process's next acquire of the lock waits for).
+//!
+//! The loop over leases ([`Acquire::drive`]) is the semaphore's too: its keys are another
+//! [`AttemptKeys`] ([`semaphore`](super::semaphore)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +49,26 @@ pub(super) enum Attempt {
     Again,
 }
 
+/// The keys one attempt of an acquire puts (a contender's key, a semaphore's keys), as the
+/// acquire's loop ([`Acquire::drive`]) sees them: the attempt, then granted or deleted.
+pub(super) trait AttemptKeys {
+    /// What the keys become once they hold.
+    type Granted;
+
+    /// One attempt of `acquire` on `lease` with these keys.
+    fn attempt(
+        &mut self,
+        acquire: &Acquire<'_>,
+        lease: &LeaseState,
+    ) -> impl std::future::Future<Output = Result<Attempt>> + Send;
+
+    /// What the keys became, holding since `rev` on `lease`.
+    fn grant(self, rev: i64, lease: LeaseState) -> Self::Granted;
+
+    /// Deletes the keys and waits for the answer (in the background if it is dropped first).
+    fn undo_now(self) -> impl std::future::Future<Output = ()> + Send;
+}
+
 /// An acquire of `target` in `mode` within `wait`.
 pub(super) struct Acquire<'a> {
     pub(super) inner: &'a Arc<Inner>,
@@ -57,20 +80,32 @@ pub(super) struct Acquire<'a> {
 impl Acquire<'_> {
     /// Runs the acquire: `Ok(None)` only for a try that found the lock taken.
     pub(super) async fn run(self) -> Result<Option<EtcdHold>> {
+        self.drive(|lease| Entry::new(self.inner, self.target, self.mode, lease))
+            .await
+    }
+
+    /// The loop of an acquire (of a lock or of a semaphore's leases): once this process's
+    /// undos of the lock are done, one attempt per live lease with the keys `start` makes for
+    /// it, until one holds (`Ok(Some)`), a try finds the lock taken (`Ok(None)`), or it fails;
+    /// keys that did not come to hold are deleted.
+    pub(super) async fn drive<K: AttemptKeys>(
+        &self,
+        mut start: impl FnMut(&LeaseState) -> K,
+    ) -> Result<Option<K::Granted>> {
         self.inner.undos.finished(&self.target.path).await;
         loop {
             let lease = self.inner.session.live(self.wait.deadline()).await?;
-            let mut entry = Entry::new(self.inner, self.target, self.mode, &lease);
-            match self.attempt(&mut entry, &lease).await {
-                Ok(Attempt::Held(rev)) => return Ok(Some(entry.into_hold(rev, lease))),
+            let mut keys = start(&lease);
+            match keys.attempt(self, &lease).await {
+                Ok(Attempt::Held(rev)) => return Ok(Some(keys.grant(rev, lease))),
                 Ok(Attempt::Busy) => {
-                    entry.undo_now().await;
+                    keys.undo_now().await;
                     return Ok(None);
                 }
                 Ok(Attempt::Again) => continue,
                 Err(e) => {
                     if matches!(e, Error::Timeout { .. }) {
-                        entry.undo_now().await;
+                        keys.undo_now().await;
                     }
                     return Err(e);
                 }
@@ -393,9 +428,20 @@ impl Entry {
             .filter(|kv| kv.lease() == self.lease)
             .map(|kv| kv.create_revision()))
     }
+}
 
-    /// The hold this entry's key became.
-    fn into_hold(mut self, rev: i64, lease: LeaseState) -> EtcdHold {
+impl AttemptKeys for Entry {
+    type Granted = EtcdHold;
+
+    fn attempt(
+        &mut self,
+        acquire: &Acquire<'_>,
+        lease: &LeaseState,
+    ) -> impl std::future::Future<Output = Result<Attempt>> + Send {
+        acquire.attempt(self, lease)
+    }
+
+    fn grant(mut self, rev: i64, lease: LeaseState) -> EtcdHold {
         self.armed = false;
         EtcdHold::new(
             self.inner.clone(),
@@ -408,7 +454,6 @@ impl Entry {
         )
     }
 
-    /// Deletes the key and waits for the answer (in the background if it is dropped first).
     async fn undo_now(mut self) {
         self.armed = false;
         let keys = vec![std::mem::take(&mut self.key)];

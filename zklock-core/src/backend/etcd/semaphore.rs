@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use etcd_client::{EventType, TxnOpResponse, WatchFilterType, WatchOptions};
 
-use super::acquire::{lease_live, undo_counted, Acquire, Attempt};
+use super::acquire::{lease_live, undo_counted, Acquire, Attempt, AttemptKeys};
 use super::error::bounded;
 use super::hold::EtcdHold;
 use super::session::Inner;
@@ -52,6 +52,8 @@ struct Leases {
     keys: Vec<String>,
     value: String,
     lease: i64,
+    /// The semaphore's size.
+    max: u32,
     armed: bool,
     sent: Vec<tokio::sync::watch::Receiver<Settled>>,
 }
@@ -74,6 +76,7 @@ impl Leases {
             keys,
             value: format!("{} max={max}", inner.owner_value()),
             lease: lease.id,
+            max,
             armed: true,
             sent: Vec::new(),
         }
@@ -118,8 +121,21 @@ impl Leases {
         };
         Ok((rev, revisions, seen))
     }
+}
 
-    fn into_holds(mut self, rev: i64, lease: LeaseState) -> Vec<SharedHold> {
+impl AttemptKeys for Leases {
+    type Granted = Vec<SharedHold>;
+
+    fn attempt(
+        &mut self,
+        acquire: &Acquire<'_>,
+        lease: &LeaseState,
+    ) -> impl std::future::Future<Output = Result<Attempt>> + Send {
+        let max = self.max;
+        attempt(acquire, self, lease, max)
+    }
+
+    fn grant(mut self, rev: i64, lease: LeaseState) -> Vec<SharedHold> {
         self.armed = false;
         std::mem::take(&mut self.keys)
             .into_iter()
@@ -173,25 +189,9 @@ pub(super) async fn acquire_leases(
             "asked for {n} leases of a semaphore of {max}"
         )));
     }
-    inner.undos.finished(&acquire.target.path).await;
-    loop {
-        let lease = inner.session.live(acquire.wait.deadline()).await?;
-        let mut leases = Leases::new(inner, acquire.target, n, max, &lease);
-        match attempt(acquire, &mut leases, &lease, max).await {
-            Ok(Attempt::Held(rev)) => return Ok(Some(leases.into_holds(rev, lease))),
-            Ok(Attempt::Busy) => {
-                leases.undo_now().await;
-                return Ok(None);
-            }
-            Ok(Attempt::Again) => continue,
-            Err(e) => {
-                if matches!(e, Error::Timeout { .. }) {
-                    leases.undo_now().await;
-                }
-                return Err(e);
-            }
-        }
-    }
+    acquire
+        .drive(|lease| Leases::new(inner, acquire.target, n, max, lease))
+        .await
 }
 
 /// One attempt on `lease`: put the keys, then read and wait until their group is admitted.
