@@ -337,7 +337,7 @@ async fn watch_deletion(inner: &Inner, key: Vec<u8>, created: i64, seen: i64) {
 }
 
 /// A contender's key while its acquire runs: deleted when the acquire ends without a hold.
-pub(super) struct Entry {
+struct Entry {
     inner: Arc<Inner>,
     user_key: Arc<str>,
     path: Arc<str>,

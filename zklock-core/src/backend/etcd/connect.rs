@@ -7,7 +7,7 @@ use etcd_client::{Client, ConnectOptions};
 use super::error;
 use super::session::{attempt_bound, Keepers};
 use super::EtcdConfig;
-use crate::types::error::{redacted, Error, Result};
+use crate::types::error::{Error, Result};
 
 /// The oldest etcd the backend works with (revision bounds on range reads, lease keep-alive
 /// streams and watches from a revision: all in 3.4's v3 API).
@@ -18,12 +18,7 @@ pub(super) type User = (String, String);
 
 /// The endpoints of an `etcd://` connect string, and the user it names.
 pub(super) fn parse_url(url: &str) -> Result<(Vec<String>, Option<User>)> {
-    let bad = |why: &str| {
-        Error::Config(format!(
-            "the etcd connect string {} is not usable: {why}; give etcd://[user:password@]host:port[,host:port...]",
-            redacted(url)
-        ))
-    };
+    let bad = |why: &str| error::bad_connect_string(url, why);
     let trimmed = url.trim();
     let (rest, scheme) = match trimmed.strip_prefix("etcds://") {
         Some(rest) => (rest, "https"),
@@ -151,12 +146,7 @@ pub(super) async fn open(
         .map_err(timed_out)?
         .map_err(&failed)?;
     if !new_enough(status.version()) {
-        return Err(Error::Config(format!(
-            "etcd {} is too old: zklock needs etcd {}.{} or later",
-            status.version(),
-            OLDEST.0,
-            OLDEST.1
-        )));
+        return Err(error::too_old(status.version(), OLDEST));
     }
     Ok(client)
 }

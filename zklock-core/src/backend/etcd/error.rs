@@ -41,7 +41,7 @@ pub(super) fn transient(err: &etcd_client::Error) -> bool {
 }
 
 /// Whether etcd refused the request for the credentials (wrong password, no permission).
-pub(super) fn is_auth(err: &etcd_client::Error) -> bool {
+fn is_auth(err: &etcd_client::Error) -> bool {
     matches!(err, etcd_client::Error::GRpcStatus(s)
         if matches!(s.code() as i32, grpc::UNAUTHENTICATED | grpc::PERMISSION_DENIED)
             || s.message().contains("authentication failed")
@@ -96,6 +96,22 @@ pub(super) async fn bounded<T>(
         Ok(Err(e)) => Err(server_error(operation, e)),
         Err(_) => Err(timed_out(operation)),
     }
+}
+
+/// The connect string `url` is not usable, for `why`.
+pub(super) fn bad_connect_string(url: &str, why: &str) -> Error {
+    Error::Config(format!(
+        "the etcd connect string {} is not usable: {why}; give etcd://[user:password@]host:port[,host:port...]",
+        redacted(url)
+    ))
+}
+
+/// The cluster runs etcd `version`, older than `oldest` (major, minor).
+pub(super) fn too_old(version: &str, oldest: (u32, u32)) -> Error {
+    Error::Config(format!(
+        "etcd {} is too old: zklock needs etcd {}.{} or later",
+        version, oldest.0, oldest.1
+    ))
 }
 
 /// Connecting to `url` found no member that answered.

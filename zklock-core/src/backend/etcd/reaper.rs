@@ -38,7 +38,7 @@ async fn run(inner: Weak<Inner>, period: std::time::Duration) {
 
 /// Deletes the keys on the live lease that no acquire or hold of this manager owns; answers
 /// how many.
-pub(super) async fn reap(inner: &Inner) -> usize {
+async fn reap(inner: &Inner) -> usize {
     let lease = {
         let state = inner.session.watch();
         let s = state.borrow();

@@ -21,11 +21,10 @@ use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::error::{bounded, server_error};
+use super::error::{bounded, server_error, timed_out};
 use crate::backend::backoff::Backoff;
 use crate::backend::undos::Undos;
 use crate::background::Background;
-use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 
@@ -287,17 +286,9 @@ impl Session {
             }
         };
         match until {
-            Some(until) => {
-                tokio::time::timeout_at(until, wait)
-                    .await
-                    .unwrap_or(Err(Error::Server {
-                        backend: BackendKind::Etcd.label(),
-                        operation: "grant a lease",
-                        source: crate::types::error::ServerError::timed_out(
-                            BackendKind::Etcd.label(),
-                        ),
-                    }))
-            }
+            Some(until) => tokio::time::timeout_at(until, wait)
+                .await
+                .unwrap_or(Err(timed_out("grant a lease"))),
             None => wait.await,
         }
     }
