@@ -15,32 +15,32 @@
 //! An acquire that ends without a hold (a try that found the lock taken, a deadline, an error,
 //! a drop) deletes its key: at once where it can wait for the answer, else in the background
 //! (an undo that the process's next acquire of the lock waits for).
+//!
+//! The loop over leases ([`Acquire::drive`]) is the semaphore's too: its keys are another
+//! [`AttemptKeys`] ([`semaphore`](super::semaphore)).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
-};
+use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, TxnOpResponse};
 use tokio::time::Instant;
 
 use super::error::bounded;
 use super::hold::EtcdHold;
+use super::session::Inner;
 use super::session::{lease_ended, LeaseState};
-use super::Inner;
 use crate::backend::backoff::Backoff;
 use crate::backend::LockTarget;
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 
-use super::request::Layout;
-use super::request::{
-    backoff, delete, put_tracked, undo, RequestError, Settled, RETRY_MAX, RETRY_MIN,
+use super::wire::{
+    backoff, delete, put_contender, put_tracked, undo, Layout, RequestError, Settled, RETRY_MAX,
+    RETRY_MIN,
 };
 
 /// What one attempt came to.
-pub(crate) enum Attempt {
+pub(super) enum Attempt {
     /// Held, with the key's create revision.
     Held(i64),
     /// A try found the lock taken.
@@ -49,31 +49,63 @@ pub(crate) enum Attempt {
     Again,
 }
 
+/// The keys one attempt of an acquire puts (a contender's key, a semaphore's keys), as the
+/// acquire's loop ([`Acquire::drive`]) sees them: the attempt, then granted or deleted.
+pub(super) trait AttemptKeys {
+    /// What the keys become once they hold.
+    type Granted;
+
+    /// One attempt of `acquire` on `lease` with these keys.
+    fn attempt(
+        &mut self,
+        acquire: &Acquire<'_>,
+        lease: &LeaseState,
+    ) -> impl std::future::Future<Output = Result<Attempt>> + Send;
+
+    /// What the keys became, holding since `rev` on `lease`.
+    fn grant(self, rev: i64, lease: LeaseState) -> Self::Granted;
+
+    /// Deletes the keys and waits for the answer (in the background if it is dropped first).
+    fn undo_now(self) -> impl std::future::Future<Output = ()> + Send;
+}
+
 /// An acquire of `target` in `mode` within `wait`.
-pub(crate) struct Acquire<'a> {
-    pub(crate) inner: &'a Arc<Inner>,
-    pub(crate) target: &'a LockTarget,
-    pub(crate) mode: LockMode,
-    pub(crate) wait: Wait,
+pub(super) struct Acquire<'a> {
+    pub(super) inner: &'a Arc<Inner>,
+    pub(super) target: &'a LockTarget,
+    pub(super) mode: LockMode,
+    pub(super) wait: Wait,
 }
 
 impl Acquire<'_> {
     /// Runs the acquire: `Ok(None)` only for a try that found the lock taken.
-    pub(crate) async fn run(self) -> Result<Option<EtcdHold>> {
+    pub(super) async fn run(self) -> Result<Option<EtcdHold>> {
+        self.drive(|lease| Entry::new(self.inner, self.target, self.mode, lease))
+            .await
+    }
+
+    /// The loop of an acquire (of a lock or of a semaphore's leases): once this process's
+    /// undos of the lock are done, one attempt per live lease with the keys `start` makes for
+    /// it, until one holds (`Ok(Some)`), a try finds the lock taken (`Ok(None)`), or it fails;
+    /// keys that did not come to hold are deleted.
+    pub(super) async fn drive<K: AttemptKeys>(
+        &self,
+        mut start: impl FnMut(&LeaseState) -> K,
+    ) -> Result<Option<K::Granted>> {
         self.inner.undos.finished(&self.target.path).await;
         loop {
             let lease = self.inner.session.live(self.wait.deadline()).await?;
-            let mut entry = Entry::new(self.inner, self.target, self.mode, &lease);
-            match self.attempt(&mut entry, &lease).await {
-                Ok(Attempt::Held(rev)) => return Ok(Some(entry.into_hold(rev, lease))),
+            let mut keys = start(&lease);
+            match keys.attempt(self, &lease).await {
+                Ok(Attempt::Held(rev)) => return Ok(Some(keys.grant(rev, lease))),
                 Ok(Attempt::Busy) => {
-                    entry.undo_now().await;
+                    keys.undo_now().await;
                     return Ok(None);
                 }
                 Ok(Attempt::Again) => continue,
                 Err(e) => {
                     if matches!(e, Error::Timeout { .. }) {
-                        entry.undo_now().await;
+                        keys.undo_now().await;
                     }
                     return Err(e);
                 }
@@ -150,14 +182,14 @@ impl Acquire<'_> {
     }
 
     /// Completes at the wait's deadline (never without one).
-    pub(crate) async fn until_deadline(&self) {
+    pub(super) async fn until_deadline(&self) {
         match self.wait.deadline() {
             Some(deadline) => tokio::time::sleep_until(deadline).await,
             None => std::future::pending().await,
         }
     }
 
-    pub(crate) fn timeout(&self) -> Error {
+    pub(super) fn timeout(&self) -> Error {
         Error::Timeout {
             key: self.target.key.to_string(),
             waited: match self.wait {
@@ -169,7 +201,7 @@ impl Acquire<'_> {
 
     /// Runs `request` until it succeeds, fails for good, or the wait's deadline passes (then
     /// [`Error::Timeout`]); a try gets one attempt.
-    pub(crate) async fn retrying<T, F, Fut>(&self, mut request: F) -> Result<T>
+    pub(super) async fn retrying<T, F, Fut>(&self, mut request: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, RequestError>>,
@@ -189,7 +221,7 @@ impl Acquire<'_> {
 
     /// After `failed`: `Err` when it is for good (or a try's), else waits `backoff`'s next
     /// pause for the request to be sent again.
-    pub(crate) async fn pause_after(
+    pub(super) async fn pause_after(
         &self,
         failed: RequestError,
         backoff: &mut Backoff,
@@ -207,7 +239,7 @@ impl Acquire<'_> {
 }
 
 /// Whether `lease` is still the session's live lease.
-pub(crate) fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
+pub(super) fn lease_live(inner: &Inner, lease: &LeaseState) -> bool {
     inner
         .session
         .watch()
@@ -305,7 +337,7 @@ async fn watch_deletion(inner: &Inner, key: Vec<u8>, created: i64, seen: i64) {
 }
 
 /// A contender's key while its acquire runs: deleted when the acquire ends without a hold.
-pub(crate) struct Entry {
+struct Entry {
     inner: Arc<Inner>,
     user_key: Arc<str>,
     path: Arc<str>,
@@ -349,31 +381,7 @@ impl Entry {
         layout: &Layout,
     ) -> std::result::Result<(i64, Option<i64>), RequestError> {
         loop {
-            let first = TxnOp::get(
-                layout.blockers.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1)
-                        .with_keys_only(),
-                ),
-            );
-            let put = Txn::new()
-                .when([Compare::create_revision(
-                    self.key.as_str(),
-                    CompareOp::Equal,
-                    0,
-                )])
-                .and_then([
-                    TxnOp::put(
-                        self.key.as_str(),
-                        self.value.as_str(),
-                        Some(PutOptions::new().with_lease(self.lease)),
-                    ),
-                    first.clone(),
-                ])
-                .or_else([TxnOp::get(self.key.as_str(), None), first]);
+            let put = put_contender(&self.key, &self.value, self.lease, &layout.blockers);
             let resp =
                 put_tracked(&self.inner, &mut self.sent, "put the contender's key", put).await?;
             let ranges: Vec<_> = resp
@@ -420,9 +428,20 @@ impl Entry {
             .filter(|kv| kv.lease() == self.lease)
             .map(|kv| kv.create_revision()))
     }
+}
 
-    /// The hold this entry's key became.
-    fn into_hold(mut self, rev: i64, lease: LeaseState) -> EtcdHold {
+impl AttemptKeys for Entry {
+    type Granted = EtcdHold;
+
+    fn attempt(
+        &mut self,
+        acquire: &Acquire<'_>,
+        lease: &LeaseState,
+    ) -> impl std::future::Future<Output = Result<Attempt>> + Send {
+        acquire.attempt(self, lease)
+    }
+
+    fn grant(mut self, rev: i64, lease: LeaseState) -> EtcdHold {
         self.armed = false;
         EtcdHold::new(
             self.inner.clone(),
@@ -435,7 +454,6 @@ impl Entry {
         )
     }
 
-    /// Deletes the key and waits for the answer (in the background if it is dropped first).
     async fn undo_now(mut self) {
         self.armed = false;
         let keys = vec![std::mem::take(&mut self.key)];
@@ -464,7 +482,7 @@ impl Drop for Entry {
 /// and registered as an undo of `path` (the process's next acquire of the lock waits for it,
 /// even when the acquire that started it is dropped while it runs); the receiver says when it
 /// is done.
-pub(crate) fn undo_counted(
+pub(super) fn undo_counted(
     inner: &Arc<Inner>,
     path: &Arc<str>,
     keys: Vec<String>,

@@ -14,11 +14,11 @@ use std::sync::{Arc, Weak};
 
 use etcd_client::LeaseTimeToLiveOptions;
 
-use super::request::delete;
-use super::Inner;
+use super::session::Inner;
+use super::wire::delete;
 
 /// Starts the reaper of `inner`'s lease; it ends with the backend.
-pub(crate) fn start(inner: &Arc<Inner>) -> tokio::task::AbortHandle {
+pub(super) fn start(inner: &Arc<Inner>) -> tokio::task::AbortHandle {
     let weak = Arc::downgrade(inner);
     let period = inner.config.ttl;
     inner.runtime.spawn(run(weak, period)).abort_handle()
@@ -38,7 +38,7 @@ async fn run(inner: Weak<Inner>, period: std::time::Duration) {
 
 /// Deletes the keys on the live lease that no acquire or hold of this manager owns; answers
 /// how many.
-pub(crate) async fn reap(inner: &Inner) -> usize {
+async fn reap(inner: &Inner) -> usize {
     let lease = {
         let state = inner.session.watch();
         let s = state.borrow();

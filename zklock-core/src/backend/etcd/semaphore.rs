@@ -10,24 +10,21 @@
 
 use std::sync::Arc;
 
-use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions,
-};
+use etcd_client::{EventType, TxnOpResponse, WatchFilterType, WatchOptions};
 
-use super::acquire::{lease_live, undo_counted, Acquire, Attempt};
+use super::acquire::{lease_live, undo_counted, Acquire, Attempt, AttemptKeys};
 use super::error::bounded;
 use super::hold::EtcdHold;
-use super::request::{backoff, put_tracked, RequestError, Settled, RETRY_MIN};
+use super::session::Inner;
 use super::session::{lease_ended, LeaseState};
-use super::Inner;
+use super::wire::{backoff, listing, put_leases, put_tracked, RequestError, Settled, RETRY_MIN};
 use crate::backend::{LockTarget, SharedHold};
 use crate::types::error::{Error, Result};
 use crate::types::mode::{LockMode, Wait};
 
 /// Whether the group created at `rev` holds, given the create revisions of every key under
 /// the path in create order (one per unit).
-pub(crate) fn admitted(revisions: &[i64], rev: i64, max: u32) -> bool {
+pub(super) fn admitted(revisions: &[i64], rev: i64, max: u32) -> bool {
     let (mut used, mut waiting) = (0u64, false);
     let mut i = 0;
     while i < revisions.len() {
@@ -55,6 +52,8 @@ struct Leases {
     keys: Vec<String>,
     value: String,
     lease: i64,
+    /// The semaphore's size.
+    max: u32,
     armed: bool,
     sent: Vec<tokio::sync::watch::Receiver<Settled>>,
 }
@@ -77,6 +76,7 @@ impl Leases {
             keys,
             value: format!("{} max={max}", inner.owner_value()),
             lease: lease.id,
+            max,
             armed: true,
             sent: Vec::new(),
         }
@@ -89,28 +89,7 @@ impl Leases {
     /// Puts the keys unless the first exists (a retry after a lost reply finds them), and lists
     /// the path: the keys' create revision, every key's under the path, the read's revision.
     async fn put(&mut self) -> std::result::Result<(i64, Vec<i64>, i64), RequestError> {
-        let list = TxnOp::get(self.prefix(), Some(listing()));
-        let compares: Vec<_> = self
-            .keys
-            .iter()
-            .map(|k| Compare::create_revision(k.as_str(), CompareOp::Equal, 0))
-            .collect();
-        let mut puts: Vec<_> = self
-            .keys
-            .iter()
-            .map(|k| {
-                TxnOp::put(
-                    k.as_str(),
-                    self.value.as_str(),
-                    Some(PutOptions::new().with_lease(self.lease)),
-                )
-            })
-            .collect();
-        puts.push(list.clone());
-        let put = Txn::new()
-            .when(compares)
-            .and_then(puts)
-            .or_else([TxnOp::get(self.keys[0].as_str(), None), list]);
+        let put = put_leases(&self.keys, &self.value, self.lease, self.prefix());
         let resp =
             put_tracked(&self.inner, &mut self.sent, "put the semaphore's keys", put).await?;
         let seen = resp.header().map(|h| h.revision()).unwrap_or_default();
@@ -142,8 +121,21 @@ impl Leases {
         };
         Ok((rev, revisions, seen))
     }
+}
 
-    fn into_holds(mut self, rev: i64, lease: LeaseState) -> Vec<SharedHold> {
+impl AttemptKeys for Leases {
+    type Granted = Vec<SharedHold>;
+
+    fn attempt(
+        &mut self,
+        acquire: &Acquire<'_>,
+        lease: &LeaseState,
+    ) -> impl std::future::Future<Output = Result<Attempt>> + Send {
+        let max = self.max;
+        attempt(acquire, self, lease, max)
+    }
+
+    fn grant(mut self, rev: i64, lease: LeaseState) -> Vec<SharedHold> {
         self.armed = false;
         std::mem::take(&mut self.keys)
             .into_iter()
@@ -185,16 +177,8 @@ impl Drop for Leases {
     }
 }
 
-/// Every key under a path, in create order, names only.
-fn listing() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_keys_only()
-}
-
 /// Acquires `n` leases of the semaphore `max` at `acquire.target` within `acquire.wait`.
-pub(crate) async fn acquire_leases(
+pub(super) async fn acquire_leases(
     acquire: &Acquire<'_>,
     max: u32,
     n: u32,
@@ -205,25 +189,9 @@ pub(crate) async fn acquire_leases(
             "asked for {n} leases of a semaphore of {max}"
         )));
     }
-    inner.undos.finished(&acquire.target.path).await;
-    loop {
-        let lease = inner.session.live(acquire.wait.deadline()).await?;
-        let mut leases = Leases::new(inner, acquire.target, n, max, &lease);
-        match attempt(acquire, &mut leases, &lease, max).await {
-            Ok(Attempt::Held(rev)) => return Ok(Some(leases.into_holds(rev, lease))),
-            Ok(Attempt::Busy) => {
-                leases.undo_now().await;
-                return Ok(None);
-            }
-            Ok(Attempt::Again) => continue,
-            Err(e) => {
-                if matches!(e, Error::Timeout { .. }) {
-                    leases.undo_now().await;
-                }
-                return Err(e);
-            }
-        }
-    }
+    acquire
+        .drive(|lease| Leases::new(inner, acquire.target, n, max, lease))
+        .await
 }
 
 /// One attempt on `lease`: put the keys, then read and wait until their group is admitted.

@@ -1,5 +1,6 @@
 //! The manager's etcd session: one lease that every hold's key is attached to, kept alive
-//! every TTL/3, and replaced by a new one when it ends.
+//! every TTL/3, and replaced by a new one when it ends; and what the backend's parts share
+//! ([`Inner`]: the client, the session, the settings).
 //!
 //! What a hold may believe comes from [`LeaseState`]: while the lease is `epoch` and its
 //! `deadline` has not passed, etcd cannot have let the lease (and with it the hold's key) go.
@@ -11,15 +12,19 @@
 //! revoked from outside) or when the deadline passes; every hold of that epoch is then lost,
 //! and the next acquire waits for a new lease.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::error::{bounded, server_error};
+use super::error::{bounded, server_error, timed_out};
 use crate::backend::backoff::Backoff;
-use crate::types::backend_kind::BackendKind;
+use crate::backend::undos::Undos;
+use crate::background::Background;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 
@@ -27,22 +32,80 @@ use crate::types::loss::LossReason;
 /// (1.5 election timeouts, 2 s by default).
 pub(crate) const MIN_LEASE: Duration = Duration::from_secs(2);
 
+/// The longest any single request waits for its reply; shorter when the lease is.
+pub(super) const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one keep-alive (and one HTTP/2 ping) waits for its answer before it is tried on
+/// the next member: a sixth of the lease, at most [`MAX_REPLY_TIMEOUT`]. A keep-alive is due
+/// every third of the lease, so one member that stays silent costs half the time a hold has
+/// left, not all of it.
+pub(super) fn attempt_bound(ttl: Duration) -> Duration {
+    (ttl / 6).min(MAX_REPLY_TIMEOUT)
+}
+
+/// The settings the backend's parts read.
+pub(super) struct Config {
+    pub(super) reply_timeout: Duration,
+    pub(super) tokens: bool,
+    pub(super) identity: Option<String>,
+    pub(super) ttl: Duration,
+}
+
+/// What the backend's holds and tasks share.
+pub(super) struct Inner {
+    pub(super) client: Client,
+    pub(super) session: Session,
+    pub(super) config: Config,
+    /// The keys this manager's contenders use now: a name is taken again only once its key is
+    /// deleted.
+    pub(super) names: StdMutex<HashSet<String>>,
+    pub(super) next_name: AtomicU64,
+    pub(super) runtime: tokio::runtime::Handle,
+    pub(super) background: Arc<Background>,
+    /// Undos of dropped acquires under way, per lock path.
+    pub(super) undos: Arc<Undos<Arc<str>>>,
+    pub(super) requests: AtomicU64,
+    pub(super) events: AtomicU64,
+    /// Whether a put of this manager's went unanswered (it may still land): the reaper then
+    /// looks for keys nothing owns ([`reaper`](super::reaper)).
+    pub(super) suspect: std::sync::atomic::AtomicBool,
+}
+
+impl Inner {
+    /// Whether lease `id` may still keep keys: a delete of a key on it is worth retrying.
+    pub(super) fn lease_may_hold(&self, id: i64) -> bool {
+        let state = self.session.watch();
+        let s = state.borrow();
+        s.id == id
+            && s.ended.is_none()
+            && tokio::time::Instant::now() < s.deadline + self.config.ttl
+    }
+
+    pub(super) fn count_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn count_event(&self) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The lease as this process knows it.
 #[derive(Debug, Clone)]
-pub(crate) struct LeaseState {
+pub(super) struct LeaseState {
     /// Which lease this is, counted from 1; 0 before the first.
-    pub(crate) epoch: u64,
+    pub(super) epoch: u64,
     /// Its id (0 while there is none).
-    pub(crate) id: i64,
+    pub(super) id: i64,
     /// Until when etcd cannot have let it go.
-    pub(crate) deadline: Instant,
+    pub(super) deadline: Instant,
     /// Why it ended, once it has: every hold attached to it is lost.
-    pub(crate) ended: Option<LossReason>,
+    pub(super) ended: Option<LossReason>,
 }
 
 impl LeaseState {
     /// Why a hold on lease `epoch` is no longer certain at `now`, if it is not.
-    pub(crate) fn reason_for(&self, epoch: u64, now: Instant) -> Option<LossReason> {
+    pub(super) fn reason_for(&self, epoch: u64, now: Instant) -> Option<LossReason> {
         if self.epoch != epoch {
             return Some(LossReason::LeaseExpired);
         }
@@ -53,14 +116,14 @@ impl LeaseState {
     }
 
     /// Whether the lease is live at `now`.
-    pub(crate) fn live(&self, now: Instant) -> bool {
+    pub(super) fn live(&self, now: Instant) -> bool {
         self.id != 0 && self.ended.is_none() && now < self.deadline
     }
 }
 
 /// Completes once the lease of `epoch` ended, or could have (its deadline passed without a
 /// confirmed keep-alive), as `state` tells.
-pub(crate) async fn lease_ended(mut state: watch::Receiver<LeaseState>, epoch: u64) {
+pub(super) async fn lease_ended(mut state: watch::Receiver<LeaseState>, epoch: u64) {
     loop {
         let until = {
             let s = state.borrow_and_update();
@@ -78,13 +141,13 @@ pub(crate) async fn lease_ended(mut state: watch::Receiver<LeaseState>, epoch: u
 
 /// The session's settings.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct SessionConfig {
-    pub(crate) ttl: Duration,
+pub(super) struct SessionConfig {
+    pub(super) ttl: Duration,
     /// How long one request may wait for its reply.
-    pub(crate) reply_timeout: Duration,
+    pub(super) reply_timeout: Duration,
     /// How long one keep-alive may wait for its answer before the next is sent to the next
     /// member (well inside the lease; see `attempt_bound`).
-    pub(crate) attempt: Duration,
+    pub(super) attempt: Duration,
 }
 
 /// The clients keep-alives go through: the manager's own (one endpoint), or one per member of
@@ -92,7 +155,7 @@ pub(crate) struct SessionConfig {
 /// or stayed silent. A frozen member keeps its connections open and answers nothing, so a
 /// client balanced over every member (the manager's) may send the next keep-alive to it again;
 /// here it costs one attempt's bound per turn. Each member's client is made when first used.
-pub(crate) struct Keepers {
+pub(super) struct Keepers {
     endpoints: Vec<String>,
     options: Option<ConnectOptions>,
     clients: Vec<Option<Client>>,
@@ -102,7 +165,7 @@ pub(crate) struct Keepers {
 
 impl Keepers {
     /// Keep-alives through the manager's own client.
-    pub(crate) fn one(client: Client) -> Keepers {
+    pub(super) fn one(client: Client) -> Keepers {
         Keepers {
             endpoints: Vec::new(),
             options: None,
@@ -112,7 +175,7 @@ impl Keepers {
     }
 
     /// Keep-alives through a client of each member of `endpoints`, connected with `options`.
-    pub(crate) fn each(endpoints: Vec<String>, options: ConnectOptions) -> Keepers {
+    pub(super) fn each(endpoints: Vec<String>, options: ConnectOptions) -> Keepers {
         Keepers {
             clients: vec![None; endpoints.len()],
             endpoints,
@@ -151,7 +214,7 @@ impl SessionConfig {
 }
 
 /// The session: its lease's state, kept by a task of its own.
-pub(crate) struct Session {
+pub(super) struct Session {
     state: watch::Receiver<LeaseState>,
     /// The task's sender too, so that a request that finds the lease gone can say so at once.
     tell: std::sync::Arc<watch::Sender<LeaseState>>,
@@ -162,7 +225,7 @@ pub(crate) struct Session {
 impl Session {
     /// Grants the first lease (so that connect fails when etcd does not grant one) and starts
     /// keeping it alive.
-    pub(crate) async fn start(
+    pub(super) async fn start(
         client: Client,
         keepers: Keepers,
         config: SessionConfig,
@@ -187,7 +250,7 @@ impl Session {
     /// A request found lease `id` gone (etcd: "requested lease not found"): it ended, revoked
     /// from outside or expired, before a keep-alive said so. Every hold on it is lost now, and
     /// the session grants the next.
-    pub(crate) fn lease_gone(&self, id: i64) {
+    pub(super) fn lease_gone(&self, id: i64) {
         self.tell.send_if_modified(|s| {
             let now = s.id == id && s.ended.is_none();
             if now {
@@ -202,12 +265,12 @@ impl Session {
     }
 
     /// The lease's state, to watch.
-    pub(crate) fn watch(&self) -> watch::Receiver<LeaseState> {
+    pub(super) fn watch(&self) -> watch::Receiver<LeaseState> {
         self.state.clone()
     }
 
     /// A live lease: the current one, or the next once it is granted; `Err` past `until`.
-    pub(crate) async fn live(&self, until: Option<Instant>) -> Result<LeaseState> {
+    pub(super) async fn live(&self, until: Option<Instant>) -> Result<LeaseState> {
         let mut state = self.state.clone();
         let wait = async {
             loop {
@@ -223,24 +286,16 @@ impl Session {
             }
         };
         match until {
-            Some(until) => {
-                tokio::time::timeout_at(until, wait)
-                    .await
-                    .unwrap_or(Err(Error::Server {
-                        backend: BackendKind::Etcd.label(),
-                        operation: "grant a lease",
-                        source: crate::types::error::ServerError::timed_out(
-                            BackendKind::Etcd.label(),
-                        ),
-                    }))
-            }
+            Some(until) => tokio::time::timeout_at(until, wait)
+                .await
+                .unwrap_or(Err(timed_out("grant a lease"))),
             None => wait.await,
         }
     }
 
     /// Ends the session: stops the keep-alives and revokes the lease, which deletes every key
     /// attached to it (best effort: a lease not revoked expires after its TTL).
-    pub(crate) fn close(&self, runtime: &tokio::runtime::Handle) {
+    pub(super) fn close(&self, runtime: &tokio::runtime::Handle) {
         self.task.abort();
         let id = self.state.borrow().id;
         let mut client = self.client.clone();
@@ -400,7 +455,7 @@ async fn keep_alive(
 
 /// One keep-alive on `stream`: the TTL etcd answered (0: the lease is gone), or why there was
 /// no answer.
-pub(crate) async fn renew(stream: &mut (LeaseKeeper, LeaseKeepAliveStream)) -> Result<i64> {
+pub(super) async fn renew(stream: &mut (LeaseKeeper, LeaseKeepAliveStream)) -> Result<i64> {
     let (keeper, responses) = stream;
     keeper
         .keep_alive()

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
 use tokio::sync::watch;
 
-use super::Inner;
+use super::super::session::Inner;
 
 /// Whether another contender may be waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Others {
+pub(super) enum Others {
     /// Not known yet: the read is under way.
     Unknown,
     /// None came after the hold, as far as the watch has seen.
@@ -26,14 +26,14 @@ pub(crate) enum Others {
 }
 
 /// The watch of one hold's lock for other contenders.
-pub(crate) struct OthersWatch {
+pub(super) struct OthersWatch {
     state: watch::Sender<Others>,
     task: tokio::task::AbortHandle,
 }
 
 impl OthersWatch {
     /// Starts watching the keys under `prefix` for one created after `rev` other than `own`.
-    pub(crate) fn start(inner: &Arc<Inner>, prefix: String, own: String, rev: i64) -> OthersWatch {
+    pub(super) fn start(inner: &Arc<Inner>, prefix: String, own: String, rev: i64) -> OthersWatch {
         let state = watch::Sender::new(Others::Unknown);
         let task = inner
             .runtime
@@ -43,22 +43,22 @@ impl OthersWatch {
     }
 
     /// Gives up on an answer: "maybe".
-    pub(crate) fn state_maybe(&self) {
+    pub(super) fn state_maybe(&self) {
         self.state.send_replace(Others::Maybe);
     }
 
-    pub(crate) fn now(&self) -> Others {
+    pub(super) fn now(&self) -> Others {
         *self.state.borrow()
     }
 
     /// Completes once the answer is known (or is "maybe").
-    pub(crate) async fn known(&self) {
+    pub(super) async fn known(&self) {
         let mut rx = self.state.subscribe();
         let _ = rx.wait_for(|o| *o != Others::Unknown).await;
     }
 
     /// Completes once another contender may be waiting.
-    pub(crate) fn appeared(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+    pub(super) fn appeared(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.state.subscribe();
         async move {
             let _ = rx.wait_for(|o| *o == Others::Maybe).await;
