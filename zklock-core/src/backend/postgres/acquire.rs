@@ -19,7 +19,7 @@ use super::error::PostgresError;
 use super::hold::PgHold;
 use super::hub::{Listener, Queued, WaiterWatch};
 use super::{
-    is_cancelled, is_undefined_table, pg_error, sql, Inner, CANCEL_UNLESS_WITHIN, POLL_FALLBACK,
+    is_cancelled, is_undefined_table, pg_error, wire, Inner, CANCEL_UNLESS_WITHIN, POLL_FALLBACK,
     QUEUE_NOTICE, QUEUE_SLICE, STALE_ID_RETRIES,
 };
 use crate::backend::backoff::Backoff;
@@ -112,7 +112,7 @@ impl Drop for Unfinished {
                     let sent = tokio::time::Instant::now();
                     let undone = conn
                         .run(conn.client().query_typed(
-                            sql::UNDO,
+                            wire::UNDO,
                             &[(&id, Type::INT4), (&shared, Type::BOOL), (&intent, Type::BOOL)],
                         ))
                         .await;
@@ -371,7 +371,7 @@ impl<'a> Acquire<'a> {
             let _ = conn
                 .run(
                     conn.client()
-                        .query_typed(sql::DROP_INTENT, &[(&id, Type::INT4)]),
+                        .query_typed(wire::DROP_INTENT, &[(&id, Type::INT4)]),
                 )
                 .await;
             p.intent = false;
@@ -465,7 +465,7 @@ impl<'a> Acquire<'a> {
         let taken = conn
             .run(
                 conn.client()
-                    .query_typed(sql::TAKE_INTENT, &[(&id, Type::INT4)]),
+                    .query_typed(wire::TAKE_INTENT, &[(&id, Type::INT4)]),
             )
             .await;
         match taken {
@@ -503,7 +503,7 @@ impl<'a> Acquire<'a> {
 
 /// One attempt on `unfinished`'s connection: one statement that tries the lock and, if it
 /// got it, takes the grant's token from the key row (see "Tokens" in the module docs of
-/// [`sql`]).
+/// [`wire`]).
 async fn attempt(
     inner: &Inner,
     unfinished: &mut Unfinished,
@@ -627,7 +627,7 @@ impl InFlight {
 /// it with the wait's registration, if it was made.
 ///
 /// A wait not granted at once is registered, so that holders learn of it (see the
-/// module docs of `sql`); one granted at once is not (a process that takes a free key
+/// module docs of `wire`); one granted at once is not (a process that takes a free key
 /// again and again would find its own registration, and believe someone waits).
 /// Cancelled, the registration ends, and `flight` is left to its owner.
 async fn answer(
@@ -658,7 +658,7 @@ async fn undo_ran_out(conn: &HoldConn, id: i32, shared: bool) -> Result<(), Post
         (&shared, Type::BOOL),
         (&false, Type::BOOL),
     ];
-    conn.run(conn.client().query_typed(sql::UNDO, &undo))
+    conn.run(conn.client().query_typed(wire::UNDO, &undo))
         .await?;
     Ok(())
 }
@@ -676,7 +676,7 @@ async fn last_heard(
         return Ok(sent);
     }
     let ping = tokio::time::Instant::now();
-    conn.run(conn.client().simple_query(sql::PING)).await?;
+    conn.run(conn.client().simple_query(wire::PING)).await?;
     Ok(ping)
 }
 

@@ -29,7 +29,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement};
 
 use super::error::PostgresError;
-use super::sql;
+use super::wire;
 use crate::types::loss::LossReason;
 
 /// What the holds of one connection share.
@@ -184,7 +184,7 @@ async fn open_session(
     newest: &AtomicU32,
 ) -> Result<ServerSession, PostgresError> {
     let messages =
-        match tokio::time::timeout(reply_timeout, client.simple_query(sql::OPEN_SESSION)).await {
+        match tokio::time::timeout(reply_timeout, client.simple_query(wire::OPEN_SESSION)).await {
             Ok(Ok(messages)) => messages,
             Ok(Err(e)) => return Err(e.into()),
             Err(_) => return Err(PostgresError::timed_out()),
@@ -295,23 +295,23 @@ impl HoldConn {
                     let block = [Type::INT4, Type::TEXT, Type::TEXT];
                     let texts = if self.cc.tokens {
                         [
-                            sql::TRY_EXCLUSIVE,
-                            sql::TRY_SHARED,
-                            sql::BLOCK_EXCLUSIVE,
-                            sql::BLOCK_SHARED,
+                            wire::TRY_EXCLUSIVE,
+                            wire::TRY_SHARED,
+                            wire::BLOCK_EXCLUSIVE,
+                            wire::BLOCK_SHARED,
                         ]
                     } else {
                         [
-                            sql::TRY_EXCLUSIVE_UNFENCED,
-                            sql::TRY_SHARED_UNFENCED,
-                            sql::BLOCK_EXCLUSIVE_UNFENCED,
-                            sql::BLOCK_SHARED_UNFENCED,
+                            wire::TRY_EXCLUSIVE_UNFENCED,
+                            wire::TRY_SHARED_UNFENCED,
+                            wire::BLOCK_EXCLUSIVE_UNFENCED,
+                            wire::BLOCK_SHARED_UNFENCED,
                         ]
                     };
                     let (try_exclusive, try_shared, release, block_exclusive, block_shared) = futures::try_join!(
                         c.prepare_typed(texts[0], &both),
                         c.prepare_typed(texts[1], &both),
-                        c.prepare_typed(sql::RELEASE, &[Type::INT4, Type::BOOL]),
+                        c.prepare_typed(wire::RELEASE, &[Type::INT4, Type::BOOL]),
                         c.prepare_typed(texts[2], &block),
                         c.prepare_typed(texts[3], &block),
                     )?;
@@ -399,7 +399,7 @@ impl HoldConn {
         let session = &target.session;
         let signalled = self
             .run(self.client.query_typed(
-                sql::CANCEL,
+                wire::CANCEL,
                 &[(&session.pid, Type::INT4), (&session.started, Type::TEXT)],
             ))
             .await;
@@ -451,7 +451,7 @@ impl HoldConn {
             return;
         }
         let sent = Instant::now();
-        if self.run(self.client.simple_query(sql::PING)).await.is_ok() {
+        if self.run(self.client.simple_query(wire::PING)).await.is_ok() {
             self.answered(sent);
         }
     }
@@ -511,7 +511,7 @@ async fn liveness(conn: Weak<HoldConn>, cc: Arc<ConnConfig>, mut last_sent: Inst
         }
         let deadline = c.state.borrow().deadline;
         let sent = Instant::now();
-        match tokio::time::timeout_at(deadline, c.client.simple_query(sql::PING)).await {
+        match tokio::time::timeout_at(deadline, c.client.simple_query(wire::PING)).await {
             Ok(Ok(_)) => {
                 c.answered(sent);
                 last_sent = sent;

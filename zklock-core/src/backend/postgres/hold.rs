@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::conn::{ConnState, HoldConn, Reservation};
 use super::error::PostgresError;
 use super::hub::WaiterWatch;
-use super::{sql, Inner};
+use super::{wire, Inner};
 use crate::backend::undos::Undoing;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
@@ -353,7 +353,7 @@ impl BackendHold for PgHold {
                     let id = reservation.id;
                     let r = conn
                         .run(conn.client().query_typed(
-                            sql::DOWNGRADE,
+                            wire::DOWNGRADE,
                             &[(&id, tokio_postgres::types::Type::INT4)],
                         ))
                         .await

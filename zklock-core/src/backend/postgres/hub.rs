@@ -1,11 +1,11 @@
-//! Waking waiters: one connection per backend `LISTEN`s on [`sql::CHANNEL`], which a release
+//! Waking waiters: one connection per backend `LISTEN`s on [`wire::CHANNEL`], which a release
 //! notifies with the lock id when someone waits for it; a waiter sleeps until its id is
 //! notified (or its fallback pause passes: a holder whose session ended released without
 //! notifying).
 //!
 //! A release notifies only if some process registered a waiter for the id: the listening
 //! connection holds the shared lock `(WAIT_CLASS, id)` while any task of this backend waits
-//! for `id` (see the module docs of [`sql`]). A waiter has its registration confirmed before
+//! for `id` (see the module docs of [`wire`]). A waiter has its registration confirmed before
 //! its next attempt ([`Listener::registered`]), so a release that follows that attempt sees it.
 //!
 //! Waits in the server's lock queue ([`Hub::queued`]) need no wake-up (the server grants
@@ -43,7 +43,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client};
 
 use super::conn::ConnConfig;
-use super::sql;
+use super::wire;
 use crate::backend::BoxFuture;
 
 /// What the waiters of one lock id share.
@@ -373,7 +373,7 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
                 while let Some(message) = messages.next().await {
                     match message {
-                        Ok(AsyncMessage::Notification(n)) if n.channel() == sql::WAIT_CHANNEL => {
+                        Ok(AsyncMessage::Notification(n)) if n.channel() == wire::WAIT_CHANNEL => {
                             if let Ok(id) = n.payload().parse() {
                                 notified.appeared(id);
                             }
@@ -439,7 +439,7 @@ async fn session(
         Ok(Err(e)) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {}
         _ => return,
     }
-    let listen = format!("LISTEN {}; LISTEN {}", sql::CHANNEL, sql::WAIT_CHANNEL);
+    let listen = format!("LISTEN {}; LISTEN {}", wire::CHANNEL, wire::WAIT_CHANNEL);
     if !matches!(
         tokio::time::timeout(cc.reply_timeout, client.batch_execute(&listen)).await,
         Ok(Ok(()))
@@ -495,7 +495,7 @@ async fn session(
                         return;
                     }
                 }
-                let answered = tokio::time::timeout(cc.reply_timeout, client.simple_query(sql::PING)).await;
+                let answered = tokio::time::timeout(cc.reply_timeout, client.simple_query(wire::PING)).await;
                 if !matches!(answered, Ok(Ok(_))) {
                     tracing::warn!("zklock: the PostgreSQL listening connection did not answer a liveness check; connecting again");
                     return;
@@ -558,8 +558,8 @@ async fn register(
             shared.entries().contains_key(&id),
             &mut held.wait,
             id,
-            sql::WAIT,
-            sql::UNWAIT,
+            wire::WAIT,
+            wire::UNWAIT,
         ),
         Registration::Queue(id) => {
             let mut queued = shared.queued.lock().expect("not poisoned");
@@ -568,7 +568,7 @@ async fn register(
                 // Forgotten now; a wait that starts from here orders its registration again.
                 queued.remove(&id);
             }
-            (wanted, &mut held.queue, id, sql::QUEUE, sql::UNQUEUE)
+            (wanted, &mut held.queue, id, wire::QUEUE, wire::UNQUEUE)
         }
     };
     let statement = match (wanted, held.contains(&id)) {

@@ -11,7 +11,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::error::PostgresError;
-use super::sql::{LOCK_CLASS, WAIT_CLASS};
+use super::wire::{LOCK_CLASS, WAIT_CLASS};
 use super::{pg_error, PostgresBackend};
 use crate::backend::{BoxFuture, Inspect};
 use crate::types::error::Result;
@@ -19,7 +19,7 @@ use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
-/// The class of a waiting writer's intent (`zkIN`), as in [`super::sql::INTENT_CLASS`].
+/// The class of a waiting writer's intent (`zkIN`), as in [`super::wire::INTENT_CLASS`].
 const INTENT: i64 = 0x7A6B_494E;
 
 /// Every advisory lock of zklock's classes on the lock `$1` path: `(class, granted, shared,
@@ -209,6 +209,6 @@ mod tests {
             assert!(LOCK_STATE.contains(&class.to_string()));
             assert!(LOCKED_PATHS.contains(&class.to_string()));
         }
-        assert_eq!(INTENT, super::super::sql::INTENT_CLASS as i64);
+        assert_eq!(INTENT, super::super::wire::INTENT_CLASS as i64);
     }
 }

@@ -2,11 +2,11 @@
 //! connections the backend owns.
 //!
 //! - A lock path gets an id from the key table `zklock_keys` (a `serial`, so no two paths
-//!   share one), and its lock is the advisory lock `(LOCK_CLASS, id)`; see [`sql`].
+//!   share one), and its lock is the advisory lock `(LOCK_CLASS, id)`; see [`wire`].
 //! - An acquire of a free key is one statement on a holding connection:
 //!   `pg_try_advisory_lock` (or `_shared` for readers) and, once it got the lock, the raise of
 //!   the path's `fence` under it, which is the fencing token, committed without waiting for the
-//!   WAL flush when it is the server's clock reading (see [`sql`]). See [`conn`] for which
+//!   WAL flush when it is the server's clock reading (see [`wire`]). See [`conn`] for which
 //!   connection holds what.
 //! - A hold is lost the moment its connection breaks (the server ended the session:
 //!   `pg_terminate_backend`, a restart) or a liveness check (every lease/3) fails, and at the
@@ -64,7 +64,7 @@ mod hold;
 mod hub;
 mod inspect;
 mod options;
-mod sql;
+mod wire;
 mod tls;
 
 use std::collections::HashMap;
@@ -101,7 +101,7 @@ pub(crate) const MIN_LEASE: Duration = Duration::from_millis(300);
 /// Advisory locks, `LISTEN`/`NOTIFY`, `idle_session_timeout` and cancelling a statement of
 /// another session of the same role need no grant.
 pub(crate) fn setup_sql(grant_to: Option<&str>) -> Result<String> {
-    let mut sql = sql::CREATE_SCHEMA.to_string();
+    let mut sql = wire::CREATE_SCHEMA.to_string();
     if let Some(role) = grant_to {
         if role.contains('\0') {
             return Err(Error::InvalidArgument(
@@ -198,12 +198,12 @@ impl Inner {
     /// Creates the key table unless it is there.
     async fn ensure_schema(&self, conn: &HoldConn) -> Result<(), PostgresError> {
         let exists = conn
-            .run(conn.client().query_typed(sql::SCHEMA_EXISTS, &[]))
+            .run(conn.client().query_typed(wire::SCHEMA_EXISTS, &[]))
             .await?;
         if exists.first().is_some_and(|r| r.get::<_, bool>(0)) {
             return Ok(());
         }
-        conn.run(conn.client().batch_execute(sql::CREATE_SCHEMA))
+        conn.run(conn.client().batch_execute(wire::CREATE_SCHEMA))
             .await
     }
 
@@ -216,7 +216,7 @@ impl Inner {
         let find = || async {
             conn.run(
                 conn.client()
-                    .query_typed(sql::FIND_ID, &[(&&**path, Type::TEXT)]),
+                    .query_typed(wire::FIND_ID, &[(&&**path, Type::TEXT)]),
             )
             .await
             .map(|rows| rows.first().map(|r| r.get::<_, i32>(0)))
@@ -228,7 +228,7 @@ impl Inner {
                 Ok(None) => {
                     conn.run(
                         conn.client()
-                            .query_typed(sql::ADD_PATH, &[(&&**path, Type::TEXT)]),
+                            .query_typed(wire::ADD_PATH, &[(&&**path, Type::TEXT)]),
                     )
                     .await?;
                     find().await?
@@ -422,7 +422,7 @@ impl Backend for PostgresBackend {
                     let conn = inner.pool.any().await?;
                     let claimed = conn
                         .run(conn.client().query_typed(
-                            sql::CLAIM_RUN,
+                            wire::CLAIM_RUN,
                             &[(&id, Type::INT4), (&path, Type::TEXT), (&ms, Type::INT8)],
                         ))
                         .await?;
