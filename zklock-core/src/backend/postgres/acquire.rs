@@ -15,19 +15,41 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Statement;
 
 use super::conn::{HoldConn, Reservation};
-use super::error::PostgresError;
+use super::error::{is_cancelled, is_undefined_table, pg_error, row_keeps_changing, PostgresError};
 use super::hold::PgHold;
 use super::hub::{Listener, Queued, WaiterWatch};
-use super::{
-    is_cancelled, is_undefined_table, pg_error, wire, Inner, CANCEL_UNLESS_WITHIN, POLL_FALLBACK,
-    QUEUE_NOTICE, QUEUE_SLICE, STALE_ID_RETRIES,
-};
+use super::wire::{self, STALE_ID_RETRIES};
+use super::Inner;
 use crate::backend::backoff::Backoff;
 use crate::backend::{BoxFuture, LockTarget};
-use crate::types::error::{Error, Result};
+use crate::types::error::Result;
 use crate::types::loss::LossReason;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
+
+/// How long a waiter sleeps without a notified release before it tries again: a holder whose
+/// session ended (killed, crashed, partitioned past the lease) released without notifying.
+const POLL_FALLBACK: Duration = Duration::from_millis(500);
+/// How many acquires of one backend wait in the server's lock queue at a time, each on a
+/// connection of its own; the others wait by retrying on notified releases.
+pub(super) const QUEUED_WAITS: usize = 4;
+/// The longest one wait in the server's queue lasts before it is sent again (its
+/// `lock_timeout`): what bounds how long a waiter whose connection went silent without
+/// breaking (a partition) keeps waiting for an answer that cannot come.
+const QUEUE_SLICE: Duration = Duration::from_secs(30);
+/// A wait in the server's queue whose `lock_timeout` ends within this of its acquire being
+/// dropped is left to end by itself; a longer one is cancelled.
+const CANCEL_UNLESS_WITHIN: Duration = Duration::from_millis(50);
+/// How long a wait in the server's queue lasts before it is registered (see
+/// [`Hub::queued`](super::hub::Hub::queued)): a grant within this is taken as one of a free lock.
+const QUEUE_NOTICE: Duration = Duration::from_millis(5);
+/// How long a lock id counts as contended in this process after an attempt found it taken or
+/// a grant found a waiter: meanwhile an acquire of it waits in the server's queue at once,
+/// where a try would most likely be refused first (a round trip lost); afterwards it tries
+/// first, which costs the server less than a wait's statement.
+pub(super) const CONTENDED_FOR: Duration = Duration::from_secs(1);
+/// Past this many lock ids counted as contended, those that no longer are are forgotten.
+const CONTENDED_PRUNE: usize = 256;
 
 /// A lock id reserved for an acquire on a connection, and what the acquire may have left
 /// there: undone in the background when dropped armed, and the id given back after.
@@ -155,6 +177,40 @@ async fn ended(inner: &Inner, conn: &HoldConn, flight: InFlight) -> bool {
     match flight.answer.await {
         Ok(_) => true,
         Err(e) => !e.is_transient(),
+    }
+}
+
+impl Inner {
+    /// Whether `id` was found contended within [`CONTENDED_FOR`]: an acquire of it then
+    /// waits in the server's queue at once instead of trying first.
+    fn contended(&self, id: i32) -> bool {
+        self.contended
+            .lock()
+            .expect("not poisoned")
+            .get(&id)
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
+    /// Notes that an attempt found `id` taken, or a grant found a waiter.
+    fn mark_contended(&self, id: i32) {
+        let mut contended = self.contended.lock().expect("not poisoned");
+        let now = std::time::Instant::now();
+        if contended.len() >= CONTENDED_PRUNE {
+            contended.retain(|_, at| now.duration_since(*at) < CONTENDED_FOR);
+        }
+        contended.insert(id, now);
+    }
+
+    /// Cancels the statement `conn` runs now from another connection of the pool (see
+    /// [`HoldConn::cancel`]): `true` once the server has signalled `conn`'s session.
+    async fn cancel(&self, conn: &HoldConn) -> bool {
+        let bound = self.cc.connect_timeout + self.cc.reply_timeout;
+        let signalled = tokio::time::timeout(bound, async {
+            let sibling = self.pool.any().await?;
+            Ok::<_, PostgresError>(sibling.cancel(conn).await)
+        })
+        .await;
+        matches!(signalled, Ok(Ok(true)))
     }
 }
 
@@ -401,10 +457,7 @@ impl<'a> Acquire<'a> {
         }
         Err(match e {
             Some(e) => pg_error("acquire the lock")(e),
-            None => Error::Config(format!(
-                "the row of {} in the table zklock_keys keeps changing; do not delete rows of zklock_keys while zklock runs",
-                self.target.key
-            )),
+            None => row_keeps_changing(&self.target.key),
         })
     }
 

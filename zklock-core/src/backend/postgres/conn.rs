@@ -28,8 +28,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement};
 
-use super::error::PostgresError;
-use super::wire;
+use super::error::{unusable_url, PostgresError};
+use super::{tls, wire, PostgresConfig};
+use crate::backend::HOST_PID;
+use crate::types::error::Result;
 use crate::types::loss::LossReason;
 
 /// What the holds of one connection share.
@@ -110,7 +112,7 @@ pub(crate) struct ConnConfig {
     /// [`Builder::fencing_tokens`](crate::Builder::fencing_tokens).
     pub(crate) tokens: bool,
     /// The TLS every connection uses (none unless the URL or the builder asks for it).
-    pub(crate) tls: super::tls::PgTls,
+    pub(crate) tls: tls::PgTls,
     /// The newest timeline a connection of this process reached a primary on (see
     /// `open_session`).
     pub(crate) timeline: AtomicU32,
@@ -119,11 +121,59 @@ pub(crate) struct ConnConfig {
     pub(crate) freed: tokio::sync::Notify,
 }
 
+/// The longest any single request waits for its reply; shorter when the lease is.
+const MAX_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl ConnConfig {
+    /// What the backend's connections use, from what it is configured with.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) for a URL the client refuses, or TLS settings
+    /// it cannot use.
+    pub(crate) fn new(config: &PostgresConfig) -> Result<ConnConfig> {
+        // The URL may carry a password: errors name the problem, not the URL.
+        let (url, tls) = tls::split_url(&config.url, config.tls.as_ref())?;
+        let mut pg: tokio_postgres::Config = url.parse().map_err(unusable_url)?;
+        if pg.get_application_name().is_none() {
+            pg.application_name(&application_name(config.identity.as_deref()));
+        }
+        pg.connect_timeout(config.connect_timeout);
+        let lease = config.lease;
+        Ok(ConnConfig {
+            config: pg,
+            lease,
+            margin: lease / 100 + Duration::from_millis(2) + lease / 20,
+            connect_timeout: config.connect_timeout,
+            reply_timeout: lease.min(MAX_REPLY_TIMEOUT),
+            runtime: tokio::runtime::Handle::current(),
+            tokens: config.tokens,
+            tls,
+            timeline: AtomicU32::new(0),
+            freed: tokio::sync::Notify::new(),
+        })
+    }
+
     /// The loss deadline after a request sent at `sent` was answered.
     pub(crate) fn deadline(&self, sent: Instant) -> Instant {
         sent + self.lease - self.margin
     }
+}
+
+/// The sessions' `application_name`: zklock, the host and pid, and the identity if any, cut
+/// to the 63 bytes the server keeps.
+fn application_name(identity: Option<&str>) -> String {
+    let mut name = format!("zklock {}", *HOST_PID);
+    if let Some(id) = identity {
+        name.push_str(" id=");
+        name.push_str(id);
+    }
+    // The server keeps 63 bytes.
+    let mut end = name.len().min(63);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name.truncate(end);
+    name
 }
 
 /// The statements of the hot path, prepared once per connection (no parsing or planning per

@@ -10,9 +10,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::error::PostgresError;
+use super::error::{is_undefined_table, pg_error, PostgresError};
 use super::wire::{LOCK_CLASS, WAIT_CLASS};
-use super::{pg_error, PostgresBackend};
+use super::PostgresBackend;
 use crate::backend::{BoxFuture, Inspect};
 use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
@@ -97,7 +97,7 @@ impl PostgresBackend {
         let rows = match self.rows(path).await {
             Ok(rows) => rows,
             // No key table yet: no lock was ever taken here.
-            Err(e) if super::is_undefined_table(&e) => vec![],
+            Err(e) if is_undefined_table(&e) => vec![],
             Err(e) => return Err(pg_error("inspect a lock")(e)),
         };
         let locks: Vec<&Row> = rows
@@ -187,7 +187,7 @@ impl Inspect for PostgresBackend {
         Box::pin(async move {
             match self.locked_paths(namespace).await {
                 Ok(paths) => Ok(paths),
-                Err(e) if super::is_undefined_table(&e) => Ok(vec![]),
+                Err(e) if is_undefined_table(&e) => Ok(vec![]),
                 Err(e) => Err(pg_error("list the locks")(e)),
             }
         })

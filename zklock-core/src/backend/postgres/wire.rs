@@ -125,6 +125,15 @@
 //! appeared (when the listening connection was down meanwhile: in doubt, yes): what bounds the
 //! local queue's handoffs and ends a linger.
 
+use std::sync::Arc;
+
+use tokio_postgres::types::Type;
+
+use super::conn::HoldConn;
+use super::error::{is_undefined_table, PostgresError};
+use super::Inner;
+use crate::types::error::{Error, Result};
+
 /// What a holding connection runs first: statements read with a snapshot taken when they
 /// start, whatever the server's default (a reservation must not fail to serialize with a job's
 /// record); and the session's process id and start, which a cancel of its statements names
@@ -388,6 +397,94 @@ pub(crate) const CLAIM_RUN: &str = "WITH claimed AS (UPDATE zklock_keys \
      WHERE id = $1 AND path = $2 AND (run_after IS NULL OR run_after <= clock_timestamp()) \
      RETURNING 1) \
      SELECT EXISTS (SELECT 1 FROM claimed) FROM zklock_keys WHERE id = $1 AND path = $2";
+
+/// The SQL that creates zklock's table and, with `grant_to`, grants that role what zklock uses
+/// of it: reading and writing its rows (never deleting them) and taking ids from its sequence.
+/// Advisory locks, `LISTEN`/`NOTIFY`, `idle_session_timeout` and cancelling a statement of
+/// another session of the same role need no grant.
+pub(crate) fn setup_sql(grant_to: Option<&str>) -> Result<String> {
+    let mut sql = CREATE_SCHEMA.to_string();
+    if let Some(role) = grant_to {
+        if role.contains('\0') {
+            return Err(Error::InvalidArgument(
+                "a role name cannot hold a NUL byte".to_string(),
+            ));
+        }
+        let role = format!("\"{}\"", role.replace('"', "\"\""));
+        sql.push_str(&format!(
+            "\nGRANT SELECT, INSERT, UPDATE ON TABLE zklock_keys TO {role};\
+             \nGRANT USAGE ON SEQUENCE zklock_keys_id_seq TO {role};"
+        ));
+    }
+    sql.push('\n');
+    Ok(sql)
+}
+
+/// How many times an acquire looks a path's id up again after finding it stale before giving
+/// up (someone keeps dropping the key table).
+pub(super) const STALE_ID_RETRIES: u32 = 3;
+
+impl Inner {
+    /// Creates the key table unless it is there.
+    pub(super) async fn ensure_schema(&self, conn: &HoldConn) -> Result<(), PostgresError> {
+        let exists = conn
+            .run(conn.client().query_typed(SCHEMA_EXISTS, &[]))
+            .await?;
+        if exists.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            return Ok(());
+        }
+        conn.run(conn.client().batch_execute(CREATE_SCHEMA)).await
+    }
+
+    /// The lock id of `path`: from the cache, else from the key table (adding the path).
+    pub(super) async fn id_of(&self, path: &Arc<str>) -> Result<i32, PostgresError> {
+        if let Some(id) = self.ids.lock().expect("not poisoned").get(path) {
+            return Ok(*id);
+        }
+        let conn = self.pool.any().await?;
+        let find = || async {
+            conn.run(
+                conn.client()
+                    .query_typed(FIND_ID, &[(&&**path, Type::TEXT)]),
+            )
+            .await
+            .map(|rows| rows.first().map(|r| r.get::<_, i32>(0)))
+        };
+        let mut created = false;
+        loop {
+            let found = match find().await {
+                Ok(Some(id)) => Some(id),
+                Ok(None) => {
+                    conn.run(
+                        conn.client()
+                            .query_typed(ADD_PATH, &[(&&**path, Type::TEXT)]),
+                    )
+                    .await?;
+                    find().await?
+                }
+                // The table was dropped since this backend started: make it again, once.
+                Err(e) if is_undefined_table(&e) && !created => {
+                    created = true;
+                    self.ensure_schema(&conn).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(id) = found {
+                self.ids
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(path.clone(), id);
+                return Ok(id);
+            }
+        }
+    }
+
+    /// Forgets the id of `path` (its row no longer names it).
+    pub(super) fn forget(&self, path: &str) {
+        self.ids.lock().expect("not poisoned").remove(path);
+    }
+}
 
 #[cfg(test)]
 mod tests {
