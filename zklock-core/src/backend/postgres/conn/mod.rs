@@ -14,14 +14,21 @@
 //! - Any request whose effect on the session's locks is unknown (no reply in time, the
 //!   connection failed) closes the connection ([`HoldConn::kill`]): the server then releases
 //!   all it held, and its holds are lost. The connection is never used again.
+//!
+//! - `mod.rs`: what the connections share ([`ConnConfig`]) and one connection ([`HoldConn`]):
+//!   opening its session, its requests, a wait in the server's queue on it, closing it.
+//! - [`liveness`]: keeping a connection alive: its state, its checks, its deadline.
+//! - [`pool`]: which connection an acquire, a hold or another request gets.
 
-use std::collections::HashSet;
+mod liveness;
+mod pool;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Mutex as AsyncMutex};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
@@ -33,67 +40,10 @@ use super::{tls, wire, PostgresConfig};
 use crate::backend::HOST_PID;
 use crate::types::error::Result;
 use crate::types::loss::LossReason;
-
-/// What the holds of one connection share.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ConnState {
-    /// When the server could end the session for being idle, less a margin: the send time of
-    /// the last confirmed liveness check, plus the lease, less the margin.
-    pub(crate) deadline: Instant,
-    /// Set once the connection is lost; never cleared.
-    pub(crate) lost: Option<LossReason>,
-    /// A statement that waits in the server's lock queue runs on the connection (see
-    /// [`HoldConn::try_block`]): the session is busy, so the server does not end it for being
-    /// idle, and nothing is held on it, so the deadline does not apply until the wait ends.
-    pub(crate) blocked: bool,
-}
-
-impl ConnState {
-    pub(crate) fn reason_at(&self, now: Instant) -> Option<LossReason> {
-        if self.lost.is_some() {
-            self.lost
-        } else if self.blocked {
-            None
-        } else if now >= self.deadline {
-            Some(LossReason::LeaseExpired)
-        } else {
-            None
-        }
-    }
-}
-
-/// Makes the connection lost with `reason` unless it already is (a passed deadline is the
-/// first reason).
-fn lose(state: &watch::Sender<ConnState>, reason: LossReason) {
-    state.send_if_modified(|s| {
-        if s.lost.is_some() {
-            return false;
-        }
-        s.lost = Some(s.reason_at(Instant::now()).unwrap_or(reason));
-        true
-    });
-}
-
-/// A confirmed check moves the deadline to `deadline` (if later), unless the connection is
-/// lost, or the old deadline passed before the answer came (then it is lost now). Only a loss
-/// wakes the state's watchers (see [`HoldConn::answered`]).
-fn confirm_until(state: &watch::Sender<ConnState>, deadline: Instant) {
-    state.send_if_modified(|s| {
-        if s.lost.is_some() {
-            return false;
-        }
-        match s.reason_at(Instant::now()) {
-            Some(reason) => {
-                s.lost = Some(reason);
-                true
-            }
-            None => {
-                s.deadline = s.deadline.max(deadline);
-                false
-            }
-        }
-    });
-}
+pub(crate) use liveness::ConnState;
+use liveness::{liveness, lose};
+use pool::Uses;
+pub(crate) use pool::{Pool, Reservation};
 
 /// What opening and checking connections needs.
 pub(crate) struct ConnConfig {
@@ -184,19 +134,6 @@ pub(crate) struct Statements {
     pub(crate) release: Statement,
     pub(crate) block_exclusive: Statement,
     pub(crate) block_shared: Statement,
-}
-
-/// Who uses a connection, kept together so that a connection is given to a wait in the
-/// server's queue only while nothing else can send on it.
-#[derive(Default)]
-struct Uses {
-    /// Lock ids reserved on this connection by an acquire or a hold.
-    ids: HashSet<i32>,
-    /// Requests that take no lock under way ([`Pool::any`]).
-    lent: usize,
-    /// A wait in the server's lock queue runs on it: nothing else may be sent (it would wait
-    /// behind the wait), so the pool hands it to nobody.
-    blocked: bool,
 }
 
 /// Which server session a connection is: its process id and start, as the server's activity
@@ -377,17 +314,6 @@ impl HoldConn {
             .await
     }
 
-    /// Why the connection's holds are lost, if they are. The clock is read while the state is
-    /// borrowed, so a later confirmation cannot make a lost connection held again.
-    pub(crate) fn reason(&self) -> Option<LossReason> {
-        self.state.borrow().reason_at(Instant::now())
-    }
-
-    /// The connection's state, to watch.
-    pub(crate) fn subscribe(&self) -> watch::Receiver<ConnState> {
-        self.state.subscribe()
-    }
-
     /// Closes the connection: the server releases every lock of the session, and every hold
     /// on it is lost with `reason`.
     pub(crate) fn kill(&self, reason: LossReason) {
@@ -479,33 +405,6 @@ impl HoldConn {
         result
     }
 
-    /// A check sent at `sent` was answered: the session was alive then, so its locks are held
-    /// until the lease from then (unless the connection was lost meanwhile, or the old
-    /// deadline passed before the answer came: a loss is final).
-    ///
-    /// A later deadline is written without waking the state's watchers: only a loss does.
-    /// Every hold's loss signal, and every local waiter watching its holder's, sleeps until
-    /// the deadline it last read and reads the state again then, so an earlier wake-up was
-    /// for nothing; with a wake-up per check, a local queue of n tasks cost n polls per
-    /// handoff (each handoff confirms the hold), and its drain grew as n².
-    fn answered(&self, sent: Instant) {
-        confirm_until(&self.state, self.cc.deadline(sent));
-    }
-
-    /// Asks the session whether it is still there (one round trip on this connection): a
-    /// session-level advisory lock lasts as long as its session, so an answer confirms every
-    /// lock the connection holds, as of the request's sending. A failure or a silence past the
-    /// reply timeout closes the connection, and its holds are lost.
-    pub(crate) async fn confirm(&self) {
-        if self.reason().is_some() {
-            return;
-        }
-        let sent = Instant::now();
-        if self.run(self.client.simple_query(wire::PING)).await.is_ok() {
-            self.answered(sent);
-        }
-    }
-
     /// Runs one request, bounded by the reply timeout. A request that times out or fails on
     /// the connection closes it: what it did to the session's locks is unknown.
     pub(crate) async fn run<T, Fut>(&self, request: Fut) -> Result<T, PostgresError>
@@ -528,266 +427,5 @@ impl HoldConn {
 impl Drop for HoldConn {
     fn drop(&mut self) {
         self.kill(LossReason::Closed);
-    }
-}
-
-/// Checks every lease/3 that the session answers; makes the connection lost the moment a
-/// check fails, or when no check was confirmed before the deadline.
-async fn liveness(conn: Weak<HoldConn>, cc: Arc<ConnConfig>, mut last_sent: Instant) {
-    loop {
-        tokio::time::sleep_until(last_sent + cc.lease / 3).await;
-        let Some(c) = conn.upgrade() else { return };
-        if c.state.borrow().blocked {
-            // Any request would wait behind the wait in the lock queue: wait for its end, then
-            // count from the request that ended it.
-            let mut state = c.subscribe();
-            drop(c);
-            if state
-                .wait_for(|s| !s.blocked || s.lost.is_some())
-                .await
-                .is_err()
-            {
-                return;
-            }
-            let Some(c) = conn.upgrade() else { return };
-            let deadline = c.state.borrow().deadline;
-            last_sent = (deadline + cc.margin)
-                .checked_sub(cc.lease)
-                .unwrap_or(deadline);
-            continue;
-        }
-        if c.reason().is_some() {
-            return c.kill(LossReason::LeaseExpired);
-        }
-        let deadline = c.state.borrow().deadline;
-        let sent = Instant::now();
-        match tokio::time::timeout_at(deadline, c.client.simple_query(wire::PING)).await {
-            Ok(Ok(_)) => {
-                c.answered(sent);
-                last_sent = sent;
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "zklock: a PostgreSQL liveness check failed; the connection's locks are lost");
-                return c.kill(LossReason::Disconnected);
-            }
-            Err(_) => {
-                tracing::warn!("zklock: PostgreSQL did not answer a liveness check in time; the connection's locks are lost");
-                return c.kill(LossReason::LeaseExpired);
-            }
-        }
-    }
-}
-
-/// A lock id reserved on a connection; given back when dropped. Drop it only once the lock
-/// is free on the connection (released, undone, never taken) or the connection is closed.
-pub(crate) struct Reservation {
-    pub(crate) conn: Arc<HoldConn>,
-    pub(crate) id: i32,
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.conn
-            .uses
-            .lock()
-            .expect("not poisoned")
-            .ids
-            .remove(&self.id);
-        self.conn.cc.freed.notify_waiters();
-    }
-}
-
-/// A connection lent for requests that take no lock ([`Pool::any`]): it is not given to a
-/// wait in the server's queue meanwhile.
-pub(crate) struct Lent(Arc<HoldConn>);
-
-impl std::ops::Deref for Lent {
-    type Target = HoldConn;
-    fn deref(&self) -> &HoldConn {
-        &self.0
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        self.0.uses.lock().expect("not poisoned").lent -= 1;
-        self.0.cc.freed.notify_waiters();
-    }
-}
-
-/// The most holding connections a backend opens (beside its listening one): the bound on its
-/// server connections, whatever its tasks do. Each acquire and hold of one lock id needs a
-/// connection of its own (a session holds an advisory lock for all its statements), so this is
-/// also how many of one process's acquires and holds of one lock id run at once: with the
-/// local queue off, or readers (which each hold), the others wait in the process for a
-/// connection. Different ids share connections.
-pub(crate) const MAX_CONNECTIONS: usize = 16;
-
-/// How often an acquire that waits for a connection of a full pool looks again without being
-/// told (a connection that broke frees its place without a word).
-const FULL_POLL: Duration = Duration::from_millis(100);
-
-/// The backend's holding connections: as many as the most acquires and holds of one lock id
-/// at a time in this process (one with the local queue), opened on demand, at most
-/// [`MAX_CONNECTIONS`].
-pub(crate) struct Pool {
-    cc: Arc<ConnConfig>,
-    conns: StdMutex<Vec<Arc<HoldConn>>>,
-    /// One connection opens at a time.
-    opening: AsyncMutex<()>,
-}
-
-impl Pool {
-    pub(crate) fn new(cc: Arc<ConnConfig>) -> Pool {
-        Pool {
-            cc,
-            conns: StdMutex::default(),
-            opening: AsyncMutex::new(()),
-        }
-    }
-
-    /// A live connection not given to a wait, taken as `need` says.
-    fn find(&self, need: Need) -> Option<Arc<HoldConn>> {
-        let mut conns = self.conns.lock().expect("not poisoned");
-        conns.retain(|c| c.reason().is_none());
-        conns.iter().find_map(|c| {
-            let mut uses = c.uses.lock().expect("not poisoned");
-            if uses.blocked {
-                return None;
-            }
-            need.take(c, &mut uses).then(|| c.clone())
-        })
-    }
-
-    /// A connection as `need` says: one that has it, else a new one while the pool is below
-    /// [`MAX_CONNECTIONS`], else (`wait`) the first that has it once a use of one ends, or
-    /// (not `wait`) none.
-    async fn get(&self, need: Need, wait: bool) -> Result<Option<Arc<HoldConn>>, PostgresError> {
-        // The common case, with nothing to listen for.
-        if let Some(c) = self.find(need) {
-            return Ok(Some(c));
-        }
-        loop {
-            // Listening before looking: a use that ends after the look is not missed.
-            let freed = self.cc.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            if let Some(c) = self.find(need) {
-                return Ok(Some(c));
-            }
-            {
-                let _turn = self.opening.lock().await;
-                if let Some(c) = self.find(need) {
-                    return Ok(Some(c));
-                }
-                if self.conns.lock().expect("not poisoned").len() < MAX_CONNECTIONS {
-                    let c = HoldConn::open(&self.cc).await?;
-                    need.take(&c, &mut c.uses.lock().expect("not poisoned"));
-                    self.conns.lock().expect("not poisoned").push(c.clone());
-                    return Ok(Some(c));
-                }
-            }
-            if !wait {
-                return Ok(None);
-            }
-            tokio::select! {
-                _ = freed => {}
-                _ = tokio::time::sleep(FULL_POLL) => {}
-            }
-        }
-    }
-
-    /// Reserves `id` on a live connection, opening one if every connection has it; when
-    /// [`MAX_CONNECTIONS`] are open and all have it, waits until one does not.
-    pub(crate) async fn reserve(&self, id: i32) -> Result<Reservation, PostgresError> {
-        let conn = self
-            .get(Need::Reserve(id), true)
-            .await?
-            .expect("waited for");
-        Ok(Reservation { conn, id })
-    }
-
-    /// Reserves `id` on a live connection that nothing else uses, given to a wait in the
-    /// server's queue (see [`HoldConn::try_block`]), opening one if there is none; none when
-    /// [`MAX_CONNECTIONS`] are open and each is in use.
-    pub(crate) async fn reserve_blocked(
-        &self,
-        id: i32,
-    ) -> Result<Option<Reservation>, PostgresError> {
-        let conn = self.get(Need::Block(id), false).await?;
-        Ok(conn.map(|conn| Reservation { conn, id }))
-    }
-
-    /// A live connection, for requests that take no lock (key lookups, job records).
-    pub(crate) async fn any(&self) -> Result<Lent, PostgresError> {
-        let conn = self.get(Need::Lend, true).await?.expect("waited for");
-        Ok(Lent(conn))
-    }
-}
-
-/// What a caller of [`Pool::get`] takes of a connection.
-#[derive(Clone, Copy)]
-enum Need {
-    /// A lock id, free on it.
-    Reserve(i32),
-    /// A lock id, on a connection nothing else uses, given to a wait.
-    Block(i32),
-    /// Requests that take no lock.
-    Lend,
-}
-
-impl Need {
-    /// Takes what is needed of `c` (whose `uses` are locked and not blocked), if it can.
-    fn take(self, c: &HoldConn, uses: &mut Uses) -> bool {
-        match self {
-            Need::Reserve(id) => uses.ids.insert(id),
-            Need::Block(id) => {
-                if !uses.ids.is_empty() || uses.lent > 0 {
-                    return false;
-                }
-                uses.ids.insert(id);
-                uses.blocked = true;
-                c.state.send_modify(|s| s.blocked = true);
-                true
-            }
-            Need::Lend => {
-                uses.lent += 1;
-                true
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A confirmed check moves the deadline without waking anyone (a local queue of n tasks
-    /// watches its holder's connection: a wake-up per handoff's check cost n polls, and its
-    /// drain n²); a loss wakes them.
-    #[tokio::test]
-    async fn a_later_deadline_wakes_nobody_and_a_loss_wakes_everyone() {
-        let now = Instant::now();
-        let state = watch::Sender::new(ConnState {
-            deadline: now + Duration::from_secs(1),
-            lost: None,
-            blocked: false,
-        });
-        let mut watcher = state.subscribe();
-        confirm_until(&state, now + Duration::from_secs(5));
-        assert!(
-            !watcher.has_changed().unwrap(),
-            "a later deadline woke a watcher"
-        );
-        assert_eq!(watcher.borrow().deadline, now + Duration::from_secs(5));
-        // An earlier one leaves it.
-        confirm_until(&state, now + Duration::from_secs(2));
-        assert_eq!(watcher.borrow().deadline, now + Duration::from_secs(5));
-        // A check answered after the deadline passed: lost, and every watcher told.
-        state.send_modify(|s| s.deadline = Instant::now() - Duration::from_millis(1));
-        watcher.borrow_and_update();
-        confirm_until(&state, Instant::now() + Duration::from_secs(5));
-        assert!(watcher.has_changed().unwrap());
-        assert_eq!(watcher.borrow().lost, Some(LossReason::LeaseExpired));
     }
 }
