@@ -433,13 +433,13 @@ async fn session(
 ) {
     // The server ends the session once it hears nothing for the lease (see the module's docs);
     // before PostgreSQL 14 there is no such setting, and only the checks below are left.
-    let lease = format!("SET idle_session_timeout = {}", cc.lease.as_millis());
+    let lease = wire::set_idle_session_timeout(cc.lease);
     match tokio::time::timeout(cc.reply_timeout, client.batch_execute(&lease)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {}
         _ => return,
     }
-    let listen = format!("LISTEN {}; LISTEN {}", wire::CHANNEL, wire::WAIT_CHANNEL);
+    let listen = wire::listen();
     if !matches!(
         tokio::time::timeout(cc.reply_timeout, client.batch_execute(&listen)).await,
         Ok(Ok(()))

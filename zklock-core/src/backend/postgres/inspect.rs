@@ -11,7 +11,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::error::{is_undefined_table, pg_error, PostgresError};
-use super::wire::{LOCK_CLASS, WAIT_CLASS};
+use super::wire::{LOCKED_PATHS, LOCK_CLASS, LOCK_STATE, WAIT_CLASS};
 use super::PostgresBackend;
 use crate::backend::{BoxFuture, Inspect};
 use crate::types::error::Result;
@@ -21,25 +21,6 @@ use crate::types::token::FencingToken;
 
 /// The class of a waiting writer's intent (`zkIN`), as in [`super::wire::INTENT_CLASS`].
 const INTENT: i64 = 0x7A6B_494E;
-
-/// Every advisory lock of zklock's classes on the lock `$1` path: `(class, granted, shared,
-/// pid, application_name, since µs, fence, id)`, holders and the longest waiting first.
-const LOCK_STATE: &str = "SELECT l.classid::bigint, l.granted, l.mode = 'ShareLock', l.pid, \
-     coalesce(a.application_name, ''), \
-     floor(extract(epoch FROM coalesce((to_jsonb(l) ->> 'waitstart')::timestamptz, \
-     a.state_change, now())) * 1000000)::bigint, k.fence, k.id \
-     FROM zklock_keys k JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 2 \
-     AND l.objid::bigint = k.id AND l.database = (SELECT oid FROM pg_database \
-     WHERE datname = current_database()) \
-     LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE k.path = $1 AND l.classid::bigint IN (2053852235, 2053855049, 2053851470) \
-     ORDER BY l.granted DESC, 6";
-
-/// The paths under `$1` (a `LIKE` pattern) with any advisory lock of zklock's classes.
-const LOCKED_PATHS: &str = "SELECT DISTINCT k.path FROM zklock_keys k JOIN pg_locks l \
-     ON l.locktype = 'advisory' AND l.objsubid = 2 AND l.objid::bigint = k.id \
-     AND l.classid::bigint IN (2053852235, 2053855049, 2053851470) \
-     WHERE k.path LIKE $1";
 
 /// Where a hold of lock `id` on `path` says it lives: the lock path, and the advisory lock
 /// an administrator finds it by in `pg_locks`.

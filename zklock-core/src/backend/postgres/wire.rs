@@ -126,6 +126,7 @@
 //! local queue's handoffs and ends a linger.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_postgres::types::Type;
 
@@ -397,6 +398,39 @@ pub(crate) const CLAIM_RUN: &str = "WITH claimed AS (UPDATE zklock_keys \
      WHERE id = $1 AND path = $2 AND (run_after IS NULL OR run_after <= clock_timestamp()) \
      RETURNING 1) \
      SELECT EXISTS (SELECT 1 FROM claimed) FROM zklock_keys WHERE id = $1 AND path = $2";
+
+/// For inspection: every advisory lock of zklock's classes on the lock `$1` path: `(class,
+/// granted, shared, pid, application_name, since µs, fence, id)`, holders and the longest
+/// waiting first.
+pub(super) const LOCK_STATE: &str =
+    "SELECT l.classid::bigint, l.granted, l.mode = 'ShareLock', l.pid, \
+     coalesce(a.application_name, ''), \
+     floor(extract(epoch FROM coalesce((to_jsonb(l) ->> 'waitstart')::timestamptz, \
+     a.state_change, now())) * 1000000)::bigint, k.fence, k.id \
+     FROM zklock_keys k JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 2 \
+     AND l.objid::bigint = k.id AND l.database = (SELECT oid FROM pg_database \
+     WHERE datname = current_database()) \
+     LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE k.path = $1 AND l.classid::bigint IN (2053852235, 2053855049, 2053851470) \
+     ORDER BY l.granted DESC, 6";
+
+/// For inspection: the paths under `$1` (a `LIKE` pattern) with any advisory lock of
+/// zklock's classes.
+pub(super) const LOCKED_PATHS: &str = "SELECT DISTINCT k.path FROM zklock_keys k JOIN pg_locks l \
+     ON l.locktype = 'advisory' AND l.objsubid = 2 AND l.objid::bigint = k.id \
+     AND l.classid::bigint IN (2053852235, 2053855049, 2053851470) \
+     WHERE k.path LIKE $1";
+
+/// Asks the server to end the session once it hears nothing for `lease`
+/// (`idle_session_timeout`, PostgreSQL 14 and later).
+pub(super) fn set_idle_session_timeout(lease: Duration) -> String {
+    format!("SET idle_session_timeout = {}", lease.as_millis())
+}
+
+/// Listens on the channels a listening connection hears: [`CHANNEL`] and [`WAIT_CHANNEL`].
+pub(super) fn listen() -> String {
+    format!("LISTEN {CHANNEL}; LISTEN {WAIT_CHANNEL}")
+}
 
 /// The SQL that creates zklock's table and, with `grant_to`, grants that role what zklock uses
 /// of it: reading and writing its rows (never deleting them) and taking ids from its sequence.

@@ -246,7 +246,7 @@ impl HoldConn {
             reply_timeout: cc.reply_timeout,
             cc: cc.clone(),
         });
-        let set = format!("SET idle_session_timeout = {}", cc.lease.as_millis());
+        let set = wire::set_idle_session_timeout(cc.lease);
         match conn.run(conn.client.batch_execute(&set)).await {
             Ok(()) => {}
             // Before PostgreSQL 14: no server side lease. A silent holder keeps its locks until
