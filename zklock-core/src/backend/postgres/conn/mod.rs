@@ -85,7 +85,7 @@ impl ConnConfig {
         let (url, tls) = tls::split_url(&config.url, config.tls.as_ref())?;
         let mut pg: tokio_postgres::Config = url.parse().map_err(unusable_url)?;
         if pg.get_application_name().is_none() {
-            pg.application_name(&application_name(config.identity.as_deref()));
+            pg.application_name(application_name(config.identity.as_deref()));
         }
         pg.connect_timeout(config.connect_timeout);
         let lease = config.lease;
