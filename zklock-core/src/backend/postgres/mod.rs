@@ -36,7 +36,7 @@
 //!   dropped before cancels it from another session (see
 //!   [`HoldConn::cancel`](conn::HoldConn::cancel): the cancel cannot reach any later statement of
 //!   the waiting session) and then sends an undo, which releases a lock granted just as it was
-//!   dropped (see [`Unfinished`](acquire::undo::Unfinished)). A statement of an acquire cancelled
+//!   dropped (see `Unfinished` in [`acquire`]). A statement of an acquire cancelled
 //!   by anyone else (`pg_cancel_backend` by an operator) is sent again, within the acquire's
 //!   deadline. A waiting connection that breaks held nothing: the acquire waits again on another
 //!   one, at the back of the queue.

@@ -118,7 +118,7 @@ impl InFlight {
     /// The wait in the server's queue for lock `id` of `path` on `conn`: `statement` with a
     /// `lock_timeout` of `limit`, sent at `sent` (when its answer is first polled), bounded by
     /// `limit` and the reply timeout. Owned, so that a dropped acquire can still wait for its
-    /// answer (see [`ended`](super::undo::ended)).
+    /// answer (see `ended` in [`undo`](super::undo)).
     fn start(
         inner: &Inner,
         conn: &Arc<HoldConn>,

@@ -35,7 +35,7 @@ use undo::Unfinished;
 
 /// How long a waiter sleeps without a notified release before it tries again: a holder whose
 /// session ended (killed, crashed, partitioned past the lease) released without notifying.
-const POLL_FALLBACK: Duration = Duration::from_millis(500);
+pub(super) const POLL_FALLBACK: Duration = Duration::from_millis(500);
 /// How many acquires of one backend wait in the server's lock queue at a time, each on a
 /// connection of its own; the others wait by retrying on notified releases.
 pub(super) const QUEUED_WAITS: usize = 4;

@@ -17,7 +17,7 @@
 //!
 //! - `mod.rs`: what the connections share ([`ConnConfig`]) and one connection ([`HoldConn`]):
 //!   opening its session, its requests, a wait in the server's queue on it, closing it.
-//! - [`liveness`]: keeping a connection alive: its state, its checks, its deadline.
+//! - [`liveness`](mod@liveness): keeping a connection alive: its state, its checks, its deadline.
 //! - [`pool`]: which connection an acquire, a hold or another request gets.
 
 mod liveness;
