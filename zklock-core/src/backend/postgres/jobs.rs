@@ -6,7 +6,8 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 
 use super::error::{pg_error, row_keeps_changing};
-use super::wire::{self, STALE_ID_RETRIES};
+use super::keys::STALE_ID_RETRIES;
+use super::wire;
 use super::Inner;
 use crate::backend::LockTarget;
 use crate::types::error::Result;

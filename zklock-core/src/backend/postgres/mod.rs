@@ -8,6 +8,7 @@
 //! - [`jobs`]: a scheduled job's run record (`claim_run`, the `at_least` window).
 //! - [`inspect`]: what an operator sees of a lock.
 //! - [`wire`]: the protocol as the server sees it: the SQL, the lock ids, the key table.
+//! - [`keys`]: a lock path's id, read from the key table and cached.
 //! - [`options`]: the user's settings, [`PostgresOptions`].
 //! - [`error`]: the backend's errors and their mapping to zklock's [`Error`].
 //! - [`hub`]: the `LISTEN`/`NOTIFY` connection that wakes waiters and tells holders of them.
@@ -78,6 +79,7 @@ mod hold;
 mod hub;
 mod inspect;
 mod jobs;
+mod keys;
 mod options;
 mod tls;
 mod wire;

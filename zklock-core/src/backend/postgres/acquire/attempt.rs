@@ -1,28 +1,18 @@
 //! One attempt of an acquire on its reserved connection: a try ([`attempt`]) or a wait in the
 //! server's queue ([`block`]), and what its answer says ([`grant_of`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Statement;
 
-use super::undo::Unfinished;
+use super::undo::{InFlight, Unfinished};
 use super::{Attempt, QUEUE_NOTICE, QUEUE_SLICE};
 use crate::backend::postgres::conn::HoldConn;
 use crate::backend::postgres::error::PostgresError;
 use crate::backend::postgres::hub::{Queued, WaiterWatch};
 use crate::backend::postgres::{wire, Inner};
-use crate::backend::BoxFuture;
 use crate::types::mode::Wait;
-
-/// A wait in the server's queue under way: its statement's answer, and when its
-/// `lock_timeout` ends it on the server.
-pub(super) struct InFlight {
-    pub(super) ends: tokio::time::Instant,
-    pub(super) answer: BoxFuture<'static, Result<Vec<tokio_postgres::Row>, PostgresError>>,
-}
 
 /// One attempt on `unfinished`'s connection: one statement that tries the lock and, if it
 /// got it, takes the grant's token from the key row (see "Tokens" in the module docs of
@@ -112,38 +102,6 @@ fn queue_limit(wait: Wait) -> Duration {
         _ => QUEUE_SLICE,
     }
     .clamp(Duration::from_millis(1), QUEUE_SLICE)
-}
-
-impl InFlight {
-    /// The wait in the server's queue for lock `id` of `path` on `conn`: `statement` with a
-    /// `lock_timeout` of `limit`, sent at `sent` (when its answer is first polled), bounded by
-    /// `limit` and the reply timeout. Owned, so that a dropped acquire can still wait for its
-    /// answer (see `ended` in [`undo`](super::undo)).
-    fn start(
-        inner: &Inner,
-        conn: &Arc<HoldConn>,
-        statement: &Statement,
-        id: i32,
-        path: &str,
-        limit: Duration,
-        sent: tokio::time::Instant,
-    ) -> InFlight {
-        let lock_timeout = format!("{}ms", limit.as_millis().max(1));
-        let answer: BoxFuture<'static, _> = Box::pin({
-            let (conn, statement, path) = (conn.clone(), statement.clone(), path.to_string());
-            let bound = limit + inner.cc.reply_timeout;
-            async move {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                    [&id, &path, &lock_timeout];
-                conn.run_blocking(conn.client().query(&statement, &params), bound)
-                    .await
-            }
-        });
-        InFlight {
-            ends: sent + limit,
-            answer,
-        }
-    }
 }
 
 /// Waits for the answer of `flight`, the wait in the server's queue for lock `id`, and returns

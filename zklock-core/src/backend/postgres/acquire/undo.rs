@@ -1,16 +1,19 @@
 //! The undo of an acquire that ends without a hold: [`Unfinished`], armed while an attempt
 //! may have left something on its connection, undoes it in the background when dropped
-//! (dropped or timed-out acquires included), and gives the reserved id back after.
+//! (dropped or timed-out acquires included), and gives the reserved id back after; a wait in
+//! the server's queue under way ([`InFlight`]) is ended first.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_postgres::types::Type;
+use tokio_postgres::Statement;
 
-use super::attempt::InFlight;
 use super::CANCEL_UNLESS_WITHIN;
 use crate::backend::postgres::conn::{HoldConn, Reservation};
 use crate::backend::postgres::error::PostgresError;
 use crate::backend::postgres::{wire, Inner};
+use crate::backend::BoxFuture;
 use crate::types::loss::LossReason;
 
 /// A lock id reserved for an acquire on a connection, and what the acquire may have left
@@ -31,6 +34,13 @@ pub(super) struct Unfinished {
     /// The permit of a wait in the server's queue, given back with the connection (once a
     /// dropped wait is ended), so that no more connections wait than permits.
     pub(super) permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// A wait in the server's queue under way: its statement's answer, and when its
+/// `lock_timeout` ends it on the server.
+pub(super) struct InFlight {
+    pub(super) ends: tokio::time::Instant,
+    pub(super) answer: BoxFuture<'static, Result<Vec<tokio_postgres::Row>, PostgresError>>,
 }
 
 impl Unfinished {
@@ -146,5 +156,37 @@ impl Inner {
         })
         .await;
         matches!(signalled, Ok(Ok(true)))
+    }
+}
+
+impl InFlight {
+    /// The wait in the server's queue for lock `id` of `path` on `conn`: `statement` with a
+    /// `lock_timeout` of `limit`, sent at `sent` (when its answer is first polled), bounded by
+    /// `limit` and the reply timeout. Owned, so that a dropped acquire can still wait for its
+    /// answer (see `ended` in [`undo`](super::undo)).
+    pub(super) fn start(
+        inner: &Inner,
+        conn: &Arc<HoldConn>,
+        statement: &Statement,
+        id: i32,
+        path: &str,
+        limit: Duration,
+        sent: tokio::time::Instant,
+    ) -> InFlight {
+        let lock_timeout = format!("{}ms", limit.as_millis().max(1));
+        let answer: BoxFuture<'static, _> = Box::pin({
+            let (conn, statement, path) = (conn.clone(), statement.clone(), path.to_string());
+            let bound = limit + inner.cc.reply_timeout;
+            async move {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&id, &path, &lock_timeout];
+                conn.run_blocking(conn.client().query(&statement, &params), bound)
+                    .await
+            }
+        });
+        InFlight {
+            ends: sent + limit,
+            answer,
+        }
     }
 }
