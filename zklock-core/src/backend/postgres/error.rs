@@ -12,7 +12,7 @@ const ADVICE: &str =
 
 /// The client's error, no reply in time, or a server that must not be used.
 #[derive(Debug, Clone)]
-pub(crate) enum PostgresError {
+pub(super) enum PostgresError {
     Client(std::sync::Arc<tokio_postgres::Error>),
     TimedOut,
     /// The server is a standby (in recovery): its advisory locks exclude only its own
@@ -29,12 +29,12 @@ pub(crate) enum PostgresError {
 impl PostgresError {
     /// The error of a request that got no reply in time (the connection is then closed: what
     /// it held is released by the server).
-    pub(crate) fn timed_out() -> PostgresError {
+    pub(super) fn timed_out() -> PostgresError {
         PostgresError::TimedOut
     }
 
     /// The client's error, if the client reported one (`None` for a request that timed out).
-    pub(crate) fn get_ref(&self) -> Option<&tokio_postgres::Error> {
+    pub(super) fn get_ref(&self) -> Option<&tokio_postgres::Error> {
         match self {
             PostgresError::Client(e) => Some(e),
             PostgresError::TimedOut | PostgresError::Standby | PostgresError::OldPrimary { .. } => {
@@ -45,7 +45,7 @@ impl PostgresError {
 
     /// Whether the same request may succeed later, on another connection: the connection
     /// broke, was refused, or timed out, or the server is shutting down or starting.
-    pub(crate) fn is_transient(&self) -> bool {
+    pub(super) fn is_transient(&self) -> bool {
         match self {
             PostgresError::TimedOut => true,
             PostgresError::Standby | PostgresError::OldPrimary { .. } => false,
@@ -67,7 +67,7 @@ impl PostgresError {
     }
 
     /// This error during `operation`, as zklock's [`Error`].
-    pub(crate) fn during(self, operation: &'static str) -> Error {
+    pub(super) fn during(self, operation: &'static str) -> Error {
         if let PostgresError::Client(e) = &self {
             if let Some(failure) = super::tls::tls_failure(e) {
                 return failure;

@@ -150,7 +150,7 @@ impl Drop for Unlocking {
 
 /// One advisory lock held on a connection of the backend. Released when dropped (in the
 /// background) or by [`release`](BackendHold::release).
-pub(crate) struct PgHold {
+pub(super) struct PgHold {
     inner: Arc<Inner>,
     /// The user's key, for errors.
     key: Arc<str>,
@@ -171,7 +171,7 @@ pub(crate) struct PgHold {
 }
 
 impl PgHold {
-    pub(crate) fn new(
+    pub(super) fn new(
         inner: Arc<Inner>,
         target: &LockTarget,
         reservation: Reservation,
@@ -197,7 +197,7 @@ impl PgHold {
 
     /// Sets what the hold knows of other contenders: whether one waited at the grant, and the
     /// watch started before it.
-    pub(crate) fn watching(mut self, waiting: bool, waiters: WaiterWatch) -> PgHold {
+    pub(super) fn watching(mut self, waiting: bool, waiters: WaiterWatch) -> PgHold {
         self.waiters = Some((waiting, waiters));
         self
     }

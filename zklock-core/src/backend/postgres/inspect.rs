@@ -24,7 +24,7 @@ const INTENT: i64 = 0x7A6B_494E;
 
 /// Where a hold of lock `id` on `path` says it lives: the lock path, and the advisory lock
 /// an administrator finds it by in `pg_locks`.
-pub(crate) fn location(path: &str, id: i32) -> String {
+pub(super) fn location(path: &str, id: i32) -> String {
     format!("{path} (advisory lock {LOCK_CLASS},{id})")
 }
 

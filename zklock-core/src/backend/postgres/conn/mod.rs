@@ -40,35 +40,35 @@ use super::{tls, wire, PostgresConfig};
 use crate::backend::HOST_PID;
 use crate::types::error::Result;
 use crate::types::loss::LossReason;
-pub(crate) use liveness::ConnState;
+pub(super) use liveness::ConnState;
 use liveness::{liveness, lose};
 use pool::Uses;
-pub(crate) use pool::{Pool, Reservation};
+pub(super) use pool::{Pool, Reservation};
 
 /// What opening and checking connections needs.
-pub(crate) struct ConnConfig {
-    pub(crate) config: tokio_postgres::Config,
+pub(super) struct ConnConfig {
+    pub(super) config: tokio_postgres::Config,
     /// The server ends a session idle this long (`idle_session_timeout`): a silent holder's
     /// locks are released after it.
-    pub(crate) lease: Duration,
+    pub(super) lease: Duration,
     /// Taken off every deadline (see `Inner::margin` in the Redis backend: the same rule).
-    pub(crate) margin: Duration,
+    pub(super) margin: Duration,
     /// How long opening a connection may take.
-    pub(crate) connect_timeout: Duration,
+    pub(super) connect_timeout: Duration,
     /// How long one request may wait for its reply before its connection is closed.
-    pub(crate) reply_timeout: Duration,
-    pub(crate) runtime: tokio::runtime::Handle,
+    pub(super) reply_timeout: Duration,
+    pub(super) runtime: tokio::runtime::Handle,
     /// Whether grants take a fencing token (the key row's write); see
     /// [`Builder::fencing_tokens`](crate::Builder::fencing_tokens).
-    pub(crate) tokens: bool,
+    pub(super) tokens: bool,
     /// The TLS every connection uses (none unless the URL or the builder asks for it).
-    pub(crate) tls: tls::PgTls,
+    pub(super) tls: tls::PgTls,
     /// The newest timeline a connection of this process reached a primary on (see
     /// `open_session`).
-    pub(crate) timeline: AtomicU32,
+    pub(super) timeline: AtomicU32,
     /// Told whenever a connection's use ends (a reservation, a loan, a wait in the server's
     /// queue): what an acquire waiting for a connection of a full [`Pool`] waits for.
-    pub(crate) freed: tokio::sync::Notify,
+    pub(super) freed: tokio::sync::Notify,
 }
 
 /// The longest any single request waits for its reply; shorter when the lease is.
@@ -80,7 +80,7 @@ impl ConnConfig {
     /// # Errors
     /// [`Error::Config`](crate::Error::Config) for a URL the client refuses, or TLS settings
     /// it cannot use.
-    pub(crate) fn new(config: &PostgresConfig) -> Result<ConnConfig> {
+    pub(super) fn new(config: &PostgresConfig) -> Result<ConnConfig> {
         // The URL may carry a password: errors name the problem, not the URL.
         let (url, tls) = tls::split_url(&config.url, config.tls.as_ref())?;
         let mut pg: tokio_postgres::Config = url.parse().map_err(unusable_url)?;
@@ -104,7 +104,7 @@ impl ConnConfig {
     }
 
     /// The loss deadline after a request sent at `sent` was answered.
-    pub(crate) fn deadline(&self, sent: Instant) -> Instant {
+    pub(super) fn deadline(&self, sent: Instant) -> Instant {
         sent + self.lease - self.margin
     }
 }
@@ -128,12 +128,12 @@ fn application_name(identity: Option<&str>) -> String {
 
 /// The statements of the hot path, prepared once per connection (no parsing or planning per
 /// acquire and release).
-pub(crate) struct Statements {
-    pub(crate) try_exclusive: Statement,
-    pub(crate) try_shared: Statement,
-    pub(crate) release: Statement,
-    pub(crate) block_exclusive: Statement,
-    pub(crate) block_shared: Statement,
+pub(super) struct Statements {
+    pub(super) try_exclusive: Statement,
+    pub(super) try_shared: Statement,
+    pub(super) release: Statement,
+    pub(super) block_exclusive: Statement,
+    pub(super) block_shared: Statement,
 }
 
 /// Which server session a connection is: its process id and start, as the server's activity
@@ -268,12 +268,12 @@ impl HoldConn {
     }
 
     /// The client, for requests that go through [`run`](Self::run).
-    pub(crate) fn client(&self) -> &Client {
+    pub(super) fn client(&self) -> &Client {
         &self.client
     }
 
     /// The prepared statements, prepared on first use.
-    pub(crate) async fn statements(&self) -> Result<&Statements, PostgresError> {
+    pub(super) async fn statements(&self) -> Result<&Statements, PostgresError> {
         self.statements
             .get_or_try_init(|| {
                 let c = &self.client;
@@ -316,7 +316,7 @@ impl HoldConn {
 
     /// Closes the connection: the server releases every lock of the session, and every hold
     /// on it is lost with `reason`.
-    pub(crate) fn kill(&self, reason: LossReason) {
+    pub(super) fn kill(&self, reason: LossReason) {
         lose(&self.state, reason);
         self.driver.abort();
         if let Some(l) = self.liveness.lock().expect("not poisoned").take() {
@@ -329,7 +329,7 @@ impl HoldConn {
     /// and no other wait runs on it. From then on the pool hands it to nobody, its liveness
     /// checks pause (they would wait behind the wait) and its deadline does not apply, until
     /// [`unblock`](Self::unblock).
-    pub(crate) fn try_block(&self, id: i32) -> bool {
+    pub(super) fn try_block(&self, id: i32) -> bool {
         let mut uses = self.uses.lock().expect("not poisoned");
         if uses.blocked || uses.lent > 0 || uses.ids.len() != 1 || !uses.ids.contains(&id) {
             return false;
@@ -344,7 +344,7 @@ impl HoldConn {
     /// sent after it), from which the server counts its idle timeout no earlier; its deadline
     /// runs from there (`None`: no such answer, the old deadline stands). The connection is
     /// lost if its deadline has passed.
-    pub(crate) fn unblock(&self, answered: Option<Instant>) {
+    pub(super) fn unblock(&self, answered: Option<Instant>) {
         let mut uses = self.uses.lock().expect("not poisoned");
         uses.blocked = false;
         self.cc.freed.notify_waiters();
@@ -371,7 +371,7 @@ impl HoldConn {
     /// protocol's, which `tokio-postgres`'s `cancel_query` sends) gives no such bound: the
     /// server answers it by signalling twice, and returns to the client before it has, so
     /// the second signal can land on whatever the session runs next.
-    pub(crate) async fn cancel(&self, target: &HoldConn) -> bool {
+    pub(super) async fn cancel(&self, target: &HoldConn) -> bool {
         let session = &target.session;
         let signalled = self
             .run(self.client.query_typed(
@@ -385,7 +385,7 @@ impl HoldConn {
     /// Runs a wait in the server's queue (the connection given to it by
     /// [`try_block`](Self::try_block)), bounded by `limit` instead of the reply timeout. As
     /// [`run`](Self::run), a request that times out or fails on the connection closes it.
-    pub(crate) async fn run_blocking<T, Fut>(
+    pub(super) async fn run_blocking<T, Fut>(
         &self,
         request: Fut,
         limit: Duration,
@@ -407,7 +407,7 @@ impl HoldConn {
 
     /// Runs one request, bounded by the reply timeout. A request that times out or fails on
     /// the connection closes it: what it did to the session's locks is unknown.
-    pub(crate) async fn run<T, Fut>(&self, request: Fut) -> Result<T, PostgresError>
+    pub(super) async fn run<T, Fut>(&self, request: Fut) -> Result<T, PostgresError>
     where
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
