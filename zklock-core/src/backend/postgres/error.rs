@@ -1,6 +1,8 @@
 //! What went wrong talking to PostgreSQL: the client's error or no reply in time, inside the
 //! backend; zklock's [`Error::Server`] once it leaves it.
 
+use tokio_postgres::error::SqlState;
+
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, ServerError};
 
@@ -10,7 +12,7 @@ const ADVICE: &str =
 
 /// The client's error, no reply in time, or a server that must not be used.
 #[derive(Debug, Clone)]
-pub(crate) enum PostgresError {
+pub(super) enum PostgresError {
     Client(std::sync::Arc<tokio_postgres::Error>),
     TimedOut,
     /// The server is a standby (in recovery): its advisory locks exclude only its own
@@ -27,12 +29,12 @@ pub(crate) enum PostgresError {
 impl PostgresError {
     /// The error of a request that got no reply in time (the connection is then closed: what
     /// it held is released by the server).
-    pub(crate) fn timed_out() -> PostgresError {
+    pub(super) fn timed_out() -> PostgresError {
         PostgresError::TimedOut
     }
 
     /// The client's error, if the client reported one (`None` for a request that timed out).
-    pub(crate) fn get_ref(&self) -> Option<&tokio_postgres::Error> {
+    pub(super) fn get_ref(&self) -> Option<&tokio_postgres::Error> {
         match self {
             PostgresError::Client(e) => Some(e),
             PostgresError::TimedOut | PostgresError::Standby | PostgresError::OldPrimary { .. } => {
@@ -43,14 +45,13 @@ impl PostgresError {
 
     /// Whether the same request may succeed later, on another connection: the connection
     /// broke, was refused, or timed out, or the server is shutting down or starting.
-    pub(crate) fn is_transient(&self) -> bool {
+    pub(super) fn is_transient(&self) -> bool {
         match self {
             PostgresError::TimedOut => true,
             PostgresError::Standby | PostgresError::OldPrimary { .. } => false,
             // A certificate that does not verify does not verify the next time either.
             PostgresError::Client(e) if super::tls::tls_failure(e).is_some() => false,
             PostgresError::Client(e) => {
-                use tokio_postgres::error::SqlState;
                 e.is_closed()
                     || e.as_db_error().is_none() && e.code().is_none()
                     || e.code().is_some_and(|c| {
@@ -66,7 +67,7 @@ impl PostgresError {
     }
 
     /// This error during `operation`, as zklock's [`Error`].
-    pub(crate) fn during(self, operation: &'static str) -> Error {
+    pub(super) fn during(self, operation: &'static str) -> Error {
         if let PostgresError::Client(e) = &self {
             if let Some(failure) = super::tls::tls_failure(e) {
                 return failure;
@@ -101,6 +102,49 @@ impl PostgresError {
             source,
         }
     }
+}
+
+/// A postgres error during `operation`.
+pub(super) fn pg_error(operation: &'static str) -> impl FnOnce(PostgresError) -> Error {
+    move |source| source.during(operation)
+}
+
+pub(super) fn is_undefined_table(e: &PostgresError) -> bool {
+    e.get_ref().and_then(|e| e.code()) == Some(&SqlState::UNDEFINED_TABLE)
+}
+
+/// A statement cancelled by someone else: this backend's own cancels end only waits whose
+/// acquire was dropped, so an acquire that meets one (an operator's `pg_cancel_backend`) sends
+/// its statement again.
+pub(super) fn is_cancelled(e: &PostgresError) -> bool {
+    e.get_ref().and_then(|e| e.code()) == Some(&SqlState::QUERY_CANCELED)
+}
+
+/// A URL the client refuses. The URL may carry a password: the error names the problem, not
+/// the URL.
+pub(super) fn unusable_url(e: tokio_postgres::Error) -> Error {
+    Error::Config(format!("the PostgreSQL URL is not usable: {e}"))
+}
+
+/// The key table could not be made when the backend connected.
+pub(super) fn schema_refused(e: PostgresError) -> Error {
+    if e.get_ref().and_then(|e| e.code()) == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+        return Error::Config(
+            "zklock's table zklock_keys is not in this database, and this role may not \
+             create it: have an administrator run, once, the SQL that `zklock --connect \
+             <URL> setup --grant-to <role>` prints (see the security guide)"
+                .to_string(),
+        );
+    }
+    e.during("create the table zklock_keys")
+}
+
+/// The key table's row of `key` kept changing while an acquire or a job's record looked its
+/// id up again.
+pub(super) fn row_keeps_changing(key: &str) -> Error {
+    Error::Config(format!(
+        "the row of {key} in the table zklock_keys keeps changing; do not delete rows of zklock_keys while zklock runs"
+    ))
 }
 
 impl From<tokio_postgres::Error> for PostgresError {

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::conn::{ConnState, HoldConn, Reservation};
 use super::error::PostgresError;
 use super::hub::WaiterWatch;
-use super::{sql, Inner};
+use super::{wire, Inner};
 use crate::backend::undos::Undoing;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
@@ -150,7 +150,7 @@ impl Drop for Unlocking {
 
 /// One advisory lock held on a connection of the backend. Released when dropped (in the
 /// background) or by [`release`](BackendHold::release).
-pub(crate) struct PgHold {
+pub(super) struct PgHold {
     inner: Arc<Inner>,
     /// The user's key, for errors.
     key: Arc<str>,
@@ -171,7 +171,7 @@ pub(crate) struct PgHold {
 }
 
 impl PgHold {
-    pub(crate) fn new(
+    pub(super) fn new(
         inner: Arc<Inner>,
         target: &LockTarget,
         reservation: Reservation,
@@ -197,7 +197,7 @@ impl PgHold {
 
     /// Sets what the hold knows of other contenders: whether one waited at the grant, and the
     /// watch started before it.
-    pub(crate) fn watching(mut self, waiting: bool, waiters: WaiterWatch) -> PgHold {
+    pub(super) fn watching(mut self, waiting: bool, waiters: WaiterWatch) -> PgHold {
         self.waiters = Some((waiting, waiters));
         self
     }
@@ -353,7 +353,7 @@ impl BackendHold for PgHold {
                     let id = reservation.id;
                     let r = conn
                         .run(conn.client().query_typed(
-                            sql::DOWNGRADE,
+                            wire::DOWNGRADE,
                             &[(&id, tokio_postgres::types::Type::INT4)],
                         ))
                         .await

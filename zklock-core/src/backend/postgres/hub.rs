@@ -1,11 +1,11 @@
-//! Waking waiters: one connection per backend `LISTEN`s on [`sql::CHANNEL`], which a release
+//! Waking waiters: one connection per backend `LISTEN`s on [`wire::CHANNEL`], which a release
 //! notifies with the lock id when someone waits for it; a waiter sleeps until its id is
 //! notified (or its fallback pause passes: a holder whose session ended released without
 //! notifying).
 //!
 //! A release notifies only if some process registered a waiter for the id: the listening
 //! connection holds the shared lock `(WAIT_CLASS, id)` while any task of this backend waits
-//! for `id` (see the module docs of [`sql`]). A waiter has its registration confirmed before
+//! for `id` (see the module docs of [`wire`]). A waiter has its registration confirmed before
 //! its next attempt ([`Listener::registered`]), so a release that follows that attempt sees it.
 //!
 //! Waits in the server's lock queue ([`Hub::queued`]) need no wake-up (the server grants
@@ -43,7 +43,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client};
 
 use super::conn::ConnConfig;
-use super::sql;
+use super::wire;
 use crate::backend::BoxFuture;
 
 /// What the waiters of one lock id share.
@@ -149,14 +149,14 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
 /// and again registers once, and tells the holders once.
 const QUEUE_LINGER: Duration = Duration::from_millis(500);
 
-pub(crate) struct Hub {
+pub(super) struct Hub {
     shared: Arc<Shared>,
     task: AbortHandle,
 }
 
 impl Hub {
     /// Starts listening (in the background: waiters poll until it listens).
-    pub(crate) fn start(cc: Arc<ConnConfig>) -> Hub {
+    pub(super) fn start(cc: Arc<ConnConfig>) -> Hub {
         let (orders, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             entries: StdMutex::default(),
@@ -175,7 +175,7 @@ impl Hub {
 
     /// Starts listening for releases of `id`, and registers this backend as waiting for it
     /// (confirmed by [`Listener::registered`]).
-    pub(crate) fn listen(&self, id: i32) -> Listener {
+    pub(super) fn listen(&self, id: i32) -> Listener {
         let mut entries = self.shared.entries();
         let entry = entries.entry(id).or_insert_with(|| Entry {
             wake: watch::channel(0).0,
@@ -202,7 +202,7 @@ impl Hub {
     /// since the server hands the lock to it. The registration is made in the background; the
     /// wait does not wait for it (a holder granted before it lands hears of it by
     /// notification).
-    pub(crate) fn queued(&self, id: i32) -> Queued {
+    pub(super) fn queued(&self, id: i32) -> Queued {
         let mut queued = self.shared.queued.lock().expect("not poisoned");
         let entry = queued.entry(id).or_insert(QueuedEntry {
             count: 0,
@@ -229,7 +229,7 @@ impl Hub {
     /// of waiters that gave up (ended in the background) and those of waits in the server's
     /// queue that ended (kept for [`QUEUE_LINGER`] otherwise). While the connection is down
     /// it holds none.
-    pub(crate) async fn flush(&self) {
+    pub(super) async fn flush(&self) {
         let (done, flushed) = oneshot::channel();
         if self.shared.orders.send(Order::Flush(done)).is_ok() {
             // Dropped unanswered only with the hub's task: then nothing is registered.
@@ -239,7 +239,7 @@ impl Hub {
 }
 
 /// A wait in the server's queue, registered: see [`Hub::queued`].
-pub(crate) struct Queued {
+pub(super) struct Queued {
     id: i32,
     shared: Arc<Shared>,
 }
@@ -259,7 +259,7 @@ impl Drop for Queued {
 impl Hub {
     /// Starts watching for waiters of `id` registering (in any process): call before the
     /// attempt that may take the lock, so none registering after it is missed.
-    pub(crate) fn watch_waiters(&self, id: i32) -> WaiterWatch {
+    pub(super) fn watch_waiters(&self, id: i32) -> WaiterWatch {
         let start = {
             let mut appeared = self.shared.appeared.lock().expect("not poisoned");
             let a = appeared.entry(id).or_default();
@@ -279,7 +279,7 @@ impl Hub {
 }
 
 /// A holder's watch for other contenders of its lock id: see [`Hub::watch_waiters`].
-pub(crate) struct WaiterWatch {
+pub(super) struct WaiterWatch {
     /// The id's counter of registrations when the watch started.
     start: u64,
     listening: watch::Receiver<u64>,
@@ -292,14 +292,14 @@ pub(crate) struct WaiterWatch {
 impl WaiterWatch {
     /// Whether a waiter may have registered since the watch started: one did, or the
     /// listening connection did not listen all along (when in doubt, yes).
-    pub(crate) fn appeared(&self) -> bool {
+    pub(super) fn appeared(&self) -> bool {
         !self.listened
             || self.listening.has_changed().unwrap_or(true)
             || self.shared.appeared_count(self.id) != Some(self.start)
     }
 
     /// Completes once [`appeared`](Self::appeared) is true.
-    pub(crate) fn wait(&self) -> BoxFuture<'static, ()> {
+    pub(super) fn wait(&self) -> BoxFuture<'static, ()> {
         if self.appeared() {
             return Box::pin(std::future::ready(()));
         }
@@ -373,7 +373,7 @@ async fn run(cc: Arc<ConnConfig>, shared: Arc<Shared>, mut orders: mpsc::Unbound
                 let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
                 while let Some(message) = messages.next().await {
                     match message {
-                        Ok(AsyncMessage::Notification(n)) if n.channel() == sql::WAIT_CHANNEL => {
+                        Ok(AsyncMessage::Notification(n)) if n.channel() == wire::WAIT_CHANNEL => {
                             if let Ok(id) = n.payload().parse() {
                                 notified.appeared(id);
                             }
@@ -433,13 +433,13 @@ async fn session(
 ) {
     // The server ends the session once it hears nothing for the lease (see the module's docs);
     // before PostgreSQL 14 there is no such setting, and only the checks below are left.
-    let lease = format!("SET idle_session_timeout = {}", cc.lease.as_millis());
+    let lease = wire::set_idle_session_timeout(cc.lease);
     match tokio::time::timeout(cc.reply_timeout, client.batch_execute(&lease)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {}
         _ => return,
     }
-    let listen = format!("LISTEN {}; LISTEN {}", sql::CHANNEL, sql::WAIT_CHANNEL);
+    let listen = wire::listen();
     if !matches!(
         tokio::time::timeout(cc.reply_timeout, client.batch_execute(&listen)).await,
         Ok(Ok(()))
@@ -495,7 +495,7 @@ async fn session(
                         return;
                     }
                 }
-                let answered = tokio::time::timeout(cc.reply_timeout, client.simple_query(sql::PING)).await;
+                let answered = tokio::time::timeout(cc.reply_timeout, client.simple_query(wire::PING)).await;
                 if !matches!(answered, Ok(Ok(_))) {
                     tracing::warn!("zklock: the PostgreSQL listening connection did not answer a liveness check; connecting again");
                     return;
@@ -558,8 +558,8 @@ async fn register(
             shared.entries().contains_key(&id),
             &mut held.wait,
             id,
-            sql::WAIT,
-            sql::UNWAIT,
+            wire::WAIT,
+            wire::UNWAIT,
         ),
         Registration::Queue(id) => {
             let mut queued = shared.queued.lock().expect("not poisoned");
@@ -568,7 +568,7 @@ async fn register(
                 // Forgotten now; a wait that starts from here orders its registration again.
                 queued.remove(&id);
             }
-            (wanted, &mut held.queue, id, sql::QUEUE, sql::UNQUEUE)
+            (wanted, &mut held.queue, id, wire::QUEUE, wire::UNQUEUE)
         }
     };
     let statement = match (wanted, held.contains(&id)) {
@@ -600,7 +600,7 @@ async fn register(
 }
 
 /// A waiter's interest in one lock id's releases.
-pub(crate) struct Listener {
+pub(super) struct Listener {
     wake: watch::Receiver<u64>,
     registered: watch::Receiver<bool>,
     id: i32,
@@ -609,23 +609,23 @@ pub(crate) struct Listener {
 
 impl Listener {
     /// The lock id listened for.
-    pub(crate) fn id(&self) -> i32 {
+    pub(super) fn id(&self) -> i32 {
         self.id
     }
 
     /// Waits, at most `within`, until releases of the id will be notified to this backend.
     /// Past that (the listening connection is down), the waiter relies on its fallback poll.
-    pub(crate) async fn registered(&mut self, within: Duration) {
+    pub(super) async fn registered(&mut self, within: Duration) {
         let _ = tokio::time::timeout(within, self.registered.wait_for(|r| *r)).await;
     }
 
     /// Forgets the releases so far: call before each attempt.
-    pub(crate) fn mark(&mut self) {
+    pub(super) fn mark(&mut self) {
         self.wake.borrow_and_update();
     }
 
     /// Waits for a release since the last [`mark`](Self::mark), at most `fallback`.
-    pub(crate) async fn wait(&mut self, fallback: Duration) {
+    pub(super) async fn wait(&mut self, fallback: Duration) {
         let _ = tokio::time::timeout(fallback, self.wake.changed()).await;
     }
 }

@@ -10,40 +10,21 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::error::PostgresError;
-use super::sql::{LOCK_CLASS, WAIT_CLASS};
-use super::{pg_error, PostgresBackend};
+use super::error::{is_undefined_table, pg_error, PostgresError};
+use super::wire::{LOCKED_PATHS, LOCK_CLASS, LOCK_STATE, WAIT_CLASS};
+use super::PostgresBackend;
 use crate::backend::{BoxFuture, Inspect};
 use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
 
-/// The class of a waiting writer's intent (`zkIN`), as in [`super::sql::INTENT_CLASS`].
+/// The class of a waiting writer's intent (`zkIN`), as in [`super::wire::INTENT_CLASS`].
 const INTENT: i64 = 0x7A6B_494E;
-
-/// Every advisory lock of zklock's classes on the lock `$1` path: `(class, granted, shared,
-/// pid, application_name, since µs, fence, id)`, holders and the longest waiting first.
-const LOCK_STATE: &str = "SELECT l.classid::bigint, l.granted, l.mode = 'ShareLock', l.pid, \
-     coalesce(a.application_name, ''), \
-     floor(extract(epoch FROM coalesce((to_jsonb(l) ->> 'waitstart')::timestamptz, \
-     a.state_change, now())) * 1000000)::bigint, k.fence, k.id \
-     FROM zklock_keys k JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 2 \
-     AND l.objid::bigint = k.id AND l.database = (SELECT oid FROM pg_database \
-     WHERE datname = current_database()) \
-     LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE k.path = $1 AND l.classid::bigint IN (2053852235, 2053855049, 2053851470) \
-     ORDER BY l.granted DESC, 6";
-
-/// The paths under `$1` (a `LIKE` pattern) with any advisory lock of zklock's classes.
-const LOCKED_PATHS: &str = "SELECT DISTINCT k.path FROM zklock_keys k JOIN pg_locks l \
-     ON l.locktype = 'advisory' AND l.objsubid = 2 AND l.objid::bigint = k.id \
-     AND l.classid::bigint IN (2053852235, 2053855049, 2053851470) \
-     WHERE k.path LIKE $1";
 
 /// Where a hold of lock `id` on `path` says it lives: the lock path, and the advisory lock
 /// an administrator finds it by in `pg_locks`.
-pub(crate) fn location(path: &str, id: i32) -> String {
+pub(super) fn location(path: &str, id: i32) -> String {
     format!("{path} (advisory lock {LOCK_CLASS},{id})")
 }
 
@@ -97,7 +78,7 @@ impl PostgresBackend {
         let rows = match self.rows(path).await {
             Ok(rows) => rows,
             // No key table yet: no lock was ever taken here.
-            Err(e) if super::is_undefined_table(&e) => vec![],
+            Err(e) if is_undefined_table(&e) => vec![],
             Err(e) => return Err(pg_error("inspect a lock")(e)),
         };
         let locks: Vec<&Row> = rows
@@ -187,7 +168,7 @@ impl Inspect for PostgresBackend {
         Box::pin(async move {
             match self.locked_paths(namespace).await {
                 Ok(paths) => Ok(paths),
-                Err(e) if super::is_undefined_table(&e) => Ok(vec![]),
+                Err(e) if is_undefined_table(&e) => Ok(vec![]),
                 Err(e) => Err(pg_error("list the locks")(e)),
             }
         })
@@ -209,6 +190,6 @@ mod tests {
             assert!(LOCK_STATE.contains(&class.to_string()));
             assert!(LOCKED_PATHS.contains(&class.to_string()));
         }
-        assert_eq!(INTENT, super::super::sql::INTENT_CLASS as i64);
+        assert_eq!(INTENT, super::super::wire::INTENT_CLASS as i64);
     }
 }

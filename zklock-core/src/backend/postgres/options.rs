@@ -5,6 +5,10 @@ use std::time::Duration;
 use crate::backend::DEFAULT_LEASE;
 use crate::types::tls::Tls;
 
+/// The shortest lease accepted: liveness checks go out every lease/3, and the server counts
+/// `idle_session_timeout` in milliseconds.
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(300);
+
 /// The PostgreSQL backend's own settings, given to
 /// [`Builder::postgres`](crate::Builder::postgres). A manager whose connect string names
 /// another backend refuses them at [`connect`](crate::Builder::connect) with

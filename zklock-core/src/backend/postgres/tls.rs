@@ -20,12 +20,12 @@ use crate::types::tls::{Check, Tls};
 
 /// The TLS a manager's connections use: none, or [`Tls`] checked as `verify` says.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct PgTls(Option<(Tls, Check)>);
+pub(super) struct PgTls(Option<(Tls, Check)>);
 
 /// The URL without its TLS parameters, for tokio-postgres, and the TLS they ask for, merged
 /// with `options` (the builder's; the URL's files win where both name one). A builder's TLS
 /// with no `sslmode` in the URL asks for `verify-full`.
-pub(crate) fn split_url(url: &str, options: Option<&Tls>) -> Result<(String, PgTls)> {
+pub(super) fn split_url(url: &str, options: Option<&Tls>) -> Result<(String, PgTls)> {
     let (rest, params) = split_params(url);
     let mut mode = None;
     let (mut root, mut cert, mut key) = (None, None, None);
@@ -143,7 +143,7 @@ fn percent_decode(s: &str) -> String {
 /// Why TLS to a PostgreSQL server failed: carried through tokio-postgres's error as its source,
 /// and turned into [`Error::Tls`] (see [`tls_failure`]).
 #[derive(Debug, Clone)]
-pub(crate) struct TlsFailure(pub(crate) Error);
+pub(super) struct TlsFailure(pub(super) Error);
 
 impl fmt::Display for TlsFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -155,7 +155,7 @@ impl std::error::Error for TlsFailure {}
 
 /// The [`Error::Tls`] a client error carries, if it is a TLS failure: ours, or the server's
 /// answer that it speaks no TLS.
-pub(crate) fn tls_failure(err: &tokio_postgres::Error) -> Option<Error> {
+pub(super) fn tls_failure(err: &tokio_postgres::Error) -> Option<Error> {
     let mut source = std::error::Error::source(err);
     let mut plaintext = false;
     while let Some(e) = source {
@@ -196,7 +196,7 @@ where
 }
 
 /// The connector of one connection to `host`.
-pub(crate) struct PgTlsConnect {
+pub(super) struct PgTlsConnect {
     tls: Option<(Tls, Check)>,
     host: String,
 }
@@ -238,7 +238,7 @@ fn named(err: Error, host: &str) -> Error {
 }
 
 /// A TLS stream to PostgreSQL.
-pub(crate) struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
+pub(super) struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
 
 impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for PgTlsStream<S> {
     fn channel_binding(&self) -> ChannelBinding {

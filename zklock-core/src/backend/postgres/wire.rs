@@ -125,12 +125,16 @@
 //! appeared (when the listening connection was down meanwhile: in doubt, yes): what bounds the
 //! local queue's handoffs and ends a linger.
 
+use std::time::Duration;
+
+use crate::types::error::{Error, Result};
+
 /// What a holding connection runs first: statements read with a snapshot taken when they
 /// start, whatever the server's default (a reservation must not fail to serialize with a job's
 /// record); and the session's process id and start, which a cancel of its statements names
 /// ([`CANCEL`]); whether the server is a standby; and a primary's timeline (the first 8 hex
 /// digits of its current WAL file's name), which every promotion raises.
-pub(crate) const OPEN_SESSION: &str = "SET default_transaction_isolation = 'read committed'; \
+pub(super) const OPEN_SESSION: &str = "SET default_transaction_isolation = 'read committed'; \
      SELECT pid::text, backend_start::text, pg_is_in_recovery()::text, \
      CASE WHEN pg_is_in_recovery() THEN NULL \
      ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END \
@@ -139,35 +143,35 @@ pub(crate) const OPEN_SESSION: &str = "SET default_transaction_isolation = 'read
 /// Cancels the statement that the session `$1` (process id) started at `$2` (its
 /// `backend_start`, as text) runs now, from another session: `pg_cancel_backend` signals the
 /// process once, before it returns. No row, or `false`, when no such session is there.
-pub(crate) const CANCEL: &str = "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
+pub(super) const CANCEL: &str = "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
      WHERE pid = $1 AND backend_start::text = $2";
 
 /// The class (first key) of every advisory lock zklock takes: `zkLK` in ASCII.
-pub(crate) const LOCK_CLASS: i32 = 0x7A6B_4C4B;
+pub(super) const LOCK_CLASS: i32 = 0x7A6B_4C4B;
 /// The class of a waiting writer's intent (`zkIN`): held while a writer waits, so that new
 /// readers queue behind it.
 #[allow(dead_code)] // the statements spell it as a literal; the tests check it
-pub(crate) const INTENT_CLASS: i32 = 0x7A6B_494E;
+pub(super) const INTENT_CLASS: i32 = 0x7A6B_494E;
 /// The class of a waiter's registration (`zkWI`): a shared lock held by the listening
 /// connection of each process with a task waiting for the id.
 #[allow(dead_code)] // the statements spell it as a literal; the tests check it
-pub(crate) const WAIT_CLASS: i32 = 0x7A6B_5749;
+pub(super) const WAIT_CLASS: i32 = 0x7A6B_5749;
 /// The class of a process's registration of waiters queued in the server (`zkQU`): a shared
 /// lock held by the listening connection of each process with a task blocked in
 /// `pg_advisory_lock` for the id, and for a moment after (see [`QUEUE`]).
 #[allow(dead_code)] // the statements spell it as a literal; the tests check it
-pub(crate) const QUEUE_CLASS: i32 = 0x7A6B_5155;
+pub(super) const QUEUE_CLASS: i32 = 0x7A6B_5155;
 /// The channel every release notifies, with the lock id as payload.
-pub(crate) const CHANNEL: &str = "zklock_release";
+pub(super) const CHANNEL: &str = "zklock_release";
 /// The channel a process notifies when it starts waiting for a lock id (the payload): a holder
 /// learns that another contender appeared (what ends a linger, and bounds local handoffs).
-pub(crate) const WAIT_CHANNEL: &str = "zklock_wait";
+pub(super) const WAIT_CHANNEL: &str = "zklock_wait";
 
 /// Creates the key table, once, even when many processes start at the same moment: `CREATE
 /// TABLE IF NOT EXISTS` alone can fail in a race on the catalog's unique index, so creators
 /// take turns on a transaction-level advisory lock (object id 0: no lock path has it). A table
 /// made by an earlier version gains the `block` column.
-pub(crate) const CREATE_SCHEMA: &str = "BEGIN;
+pub(super) const CREATE_SCHEMA: &str = "BEGIN;
 SELECT pg_advisory_xact_lock(2053852235, 0);
 CREATE TABLE IF NOT EXISTS zklock_keys (
     id serial PRIMARY KEY,
@@ -181,14 +185,14 @@ COMMIT;";
 
 /// Whether the key table is there, as this version uses it (no lock, no write: a role that
 /// may not create it can still use one an administrator made).
-pub(crate) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+pub(super) const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM pg_attribute \
      WHERE attrelid = to_regclass('zklock_keys') AND attname = 'block' AND NOT attisdropped)";
 
 /// `$1` path -> id, if it has one.
-pub(crate) const FIND_ID: &str = "SELECT id FROM zklock_keys WHERE path = $1";
+pub(super) const FIND_ID: &str = "SELECT id FROM zklock_keys WHERE path = $1";
 
 /// Gives `$1` path an id (a row) unless it has one.
-pub(crate) const ADD_PATH: &str =
+pub(super) const ADD_PATH: &str =
     "INSERT INTO zklock_keys (path) VALUES ($1) ON CONFLICT (path) DO NOTHING";
 
 /// What an attempt does once its lock is got (`l.got`, with the server's clock `l.now` in µs
@@ -240,10 +244,10 @@ macro_rules! now_us {
 
 /// A mutex's or a writer's attempt at the lock of `$1` id, and its grant (`$2` path):
 /// `(got, token, waiting)`.
-pub(crate) const TRY_EXCLUSIVE: &str = concat!(try_exclusive!(), grant_under_lock!());
+pub(super) const TRY_EXCLUSIVE: &str = concat!(try_exclusive!(), grant_under_lock!());
 
 /// [`TRY_EXCLUSIVE`] without a token (see [`check_under_lock`]): `(got, 0, waiting)`.
-pub(crate) const TRY_EXCLUSIVE_UNFENCED: &str = concat!(try_exclusive!(), check_under_lock!());
+pub(super) const TRY_EXCLUSIVE_UNFENCED: &str = concat!(try_exclusive!(), check_under_lock!());
 
 macro_rules! try_exclusive {
     () => {
@@ -258,10 +262,10 @@ use try_exclusive;
 /// A reader's attempt, as [`TRY_EXCLUSIVE`] but shared, and only while no writer waits (a
 /// writer's intent, `(INTENT_CLASS, id)`, refuses the reader's shared check; `CASE` evaluates
 /// the lock only after the check passed).
-pub(crate) const TRY_SHARED: &str = concat!(try_shared!(), grant_under_lock!());
+pub(super) const TRY_SHARED: &str = concat!(try_shared!(), grant_under_lock!());
 
 /// [`TRY_SHARED`] without a token (see [`check_under_lock`]): `(got, 0, waiting)`.
-pub(crate) const TRY_SHARED_UNFENCED: &str = concat!(try_shared!(), check_under_lock!());
+pub(super) const TRY_SHARED_UNFENCED: &str = concat!(try_shared!(), check_under_lock!());
 
 macro_rules! try_shared {
     () => {
@@ -282,10 +286,10 @@ use try_shared;
 /// `lock_timeout` (text, e.g. `1500ms`): past it the server ends the wait with
 /// `lock_not_available` and nothing is taken, unless the time ran out in the row's update,
 /// after the advisory lock was got (the caller undoes the lock after any error).
-pub(crate) const BLOCK_EXCLUSIVE: &str = concat!(block_exclusive!(), grant_under_lock!());
+pub(super) const BLOCK_EXCLUSIVE: &str = concat!(block_exclusive!(), grant_under_lock!());
 
 /// [`BLOCK_EXCLUSIVE`] without a token (see [`check_under_lock`]): `(true, 0, waiting)`.
-pub(crate) const BLOCK_EXCLUSIVE_UNFENCED: &str = concat!(block_exclusive!(), check_under_lock!());
+pub(super) const BLOCK_EXCLUSIVE_UNFENCED: &str = concat!(block_exclusive!(), check_under_lock!());
 
 macro_rules! block_exclusive {
     () => {
@@ -300,10 +304,10 @@ use block_exclusive;
 /// A reader's wait in the server's queue, as [`BLOCK_EXCLUSIVE`] but shared, and behind a
 /// writer's intent (a writer that waits by retrying holds one): the reader first waits for
 /// `(INTENT_CLASS, id)` shared for the statement, then for the lock.
-pub(crate) const BLOCK_SHARED: &str = concat!(block_shared!(), grant_under_lock!());
+pub(super) const BLOCK_SHARED: &str = concat!(block_shared!(), grant_under_lock!());
 
 /// [`BLOCK_SHARED`] without a token (see [`check_under_lock`]): `(true, 0, waiting)`.
-pub(crate) const BLOCK_SHARED_UNFENCED: &str = concat!(block_shared!(), check_under_lock!());
+pub(super) const BLOCK_SHARED_UNFENCED: &str = concat!(block_shared!(), check_under_lock!());
 
 macro_rules! block_shared {
     () => {
@@ -317,11 +321,11 @@ macro_rules! block_shared {
 use block_shared;
 
 /// A waiting writer's intent: `true` when this session took it (one writer's is enough).
-pub(crate) const TAKE_INTENT: &str = "SELECT pg_try_advisory_lock(2053851470, $1)";
+pub(super) const TAKE_INTENT: &str = "SELECT pg_try_advisory_lock(2053851470, $1)";
 
 /// Releases a hold (`$1` id, `$2` shared), then wakes waiters if any wait (see the module's
 /// docs): `(held, notified)`.
-pub(crate) const RELEASE: &str = "WITH u AS MATERIALIZED (SELECT CASE WHEN $2 \
+pub(super) const RELEASE: &str = "WITH u AS MATERIALIZED (SELECT CASE WHEN $2 \
      THEN pg_advisory_unlock_shared(2053852235, $1) \
      ELSE pg_advisory_unlock(2053852235, $1) END AS held) \
      SELECT u.held, CASE WHEN pg_try_advisory_xact_lock(2053855049, $1) THEN false \
@@ -330,32 +334,32 @@ pub(crate) const RELEASE: &str = "WITH u AS MATERIALIZED (SELECT CASE WHEN $2 \
 
 /// Registers this process's waiters for `$1` (on the listening connection), and tells the
 /// holders (a lingering one gives the lock up; see [`WAIT_CHANNEL`]).
-pub(crate) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053855049, $1), \
+pub(super) const WAIT: &str = "SELECT pg_advisory_lock_shared(2053855049, $1), \
      set_config('synchronous_commit', 'off', true), pg_notify('zklock_wait', $1::text)";
 
 /// Ends a registration of [`WAIT`].
-pub(crate) const UNWAIT: &str = "SELECT pg_advisory_unlock_shared(2053855049, $1)";
+pub(super) const UNWAIT: &str = "SELECT pg_advisory_unlock_shared(2053855049, $1)";
 
 /// Registers this process's waiters queued in the server for `$1` (on the listening
 /// connection) and tells the holders, as [`WAIT`] does but in a class of its own, so that a
 /// release does not notify for them (the server hands the lock to them itself).
-pub(crate) const QUEUE: &str = "SELECT pg_advisory_lock_shared(2053853525, $1), \
+pub(super) const QUEUE: &str = "SELECT pg_advisory_lock_shared(2053853525, $1), \
      set_config('synchronous_commit', 'off', true), pg_notify('zklock_wait', $1::text)";
 
 /// Ends a registration of [`QUEUE`].
-pub(crate) const UNQUEUE: &str = "SELECT pg_advisory_unlock_shared(2053853525, $1)";
+pub(super) const UNQUEUE: &str = "SELECT pg_advisory_unlock_shared(2053853525, $1)";
 
 /// Undoes whatever an acquire that ended without a hold may have left on its connection: the
 /// lock (`$2`: shared), the intent (`$3`), and wakes waiters (readers held back by the intent).
 /// Unlocking what is not held only draws a warning from the server.
-pub(crate) const UNDO: &str = "SELECT \
+pub(super) const UNDO: &str = "SELECT \
      CASE WHEN $2 THEN pg_advisory_unlock_shared(2053852235, $1) \
      ELSE pg_advisory_unlock(2053852235, $1) END, \
      CASE WHEN $3 THEN pg_advisory_unlock(2053851470, $1) END, \
      pg_notify('zklock_release', $1::text)";
 
 /// Drops a granted writer's intent (`$1` id).
-pub(crate) const DROP_INTENT: &str = "SELECT pg_advisory_unlock(2053851470, $1)";
+pub(super) const DROP_INTENT: &str = "SELECT pg_advisory_unlock(2053851470, $1)";
 
 /// Turns the exclusive hold of `$1` into a shared one on the same session and lets waiting
 /// readers know. `true` when it was held.
@@ -366,7 +370,7 @@ pub(crate) const DROP_INTENT: &str = "SELECT pg_advisory_unlock(2053851470, $1)"
 /// the waiters, to a session that holds a lock they wait for; it is made only when the session
 /// holds the exclusive lock (`pg_locks`), so it never waits, and a session that does not hold
 /// it answers false and takes nothing.
-pub(crate) const DOWNGRADE: &str = "WITH s AS MATERIALIZED \
+pub(super) const DOWNGRADE: &str = "WITH s AS MATERIALIZED \
      (SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
      AND pid = pg_backend_pid() AND classid = 2053852235::oid AND objid = ($1::int4)::oid \
      AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted) \
@@ -375,7 +379,7 @@ pub(crate) const DOWNGRADE: &str = "WITH s AS MATERIALIZED \
      pg_notify('zklock_release', $1::text) FROM s";
 
 /// The liveness check of a holding connection: the session answers.
-pub(crate) const PING: &str = "SELECT 1";
+pub(super) const PING: &str = "SELECT 1";
 
 /// Claims a job's run (`$1` id, `$2` path) in one statement: when no `at_least` window covers
 /// now, records that no run may start before now + `$3` ms. Answers whether it did; no row
@@ -383,11 +387,66 @@ pub(crate) const PING: &str = "SELECT 1";
 /// version under the row's lock (read committed), so two claims — a holder's and a lost
 /// holder's that has not noticed yet — never both find the window open, and no claim ever
 /// shortens a recorded window.
-pub(crate) const CLAIM_RUN: &str = "WITH claimed AS (UPDATE zklock_keys \
+pub(super) const CLAIM_RUN: &str = "WITH claimed AS (UPDATE zklock_keys \
      SET run_after = clock_timestamp() + $3::bigint * interval '1 millisecond' \
      WHERE id = $1 AND path = $2 AND (run_after IS NULL OR run_after <= clock_timestamp()) \
      RETURNING 1) \
      SELECT EXISTS (SELECT 1 FROM claimed) FROM zklock_keys WHERE id = $1 AND path = $2";
+
+/// For inspection: every advisory lock of zklock's classes on the lock `$1` path: `(class,
+/// granted, shared, pid, application_name, since µs, fence, id)`, holders and the longest
+/// waiting first.
+pub(super) const LOCK_STATE: &str =
+    "SELECT l.classid::bigint, l.granted, l.mode = 'ShareLock', l.pid, \
+     coalesce(a.application_name, ''), \
+     floor(extract(epoch FROM coalesce((to_jsonb(l) ->> 'waitstart')::timestamptz, \
+     a.state_change, now())) * 1000000)::bigint, k.fence, k.id \
+     FROM zklock_keys k JOIN pg_locks l ON l.locktype = 'advisory' AND l.objsubid = 2 \
+     AND l.objid::bigint = k.id AND l.database = (SELECT oid FROM pg_database \
+     WHERE datname = current_database()) \
+     LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE k.path = $1 AND l.classid::bigint IN (2053852235, 2053855049, 2053851470) \
+     ORDER BY l.granted DESC, 6";
+
+/// For inspection: the paths under `$1` (a `LIKE` pattern) with any advisory lock of
+/// zklock's classes.
+pub(super) const LOCKED_PATHS: &str = "SELECT DISTINCT k.path FROM zklock_keys k JOIN pg_locks l \
+     ON l.locktype = 'advisory' AND l.objsubid = 2 AND l.objid::bigint = k.id \
+     AND l.classid::bigint IN (2053852235, 2053855049, 2053851470) \
+     WHERE k.path LIKE $1";
+
+/// Asks the server to end the session once it hears nothing for `lease`
+/// (`idle_session_timeout`, PostgreSQL 14 and later).
+pub(super) fn set_idle_session_timeout(lease: Duration) -> String {
+    format!("SET idle_session_timeout = {}", lease.as_millis())
+}
+
+/// Listens on the channels a listening connection hears: [`CHANNEL`] and [`WAIT_CHANNEL`].
+pub(super) fn listen() -> String {
+    format!("LISTEN {CHANNEL}; LISTEN {WAIT_CHANNEL}")
+}
+
+/// The SQL that creates zklock's table and, with `grant_to`, grants that role what zklock uses
+/// of it: reading and writing its rows (never deleting them) and taking ids from its sequence.
+/// Advisory locks, `LISTEN`/`NOTIFY`, `idle_session_timeout` and cancelling a statement of
+/// another session of the same role need no grant.
+pub(crate) fn setup_sql(grant_to: Option<&str>) -> Result<String> {
+    let mut sql = CREATE_SCHEMA.to_string();
+    if let Some(role) = grant_to {
+        if role.contains('\0') {
+            return Err(Error::InvalidArgument(
+                "a role name cannot hold a NUL byte".to_string(),
+            ));
+        }
+        let role = format!("\"{}\"", role.replace('"', "\"\""));
+        sql.push_str(&format!(
+            "\nGRANT SELECT, INSERT, UPDATE ON TABLE zklock_keys TO {role};\
+             \nGRANT USAGE ON SEQUENCE zklock_keys_id_seq TO {role};"
+        ));
+    }
+    sql.push('\n');
+    Ok(sql)
+}
 
 #[cfg(test)]
 mod tests {
