@@ -1,15 +1,14 @@
 //! The ZooKeeper backend: Curator's node protocol on one session at a time: contender nodes,
 //! the granted floors, holds and their watches, semaphore leases, downgrades.
 
-pub(crate) mod contender;
+mod acquire;
 mod error;
 pub(crate) mod hold;
 mod inspect;
-pub(crate) mod node;
 mod options;
-pub(crate) mod protocol;
 pub(crate) mod queue;
 pub(crate) mod semaphore;
+pub(crate) mod wire;
 pub(crate) mod session;
 
 use std::collections::HashMap;
@@ -25,7 +24,7 @@ use crate::types::backend_kind::BackendKind;
 use crate::types::error::Result;
 use crate::types::mode::{HoldMode, LockMode, Wait};
 pub use options::ZooKeeperOptions;
-pub(crate) use protocol::digest_id;
+pub(crate) use wire::digest_id;
 use session::Session;
 pub(crate) use session::{SessionConfig, SessionOwner};
 
@@ -178,7 +177,7 @@ pub(crate) struct ZkBackend {
 
 impl ZkBackend {
     pub(crate) fn new(session: Arc<SessionOwner>, config: ZkConfig) -> ZkBackend {
-        let node_data = protocol::node_data(config.identity.as_deref());
+        let node_data = wire::node_data(config.identity.as_deref());
         ZkBackend {
             inner: Arc::new(Inner {
                 runtime: session.runtime.clone(),
@@ -206,7 +205,7 @@ impl Backend for ZkBackend {
     ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
         Box::pin(async move {
             let data = target.participant.as_deref().map(str::as_bytes);
-            let hold = contender::acquire_node(
+            let hold = acquire::acquire_node(
                 &self.inner,
                 &target.path,
                 &target.key,
@@ -240,7 +239,7 @@ impl Backend for ZkBackend {
         target: &'a LockTarget,
         at_least: std::time::Duration,
     ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(protocol::claim_run(&self.inner, target, at_least))
+        Box::pin(wire::claim_run(&self.inner, target, at_least))
     }
 
     fn flush(&self) -> BoxFuture<'_, ()> {

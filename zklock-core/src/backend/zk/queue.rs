@@ -139,8 +139,8 @@ impl CuratorMode for HoldMode {
             HoldMode::Exclusive | HoldMode::Read | HoldMode::Write => {
                 lock_contender(node).map_or(node, LockContender::sequence)
             }
-            HoldMode::Lease => super::protocol::sort_key(node, LEASE_NAME),
-            HoldMode::Leader => super::protocol::sort_key(node, LATCH_NAME),
+            HoldMode::Lease => super::wire::sort_key(node, LEASE_NAME),
+            HoldMode::Leader => super::wire::sort_key(node, LATCH_NAME),
         }
     }
 

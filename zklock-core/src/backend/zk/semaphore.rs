@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use zookeeper_client::{EventType, OneshotWatcher};
 
-use super::contender::acquire_node;
+use super::acquire::{acquire_node, create_node};
 use super::hold::{HandedWatch, Hold};
-use super::node::create_node;
 use super::session::{connection_lost, Session};
 use super::Inner;
 use crate::backend::{BackendHold, LockTarget, SharedHold};

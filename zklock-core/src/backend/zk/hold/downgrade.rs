@@ -5,7 +5,7 @@
 use super::super::queue::CuratorMode;
 use std::sync::Arc;
 
-use super::super::node::create_node;
+use super::super::acquire::create_node;
 use super::monitor::HandedWatch;
 use super::Hold;
 use crate::backend::{BoxFuture, Downgraded, LockTarget};

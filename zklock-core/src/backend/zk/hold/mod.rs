@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use super::protocol::delete_in_background;
+use super::wire::delete_in_background;
 use super::session::{connection_lost, wait_reconnect, Health, Session};
 use super::{DirTicket, Inner};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget, Revocable};

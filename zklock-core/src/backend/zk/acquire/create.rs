@@ -2,19 +2,19 @@
 //! round trip, Curator's protected prefix to find a node whose create reply was lost, and the
 //! clean-up of a node whose acquire ended without a hold.
 
-use super::error::zk_error;
-use super::queue::CuratorMode;
+use super::super::error::zk_error;
+use super::super::queue::CuratorMode;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 use zookeeper_client::Client;
 
-use super::protocol::{
+use super::super::wire::{
     check_path_acl, contender_options, delete_by_prefix_in_background, delete_in_background,
     ensure_parents, PATH_VANISHED_RETRIES,
 };
-use super::session::{connection_lost, Session};
-use super::{DirTicket, Incarnation, Inner};
+use super::super::session::{connection_lost, Session};
+use super::super::{DirTicket, Incarnation, Inner};
 use crate::types::error::Result;
 use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
@@ -174,7 +174,7 @@ impl Attempt<'_> {
         }
         let listing = match self.list().await {
             Ok(listing) => listing,
-            Err(err) if super::error::is_no_node(&err) => return Ok(None),
+            Err(err) if super::super::error::is_no_node(&err) => return Ok(None),
             Err(err) => return Err(err),
         };
         let mut ours: Vec<&String> = listing

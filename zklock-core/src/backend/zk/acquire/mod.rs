@@ -1,15 +1,18 @@
 //! Waiting for a contender node's turn, Curator's driver loop: create the node (see
-//! [`node`](super::node)), watch the nodes that block it (see [`queue`](super::queue)) until
+//! [`create`]), watch the nodes that block it (see [`queue`](super::queue)) until
 //! the last one is gone, and hand the node to a hold; or delete it if the acquire ends without
 //! a hold. Shared by every recipe, in Curator's formats.
+
+mod create;
 
 use std::sync::Arc;
 
 use zookeeper_client::EventType;
 
 use super::hold::{HandedWatch, Hold, NodeWatch, REVOKE_MESSAGE};
-use super::node::{Attempt, Unfinished};
-use super::protocol::{check_path_acl, delete_in_background};
+pub(crate) use create::create_node;
+use create::{Attempt, Unfinished};
+use super::wire::{check_path_acl, delete_in_background};
 use super::queue::{CuratorMode, Queue, Refused};
 use super::{DirTicket, Incarnation, Inner};
 use crate::types::error::{Error, Result};
