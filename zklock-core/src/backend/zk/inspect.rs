@@ -4,13 +4,12 @@
 //! no zklock acquire gets past it. And Curator's revocation, which writes `__REVOKE__` into a
 //! holder's node.
 
-use super::error::zk_error;
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::hold::REVOKE_MESSAGE;
-use super::queue::{
-    lock_contender, CuratorMode, LockContender, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME,
-    MUTEX_NAME, READ_NAME, WRITE_NAME,
+use super::error::zk_error;
+use super::queue::{lock_contender, CuratorMode, LockContender};
+use super::wire::{
+    KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME, REVOKE_MESSAGE, WRITE_NAME,
 };
 use super::ZkBackend;
 use crate::backend::{BoxFuture, Inspect, Revoke};

@@ -7,6 +7,11 @@
 //! sequence number, since the parent's counter numbers every child (see [`lock_contender`]).
 //! Any other child there is refused ([`Refused::Unknown`]), never ignored.
 
+use super::wire::{
+    KAZOO_LOCK_NAME, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME, WRITE_NAME,
+};
+use crate::types::mode::HoldMode;
+
 /// How many of the nearest lower blockers an exclusive waiter remembers from its listing, and
 /// watches: its predecessor and the node before it. The last one's deletion is its grant, with
 /// no listing or check after it, when no other node sorted below them. When others did, the
@@ -20,25 +25,6 @@ const NEAREST: usize = 2;
 
 /// How many of its lowest lower writers a reader watches at a time.
 const WINDOW: usize = 8;
-
-/// A hold's mode names its contender node and so which nodes block it, Curator's rules:
-/// - a mutex: `_c_<uuid>-lock-<seq>`; every lower node blocks;
-/// - a read hold: `_c_<uuid>-__READ__<seq>`; only lower exclusive nodes block;
-/// - a write hold: `_c_<uuid>-__WRIT__<seq>`; every lower node blocks;
-/// - a lease of `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not queued;
-/// - a participant of `LeaderLatch`: `_c_<uuid>-latch-<seq>`, the participant id as data; the
-///   lowest is the leader, every lower node blocks.
-use crate::types::mode::HoldMode;
-
-pub(crate) const READ_NAME: &str = "__READ__";
-pub(crate) const WRITE_NAME: &str = "__WRIT__";
-pub(crate) const MUTEX_NAME: &str = "lock-";
-pub(crate) const LEASE_NAME: &str = "lease-";
-pub(crate) const LATCH_NAME: &str = "latch-";
-/// kazoo's `Lock` and `WriteLock` node (`<uuid hex>__lock__<seq>`): excludes every later one.
-pub(crate) const KAZOO_LOCK_NAME: &str = "__lock__";
-/// kazoo's `ReadLock` node (`<uuid hex>__rlock__<seq>`): waits only for lower exclusive ones.
-pub(crate) const KAZOO_READ_NAME: &str = "__rlock__";
 
 /// What a child of a mutex's or read/write lock's path is, told by its name, with its sequence
 /// number (the server's `%010d`, which sorts them all).
@@ -92,6 +78,15 @@ fn is_sequence(text: &str) -> bool {
     }
 }
 
+/// The text Curator sorts contenders by: what follows the last occurrence of the lock name
+/// (`StandardLockInternalsDriver.fixForSorting`). Compared as strings, as Curator does.
+pub(crate) fn sort_key<'a>(node: &'a str, lock_name: &str) -> &'a str {
+    match node.rfind(lock_name) {
+        Some(i) => &node[i + lock_name.len()..],
+        None => node,
+    }
+}
+
 /// Why a listing gives no queue for our node.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Refused {
@@ -104,6 +99,14 @@ pub(crate) enum Refused {
 /// What a hold mode means in Curator's node protocol: its nodes' names, their order, and
 /// which lower nodes block a contender. A trait of this backend's own, so that the shared
 /// [`HoldMode`] stays free of ZooKeeper's names.
+///
+/// A hold's mode names its contender node and so which nodes block it, Curator's rules:
+/// - a mutex: `_c_<uuid>-lock-<seq>`; every lower node blocks;
+/// - a read hold: `_c_<uuid>-__READ__<seq>`; only lower exclusive nodes block;
+/// - a write hold: `_c_<uuid>-__WRIT__<seq>`; every lower node blocks;
+/// - a lease of `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not queued;
+/// - a participant of `LeaderLatch`: `_c_<uuid>-latch-<seq>`, the participant id as data; the
+///   lowest is the leader, every lower node blocks.
 pub(crate) trait CuratorMode {
     /// The name Curator gives this mode's contender nodes, before the sequence number.
     fn lock_name(self) -> &'static str;
@@ -139,8 +142,8 @@ impl CuratorMode for HoldMode {
             HoldMode::Exclusive | HoldMode::Read | HoldMode::Write => {
                 lock_contender(node).map_or(node, LockContender::sequence)
             }
-            HoldMode::Lease => super::wire::sort_key(node, LEASE_NAME),
-            HoldMode::Leader => super::wire::sort_key(node, LATCH_NAME),
+            HoldMode::Lease => sort_key(node, LEASE_NAME),
+            HoldMode::Leader => sort_key(node, LATCH_NAME),
         }
     }
 
@@ -312,6 +315,21 @@ fn wrapped(sort_key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sorts_like_curator() {
+        assert_eq!(
+            sort_key("_c_8d0f-lock-0000000007", MUTEX_NAME),
+            "0000000007"
+        );
+        assert_eq!(sort_key("lock-0000000003", MUTEX_NAME), "0000000003");
+        // The last occurrence counts, so a uuid or prefix containing "lock-" does not confuse it.
+        assert_eq!(
+            sort_key("_c_x-lock-lock-0000000001", MUTEX_NAME),
+            "0000000001"
+        );
+        assert_eq!(sort_key("foreign", MUTEX_NAME), "foreign");
+    }
 
     #[test]
     fn read_write_sort_like_curator() {

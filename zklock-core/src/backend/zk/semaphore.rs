@@ -3,14 +3,14 @@
 //! `<path>/leases/_c_<uuid>-lease-<seq>` and waits, still holding the mutex, until at most N
 //! leases exist. Only that one acquirer watches the leases: no herd.
 
-use super::error::zk_error;
 use std::sync::Arc;
 
 use zookeeper_client::{EventType, OneshotWatcher};
 
-use super::acquire::{acquire_node, create_node};
-use super::hold::{HandedWatch, Hold};
-use super::session::{connection_lost, Session};
+use super::acquire::{acquire_node, create_node, HandedWatch};
+use super::error::{connection_lost, zk_error};
+use super::hold::Hold;
+use super::session::Session;
 use super::Inner;
 use crate::backend::{BackendHold, LockTarget, SharedHold};
 use crate::types::error::{Error, Result};
@@ -38,6 +38,7 @@ pub(crate) async fn acquire_leases(
     else {
         return Ok(None);
     };
+    let gate = Hold::granted(gate);
     // Declared after the gate, so dropped before it: the leases go first, then the gate.
     let mut leases = Leases::new(inner, target, &gate, wait);
     leases.make(n).await?;

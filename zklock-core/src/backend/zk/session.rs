@@ -1,5 +1,6 @@
 //! The ZooKeeper session: the one owner of the ZooKeeper connection, its session, the epoch every
-//! hold is stamped with, the retry policy, and the background tasks (releases, cleanups).
+//! hold is stamped with, the retry policy, and the background tasks (releases, cleanups) with
+//! the background delete of a node that every part shares.
 //!
 //! A session's generation counts the sessions a manager has had; its health's epoch counts
 //! losses. Whatever is learned through a session (a hold, a granted floor, a listing) is
@@ -14,8 +15,11 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use zookeeper_client::{Client, SessionState, StateWatcher};
 
+use super::error::{connection_lost, is_terminal};
+use super::Inner;
 use crate::backend::backoff::Backoff;
 use crate::metrics;
+use crate::types::backend_kind::BackendKind;
 use crate::types::disconnect::DisconnectPolicy;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
@@ -77,27 +81,6 @@ pub(crate) async fn wait_reconnect(client: &Client) -> bool {
             }
         }
     }
-}
-
-/// Whether a request failed because its connection broke (its outcome unknown, the session
-/// possibly alive): zookeeper-client reports a clean close as `ConnectionLoss`, but fails the
-/// requests in flight with the transport's own error (`Custom`: a reset connection, no answer
-/// within the read timeout) when the connection breaks otherwise. Both are a connection loss.
-pub(crate) fn connection_lost(err: &zookeeper_client::Error) -> bool {
-    matches!(
-        err,
-        zookeeper_client::Error::ConnectionLoss | zookeeper_client::Error::Custom(_)
-    )
-}
-
-/// Whether a request failed because the session is over for good.
-pub(crate) fn is_terminal(err: &zookeeper_client::Error) -> bool {
-    matches!(
-        err,
-        zookeeper_client::Error::SessionExpired
-            | zookeeper_client::Error::ClientClosed
-            | zookeeper_client::Error::AuthFailed
-    )
 }
 
 async fn open_session(config: &SessionConfig) -> Result<Client> {
@@ -230,6 +213,36 @@ fn safe_grace(grace: Duration, session_timeout: Duration, connection: Duration) 
         "the server granted a shorter session timeout than asked: the disconnect grace is shortened to fit it"
     );
     safe
+}
+
+/// Deletes a contender node: the request is sent now, so that any later request of this
+/// session is ordered after it; the reply is awaited in the background, retrying on
+/// connection loss until the node is gone or the session (and so the node) has ended.
+pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: String) {
+    inner.count_requests(1);
+    let first = client.delete(&path, None);
+    let counter = inner.clone();
+    inner.spawn_background(async move {
+        let mut result = first.await;
+        loop {
+            match result {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => return,
+                Err(err) if connection_lost(&err) => {
+                    if !wait_reconnect(&client).await {
+                        return;
+                    }
+                    counter.count_requests(1);
+                    metrics::release_retry(BackendKind::ZooKeeper);
+                    result = client.delete(&path, None).await;
+                }
+                Err(err) if is_terminal(&err) => return,
+                Err(err) => {
+                    tracing::warn!(%path, %err, "could not delete lock node");
+                    return;
+                }
+            }
+        }
+    });
 }
 
 /// One ZooKeeper session of a manager: its client, and its generation (0 for the first

@@ -1,20 +1,18 @@
 //! Creating a contender node and recovering it: the create and the listing pipelined in one
-//! round trip, Curator's protected prefix to find a node whose create reply was lost, and the
-//! clean-up of a node whose acquire ended without a hold.
+//! round trip, and Curator's protected prefix to find a node whose create reply was lost.
 
-use super::super::error::zk_error;
-use super::super::queue::CuratorMode;
 use std::sync::Arc;
 
 use tokio::time::Instant;
-use zookeeper_client::Client;
 
-use super::super::wire::{
-    check_path_acl, contender_options, delete_by_prefix_in_background, delete_in_background,
-    ensure_parents, PATH_VANISHED_RETRIES,
-};
-use super::super::session::{connection_lost, Session};
-use super::super::{DirTicket, Incarnation, Inner};
+use super::super::error::{connection_lost, is_no_node, zk_error};
+use super::super::path::{check_path_acl, ensure_parents, PATH_VANISHED_RETRIES};
+use super::super::queue::CuratorMode;
+use super::super::session::{delete_in_background, Session};
+use super::super::wire::contender_options;
+use super::super::Inner;
+use super::floor::{DirTicket, Incarnation};
+use super::undo::Unfinished;
 use crate::types::error::Result;
 use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
@@ -174,7 +172,7 @@ impl Attempt<'_> {
         }
         let listing = match self.list().await {
             Ok(listing) => listing,
-            Err(err) if super::super::error::is_no_node(&err) => return Ok(None),
+            Err(err) if is_no_node(&err) => return Ok(None),
             Err(err) => return Err(err),
         };
         let mut ours: Vec<&String> = listing
@@ -240,61 +238,6 @@ impl Attempt<'_> {
                 self.session.wait_connected(operation, self.deadline).await
             }
             err => Err(zk_error(operation, self.path, err)),
-        }
-    }
-}
-
-/// The contender node of an acquire in progress: if the acquire ends without a hold (error,
-/// timeout, cancellation), the node is deleted.
-pub(crate) struct Unfinished {
-    inner: Arc<Inner>,
-    client: Client,
-    dir: Arc<str>,
-    pub(crate) protect: String,
-    node: Option<String>,
-    /// The create was sent: if no node is known, one may still exist under `protect`.
-    sent: bool,
-}
-
-impl Unfinished {
-    /// A contender about to be created under `dir`, with a fresh protected prefix
-    /// (`_c_<uuid>-`, Curator's protection).
-    pub(crate) fn new(inner: &Arc<Inner>, client: &Client, dir: &Arc<str>) -> Unfinished {
-        Unfinished {
-            inner: inner.clone(),
-            client: client.clone(),
-            dir: dir.clone(),
-            protect: format!("_c_{}-", uuid::Uuid::new_v4()),
-            node: None,
-            sent: false,
-        }
-    }
-
-    /// The acquire succeeded: the node now belongs to the hold.
-    pub(crate) fn disarm(&mut self) -> Option<String> {
-        self.sent = false;
-        self.node.take()
-    }
-
-    pub(crate) fn cancel_now(&mut self) {
-        if let Some(node) = self.node.take() {
-            delete_in_background(&self.inner, self.client.clone(), node);
-        }
-        self.sent = false;
-    }
-}
-
-impl Drop for Unfinished {
-    fn drop(&mut self) {
-        if let Some(node) = self.node.take() {
-            delete_in_background(&self.inner, self.client.clone(), node);
-        } else if self.sent {
-            delete_by_prefix_in_background(
-                &self.inner,
-                self.client.clone(),
-                self.dir.clone(),
-                self.protect.clone(),
-            );
         }
     }
 }

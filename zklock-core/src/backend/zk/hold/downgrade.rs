@@ -2,11 +2,10 @@
 //! a read node made on the write hold's own session, and the write node kept while a writer
 //! queued between the two.
 
-use super::super::queue::CuratorMode;
 use std::sync::Arc;
 
-use super::super::acquire::create_node;
-use super::monitor::HandedWatch;
+use super::super::acquire::{create_node, HandedWatch};
+use super::super::queue::CuratorMode;
 use super::Hold;
 use crate::backend::{BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};

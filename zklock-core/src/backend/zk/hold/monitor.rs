@@ -1,5 +1,5 @@
-//! The watch on a held node: what it has seen, the watches an acquire hands over so that a
-//! grant sends no request, what the synchronous checks see of an event before the monitor task
+//! The watch on a held node: what it has seen, the watches an acquire handed over turned into
+//! what the monitor waits on, what the synchronous checks see of an event before the monitor task
 //! has acted on it, and the task that watches the node's data (deletion, revoke requests).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,7 +8,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use zookeeper_client::{Client, EventType};
 
-use super::super::session::{connection_lost, wait_reconnect};
+use super::super::error::connection_lost;
+use super::super::session::wait_reconnect;
+use super::super::wire::REVOKE_MESSAGE;
 use crate::backend::BoxFuture;
 use crate::types::loss::LossReason;
 
@@ -26,26 +28,6 @@ pub(crate) enum NodeState {
 /// A children watch's event, shared between its pollers; a watcher whose session task went
 /// away without a word (it panics when polled) counts as fired.
 pub(crate) type ChildrenChange = futures::future::Shared<BoxFuture<'static, ()>>;
-
-/// The data watch a waiter set on its own node while it waited (one request in the round that
-/// watched the nodes ahead of it), handed to the hold it became: the node is then watched with
-/// no request at the grant.
-pub(crate) struct NodeWatch {
-    /// The watch's event: the node deleted, its data changed, or the session's end.
-    pub(crate) fired: BoxFuture<'static, zookeeper_client::WatchedEvent>,
-    /// The node's data was a revoke request when the watch was set.
-    pub(crate) revoke_requested: bool,
-}
-
-/// What watches a new hold's node with no request of its own.
-pub(crate) enum HandedWatch {
-    /// Nothing: the hold watches its node's data (one request), unless the manager opted out.
-    NoWatch,
-    /// The children watch of the listing that showed the node alone and granted it.
-    Children(zookeeper_client::OneshotWatcher),
-    /// The data watch the waiter set on its own node while it waited.
-    OwnNode(NodeWatch),
-}
 
 /// A children watch's event as a [`ChildrenChange`].
 pub(crate) fn children_change(watcher: zookeeper_client::OneshotWatcher) -> ChildrenChange {
@@ -111,9 +93,6 @@ impl ReceivedWatch {
         }
     }
 }
-
-/// The data Curator's `Revoker` writes into a holder's node to ask it to let go.
-pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
 
 /// What the node monitor shares with its hold.
 #[derive(Default)]
