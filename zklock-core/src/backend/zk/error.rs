@@ -9,7 +9,7 @@ const ADVICE: &str =
     "check the connect string, the servers and the manager's credentials, then retry";
 
 /// Wraps a client error that happened during `operation` on `path`.
-pub(crate) fn zk_error(operation: &'static str, path: &str, err: zookeeper_client::Error) -> Error {
+pub(super) fn zk_error(operation: &'static str, path: &str, err: zookeeper_client::Error) -> Error {
     use zookeeper_client::Error as Zk;
     match err {
         Zk::SessionExpired => Error::SessionExpired,
@@ -30,7 +30,7 @@ pub(crate) fn zk_error(operation: &'static str, path: &str, err: zookeeper_clien
 }
 
 /// The client's error as a [`ServerError`].
-pub(crate) fn server_error(err: zookeeper_client::Error) -> ServerError {
+pub(super) fn server_error(err: zookeeper_client::Error) -> ServerError {
     use zookeeper_client::Error as Zk;
     let transient = matches!(
         err,
@@ -45,7 +45,7 @@ pub(crate) fn server_error(err: zookeeper_client::Error) -> ServerError {
 }
 
 /// Whether `err` is the client's `NoNode`, wrapped by [`zk_error`].
-pub(crate) fn is_no_node(err: &Error) -> bool {
+pub(super) fn is_no_node(err: &Error) -> bool {
     match err {
         Error::Server { source, .. } => {
             source.downcast_ref::<zookeeper_client::Error>()
@@ -59,7 +59,7 @@ pub(crate) fn is_no_node(err: &Error) -> bool {
 /// possibly alive): zookeeper-client reports a clean close as `ConnectionLoss`, but fails the
 /// requests in flight with the transport's own error (`Custom`: a reset connection, no answer
 /// within the read timeout) when the connection breaks otherwise. Both are a connection loss.
-pub(crate) fn connection_lost(err: &zookeeper_client::Error) -> bool {
+pub(super) fn connection_lost(err: &zookeeper_client::Error) -> bool {
     matches!(
         err,
         zookeeper_client::Error::ConnectionLoss | zookeeper_client::Error::Custom(_)
@@ -67,7 +67,7 @@ pub(crate) fn connection_lost(err: &zookeeper_client::Error) -> bool {
 }
 
 /// Whether a request failed because the session is over for good.
-pub(crate) fn is_terminal(err: &zookeeper_client::Error) -> bool {
+pub(super) fn is_terminal(err: &zookeeper_client::Error) -> bool {
     matches!(
         err,
         zookeeper_client::Error::SessionExpired

@@ -30,7 +30,7 @@ fn not_before(data: &[u8]) -> Option<i64> {
 /// killed or cut off after any of its requests leaves the record as strong as it found it;
 /// only a claim that runs writes a new `not-before`, later than both the old one and now.
 /// Two requests and one write when the job is skipped, three and two when it runs.
-pub(crate) async fn claim_run(
+pub(super) async fn claim_run(
     inner: &Arc<Inner>,
     target: &LockTarget,
     at_least: Duration,

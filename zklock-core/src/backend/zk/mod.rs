@@ -59,46 +59,43 @@ pub(crate) struct ZkConfig {
 
 /// Counters that tests and benchmarks read; see [`LockManager::stats`](crate::LockManager::stats).
 #[derive(Default, Debug)]
-pub(crate) struct Stats {
-    pub(crate) predecessor_events: AtomicU64,
-    pub(crate) requests: AtomicU64,
+struct Stats {
+    predecessor_events: AtomicU64,
+    requests: AtomicU64,
 }
 
 /// The ZooKeeper backend's state: the session owner, the floors, the node data, the counters.
-pub(crate) struct Inner {
-    pub(crate) config: ZkConfig,
-    pub(crate) session: Arc<SessionOwner>,
-    pub(crate) runtime: tokio::runtime::Handle,
-    pub(crate) dirs: StdMutex<HashMap<Arc<str>, DirState>>,
+struct Inner {
+    config: ZkConfig,
+    session: Arc<SessionOwner>,
+    runtime: tokio::runtime::Handle,
+    dirs: StdMutex<HashMap<Arc<str>, DirState>>,
     /// Lock paths whose ACL was checked (with credentials), by the incarnation (czxid)
     /// checked: a path re-created since is checked again.
-    pub(crate) safe_paths: StdMutex<HashMap<Arc<str>, i64>>,
-    pub(crate) node_data: Vec<u8>,
-    pub(crate) stats: Stats,
+    safe_paths: StdMutex<HashMap<Arc<str>, i64>>,
+    node_data: Vec<u8>,
+    stats: Stats,
 }
 
 impl Inner {
-    pub(crate) fn count_requests(&self, requests: u64) {
+    fn count_requests(&self, requests: u64) {
         self.stats.requests.fetch_add(requests, Ordering::Relaxed);
     }
 
     /// A live session to acquire on; see [`SessionOwner::live_session`].
-    pub(crate) async fn live_session(
-        &self,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<Session> {
+    async fn live_session(&self, deadline: Option<tokio::time::Instant>) -> Result<Session> {
         self.session.live_session(deadline).await
     }
 
     /// Runs `fut` in the background, counted so that a flush waits for it.
-    pub(crate) fn spawn_background(&self, fut: impl Future<Output = ()> + Send + 'static) {
+    fn spawn_background(&self, fut: impl Future<Output = ()> + Send + 'static) {
         self.session.spawn_background(fut)
     }
 }
 
 /// The ZooKeeper backend.
 pub(crate) struct ZkBackend {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
 impl ZkBackend {

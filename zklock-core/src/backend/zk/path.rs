@@ -12,7 +12,7 @@ use crate::types::error::{Error, Result};
 
 /// How often a create is tried again when the lock path vanishes under it (reaped by the server
 /// as an empty container between our making it and our create): each time it is made again.
-pub(crate) const PATH_VANISHED_RETRIES: usize = 20;
+pub(super) const PATH_VANISHED_RETRIES: usize = 20;
 
 /// Creates `dir` and its missing ancestors as CONTAINER nodes, which the server removes once
 /// they are empty, so that no lock path is left behind.
@@ -20,7 +20,7 @@ pub(crate) const PATH_VANISHED_RETRIES: usize = 20;
 /// With credentials, the lock path itself is `creator_all` (deleting a child needs DELETE on
 /// its parent, so this is what keeps other tenants from removing contenders); the ancestors
 /// stay open so that every tenant can make its own lock paths.
-pub(crate) async fn ensure_parents(inner: &Inner, client: &Client, dir: &str) -> Result<()> {
+pub(super) async fn ensure_parents(inner: &Inner, client: &Client, dir: &str) -> Result<()> {
     let leaf = if inner.config.protected {
         &CONTAINER_PROTECTED
     } else {
@@ -67,7 +67,7 @@ pub(crate) async fn ensure_parents(inner: &Inner, client: &Client, dir: &str) ->
 /// credentials, is refused ([`Error::UnprotectedPath`]). One request per incarnation of the
 /// path: what was checked is remembered by its czxid, and a path re-created since (reaped when
 /// empty, then made again by anyone) is checked again.
-pub(crate) async fn check_path_acl(
+pub(super) async fn check_path_acl(
     inner: &Inner,
     client: &Client,
     dir: &Arc<str>,

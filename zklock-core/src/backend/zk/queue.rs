@@ -29,7 +29,7 @@ const WINDOW: usize = 8;
 /// What a child of a mutex's or read/write lock's path is, told by its name, with its sequence
 /// number (the server's `%010d`, which sorts them all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LockContender<'a> {
+pub(super) enum LockContender<'a> {
     /// Excludes every later contender: Curator's mutex (`lock-`) and writer (`__WRIT__`),
     /// kazoo's `Lock`/`WriteLock` (`__lock__`).
     Exclusive(&'a str),
@@ -40,7 +40,7 @@ pub(crate) enum LockContender<'a> {
 
 impl<'a> LockContender<'a> {
     /// Its sequence number, as the server wrote it: what contenders sort by.
-    pub(crate) fn sequence(self) -> &'a str {
+    pub(super) fn sequence(self) -> &'a str {
         match self {
             LockContender::Exclusive(seq) | LockContender::Shared(seq) => seq,
         }
@@ -50,7 +50,7 @@ impl<'a> LockContender<'a> {
 /// The lock contender a child of a mutex's or read/write lock's path is: a name that ends in one
 /// of the lock names of Curator or kazoo followed by a sequence number. `None` for anything
 /// else (another recipe's node, a plain node): no rule says where such a node queues.
-pub(crate) fn lock_contender(node: &str) -> Option<LockContender<'_>> {
+pub(super) fn lock_contender(node: &str) -> Option<LockContender<'_>> {
     let names = [
         (WRITE_NAME, true),
         (MUTEX_NAME, true),
@@ -80,7 +80,7 @@ fn is_sequence(text: &str) -> bool {
 
 /// The text Curator sorts contenders by: what follows the last occurrence of the lock name
 /// (`StandardLockInternalsDriver.fixForSorting`). Compared as strings, as Curator does.
-pub(crate) fn sort_key<'a>(node: &'a str, lock_name: &str) -> &'a str {
+pub(super) fn sort_key<'a>(node: &'a str, lock_name: &str) -> &'a str {
     match node.rfind(lock_name) {
         Some(i) => &node[i + lock_name.len()..],
         None => node,
@@ -89,7 +89,7 @@ pub(crate) fn sort_key<'a>(node: &'a str, lock_name: &str) -> &'a str {
 
 /// Why a listing gives no queue for our node.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
+pub(super) enum Refused {
     /// Our node is not among the children: it was deleted.
     Gone,
     /// A child that is no lock contender of Curator or kazoo (see [`lock_contender`]).
@@ -107,7 +107,7 @@ pub(crate) enum Refused {
 /// - a lease of `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not queued;
 /// - a participant of `LeaderLatch`: `_c_<uuid>-latch-<seq>`, the participant id as data; the
 ///   lowest is the leader, every lower node blocks.
-pub(crate) trait CuratorMode {
+pub(super) trait CuratorMode {
     /// The name Curator gives this mode's contender nodes, before the sequence number.
     fn lock_name(self) -> &'static str;
     /// Curator's sort key for a child of a path of this kind's recipe.
@@ -173,17 +173,17 @@ impl CuratorMode for HoldMode {
 }
 
 /// The lower contenders that block a waiter.
-pub(crate) struct Queue {
+pub(super) struct Queue {
     kind: HoldMode,
     /// Blockers in ascending order. Exclusive kinds keep the [`NEAREST`] lower nodes (and any
     /// whose sequence wrapped); readers keep every lower writer. See [`Queue::to_watch`].
-    pub(crate) below: Vec<String>,
+    pub(super) below: Vec<String>,
     /// More blockers sort below the window.
-    pub(crate) hidden: bool,
+    pub(super) hidden: bool,
     /// Sort key of the lowest node in the window when it was built; hidden nodes sort below it.
     floor: String,
     /// Other nodes of our own (same protected prefix), to delete.
-    pub(crate) strays: Vec<String>,
+    pub(super) strays: Vec<String>,
 }
 
 impl Queue {
@@ -192,7 +192,7 @@ impl Queue {
     /// `strays` for deletion.
     /// Refused when `me` is not among the children (our node is gone), or when a mutex's or
     /// read/write lock's path holds a child that is no lock contender.
-    pub(crate) fn new(
+    pub(super) fn new(
         kind: HoldMode,
         mut children: Vec<String>,
         me: &str,
@@ -267,7 +267,7 @@ impl Queue {
     /// The blockers to watch: all of an exclusive waiter's window (its [`NEAREST`] lower
     /// nodes); a reader's lowest [`WINDOW`] lower writers (the next ones are watched as these
     /// go).
-    pub(crate) fn to_watch(&self) -> &[String] {
+    pub(super) fn to_watch(&self) -> &[String] {
         if self.kind.exclusive() {
             &self.below
         } else {
@@ -279,12 +279,12 @@ impl Queue {
     /// it listed, and fewer than [`NEAREST`] of the window are left (at most its predecessor),
     /// so a listing tells whether the predecessor's deletion will be the grant. Never twice for
     /// one state: a new listing that still hides nodes fills the window again.
-    pub(crate) fn wants_listing(&self) -> bool {
+    pub(super) fn wants_listing(&self) -> bool {
         self.hidden && self.below.len() < NEAREST
     }
 
     /// `node` is gone.
-    pub(crate) fn remove(&mut self, node: &str) {
+    pub(super) fn remove(&mut self, node: &str) {
         self.below.retain(|n| n != node);
     }
 
@@ -292,7 +292,7 @@ impl Queue {
     /// exclusive hold on in this incarnation of the path: all of those were gone when it was
     /// granted. A sequence that wrapped past 2^31 (a negative `%010d`) sorts below any floor
     /// without being older, so neither such a node nor such a floor prunes anything.
-    pub(crate) fn prune_below(&mut self, granted: &str) {
+    pub(super) fn prune_below(&mut self, granted: &str) {
         if wrapped(granted) {
             return;
         }

@@ -11,6 +11,7 @@ use super::acquire::{acquire_node, create_node, HandedWatch};
 use super::error::{connection_lost, zk_error};
 use super::hold::Hold;
 use super::session::Session;
+use super::wire::{SEMAPHORE_LEASES, SEMAPHORE_LOCKS};
 use super::Inner;
 use crate::backend::{BackendHold, LockTarget, SharedHold};
 use crate::types::error::{Error, Result};
@@ -25,7 +26,7 @@ use crate::types::mode::Wait;
 /// come from the session that holds the gate. `Ok(None)` only for [`Wait::Never`].
 ///
 /// Cancel safe: the gate and the leases made so far go when the future is dropped.
-pub(crate) async fn acquire_leases(
+pub(super) async fn acquire_leases(
     inner: &Arc<Inner>,
     target: &LockTarget,
     max_leases: u32,
@@ -33,7 +34,7 @@ pub(crate) async fn acquire_leases(
     wait: Wait,
 ) -> Result<Option<Vec<SharedHold>>> {
     let key = &target.key;
-    let gate_path: Arc<str> = format!("{}/locks", target.path).into();
+    let gate_path: Arc<str> = format!("{}/{SEMAPHORE_LOCKS}", target.path).into();
     let Some(gate) = acquire_node(inner, &gate_path, key, HoldMode::Exclusive, None, wait).await?
     else {
         return Ok(None);
@@ -76,7 +77,7 @@ impl<'a> Leases<'a> {
             key: &target.key,
             gate,
             session: gate.session.clone(),
-            path: format!("{}/leases", target.path).into(),
+            path: format!("{}/{SEMAPHORE_LEASES}", target.path).into(),
             wait,
             holds: Vec::new(),
             children: Vec::new(),

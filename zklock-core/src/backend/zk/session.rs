@@ -47,12 +47,12 @@ pub(crate) struct SessionConfig {
 impl SessionConfig {
     /// The connection timeout given to the client: how long a connect may take, and (through
     /// the client's ticks) how soon it notices a silent connection.
-    pub(crate) fn connection_timeout(&self) -> Duration {
+    pub(super) fn connection_timeout(&self) -> Duration {
         self.connect_timeout.unwrap_or(self.session_timeout)
     }
 
     /// Refuses a configuration that could keep a hold past the session (see [`check_grace`]).
-    pub(crate) fn check(&self) -> Result<()> {
+    pub(super) fn check(&self) -> Result<()> {
         if let DisconnectPolicy::Grace(grace) = self.disconnect_policy {
             // Checked first against what was asked; the server may negotiate less (below).
             check_grace(grace, self.session_timeout, self.connection_timeout())?;
@@ -69,7 +69,7 @@ impl SessionConfig {
 /// The retry policy of every request that failed on a lost connection: wait for this session
 /// to reconnect (bounded by the caller's deadline) and send it again; stop when the session
 /// ends, since whatever the request was about ended with it.
-pub(crate) async fn wait_reconnect(client: &Client) -> bool {
+pub(super) async fn wait_reconnect(client: &Client) -> bool {
     let mut watcher = client.state_watcher();
     let mut state = watcher.state();
     loop {
@@ -218,7 +218,7 @@ fn safe_grace(grace: Duration, session_timeout: Duration, connection: Duration) 
 /// Deletes a contender node: the request is sent now, so that any later request of this
 /// session is ordered after it; the reply is awaited in the background, retrying on
 /// connection loss until the node is gone or the session (and so the node) has ended.
-pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: String) {
+pub(super) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: String) {
     inner.count_requests(1);
     let first = client.delete(&path, None);
     let counter = inner.clone();
@@ -249,9 +249,9 @@ pub(crate) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: Str
 /// session, one more for each session that replaced an expired one). Every hold, granted floor
 /// and listing is stamped with the session it was learned on, and dies with it.
 #[derive(Clone)]
-pub(crate) struct Session {
-    pub(crate) client: Client,
-    pub(crate) generation: u64,
+pub(super) struct Session {
+    pub(super) client: Client,
+    pub(super) generation: u64,
 }
 
 impl Session {
@@ -262,7 +262,7 @@ impl Session {
     /// [`Error::SessionExpired`] when this session ended (whatever session the manager has
     /// now: what was learned on this one is void), [`Error::Closed`] when the manager closed,
     /// [`Error::ConnectionLoss`] when the deadline passed first.
-    pub(crate) async fn wait_connected(
+    pub(super) async fn wait_connected(
         &self,
         operation: &'static str,
         deadline: Option<tokio::time::Instant>,
@@ -292,19 +292,19 @@ impl Session {
 /// is lost once the epoch moves on. The current session lives here too, so that a reader sees
 /// a session and its health together.
 #[derive(Clone)]
-pub(crate) struct Health {
-    pub(crate) epoch: u64,
-    pub(crate) ok: bool,
-    pub(crate) reason: Option<LossReason>,
-    pub(crate) session: Session,
+pub(super) struct Health {
+    pub(super) epoch: u64,
+    pub(super) ok: bool,
+    pub(super) reason: Option<LossReason>,
+    pub(super) session: Session,
 }
 
 /// The owner of a manager's sessions: the current one with its health, the monitor that
 /// renews it, and the background tasks that outlive the calls that started them.
 pub(crate) struct SessionOwner {
-    pub(crate) config: SessionConfig,
-    pub(crate) health: watch::Sender<Health>,
-    pub(crate) runtime: tokio::runtime::Handle,
+    pub(super) config: SessionConfig,
+    pub(super) health: watch::Sender<Health>,
+    pub(super) runtime: tokio::runtime::Handle,
     background: Arc<crate::background::Background>,
     monitor: StdMutex<Option<AbortHandle>>,
 }
@@ -349,13 +349,13 @@ impl SessionOwner {
     }
 
     /// The client of the current session.
-    pub(crate) fn client(&self) -> Client {
+    pub(super) fn client(&self) -> Client {
         self.health.borrow().session.client.clone()
     }
 
     /// A live session to acquire on: when the current one has expired and the manager renews
     /// sessions, waits for the new one (until `deadline`, at most twice the session timeout).
-    pub(crate) async fn live_session(
+    pub(super) async fn live_session(
         &self,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Session> {
@@ -382,7 +382,7 @@ impl SessionOwner {
 
     /// Runs `fut` in the background (a release or a cleanup), counted so that
     /// [`flush`](Self::flush) can wait for it.
-    pub(crate) fn spawn_background(
+    pub(super) fn spawn_background(
         self: &Arc<Self>,
         fut: impl Future<Output = ()> + Send + 'static,
     ) {
@@ -395,7 +395,7 @@ impl SessionOwner {
     }
 
     /// Waits until every background task has finished.
-    pub(crate) async fn flush(&self) {
+    pub(super) async fn flush(&self) {
         self.background.flush().await;
     }
 }

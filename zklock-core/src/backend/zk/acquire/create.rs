@@ -63,38 +63,38 @@ pub(crate) async fn create_node(
 }
 
 /// A listing of a lock path, and the incarnation of the path it was taken on.
-pub(crate) struct Listing {
-    pub(crate) children: Vec<String>,
-    pub(crate) incarnation: Incarnation,
+pub(super) struct Listing {
+    pub(super) children: Vec<String>,
+    pub(super) incarnation: Incarnation,
 }
 
 /// What [`Attempt::create`] made: the node's name and czxid, and the listing after it.
-pub(crate) struct Created {
-    pub(crate) name: String,
-    pub(crate) czxid: i64,
-    pub(crate) children: Vec<String>,
-    pub(crate) incarnation: Incarnation,
+pub(super) struct Created {
+    pub(super) name: String,
+    pub(super) czxid: i64,
+    pub(super) children: Vec<String>,
+    pub(super) incarnation: Incarnation,
     /// The children watch the listing set (none when the listing was retried).
-    pub(crate) watcher: Option<zookeeper_client::OneshotWatcher>,
+    pub(super) watcher: Option<zookeeper_client::OneshotWatcher>,
 }
 
 /// One attempt at a lock: the contender node it makes, on the session that is live when it
 /// starts. Its node, every listing and the granted floor belong to that session.
-pub(crate) struct Attempt<'a> {
-    pub(crate) inner: &'a Arc<Inner>,
-    pub(crate) session: Session,
-    pub(crate) path: &'a Arc<str>,
-    pub(crate) key: &'a Arc<str>,
-    pub(crate) kind: HoldMode,
+pub(super) struct Attempt<'a> {
+    pub(super) inner: &'a Arc<Inner>,
+    pub(super) session: Session,
+    pub(super) path: &'a Arc<str>,
+    pub(super) key: &'a Arc<str>,
+    pub(super) kind: HoldMode,
     /// The new node's data: who made it (a leader latch's participant id).
-    pub(crate) data: &'a [u8],
-    pub(crate) deadline: Option<Instant>,
+    pub(super) data: &'a [u8],
+    pub(super) deadline: Option<Instant>,
 }
 
 impl Attempt<'_> {
     /// Creates the contender node (making the lock path on first use) and lists its siblings,
     /// pipelined: one round trip.
-    pub(crate) async fn create(&self, unfinished: &mut Unfinished) -> Result<Created> {
+    pub(super) async fn create(&self, unfinished: &mut Unfinished) -> Result<Created> {
         let inner = self.inner;
         let client = &self.session.client;
         let prefix = format!(
@@ -216,7 +216,7 @@ impl Attempt<'_> {
         }
     }
 
-    pub(crate) async fn list(&self) -> Result<Listing> {
+    pub(super) async fn list(&self) -> Result<Listing> {
         loop {
             self.inner.count_requests(1);
             match self.session.client.get_children(self.path).await {
@@ -228,7 +228,7 @@ impl Attempt<'_> {
 
     /// Waits out a connection loss of this acquire's session (until its deadline); any other
     /// error, or the end of the session, ends the acquire.
-    pub(crate) async fn retry_or_fail(
+    pub(super) async fn retry_or_fail(
         &self,
         operation: &'static str,
         err: zookeeper_client::Error,

@@ -10,39 +10,39 @@ use super::super::Inner;
 #[derive(Default)]
 pub(crate) struct DirState {
     /// Local contenders (waiting or holding) on this lock path.
-    pub(crate) contenders: usize,
+    pub(super) contenders: usize,
     /// What this process learned from its exclusive grants on the path; see [`Floor`].
-    pub(crate) granted: Option<Floor>,
+    pub(super) granted: Option<Floor>,
 }
 
 /// Which incarnation of a lock path, seen through which session, something was learned on: the
 /// path's czxid (a path that empties is reaped by the server and may be re-created by anyone,
 /// its sequence numbers starting again at 0) and the session's generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Incarnation {
-    pub(crate) generation: u64,
-    pub(crate) czxid: i64,
+pub(super) struct Incarnation {
+    pub(super) generation: u64,
+    pub(super) czxid: i64,
 }
 
 /// The sort key of the highest node this process was granted an exclusive hold on, in one
 /// incarnation of the path: every node of that incarnation that sorts below it was gone at the
 /// grant and never comes back. Worth nothing for another incarnation or session.
 #[derive(Debug, Clone)]
-pub(crate) struct Floor {
-    pub(crate) incarnation: Incarnation,
-    pub(crate) sort_key: String,
+pub(super) struct Floor {
+    pub(super) incarnation: Incarnation,
+    pub(super) sort_key: String,
 }
 
 /// Keeps a lock path's local state alive while a contender of this process uses it.
 pub(crate) struct DirTicket {
     inner: Arc<Inner>,
-    pub(crate) dir: Arc<str>,
+    pub(super) dir: Arc<str>,
 }
 
 impl DirTicket {
     /// The granted floor learned on `incarnation` of the path, if any: a floor learned on
     /// another incarnation or session is forgotten here.
-    pub(crate) fn granted_floor(&self, incarnation: Incarnation) -> Option<String> {
+    pub(super) fn granted_floor(&self, incarnation: Incarnation) -> Option<String> {
         let mut dirs = self.inner.dirs.lock().unwrap();
         let state = dirs.get_mut(&self.dir)?;
         match &state.granted {
@@ -56,7 +56,7 @@ impl DirTicket {
     }
 
     /// Records an exclusive grant of the node sorting as `sort_key` in `incarnation`.
-    pub(crate) fn record_grant(&self, incarnation: Incarnation, sort_key: &str) {
+    pub(super) fn record_grant(&self, incarnation: Incarnation, sort_key: &str) {
         let mut dirs = self.inner.dirs.lock().unwrap();
         if let Some(d) = dirs.get_mut(&self.dir) {
             let higher = match &d.granted {
@@ -89,7 +89,7 @@ impl Drop for DirTicket {
 
 impl Inner {
     /// Registers a local contender on `dir`; the returned token unregisters it on drop.
-    pub(crate) fn enter_dir(self: &Arc<Self>, dir: &Arc<str>) -> DirTicket {
+    pub(super) fn enter_dir(self: &Arc<Self>, dir: &Arc<str>) -> DirTicket {
         let mut dirs = self.dirs.lock().unwrap();
         dirs.entry(dir.clone()).or_default().contenders += 1;
         DirTicket {

@@ -8,15 +8,16 @@ use zookeeper_client::Client;
 
 use super::super::error::connection_lost;
 use super::super::session::{delete_in_background, wait_reconnect};
+use super::super::wire::protected_prefix;
 use super::super::Inner;
 
 /// The contender node of an acquire in progress: if the acquire ends without a hold (error,
 /// timeout, cancellation), the node is deleted.
-pub(crate) struct Unfinished {
+pub(super) struct Unfinished {
     inner: Arc<Inner>,
     client: Client,
     dir: Arc<str>,
-    pub(crate) protect: String,
+    pub(super) protect: String,
     pub(super) node: Option<String>,
     /// The create was sent: if no node is known, one may still exist under `protect`.
     pub(super) sent: bool,
@@ -25,24 +26,24 @@ pub(crate) struct Unfinished {
 impl Unfinished {
     /// A contender about to be created under `dir`, with a fresh protected prefix
     /// (`_c_<uuid>-`, Curator's protection).
-    pub(crate) fn new(inner: &Arc<Inner>, client: &Client, dir: &Arc<str>) -> Unfinished {
+    pub(super) fn new(inner: &Arc<Inner>, client: &Client, dir: &Arc<str>) -> Unfinished {
         Unfinished {
             inner: inner.clone(),
             client: client.clone(),
             dir: dir.clone(),
-            protect: format!("_c_{}-", uuid::Uuid::new_v4()),
+            protect: protected_prefix(),
             node: None,
             sent: false,
         }
     }
 
     /// The acquire succeeded: the node now belongs to the hold.
-    pub(crate) fn disarm(&mut self) -> Option<String> {
+    pub(super) fn disarm(&mut self) -> Option<String> {
         self.sent = false;
         self.node.take()
     }
 
-    pub(crate) fn cancel_now(&mut self) {
+    pub(super) fn cancel_now(&mut self) {
         if let Some(node) = self.node.take() {
             delete_in_background(&self.inner, self.client.clone(), node);
         }
@@ -68,7 +69,7 @@ impl Drop for Unfinished {
 /// Removes the node a create may have made when its reply never came: the `_c_<uuid>-`
 /// prefix finds it (Curator's protected mode). The listing is sent now, so it is ordered
 /// after the create.
-pub(crate) fn delete_by_prefix_in_background(
+pub(super) fn delete_by_prefix_in_background(
     inner: &Arc<Inner>,
     client: Client,
     dir: Arc<str>,

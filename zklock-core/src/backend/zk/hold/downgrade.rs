@@ -13,7 +13,7 @@ use crate::types::mode::HoldMode;
 
 /// Makes the read hold of `target` that continues `write`, and says whether the write node
 /// must be kept until the read hold ends (a writer queued in between).
-pub(crate) fn downgrade(
+pub(super) fn downgrade(
     write: Arc<Hold>,
     target: LockTarget,
 ) -> BoxFuture<'static, Result<Downgraded>> {

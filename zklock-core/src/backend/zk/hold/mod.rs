@@ -26,7 +26,7 @@ use crate::types::error::{Error, Result};
 use crate::types::loss::{LossReason, LossSignal};
 use crate::types::token::FencingToken;
 use loss::settle;
-pub(crate) use loss::LossWatch;
+use loss::LossWatch;
 use monitor::{
     children_change, data_event, unconfirm, watch_node, watch_on, MonitoredWatch, NodeState,
     ReceivedWatch, Revocation,
