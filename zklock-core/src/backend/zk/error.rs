@@ -30,7 +30,7 @@ pub(super) fn zk_error(operation: &'static str, path: &str, err: zookeeper_clien
 }
 
 /// The client's error as a [`ServerError`].
-pub(super) fn server_error(err: zookeeper_client::Error) -> ServerError {
+fn server_error(err: zookeeper_client::Error) -> ServerError {
     use zookeeper_client::Error as Zk;
     let transient = matches!(
         err,
@@ -52,6 +52,15 @@ pub(super) fn is_no_node(err: &Error) -> bool {
                 == Some(&zookeeper_client::Error::NoNode)
         }
         _ => false,
+    }
+}
+
+/// The error of a session that could not be opened on `connect`: the client's `err` (its
+/// `Timeout` when the connect took too long).
+pub(super) fn unreachable(connect: &str, err: zookeeper_client::Error) -> Error {
+    Error::Unreachable {
+        connect: connect.to_string(),
+        source: server_error(err),
     }
 }
 

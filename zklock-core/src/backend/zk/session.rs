@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use zookeeper_client::{Client, SessionState, StateWatcher};
 
-use super::error::{connection_lost, is_terminal};
+use super::error::{connection_lost, is_terminal, unreachable};
 use super::Inner;
 use crate::backend::backoff::Backoff;
 use crate::metrics;
@@ -111,14 +111,11 @@ async fn open_session(config: &SessionConfig) -> Result<Client> {
             connect: config.connect.clone(),
         }),
         Ok(Some(Ok(client))) => Ok(client),
-        Ok(Some(Err(source))) => Err(Error::Unreachable {
-            connect: config.connect.clone(),
-            source: super::error::server_error(source),
-        }),
-        Err(_) => Err(Error::Unreachable {
-            connect: config.connect.clone(),
-            source: super::error::server_error(zookeeper_client::Error::Timeout),
-        }),
+        Ok(Some(Err(source))) => Err(unreachable(&config.connect, source)),
+        Err(_) => Err(unreachable(
+            &config.connect,
+            zookeeper_client::Error::Timeout,
+        )),
     }
 }
 
