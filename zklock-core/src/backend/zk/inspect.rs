@@ -4,13 +4,13 @@
 //! no zklock acquire gets past it. And Curator's revocation, which writes `__REVOKE__` into a
 //! holder's node.
 
-use super::error::zk_error;
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::hold::REVOKE_MESSAGE;
-use super::queue::{
-    lock_contender, CuratorMode, LockContender, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME,
-    MUTEX_NAME, READ_NAME, WRITE_NAME,
+use super::error::zk_error;
+use super::queue::{lock_contender, CuratorMode, LockContender};
+use super::wire::{
+    KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME, REVOKE_MESSAGE,
+    SEMAPHORE_LEASES, SEMAPHORE_LOCKS, WRITE_NAME,
 };
 use super::ZkBackend;
 use crate::backend::{BoxFuture, Inspect, Revoke};
@@ -53,7 +53,7 @@ fn node_mode(node: &str, kind: HoldMode) -> Option<HoldMode> {
 
 /// The recipe of a raw lock path, told by the names of its children.
 fn kind_of(children: &[String]) -> LockKind {
-    if children.iter().any(|c| c == "leases") {
+    if children.iter().any(|c| c == SEMAPHORE_LEASES) {
         LockKind::Semaphore
     } else if children.iter().any(|c| c.contains(LATCH_NAME)) {
         LockKind::Leader
@@ -158,9 +158,9 @@ impl ZkBackend {
     async fn inspect_as(&self, path: &str, kind: LockKind) -> Result<LockInfo> {
         let (holders, waiters) = match kind {
             LockKind::Semaphore => (
-                self.contenders(&format!("{path}/leases"), HoldMode::Lease)
+                self.contenders(&format!("{path}/{SEMAPHORE_LEASES}"), HoldMode::Lease)
                     .await?,
-                self.contenders(&format!("{path}/locks"), HoldMode::Exclusive)
+                self.contenders(&format!("{path}/{SEMAPHORE_LOCKS}"), HoldMode::Exclusive)
                     .await?,
             ),
             LockKind::Mutex | LockKind::Leader => {
@@ -222,7 +222,7 @@ impl Revoke for ZkBackend {
         Box::pin(async move {
             let client = self.client();
             let dir = match lock.kind {
-                LockKind::Semaphore => format!("{}/leases", lock.path),
+                LockKind::Semaphore => format!("{}/{SEMAPHORE_LEASES}", lock.path),
                 _ => lock.path.clone(),
             };
             let mut asked = vec![];

@@ -7,6 +7,11 @@
 //! sequence number, since the parent's counter numbers every child (see [`lock_contender`]).
 //! Any other child there is refused ([`Refused::Unknown`]), never ignored.
 
+use super::wire::{
+    KAZOO_LOCK_NAME, KAZOO_READ_NAME, LATCH_NAME, LEASE_NAME, MUTEX_NAME, READ_NAME, WRITE_NAME,
+};
+use crate::types::mode::HoldMode;
+
 /// How many of the nearest lower blockers an exclusive waiter remembers from its listing, and
 /// watches: its predecessor and the node before it. The last one's deletion is its grant, with
 /// no listing or check after it, when no other node sorted below them. When others did, the
@@ -21,29 +26,10 @@ const NEAREST: usize = 2;
 /// How many of its lowest lower writers a reader watches at a time.
 const WINDOW: usize = 8;
 
-/// A hold's mode names its contender node and so which nodes block it, Curator's rules:
-/// - a mutex: `_c_<uuid>-lock-<seq>`; every lower node blocks;
-/// - a read hold: `_c_<uuid>-__READ__<seq>`; only lower exclusive nodes block;
-/// - a write hold: `_c_<uuid>-__WRIT__<seq>`; every lower node blocks;
-/// - a lease of `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not queued;
-/// - a participant of `LeaderLatch`: `_c_<uuid>-latch-<seq>`, the participant id as data; the
-///   lowest is the leader, every lower node blocks.
-use crate::types::mode::HoldMode;
-
-pub(crate) const READ_NAME: &str = "__READ__";
-pub(crate) const WRITE_NAME: &str = "__WRIT__";
-pub(crate) const MUTEX_NAME: &str = "lock-";
-pub(crate) const LEASE_NAME: &str = "lease-";
-pub(crate) const LATCH_NAME: &str = "latch-";
-/// kazoo's `Lock` and `WriteLock` node (`<uuid hex>__lock__<seq>`): excludes every later one.
-pub(crate) const KAZOO_LOCK_NAME: &str = "__lock__";
-/// kazoo's `ReadLock` node (`<uuid hex>__rlock__<seq>`): waits only for lower exclusive ones.
-pub(crate) const KAZOO_READ_NAME: &str = "__rlock__";
-
 /// What a child of a mutex's or read/write lock's path is, told by its name, with its sequence
 /// number (the server's `%010d`, which sorts them all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LockContender<'a> {
+pub(super) enum LockContender<'a> {
     /// Excludes every later contender: Curator's mutex (`lock-`) and writer (`__WRIT__`),
     /// kazoo's `Lock`/`WriteLock` (`__lock__`).
     Exclusive(&'a str),
@@ -54,7 +40,7 @@ pub(crate) enum LockContender<'a> {
 
 impl<'a> LockContender<'a> {
     /// Its sequence number, as the server wrote it: what contenders sort by.
-    pub(crate) fn sequence(self) -> &'a str {
+    pub(super) fn sequence(self) -> &'a str {
         match self {
             LockContender::Exclusive(seq) | LockContender::Shared(seq) => seq,
         }
@@ -64,7 +50,7 @@ impl<'a> LockContender<'a> {
 /// The lock contender a child of a mutex's or read/write lock's path is: a name that ends in one
 /// of the lock names of Curator or kazoo followed by a sequence number. `None` for anything
 /// else (another recipe's node, a plain node): no rule says where such a node queues.
-pub(crate) fn lock_contender(node: &str) -> Option<LockContender<'_>> {
+pub(super) fn lock_contender(node: &str) -> Option<LockContender<'_>> {
     let names = [
         (WRITE_NAME, true),
         (MUTEX_NAME, true),
@@ -92,9 +78,18 @@ fn is_sequence(text: &str) -> bool {
     }
 }
 
+/// The text Curator sorts contenders by: what follows the last occurrence of the lock name
+/// (`StandardLockInternalsDriver.fixForSorting`). Compared as strings, as Curator does.
+pub(super) fn sort_key<'a>(node: &'a str, lock_name: &str) -> &'a str {
+    match node.rfind(lock_name) {
+        Some(i) => &node[i + lock_name.len()..],
+        None => node,
+    }
+}
+
 /// Why a listing gives no queue for our node.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
+pub(super) enum Refused {
     /// Our node is not among the children: it was deleted.
     Gone,
     /// A child that is no lock contender of Curator or kazoo (see [`lock_contender`]).
@@ -104,7 +99,15 @@ pub(crate) enum Refused {
 /// What a hold mode means in Curator's node protocol: its nodes' names, their order, and
 /// which lower nodes block a contender. A trait of this backend's own, so that the shared
 /// [`HoldMode`] stays free of ZooKeeper's names.
-pub(crate) trait CuratorMode {
+///
+/// A hold's mode names its contender node and so which nodes block it, Curator's rules:
+/// - a mutex: `_c_<uuid>-lock-<seq>`; every lower node blocks;
+/// - a read hold: `_c_<uuid>-__READ__<seq>`; only lower exclusive nodes block;
+/// - a write hold: `_c_<uuid>-__WRIT__<seq>`; every lower node blocks;
+/// - a lease of `InterProcessSemaphoreV2`: `_c_<uuid>-lease-<seq>`; counted, not queued;
+/// - a participant of `LeaderLatch`: `_c_<uuid>-latch-<seq>`, the participant id as data; the
+///   lowest is the leader, every lower node blocks.
+pub(super) trait CuratorMode {
     /// The name Curator gives this mode's contender nodes, before the sequence number.
     fn lock_name(self) -> &'static str;
     /// Curator's sort key for a child of a path of this kind's recipe.
@@ -139,8 +142,8 @@ impl CuratorMode for HoldMode {
             HoldMode::Exclusive | HoldMode::Read | HoldMode::Write => {
                 lock_contender(node).map_or(node, LockContender::sequence)
             }
-            HoldMode::Lease => super::protocol::sort_key(node, LEASE_NAME),
-            HoldMode::Leader => super::protocol::sort_key(node, LATCH_NAME),
+            HoldMode::Lease => sort_key(node, LEASE_NAME),
+            HoldMode::Leader => sort_key(node, LATCH_NAME),
         }
     }
 
@@ -170,17 +173,17 @@ impl CuratorMode for HoldMode {
 }
 
 /// The lower contenders that block a waiter.
-pub(crate) struct Queue {
+pub(super) struct Queue {
     kind: HoldMode,
     /// Blockers in ascending order. Exclusive kinds keep the [`NEAREST`] lower nodes (and any
     /// whose sequence wrapped); readers keep every lower writer. See [`Queue::to_watch`].
-    pub(crate) below: Vec<String>,
+    pub(super) below: Vec<String>,
     /// More blockers sort below the window.
-    pub(crate) hidden: bool,
+    pub(super) hidden: bool,
     /// Sort key of the lowest node in the window when it was built; hidden nodes sort below it.
     floor: String,
     /// Other nodes of our own (same protected prefix), to delete.
-    pub(crate) strays: Vec<String>,
+    pub(super) strays: Vec<String>,
 }
 
 impl Queue {
@@ -189,7 +192,7 @@ impl Queue {
     /// `strays` for deletion.
     /// Refused when `me` is not among the children (our node is gone), or when a mutex's or
     /// read/write lock's path holds a child that is no lock contender.
-    pub(crate) fn new(
+    pub(super) fn new(
         kind: HoldMode,
         mut children: Vec<String>,
         me: &str,
@@ -264,7 +267,7 @@ impl Queue {
     /// The blockers to watch: all of an exclusive waiter's window (its [`NEAREST`] lower
     /// nodes); a reader's lowest [`WINDOW`] lower writers (the next ones are watched as these
     /// go).
-    pub(crate) fn to_watch(&self) -> &[String] {
+    pub(super) fn to_watch(&self) -> &[String] {
         if self.kind.exclusive() {
             &self.below
         } else {
@@ -276,12 +279,12 @@ impl Queue {
     /// it listed, and fewer than [`NEAREST`] of the window are left (at most its predecessor),
     /// so a listing tells whether the predecessor's deletion will be the grant. Never twice for
     /// one state: a new listing that still hides nodes fills the window again.
-    pub(crate) fn wants_listing(&self) -> bool {
+    pub(super) fn wants_listing(&self) -> bool {
         self.hidden && self.below.len() < NEAREST
     }
 
     /// `node` is gone.
-    pub(crate) fn remove(&mut self, node: &str) {
+    pub(super) fn remove(&mut self, node: &str) {
         self.below.retain(|n| n != node);
     }
 
@@ -289,7 +292,7 @@ impl Queue {
     /// exclusive hold on in this incarnation of the path: all of those were gone when it was
     /// granted. A sequence that wrapped past 2^31 (a negative `%010d`) sorts below any floor
     /// without being older, so neither such a node nor such a floor prunes anything.
-    pub(crate) fn prune_below(&mut self, granted: &str) {
+    pub(super) fn prune_below(&mut self, granted: &str) {
         if wrapped(granted) {
             return;
         }
@@ -312,6 +315,21 @@ fn wrapped(sort_key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sorts_like_curator() {
+        assert_eq!(
+            sort_key("_c_8d0f-lock-0000000007", MUTEX_NAME),
+            "0000000007"
+        );
+        assert_eq!(sort_key("lock-0000000003", MUTEX_NAME), "0000000003");
+        // The last occurrence counts, so a uuid or prefix containing "lock-" does not confuse it.
+        assert_eq!(
+            sort_key("_c_x-lock-lock-0000000001", MUTEX_NAME),
+            "0000000001"
+        );
+        assert_eq!(sort_key("foreign", MUTEX_NAME), "foreign");
+    }
 
     #[test]
     fn read_write_sort_like_curator() {

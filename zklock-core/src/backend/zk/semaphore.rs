@@ -3,15 +3,15 @@
 //! `<path>/leases/_c_<uuid>-lease-<seq>` and waits, still holding the mutex, until at most N
 //! leases exist. Only that one acquirer watches the leases: no herd.
 
-use super::error::zk_error;
 use std::sync::Arc;
 
 use zookeeper_client::{EventType, OneshotWatcher};
 
-use super::contender::acquire_node;
-use super::hold::{HandedWatch, Hold};
-use super::node::create_node;
-use super::session::{connection_lost, Session};
+use super::acquire::{acquire_node, create_node, HandedWatch};
+use super::error::{connection_lost, zk_error};
+use super::hold::Hold;
+use super::session::Session;
+use super::wire::{SEMAPHORE_LEASES, SEMAPHORE_LOCKS};
 use super::Inner;
 use crate::backend::{BackendHold, LockTarget, SharedHold};
 use crate::types::error::{Error, Result};
@@ -26,7 +26,7 @@ use crate::types::mode::Wait;
 /// come from the session that holds the gate. `Ok(None)` only for [`Wait::Never`].
 ///
 /// Cancel safe: the gate and the leases made so far go when the future is dropped.
-pub(crate) async fn acquire_leases(
+pub(super) async fn acquire_leases(
     inner: &Arc<Inner>,
     target: &LockTarget,
     max_leases: u32,
@@ -34,11 +34,12 @@ pub(crate) async fn acquire_leases(
     wait: Wait,
 ) -> Result<Option<Vec<SharedHold>>> {
     let key = &target.key;
-    let gate_path: Arc<str> = format!("{}/locks", target.path).into();
+    let gate_path: Arc<str> = format!("{}/{SEMAPHORE_LOCKS}", target.path).into();
     let Some(gate) = acquire_node(inner, &gate_path, key, HoldMode::Exclusive, None, wait).await?
     else {
         return Ok(None);
     };
+    let gate = Hold::granted(gate);
     // Declared after the gate, so dropped before it: the leases go first, then the gate.
     let mut leases = Leases::new(inner, target, &gate, wait);
     leases.make(n).await?;
@@ -76,7 +77,7 @@ impl<'a> Leases<'a> {
             key: &target.key,
             gate,
             session: gate.session.clone(),
-            path: format!("{}/leases", target.path).into(),
+            path: format!("{}/{SEMAPHORE_LEASES}", target.path).into(),
             wait,
             holds: Vec::new(),
             children: Vec::new(),

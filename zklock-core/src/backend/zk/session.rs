@@ -1,5 +1,6 @@
 //! The ZooKeeper session: the one owner of the ZooKeeper connection, its session, the epoch every
-//! hold is stamped with, the retry policy, and the background tasks (releases, cleanups).
+//! hold is stamped with, the retry policy, and the background tasks (releases, cleanups) with
+//! the background delete of a node that every part shares.
 //!
 //! A session's generation counts the sessions a manager has had; its health's epoch counts
 //! losses. Whatever is learned through a session (a hold, a granted floor, a listing) is
@@ -14,8 +15,11 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use zookeeper_client::{Client, SessionState, StateWatcher};
 
+use super::error::{connection_lost, is_terminal, unreachable};
+use super::Inner;
 use crate::backend::backoff::Backoff;
 use crate::metrics;
+use crate::types::backend_kind::BackendKind;
 use crate::types::disconnect::DisconnectPolicy;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
@@ -43,12 +47,12 @@ pub(crate) struct SessionConfig {
 impl SessionConfig {
     /// The connection timeout given to the client: how long a connect may take, and (through
     /// the client's ticks) how soon it notices a silent connection.
-    pub(crate) fn connection_timeout(&self) -> Duration {
+    pub(super) fn connection_timeout(&self) -> Duration {
         self.connect_timeout.unwrap_or(self.session_timeout)
     }
 
     /// Refuses a configuration that could keep a hold past the session (see [`check_grace`]).
-    pub(crate) fn check(&self) -> Result<()> {
+    pub(super) fn check(&self) -> Result<()> {
         if let DisconnectPolicy::Grace(grace) = self.disconnect_policy {
             // Checked first against what was asked; the server may negotiate less (below).
             check_grace(grace, self.session_timeout, self.connection_timeout())?;
@@ -65,7 +69,7 @@ impl SessionConfig {
 /// The retry policy of every request that failed on a lost connection: wait for this session
 /// to reconnect (bounded by the caller's deadline) and send it again; stop when the session
 /// ends, since whatever the request was about ended with it.
-pub(crate) async fn wait_reconnect(client: &Client) -> bool {
+pub(super) async fn wait_reconnect(client: &Client) -> bool {
     let mut watcher = client.state_watcher();
     let mut state = watcher.state();
     loop {
@@ -77,27 +81,6 @@ pub(crate) async fn wait_reconnect(client: &Client) -> bool {
             }
         }
     }
-}
-
-/// Whether a request failed because its connection broke (its outcome unknown, the session
-/// possibly alive): zookeeper-client reports a clean close as `ConnectionLoss`, but fails the
-/// requests in flight with the transport's own error (`Custom`: a reset connection, no answer
-/// within the read timeout) when the connection breaks otherwise. Both are a connection loss.
-pub(crate) fn connection_lost(err: &zookeeper_client::Error) -> bool {
-    matches!(
-        err,
-        zookeeper_client::Error::ConnectionLoss | zookeeper_client::Error::Custom(_)
-    )
-}
-
-/// Whether a request failed because the session is over for good.
-pub(crate) fn is_terminal(err: &zookeeper_client::Error) -> bool {
-    matches!(
-        err,
-        zookeeper_client::Error::SessionExpired
-            | zookeeper_client::Error::ClientClosed
-            | zookeeper_client::Error::AuthFailed
-    )
 }
 
 async fn open_session(config: &SessionConfig) -> Result<Client> {
@@ -128,14 +111,11 @@ async fn open_session(config: &SessionConfig) -> Result<Client> {
             connect: config.connect.clone(),
         }),
         Ok(Some(Ok(client))) => Ok(client),
-        Ok(Some(Err(source))) => Err(Error::Unreachable {
-            connect: config.connect.clone(),
-            source: super::error::server_error(source),
-        }),
-        Err(_) => Err(Error::Unreachable {
-            connect: config.connect.clone(),
-            source: super::error::server_error(zookeeper_client::Error::Timeout),
-        }),
+        Ok(Some(Err(source))) => Err(unreachable(&config.connect, source)),
+        Err(_) => Err(unreachable(
+            &config.connect,
+            zookeeper_client::Error::Timeout,
+        )),
     }
 }
 
@@ -232,13 +212,43 @@ fn safe_grace(grace: Duration, session_timeout: Duration, connection: Duration) 
     safe
 }
 
+/// Deletes a contender node: the request is sent now, so that any later request of this
+/// session is ordered after it; the reply is awaited in the background, retrying on
+/// connection loss until the node is gone or the session (and so the node) has ended.
+pub(super) fn delete_in_background(inner: &Arc<Inner>, client: Client, path: String) {
+    inner.count_requests(1);
+    let first = client.delete(&path, None);
+    let counter = inner.clone();
+    inner.spawn_background(async move {
+        let mut result = first.await;
+        loop {
+            match result {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => return,
+                Err(err) if connection_lost(&err) => {
+                    if !wait_reconnect(&client).await {
+                        return;
+                    }
+                    counter.count_requests(1);
+                    metrics::release_retry(BackendKind::ZooKeeper);
+                    result = client.delete(&path, None).await;
+                }
+                Err(err) if is_terminal(&err) => return,
+                Err(err) => {
+                    tracing::warn!(%path, %err, "could not delete lock node");
+                    return;
+                }
+            }
+        }
+    });
+}
+
 /// One ZooKeeper session of a manager: its client, and its generation (0 for the first
 /// session, one more for each session that replaced an expired one). Every hold, granted floor
 /// and listing is stamped with the session it was learned on, and dies with it.
 #[derive(Clone)]
-pub(crate) struct Session {
-    pub(crate) client: Client,
-    pub(crate) generation: u64,
+pub(super) struct Session {
+    pub(super) client: Client,
+    pub(super) generation: u64,
 }
 
 impl Session {
@@ -249,7 +259,7 @@ impl Session {
     /// [`Error::SessionExpired`] when this session ended (whatever session the manager has
     /// now: what was learned on this one is void), [`Error::Closed`] when the manager closed,
     /// [`Error::ConnectionLoss`] when the deadline passed first.
-    pub(crate) async fn wait_connected(
+    pub(super) async fn wait_connected(
         &self,
         operation: &'static str,
         deadline: Option<tokio::time::Instant>,
@@ -279,19 +289,19 @@ impl Session {
 /// is lost once the epoch moves on. The current session lives here too, so that a reader sees
 /// a session and its health together.
 #[derive(Clone)]
-pub(crate) struct Health {
-    pub(crate) epoch: u64,
-    pub(crate) ok: bool,
-    pub(crate) reason: Option<LossReason>,
-    pub(crate) session: Session,
+pub(super) struct Health {
+    pub(super) epoch: u64,
+    pub(super) ok: bool,
+    pub(super) reason: Option<LossReason>,
+    pub(super) session: Session,
 }
 
 /// The owner of a manager's sessions: the current one with its health, the monitor that
 /// renews it, and the background tasks that outlive the calls that started them.
 pub(crate) struct SessionOwner {
-    pub(crate) config: SessionConfig,
-    pub(crate) health: watch::Sender<Health>,
-    pub(crate) runtime: tokio::runtime::Handle,
+    pub(super) config: SessionConfig,
+    pub(super) health: watch::Sender<Health>,
+    pub(super) runtime: tokio::runtime::Handle,
     background: Arc<crate::background::Background>,
     monitor: StdMutex<Option<AbortHandle>>,
 }
@@ -336,13 +346,13 @@ impl SessionOwner {
     }
 
     /// The client of the current session.
-    pub(crate) fn client(&self) -> Client {
+    pub(super) fn client(&self) -> Client {
         self.health.borrow().session.client.clone()
     }
 
     /// A live session to acquire on: when the current one has expired and the manager renews
     /// sessions, waits for the new one (until `deadline`, at most twice the session timeout).
-    pub(crate) async fn live_session(
+    pub(super) async fn live_session(
         &self,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Session> {
@@ -369,7 +379,7 @@ impl SessionOwner {
 
     /// Runs `fut` in the background (a release or a cleanup), counted so that
     /// [`flush`](Self::flush) can wait for it.
-    pub(crate) fn spawn_background(
+    pub(super) fn spawn_background(
         self: &Arc<Self>,
         fut: impl Future<Output = ()> + Send + 'static,
     ) {
@@ -382,7 +392,7 @@ impl SessionOwner {
     }
 
     /// Waits until every background task has finished.
-    pub(crate) async fn flush(&self) {
+    pub(super) async fn flush(&self) {
         self.background.flush().await;
     }
 }

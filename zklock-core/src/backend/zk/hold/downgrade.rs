@@ -2,11 +2,10 @@
 //! a read node made on the write hold's own session, and the write node kept while a writer
 //! queued between the two.
 
-use super::super::queue::CuratorMode;
 use std::sync::Arc;
 
-use super::super::node::create_node;
-use super::monitor::HandedWatch;
+use super::super::acquire::{create_node, HandedWatch};
+use super::super::queue::CuratorMode;
 use super::Hold;
 use crate::backend::{BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
@@ -14,7 +13,7 @@ use crate::types::mode::HoldMode;
 
 /// Makes the read hold of `target` that continues `write`, and says whether the write node
 /// must be kept until the read hold ends (a writer queued in between).
-pub(crate) fn downgrade(
+pub(super) fn downgrade(
     write: Arc<Hold>,
     target: LockTarget,
 ) -> BoxFuture<'static, Result<Downgraded>> {

@@ -15,13 +15,13 @@ use crate::types::loss::{Loss, LossReason};
 #[derive(Clone)]
 pub(crate) struct LossWatch {
     /// The health epoch at grant.
-    pub(crate) epoch: u64,
+    pub(super) epoch: u64,
     /// Set when the hold was already void at grant: its session had ended or was unhealthy.
-    pub(crate) born_lost: Option<LossReason>,
-    pub(crate) node: watch::Receiver<NodeState>,
-    pub(crate) health: watch::Receiver<Health>,
+    pub(super) born_lost: Option<LossReason>,
+    pub(super) node: watch::Receiver<NodeState>,
+    pub(super) health: watch::Receiver<Health>,
     /// The event the monitor waits on, seen as soon as the client has it.
-    pub(crate) received: Arc<ReceivedWatch>,
+    pub(super) received: Arc<ReceivedWatch>,
 }
 
 impl Loss for LossWatch {
@@ -35,7 +35,7 @@ impl Loss for LossWatch {
 }
 
 impl LossWatch {
-    pub(crate) fn reason(&self) -> Option<LossReason> {
+    pub(super) fn reason(&self) -> Option<LossReason> {
         if self.born_lost.is_some() {
             return self.born_lost;
         }
@@ -53,7 +53,7 @@ impl LossWatch {
     }
 
     /// Completes when the hold is lost, with the reason.
-    pub(crate) async fn lost(mut self) -> LossReason {
+    pub(super) async fn lost(mut self) -> LossReason {
         let mut node_open = true;
         loop {
             if let Some(reason) = self.reason() {
@@ -75,7 +75,7 @@ impl LossWatch {
 /// made while it asks (the monitor unconfirms, reads, confirms again) is a change still unseen
 /// and wakes the wait. Asking first and marking after would consume that change while the
 /// answer was taken from the stale read: a wait for ever (a lost wake-up).
-pub(crate) async fn settle<A, B, C>(
+pub(super) async fn settle<A, B, C>(
     a: &mut watch::Receiver<A>,
     b: &mut watch::Receiver<B>,
     c: &mut watch::Receiver<C>,

@@ -7,7 +7,6 @@ mod loss;
 mod monitor;
 mod others;
 
-use super::error::zk_error;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,9 +14,11 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use super::protocol::delete_in_background;
-use super::session::{connection_lost, wait_reconnect, Health, Session};
-use super::{DirTicket, Inner};
+use super::acquire::floor::DirTicket;
+use super::acquire::{Granted, HandedWatch};
+use super::error::{connection_lost, zk_error};
+use super::session::{delete_in_background, wait_reconnect, Health, Session};
+use super::Inner;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget, Revocable};
 use crate::metrics;
 use crate::types::backend_kind::BackendKind;
@@ -25,13 +26,13 @@ use crate::types::error::{Error, Result};
 use crate::types::loss::{LossReason, LossSignal};
 use crate::types::token::FencingToken;
 use loss::settle;
-pub(crate) use loss::LossWatch;
+use loss::LossWatch;
 use monitor::{
     children_change, data_event, unconfirm, watch_node, watch_on, MonitoredWatch, NodeState,
     ReceivedWatch, Revocation,
 };
-pub(crate) use monitor::{HandedWatch, NodeWatch, REVOKE_MESSAGE};
 use others::{Contenders, Others};
+
 /// One granted contender node on ZooKeeper. Deleted when dropped (in the background) or by
 /// [`Hold::release`]; shared by the local holders it is handed to.
 ///
@@ -59,6 +60,19 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
+    /// The hold of the node an acquire was granted, with the watches it set on the way.
+    pub(crate) fn granted(granted: Granted) -> Hold {
+        Hold::new(
+            granted.inner,
+            granted.session,
+            granted.key,
+            granted.node,
+            granted.token,
+            granted.ticket,
+            granted.watch,
+        )
+    }
+
     /// Builds the hold of `node`, created on `session` (the session captured when the acquire
     /// started, not the manager's current one), and starts watching the node if configured.
     ///

@@ -1,5 +1,5 @@
-//! The watch on a held node: what it has seen, the watches an acquire hands over so that a
-//! grant sends no request, what the synchronous checks see of an event before the monitor task
+//! The watch on a held node: what it has seen, the watches an acquire handed over turned into
+//! what the monitor waits on, what the synchronous checks see of an event before the monitor task
 //! has acted on it, and the task that watches the node's data (deletion, revoke requests).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,13 +8,15 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use zookeeper_client::{Client, EventType};
 
-use super::super::session::{connection_lost, wait_reconnect};
+use super::super::error::connection_lost;
+use super::super::session::wait_reconnect;
+use super::super::wire::REVOKE_MESSAGE;
 use crate::backend::BoxFuture;
 use crate::types::loss::LossReason;
 
 /// What the watch on a held node has seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NodeState {
+pub(super) enum NodeState {
     /// No answer yet (the watch is not started, or its first request is in flight).
     Unconfirmed,
     /// The node existed when the watch was set; a deletion or revoke request will be seen.
@@ -25,30 +27,10 @@ pub(crate) enum NodeState {
 
 /// A children watch's event, shared between its pollers; a watcher whose session task went
 /// away without a word (it panics when polled) counts as fired.
-pub(crate) type ChildrenChange = futures::future::Shared<BoxFuture<'static, ()>>;
-
-/// The data watch a waiter set on its own node while it waited (one request in the round that
-/// watched the nodes ahead of it), handed to the hold it became: the node is then watched with
-/// no request at the grant.
-pub(crate) struct NodeWatch {
-    /// The watch's event: the node deleted, its data changed, or the session's end.
-    pub(crate) fired: BoxFuture<'static, zookeeper_client::WatchedEvent>,
-    /// The node's data was a revoke request when the watch was set.
-    pub(crate) revoke_requested: bool,
-}
-
-/// What watches a new hold's node with no request of its own.
-pub(crate) enum HandedWatch {
-    /// Nothing: the hold watches its node's data (one request), unless the manager opted out.
-    NoWatch,
-    /// The children watch of the listing that showed the node alone and granted it.
-    Children(zookeeper_client::OneshotWatcher),
-    /// The data watch the waiter set on its own node while it waited.
-    OwnNode(NodeWatch),
-}
+pub(super) type ChildrenChange = futures::future::Shared<BoxFuture<'static, ()>>;
 
 /// A children watch's event as a [`ChildrenChange`].
-pub(crate) fn children_change(watcher: zookeeper_client::OneshotWatcher) -> ChildrenChange {
+pub(super) fn children_change(watcher: zookeeper_client::OneshotWatcher) -> ChildrenChange {
     use futures::FutureExt;
     // A watcher whose session task went away without a word panics when polled: that too is
     // doubt.
@@ -62,10 +44,10 @@ pub(crate) fn children_change(watcher: zookeeper_client::OneshotWatcher) -> Chil
 
 /// A data watch's event type, shared between the monitor that waits for it and the
 /// synchronous checks that look whether it came.
-pub(crate) type DataEvent = futures::future::Shared<BoxFuture<'static, EventType>>;
+pub(super) type DataEvent = futures::future::Shared<BoxFuture<'static, EventType>>;
 
 /// A data watch's event as a [`DataEvent`].
-pub(crate) fn data_event(fired: BoxFuture<'static, zookeeper_client::WatchedEvent>) -> DataEvent {
+pub(super) fn data_event(fired: BoxFuture<'static, zookeeper_client::WatchedEvent>) -> DataEvent {
     use futures::FutureExt;
     let event: BoxFuture<'static, EventType> = Box::pin(fired.map(|e| e.event_type));
     event.shared()
@@ -76,9 +58,9 @@ pub(crate) fn data_event(fired: BoxFuture<'static, zookeeper_client::WatchedEven
 /// may run after the caller) has acted on it. So `is_held()` never lags what this process has
 /// heard of a deletion, and a local handoff never goes ahead on a change still unread.
 #[derive(Default)]
-pub(crate) struct ReceivedWatch(std::sync::Mutex<Option<MonitoredWatch>>);
+pub(super) struct ReceivedWatch(std::sync::Mutex<Option<MonitoredWatch>>);
 
-pub(crate) enum MonitoredWatch {
+pub(super) enum MonitoredWatch {
     /// The children watch of the listing that granted the node alone.
     Children(ChildrenChange),
     /// A data watch on the node.
@@ -86,12 +68,12 @@ pub(crate) enum MonitoredWatch {
 }
 
 impl ReceivedWatch {
-    pub(crate) fn set(&self, watch: Option<MonitoredWatch>) {
+    pub(super) fn set(&self, watch: Option<MonitoredWatch>) {
         *self.0.lock().unwrap() = watch;
     }
 
     /// The data watch reported the node's deletion.
-    pub(crate) fn deleted(&self) -> bool {
+    pub(super) fn deleted(&self) -> bool {
         use futures::FutureExt;
         match &*self.0.lock().unwrap() {
             Some(MonitoredWatch::Data(event)) => {
@@ -103,7 +85,7 @@ impl ReceivedWatch {
 
     /// The children watch fired and the monitor has not acted on it yet: whether the node is
     /// still there is not known until its data is read.
-    pub(crate) fn children_changed(&self) -> bool {
+    pub(super) fn children_changed(&self) -> bool {
         use futures::FutureExt;
         match &*self.0.lock().unwrap() {
             Some(MonitoredWatch::Children(fired)) => fired.clone().now_or_never().is_some(),
@@ -112,27 +94,24 @@ impl ReceivedWatch {
     }
 }
 
-/// The data Curator's `Revoker` writes into a holder's node to ask it to let go.
-pub(crate) const REVOKE_MESSAGE: &[u8] = b"__REVOKE__";
-
 /// What the node monitor shares with its hold.
 #[derive(Default)]
-pub(crate) struct Revocation {
+pub(super) struct Revocation {
     /// The holder opted in: a revoke request is a loss.
-    pub(crate) revocable: AtomicBool,
+    pub(super) revocable: AtomicBool,
     /// Someone asked (the node's data is `__REVOKE__`).
-    pub(crate) requested: AtomicBool,
+    pub(super) requested: AtomicBool,
 }
 
 /// A held node was deleted by someone else: the hold is lost.
-pub(crate) fn node_gone(node: &str, state: &watch::Sender<NodeState>) {
+pub(super) fn node_gone(node: &str, state: &watch::Sender<NodeState>) {
     tracing::warn!(%node, "lock node deleted by someone else");
     state.send_replace(NodeState::Lost(LossReason::NodeDeleted));
 }
 
 /// A watched node's state is in doubt until its data is read again (a watch that may have
 /// missed its deletion was replaced, or the lock path's children changed).
-pub(crate) fn unconfirm(state: &watch::Sender<NodeState>) {
+pub(super) fn unconfirm(state: &watch::Sender<NodeState>) {
     state.send_if_modified(|s| {
         let was = *s == NodeState::Watched;
         if was {
@@ -143,7 +122,7 @@ pub(crate) fn unconfirm(state: &watch::Sender<NodeState>) {
 }
 
 /// Acts on an event of the held node's data watch; whether to read and watch the data again.
-pub(crate) fn watch_on(event: EventType, node: &str, state: &watch::Sender<NodeState>) -> bool {
+pub(super) fn watch_on(event: EventType, node: &str, state: &watch::Sender<NodeState>) -> bool {
     match event {
         EventType::NodeDeleted => {
             node_gone(node, state);
@@ -158,7 +137,7 @@ pub(crate) fn watch_on(event: EventType, node: &str, state: &watch::Sender<NodeS
 
 /// Watches a held node: deletion by someone else is a loss, and so is a revoke request once
 /// the holder opted in.
-pub(crate) async fn watch_node(
+pub(super) async fn watch_node(
     client: Client,
     node: String,
     state: Arc<watch::Sender<NodeState>>,

@@ -11,7 +11,7 @@ use super::Hold;
 use crate::backend::BoxFuture;
 
 /// What a hold knows of other contenders for its lock (see [`Hold::others_waiting`]).
-pub(crate) enum Others {
+pub(super) enum Others {
     /// Nobody asked yet.
     Unasked,
     /// The listing that sets the children watch is in flight.
@@ -25,10 +25,10 @@ pub(crate) enum Others {
 }
 
 /// A hold's knowledge of other contenders, shared with the task that lists them.
-pub(crate) struct Contenders {
-    pub(crate) others: std::sync::Mutex<Others>,
+pub(super) struct Contenders {
+    pub(super) others: std::sync::Mutex<Others>,
     /// Bumped when the listing has answered (what [`Hold::confirmed`] waits for).
-    pub(crate) listed: watch::Sender<()>,
+    pub(super) listed: watch::Sender<()>,
 }
 
 impl Hold {
@@ -37,7 +37,7 @@ impl Hold {
     /// set has not fired since. The first call starts that listing (one request) and answers
     /// `true`, as does any doubt. A watch's event reaches the client before the answer to any
     /// later request of its session, and is seen here without waiting.
-    pub(crate) fn others_waiting(&self) -> bool {
+    pub(super) fn others_waiting(&self) -> bool {
         if self.released.load(Ordering::SeqCst) || self.loss_reason().is_some() {
             return true;
         }
@@ -64,7 +64,7 @@ impl Hold {
     /// Completes once another contender may be waiting (see [`others_waiting`](Self::others_waiting)
     ///): at once if one is known or in doubt, else when the listing
     /// shows one or the children watch fires. Starts the listing if nobody asked yet.
-    pub(crate) fn others_appeared(&self) -> BoxFuture<'static, ()> {
+    pub(super) fn others_appeared(&self) -> BoxFuture<'static, ()> {
         if self.released.load(Ordering::SeqCst) || self.loss_reason().is_some() {
             return Box::pin(std::future::ready(()));
         }

@@ -1,21 +1,33 @@
-//! Waiting for a contender node's turn, Curator's driver loop: create the node (see
-//! [`node`](super::node)), watch the nodes that block it (see [`queue`](super::queue)) until
-//! the last one is gone, and hand the node to a hold; or delete it if the acquire ends without
-//! a hold. Shared by every recipe, in Curator's formats.
+//! An acquire on ZooKeeper from start to grant or give-up, Curator's driver loop: create the
+//! node (see [`create`]), watch the nodes that block it (see [`queue`](super::queue)) until the
+//! last one is gone, and hand the node over, with the watches set on the way, to become a hold;
+//! or delete it if the acquire ends without a hold ([`undo`]). Shared by every recipe, in
+//! Curator's formats. The granted floor that lets a draining queue skip listings is
+//! [`floor`].
+
+mod create;
+pub(crate) mod floor;
+mod undo;
 
 use std::sync::Arc;
 
 use zookeeper_client::EventType;
 
-use super::hold::{HandedWatch, Hold, NodeWatch, REVOKE_MESSAGE};
-use super::node::{Attempt, Unfinished};
-use super::protocol::{check_path_acl, delete_in_background};
+use super::error::{session_ended, unknown_node};
+use super::path::check_path_acl;
 use super::queue::{CuratorMode, Queue, Refused};
-use super::{DirTicket, Incarnation, Inner};
+use super::session::{delete_in_background, Session};
+use super::wire::REVOKE_MESSAGE;
+use super::Inner;
+use crate::backend::BoxFuture;
 use crate::types::error::{Error, Result};
 use crate::types::mode::HoldMode;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
+pub(crate) use create::create_node;
+use create::Attempt;
+use floor::{DirTicket, Incarnation};
+use undo::Unfinished;
 
 /// Acquires one contender node of `kind` under `path`: `Ok(None)` only for [`Wait::Never`]
 /// when the lock is taken. The node, every listing and the granted floor belong to the session
@@ -27,7 +39,7 @@ pub(crate) async fn acquire_node(
     kind: HoldMode,
     data: Option<&[u8]>,
     wait: Wait,
-) -> Result<Option<Hold>> {
+) -> Result<Option<Granted>> {
     let session = inner.live_session(wait.deadline()).await?;
     Attempt {
         inner,
@@ -40,6 +52,39 @@ pub(crate) async fn acquire_node(
     }
     .acquire(wait)
     .await
+}
+
+/// The data watch a waiter set on its own node while it waited (one request in the round that
+/// watched the nodes ahead of it), handed to the hold it became: the node is then watched with
+/// no request at the grant.
+pub(crate) struct NodeWatch {
+    /// The watch's event: the node deleted, its data changed, or the session's end.
+    pub(crate) fired: BoxFuture<'static, zookeeper_client::WatchedEvent>,
+    /// The node's data was a revoke request when the watch was set.
+    pub(crate) revoke_requested: bool,
+}
+
+/// What watches a new hold's node with no request of its own.
+pub(crate) enum HandedWatch {
+    /// Nothing: the hold watches its node's data (one request), unless the manager opted out.
+    NoWatch,
+    /// The children watch of the listing that showed the node alone and granted it.
+    Children(zookeeper_client::OneshotWatcher),
+    /// The data watch the waiter set on its own node while it waited.
+    OwnNode(NodeWatch),
+}
+
+/// A granted contender node, and the watches the acquire set on the way: what
+/// [`Hold::granted`](super::hold::Hold::granted) makes a hold of, at once (nothing deletes the
+/// node until then).
+pub(crate) struct Granted {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) session: Session,
+    pub(crate) key: Arc<str>,
+    pub(crate) node: String,
+    pub(crate) token: FencingToken,
+    pub(crate) ticket: DirTicket,
+    pub(crate) watch: HandedWatch,
 }
 
 /// What a waiting acquire knows between two events.
@@ -69,7 +114,7 @@ struct Waiting {
 }
 
 impl Attempt<'_> {
-    async fn acquire(&self, wait: Wait) -> Result<Option<Hold>> {
+    async fn acquire(&self, wait: Wait) -> Result<Option<Granted>> {
         let ticket = self.inner.enter_dir(self.path);
         let mut unfinished = Unfinished::new(self.inner, &self.session.client, self.path);
         let mut waiting = self.start(&mut unfinished).await?;
@@ -263,14 +308,14 @@ impl Attempt<'_> {
         Ok(())
     }
 
-    /// Nothing blocks our node: it is granted, and handed to a hold with the watches that
-    /// came with it.
+    /// Nothing blocks our node: it is granted, and handed over, to become a hold, with the
+    /// watches that came with it.
     fn grant(
         &self,
         mut waiting: Waiting,
         ticket: DirTicket,
         mut unfinished: Unfinished,
-    ) -> Result<Hold> {
+    ) -> Result<Granted> {
         // Our node's deletion may have been told before the last blocker's, and not looked
         // at yet (both were ready together): it is in its watch's channel by now.
         if let Some(watch) = waiting.own.as_mut() {
@@ -286,19 +331,19 @@ impl Attempt<'_> {
         }
         let node = unfinished.disarm().expect("a granted contender has a node");
         tracing::debug!(key = %self.key, node = %node, token = waiting.czxid, "lock node granted");
-        Ok(Hold::new(
-            self.inner.clone(),
-            self.session.clone(),
-            self.key.clone(),
+        Ok(Granted {
+            inner: self.inner.clone(),
+            session: self.session.clone(),
+            key: self.key.clone(),
             node,
-            FencingToken::new(waiting.czxid, 0),
+            token: FencingToken::new(waiting.czxid, 0),
             ticket,
-            match (waiting.alone, waiting.own) {
+            watch: match (waiting.alone, waiting.own) {
                 (Some(alone), _) => HandedWatch::Children(alone),
                 (None, Some(own)) => HandedWatch::OwnNode(own),
                 (None, None) => HandedWatch::NoWatch,
             },
-        ))
+        })
     }
 
     /// Our node was deleted while we waited (by someone else: the end of the session shows as
@@ -380,27 +425,5 @@ impl Watches {
             }
             None => std::future::pending().await,
         }
-    }
-}
-
-/// The error of an acquire that found `node` under the lock path `path`, a child that is
-/// neither a lock node of zklock or Curator nor one of kazoo's.
-fn unknown_node(path: &str, node: &str) -> Error {
-    tracing::warn!(%path, %node, "a child of the lock path is no lock contender");
-    Error::InvalidArgument(format!(
-        "the lock path {path} holds the node {node}, which is neither a lock node of zklock or \
-         Curator (_c_<uuid>-lock-<seq>, -__READ__<seq>, -__WRIT__<seq>) nor one of kazoo's \
-         (<uuid hex>__lock__<seq>, __rlock__<seq>), so zklock cannot tell whether it holds the \
-         lock and refuses to take it; nothing is held and no node is left. Lock a path that \
-         only lock clients use (another recipe, such as a Curator semaphore or leader latch, \
-         keeps its own path), or delete {path}/{node} if nothing uses it"
-    ))
-}
-
-/// The error of an acquire whose session ended while it waited.
-fn session_ended(event: &zookeeper_client::WatchedEvent) -> Error {
-    match event.session_state {
-        zookeeper_client::SessionState::Expired => Error::SessionExpired,
-        _ => Error::Closed,
     }
 }

@@ -1,20 +1,18 @@
 //! Creating a contender node and recovering it: the create and the listing pipelined in one
-//! round trip, Curator's protected prefix to find a node whose create reply was lost, and the
-//! clean-up of a node whose acquire ended without a hold.
+//! round trip, and Curator's protected prefix to find a node whose create reply was lost.
 
-use super::error::zk_error;
-use super::queue::CuratorMode;
 use std::sync::Arc;
 
 use tokio::time::Instant;
-use zookeeper_client::Client;
 
-use super::protocol::{
-    check_path_acl, contender_options, delete_by_prefix_in_background, delete_in_background,
-    ensure_parents, PATH_VANISHED_RETRIES,
-};
-use super::session::{connection_lost, Session};
-use super::{DirTicket, Incarnation, Inner};
+use super::super::error::{connection_lost, is_no_node, zk_error};
+use super::super::path::{check_path_acl, ensure_parents, PATH_VANISHED_RETRIES};
+use super::super::queue::CuratorMode;
+use super::super::session::{delete_in_background, Session};
+use super::super::wire::contender_options;
+use super::super::Inner;
+use super::floor::{DirTicket, Incarnation};
+use super::undo::Unfinished;
 use crate::types::error::Result;
 use crate::types::mode::HoldMode;
 use crate::types::token::FencingToken;
@@ -65,38 +63,38 @@ pub(crate) async fn create_node(
 }
 
 /// A listing of a lock path, and the incarnation of the path it was taken on.
-pub(crate) struct Listing {
-    pub(crate) children: Vec<String>,
-    pub(crate) incarnation: Incarnation,
+pub(super) struct Listing {
+    pub(super) children: Vec<String>,
+    pub(super) incarnation: Incarnation,
 }
 
 /// What [`Attempt::create`] made: the node's name and czxid, and the listing after it.
-pub(crate) struct Created {
-    pub(crate) name: String,
-    pub(crate) czxid: i64,
-    pub(crate) children: Vec<String>,
-    pub(crate) incarnation: Incarnation,
+pub(super) struct Created {
+    pub(super) name: String,
+    pub(super) czxid: i64,
+    pub(super) children: Vec<String>,
+    pub(super) incarnation: Incarnation,
     /// The children watch the listing set (none when the listing was retried).
-    pub(crate) watcher: Option<zookeeper_client::OneshotWatcher>,
+    pub(super) watcher: Option<zookeeper_client::OneshotWatcher>,
 }
 
 /// One attempt at a lock: the contender node it makes, on the session that is live when it
 /// starts. Its node, every listing and the granted floor belong to that session.
-pub(crate) struct Attempt<'a> {
-    pub(crate) inner: &'a Arc<Inner>,
-    pub(crate) session: Session,
-    pub(crate) path: &'a Arc<str>,
-    pub(crate) key: &'a Arc<str>,
-    pub(crate) kind: HoldMode,
+pub(super) struct Attempt<'a> {
+    pub(super) inner: &'a Arc<Inner>,
+    pub(super) session: Session,
+    pub(super) path: &'a Arc<str>,
+    pub(super) key: &'a Arc<str>,
+    pub(super) kind: HoldMode,
     /// The new node's data: who made it (a leader latch's participant id).
-    pub(crate) data: &'a [u8],
-    pub(crate) deadline: Option<Instant>,
+    pub(super) data: &'a [u8],
+    pub(super) deadline: Option<Instant>,
 }
 
 impl Attempt<'_> {
     /// Creates the contender node (making the lock path on first use) and lists its siblings,
     /// pipelined: one round trip.
-    pub(crate) async fn create(&self, unfinished: &mut Unfinished) -> Result<Created> {
+    pub(super) async fn create(&self, unfinished: &mut Unfinished) -> Result<Created> {
         let inner = self.inner;
         let client = &self.session.client;
         let prefix = format!(
@@ -174,7 +172,7 @@ impl Attempt<'_> {
         }
         let listing = match self.list().await {
             Ok(listing) => listing,
-            Err(err) if super::error::is_no_node(&err) => return Ok(None),
+            Err(err) if is_no_node(&err) => return Ok(None),
             Err(err) => return Err(err),
         };
         let mut ours: Vec<&String> = listing
@@ -218,7 +216,7 @@ impl Attempt<'_> {
         }
     }
 
-    pub(crate) async fn list(&self) -> Result<Listing> {
+    pub(super) async fn list(&self) -> Result<Listing> {
         loop {
             self.inner.count_requests(1);
             match self.session.client.get_children(self.path).await {
@@ -230,7 +228,7 @@ impl Attempt<'_> {
 
     /// Waits out a connection loss of this acquire's session (until its deadline); any other
     /// error, or the end of the session, ends the acquire.
-    pub(crate) async fn retry_or_fail(
+    pub(super) async fn retry_or_fail(
         &self,
         operation: &'static str,
         err: zookeeper_client::Error,
@@ -240,61 +238,6 @@ impl Attempt<'_> {
                 self.session.wait_connected(operation, self.deadline).await
             }
             err => Err(zk_error(operation, self.path, err)),
-        }
-    }
-}
-
-/// The contender node of an acquire in progress: if the acquire ends without a hold (error,
-/// timeout, cancellation), the node is deleted.
-pub(crate) struct Unfinished {
-    inner: Arc<Inner>,
-    client: Client,
-    dir: Arc<str>,
-    pub(crate) protect: String,
-    node: Option<String>,
-    /// The create was sent: if no node is known, one may still exist under `protect`.
-    sent: bool,
-}
-
-impl Unfinished {
-    /// A contender about to be created under `dir`, with a fresh protected prefix
-    /// (`_c_<uuid>-`, Curator's protection).
-    pub(crate) fn new(inner: &Arc<Inner>, client: &Client, dir: &Arc<str>) -> Unfinished {
-        Unfinished {
-            inner: inner.clone(),
-            client: client.clone(),
-            dir: dir.clone(),
-            protect: format!("_c_{}-", uuid::Uuid::new_v4()),
-            node: None,
-            sent: false,
-        }
-    }
-
-    /// The acquire succeeded: the node now belongs to the hold.
-    pub(crate) fn disarm(&mut self) -> Option<String> {
-        self.sent = false;
-        self.node.take()
-    }
-
-    pub(crate) fn cancel_now(&mut self) {
-        if let Some(node) = self.node.take() {
-            delete_in_background(&self.inner, self.client.clone(), node);
-        }
-        self.sent = false;
-    }
-}
-
-impl Drop for Unfinished {
-    fn drop(&mut self) {
-        if let Some(node) = self.node.take() {
-            delete_in_background(&self.inner, self.client.clone(), node);
-        } else if self.sent {
-            delete_by_prefix_in_background(
-                &self.inner,
-                self.client.clone(),
-                self.dir.clone(),
-                self.protect.clone(),
-            );
         }
     }
 }
