@@ -30,8 +30,8 @@ use futures::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::super::wire::keys::NOTIFY_PREFIX;
 use super::breaks::Breaks;
-use super::keys::NOTIFY_PREFIX;
 use crate::backend::backoff::Backoff;
 
 /// The longest a waiter sleeps between attempts while the hub has no live subscription.
@@ -816,7 +816,10 @@ mod tests {
     fn live_hub() -> Hub {
         let client = redis::Client::open("redis://127.0.0.1:1/").expect("a URL");
         let hub = Hub::start(
-            Servers::One(Box::new(client), crate::backend::redis::Dial::default()),
+            Servers::One(
+                Box::new(client),
+                crate::backend::redis::conn::dial::Dial::default(),
+            ),
             Duration::from_millis(50),
             &tokio::runtime::Handle::current(),
             Breaks::new(),

@@ -30,8 +30,9 @@ use redis::{
     RedisResult,
 };
 
-use super::dial::{tls_failure, Dial};
-use super::options::SentinelAuth;
+use super::super::error::tls_failure;
+use super::super::options::SentinelAuth;
+use super::dial::Dial;
 use super::Inner;
 use crate::backend::backoff::Backoff;
 use crate::types::error::{Error, Result, ServerError};
@@ -280,7 +281,7 @@ impl Sentinels {
         let asks = (0..self.addrs.len()).map(|i| async move {
             let asked = tokio::time::timeout(timeout, self.ask(i))
                 .await
-                .unwrap_or_else(|_| Err(super::wire::timed_out()));
+                .unwrap_or_else(|_| Err(super::super::error::timed_out()));
             (i, asked)
         });
         let answers = futures::future::join_all(asks).await;
@@ -578,7 +579,7 @@ async fn listen(
         Ok::<_, RedisError>(p)
     })
     .await
-    .map_err(|_| super::wire::timed_out())??;
+    .map_err(|_| super::super::error::timed_out())??;
     if ask {
         if let Ok(named) = sentinels.primary(timeout).await {
             if !switch(sentinels, inner, named.addr, Some(named.epoch)) {
