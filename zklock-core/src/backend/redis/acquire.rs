@@ -31,9 +31,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::conn::hub::Listener;
+use super::conn::lease::Side;
 use super::conn::Inner;
 use super::error::{server_error, transient, unacked};
-use super::hold::{RedisHold, Side, Undo, Unfinished};
+use super::hold::{RedisHold, Undo, Unfinished};
 use super::wire::keys::{self, Keys};
 use super::wire::scripts;
 use crate::backend::backoff::Backoff;

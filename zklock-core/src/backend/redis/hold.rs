@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::conn::breaks::Breaks;
 use super::conn::lease::reason;
-pub(crate) use super::conn::lease::{extend, lose, HoldState, Side};
+use super::conn::lease::{extend, lose, HoldState, Side};
 use super::conn::watchdog::Renewal;
 use super::conn::Inner;
 use super::error::{loss_of, server_error, transient};
@@ -161,7 +161,7 @@ impl OthersWatch {
 /// One granted hold on Redis: a key or a set member carrying this hold's id, with a lease
 /// that a watchdog renews every lease/3 while the hold lives. Released when dropped (in the
 /// background) or by [`release`](BackendHold::release).
-pub(crate) struct RedisHold {
+pub(super) struct RedisHold {
     inner: Arc<Inner>,
     keys: Arc<Keys>,
     side: Side,
@@ -188,7 +188,7 @@ impl RedisHold {
     /// applied after it) in connection epoch `epoch`; starts its watchdog. A connection break
     /// since `epoch` makes it lost from the start (callers retry instead where they can).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
+    pub(super) fn new(
         inner: Arc<Inner>,
         keys: Arc<Keys>,
         side: Side,

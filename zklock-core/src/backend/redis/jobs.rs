@@ -1,6 +1,5 @@
 //! A scheduled job's run record on Redis: `claim_run` records a run in the job's run key
-//! unless one was recorded within the `at_least` window (see `CLAIM_RUN` in
-//! [`scripts`](super::wire::scripts)).
+//! unless one was recorded within the `at_least` window (see `CLAIM_RUN` in [`scripts`]).
 
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 //! - `mod.rs`: the backend ([`RedisBackend`]), its [`connect`](RedisBackend::connect), and
 //!   its [`Backend`] face, which hands each call to the files below.
 //! - `conn/`: the connections (to one server, the Sentinels' primary or a Cluster's nodes),
-//!   the pub/sub hub, the watchdog, and what the backend's parts share
-//!   ([`Inner`](conn::Inner)).
+//!   the pub/sub hub, the watchdog, and what the backend's parts share ([`Inner`]).
 //! - `acquire.rs`: one acquire from its first attempt to a grant or a give-up; the order in
 //!   which waiters get the lock.
 //! - `hold.rs`: a granted hold (release, loss, renewal, downgrade, others waiting), and the

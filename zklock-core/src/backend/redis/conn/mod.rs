@@ -31,11 +31,10 @@ use tokio::time::Instant;
 use super::options;
 use super::wire::keys;
 use crate::backend::undos::Undos;
+use crate::background::Background;
 use breaks::Breaks;
 use hub::Hub;
-pub(crate) use links::Conn;
-
-pub(crate) use crate::background::Background;
+pub(super) use links::Conn;
 
 /// The longest a queued mutex waiter stays in the queue without refreshing its liveness.
 const MAX_WAITER_TTL: Duration = Duration::from_secs(1);

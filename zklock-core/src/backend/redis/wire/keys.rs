@@ -1,4 +1,5 @@
-//! The Redis keys and channel of one lock path.
+//! The Redis keys and channel of one lock path, and a key's Redis Cluster hash slot
+//! ([`slot`]).
 //!
 //! Every name is `zklock:<kind>:<path>`: a fixed prefix, a kind from a set where no kind is a
 //! prefix of another, and the whole lock path (already an injective encoding of the user's
