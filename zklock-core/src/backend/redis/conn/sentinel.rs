@@ -170,12 +170,6 @@ impl Sentinels {
     /// # Errors
     /// [`Error::Config`] naming what is wrong (never the password).
     pub(crate) fn parse(url: &str, auth: Option<&SentinelAuth>, dial: Dial) -> Result<Sentinels> {
-        let bad = |what: &str| {
-            Error::Config(format!(
-                "the Redis Sentinel URL is not usable: {what}; give \
-                 redis+sentinel://[user:password@]host:26379[,host:26379...]/<master name>[/<db>]"
-            ))
-        };
         let rest = url
             .trim()
             .get(SCHEME.len()..)
@@ -186,25 +180,7 @@ impl Sentinels {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
         };
-        let mut addrs = Vec::new();
-        for host in hosts.split(',').filter(|h| !h.is_empty()) {
-            let (name, port) = match host.rsplit_once(':') {
-                Some((n, p)) => (
-                    n,
-                    p.parse::<u16>()
-                        .map_err(|_| bad(&format!("the port of the Sentinel {host:?}")))?,
-                ),
-                None => (host, 26379),
-            };
-            let name = name.trim_start_matches('[').trim_end_matches(']');
-            if name.is_empty() {
-                return Err(bad(&format!("the Sentinel {host:?} names no host")));
-            }
-            addrs.push((name.to_string(), port));
-        }
-        if addrs.is_empty() {
-            return Err(bad("it names no Sentinel"));
-        }
+        let addrs = parse_addrs(hosts)?;
         let mut segments = path.split('/').filter(|s| !s.is_empty());
         let master = segments
             .next()
@@ -228,20 +204,7 @@ impl Sentinels {
             .as_str()
             .into_connection_info()
             .map_err(|_| bad("the credentials are not usable"))?;
-        let mut sentinel = "redis://127.0.0.1:26379/0"
-            .into_connection_info()
-            .map_err(|_| bad("the Sentinels' settings"))?;
-        if let Some(auth) = auth {
-            let settings = sentinel
-                .redis_settings()
-                .clone()
-                .set_password(auth.password.clone());
-            let settings = match &auth.username {
-                Some(user) => settings.set_username(user.clone()),
-                None => settings,
-            };
-            sentinel = sentinel.set_redis_settings(settings);
-        }
+        let sentinel = sentinel_settings(auth)?;
         Ok(Sentinels {
             addrs,
             master,
@@ -453,6 +416,57 @@ impl Sentinels {
             }
         }
     }
+}
+
+/// The error of a Sentinel URL that is not usable: `what` is wrong in it.
+fn bad(what: &str) -> Error {
+    Error::Config(format!(
+        "the Redis Sentinel URL is not usable: {what}; give \
+         redis+sentinel://[user:password@]host:26379[,host:26379...]/<master name>[/<db>]"
+    ))
+}
+
+/// The Sentinels a URL's `host:port[,host:port…]` names (port 26379 when left out).
+fn parse_addrs(hosts: &str) -> Result<Vec<(String, u16)>> {
+    let mut addrs = Vec::new();
+    for host in hosts.split(',').filter(|h| !h.is_empty()) {
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) => (
+                n,
+                p.parse::<u16>()
+                    .map_err(|_| bad(&format!("the port of the Sentinel {host:?}")))?,
+            ),
+            None => (host, 26379),
+        };
+        let name = name.trim_start_matches('[').trim_end_matches(']');
+        if name.is_empty() {
+            return Err(bad(&format!("the Sentinel {host:?} names no host")));
+        }
+        addrs.push((name.to_string(), port));
+    }
+    if addrs.is_empty() {
+        return Err(bad("it names no Sentinel"));
+    }
+    Ok(addrs)
+}
+
+/// The Sentinels' own connection settings: their credentials, if given (`auth`).
+fn sentinel_settings(auth: Option<&SentinelAuth>) -> Result<ConnectionInfo> {
+    let mut sentinel = "redis://127.0.0.1:26379/0"
+        .into_connection_info()
+        .map_err(|_| bad("the Sentinels' settings"))?;
+    if let Some(auth) = auth {
+        let settings = sentinel
+            .redis_settings()
+            .clone()
+            .set_password(auth.password.clone());
+        let settings = match &auth.username {
+            Some(user) => settings.set_username(user.clone()),
+            None => settings,
+        };
+        sentinel = sentinel.set_redis_settings(settings);
+    }
+    Ok(sentinel)
 }
 
 /// Whether a Sentinel refused the client's credentials, or asked for some it was not given.
