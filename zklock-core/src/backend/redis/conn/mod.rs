@@ -8,7 +8,7 @@
 //! - `sentinel.rs`: Redis under Sentinel, and the watch for its failovers.
 //! - `cluster.rs`: Redis Cluster's slot map.
 //! - `breaks.rs`: the count of connection breaks (and failovers) holds are confirmed against.
-//! - `hub.rs`: the pub/sub connections that wake waiters.
+//! - `hub/`: the pub/sub connections that wake waiters (`task.rs`: the task that owns them).
 //! - `lease.rs`: a hold's lease as this process knows it.
 //! - `watchdog.rs`: the one task that renews every hold's lease.
 
