@@ -5,7 +5,7 @@
 //! - `servers.rs`: where connections go: the one server, the Sentinels' primary, a Cluster node.
 //! - `dial.rs`: how every connection is opened (TCP or a Unix socket, TLS).
 //! - `role.rs`: what kind of server a `redis://` URL reaches, asked at connect.
-//! - `sentinel.rs`: Redis under Sentinel, and the watch for its failovers.
+//! - `sentinel/`: Redis under Sentinel (`failover.rs`: the watch for its failovers).
 //! - `cluster.rs`: Redis Cluster's slot map.
 //! - `breaks.rs`: the count of connection breaks (and failovers) holds are confirmed against.
 //! - `hub/`: the pub/sub connections that wake waiters (`task.rs`: the task that owns them).
