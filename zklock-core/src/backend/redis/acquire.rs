@@ -3,23 +3,100 @@
 //! answer into holds ([`Acquire::granted`]), a wait for a release or a hand-over
 //! ([`Acquire::taken`]), or a retry ([`Acquire::failed`]). What an attempt may have left on the
 //! server is undone by [`Unfinished`] when the acquire ends without a hold.
+//!
+//! Waiters do not poll. A mutex's waiting processes queue in `zklock:queue:<path>`; a release
+//! reserves the key for the first live one and tells only it, on that process's own channel.
+//! Readers, writers and semaphore leases listen on the lock's channel `zklock:wake:<path>`,
+//! which their releases publish to. Either way a waiter also wakes when the lease in its way
+//! could run out (its `PTTL`), and a queued one every [`waiter TTL`](super::conn::waiter_ttl)/3
+//! to stay alive in the queue. See [`hub`](super::conn::hub).
+//!
+//! Order: a mutex (and a leader latch) goes to waiting processes first come, first served: by
+//! the server time of their first refused attempt; a process that asks while others wait joins
+//! the back of the queue (a release hands the key on, reserved, to the first waiter). A waiter
+//! whose process died or was cut off drops out once its liveness (a [`waiter
+//! TTL`](super::conn::waiter_ttl), refreshed by every attempt) runs out, and a reservation for
+//! it ends after one TTL, so it holds the others up for about that long at most; after a
+//! reservation ran out, whoever asks first gets the key. Within a process, the local queue
+//! keeps tasks in order, with one task per process waiting on Redis.
+//!
+//! Readers, writers and semaphore leases keep no order among processes: a release wakes every
+//! process waiting for the lock, and the first to ask gets it. A waiting writer makes new
+//! readers wait (writers are not starved by readers): it leaves an intent key, renewed every
+//! lease/3 while it waits.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::conn::{server_error, transient};
-use super::hold::{RedisHold, Side};
-use super::hub::Listener;
-use super::keys::Keys;
-use super::{Ask, Attempt, Inner, RedisBackend, Undo, Unfinished};
+use super::conn::hub::Listener;
+use super::conn::lease::Side;
+use super::conn::Inner;
+use super::error::{server_error, transient, unacked};
+use super::hold::{RedisHold, Undo, Unfinished};
+use super::wire::keys::{self, Keys};
+use super::wire::scripts;
 use crate::backend::backoff::Backoff;
 use crate::backend::LockTarget;
 use crate::types::error::Result;
-use crate::types::mode::Wait;
+use crate::types::mode::{LockMode, Wait};
 use crate::types::token::FencingToken;
 
+/// Which of this backend's acquire scripts an acquire runs (see [`scripts`]), and with what:
+/// the Redis form of what the seam asks ([`LockMode`], converted below, or a semaphore's
+/// leases). Which key a granted hold then lives in is its [`Side`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Ask {
+    /// The exclusive key, for a mutex or a leader latch: queued first come, first served.
+    Mutex,
+    /// The exclusive key, for a writer: readers exclude it too.
+    Write,
+    /// A read hold.
+    Read,
+    /// Leases of a semaphore with `max` leases.
+    Leases { max: u32 },
+}
+
+impl From<LockMode> for Ask {
+    fn from(mode: LockMode) -> Ask {
+        match mode {
+            // A leader latch is exclusive; Redis keeps no participant ids.
+            LockMode::Exclusive | LockMode::Leader => Ask::Mutex,
+            LockMode::Write => Ask::Write,
+            LockMode::Read => Ask::Read,
+        }
+    }
+}
+
+/// What an attempt found.
+enum Attempt {
+    /// Granted, with the last token handed out.
+    Granted(i64),
+    /// Taken: how long until it may be free (`None`: no expiry to wait for), and (a mutex) the
+    /// lock's last token when the attempt was refused: a hand-over announced with a token no
+    /// larger was made before the refusal, and is void.
+    Taken(Option<Duration>, i64),
+    /// Granted, but fewer replicas than [`RedisOptions::replica_acks`](super::RedisOptions::replica_acks) asks acknowledged it
+    /// in time (how many did): it does not count, and is undone.
+    Unacked(i64),
+}
+
+impl Attempt {
+    /// What an acquire script's reply says: `{1, token}` granted; else `{0, ms}` taken, `ms`
+    /// how long until it may be free (negative: no expiry to wait for), with the lock's last
+    /// token third for a mutex (0 when absent).
+    fn of_reply(reply: &[i64]) -> Attempt {
+        let fence = reply.get(2).copied().unwrap_or(0);
+        match reply {
+            [1, token, ..] => Attempt::Granted(*token),
+            [_, ms, ..] if *ms >= 0 => {
+                Attempt::Taken(Some(Duration::from_millis(*ms as u64)), fence)
+            }
+            _ => Attempt::Taken(None, fence),
+        }
+    }
+}
 /// What one attempt was sent under: what a grant or a refusal is judged by.
 #[derive(Clone, Copy)]
 struct Sent {
@@ -41,7 +118,7 @@ enum Next {
 /// One acquire of `n` holds of a lock (one but for a semaphore's leases), between its
 /// attempts.
 pub(super) struct Acquire<'a> {
-    backend: &'a RedisBackend,
+    inner: &'a Arc<Inner>,
     target: &'a LockTarget,
     ask: Ask,
     n: u32,
@@ -66,13 +143,12 @@ pub(super) struct Acquire<'a> {
 
 impl<'a> Acquire<'a> {
     pub(super) fn new(
-        backend: &'a RedisBackend,
+        inner: &'a Arc<Inner>,
         target: &'a LockTarget,
         ask: Ask,
         n: u32,
         wait: Wait,
     ) -> Acquire<'a> {
-        let inner = &backend.inner;
         let keys = inner.keys.get(&target.path);
         let ids: Vec<String> = (0..n.max(1)).map(|_| inner.new_id()).collect();
         let mutex = matches!(ask, Ask::Mutex);
@@ -90,7 +166,7 @@ impl<'a> Acquire<'a> {
             Undo::Any(ids.clone())
         };
         Acquire {
-            backend,
+            inner,
             target,
             ask,
             n,
@@ -108,7 +184,7 @@ impl<'a> Acquire<'a> {
     }
 
     fn inner(&self) -> &'a Arc<Inner> {
-        &self.backend.inner
+        self.inner
     }
 
     /// Acquires the holds, waiting as `wait` says. `None`: a try found the lock taken.
@@ -125,8 +201,7 @@ impl<'a> Acquire<'a> {
                 hub_generation: inner.hub.generation(),
                 at: Instant::now(),
             };
-            let attempt = self
-                .backend
+            let attempt = inner
                 .attempt(
                     &self.keys,
                     self.ask,
@@ -151,7 +226,7 @@ impl<'a> Acquire<'a> {
                 // Left armed: the grant is undone in the background.
                 Ok(Attempt::Unacked(n)) => {
                     let what = "granted the lock (the grant is undone)";
-                    return Err(super::unacked(inner.acks, n, what));
+                    return Err(unacked(inner.acks, n, what));
                 }
                 Err(e) => self.failed(e).await?,
             };
@@ -286,5 +361,127 @@ impl<'a> Acquire<'a> {
         tracing::debug!(key = %self.target.key, error = %e, "zklock: a Redis acquire attempt failed; retrying");
         self.backoff.wait().await;
         Ok(Next::Again)
+    }
+}
+
+impl Inner {
+    /// One attempt of `ask` for `ids` on `keys`; a mutex waiter queues as `member` unless
+    /// `queue` is false (a try).
+    async fn attempt(
+        &self,
+        keys: &Keys,
+        ask: Ask,
+        ids: &[String],
+        member: &str,
+        queue: bool,
+        queued: bool,
+    ) -> redis::RedisResult<Attempt> {
+        let inner = self;
+        // Without tokens, a mutex's first attempt is the floor's bare `SET NX PX`: granted, it
+        // is the whole acquire (token 0: none). Refused (or the key already names this holder:
+        // a retry whose reply was lost), the script below decides, queueing the waiter.
+        if matches!(ask, Ask::Mutex)
+            && !inner.tokens
+            && !queued
+            && inner.acks.is_none()
+            && self.set_nx(keys, &ids[0]).await?
+        {
+            return Ok(Attempt::Granted(0));
+        }
+        let acks = inner.acks;
+        let (reply, acked) = inner
+            .conn
+            .run(&keys.exclusive, Some(inner.write_timeout()), |mut c| {
+                let call = self.acquire_call(keys, ask, ids, member, queue, queued);
+                async move {
+                    let reply: Vec<i64> = call.invoke(&mut c).await?;
+                    // A grant counts once enough replicas have it (asked on the same
+                    // connection, right after).
+                    let acked = match reply.first() {
+                        Some(1) => Inner::acked(acks, &mut c).await?,
+                        _ => Ok(()),
+                    };
+                    Ok((reply, acked))
+                }
+            })
+            .await?;
+        Ok(match acked {
+            Ok(()) => Attempt::of_reply(&reply),
+            Err(n) => Attempt::Unacked(n),
+        })
+    }
+
+    /// The floor's bare `SET <exclusive key> id NX PX lease` (one request): whether it took
+    /// the key.
+    async fn set_nx(&self, keys: &Keys, id: &str) -> redis::RedisResult<bool> {
+        let inner = self;
+        let set: Option<String> = inner
+            .conn
+            .run(&keys.exclusive, Some(inner.conn.reply_timeout), |mut c| {
+                let mut set = redis::cmd("SET");
+                set.arg(&keys.exclusive)
+                    .arg(id)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(inner.lease_ms());
+                async move { set.query_async(&mut c).await }
+            })
+            .await?;
+        Ok(set.is_some())
+    }
+
+    /// The script call of one attempt of `ask` (see [`attempt`](Self::attempt)): the
+    /// acquire script of its kind on the lock's keys, with the lease and the holder ids.
+    fn acquire_call(
+        &self,
+        keys: &Keys,
+        ask: Ask,
+        ids: &[String],
+        member: &str,
+        queue: bool,
+        queued: bool,
+    ) -> scripts::Call {
+        let lease = self.lease_ms();
+        match ask {
+            Ask::Mutex => {
+                let mut call = scripts::Call::new(
+                    &scripts::ACQUIRE_MUTEX,
+                    &[&keys.exclusive, &keys.fence, &keys.queue, &keys.alive],
+                );
+                call.arg(&ids[0])
+                    .arg(lease)
+                    .arg(member)
+                    .arg(if queue {
+                        self.waiter_ttl.as_millis() as u64
+                    } else {
+                        0
+                    })
+                    .arg(if queued { "1" } else { "0" })
+                    .arg(keys::NOTIFY_PREFIX);
+                call
+            }
+            Ask::Write => {
+                let mut call = scripts::Call::new(
+                    &scripts::ACQUIRE_EXCLUSIVE,
+                    &[&keys.exclusive, &keys.shared, &keys.fence, &keys.intent],
+                );
+                call.arg(&ids[0]).arg(lease).arg("1");
+                call
+            }
+            Ask::Read => {
+                let mut call = scripts::Call::new(
+                    &scripts::ACQUIRE_READ,
+                    &[&keys.exclusive, &keys.shared, &keys.fence, &keys.intent],
+                );
+                call.arg(&ids[0]).arg(lease);
+                call
+            }
+            Ask::Leases { max } => {
+                let mut call =
+                    scripts::Call::new(&scripts::ACQUIRE_LEASES, &[&keys.shared, &keys.fence]);
+                call.arg(lease).arg(max).arg(ids);
+                call
+            }
+        }
     }
 }

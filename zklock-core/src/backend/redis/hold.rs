@@ -1,5 +1,20 @@
-//! A granted Redis hold: its lease (renewed by the backend's [`watchdog`](super::watchdog)),
-//! its loss, its release.
+//! A granted Redis hold: its lease (renewed by the backend's
+//! [`watchdog`](super::conn::watchdog)), its loss, its release, its downgrade; and the undo of
+//! what an acquire or a downgrade may have left ([`Unfinished`]).
+//!
+//! - One watchdog per backend renews each hold (compare and `PEXPIRE`) every lease/3, and
+//!   makes it lost the moment a renewal fails or is refused, or when the lease could have run
+//!   out: at the send time of the last confirmed renewal plus the lease less a
+//!   [`margin`](Inner::margin), so before the server lets anyone else in. A connection break
+//!   (the command connection's driver ends, a request fails, the hub's pub/sub connection
+//!   breaks) makes every hold granted before it lost (on Cluster, every hold on that node; see
+//!   [`Breaks`]): the server may have restarted, lost the key and let someone else in.
+//! - A local handoff or a linger's re-take first confirms the key with the server (one
+//!   request; see `BackendHold::confirmed`): a key deleted or lost on the server is never
+//!   handed on within the process.
+//! - Releases and undos are compare-and-delete scripts: they delete only what carries the
+//!   holder's id. A dropped acquire whose request may have been applied is undone in the
+//!   background; [`flush`](crate::backend::Backend::flush) waits for it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -9,14 +24,17 @@ use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::breaks::Breaks;
-use super::conn::server_error;
-use super::keys::Keys;
-use super::lease::reason;
-pub(crate) use super::lease::{extend, lose, HoldState, Side};
-use super::watchdog::Renewal;
-use super::{scripts, Inner, Undo, Unfinished};
+use super::conn::breaks::Breaks;
+use super::conn::lease::reason;
+use super::conn::lease::{extend, lose, HoldState, Side};
+use super::conn::watchdog::Renewal;
+use super::conn::Inner;
+use super::error::{loss_of, server_error, transient};
+use super::wire::keys::{self, Keys};
+use super::wire::scripts;
+use crate::backend::backoff::Backoff;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
+use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::loss::{Loss, LossReason, LossSignal};
 use crate::types::token::FencingToken;
@@ -143,7 +161,7 @@ impl OthersWatch {
 /// One granted hold on Redis: a key or a set member carrying this hold's id, with a lease
 /// that a watchdog renews every lease/3 while the hold lives. Released when dropped (in the
 /// background) or by [`release`](BackendHold::release).
-pub(crate) struct RedisHold {
+pub(super) struct RedisHold {
     inner: Arc<Inner>,
     keys: Arc<Keys>,
     side: Side,
@@ -170,7 +188,7 @@ impl RedisHold {
     /// applied after it) in connection epoch `epoch`; starts its watchdog. A connection break
     /// since `epoch` makes it lost from the start (callers retry instead where they can).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
+    pub(super) fn new(
         inner: Arc<Inner>,
         keys: Arc<Keys>,
         side: Side,
@@ -291,7 +309,7 @@ impl RedisHold {
             Ok(Ok(_)) => LossReason::NodeDeleted,
             Ok(Err(e)) => {
                 tracing::debug!(key = %self.location(), error = %e, "zklock: a Redis hold could not be confirmed");
-                super::conn::loss_of(&e)
+                loss_of(&e)
             }
             Err(_) => LossReason::LeaseExpired,
         };
@@ -484,5 +502,113 @@ impl BackendHold for RedisHold {
                 keep_write: false,
             })
         })
+    }
+}
+
+/// What a release or an undo deletes.
+#[derive(Debug, Clone)]
+pub(super) enum Undo {
+    /// A mutex hold of `id`, and (unless empty) the queue `member` of a waiter.
+    Mutex { id: String, member: String },
+    /// Whatever carries one of these ids: the exclusive key (a writer's), a writer's intent,
+    /// shared-set members.
+    Any(Vec<String>),
+}
+
+/// The ids of an acquire (or downgrade) whose request may have been applied: undone in the
+/// background when dropped armed.
+pub(super) struct Unfinished {
+    inner: Arc<Inner>,
+    keys: Arc<Keys>,
+    undo: Option<Undo>,
+    pub(super) armed: bool,
+}
+
+impl Unfinished {
+    pub(super) fn new(inner: Arc<Inner>, keys: Arc<Keys>, undo: Undo) -> Unfinished {
+        Unfinished {
+            inner,
+            keys,
+            undo: Some(undo),
+            armed: false,
+        }
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Some(undo) = self.undo.take() else { return };
+        let inner = self.inner.clone();
+        let keys = self.keys.clone();
+        // Whatever the request left expires with its lease anyway.
+        let until = Instant::now() + inner.lease;
+        let undoing = inner.undos.start(&keys.exclusive);
+        self.inner.background.spawn(&self.inner.runtime, async move {
+            if let Err(e) = inner.delete(&keys, &undo, until).await {
+                tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not undo an acquire on Redis; what it left ends when its lease runs out");
+            }
+            drop(undoing);
+        });
+    }
+}
+impl Inner {
+    /// Whether the mutex of `keys` has a live waiter in its queue (see
+    /// [`scripts::OTHERS_QUEUED`]).
+    async fn others_queued(&self, keys: &Keys) -> redis::RedisResult<bool> {
+        let n = self
+            .conn
+            .run(&keys.queue, Some(self.conn.reply_timeout), |mut c| {
+                let mut invocation = scripts::OTHERS_QUEUED.key(&keys.queue);
+                invocation.key(&keys.alive);
+                async move { invocation.invoke_async::<i64>(&mut c).await }
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Deletes what `undo` names in `keys` and wakes waiters; retried on connection trouble
+    /// until `until`. Whether something was deleted.
+    async fn delete(&self, keys: &Keys, undo: &Undo, until: Instant) -> redis::RedisResult<bool> {
+        let mut backoff = Backoff::requests();
+        loop {
+            let freed = self
+                .conn
+                .run(&keys.exclusive, Some(self.conn.reply_timeout), |mut c| {
+                    let call = match undo {
+                        Undo::Mutex { id, member } => {
+                            let mut call = scripts::Call::new(
+                                &scripts::RELEASE_MUTEX,
+                                &[&keys.exclusive, &keys.queue, &keys.alive, &keys.fence],
+                            );
+                            call.arg(id)
+                                .arg(member)
+                                .arg(keys::NOTIFY_PREFIX)
+                                .arg(&keys.channel);
+                            call
+                        }
+                        Undo::Any(ids) => {
+                            let mut call = scripts::Call::new(
+                                &scripts::RELEASE,
+                                &[&keys.exclusive, &keys.shared, &keys.intent],
+                            );
+                            call.arg(&keys.channel).arg(ids);
+                            call
+                        }
+                    };
+                    async move { call.invoke::<i64>(&mut c).await }
+                })
+                .await;
+            match freed {
+                Ok(n) => return Ok(n == 1),
+                Err(e) if transient(&e) && Instant::now() + backoff.peek() < until => {
+                    crate::metrics::release_retry(BackendKind::Redis);
+                    backoff.wait().await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }

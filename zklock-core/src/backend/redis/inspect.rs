@@ -16,9 +16,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use once_cell::sync::Lazy;
 use redis::Script;
 
-use super::conn::server_error;
-use super::keys::{Keys, PREFIX};
-use super::RedisBackend;
+use super::conn::Inner;
+use super::error::server_error;
+use super::wire::keys::{Keys, PREFIX};
 use crate::backend::{BoxFuture, Inspect};
 use crate::types::error::Result;
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
@@ -75,9 +75,9 @@ fn at_us(us: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(us.max(0) as u64)
 }
 
-impl RedisBackend {
+impl Inner {
     async fn snapshot(&self, keys: &Keys) -> Result<Snapshot> {
-        let conn = &self.inner.conn;
+        let conn = &self.conn;
         conn.run(&keys.exclusive, Some(conn.reply_timeout), |mut c| {
             let mut call = SNAPSHOT.key(&keys.exclusive);
             call.key(&keys.shared)
@@ -112,14 +112,14 @@ impl RedisBackend {
     }
 
     async fn inspect_at(&self, path: &str, kind: Option<LockKind>) -> Result<LockInfo> {
-        let keys = Keys::laid_out(path, self.inner.keys.layout());
+        let keys = Keys::laid_out(path, self.keys.layout());
         let (now, holder, fence, shared, intent, queue, alive) = self.snapshot(&keys).await?;
         let kind = kind.unwrap_or(if holder.is_some() || !queue.is_empty() {
             LockKind::Mutex
         } else {
             LockKind::ReadWrite
         });
-        let lease_ms = self.inner.lease.as_millis() as f64;
+        let lease_ms = self.lease.as_millis() as f64;
         let fence: i64 = fence.and_then(|f| f.parse().ok()).unwrap_or(0);
         let mut holders = vec![];
         let mut waiters = vec![];
@@ -165,7 +165,7 @@ impl RedisBackend {
     /// Every key name matching `pattern`, by `SCAN` (which never blocks the server), on the
     /// one server or on every Cluster primary.
     async fn scan(&self, pattern: &str) -> Result<Vec<String>> {
-        let conn = &self.inner.conn;
+        let conn = &self.conn;
         let mut out = vec![];
         for node in conn.servers.every_node(conn.reply_timeout).await {
             self.scan_node(&node, pattern, &mut out).await?;
@@ -180,7 +180,7 @@ impl RedisBackend {
         pattern: &str,
         out: &mut Vec<String>,
     ) -> Result<()> {
-        let conn = &self.inner.conn;
+        let conn = &self.conn;
         let mut cursor = 0u64;
         loop {
             let (next, names): (u64, Vec<String>) = conn
@@ -217,7 +217,7 @@ fn glob_escape(text: &str) -> String {
     out
 }
 
-impl Inspect for RedisBackend {
+impl Inspect for Inner {
     fn inspect<'a>(
         &'a self,
         path: &'a str,
@@ -231,7 +231,7 @@ impl Inspect for RedisBackend {
             let mut paths = vec![];
             // The keys that exist while a lock is held or waited for (the fence counter is
             // kept for ever, and is no sign of either).
-            let layout = self.inner.keys.layout();
+            let layout = self.keys.layout();
             for kind in ["lock", "shared", "intent", "queue"] {
                 let prefix = format!("{PREFIX}{kind}:");
                 let pattern = format!(

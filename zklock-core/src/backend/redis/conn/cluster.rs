@@ -1,9 +1,9 @@
 //! Redis Cluster: `redis+cluster://[user:password@]host:port[,host:port…]`. Which primary owns
 //! each of the 16384 hash slots ([`Cluster`], asked with `CLUSTER SLOTS` at connect, after a
-//! node failed, and updated by every `-MOVED`), and a key's slot ([`slot`]).
+//! node failed, and updated by every `-MOVED`); a key's slot is [`slot`], in the key layout.
 //!
-//! Every key of one lock carries the same hash tag (see [`keys`](super::keys)), so a lock's
-//! scripts run on one node, in one slot. Wake-ups use ordinary pub/sub, which a Cluster
+//! Every key of one lock carries the same hash tag (see [`keys`](super::super::wire::keys)),
+//! so a lock's scripts run on one node, in one slot. Wake-ups use ordinary pub/sub, which a Cluster
 //! delivers to subscribers on every node, the others a bus hop later: the hub listens on every
 //! primary and takes each message from the node that owns its lock's slot (see
 //! [`hub`](super::hub)), told of map changes through [`Cluster::changes`].
@@ -23,46 +23,16 @@ use redis::{
     RedisResult,
 };
 
-use super::breaks::{Breaks, SLOTS};
-use super::dial::{tls_failure, Dial};
+use super::super::error::tls_failure;
+use super::super::wire::keys::{slot, SLOTS};
+use super::breaks::Breaks;
+use super::dial::Dial;
 use crate::types::error::{Error, Result, ServerError};
 
 /// The scheme of a Cluster URL.
 pub(crate) const SCHEME: &str = "redis+cluster://";
 /// No known owner.
 const NONE: u16 = u16::MAX;
-
-/// A key's hash slot, as Redis Cluster computes it: CRC16 (XMODEM) of the key, or of its hash
-/// tag (the text between the first `{` and the next `}`, when not empty), modulo 16384.
-pub(crate) fn slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let hashed = bytes
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &bytes[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(bytes);
-    crc16(hashed) % SLOTS as u16
-}
-
-/// CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as Redis Cluster uses.
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
 
 /// Which primary owns each slot, as last learned.
 struct SlotMap {
@@ -211,7 +181,7 @@ impl Cluster {
         };
         let mut seeds = Vec::new();
         for host in hosts.split(',').filter(|h| !h.is_empty()) {
-            let addr = super::wire::split_addr(host)
+            let addr = super::super::wire::split_addr(host)
                 .map_err(|_| bad(&format!("the node {host:?} is not host:port")))?;
             seeds.push(addr);
         }
@@ -325,7 +295,7 @@ impl Cluster {
 
     /// A `-MOVED` reply: `slot` is served by `addr` now.
     pub(crate) fn moved(&self, slot: u16, addr: &str) {
-        if let Ok(addr) = super::wire::split_addr(addr) {
+        if let Ok(addr) = super::super::wire::split_addr(addr) {
             let mut map = self.map.lock().unwrap();
             let i = map.node(addr);
             let changed = map.owner[usize::from(slot)] != i;
@@ -366,7 +336,7 @@ impl Cluster {
                     .await
             })
             .await
-            .unwrap_or_else(|_| Err(super::wire::timed_out()));
+            .unwrap_or_else(|_| Err(super::super::error::timed_out()));
             match asked {
                 Ok(reply) => match parse_slots(&reply, &host) {
                     Some(map) if map.uncovered() == 0 => {
@@ -501,19 +471,6 @@ fn parse_slots(reply: &redis::Value, asked: &str) -> Option<SlotMap> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_are_redis_clusters() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(slot("foo"), 12182);
-        assert_eq!(slot("bar"), 5061);
-        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
-        assert_eq!(slot("{user1000}.following"), slot("user1000"));
-        // An empty tag hashes the whole key.
-        assert_eq!(slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
-        assert_eq!(slot("foo{{bar}}zap"), slot("{bar"));
-    }
 
     #[test]
     fn urls_are_parsed() {

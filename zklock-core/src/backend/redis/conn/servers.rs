@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use redis::{Client, RedisResult};
 
+use super::super::options::SentinelAuth;
 use super::cluster::Cluster;
 use super::dial::Dial;
 use super::sentinel::Sentinels;
+use crate::types::error::{Error, Result};
+use crate::types::tls::Tls;
 
 /// Under Sentinel, the primary a connection was opened to and the failovers acted on when it
 /// was asked for; `None` elsewhere.
@@ -27,6 +30,49 @@ pub(crate) enum Servers {
 }
 
 impl Servers {
+    /// Where the URL's connections go: its one server, the primary the Sentinels name
+    /// (`redis+sentinel://`), or a Cluster's primaries (`redis+cluster://`), asked once at connect
+    /// so that a wrong master name, no Sentinel or node answering, or a Cluster with slots
+    /// uncovered is a clear error at connect.
+    pub(crate) async fn of(
+        given: &str,
+        tls: Option<&Tls>,
+        sentinel_auth: Option<&SentinelAuth>,
+        connect_timeout: Duration,
+    ) -> Result<Servers> {
+        let (url, dial) = Dial::of(given, tls, connect_timeout);
+        let url = url.as_str();
+        let scheme = url.trim().to_ascii_lowercase();
+        if scheme.starts_with(super::sentinel::SCHEME) {
+            let sentinels = Sentinels::parse(url, sentinel_auth, dial)?;
+            let named = sentinels
+                .primary(connect_timeout)
+                .await
+                .map_err(|asked| sentinels.connect_error(asked, given))?;
+            sentinels.trust(&named);
+            return Ok(Servers::Sentinel(Arc::new(sentinels)));
+        }
+        if sentinel_auth.is_some() {
+            return Err(Error::Config(
+                "sentinel_password and sentinel_user are for redis+sentinel:// URLs: this URL \
+                 names no Sentinel; give the server's password in the URL instead"
+                    .to_string(),
+            ));
+        }
+        if scheme.starts_with(super::cluster::SCHEME) {
+            let cluster = Cluster::parse(url, dial)?;
+            cluster
+                .refresh(connect_timeout)
+                .await
+                .map_err(|asked| cluster.connect_error(asked, given))?;
+            return Ok(Servers::Cluster(Arc::new(cluster)));
+        }
+        // The URL may carry a password: errors name the problem, not the URL.
+        let client = redis::Client::open(url)
+            .map_err(|e| Error::Config(format!("the Redis URL is not usable: {e}")))?;
+        Ok(Servers::One(Box::new(client), dial))
+    }
+
     /// The client of the server to connect to now when no key decides: the one server, the
     /// primary the Sentinels name if this process trusts it (see
     /// [`Sentinels::trusted_primary`]), or (Cluster: for the pub/sub connection, which hears
@@ -183,7 +229,7 @@ impl Servers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::redis::cluster::slot;
+    use crate::backend::redis::wire::keys::slot;
 
     #[test]
     fn a_cluster_message_counts_from_the_primary_of_its_slot_only() {

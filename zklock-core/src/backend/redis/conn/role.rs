@@ -3,6 +3,11 @@
 //! and less clearly (a replica refuses every write with `-READONLY`; a Sentinel knows none of
 //! the scripts; a Cluster node answers `-MOVED` or `-CROSSSLOT` for a lock's keys).
 
+use std::time::Duration;
+
+use super::super::error::server_error;
+use super::servers::Servers;
+use super::Conn;
 use crate::types::error::{Error, Result};
 
 /// The server's role, read from the reply to `INFO` (the default sections: `server`,
@@ -71,6 +76,44 @@ impl Role {
             )),
         }
     }
+}
+
+/// Checks at connect that the server answers and is a standalone primary: a Cluster's nodes
+/// were asked for its slots already, and a server that refuses `INFO` is taken as one.
+///
+/// # Errors
+/// [`Error::Config`] for a server that is no primary (a replica, a Sentinel, a Cluster node),
+/// [`Error::Server`] when the server does not answer `INFO` in time.
+pub(crate) async fn require_primary(
+    conn: &Conn,
+    servers: &Servers,
+    timeout: Duration,
+) -> Result<()> {
+    // A Cluster's nodes were asked for its slots already; other servers must be a
+    // primary.
+    let info = match servers {
+        Servers::Cluster(_) => Ok(String::new()),
+        _ => {
+            conn.run("", Some(timeout), |mut c| async move {
+                redis::cmd("INFO").query_async::<String>(&mut c).await
+            })
+            .await
+        }
+    };
+    match info {
+        Ok(info) => Role::of_info(&info).required_primary()?,
+        // A server that refuses INFO (renamed, disabled or denied by its operator) is taken
+        // as a primary: its first write tells otherwise.
+        Err(e)
+            if matches!(
+                e.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::ResponseError | redis::ServerErrorKind::NoPerm
+                )
+            ) => {}
+        Err(e) => return Err(server_error("connect", e)),
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The Redis keys and channel of one lock path.
+//! The Redis keys and channel of one lock path, and a key's Redis Cluster hash slot
+//! ([`slot`]).
 //!
 //! Every name is `zklock:<kind>:<path>`: a fixed prefix, a kind from a set where no kind is a
 //! prefix of another, and the whole lock path (already an injective encoding of the user's
@@ -124,7 +125,7 @@ impl Keys {
             queue: name("queue"),
             alive: name("alive"),
             run: name("run"),
-            slot: (!tag.is_empty()).then(|| super::cluster::slot(&tag)),
+            slot: (!tag.is_empty()).then(|| slot(&tag)),
         }
     }
 }
@@ -206,9 +207,57 @@ impl HolderIds {
     }
 }
 
+/// The number of hash slots of a Redis Cluster.
+pub(crate) const SLOTS: usize = 16384;
+
+/// A key's hash slot, as Redis Cluster computes it: CRC16 (XMODEM) of the key, or of its hash
+/// tag (the text between the first `{` and the next `}`, when not empty), modulo 16384.
+pub(crate) fn slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    crc16(hashed) % SLOTS as u16
+}
+
+/// CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as Redis Cluster uses.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("bar"), 5061);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        // An empty tag hashes the whole key.
+        assert_eq!(slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+        assert_eq!(slot("foo{{bar}}zap"), slot("{bar"));
+    }
 
     #[test]
     fn the_cache_gives_each_path_its_own_keys_and_stays_bounded() {
@@ -248,19 +297,16 @@ mod tests {
         let tag = Layout::tag("/zklock/locks/sku_1");
         assert_eq!(tag.len(), Layout::TAG_LEN);
         assert_eq!(k.exclusive, format!("zklock:lock:{tag}/zklock/locks/sku_1"));
-        let slot = super::super::cluster::slot(&k.exclusive);
+        let slot = slot(&k.exclusive);
         for name in [&k.shared, &k.intent, &k.fence, &k.queue, &k.alive, &k.run] {
-            assert_eq!(super::super::cluster::slot(name), slot, "{name}");
+            assert_eq!(super::slot(name), slot, "{name}");
         }
         let rest = k.exclusive.strip_prefix("zklock:lock:").unwrap();
         assert_eq!(Layout::Tagged.path_of(rest), Some("/zklock/locks/sku_1"));
         assert_eq!(Layout::Tagged.path_of("/untagged"), None);
         // A path with braces of its own keeps its keys in one slot.
         let k = Keys::laid_out("/a}b{c}", Layout::Tagged);
-        assert_eq!(
-            super::super::cluster::slot(&k.exclusive),
-            super::super::cluster::slot(&k.fence)
-        );
+        assert_eq!(super::slot(&k.exclusive), super::slot(&k.fence));
         // FNV-1a 64: the tag never changes across versions (the guide shows this one).
         assert_eq!(Layout::tag(""), "{cbf29ce484222325}");
         assert_eq!(Layout::tag("/zklock/locks/sku_7"), "{8df2810047fa336d}");

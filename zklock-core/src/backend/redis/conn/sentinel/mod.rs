@@ -1,7 +1,8 @@
 //! Redis under Sentinel: `redis+sentinel://[user:password@]host:26379[,host:26379…]/<master
 //! name>[/<db>]`. The Sentinels ([`Sentinels`]), asked for the primary for every new
-//! connection (see [`Servers`](super::servers::Servers)); and the [`watch`] task that listens to the Sentinels for `+switch-master` and makes every
-//! hold lost to the failover at once.
+//! connection (see [`Servers`](super::servers::Servers)); and (`failover.rs`) the [`watch`]
+//! task that listens to the Sentinels for `+switch-master` and makes every hold lost to the
+//! failover at once.
 //!
 //! What a failover does to holds (see `docs/backends/redis.md`): replication is asynchronous,
 //! so the new primary may lack a lease or a token the old one granted. A hold is therefore
@@ -18,23 +19,24 @@
 //! was opened: a primary frozen past a failover still says `master` for seconds once woken,
 //! and a connection opened to it before the failover comes up then.
 
+mod failover;
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError,
     RedisResult,
 };
 
-use super::dial::{tls_failure, Dial};
-use super::options::SentinelAuth;
-use super::Inner;
-use crate::backend::backoff::Backoff;
+use super::super::error::tls_failure;
+use super::super::options::SentinelAuth;
+use super::dial::Dial;
 use crate::types::error::{Error, Result, ServerError};
+
+pub(crate) use failover::watch;
 
 /// The scheme of a Sentinel URL.
 pub(crate) const SCHEME: &str = "redis+sentinel://";
@@ -169,12 +171,6 @@ impl Sentinels {
     /// # Errors
     /// [`Error::Config`] naming what is wrong (never the password).
     pub(crate) fn parse(url: &str, auth: Option<&SentinelAuth>, dial: Dial) -> Result<Sentinels> {
-        let bad = |what: &str| {
-            Error::Config(format!(
-                "the Redis Sentinel URL is not usable: {what}; give \
-                 redis+sentinel://[user:password@]host:26379[,host:26379...]/<master name>[/<db>]"
-            ))
-        };
         let rest = url
             .trim()
             .get(SCHEME.len()..)
@@ -185,25 +181,7 @@ impl Sentinels {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
         };
-        let mut addrs = Vec::new();
-        for host in hosts.split(',').filter(|h| !h.is_empty()) {
-            let (name, port) = match host.rsplit_once(':') {
-                Some((n, p)) => (
-                    n,
-                    p.parse::<u16>()
-                        .map_err(|_| bad(&format!("the port of the Sentinel {host:?}")))?,
-                ),
-                None => (host, 26379),
-            };
-            let name = name.trim_start_matches('[').trim_end_matches(']');
-            if name.is_empty() {
-                return Err(bad(&format!("the Sentinel {host:?} names no host")));
-            }
-            addrs.push((name.to_string(), port));
-        }
-        if addrs.is_empty() {
-            return Err(bad("it names no Sentinel"));
-        }
+        let addrs = parse_addrs(hosts)?;
         let mut segments = path.split('/').filter(|s| !s.is_empty());
         let master = segments
             .next()
@@ -227,20 +205,7 @@ impl Sentinels {
             .as_str()
             .into_connection_info()
             .map_err(|_| bad("the credentials are not usable"))?;
-        let mut sentinel = "redis://127.0.0.1:26379/0"
-            .into_connection_info()
-            .map_err(|_| bad("the Sentinels' settings"))?;
-        if let Some(auth) = auth {
-            let settings = sentinel
-                .redis_settings()
-                .clone()
-                .set_password(auth.password.clone());
-            let settings = match &auth.username {
-                Some(user) => settings.set_username(user.clone()),
-                None => settings,
-            };
-            sentinel = sentinel.set_redis_settings(settings);
-        }
+        let sentinel = sentinel_settings(auth)?;
         Ok(Sentinels {
             addrs,
             master,
@@ -280,7 +245,7 @@ impl Sentinels {
         let asks = (0..self.addrs.len()).map(|i| async move {
             let asked = tokio::time::timeout(timeout, self.ask(i))
                 .await
-                .unwrap_or_else(|_| Err(super::wire::timed_out()));
+                .unwrap_or_else(|_| Err(super::super::error::timed_out()));
             (i, asked)
         });
         let answers = futures::future::join_all(asks).await;
@@ -454,6 +419,57 @@ impl Sentinels {
     }
 }
 
+/// The error of a Sentinel URL that is not usable: `what` is wrong in it.
+fn bad(what: &str) -> Error {
+    Error::Config(format!(
+        "the Redis Sentinel URL is not usable: {what}; give \
+         redis+sentinel://[user:password@]host:26379[,host:26379...]/<master name>[/<db>]"
+    ))
+}
+
+/// The Sentinels a URL's `host:port[,host:port…]` names (port 26379 when left out).
+fn parse_addrs(hosts: &str) -> Result<Vec<(String, u16)>> {
+    let mut addrs = Vec::new();
+    for host in hosts.split(',').filter(|h| !h.is_empty()) {
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) => (
+                n,
+                p.parse::<u16>()
+                    .map_err(|_| bad(&format!("the port of the Sentinel {host:?}")))?,
+            ),
+            None => (host, 26379),
+        };
+        let name = name.trim_start_matches('[').trim_end_matches(']');
+        if name.is_empty() {
+            return Err(bad(&format!("the Sentinel {host:?} names no host")));
+        }
+        addrs.push((name.to_string(), port));
+    }
+    if addrs.is_empty() {
+        return Err(bad("it names no Sentinel"));
+    }
+    Ok(addrs)
+}
+
+/// The Sentinels' own connection settings: their credentials, if given (`auth`).
+fn sentinel_settings(auth: Option<&SentinelAuth>) -> Result<ConnectionInfo> {
+    let mut sentinel = "redis://127.0.0.1:26379/0"
+        .into_connection_info()
+        .map_err(|_| bad("the Sentinels' settings"))?;
+    if let Some(auth) = auth {
+        let settings = sentinel
+            .redis_settings()
+            .clone()
+            .set_password(auth.password.clone());
+        let settings = match &auth.username {
+            Some(user) => settings.set_username(user.clone()),
+            None => settings,
+        };
+        sentinel = sentinel.set_redis_settings(settings);
+    }
+    Ok(sentinel)
+}
+
 /// Whether a Sentinel refused the client's credentials, or asked for some it was not given.
 fn refused_credentials(e: &RedisError) -> bool {
     let text = e.to_string();
@@ -493,142 +509,6 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The shortest pause before listening to the next Sentinel after one broke or refused.
-const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
-/// The longest.
-const LISTEN_RETRY_MAX: Duration = Duration::from_secs(2);
-
-/// The task that listens to the Sentinels for `+switch-master` of this master, one
-/// subscription per Sentinel (each subscribed again once it breaks), for as long as the
-/// backend lives. On each announcement of another primary than the trusted one, whenever a
-/// listener (re)subscribes and finds the Sentinels naming a newer one, and whenever a new
-/// connection found them naming a newer one, it makes every hold lost to the failover and
-/// drops the command and pub/sub connections, so that the next request asks the Sentinels
-/// again.
-///
-/// It ends when `stop` does: its sender lives in the backend, so the task and its Sentinel
-/// connections end with the backend.
-pub(crate) async fn watch(
-    sentinels: Arc<Sentinels>,
-    inner: Weak<Inner>,
-    timeout: Duration,
-    mut stop: tokio::sync::oneshot::Receiver<()>,
-) {
-    // Every Sentinel at once: the one that runs a failover announces `+switch-master` only
-    // once it has reconfigured the replicas (a second or more after the promotion), the others
-    // as soon as they hear of the new primary; a process listening to the first alone would
-    // keep granting on the old primary, still a primary, while others grant on the new one.
-    // Asking the Sentinels again once the first subscription is up covers the time since
-    // connect for every listener; a listener that subscribes again asks for itself.
-    let first = Arc::new(AtomicBool::new(true));
-    let each = (0..sentinels.addrs.len()).map(|i| {
-        let (sentinels, inner) = (sentinels.clone(), inner.clone());
-        let first = first.clone();
-        async move {
-            let mut backoff = Backoff::new(LISTEN_RETRY_MIN, LISTEN_RETRY_MAX);
-            let mut again = false;
-            loop {
-                let ask = again || first.swap(false, Ordering::SeqCst);
-                again = true;
-                match listen(&sentinels, i, &inner, timeout, ask).await {
-                    Ok(()) => return,
-                    Err(e) => {
-                        tracing::debug!(error = %e, sentinel = i, "zklock: lost a Redis Sentinel subscription; subscribing again");
-                    }
-                }
-                backoff.wait().await;
-            }
-        }
-    });
-    // A connection found the Sentinels naming a newer primary: ask them, and act on it.
-    let news = async {
-        loop {
-            sentinels.news.notified().await;
-            if let Ok(named) = sentinels.primary(timeout).await {
-                if !switch(&sentinels, &inner, named.addr, Some(named.epoch)) {
-                    return;
-                }
-            }
-        }
-    };
-    tokio::select! {
-        _ = &mut stop => {}
-        _ = futures::future::join_all(each) => {}
-        _ = news => {}
-    }
-}
-
-/// Subscribes to Sentinel `i`'s `+switch-master` and acts on each announcement of this
-/// master's primary until the subscription breaks (`Err`) or the backend is gone (`Ok`). Once
-/// subscribed, `ask`s the Sentinels for the primary, for a failover announced while nothing
-/// listened.
-async fn listen(
-    sentinels: &Sentinels,
-    i: usize,
-    inner: &Weak<Inner>,
-    timeout: Duration,
-    ask: bool,
-) -> RedisResult<()> {
-    let client = sentinels.sentinel_client(i)?;
-    let mut pubsub = tokio::time::timeout(timeout, async {
-        let mut p = sentinels.dial.pubsub(&client).await?;
-        p.subscribe("+switch-master").await?;
-        Ok::<_, RedisError>(p)
-    })
-    .await
-    .map_err(|_| super::wire::timed_out())??;
-    if ask {
-        if let Ok(named) = sentinels.primary(timeout).await {
-            if !switch(sentinels, inner, named.addr, Some(named.epoch)) {
-                return Ok(());
-            }
-        }
-    }
-    let mut messages = pubsub.on_message();
-    while let Some(message) = messages.next().await {
-        let Ok(payload) = message.get_payload::<String>() else {
-            continue;
-        };
-        // `<master name> <old ip> <old port> <new ip> <new port>`
-        let words: Vec<&str> = payload.split(' ').collect();
-        if let [name, _, _, host, port] = words[..] {
-            if name == sentinels.master {
-                let now = (host.to_string(), port.parse().unwrap_or(0));
-                if !switch(sentinels, inner, now, None) {
-                    return Ok(());
-                }
-            }
-        }
-    }
-    Err(RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::ConnectionReset,
-        "the Sentinel's connection ended",
-    )))
-}
-
-/// Acts on `now` as the primary (named at `epoch`, when known): if it is a failover (see
-/// `Trusted::act`), every hold of the backend is lost to it and its connections are dropped.
-/// `false` once the backend is gone.
-fn switch(
-    sentinels: &Sentinels,
-    inner: &Weak<Inner>,
-    now: (String, u16),
-    epoch: Option<u64>,
-) -> bool {
-    // Counted before the connections are dropped (under their map's lock): a connection
-    // opened across it is either dropped with them or refused when it comes up.
-    if !sentinels.trusted.lock().unwrap().act(now.clone(), epoch) {
-        return inner.strong_count() > 0;
-    }
-    let Some(inner) = inner.upgrade() else {
-        return false;
-    };
-    tracing::warn!(primary = %format!("{}:{}", now.0, now.1), "zklock: Redis failed over to a new primary (Sentinel); every hold is lost");
-    inner.conn.failed_over_at(None);
-    inner.hub.reconnect();
-    true
 }
 
 #[cfg(test)]

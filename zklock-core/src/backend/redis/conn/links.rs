@@ -12,13 +12,11 @@ use redis::{AsyncConnectionConfig, RedisError, RedisResult};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::types::backend_kind::BackendKind;
-use crate::types::error::{Error, ServerError};
-use crate::types::loss::LossReason;
 
+use super::super::error::{connection_failed, read_only, timed_out};
+use super::super::wire::split_addr;
 use super::breaks::Breaks;
 use super::servers::{Servers, Trust};
-
-pub(crate) use crate::background::Background;
 
 /// One open connection to a server, and whether it broke (set once, by its driver's end, a
 /// failed request or a failover; the break is counted in [`Breaks`] by whoever sets it first).
@@ -62,81 +60,6 @@ pub(crate) struct Conn {
     /// Where the connections' drivers run (the manager's runtime).
     runtime: tokio::runtime::Handle,
 }
-
-/// Whether a failed request may succeed on a new connection. A `-READONLY` reply is one: the
-/// server turned replica (a failover), and a new connection finds the primary (through the
-/// Sentinels) or fails again.
-///
-/// So are a Cluster's passing states: `-TRYAGAIN` (a migration splits the keys), `-CLUSTERDOWN`
-/// and `-MASTERDOWN` (a failover under way).
-pub(crate) fn transient(err: &RedisError) -> bool {
-    // A certificate that does not verify does not verify the next time either.
-    if super::dial::tls_failure(err).is_some() {
-        return false;
-    }
-    connection_failed(err) || read_only(err) || passing(err)
-}
-
-/// Whether a Cluster answered that it cannot serve the request for a moment: `-TRYAGAIN` (a
-/// migration splits the keys), `-CLUSTERDOWN` (a node failed and its replica is not promoted
-/// yet: every node refuses every request meanwhile) or `-MASTERDOWN`. The connection is fine
-/// and the keys are where they were: nothing is lost, and nobody else gets in meanwhile.
-pub(crate) fn passing(err: &RedisError) -> bool {
-    matches!(
-        err.kind(),
-        redis::ErrorKind::Server(
-            redis::ServerErrorKind::TryAgain
-                | redis::ServerErrorKind::ClusterDown
-                | redis::ServerErrorKind::MasterDown
-        )
-    )
-}
-
-/// Whether a failed request says its connection failed (or stayed silent): a break.
-fn connection_failed(err: &RedisError) -> bool {
-    err.is_io_error()
-        || err.is_timeout()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_unrecoverable_error()
-}
-
-/// Why a hold is lost when a request confirming it failed with `err`: the server turned
-/// replica (a failover), or the request failed on the connection.
-pub(crate) fn loss_of(err: &RedisError) -> LossReason {
-    if read_only(err) {
-        LossReason::Failover
-    } else {
-        LossReason::Disconnected
-    }
-}
-
-/// Whether `err` is a replica's refusal to write (`-READONLY`, also from inside a script).
-pub(crate) fn read_only(err: &RedisError) -> bool {
-    matches!(
-        err.kind(),
-        redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-    ) || err.to_string().contains("READONLY")
-}
-
-/// A client error during `operation`, as zklock's [`Error`].
-pub(crate) fn server_error(operation: &'static str, err: RedisError) -> Error {
-    if let Some(failure) = super::dial::tls_failure(&err) {
-        return failure;
-    }
-    Error::Server {
-        backend: BackendKind::Redis.label(),
-        operation,
-        source: ServerError::new(
-            Arc::new(err.clone()),
-            err.to_string(),
-            transient(&err),
-            "check the URL, that the server is up and that it allows EVAL and PUBLISH, then retry",
-        ),
-    }
-}
-
-pub(crate) use super::wire::{split_addr, timed_out};
 
 impl Conn {
     pub(crate) fn new(

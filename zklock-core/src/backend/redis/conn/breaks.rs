@@ -6,10 +6,8 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+pub(crate) use super::super::wire::keys::SLOTS;
 use crate::types::loss::LossReason;
-
-/// The number of hash slots of a Redis Cluster.
-pub(crate) const SLOTS: usize = 16384;
 
 /// The epoch of a backend's connections: bumped whenever one of them (a command connection, a
 /// pub/sub connection of the hub) breaks or is given up as silent. The server may have

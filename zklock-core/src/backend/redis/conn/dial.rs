@@ -12,6 +12,7 @@ use redis::aio::{MultiplexedConnection, PubSub};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, RedisError, RedisResult};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::super::error::{into_redis, kept_io};
 use crate::types::error::Error;
 use crate::types::tls::{Check, Tls};
 
@@ -204,37 +205,6 @@ impl Dial {
     }
 }
 
-/// Why TLS failed, carried through the redis client's error (see [`tls_failure`]).
-#[derive(Debug)]
-struct Failure(Error);
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for Failure {}
-
-/// `err` as a redis client error that [`tls_failure`] finds again.
-fn into_redis(err: Error) -> RedisError {
-    RedisError::from(std::io::Error::other(Failure(err)))
-}
-
-/// zklock's error inside a redis client error from [`Dial`] (a TLS failure, an address it
-/// cannot open), if it carries one.
-pub(crate) fn tls_failure(err: &RedisError) -> Option<Error> {
-    let Failure(failure) = kept_io(err)?.get_ref()?.downcast_ref::<Failure>()?;
-    Some(failure.clone())
-}
-
-/// The I/O error a redis client error keeps, if it is one (as `Arc<dyn Error>`, its source).
-fn kept_io(err: &RedisError) -> Option<&std::io::Error> {
-    type Kept = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-    let kept = std::error::Error::source(err)?.downcast_ref::<Kept>()?;
-    (**kept).downcast_ref::<std::io::Error>()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,17 +228,5 @@ mod tests {
             Duration::from_secs(4),
         );
         assert!(dial.is_tls(), "the options' TLS asks for it too");
-    }
-
-    #[test]
-    fn a_failure_is_found_again_in_the_client_error() {
-        let failure = Error::Tls {
-            host: "h:1".into(),
-            reason: "expired".into(),
-        };
-        let err = into_redis(failure.clone());
-        assert_eq!(tls_failure(&err), Some(failure));
-        let plain = RedisError::from(std::io::Error::other("reset"));
-        assert_eq!(tls_failure(&plain), None);
     }
 }

@@ -21,9 +21,10 @@ use redis::Script;
 use tokio::sync::{watch, Mutex as AsyncMutex};
 use tokio::time::Instant;
 
-use super::keys::Keys;
+use super::super::wire::keys::Keys;
+use super::super::wire::scripts;
 use super::lease::{extend, lose, HoldState, Side};
-use super::{scripts, Inner};
+use super::Inner;
 use crate::types::loss::LossReason;
 
 /// What the watchdog needs to renew one hold.
@@ -193,7 +194,7 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
                 r.state.borrow().lost
             }
             Ok(Ok(_)) => Some(LossReason::NodeDeleted),
-            Ok(Err(e)) if super::conn::passing(&e) => {
+            Ok(Err(e)) if super::super::error::passing(&e) => {
                 // The Cluster cannot serve for a moment (a failover elsewhere under way): the
                 // key is where it was, and its deadline still stands. Tried again soon; the
                 // hold is lost at its deadline if no renewal gets through by then.
@@ -203,7 +204,7 @@ async fn renew(inner: &Inner, id: u64, r: &Renewal) {
             }
             Ok(Err(e)) => {
                 tracing::debug!(key = %key, error = %e, "zklock: a Redis lease renewal failed");
-                Some(super::conn::loss_of(&e))
+                Some(super::super::error::loss_of(&e))
             }
             Err(_) => Some(LossReason::LeaseExpired),
         }
