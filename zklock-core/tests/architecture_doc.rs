@@ -6,6 +6,10 @@
 //! renamed heading, fails here with the document, its line and the missing path, instead of
 //! leaving a map that points nowhere.
 //!
+//! It also holds the house to its plan: every backend folder has the role files ARCHITECTURE.md
+//! names ("One shape for every backend folder"), and ARCHITECTURE.md names every file of
+//! zklock-core's library, so that a file added without a word on what it is for fails here.
+//!
 //! A code span counts as a path when it is made of path characters only (letters, digits,
 //! `.`, `_`, `-`, `%`, `/`), does not start with `/` (a znode path such as `/zklock/locks`) and
 //! contains a `/` or ends in `.rs`, `.md` or `.toml`. Fenced code blocks are not read.
@@ -264,5 +268,93 @@ fn a_renamed_path_is_named_in_the_failure() {
     assert_eq!(
         anchor("What is remembered, and for how long"),
         "what-is-remembered-and-for-how-long"
+    );
+}
+
+/// The roles every backend folder has, each a file `<role>.rs` or a folder `<role>/`
+/// (ARCHITECTURE.md, "One shape for every backend folder"); `session` or `conn`.
+const ROLES: &[&[&str]] = &[
+    &["session", "conn"],
+    &["acquire"],
+    &["hold"],
+    &["jobs"],
+    &["inspect"],
+    &["wire"],
+    &["options"],
+    &["error"],
+];
+
+/// The backend folders under `zklock-core/src/backend/`.
+fn backend_folders() -> Vec<PathBuf> {
+    let dir = root().join("zklock-core/src/backend");
+    let mut folders: Vec<PathBuf> = fs::read_dir(&dir)
+        .expect("the backend folder")
+        .map(|e| e.expect("a readable directory entry").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    folders.sort();
+    folders
+}
+
+#[test]
+fn every_backend_folder_has_the_shape() {
+    let mut missing = Vec::new();
+    let folders = backend_folders();
+    assert!(folders.len() >= 4, "the backend folders: {folders:?}");
+    for folder in &folders {
+        if !folder.join("mod.rs").exists() {
+            missing.push(format!("{}: no mod.rs", shown(folder)));
+        }
+        for role in ROLES {
+            let found = role.iter().any(|r| {
+                folder.join(format!("{r}.rs")).exists() || folder.join(r).join("mod.rs").exists()
+            });
+            if !found {
+                missing.push(format!(
+                    "{}: no {} (a file or a folder)",
+                    shown(folder),
+                    role.join(" or ")
+                ));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "backend folders without their shape:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// Every Rust file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).expect("a readable folder") {
+        let path = entry.expect("a readable directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn architecture_names_every_file_of_the_library() {
+    let text = fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let named: std::collections::HashSet<String> = code_spans(&prose(&text))
+        .into_iter()
+        .filter_map(|(_, span)| repository_path(&span).map(str::to_string))
+        .collect();
+    let mut files = Vec::new();
+    rust_files(&root().join("zklock-core/src"), &mut files);
+    files.sort();
+    let unnamed: Vec<String> = files
+        .iter()
+        .map(|f| shown(f))
+        .filter(|f| !named.contains(f) && !f.ends_with("/tests.rs"))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "ARCHITECTURE.md does not name these files of zklock-core (say in it what each is for):\n{}",
+        unnamed.join("\n")
     );
 }
