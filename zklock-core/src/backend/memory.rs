@@ -195,16 +195,10 @@ impl MemoryBackend {
         if !granted {
             match wait {
                 Wait::Never => return Ok(None),
-                Wait::Forever => {
+                // Past a deadline the recipe drops the acquire (and reports the timeout):
+                // `unfinished`, dropped, takes the entry out.
+                Wait::Forever | Wait::Until(..) => {
                     let _ = rx.await;
-                }
-                Wait::Until(deadline, waited) => {
-                    if tokio::time::timeout_at(deadline, rx).await.is_err() {
-                        return Err(Error::Timeout {
-                            key: target.key.to_string(),
-                            waited,
-                        });
-                    }
                 }
             }
         }

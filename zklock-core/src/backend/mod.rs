@@ -14,7 +14,9 @@
 //!   writes.
 //! - Be cancel safe: a dropped acquire leaves nothing on the server (undone in the
 //!   background), a dropped hold is released in the background, and [`Backend::flush`] waits
-//!   for both.
+//!   for both. The deadline of a [`Wait`] is the caller's: the recipe drops the acquire at it
+//!   and reports the timeout, so a backend never builds `Error::Timeout` (it may bound a wait
+//!   on the server by the deadline).
 //! - Refuse what it cannot do with [`Error::Unsupported`](crate::types::error::Error), naming
 //!   itself and why, at the call, never by weakening a promise.
 //!

@@ -20,7 +20,6 @@
 //! [`AttemptKeys`] ([`semaphore`](super::semaphore)).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, TxnOpResponse};
 use tokio::time::Instant;
@@ -31,7 +30,7 @@ use super::session::Inner;
 use super::session::{lease_ended, LeaseState};
 use crate::backend::backoff::Backoff;
 use crate::backend::LockTarget;
-use crate::types::error::{Error, Result};
+use crate::types::error::Result;
 use crate::types::mode::{LockMode, Wait};
 
 use super::wire::{
@@ -94,7 +93,7 @@ impl Acquire<'_> {
     ) -> Result<Option<K::Granted>> {
         self.inner.undos.finished(&self.target.path).await;
         loop {
-            let lease = self.inner.session.live(self.wait.deadline()).await?;
+            let lease = self.inner.session.live().await?;
             let mut keys = start(&lease);
             match keys.attempt(self, &lease).await {
                 Ok(Attempt::Held(rev)) => return Ok(Some(keys.grant(rev, lease))),
@@ -103,12 +102,8 @@ impl Acquire<'_> {
                     return Ok(None);
                 }
                 Ok(Attempt::Again) => continue,
-                Err(e) => {
-                    if matches!(e, Error::Timeout { .. }) {
-                        keys.undo_now().await;
-                    }
-                    return Err(e);
-                }
+                // The keys, dropped armed, are deleted in the background.
+                Err(e) => return Err(e),
             }
         }
     }
@@ -118,12 +113,9 @@ impl Acquire<'_> {
         let layout = Layout::of(&self.target.path, self.mode);
         let mut backoff = backoff();
         let (rev, first) = loop {
-            let failed = tokio::select! {
-                r = entry.put(&layout) => match r {
-                    Ok(put) => break put,
-                    Err(e) => e,
-                },
-                () = self.until_deadline() => return Err(self.timeout()),
+            let failed = match entry.put(&layout).await {
+                Ok(put) => break put,
+                Err(e) => e,
             };
             // The lease ended before the session heard: every hold on it is lost; again on
             // the next.
@@ -176,31 +168,12 @@ impl Acquire<'_> {
             tokio::select! {
                 () = deleted => {}
                 () = ended => return Ok(false),
-                () = self.until_deadline() => return Err(self.timeout()),
             }
         }
     }
 
-    /// Completes at the wait's deadline (never without one).
-    pub(super) async fn until_deadline(&self) {
-        match self.wait.deadline() {
-            Some(deadline) => tokio::time::sleep_until(deadline).await,
-            None => std::future::pending().await,
-        }
-    }
-
-    pub(super) fn timeout(&self) -> Error {
-        Error::Timeout {
-            key: self.target.key.to_string(),
-            waited: match self.wait {
-                Wait::Until(_, waited) => waited,
-                _ => Duration::ZERO,
-            },
-        }
-    }
-
-    /// Runs `request` until it succeeds, fails for good, or the wait's deadline passes (then
-    /// [`Error::Timeout`]); a try gets one attempt.
+    /// Runs `request` until it succeeds or fails for good; a try gets one attempt. The wait's
+    /// deadline is the caller's: the recipe drops the acquire then, and reports the timeout.
     pub(super) async fn retrying<T, F, Fut>(&self, mut request: F) -> Result<T>
     where
         F: FnMut() -> Fut,
@@ -208,12 +181,9 @@ impl Acquire<'_> {
     {
         let mut backoff = backoff();
         loop {
-            let failed = tokio::select! {
-                r = request() => match r {
-                    Ok(t) => return Ok(t),
-                    Err(e) => e,
-                },
-                () = self.until_deadline() => return Err(self.timeout()),
+            let failed = match request().await {
+                Ok(t) => return Ok(t),
+                Err(e) => e,
             };
             self.pause_after(failed, &mut backoff).await?;
         }
@@ -230,10 +200,7 @@ impl Acquire<'_> {
             return Err(failed.error);
         }
         tracing::debug!(key = %self.target.key, error = %failed.error, "an etcd request of an acquire failed; retrying");
-        tokio::select! {
-            () = backoff.wait() => {}
-            () = self.until_deadline() => return Err(self.timeout()),
-        }
+        backoff.wait().await;
         Ok(())
     }
 }

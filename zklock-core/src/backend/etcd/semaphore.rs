@@ -204,12 +204,9 @@ async fn attempt(
     let inner = acquire.inner;
     let mut backoff = backoff();
     let (rev, mut revisions, mut seen) = loop {
-        let failed = tokio::select! {
-            r = leases.put() => match r {
-                Ok(put) => break put,
-                Err(e) => e,
-            },
-            () = acquire.until_deadline() => return Err(acquire.timeout()),
+        let failed = match leases.put().await {
+            Ok(put) => break put,
+            Err(e) => e,
         };
         if super::error::is_lease_gone(&failed.error) {
             inner.session.lease_gone(lease.id);
@@ -238,7 +235,6 @@ async fn attempt(
         tokio::select! {
             () = released => {}
             () = ended => return Ok(Attempt::Again),
-            () = acquire.until_deadline() => return Err(acquire.timeout()),
         }
         let (now, at) = acquire.retrying(|| list(inner, &prefix)).await?;
         revisions = now;

@@ -21,7 +21,7 @@ use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::error::{bounded, server_error, timed_out};
+use super::error::{bounded, server_error};
 use crate::backend::backoff::Backoff;
 use crate::backend::undos::Undos;
 use crate::background::Background;
@@ -269,27 +269,20 @@ impl Session {
         self.state.clone()
     }
 
-    /// A live lease: the current one, or the next once it is granted; `Err` past `until`.
-    pub(super) async fn live(&self, until: Option<Instant>) -> Result<LeaseState> {
+    /// A live lease: the current one, or the next once it is granted (for as long as that
+    /// takes: an acquire's deadline is its caller's).
+    pub(super) async fn live(&self) -> Result<LeaseState> {
         let mut state = self.state.clone();
-        let wait = async {
-            loop {
-                {
-                    let s = state.borrow_and_update();
-                    if s.live(Instant::now()) {
-                        return Ok(s.clone());
-                    }
-                }
-                if state.changed().await.is_err() {
-                    return Err(Error::Closed);
+        loop {
+            {
+                let s = state.borrow_and_update();
+                if s.live(Instant::now()) {
+                    return Ok(s.clone());
                 }
             }
-        };
-        match until {
-            Some(until) => tokio::time::timeout_at(until, wait)
-                .await
-                .unwrap_or(Err(timed_out("grant a lease"))),
-            None => wait.await,
+            if state.changed().await.is_err() {
+                return Err(Error::Closed);
+            }
         }
     }
 

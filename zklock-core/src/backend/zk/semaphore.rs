@@ -212,23 +212,10 @@ impl<'a> Leases<'a> {
             .await
     }
 
-    /// Waits for the leases' watch to fire, within the wait's deadline: the session's end
-    /// fails with [`Error::SessionExpired`], the deadline with [`Error::Timeout`].
+    /// Waits for the leases' watch to fire: the session's end fails with
+    /// [`Error::SessionExpired`]. Past the wait's deadline the recipe drops the acquire.
     async fn changed(&self, watcher: OneshotWatcher) -> Result<()> {
-        let event = match self.wait {
-            Wait::Until(deadline, waited) => {
-                match tokio::time::timeout_at(deadline, watcher.changed()).await {
-                    Ok(event) => event,
-                    Err(_) => {
-                        return Err(Error::Timeout {
-                            key: self.key.to_string(),
-                            waited,
-                        })
-                    }
-                }
-            }
-            _ => watcher.changed().await,
-        };
+        let event = watcher.changed().await;
         if event.event_type == EventType::Session {
             return Err(Error::SessionExpired);
         }

@@ -125,7 +125,7 @@ impl Attempt<'_> {
                 return Ok(None);
             }
             if !self.watch_blockers(&mut waiting, &mut unfinished).await? {
-                self.next_event(&mut waiting, wait, &mut unfinished).await?;
+                self.next_event(&mut waiting, &mut unfinished).await?;
             }
         }
         self.grant(waiting, ticket, unfinished).map(Some)
@@ -252,14 +252,9 @@ impl Attempt<'_> {
         Ok(true)
     }
 
-    /// Waits (until the acquire's deadline) for the next watch to fire, and takes in what it
-    /// says: a blocker gone, the session ended, our own node deleted or its data changed.
-    async fn next_event(
-        &self,
-        waiting: &mut Waiting,
-        wait: Wait,
-        unfinished: &mut Unfinished,
-    ) -> Result<()> {
+    /// Waits for the next watch to fire, and takes in what it says: a blocker gone, the
+    /// session ended, our own node deleted or its data changed.
+    async fn next_event(&self, waiting: &mut Waiting, unfinished: &mut Unfinished) -> Result<()> {
         let next = async {
             match waiting.own.as_mut() {
                 Some(own) => tokio::select! {
@@ -273,19 +268,9 @@ impl Attempt<'_> {
                 }
             }
         };
-        let (node, event) = match wait {
-            Wait::Until(deadline, waited) => match tokio::time::timeout_at(deadline, next).await {
-                Ok(fired) => fired,
-                Err(_) => {
-                    unfinished.cancel_now();
-                    return Err(Error::Timeout {
-                        key: self.key.to_string(),
-                        waited,
-                    });
-                }
-            },
-            _ => next.await,
-        };
+        // Past the wait's deadline the recipe drops the acquire (and reports the timeout):
+        // `unfinished`, dropped, deletes the node.
+        let (node, event) = next.await;
         let Some(node) = node else {
             // Our own node's watch.
             self.own_event(&event, unfinished)?;
