@@ -39,7 +39,8 @@ fn within(ms: u64) -> Wait {
     Wait::Until(tokio::time::Instant::now() + t, t)
 }
 
-/// An acquire of the mutex on [`PATH`] through `table`'s local queue.
+/// An acquire of the mutex on [`PATH`] through `table`'s local queue, cut at its deadline as
+/// the recipes cut it (the deadline is theirs: no layer below builds the timeout's error).
 fn lock<'a>(
     backend: &'a MemoryBackend,
     table: &'a LocalTable,
@@ -47,7 +48,7 @@ fn lock<'a>(
     target: &'a LockTarget,
     wait: Wait,
 ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<Grant>>> + Send + 'a>> {
-    Box::pin(acquire(
+    let acquire = acquire(
         backend,
         table,
         config,
@@ -55,7 +56,20 @@ fn lock<'a>(
         LockMode::Exclusive,
         wait,
         &LABELS,
-    ))
+    );
+    Box::pin(async move {
+        match wait {
+            Wait::Until(deadline, waited) => tokio::time::timeout_at(deadline, acquire)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
+                        key: target.key.to_string(),
+                        waited,
+                    })
+                }),
+            _ => acquire.await,
+        }
+    })
 }
 
 /// The metrics' labels of [`PATH`]'s acquires.
