@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use zklock::fence::{Fence, Outcome, RedisFence, RedisWrite};
 use zklock::{FencingToken, LockGuard, LockManager, LossReason};
-use zklock_testkit::{now_ns, History, HoldEnd, HoldSpan, Mode, Recorder, RedisServer, Report};
+use zklock_testkit::{now_ns, History, HoldEnd, HoldSpan, Recorder, RedisServer, Report};
 
+pub use crate::faults::{hold, release};
 use crate::faults::{mutex_worker, rw_worker, Crew, Work};
 
 /// The pace of the contending workers.
@@ -106,28 +107,6 @@ impl Contention {
         }
         self.history
     }
-}
-
-/// `m` locks `key` for the worker `rec` within `within`, recorded.
-pub async fn hold(m: &LockManager, key: &str, rec: &Recorder, within: Duration) -> LockGuard {
-    rec.acquire_invoked(key, Mode::Exclusive);
-    let guard = tokio::time::timeout(within, m.lock(key))
-        .await
-        .expect("granted in time")
-        .expect("granted");
-    rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
-    guard
-}
-
-/// Releases `guard`, recorded: `Ok` when the release says the hold was still there.
-pub async fn release(guard: LockGuard, key: &str, rec: &Recorder) -> zklock::Result<()> {
-    rec.release_invoked(key);
-    let result = guard.release().await;
-    match &result {
-        Ok(()) => rec.release_ok(key),
-        Err(e) => rec.release_failed(key, e),
-    }
-    result
 }
 
 /// A hold kept until it is reported lost: the loss is recorded, then the release (which must

@@ -1,5 +1,6 @@
-//! Shared by the fault scenarios: lock workers that record a history for the checker, and the
-//! checks every scenario ends with — no contender node left, no watch left on the servers.
+//! Shared by the fault scenarios: lock workers that record a history for the checker, a recorded
+//! hold and release, and the checks every scenario ends with — no contender node left, no watch
+//! left on the servers.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -468,4 +469,26 @@ pub fn freeze(pid: u32, name: &str) {
         assert!(Instant::now() < deadline, "{name} did not stop");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// `m` locks `key` for the worker `rec` within `within`, recorded.
+pub async fn hold(m: &LockManager, key: &str, rec: &Recorder, within: Duration) -> LockGuard {
+    rec.acquire_invoked(key, Mode::Exclusive);
+    let guard = tokio::time::timeout(within, m.lock(key))
+        .await
+        .expect("granted in time")
+        .expect("granted");
+    rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
+    guard
+}
+
+/// Releases `guard`, recorded: `Ok` when the release says the hold was still there.
+pub async fn release(guard: LockGuard, key: &str, rec: &Recorder) -> zklock::Result<()> {
+    rec.release_invoked(key);
+    let result = guard.release().await;
+    match &result {
+        Ok(()) => rec.release_ok(key),
+        Err(e) => rec.release_failed(key, e),
+    }
+    result
 }

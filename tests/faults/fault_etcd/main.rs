@@ -51,7 +51,7 @@ mod partition;
 use std::time::{Duration, Instant};
 
 use common::{eventually, say};
-use faults::{leader_worker, mutex_worker, rw_worker, Crew, Work};
+use faults::{leader_worker, mutex_worker, release, rw_worker, Crew, Work};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use zklock::{FencingToken, LockGuard, LockManager, LossReason};
@@ -135,26 +135,9 @@ async fn assert_no_keys_left(etcd: &impl Etcdctl, managers: &[&LockManager]) {
     }
 }
 
-/// `m` locks `key` for the worker `rec`, recorded.
+/// `m` locks `key` for the worker `rec`, recorded, within [`PROGRESS`].
 async fn hold(m: &LockManager, key: &str, rec: &Recorder) -> LockGuard {
-    rec.acquire_invoked(key, Mode::Exclusive);
-    let guard = tokio::time::timeout(PROGRESS, m.lock(key))
-        .await
-        .expect("granted in time")
-        .expect("granted");
-    rec.acquire_ok(key, Mode::Exclusive, guard.fencing_token().as_u128());
-    guard
-}
-
-/// Releases `guard`, recorded: `Ok` when the release says the hold was still there.
-async fn release(guard: LockGuard, key: &str, rec: &Recorder) -> zklock::Result<()> {
-    rec.release_invoked(key);
-    let result = guard.release().await;
-    match &result {
-        Ok(()) => rec.release_ok(key),
-        Err(e) => rec.release_failed(key, e),
-    }
-    result
+    faults::hold(m, key, rec, PROGRESS).await
 }
 
 /// A waiter of another manager: locks `key` (recorded), releases at once, and answers its token.
