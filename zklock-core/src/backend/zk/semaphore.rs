@@ -117,8 +117,8 @@ impl<'a> Leases<'a> {
 
     /// Waits, still holding the gate, until at most `max` leases exist, listing them with a
     /// watch while there are more: `Ok(false)` at once for [`Wait::Never`]. Fails when the
-    /// gate or one of this acquire's leases is lost meanwhile, or the wait's deadline passes.
-    /// Cancel safe: it changes nothing on the server but its watches.
+    /// gate or one of this acquire's leases is lost meanwhile; past the wait's deadline the
+    /// recipe drops it. Cancel safe: it changes nothing on the server but its watches.
     async fn wait_for_room(&mut self, max: usize) -> Result<bool> {
         let names: Vec<String> = self
             .holds
