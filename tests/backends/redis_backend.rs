@@ -641,8 +641,28 @@ async fn a_late_hand_over_does_not_make_a_second_holder() {
         .get_multiplexed_async_connection_with_config(&crate::common::unhurried())
         .await
         .unwrap();
+    // The waiter queued itself; its process subscribes to its channel beside that (a word
+    // missed before the subscription is covered by a new attempt once it is live). Forge the
+    // word only once it can be heard.
+    let channel = format!("zklock:notify:{hub}");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            if n > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the waiter's process subscribes to its channel");
     let receivers: i64 = redis::cmd("PUBLISH")
-        .arg(format!("zklock:notify:{hub}"))
+        .arg(&channel)
         .arg(format!("zklock:wake:/zklock/locks/late\n1\n{id}"))
         .query_async(&mut con)
         .await
