@@ -10,13 +10,14 @@ use std::time::SystemTime;
 use tokio::sync::{oneshot, watch};
 
 use super::{
-    Backend, BackendHold, BoxFuture, Downgraded, Inspect, LockTarget, Lose, SharedHold, HOST_PID,
+    Acquisition, Backend, BackendHold, BoxFuture, Downgraded, Inspect, LockTarget, Lose, Step,
+    Wanted, HOST_PID,
 };
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
 use crate::types::inspect::{Contender, LockInfo, LockKind, Owner};
 use crate::types::loss::{Loss, LossReason, LossSignal};
-use crate::types::mode::{HoldMode, LockMode, Wait};
+use crate::types::mode::{HoldMode, Wait};
 use crate::types::token::FencingToken;
 
 /// One contender on a lock, in arrival order.
@@ -152,16 +153,9 @@ impl MemoryBackend {
         }
     }
 
-    /// Queues an entry on `path` and waits for its grant: `Ok(None)` for a try that is not
-    /// granted at once.
-    async fn enter(
-        &self,
-        target: &LockTarget,
-        mode: HoldMode,
-        units: u32,
-        max_leases: u32,
-        wait: Wait,
-    ) -> Result<Option<(u64, Arc<watch::Sender<Option<LossReason>>>)>> {
+    /// Queues an entry on `target`'s lock: the entry, taken out again unless disarmed, the
+    /// wake-up of its grant, its loss, and whether it was granted at once.
+    fn queue(&self, target: &LockTarget, mode: HoldMode, units: u32, max_leases: u32) -> Queued {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let (loss, _) = watch::channel(None);
@@ -186,24 +180,17 @@ impl MemoryBackend {
             lock.arrivals.notify_waiters();
             lock.entries[lock.position(id).expect("just pushed")].granted
         };
-        // From here on, an acquire that ends without a hold takes its entry out.
-        let unfinished = Unfinished {
-            shared: self.shared.clone(),
-            path: target.path.clone(),
-            id: Some(id),
-        };
-        if !granted {
-            match wait {
-                Wait::Never => return Ok(None),
-                // Past a deadline the recipe drops the acquire (and reports the timeout):
-                // `unfinished`, dropped, takes the entry out.
-                Wait::Forever | Wait::Until(..) => {
-                    let _ = rx.await;
-                }
-            }
+        Queued {
+            // From here on, an acquire that ends without a hold takes its entry out.
+            unfinished: Unfinished {
+                shared: self.shared.clone(),
+                path: target.path.clone(),
+                id: Some(id),
+            },
+            granted: rx,
+            loss,
+            at_once: granted,
         }
-        unfinished.disarm();
-        Ok(Some((id, loss)))
     }
 
     fn hold(
@@ -232,6 +219,76 @@ impl MemoryBackend {
     }
 }
 
+/// An acquire's entry in a lock's queue (see [`MemoryBackend::queue`]).
+struct Queued {
+    unfinished: Unfinished,
+    granted: oneshot::Receiver<()>,
+    loss: Arc<watch::Sender<Option<LossReason>>>,
+    at_once: bool,
+}
+
+/// One acquire on the memory backend, for the driver: an entry in the lock's queue, granted
+/// in queue order. Past a deadline the recipe drops the acquire (and reports the timeout); the
+/// entry, dropped, is taken out.
+struct Acquire<'a> {
+    backend: &'a MemoryBackend,
+    target: &'a LockTarget,
+    mode: HoldMode,
+    units: u32,
+    max_leases: u32,
+    queued: Option<Queued>,
+}
+
+impl Acquire<'_> {
+    /// The holds of the granted entry: one, or a semaphore's `units`.
+    fn held(&mut self) -> Step {
+        let queued = self.queued.take().expect("entered");
+        let Queued {
+            unfinished, loss, ..
+        } = queued;
+        let id = unfinished.disarm();
+        let n = if self.mode == HoldMode::Lease {
+            self.units
+        } else {
+            1
+        };
+        Step::Held(
+            (0..n)
+                .map(|_| self.backend.hold(self.target, id, loss.clone()))
+                .collect(),
+        )
+    }
+}
+
+impl Acquisition for Acquire<'_> {
+    fn enter(&mut self) -> BoxFuture<'_, Result<()>> {
+        self.queued = Some(
+            self.backend
+                .queue(self.target, self.mode, self.units, self.max_leases),
+        );
+        Box::pin(async { Ok(()) })
+    }
+
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Step>> {
+        let at_once = self.queued.as_ref().is_some_and(|q| q.at_once);
+        let step = if at_once { self.held() } else { Step::Busy };
+        Box::pin(async move { Ok(step) })
+    }
+
+    fn wait(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(async move {
+            let queued = self.queued.as_mut().expect("entered");
+            let _ = (&mut queued.granted).await;
+            Ok(self.held())
+        })
+    }
+
+    fn give_up(&mut self) -> BoxFuture<'_, ()> {
+        self.queued = None;
+        Box::pin(async {})
+    }
+}
+
 /// An entry of an acquire in progress: removed if the acquire ends without a hold.
 struct Unfinished {
     shared: Arc<Shared>,
@@ -240,8 +297,9 @@ struct Unfinished {
 }
 
 impl Unfinished {
-    fn disarm(mut self) {
-        self.id = None;
+    /// The entry is granted: kept. Its id.
+    fn disarm(mut self) -> u64 {
+        self.id.take().expect("armed")
     }
 }
 
@@ -258,38 +316,24 @@ impl Backend for MemoryBackend {
         BackendKind::Memory
     }
 
-    fn acquire<'a>(
+    fn acquisition<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: LockMode,
-        wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
-        Box::pin(async move {
-            let entered = self.enter(target, mode.into(), 1, 0, wait).await?;
-            Ok(entered.map(|(id, loss)| self.hold(target, id, loss)))
-        })
-    }
-
-    fn acquire_leases<'a>(
-        &'a self,
-        target: &'a LockTarget,
-        max_leases: u32,
-        n: u32,
-        wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
-        Box::pin(async move {
-            let Some((id, loss)) = self
-                .enter(target, HoldMode::Lease, n, max_leases, wait)
-                .await?
-            else {
-                return Ok(None);
-            };
-            Ok(Some(
-                (0..n)
-                    .map(|_| self.hold(target, id, loss.clone()))
-                    .collect(),
-            ))
-        })
+        wanted: Wanted,
+        _wait: Wait,
+    ) -> Result<Box<dyn Acquisition + 'a>> {
+        let (mode, units, max_leases) = match wanted {
+            Wanted::Hold(mode) => (mode.into(), 1, 0),
+            Wanted::Leases { max, n } => (HoldMode::Lease, n, max),
+        };
+        Ok(Box::new(Acquire {
+            backend: self,
+            target,
+            mode,
+            units,
+            max_leases,
+            queued: None,
+        }))
     }
 
     /// The process's monotonic clock stands in for a server's.

@@ -25,6 +25,7 @@
 //! and through [`BackendHold`]: [`Revocable`] (a hold that opts in to revocation).
 
 pub(crate) mod backoff;
+pub(crate) mod drive;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod memory;
@@ -32,7 +33,6 @@ pub(crate) mod memory;
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
-#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
 pub(crate) mod undos;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zk;
@@ -45,8 +45,9 @@ use crate::types::backend_kind::BackendKind;
 use crate::types::error::Result;
 use crate::types::inspect::{LockInfo, LockKind};
 use crate::types::loss::{LossReason, LossSignal};
-use crate::types::mode::{LockMode, Wait};
+use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
+pub(crate) use drive::{Acquisition, Step, Wanted};
 
 /// `host=<host> pid=<pid>`, read once.
 pub(crate) static HOST_PID: once_cell::sync::Lazy<String> = once_cell::sync::Lazy::new(|| {
@@ -182,24 +183,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Which backend this is: its name in messages, its label in metrics, tracing and errors.
     fn kind(&self) -> BackendKind;
 
-    /// Acquires a hold of `mode` on `target` within `wait`. `Ok(None)` only for
-    /// [`Wait::Never`] when the lock is taken. Cancel safe: a dropped acquire leaves nothing.
-    fn acquire<'a>(
+    /// An acquisition of what `wanted` asks of `target`, carried out by the acquire driver
+    /// ([`drive`](drive::drive)): waiting as `wait` says (a try attempts once; the deadline is
+    /// the caller's). `Err` at once for what this backend cannot do
+    /// ([`Error::Unsupported`](crate::types::error::Error)).
+    fn acquisition<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: LockMode,
+        wanted: Wanted,
         wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>>;
-
-    /// Acquires `n` leases of the semaphore `target` with `max_leases` leases, all or none.
-    /// `Ok(None)` only for [`Wait::Never`] when they are not free.
-    fn acquire_leases<'a>(
-        &'a self,
-        target: &'a LockTarget,
-        max_leases: u32,
-        n: u32,
-        wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>>;
+    ) -> Result<Box<dyn Acquisition + 'a>>;
 
     /// For a job run under an exclusive hold of `target`: whether an earlier run's
     /// `at_least` window, by the backend's own clock, still covers now (`Ok(false)`: skip);

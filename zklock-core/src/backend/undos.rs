@@ -12,7 +12,6 @@
 //! such a moment, as they would meet a holder.
 
 use std::collections::{BTreeSet, HashMap};
-use std::hash::Hash;
 use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::watch;
@@ -26,23 +25,20 @@ struct Running {
     running: BTreeSet<u64>,
 }
 
-/// Undos under way, per lock.
-pub(crate) struct Undos<K> {
-    pending: StdMutex<HashMap<K, watch::Sender<Running>>>,
+/// Undos under way, per lock (by its path).
+#[derive(Default)]
+pub(crate) struct Undos {
+    pending: StdMutex<HashMap<Arc<str>, watch::Sender<Running>>>,
 }
 
-impl<K> Default for Undos<K> {
-    fn default() -> Self {
-        Undos {
-            pending: StdMutex::default(),
-        }
-    }
-}
-
-impl<K: Hash + Eq + Clone> Undos<K> {
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+    allow(dead_code)
+)]
+impl Undos {
     /// An undo of `lock` (of an acquire, or a release in the background) starts: it counts until the returned [`Undoing`] is
     /// dropped (move it into the undo's task: a task dropped unrun ends it too).
-    pub(crate) fn start(self: &Arc<Self>, lock: &K) -> Undoing<K> {
+    pub(crate) fn start(self: &Arc<Self>, lock: &Arc<str>) -> Undoing {
         let mut number = 0;
         self.pending
             .lock()
@@ -62,7 +58,7 @@ impl<K: Hash + Eq + Clone> Undos<K> {
     }
 
     /// The undo `number` of an acquire of `lock` ended, done or failed.
-    fn done(&self, lock: &K, number: u64) {
+    fn done(&self, lock: &str, number: u64) {
         let mut pending = self.pending.lock().expect("not poisoned");
         if let Some(running) = pending.get(lock) {
             running.send_modify(|r| {
@@ -77,7 +73,7 @@ impl<K: Hash + Eq + Clone> Undos<K> {
     /// Waits until every undo of an acquire of `lock` that had started when it was called has
     /// ended. Undos that start later are not waited for: a stream of dropped acquires cannot
     /// hold a later acquire up for ever.
-    pub(crate) async fn finished(&self, lock: &K) {
+    pub(crate) async fn finished(&self, lock: &str) {
         let pending = self
             .pending
             .lock()
@@ -94,13 +90,17 @@ impl<K: Hash + Eq + Clone> Undos<K> {
 }
 
 /// One undo under way (see [`Undos::start`]); ends when dropped.
-pub(crate) struct Undoing<K: Hash + Eq + Clone> {
-    undos: Arc<Undos<K>>,
-    lock: K,
+#[cfg_attr(
+    not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+    allow(dead_code)
+)]
+pub(crate) struct Undoing {
+    undos: Arc<Undos>,
+    lock: Arc<str>,
     number: u64,
 }
 
-impl<K: Hash + Eq + Clone> Drop for Undoing<K> {
+impl Drop for Undoing {
     fn drop(&mut self) {
         self.undos.done(&self.lock, self.number);
     }
@@ -111,18 +111,23 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// The path of lock `n`.
+    fn path(n: u32) -> Arc<str> {
+        format!("/zklock/locks/{n}").into()
+    }
+
     /// `finished` waits for every undo of its lock, and for no other lock's.
     #[tokio::test]
     async fn finished_waits_for_the_undos_of_its_lock_only() {
         let undos = Arc::new(Undos::default());
-        let first = undos.start(&1);
-        let second = undos.start(&1);
-        let _other = undos.start(&2);
+        let first = undos.start(&path(1));
+        let second = undos.start(&path(1));
+        let _other = undos.start(&path(2));
         // Lock 3 has none: at once.
-        undos.finished(&3).await;
+        undos.finished(&path(3)).await;
         let waiting = tokio::spawn({
             let undos = undos.clone();
-            async move { undos.finished(&1).await }
+            async move { undos.finished(&path(1)).await }
         });
         drop(first);
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -136,7 +141,7 @@ mod tests {
             .expect("finished once both undos ended")
             .unwrap();
         // Lock 2's undo still runs, and holds up nobody else.
-        tokio::time::timeout(Duration::from_millis(100), undos.finished(&2))
+        tokio::time::timeout(Duration::from_millis(100), undos.finished(&path(2)))
             .await
             .expect_err("lock 2's undo is under way");
     }
@@ -147,15 +152,15 @@ mod tests {
     #[tokio::test]
     async fn finished_is_not_held_up_by_undos_that_start_later() {
         let undos = Arc::new(Undos::default());
-        let mut under_way = undos.start(&1);
+        let mut under_way = undos.start(&path(1));
         let waiting = tokio::spawn({
             let undos = undos.clone();
-            async move { undos.finished(&1).await }
+            async move { undos.finished(&path(1)).await }
         });
         tokio::task::yield_now().await;
         // Each undo ends only after the next has started: never none under way.
         for _ in 0..20 {
-            let next = undos.start(&1);
+            let next = undos.start(&path(1));
             drop(std::mem::replace(&mut under_way, next));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }

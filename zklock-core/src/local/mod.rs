@@ -23,7 +23,7 @@ mod tests;
 
 pub(crate) use grant::Grant;
 
-use crate::backend::{Backend, BackendHold, LockTarget};
+use crate::backend::{drive, Backend, BackendHold, LockTarget};
 use crate::metrics::Labels;
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossSignal;
@@ -557,8 +557,7 @@ pub(crate) async fn acquire(
     // Readers share at the backend already, and each participant of a leader latch stands
     // for itself: each takes its own hold.
     if !config.local_queue || matches!(mode, LockMode::Read | LockMode::Leader) {
-        return Ok(backend
-            .acquire(target, mode, wait)
+        return Ok(drive::acquire(backend, target, mode, wait)
             .await?
             .map(|hold| grant(hold, None)));
     }
@@ -594,7 +593,7 @@ pub(crate) async fn acquire(
     };
     // We carry the duty: acquire the hold. If this fails or is cancelled, the duty's drop
     // passes the duty on.
-    let hold = backend.acquire(target, mode, wait).await?;
+    let hold = drive::acquire(backend, target, mode, wait).await?;
     match hold {
         Some(hold) => {
             let turn = lock.hold(duty.turn, &hold);

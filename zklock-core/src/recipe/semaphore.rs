@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Core;
-use crate::backend::{BackendHold, LockTarget};
+use crate::backend::{drive, BackendHold, LockTarget};
 use crate::metrics::{HoldMeter, Labels, Outcome, Recipe};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
@@ -173,10 +173,13 @@ impl Semaphore {
         // try_timeout. Cancel safe: whatever was taken so far is dropped.
         let started = std::time::Instant::now();
         let _waiting = (!matches!(wait, Wait::Never)).then(|| self.labels.waiting());
-        let acquiring = self
-            .core
-            .backend
-            .acquire_leases(&self.target, self.max_leases, n, wait);
+        let acquiring = drive::acquire_leases(
+            self.core.backend.as_ref(),
+            &self.target,
+            self.max_leases,
+            n,
+            wait,
+        );
         let holds = match self.core.bound(wait) {
             Some((deadline, waited)) => tokio::time::timeout_at(deadline, acquiring)
                 .await

@@ -6,7 +6,7 @@
 //!   semaphore, leader latch). The layout derives the path from it, and inspection shows it.
 //! - [`LockMode`]: what one acquire asks a backend for, through the seam. Every mode but a
 //!   semaphore lease, which is asked for with the semaphore's size and a count
-//!   (`Backend::acquire_leases`), so a backend never has to refuse a mode at run time.
+//!   (`Wanted::Leases` of the acquire driver), so a backend never has to refuse a mode at run time.
 //! - [`HoldMode`]: what a hold *is*, once granted: guards, frames, the in-memory table and
 //!   inspection's `Contender::mode` ([`HoldMode::name`]) speak of it. A lock of one kind has
 //!   holds of several modes (a read/write lock: read and write holds).
@@ -42,7 +42,7 @@ pub(crate) enum HoldMode {
 
 /// What one acquire of one lock asks a backend for: every [`HoldMode`] but a semaphore
 /// lease, which is asked for with the semaphore's size, several at once
-/// (`Backend::acquire_leases`). A backend never has to refuse a mode at run time.
+/// (`Wanted::Leases` of the acquire driver). A backend never has to refuse a mode at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum LockMode {
     /// A mutex: one holder.
@@ -120,15 +120,6 @@ impl Wait {
         match timeout {
             Some(t) => Wait::Until(Instant::now() + t, t),
             None => Wait::Forever,
-        }
-    }
-
-    /// When the wait must end, if it has a deadline.
-    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
-    pub(crate) fn deadline(self) -> Option<Instant> {
-        match self {
-            Wait::Until(deadline, _) => Some(deadline),
-            _ => None,
         }
     }
 }

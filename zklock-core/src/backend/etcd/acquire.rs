@@ -6,9 +6,9 @@
 //! 1. [`Entry::put`]: one transaction puts the contender's key unless it exists and reads the
 //!    first key it would wait for. When there is none before it, it holds (the uncontended
 //!    acquire is this one request).
-//! 2. [`Acquire::wait_for_predecessors`]: otherwise it reads the last key created before its
-//!    own among those it waits for and watches it until it is deleted, then reads again,
-//!    until none is left.
+//! 2. [`Acquire::wait_for_predecessors`] (the driver's wait): otherwise it reads the last key
+//!    created before its own among those it waits for and watches it until it is deleted,
+//!    then reads again, until none is left.
 //! 3. It reads its own key once more (it may have gone with the lease, or been deleted from
 //!    outside, while it waited) and holds.
 //!
@@ -16,8 +16,8 @@
 //! a drop) deletes its key: at once where it can wait for the answer, else in the background
 //! (an undo that the process's next acquire of the lock waits for).
 //!
-//! The loop over leases ([`Acquire::drive`]) is the semaphore's too: its keys are another
-//! [`AttemptKeys`] ([`semaphore`](super::semaphore)).
+//! The driver's loop over leases ([`EtcdAcquisition`]) is the semaphore's too: its keys are
+//! another [`AttemptKeys`] ([`semaphore`](super::semaphore)).
 
 use std::sync::Arc;
 
@@ -29,7 +29,8 @@ use super::hold::EtcdHold;
 use super::session::Inner;
 use super::session::{lease_ended, LeaseState};
 use crate::backend::backoff::Backoff;
-use crate::backend::LockTarget;
+use crate::backend::undos::Undos;
+use crate::backend::{Acquisition, BoxFuture, LockTarget, SharedHold, Step};
 use crate::types::error::Result;
 use crate::types::mode::{LockMode, Wait};
 
@@ -38,114 +39,150 @@ use super::wire::{
     RETRY_MIN,
 };
 
-/// What one attempt came to.
+/// What one attempt, or one wait, came to.
 pub(super) enum Attempt {
-    /// Held, with the key's create revision.
+    /// Held, with the keys' create revision.
     Held(i64),
-    /// A try found the lock taken.
+    /// The lock is taken: a try gives up, a waiter waits.
     Busy,
-    /// The lease ended (or the key went) while waiting: start again on a new one.
+    /// The lease ended (or the keys went) meanwhile: start again on a new one.
     Again,
 }
 
-/// The keys one attempt of an acquire puts (a contender's key, a semaphore's keys), as the
-/// acquire's loop ([`Acquire::drive`]) sees them: the attempt, then granted or deleted.
-pub(super) trait AttemptKeys {
-    /// What the keys become once they hold.
-    type Granted;
+/// The keys one acquire puts on a lease (a contender's key, a semaphore's keys), as the driver
+/// sees them through [`EtcdAcquisition`]: attempted, waited on, then granted or deleted.
+pub(super) trait AttemptKeys: Send {
+    /// One attempt of `acquire` on `lease` with these keys: put them, and see whether they hold.
+    fn attempt<'s>(
+        &'s mut self,
+        acquire: &'s Acquire<'_>,
+        lease: &'s LeaseState,
+    ) -> impl std::future::Future<Output = Result<Attempt>> + Send + 's;
 
-    /// One attempt of `acquire` on `lease` with these keys.
-    fn attempt(
-        &mut self,
-        acquire: &Acquire<'_>,
-        lease: &LeaseState,
-    ) -> impl std::future::Future<Output = Result<Attempt>> + Send;
+    /// After [`Attempt::Busy`]: waits until what blocked the keys changed, and sees again.
+    fn wait<'s>(
+        &'s mut self,
+        acquire: &'s Acquire<'_>,
+        lease: &'s LeaseState,
+    ) -> impl std::future::Future<Output = Result<Attempt>> + Send + 's;
 
     /// What the keys became, holding since `rev` on `lease`.
-    fn grant(self, rev: i64, lease: LeaseState) -> Self::Granted;
+    fn grant(self, rev: i64, lease: LeaseState) -> Vec<SharedHold>;
 
     /// Deletes the keys and waits for the answer (in the background if it is dropped first).
     fn undo_now(self) -> impl std::future::Future<Output = ()> + Send;
 }
 
-/// An acquire of `target` in `mode` within `wait`.
+/// An acquire of `target` within `wait`: what every request of it is made with.
 pub(super) struct Acquire<'a> {
     pub(super) inner: &'a Arc<Inner>,
     pub(super) target: &'a LockTarget,
-    pub(super) mode: LockMode,
     pub(super) wait: Wait,
 }
 
-impl Acquire<'_> {
-    /// Runs the acquire: `Ok(None)` only for a try that found the lock taken.
-    pub(super) async fn run(self) -> Result<Option<EtcdHold>> {
-        self.drive(|lease| Entry::new(self.inner, self.target, self.mode, lease))
-            .await
-    }
+/// An acquire for the driver ([`drive`](crate::backend::drive)): the keys `start` makes on
+/// each live lease. Keys that did not come to hold are deleted (when dropped, in the
+/// background, as an undo of the lock).
+pub(super) struct EtcdAcquisition<'a, K, F> {
+    pub(super) acquire: Acquire<'a>,
+    pub(super) start: F,
+    entry: Option<(K, LeaseState)>,
+}
 
-    /// The loop of an acquire (of a lock or of a semaphore's leases): once this process's
-    /// undos of the lock are done, one attempt per live lease with the keys `start` makes for
-    /// it, until one holds (`Ok(Some)`), a try finds the lock taken (`Ok(None)`), or it fails;
-    /// keys that did not come to hold are deleted.
-    pub(super) async fn drive<K: AttemptKeys>(
-        &self,
-        mut start: impl FnMut(&LeaseState) -> K,
-    ) -> Result<Option<K::Granted>> {
-        self.inner.undos.finished(&self.target.path).await;
-        loop {
-            let lease = self.inner.session.live().await?;
-            let mut keys = start(&lease);
-            match keys.attempt(self, &lease).await {
-                Ok(Attempt::Held(rev)) => return Ok(Some(keys.grant(rev, lease))),
-                Ok(Attempt::Busy) => {
-                    keys.undo_now().await;
-                    return Ok(None);
-                }
-                Ok(Attempt::Again) => continue,
-                // The keys, dropped armed, are deleted in the background.
-                Err(e) => return Err(e),
-            }
+impl<'a, K, F> EtcdAcquisition<'a, K, F>
+where
+    K: AttemptKeys + 'a,
+    F: FnMut(&LeaseState) -> K + Send + 'a,
+{
+    pub(super) fn new(acquire: Acquire<'a>, start: F) -> Self {
+        EtcdAcquisition {
+            acquire,
+            start,
+            entry: None,
         }
     }
 
-    /// One attempt on `lease`: put the key, wait for those before it, check it is still there.
-    async fn attempt(&self, entry: &mut Entry, lease: &LeaseState) -> Result<Attempt> {
-        let layout = Layout::of(&self.target.path, self.mode);
+    /// What an attempt or a wait came to, for the driver: held keys become holds.
+    fn step(&mut self, attempt: Attempt) -> Step {
+        match attempt {
+            Attempt::Held(rev) => {
+                let (keys, lease) = self.entry.take().expect("entered");
+                Step::Held(keys.grant(rev, lease))
+            }
+            Attempt::Busy => Step::Busy,
+            Attempt::Again => Step::Restart,
+        }
+    }
+}
+
+impl<'a, K, F> Acquisition for EtcdAcquisition<'a, K, F>
+where
+    K: AttemptKeys + 'a,
+    F: FnMut(&LeaseState) -> K + Send + 'a,
+{
+    fn undos(&self) -> Option<&Undos> {
+        Some(&self.acquire.inner.undos)
+    }
+
+    fn enter(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            // The keys of an earlier lease, dropped armed, are deleted in the background.
+            self.entry = None;
+            let lease = self.acquire.inner.session.live().await?;
+            self.entry = Some(((self.start)(&lease), lease));
+            Ok(())
+        })
+    }
+
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(async move {
+            let (keys, lease) = self.entry.as_mut().expect("entered");
+            let attempt = keys.attempt(&self.acquire, lease).await?;
+            Ok(self.step(attempt))
+        })
+    }
+
+    fn wait(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(async move {
+            let (keys, lease) = self.entry.as_mut().expect("entered");
+            let attempt = keys.wait(&self.acquire, lease).await?;
+            Ok(self.step(attempt))
+        })
+    }
+
+    fn give_up(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some((keys, _)) = self.entry.take() {
+                keys.undo_now().await;
+            }
+        })
+    }
+}
+
+impl Acquire<'_> {
+    /// Puts the key of `entry` on `lease` (again after a failure the request may survive): its
+    /// create revision and the first it waits for; `None` when the lease ended before the
+    /// session heard.
+    async fn put(
+        &self,
+        entry: &mut Entry,
+        layout: &Layout,
+        lease: &LeaseState,
+    ) -> Result<Option<(i64, Option<i64>)>> {
         let mut backoff = backoff();
-        let (rev, first) = loop {
-            let failed = match entry.put(&layout).await {
-                Ok(put) => break put,
+        loop {
+            let failed = match entry.put(layout).await {
+                Ok(put) => return Ok(Some(put)),
                 Err(e) => e,
             };
             // The lease ended before the session heard: every hold on it is lost; again on
             // the next.
             if super::error::is_lease_gone(&failed.error) {
                 self.inner.session.lease_gone(lease.id);
-                return Ok(Attempt::Again);
+                return Ok(None);
             }
             self.pause_after(failed, &mut backoff).await?;
-        };
-        if first.is_none_or(|first| first >= rev) {
-            // Held while the lease is: one that could have run out meanwhile is no grant.
-            return Ok(if lease_live(self.inner, lease) {
-                Attempt::Held(rev)
-            } else {
-                Attempt::Again
-            });
         }
-        if matches!(self.wait, Wait::Never) {
-            return Ok(Attempt::Busy);
-        }
-        if !self.wait_for_predecessors(&layout, rev, lease).await? {
-            return Ok(Attempt::Again);
-        }
-        // The key may have gone with the lease, or been deleted from outside, meanwhile.
-        let still = self.retrying(|| entry.create_revision()).await?;
-        Ok(if still == Some(rev) && lease_live(self.inner, lease) {
-            Attempt::Held(rev)
-        } else {
-            Attempt::Again
-        })
     }
 
     /// Waits until no key under the layout's blockers was created before `rev`: `Ok(false)`
@@ -304,7 +341,7 @@ async fn watch_deletion(inner: &Inner, key: Vec<u8>, created: i64, seen: i64) {
 }
 
 /// A contender's key while its acquire runs: deleted when the acquire ends without a hold.
-struct Entry {
+pub(super) struct Entry {
     inner: Arc<Inner>,
     user_key: Arc<str>,
     path: Arc<str>,
@@ -318,10 +355,19 @@ struct Entry {
     /// The puts sent: an undo waits for their answers first, so that no put lands after the
     /// delete (the two go on different streams, which etcd may apply in either order).
     sent: Vec<tokio::sync::watch::Receiver<Settled>>,
+    /// The keys it waits for.
+    layout: Layout,
+    /// Its create revision, once put.
+    rev: i64,
 }
 
 impl Entry {
-    fn new(inner: &Arc<Inner>, target: &LockTarget, mode: LockMode, lease: &LeaseState) -> Entry {
+    pub(super) fn new(
+        inner: &Arc<Inner>,
+        target: &LockTarget,
+        mode: LockMode,
+        lease: &LeaseState,
+    ) -> Entry {
         let key = inner.reserve(&target.path, mode, lease.id);
         let value = match (&target.participant, mode) {
             // etcd's Election keeps the candidate's proposal as the value; a latch's is its id.
@@ -338,6 +384,8 @@ impl Entry {
             lease: lease.id,
             armed: true,
             sent: Vec::new(),
+            layout: Layout::of(&target.path, mode),
+            rev: 0,
         }
     }
 
@@ -398,19 +446,45 @@ impl Entry {
 }
 
 impl AttemptKeys for Entry {
-    type Granted = EtcdHold;
-
-    fn attempt(
-        &mut self,
-        acquire: &Acquire<'_>,
-        lease: &LeaseState,
-    ) -> impl std::future::Future<Output = Result<Attempt>> + Send {
-        acquire.attempt(self, lease)
+    /// Puts the key; it holds when no key it waits for was created before it.
+    async fn attempt(&mut self, acquire: &Acquire<'_>, lease: &LeaseState) -> Result<Attempt> {
+        let layout = self.layout.clone();
+        let Some((rev, first)) = acquire.put(self, &layout, lease).await? else {
+            return Ok(Attempt::Again);
+        };
+        self.rev = rev;
+        if first.is_none_or(|first| first >= rev) {
+            // Held while the lease is: one that could have run out meanwhile is no grant.
+            return Ok(if lease_live(acquire.inner, lease) {
+                Attempt::Held(rev)
+            } else {
+                Attempt::Again
+            });
+        }
+        Ok(Attempt::Busy)
     }
 
-    fn grant(mut self, rev: i64, lease: LeaseState) -> EtcdHold {
+    /// Waits for the keys before it to go, then reads its own once more: it may have gone with
+    /// the lease, or been deleted from outside, meanwhile.
+    async fn wait(&mut self, acquire: &Acquire<'_>, lease: &LeaseState) -> Result<Attempt> {
+        let rev = self.rev;
+        if !acquire
+            .wait_for_predecessors(&self.layout, rev, lease)
+            .await?
+        {
+            return Ok(Attempt::Again);
+        }
+        let still = acquire.retrying(|| self.create_revision()).await?;
+        Ok(if still == Some(rev) && lease_live(acquire.inner, lease) {
+            Attempt::Held(rev)
+        } else {
+            Attempt::Again
+        })
+    }
+
+    fn grant(mut self, rev: i64, lease: LeaseState) -> Vec<SharedHold> {
         self.armed = false;
-        EtcdHold::new(
+        vec![Arc::new(EtcdHold::new(
             self.inner.clone(),
             self.user_key.clone(),
             self.path.clone(),
@@ -418,9 +492,8 @@ impl AttemptKeys for Entry {
             rev,
             lease,
             self.mode,
-        )
+        ))]
     }
-
     async fn undo_now(mut self) {
         self.armed = false;
         let keys = vec![std::mem::take(&mut self.key)];

@@ -64,13 +64,14 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use super::{
-    Backend, BackendHold, BackendStats, BoxFuture, Inspect, LockTarget, SessionInfo, SharedHold,
+    Acquisition, Backend, BackendStats, BoxFuture, Inspect, LockTarget, SessionInfo, Wanted,
 };
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::Result;
-use crate::types::mode::{LockMode, Wait};
-use acquire::Acquire;
+use crate::types::mode::Wait;
+use acquire::{Acquire, Entry, EtcdAcquisition};
 pub use options::EtcdOptions;
+use semaphore::Leases;
 pub(crate) use session::MIN_LEASE;
 use session::{attempt_bound, Config, Inner, Session, SessionConfig, MAX_REPLY_TIMEOUT};
 
@@ -149,40 +150,25 @@ impl Backend for EtcdBackend {
         BackendKind::Etcd
     }
 
-    fn acquire<'a>(
+    fn acquisition<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: LockMode,
+        wanted: Wanted,
         wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
-        Box::pin(async move {
-            let hold = Acquire {
-                inner: &self.inner,
-                target,
-                mode,
-                wait,
-            }
-            .run()
-            .await?;
-            Ok(hold.map(|h| Arc::new(h) as _))
-        })
-    }
-
-    fn acquire_leases<'a>(
-        &'a self,
-        target: &'a LockTarget,
-        max_leases: u32,
-        n: u32,
-        wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
-        Box::pin(async move {
-            let acquire = Acquire {
-                inner: &self.inner,
-                target,
-                mode: LockMode::Exclusive,
-                wait,
-            };
-            semaphore::acquire_leases(&acquire, max_leases, n).await
+    ) -> Result<Box<dyn Acquisition + 'a>> {
+        let inner = &self.inner;
+        let acquire = Acquire {
+            inner,
+            target,
+            wait,
+        };
+        Ok(match wanted {
+            Wanted::Hold(mode) => Box::new(EtcdAcquisition::new(acquire, move |lease| {
+                Entry::new(inner, target, mode, lease)
+            })),
+            Wanted::Leases { max, n } => Box::new(EtcdAcquisition::new(acquire, move |lease| {
+                Leases::new(inner, target, n, max, lease)
+            })),
         })
     }
 

@@ -20,7 +20,7 @@ use super::session::{lease_ended, LeaseState};
 use super::wire::{backoff, listing, put_leases, put_tracked, RequestError, Settled, RETRY_MIN};
 use crate::backend::{LockTarget, SharedHold};
 use crate::types::error::{Error, Result};
-use crate::types::mode::{LockMode, Wait};
+use crate::types::mode::LockMode;
 
 /// Whether the group created at `rev` holds, given the create revisions of every key under
 /// the path in create order (one per unit).
@@ -45,7 +45,7 @@ pub(super) fn admitted(revisions: &[i64], rev: i64, max: u32) -> bool {
 }
 
 /// An acquire's keys while it runs: deleted when it ends without the leases.
-struct Leases {
+pub(super) struct Leases {
     inner: Arc<Inner>,
     user_key: Arc<str>,
     path: Arc<str>,
@@ -56,10 +56,13 @@ struct Leases {
     max: u32,
     armed: bool,
     sent: Vec<tokio::sync::watch::Receiver<Settled>>,
+    /// Once put: the keys' create revision, the create revisions of every key under the path
+    /// in create order, and the revision of that read.
+    listed: (i64, Vec<i64>, i64),
 }
 
 impl Leases {
-    fn new(
+    pub(super) fn new(
         inner: &Arc<Inner>,
         target: &LockTarget,
         n: u32,
@@ -79,6 +82,7 @@ impl Leases {
             max,
             armed: true,
             sent: Vec::new(),
+            listed: (0, Vec::new(), 0),
         }
     }
 
@@ -124,15 +128,37 @@ impl Leases {
 }
 
 impl AttemptKeys for Leases {
-    type Granted = Vec<SharedHold>;
+    /// Puts the keys and sees whether their group is admitted.
+    async fn attempt(&mut self, acquire: &Acquire<'_>, lease: &LeaseState) -> Result<Attempt> {
+        let inner = acquire.inner;
+        let mut backoff = backoff();
+        self.listed = loop {
+            let failed = match self.put().await {
+                Ok(put) => break put,
+                Err(e) => e,
+            };
+            if super::error::is_lease_gone(&failed.error) {
+                inner.session.lease_gone(lease.id);
+                return Ok(Attempt::Again);
+            }
+            acquire.pause_after(failed, &mut backoff).await?;
+        };
+        Ok(self.admitted(inner, lease))
+    }
 
-    fn attempt(
-        &mut self,
-        acquire: &Acquire<'_>,
-        lease: &LeaseState,
-    ) -> impl std::future::Future<Output = Result<Attempt>> + Send {
-        let max = self.max;
-        attempt(acquire, self, lease, max)
+    /// Waits for a release under the path (any may make room), then lists it again.
+    async fn wait(&mut self, acquire: &Acquire<'_>, lease: &LeaseState) -> Result<Attempt> {
+        let inner = acquire.inner;
+        let prefix = self.prefix();
+        let released = watch_releases(inner, &prefix, self.listed.2);
+        let ended = lease_ended(inner.session.watch(), lease.epoch);
+        tokio::select! {
+            () = released => {}
+            () = ended => return Ok(Attempt::Again),
+        }
+        let (revisions, seen) = acquire.retrying(|| list(inner, &prefix)).await?;
+        self.listed = (self.listed.0, revisions, seen);
+        Ok(self.admitted(inner, lease))
     }
 
     fn grant(mut self, rev: i64, lease: LeaseState) -> Vec<SharedHold> {
@@ -177,68 +203,20 @@ impl Drop for Leases {
     }
 }
 
-/// Acquires `n` leases of the semaphore `max` at `acquire.target` within `acquire.wait`.
-pub(super) async fn acquire_leases(
-    acquire: &Acquire<'_>,
-    max: u32,
-    n: u32,
-) -> Result<Option<Vec<SharedHold>>> {
-    let inner = acquire.inner;
-    if n == 0 || n > max {
-        return Err(Error::InvalidArgument(format!(
-            "asked for {n} leases of a semaphore of {max}"
-        )));
-    }
-    acquire
-        .drive(|lease| Leases::new(inner, acquire.target, n, max, lease))
-        .await
-}
-
-/// One attempt on `lease`: put the keys, then read and wait until their group is admitted.
-async fn attempt(
-    acquire: &Acquire<'_>,
-    leases: &mut Leases,
-    lease: &LeaseState,
-    max: u32,
-) -> Result<Attempt> {
-    let inner = acquire.inner;
-    let mut backoff = backoff();
-    let (rev, mut revisions, mut seen) = loop {
-        let failed = match leases.put().await {
-            Ok(put) => break put,
-            Err(e) => e,
-        };
-        if super::error::is_lease_gone(&failed.error) {
-            inner.session.lease_gone(lease.id);
-            return Ok(Attempt::Again);
+impl Leases {
+    /// What the last listing says of the keys' group: held (while the lease is), waiting, or
+    /// gone (with the lease, or deleted from outside).
+    fn admitted(&self, inner: &Inner, lease: &LeaseState) -> Attempt {
+        let (rev, revisions, _) = &self.listed;
+        if !revisions.contains(rev) {
+            Attempt::Again
+        } else if !admitted(revisions, *rev, self.max) {
+            Attempt::Busy
+        } else if lease_live(inner, lease) {
+            Attempt::Held(*rev)
+        } else {
+            Attempt::Again
         }
-        acquire.pause_after(failed, &mut backoff).await?;
-    };
-    let prefix = leases.prefix();
-    loop {
-        if !revisions.contains(&rev) {
-            // Gone with the lease, or deleted from outside.
-            return Ok(Attempt::Again);
-        }
-        if admitted(&revisions, rev, max) {
-            return Ok(if lease_live(inner, lease) {
-                Attempt::Held(rev)
-            } else {
-                Attempt::Again
-            });
-        }
-        if matches!(acquire.wait, Wait::Never) {
-            return Ok(Attempt::Busy);
-        }
-        let released = watch_releases(inner, &prefix, seen);
-        let ended = lease_ended(inner.session.watch(), lease.epoch);
-        tokio::select! {
-            () = released => {}
-            () = ended => return Ok(Attempt::Again),
-        }
-        let (now, at) = acquire.retrying(|| list(inner, &prefix)).await?;
-        revisions = now;
-        seen = at;
     }
 }
 

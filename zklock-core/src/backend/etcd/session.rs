@@ -63,7 +63,7 @@ pub(super) struct Inner {
     pub(super) runtime: tokio::runtime::Handle,
     pub(super) background: Arc<Background>,
     /// Undos of dropped acquires under way, per lock path.
-    pub(super) undos: Arc<Undos<Arc<str>>>,
+    pub(super) undos: Arc<Undos>,
     pub(super) requests: AtomicU64,
     pub(super) events: AtomicU64,
     /// Whether a put of this manager's went unanswered (it may still land): the reaper then

@@ -117,12 +117,17 @@ struct Unlocking {
     reservation: Option<Reservation>,
     shared: bool,
     inner: Arc<Inner>,
-    undoing: Option<Undoing<i32>>,
+    undoing: Option<Undoing>,
 }
 
 impl Unlocking {
-    fn new(inner: &Arc<Inner>, reservation: Reservation, shared: bool) -> Unlocking {
-        let undoing = inner.undos.start(&reservation.id);
+    fn new(
+        inner: &Arc<Inner>,
+        path: &Arc<str>,
+        reservation: Reservation,
+        shared: bool,
+    ) -> Unlocking {
+        let undoing = inner.undos.start(path);
         Unlocking {
             reservation: Some(reservation),
             shared,
@@ -229,7 +234,12 @@ impl PgHold {
             return false;
         };
         // Dropped unfinished: the unlock goes to the background.
-        drop(Unlocking::new(&self.inner, reservation, self.shared));
+        drop(Unlocking::new(
+            &self.inner,
+            &self.path,
+            reservation,
+            self.shared,
+        ));
         true
     }
 
@@ -240,7 +250,7 @@ impl PgHold {
         };
         // In the caller's task (no hop to another); if this is dropped half way, the rest is
         // left to the background.
-        let mut unlocking = Unlocking::new(&self.inner, reservation, self.shared);
+        let mut unlocking = Unlocking::new(&self.inner, &self.path, reservation, self.shared);
         let result = unlock_on(unlocking.reservation.as_ref().expect("set"), self.shared).await;
         // Done: the reservation goes back, then the undo ends (with `unlocking`).
         unlocking.reservation = None;

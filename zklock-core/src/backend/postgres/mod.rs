@@ -89,7 +89,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use super::undos::Undos;
-use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold};
+use super::{Acquisition, Backend, BoxFuture, Inspect, LockTarget, Wanted};
 use crate::background::Background;
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
@@ -133,7 +133,7 @@ pub(crate) struct Inner {
     /// Undos of dropped acquires under way, per lock id: a later acquire of the id in this
     /// process waits for them, so that it never finds the lock held by a wait it gave up on
     /// (granted just as it was dropped, and not released yet).
-    undos: Arc<Undos<i32>>,
+    undos: Arc<Undos>,
     /// Lock id -> when an attempt last found it taken or a grant found a waiter (see
     /// [`CONTENDED_FOR`](acquire::CONTENDED_FOR)).
     contended: StdMutex<HashMap<i32, std::time::Instant>>,
@@ -180,39 +180,31 @@ impl Backend for PostgresBackend {
         BackendKind::Postgres
     }
 
-    fn acquire<'a>(
+    fn acquisition<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: LockMode,
+        wanted: Wanted,
         wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
-        Box::pin(async move {
-            let (shared, writer) = match mode {
-                // A leader latch is exclusive; advisory locks keep no participant ids.
-                LockMode::Exclusive | LockMode::Leader => (false, false),
-                LockMode::Write => (false, true),
-                LockMode::Read => (true, false),
-            };
-            let hold = Acquire::new(&self.inner, target, shared, writer, wait)
-                .run()
-                .await?;
-            Ok(hold.map(|h| Arc::new(h) as _))
-        })
-    }
-
-    fn acquire_leases<'a>(
-        &'a self,
-        _target: &'a LockTarget,
-        _max_leases: u32,
-        _n: u32,
-        _wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
-        Box::pin(async {
-            Err(Error::Unsupported {
-                backend: BackendKind::Postgres.label(),
-                feature: "semaphores",
-            })
-        })
+    ) -> Result<Box<dyn Acquisition + 'a>> {
+        let (shared, writer) = match wanted {
+            // A leader latch is exclusive; advisory locks keep no participant ids.
+            Wanted::Hold(LockMode::Exclusive | LockMode::Leader) => (false, false),
+            Wanted::Hold(LockMode::Write) => (false, true),
+            Wanted::Hold(LockMode::Read) => (true, false),
+            Wanted::Leases { .. } => {
+                return Err(Error::Unsupported {
+                    backend: BackendKind::Postgres.label(),
+                    feature: "semaphores",
+                })
+            }
+        };
+        Ok(Box::new(Acquire::new(
+            &self.inner,
+            target,
+            shared,
+            writer,
+            wait,
+        )))
     }
 
     fn claim_run<'a>(

@@ -1,8 +1,9 @@
-//! One acquire on the Redis backend, top-down: [`Acquire::run`] sends the attempt (a script
-//! that takes the key or the shared set's members, or queues a mutex waiter), and turns its
-//! answer into holds ([`Acquire::granted`]), a wait for a release or a hand-over
-//! ([`Acquire::taken`]), or a retry ([`Acquire::failed`]). What an attempt may have left on the
-//! server is undone by [`Unfinished`] when the acquire ends without a hold.
+//! One acquire on the Redis backend, top-down, as the acquire driver runs it:
+//! [`Acquire::attempt`] sends the attempt (a script that takes the key or the shared set's
+//! members, or queues a mutex waiter), and turns its answer into holds
+//! ([`Acquire::granted`]), a refusal ([`Acquire::taken`]) that a waiter waits on for a release
+//! or a hand-over ([`Acquire::wait`]), or a retry ([`Acquire::failed`]). What an attempt may
+//! have left on the server is undone by [`Unfinished`] when the acquire ends without a hold.
 //!
 //! Waiters do not poll. A mutex's waiting processes queue in `zklock:queue:<path>`; a release
 //! reserves the key for the first live one and tells only it, on that process's own channel.
@@ -38,7 +39,8 @@ use super::hold::{RedisHold, Undo, Unfinished};
 use super::wire::keys::{self, Keys};
 use super::wire::scripts;
 use crate::backend::backoff::Backoff;
-use crate::backend::LockTarget;
+use crate::backend::undos::Undos;
+use crate::backend::{Acquisition, BoxFuture, LockTarget, SharedHold, Step};
 use crate::types::error::Result;
 use crate::types::mode::{LockMode, Wait};
 use crate::types::token::FencingToken;
@@ -109,10 +111,14 @@ struct Sent {
     at: Instant,
 }
 
-/// What the acquire does after an attempt.
-enum Next {
-    Again,
-    Done(Option<Vec<RedisHold>>),
+/// What a refused attempt found, for the wait that follows.
+#[derive(Clone, Copy)]
+struct Refused {
+    /// How long until the lock may be free (`None`: no expiry to wait for).
+    free_in: Option<Duration>,
+    /// A mutex's last token at the refusal.
+    refused_at: i64,
+    sent: Sent,
 }
 
 /// One acquire of `n` holds of a lock (one but for a semaphore's leases), between its
@@ -122,7 +128,6 @@ pub(super) struct Acquire<'a> {
     target: &'a LockTarget,
     ask: Ask,
     n: u32,
-    wait: Wait,
     keys: Arc<Keys>,
     /// The holder ids asked for, one per hold.
     ids: Vec<String>,
@@ -139,6 +144,8 @@ pub(super) struct Acquire<'a> {
     backoff: Backoff,
     /// Whether an attempt queued this mutex waiter (or may have: its reply was lost).
     queued: bool,
+    /// The last attempt's refusal, for the wait.
+    refused: Option<Refused>,
 }
 
 impl<'a> Acquire<'a> {
@@ -170,7 +177,6 @@ impl<'a> Acquire<'a> {
             target,
             ask,
             n,
-            wait,
             unfinished: Unfinished::new(inner.clone(), keys.clone(), undo),
             keys,
             ids,
@@ -180,6 +186,7 @@ impl<'a> Acquire<'a> {
             listener: None,
             backoff: Backoff::requests(),
             queued: false,
+            refused: None,
         }
     }
 
@@ -187,53 +194,52 @@ impl<'a> Acquire<'a> {
         self.inner
     }
 
-    /// Acquires the holds, waiting as `wait` says. `None`: a try found the lock taken.
-    pub(super) async fn run(mut self) -> Result<Option<Vec<RedisHold>>> {
-        self.inner().undos.finished(&self.keys.exclusive).await;
-        loop {
-            if let Some(l) = &mut self.listener {
-                l.mark();
-            }
-            self.unfinished.armed = true;
-            let inner = self.inner();
-            let sent = Sent {
-                epoch: inner.breaks.epoch(),
-                hub_generation: inner.hub.generation(),
-                at: Instant::now(),
-            };
-            let attempt = inner
-                .attempt(
-                    &self.keys,
-                    self.ask,
-                    &self.ids,
-                    &self.member,
-                    self.queue,
-                    self.queued,
-                )
-                .await;
-            let next = match attempt {
-                // A connection broke while the attempt was under way: the grant may predate a
-                // restart that lost it. Asked again (idempotent for these ids): granted anew,
-                // or refused.
-                Ok(Attempt::Granted(_)) if inner.breaks.ended_since(sent.epoch, self.keys.slot) => {
-                    self.queued = self.mutex && self.queue;
-                    Next::Again
-                }
-                Ok(Attempt::Granted(last)) => Next::Done(Some(self.granted(last, sent))),
-                Ok(Attempt::Taken(free_in, refused_at)) => {
-                    self.taken(free_in, refused_at, sent).await
-                }
-                // Left armed: the grant is undone in the background.
-                Ok(Attempt::Unacked(n)) => {
-                    let what = "granted the lock (the grant is undone)";
-                    return Err(unacked(inner.acks, n, what));
-                }
-                Err(e) => self.failed(e).await?,
-            };
-            if let Next::Done(holds) = next {
-                return Ok(holds);
-            }
+    /// One attempt: granted, refused (the wait follows), or again after a failure.
+    async fn attempt(&mut self) -> Result<Step> {
+        if let Some(l) = &mut self.listener {
+            l.mark();
         }
+        self.unfinished.armed = true;
+        let inner = self.inner();
+        let sent = Sent {
+            epoch: inner.breaks.epoch(),
+            hub_generation: inner.hub.generation(),
+            at: Instant::now(),
+        };
+        let attempt = inner
+            .attempt(
+                &self.keys,
+                self.ask,
+                &self.ids,
+                &self.member,
+                self.queue,
+                self.queued,
+            )
+            .await;
+        Ok(match attempt {
+            // A connection broke while the attempt was under way: the grant may predate a
+            // restart that lost it. Asked again (idempotent for these ids): granted anew, or
+            // refused.
+            Ok(Attempt::Granted(_)) if inner.breaks.ended_since(sent.epoch, self.keys.slot) => {
+                self.queued = self.mutex && self.queue;
+                Step::Again
+            }
+            Ok(Attempt::Granted(last)) => held(self.granted(last, sent)),
+            Ok(Attempt::Taken(free_in, refused_at)) => {
+                self.taken(Refused {
+                    free_in,
+                    refused_at,
+                    sent,
+                });
+                Step::Busy
+            }
+            // Left armed: the grant is undone in the background.
+            Ok(Attempt::Unacked(n)) => {
+                let what = "granted the lock (the grant is undone)";
+                return Err(unacked(inner.acks, n, what));
+            }
+            Err(e) => self.failed(e).await?,
+        })
     }
 
     /// The holds of a granted attempt, `last` the last token handed out.
@@ -279,15 +285,22 @@ impl<'a> Acquire<'a> {
     }
 
     /// The lock is taken: nothing of ours is left but a waiting writer's intent or a queued
-    /// mutex waiter's place. A try ends; a waiter listens for releases (first time: then tries
-    /// again at once, a release may have come before), and waits for one, or for a hand-over.
-    async fn taken(&mut self, free_in: Option<Duration>, refused_at: i64, sent: Sent) -> Next {
+    /// mutex waiter's place. A try ends; a waiter waits (see [`wait`](Self::wait)).
+    fn taken(&mut self, refused: Refused) {
         self.backoff.reset();
         self.queued = self.mutex && self.queue;
         self.unfinished.armed = matches!(self.ask, Ask::Write) || (self.mutex && self.queue);
-        if matches!(self.wait, Wait::Never) {
-            return Next::Done(None);
-        }
+        self.refused = Some(refused);
+    }
+
+    /// After a refusal: listens for releases (first time: then tries again at once, a release
+    /// may have come before), and waits for one, or for a hand-over.
+    async fn wait(&mut self) -> Step {
+        let Refused {
+            free_in,
+            refused_at,
+            sent,
+        } = self.refused.take().expect("refused");
         let inner = self.inner();
         if self.listener.is_none() && self.mutex {
             self.listener = inner.hub.listen_direct_after(
@@ -304,7 +317,7 @@ impl<'a> Acquire<'a> {
                 inner.conn.reply_timeout,
             );
             self.listener = Some(listener.await);
-            return Next::Again;
+            return Step::Again;
         }
         // Woken by a release, or when the lease in the way could run out (a millisecond late,
         // so that the server has let it go). A writer behind readers comes back every lease/3
@@ -320,7 +333,7 @@ impl<'a> Acquire<'a> {
         listener.wait(fallback).await;
         match listener.take_grant() {
             Some(token) => self.handed_over(token, refused_at, sent),
-            None => Next::Again,
+            None => Step::Again,
         }
     }
 
@@ -332,7 +345,7 @@ impl<'a> Acquire<'a> {
     /// server time plus this waiter's own TTL: so the first lease runs until `sent` + waiter
     /// TTL at the earliest, whatever the releaser's lease. Too little of it left: the next
     /// attempt renews it instead. A connection break since: the next attempt finds out.
-    fn handed_over(&mut self, token: i64, refused_at: i64, sent: Sent) -> Next {
+    fn handed_over(&mut self, token: i64, refused_at: i64, sent: Sent) -> Step {
         let inner = self.inner();
         let deadline = Inner::deadline_for(sent.at, inner.waiter_ttl);
         let in_time = deadline > Instant::now() + inner.waiter_ttl / 4;
@@ -343,24 +356,54 @@ impl<'a> Acquire<'a> {
             || inner.breaks.ended_since(sent.epoch, self.keys.slot)
             || inner.acks.is_some()
         {
-            return Next::Again;
+            return Step::Again;
         }
         self.unfinished.armed = false;
         let token = FencingToken::new(token, 0);
         let hold = self.hold(Side::Mutex, &self.ids[0], token, sent, inner.waiter_ttl);
-        Next::Done(Some(vec![hold]))
+        held(vec![hold])
     }
 
     /// The attempt failed: retried after a pause when the connection failed, the acquire's
     /// error otherwise.
-    async fn failed(&mut self, e: redis::RedisError) -> Result<Next> {
+    async fn failed(&mut self, e: redis::RedisError) -> Result<Step> {
         if !transient(&e) {
             return Err(server_error("acquire the lock", e));
         }
         self.queued = self.mutex && self.queue;
         tracing::debug!(key = %self.target.key, error = %e, "zklock: a Redis acquire attempt failed; retrying");
         self.backoff.wait().await;
-        Ok(Next::Again)
+        Ok(Step::Again)
+    }
+}
+
+/// The driver's step of granted `holds`.
+fn held(holds: Vec<RedisHold>) -> Step {
+    Step::Held(
+        holds
+            .into_iter()
+            .map(|h| Arc::new(h) as SharedHold)
+            .collect(),
+    )
+}
+
+impl Acquisition for Acquire<'_> {
+    fn undos(&self) -> Option<&Undos> {
+        Some(&self.inner.undos)
+    }
+
+    /// Redis has no session to enter: the acquire's holder ids are its entry, kept across
+    /// connections (an attempt is idempotent for them).
+    fn enter(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(Acquire::attempt(self))
+    }
+
+    fn wait(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(async move { Ok(Acquire::wait(self).await) })
     }
 }
 

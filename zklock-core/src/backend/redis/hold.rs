@@ -373,7 +373,7 @@ impl Drop for RedisHold {
             let (inner, keys, undo) = (self.inner.clone(), self.keys.clone(), self.undo());
             // The process's next acquire of the lock waits for the delete: it never finds
             // the lock held by this dropped hold.
-            let undoing = inner.undos.start(&keys.exclusive);
+            let undoing = inner.undos.start(&keys.path);
             self.inner.background.spawn(&self.inner.runtime, async move {
                 if let Err(e) = inner.delete(&keys, &undo, until).await {
                     tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not release a Redis lock; it ends when its lease runs out");
@@ -545,7 +545,7 @@ impl Drop for Unfinished {
         let keys = self.keys.clone();
         // Whatever the request left expires with its lease anyway.
         let until = Instant::now() + inner.lease;
-        let undoing = inner.undos.start(&keys.exclusive);
+        let undoing = inner.undos.start(&keys.path);
         self.inner.background.spawn(&self.inner.runtime, async move {
             if let Err(e) = inner.delete(&keys, &undo, until).await {
                 tracing::warn!(key = %keys.exclusive, error = %e, "zklock: could not undo an acquire on Redis; what it left ends when its lease runs out");

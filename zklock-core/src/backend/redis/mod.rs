@@ -29,10 +29,10 @@ mod wire;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Backend, BackendHold, BoxFuture, Inspect, LockTarget, SharedHold, HOST_PID};
+use super::{Acquisition, Backend, BoxFuture, Inspect, LockTarget, Wanted, HOST_PID};
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::Result;
-use crate::types::mode::{LockMode, Wait};
+use crate::types::mode::Wait;
 use acquire::{Acquire, Ask};
 use conn::breaks::Breaks;
 use conn::hub::Hub;
@@ -155,36 +155,17 @@ impl Backend for RedisBackend {
         BackendKind::Redis
     }
 
-    fn acquire<'a>(
+    fn acquisition<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: LockMode,
+        wanted: Wanted,
         wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
-        Box::pin(async move {
-            let holds = Acquire::new(&self.inner, target, Ask::from(mode), 1, wait)
-                .run()
-                .await?;
-            Ok(holds
-                .and_then(|h| h.into_iter().next())
-                .map(|h| Arc::new(h) as _))
-        })
-    }
-
-    fn acquire_leases<'a>(
-        &'a self,
-        target: &'a LockTarget,
-        max_leases: u32,
-        n: u32,
-        wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
-        Box::pin(async move {
-            let ask = Ask::Leases { max: max_leases };
-            let holds = Acquire::new(&self.inner, target, ask, n, wait)
-                .run()
-                .await?;
-            Ok(holds.map(|h| h.into_iter().map(|h| Arc::new(h) as _).collect()))
-        })
+    ) -> Result<Box<dyn Acquisition + 'a>> {
+        let (ask, n) = match wanted {
+            Wanted::Hold(mode) => (Ask::from(mode), 1),
+            Wanted::Leases { max, n } => (Ask::Leases { max }, n),
+        };
+        Ok(Box::new(Acquire::new(&self.inner, target, ask, n, wait)))
     }
 
     fn claim_run<'a>(

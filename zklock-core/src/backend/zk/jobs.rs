@@ -35,7 +35,7 @@ pub(super) async fn claim_run(
     target: &LockTarget,
     at_least: Duration,
 ) -> Result<bool> {
-    let session = inner.live_session(None).await?;
+    let session = inner.live_session().await?;
     let client = &session.client;
     let record = run_record(&target.path);
     let fail = |op, err| zk_error(op, &record, err);

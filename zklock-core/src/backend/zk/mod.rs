@@ -31,14 +31,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
 use super::{
-    Backend, BackendHold, BackendStats, BoxFuture, Inspect, LockTarget, Revoke, SessionInfo,
-    SharedHold,
+    Acquisition, Backend, BackendStats, BoxFuture, Inspect, LockTarget, Revoke, SessionInfo, Wanted,
 };
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::Result;
-use crate::types::mode::{HoldMode, LockMode, Wait};
+use crate::types::mode::{HoldMode, Wait};
 use acquire::floor::DirState;
-use hold::Hold;
+use acquire::NodeAcquisition;
 pub use options::ZooKeeperOptions;
 use session::Session;
 pub(crate) use session::{SessionConfig, SessionOwner};
@@ -83,8 +82,8 @@ impl Inner {
     }
 
     /// A live session to acquire on; see [`SessionOwner::live_session`].
-    async fn live_session(&self, deadline: Option<tokio::time::Instant>) -> Result<Session> {
-        self.session.live_session(deadline).await
+    async fn live_session(&self) -> Result<Session> {
+        self.session.live_session().await
     }
 
     /// Runs `fut` in the background, counted so that a flush waits for it.
@@ -120,41 +119,25 @@ impl Backend for ZkBackend {
         BackendKind::ZooKeeper
     }
 
-    fn acquire<'a>(
+    fn acquisition<'a>(
         &'a self,
         target: &'a LockTarget,
-        mode: LockMode,
+        wanted: Wanted,
         wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Arc<dyn BackendHold>>>> {
-        Box::pin(async move {
-            let data = target.participant.as_deref().map(str::as_bytes);
-            let granted = acquire::acquire_node(
-                &self.inner,
+    ) -> Result<Box<dyn Acquisition + 'a>> {
+        let inner = &self.inner;
+        Ok(match wanted {
+            Wanted::Hold(mode) => Box::new(NodeAcquisition::new(
+                inner,
                 &target.path,
                 &target.key,
                 HoldMode::from(mode),
-                data,
-                wait,
-            )
-            .await?;
-            Ok(granted.map(|g| Arc::new(Hold::granted(g)) as Arc<dyn BackendHold>))
+                target.participant.as_deref().map(str::as_bytes),
+            )),
+            Wanted::Leases { max, n } => Box::new(semaphore::LeasesAcquisition::new(
+                inner, target, max, n, wait,
+            )),
         })
-    }
-
-    fn acquire_leases<'a>(
-        &'a self,
-        target: &'a LockTarget,
-        max_leases: u32,
-        n: u32,
-        wait: Wait,
-    ) -> BoxFuture<'a, Result<Option<Vec<SharedHold>>>> {
-        Box::pin(semaphore::acquire_leases(
-            &self.inner,
-            target,
-            max_leases,
-            n,
-            wait,
-        ))
     }
 
     fn claim_run<'a>(

@@ -7,47 +7,113 @@ use std::sync::Arc;
 
 use zookeeper_client::{EventType, OneshotWatcher};
 
-use super::acquire::{acquire_node, create_node, HandedWatch};
+use super::acquire::{create_node, Granted, HandedWatch, NodeAcquisition};
 use super::error::{connection_lost, zk_error};
 use super::hold::Hold;
 use super::session::Session;
 use super::wire::{SEMAPHORE_LEASES, SEMAPHORE_LOCKS};
 use super::Inner;
-use crate::backend::{BackendHold, LockTarget, SharedHold};
+use crate::backend::drive::drive;
+use crate::backend::{Acquisition, BackendHold, BoxFuture, LockTarget, SharedHold, Step};
 use crate::types::error::{Error, Result};
 use crate::types::loss::LossReason;
 use crate::types::mode::HoldMode;
 use crate::types::mode::Wait;
 
-/// Takes the `<path>/locks` gate, makes all `n` lease nodes on the gate's own session, and
-/// waits, still holding the gate, until at most `max_leases` leases exist: all or none.
-/// Holding the gate through all `n` is what keeps two acquirers of several leases from each
-/// taking some and waiting for the others for ever; and a lease counted under the gate must
-/// come from the session that holds the gate. `Ok(None)` only for [`Wait::Never`].
+/// An acquire of `n` leases of a semaphore with `max` leases, for the driver: takes the
+/// `<path>/locks` gate (a mutex, acquired through the driver too), makes all `n` lease nodes
+/// on the gate's own session, and waits, still holding the gate, until at most `max` leases
+/// exist: all or none. Holding the gate through all `n` is what keeps two acquirers of several
+/// leases from each taking some and waiting for the others for ever; and a lease counted under
+/// the gate must come from the session that holds the gate.
 ///
-/// Cancel safe: the gate and the leases made so far go when the future is dropped.
-pub(super) async fn acquire_leases(
-    inner: &Arc<Inner>,
-    target: &LockTarget,
-    max_leases: u32,
+/// Cancel safe: the leases made so far, then the gate, go when it is dropped.
+pub(super) struct LeasesAcquisition<'a> {
+    inner: &'a Arc<Inner>,
+    target: &'a LockTarget,
+    gate: LockTarget,
+    max: u32,
     n: u32,
     wait: Wait,
-) -> Result<Option<Vec<SharedHold>>> {
-    let key = &target.key;
-    let gate_path: Arc<str> = format!("{}/{SEMAPHORE_LOCKS}", target.path).into();
-    let Some(gate) = acquire_node(inner, &gate_path, key, HoldMode::Exclusive, None, wait).await?
-    else {
-        return Ok(None);
-    };
-    let gate = Hold::granted(gate);
-    // Declared after the gate, so dropped before it: the leases go first, then the gate.
-    let mut leases = Leases::new(inner, target, &gate, wait);
-    leases.make(n).await?;
-    if !leases.wait_for_room(max_leases as usize).await? {
-        return Ok(None);
+    leases: Option<Leases<'a>>,
+}
+
+impl<'a> LeasesAcquisition<'a> {
+    pub(super) fn new(
+        inner: &'a Arc<Inner>,
+        target: &'a LockTarget,
+        max: u32,
+        n: u32,
+        wait: Wait,
+    ) -> Self {
+        let gate_path: Arc<str> = format!("{}/{SEMAPHORE_LOCKS}", target.path).into();
+        LeasesAcquisition {
+            inner,
+            target,
+            gate: LockTarget::lock(target.key.clone(), gate_path),
+            max,
+            n,
+            wait,
+            leases: None,
+        }
     }
-    release_gate(&gate, key).await;
-    Ok(Some(leases.granted()))
+
+    /// Whether the leases fit now (the gate is given up then, and they are held), or must wait.
+    async fn room(&mut self) -> Result<Step> {
+        let leases = self.leases.as_mut().expect("made");
+        if !leases.room(self.max as usize)? {
+            return Ok(Step::Busy);
+        }
+        let leases = self.leases.take().expect("made");
+        release_gate(&leases.gate, &self.target.key).await;
+        Ok(Step::Held(leases.granted()))
+    }
+}
+
+impl Acquisition for LeasesAcquisition<'_> {
+    /// The gate's acquire enters a session of its own.
+    fn enter(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Takes the gate (a try: once), makes the leases, and sees whether they fit.
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(async move {
+            let inner = self.inner;
+            let gate = NodeAcquisition::new(
+                inner,
+                &self.gate.path,
+                &self.target.key,
+                HoldMode::Exclusive,
+                None,
+            );
+            let gate = drive::<Granted>(Box::new(gate), &self.gate, self.wait).await?;
+            let Some(gate) = gate.and_then(|g| g.into_iter().next()) else {
+                return Ok(Step::Busy);
+            };
+            let mut leases = Leases::new(inner, self.target, Hold::granted(gate));
+            leases.make(self.n).await?;
+            self.leases = Some(leases);
+            self.room().await
+        })
+    }
+
+    /// Lists the leases with a watch, waits for it while they do not fit, and sees again.
+    /// Fails when the gate or one of this acquire's leases is lost meanwhile. Cancel safe: it
+    /// changes nothing on the server but its watches.
+    fn wait(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(async move {
+            let max = self.max as usize;
+            let leases = self.leases.as_mut().expect("made");
+            if let Some(watcher) = leases.list_and_watch().await? {
+                if leases.children.len() > max {
+                    leases.changed(watcher).await?;
+                    leases.list().await?;
+                }
+            }
+            self.room().await
+        })
+    }
 }
 
 /// The lease nodes one acquire makes under `<path>/leases` while it holds the gate, all on the
@@ -56,29 +122,27 @@ pub(super) async fn acquire_leases(
 struct Leases<'a> {
     inner: &'a Arc<Inner>,
     key: &'a Arc<str>,
+    /// The leases made so far, in order. (Declared before the gate: dropped first.)
+    holds: Vec<Hold>,
     /// The `<path>/locks` gate this acquire holds.
-    gate: &'a Hold,
+    gate: Hold,
     /// The gate's session: the one the leases are made on and listed through.
     session: Session,
     /// `<path>/leases`.
     path: Arc<str>,
-    wait: Wait,
-    /// The leases made so far, in order.
-    holds: Vec<Hold>,
     /// The leases' names as last listed.
     children: Vec<String>,
 }
 
 impl<'a> Leases<'a> {
     /// No lease yet, for the acquire of `target` that holds `gate`.
-    fn new(inner: &'a Arc<Inner>, target: &'a LockTarget, gate: &'a Hold, wait: Wait) -> Self {
+    fn new(inner: &'a Arc<Inner>, target: &'a LockTarget, gate: Hold) -> Self {
         Leases {
             inner,
             key: &target.key,
-            gate,
             session: gate.session.clone(),
+            gate,
             path: format!("{}/{SEMAPHORE_LEASES}", target.path).into(),
-            wait,
             holds: Vec::new(),
             children: Vec::new(),
         }
@@ -98,7 +162,6 @@ impl<'a> Leases<'a> {
                 &self.path,
                 self.key,
                 HoldMode::Lease,
-                self.wait.deadline(),
             )
             .await?;
             self.holds.push(Hold::new(
@@ -115,34 +178,17 @@ impl<'a> Leases<'a> {
         Ok(())
     }
 
-    /// Waits, still holding the gate, until at most `max` leases exist, listing them with a
-    /// watch while there are more: `Ok(false)` at once for [`Wait::Never`]. Fails when the
-    /// gate or one of this acquire's leases is lost meanwhile; past the wait's deadline the
-    /// recipe drops it. Cancel safe: it changes nothing on the server but its watches.
-    async fn wait_for_room(&mut self, max: usize) -> Result<bool> {
-        let names: Vec<String> = self
+    /// Whether at most `max` leases exist in the last listing. Fails when the gate or one of
+    /// this acquire's leases was lost.
+    fn room(&self, max: usize) -> Result<bool> {
+        let names: Vec<&str> = self
             .holds
             .iter()
-            .map(|h| h.node.rsplit('/').next().unwrap_or_default().to_string())
+            .map(|h| h.node.rsplit('/').next().unwrap_or_default())
             .collect();
-        loop {
-            self.check_gate()?;
-            self.check_listed(&names)?;
-            if self.children.len() <= max {
-                return Ok(true);
-            }
-            if matches!(self.wait, Wait::Never) {
-                return Ok(false);
-            }
-            let Some(watcher) = self.list_and_watch().await? else {
-                continue;
-            };
-            if self.children.len() <= max {
-                continue;
-            }
-            self.changed(watcher).await?;
-            self.list().await?;
-        }
+        self.check_gate()?;
+        self.check_listed(&names)?;
+        Ok(self.children.len() <= max)
     }
 
     /// Fails with [`Error::LockLost`] once the gate is lost.
@@ -158,8 +204,11 @@ impl<'a> Leases<'a> {
 
     /// Fails with [`Error::LockLost`] when one of this acquire's leases (`names`) is missing
     /// from the last listing: someone deleted it while it waited.
-    fn check_listed(&self, names: &[String]) -> Result<()> {
-        let Some(name) = names.iter().find(|n| !self.children.contains(n)) else {
+    fn check_listed(&self, names: &[&str]) -> Result<()> {
+        let Some(name) = names
+            .iter()
+            .find(|n| !self.children.iter().any(|c| c == *n))
+        else {
             return Ok(());
         };
         let key = self.key;
@@ -201,15 +250,13 @@ impl<'a> Leases<'a> {
         }
     }
 
-    /// A listing failed: on a lost connection, waits until the session is connected again
-    /// (within the wait's deadline); anything else is the acquire's error.
+    /// A listing failed: on a lost connection, waits until the session is connected again;
+    /// anything else is the acquire's error.
     async fn failed(&self, err: zookeeper_client::Error) -> Result<()> {
         if !connection_lost(&err) {
             return Err(zk_error("list the leases", &self.path, err));
         }
-        self.session
-            .wait_connected("list the leases", self.wait.deadline())
-            .await
+        self.session.wait_connected().await
     }
 
     /// Waits for the leases' watch to fire: the session's end fails with
@@ -225,7 +272,8 @@ impl<'a> Leases<'a> {
     /// The leases, handed to the layers above: this acquire is complete.
     fn granted(self) -> Vec<SharedHold> {
         let key = self.key;
-        self.holds
+        let Leases { holds, .. } = self;
+        holds
             .into_iter()
             .map(|hold| {
                 tracing::debug!(%key, node = %hold.node, "semaphore lease acquired");

@@ -252,18 +252,13 @@ pub(super) struct Session {
 }
 
 impl Session {
-    /// Waits until this session is connected again after a connection loss, at most until
-    /// `deadline`.
+    /// Waits until this session is connected again after a connection loss (the acquire's
+    /// deadline is the recipe's: it drops the wait then).
     ///
     /// # Errors
     /// [`Error::SessionExpired`] when this session ended (whatever session the manager has
-    /// now: what was learned on this one is void), [`Error::Closed`] when the manager closed,
-    /// [`Error::ConnectionLoss`] when the deadline passed first.
-    pub(super) async fn wait_connected(
-        &self,
-        operation: &'static str,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<()> {
+    /// now: what was learned on this one is void), [`Error::Closed`] when the manager closed.
+    pub(super) async fn wait_connected(&self) -> Result<()> {
         let mut watcher = self.client.state_watcher();
         let mut state = watcher.peek_state();
         loop {
@@ -271,15 +266,8 @@ impl Session {
                 SessionState::SyncConnected | SessionState::ConnectedReadOnly => return Ok(()),
                 SessionState::Expired => return Err(Error::SessionExpired),
                 SessionState::Closed | SessionState::AuthFailed => return Err(Error::Closed),
-                SessionState::Disconnected => {
-                    let changed = watcher.changed();
-                    state = match deadline {
-                        Some(deadline) => tokio::time::timeout_at(deadline, changed)
-                            .await
-                            .map_err(|_| Error::ConnectionLoss { operation })?,
-                        None => changed.await,
-                    };
-                }
+                // Past the acquire's deadline the recipe drops the wait.
+                SessionState::Disconnected => state = watcher.changed().await,
             }
         }
     }
@@ -351,14 +339,11 @@ impl SessionOwner {
     }
 
     /// A live session to acquire on: when the current one has expired and the manager renews
-    /// sessions, waits for the new one (until `deadline`, at most twice the session timeout).
-    pub(super) async fn live_session(
-        &self,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<Session> {
+    /// sessions, waits for the new one (at most twice the session timeout: then
+    /// [`Error::SessionExpired`]; an earlier deadline of the acquire is the recipe's).
+    pub(super) async fn live_session(&self) -> Result<Session> {
         let mut health = self.health.subscribe();
-        let bound = tokio::time::Instant::now() + 2 * self.config.session_timeout;
-        let deadline = deadline.map_or(bound, |d| d.min(bound));
+        let deadline = tokio::time::Instant::now() + 2 * self.config.session_timeout;
         loop {
             let session = health.borrow_and_update().session.clone();
             match session.client.state() {

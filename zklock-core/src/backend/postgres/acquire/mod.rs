@@ -1,8 +1,9 @@
-//! One acquire on the PostgreSQL backend, top-down: [`Acquire::run`] reserves the lock id on a
-//! connection, decides whether the attempt waits in the server's queue (a permit, taken in the
-//! order the backend's waiters came), sends the attempt ([`attempt`](fn@attempt): a try; [`block`]:
-//! a wait in the server's queue), and turns its answer into a hold, a retry, or a wait for a
-//! notified release. What an attempt may have left on its connection is undone by [`Unfinished`]
+//! One acquire on the PostgreSQL backend, top-down, as the acquire driver runs it:
+//! [`Acquire::attempt_once`] reserves the lock id on a connection, decides whether the attempt
+//! waits in the server's queue (a permit, taken in the order the backend's waiters came), sends
+//! the attempt ([`attempt`](fn@attempt): a try; [`block`]: a wait in the server's queue), and
+//! turns its answer into a hold, a retry, or a wait for a notified release
+//! ([`Acquire::taken`]). What an attempt may have left on its connection is undone by [`Unfinished`]
 //! when the acquire ends without a hold.
 //!
 //! - `mod.rs`: the acquire from start to grant or give-up ([`Acquire`]), and its waits.
@@ -27,7 +28,8 @@ use super::keys::STALE_ID_RETRIES;
 use super::wire;
 use super::Inner;
 use crate::backend::backoff::Backoff;
-use crate::backend::{BoxFuture, LockTarget};
+use crate::backend::undos::Undos;
+use crate::backend::{Acquisition, BoxFuture, LockTarget, Step};
 use crate::types::error::Result;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
@@ -114,6 +116,8 @@ pub(super) struct Acquire<'a> {
     /// This acquire's place in the line for a permit, once it waits by retrying: the
     /// backend's waiters take freed waits in the server's queue in the order they came.
     turn: Option<BoxFuture<'static, Option<OwnedSemaphorePermit>>>,
+    /// The last attempt that found the lock taken was a wait in the server's queue.
+    blocked: bool,
 }
 
 impl<'a> Acquire<'a> {
@@ -137,29 +141,29 @@ impl<'a> Acquire<'a> {
             permit: None,
             taken_once: false,
             turn: None,
+            blocked: false,
         }
     }
 
-    /// Acquires the hold, waiting as `wait` says: in the server's lock queue while a permit
-    /// is free, else by retrying on notified releases. `None`: a try found the lock taken.
-    pub(super) async fn run(mut self) -> Result<Option<PgHold>> {
-        loop {
-            if !self.reserve().await? || !self.queue_wait().await? {
-                continue;
+    /// One attempt, on the lock id reserved on a connection (and a wait in the server's
+    /// queue when a permit is free): held, taken (the wait follows, see [`taken`](Self::taken)),
+    /// or again (the key table's row went stale, or the attempt failed and is retried).
+    async fn attempt_once(&mut self) -> Result<Step> {
+        while !self.reserve().await? || !self.queue_wait().await? {}
+        let blocked = self.unfinished.as_ref().expect("reserved").blocked;
+        match self.attempt(blocked).await {
+            Ok(Attempt::Granted(token, waiting, waiters)) => {
+                let hold = self.granted(token, waiting, waiters).await;
+                Ok(Step::Held(vec![Arc::new(hold)]))
             }
-            let blocked = self.unfinished.as_ref().expect("reserved").blocked;
-            match self.attempt(blocked).await {
-                Ok(Attempt::Granted(token, waiting, waiters)) => {
-                    return Ok(Some(self.granted(token, waiting, waiters).await));
-                }
-                Ok(Attempt::Stale) => self.stale_id(None)?,
-                Ok(Attempt::Taken) if matches!(self.wait, Wait::Never) => {
-                    self.inner.mark_contended(self.id());
-                    return Ok(None);
-                }
-                Ok(Attempt::Taken) => self.taken(blocked).await?,
-                Err(e) => self.failed(e).await?,
+            Ok(Attempt::Stale) => self.stale_id(None).map(|()| Step::Again),
+            Ok(Attempt::Taken) => {
+                self.backoff.reset();
+                self.inner.mark_contended(self.id());
+                self.blocked = blocked;
+                Ok(Step::Busy)
             }
+            Err(e) => self.failed(e).await.map(|()| Step::Again),
         }
     }
 
@@ -185,12 +189,13 @@ impl<'a> Acquire<'a> {
         let inner = self.inner;
         let reserved = async {
             let id = inner.id_of(&self.target.path).await?;
-            inner.undos.finished(&id).await;
+            // This acquire's own undo of an earlier attempt too.
+            inner.undos.finished(&self.target.path).await;
             inner.pool.reserve(id).await
         };
         match reserved.await {
             Ok(reservation) => {
-                let p = Unfinished::new(inner, reservation, self.shared, false);
+                let p = Unfinished::new(inner, &self.target.path, reservation, self.shared, false);
                 self.unfinished = Some(p);
                 Ok(true)
             }
@@ -240,7 +245,8 @@ impl<'a> Acquire<'a> {
         }
         match inner.pool.reserve_blocked(p.id()).await {
             Ok(Some(reservation)) => {
-                let mut p = Unfinished::new(inner, reservation, self.shared, true);
+                let mut p =
+                    Unfinished::new(inner, &self.target.path, reservation, self.shared, true);
                 p.permit = self.permit.take();
                 // Nothing armed on the one before: given back at once (a writer's intent
                 // undone).
@@ -330,10 +336,8 @@ impl<'a> Acquire<'a> {
     /// The attempt found the lock taken: a wait in the server's queue whose slice ran out
     /// waits again; otherwise the acquire gets in line for a wait there, and meanwhile waits
     /// for a notified release (a writer behind its intent).
-    async fn taken(&mut self, blocked: bool) -> Result<()> {
-        self.backoff.reset();
-        self.inner.mark_contended(self.id());
-        if blocked {
+    async fn taken(&mut self) -> Result<()> {
+        if self.blocked {
             return Ok(());
         }
         self.taken_once = true;
@@ -417,5 +421,25 @@ impl<'a> Acquire<'a> {
             return Ok(());
         }
         Err(pg_error("acquire the lock")(e))
+    }
+}
+
+impl Acquisition for Acquire<'_> {
+    fn undos(&self) -> Option<&Undos> {
+        Some(&self.inner.undos)
+    }
+
+    /// The entry is the lock id reserved on a connection, which each attempt makes sure of
+    /// (a lost connection: reserved again elsewhere).
+    fn enter(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(self.attempt_once())
+    }
+
+    fn wait(&mut self) -> BoxFuture<'_, Result<Step>> {
+        Box::pin(async move { self.taken().await.map(|()| Step::Again) })
     }
 }

@@ -20,6 +20,8 @@ use crate::types::loss::LossReason;
 /// there: undone in the background when dropped armed, and the id given back after.
 pub(super) struct Unfinished {
     inner: Arc<Inner>,
+    /// The lock's path: what the undo is counted under.
+    path: Arc<str>,
     pub(super) reservation: Option<Reservation>,
     shared: bool,
     /// A writer's intent is held on the connection.
@@ -46,12 +48,14 @@ pub(super) struct InFlight {
 impl Unfinished {
     pub(super) fn new(
         inner: &Arc<Inner>,
+        path: &Arc<str>,
         reservation: Reservation,
         shared: bool,
         blocked: bool,
     ) -> Unfinished {
         Unfinished {
             inner: inner.clone(),
+            path: path.clone(),
             reservation: Some(reservation),
             shared,
             intent: false,
@@ -84,7 +88,7 @@ impl Drop for Unfinished {
         let (shared, intent, armed, blocked) = (self.shared, self.intent, self.armed, self.blocked);
         let in_flight = self.in_flight.take();
         let permit = self.permit.take();
-        let undoing = self.inner.undos.start(&reservation.id);
+        let undoing = self.inner.undos.start(&self.path);
         let inner = self.inner.clone();
         self.inner.background.spawn(&self.inner.runtime, async move {
             let conn = &reservation.conn;

@@ -73,7 +73,7 @@ pub(crate) struct Inner {
     /// Undos of dropped acquires under way, per lock (its exclusive key's name): a later
     /// acquire of the lock in this process waits for them, so that it never finds what an
     /// acquire it gave up on left (a place in a mutex's queue, a hand-over to it, an intent).
-    pub(super) undos: Arc<Undos<String>>,
+    pub(super) undos: Arc<Undos>,
     /// Ends the Sentinel watch (see [`sentinel::watch`]) when the backend goes: dropped with
     /// it.
     pub(super) _sentinel_stop: Option<tokio::sync::oneshot::Sender<()>>,

@@ -78,6 +78,8 @@ pub(crate) const NOTIFY_PREFIX: &str = "zklock:notify:";
 /// The names of one lock path's keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
+    /// The lock path the keys are named after (what the process's undos are counted by).
+    pub(crate) path: std::sync::Arc<str>,
     pub(crate) exclusive: String,
     pub(crate) shared: String,
     pub(crate) intent: String,
@@ -117,6 +119,7 @@ impl Keys {
             name
         };
         Keys {
+            path: path.into(),
             exclusive: name("lock"),
             shared: name("shared"),
             intent: name("intent"),

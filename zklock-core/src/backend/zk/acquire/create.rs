@@ -3,8 +3,6 @@
 
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
 use super::super::error::{connection_lost, is_no_node, zk_error};
 use super::super::path::{check_path_acl, ensure_parents, PATH_VANISHED_RETRIES};
 use super::super::queue::CuratorMode;
@@ -38,7 +36,6 @@ pub(crate) async fn create_node(
     path: &Arc<str>,
     key: &Arc<str>,
     kind: HoldMode,
-    deadline: Option<Instant>,
 ) -> Result<NewNode> {
     let attempt = Attempt {
         inner,
@@ -47,7 +44,6 @@ pub(crate) async fn create_node(
         key,
         kind,
         data: &inner.node_data,
-        deadline,
     };
     let ticket = inner.enter_dir(path);
     let mut unfinished = Unfinished::new(inner, &session.client, path);
@@ -88,7 +84,6 @@ pub(super) struct Attempt<'a> {
     pub(super) kind: HoldMode,
     /// The new node's data: who made it (a leader latch's participant id).
     pub(super) data: &'a [u8],
-    pub(super) deadline: Option<Instant>,
 }
 
 impl Attempt<'_> {
@@ -135,9 +130,7 @@ impl Attempt<'_> {
                 }
                 Err(ref err) if connection_lost(err) => {
                     // The create may have happened: find it by its protected prefix.
-                    self.session
-                        .wait_connected("create the contender node", self.deadline)
-                        .await?;
+                    self.session.wait_connected().await?;
                     if let Some(found) = self.find_own(unfinished).await? {
                         return Ok(found);
                     }
@@ -226,17 +219,15 @@ impl Attempt<'_> {
         }
     }
 
-    /// Waits out a connection loss of this acquire's session (until its deadline); any other
-    /// error, or the end of the session, ends the acquire.
+    /// Waits out a connection loss of this acquire's session; any other error, or the end of
+    /// the session, ends the acquire.
     pub(super) async fn retry_or_fail(
         &self,
         operation: &'static str,
         err: zookeeper_client::Error,
     ) -> Result<()> {
         match err {
-            err if connection_lost(&err) => {
-                self.session.wait_connected(operation, self.deadline).await
-            }
+            err if connection_lost(&err) => self.session.wait_connected().await,
             err => Err(zk_error(operation, self.path, err)),
         }
     }

@@ -19,39 +19,140 @@ use super::queue::{CuratorMode, Queue, Refused};
 use super::session::{delete_in_background, Session};
 use super::wire::REVOKE_MESSAGE;
 use super::Inner;
-use crate::backend::BoxFuture;
+use crate::backend::{Acquisition, BoxFuture, Step};
 use crate::types::error::{Error, Result};
 use crate::types::mode::HoldMode;
-use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
 pub(crate) use create::create_node;
 use create::Attempt;
 use floor::{DirTicket, Incarnation};
 use undo::Unfinished;
 
-/// Acquires one contender node of `kind` under `path`: `Ok(None)` only for [`Wait::Never`]
-/// when the lock is taken. The node, every listing and the granted floor belong to the session
-/// that is live when the acquire starts; if it ends meanwhile, so does the acquire.
-pub(crate) async fn acquire_node(
-    inner: &Arc<Inner>,
-    path: &Arc<str>,
-    key: &Arc<str>,
+/// An acquire of one contender node of `kind` under `path`, for the driver
+/// ([`drive`](crate::backend::drive)). The node, every listing and the granted floor belong to
+/// the session that is live when it enters; if that session ends meanwhile, so does the
+/// acquire. What it grants is `H`: the seam's shared hold, or the [`Granted`] node itself (a
+/// semaphore's gate).
+pub(crate) struct NodeAcquisition<'a> {
+    inner: &'a Arc<Inner>,
+    path: &'a Arc<str>,
+    key: &'a Arc<str>,
     kind: HoldMode,
-    data: Option<&[u8]>,
-    wait: Wait,
-) -> Result<Option<Granted>> {
-    let session = inner.live_session(wait.deadline()).await?;
-    Attempt {
-        inner,
-        session,
-        path,
-        key,
-        kind,
-        data: data.unwrap_or(&inner.node_data),
-        deadline: wait.deadline(),
+    data: &'a [u8],
+    entered: Option<Entered<'a>>,
+}
+
+/// A node acquire once entered: its attempt on the live session, the path's local state, the
+/// node to delete if it ends without a hold, and what it knows while it waits.
+struct Entered<'a> {
+    attempt: Attempt<'a>,
+    ticket: DirTicket,
+    unfinished: Unfinished,
+    waiting: Option<Waiting>,
+}
+
+impl<'a> NodeAcquisition<'a> {
+    /// An acquire of a node of `kind` under `path`, with `data` (by default the manager's).
+    pub(crate) fn new(
+        inner: &'a Arc<Inner>,
+        path: &'a Arc<str>,
+        key: &'a Arc<str>,
+        kind: HoldMode,
+        data: Option<&'a [u8]>,
+    ) -> Self {
+        NodeAcquisition {
+            inner,
+            path,
+            key,
+            kind,
+            data: data.unwrap_or(&inner.node_data),
+            entered: None,
+        }
     }
-    .acquire(wait)
-    .await
+
+    /// Whether anything still blocks the node: busy, or granted.
+    async fn blocked_or_granted<H: FromGranted>(&mut self) -> Result<Step<H>> {
+        let e = self.entered.as_mut().expect("entered");
+        let waiting = e.waiting.as_mut().expect("created");
+        if e.attempt.blocked(waiting, &e.ticket, &e.unfinished).await? {
+            waiting.alone = None;
+            return Ok(Step::Busy);
+        }
+        let Entered {
+            attempt,
+            ticket,
+            unfinished,
+            waiting,
+        } = self.entered.take().expect("entered");
+        let granted = attempt.grant(waiting.expect("created"), ticket, unfinished)?;
+        Ok(Step::Held(vec![H::from_granted(granted)]))
+    }
+}
+
+/// What a node acquire grants: made from the granted node (the seam's shared hold: see
+/// `hold`).
+pub(crate) trait FromGranted: Send {
+    fn from_granted(granted: Granted) -> Self;
+}
+
+impl FromGranted for Granted {
+    fn from_granted(granted: Granted) -> Self {
+        granted
+    }
+}
+
+impl<H: FromGranted> Acquisition<H> for NodeAcquisition<'_> {
+    fn enter(&mut self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let inner = self.inner;
+            let session = inner.live_session().await?;
+            let unfinished = Unfinished::new(inner, &session.client, self.path);
+            self.entered = Some(Entered {
+                attempt: Attempt {
+                    inner,
+                    session,
+                    path: self.path,
+                    key: self.key,
+                    kind: self.kind,
+                    data: self.data,
+                },
+                ticket: inner.enter_dir(self.path),
+                unfinished,
+                waiting: None,
+            });
+            Ok(())
+        })
+    }
+
+    /// Creates the node and lists the queue it joined (one round trip).
+    fn attempt(&mut self) -> BoxFuture<'_, Result<Step<H>>> {
+        Box::pin(async move {
+            let e = self.entered.as_mut().expect("entered");
+            e.waiting = Some(e.attempt.start(&mut e.unfinished).await?);
+            self.blocked_or_granted().await
+        })
+    }
+
+    /// Watches the blockers not watched yet (and our own node); when there was nothing new to
+    /// watch, waits for the next event. Past the wait's deadline the recipe drops the acquire
+    /// (and reports the timeout): the node, dropped unfinished, is deleted.
+    fn wait(&mut self) -> BoxFuture<'_, Result<Step<H>>> {
+        Box::pin(async move {
+            let e = self.entered.as_mut().expect("entered");
+            let waiting = e.waiting.as_mut().expect("created");
+            if !e.attempt.watch_blockers(waiting, &mut e.unfinished).await? {
+                e.attempt.next_event(waiting, &mut e.unfinished).await?;
+            }
+            self.blocked_or_granted().await
+        })
+    }
+
+    fn give_up(&mut self) -> BoxFuture<'_, ()> {
+        if let Some(e) = self.entered.as_mut() {
+            e.unfinished.cancel_now();
+        }
+        Box::pin(async {})
+    }
 }
 
 /// The data watch a waiter set on its own node while it waited (one request in the round that
@@ -114,23 +215,6 @@ struct Waiting {
 }
 
 impl Attempt<'_> {
-    async fn acquire(&self, wait: Wait) -> Result<Option<Granted>> {
-        let ticket = self.inner.enter_dir(self.path);
-        let mut unfinished = Unfinished::new(self.inner, &self.session.client, self.path);
-        let mut waiting = self.start(&mut unfinished).await?;
-        while self.blocked(&mut waiting, &ticket, &unfinished).await? {
-            waiting.alone = None;
-            if matches!(wait, Wait::Never) {
-                unfinished.cancel_now();
-                return Ok(None);
-            }
-            if !self.watch_blockers(&mut waiting, &mut unfinished).await? {
-                self.next_event(&mut waiting, &mut unfinished).await?;
-            }
-        }
-        self.grant(waiting, ticket, unfinished).map(Some)
-    }
-
     /// Creates our node, lists the queue it joined, and checks the path's ACL: with
     /// credentials, a path that lets others delete our node is refused before any grant (our
     /// node, in `unfinished`, is deleted with the error).

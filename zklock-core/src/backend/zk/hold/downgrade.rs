@@ -31,7 +31,6 @@ pub(super) fn downgrade(
             &target.path,
             &target.key,
             HoldMode::Read,
-            None,
         )
         .await?;
         let children = made.children;

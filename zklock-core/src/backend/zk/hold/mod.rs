@@ -15,11 +15,11 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::acquire::floor::DirTicket;
-use super::acquire::{Granted, HandedWatch};
+use super::acquire::{FromGranted, Granted, HandedWatch};
 use super::error::{connection_lost, zk_error};
 use super::session::{delete_in_background, wait_reconnect, Health, Session};
 use super::Inner;
-use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget, Revocable};
+use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget, Revocable, SharedHold};
 use crate::metrics;
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
@@ -450,5 +450,12 @@ impl BackendHold for Hold {
     /// session; the write node must be kept if a writer queued between the two.
     fn downgrade(self: Arc<Self>, target: LockTarget) -> BoxFuture<'static, Result<Downgraded>> {
         downgrade::downgrade(self, target)
+    }
+}
+
+impl FromGranted for SharedHold {
+    /// A granted node becomes a hold at once, in the same poll.
+    fn from_granted(granted: Granted) -> Self {
+        Arc::new(Hold::granted(granted))
     }
 }
