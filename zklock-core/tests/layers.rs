@@ -503,10 +503,15 @@ const LONG_TEST_FNS_ALLOWED: &[&str] = &[
 /// Every function of a source file (free, in an impl or a trait, nested or not) with its first
 /// line and the lines it spans.
 fn function_lengths(source: &str) -> syn::Result<Vec<(String, usize, usize)>> {
+    lengths_of(source, false)
+}
+
+/// [`function_lengths`], without the functions of `mod tests` blocks when `library`.
+fn lengths_of(source: &str, library: bool) -> syn::Result<Vec<(String, usize, usize)>> {
     use syn::spanned::Spanned;
     use syn::visit::Visit;
 
-    struct Lengths(Vec<(String, usize, usize)>);
+    struct Lengths(Vec<(String, usize, usize)>, bool);
     impl Lengths {
         fn add(&mut self, sig: &syn::Signature, block: &syn::Block) {
             let first = sig.span().start().line;
@@ -516,6 +521,11 @@ fn function_lengths(source: &str) -> syn::Result<Vec<(String, usize, usize)>> {
         }
     }
     impl<'ast> Visit<'ast> for Lengths {
+        fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+            if !(self.1 && m.ident == "tests") {
+                syn::visit::visit_item_mod(self, m);
+            }
+        }
         fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
             self.add(&f.sig, &f.block);
             syn::visit::visit_item_fn(self, f);
@@ -532,9 +542,55 @@ fn function_lengths(source: &str) -> syn::Result<Vec<(String, usize, usize)>> {
         }
     }
     let file = syn::parse_file(source)?;
-    let mut lengths = Lengths(Vec::new());
+    let mut lengths = Lengths(Vec::new(), library);
     lengths.visit_file(&file);
     Ok(lengths.0)
+}
+
+/// The source folders of the workspace's libraries and binaries.
+const LIBRARY_FOLDERS: &[&str] = &[
+    "zklock-core/src",
+    "zklock-cli/src",
+    "zklock-macros/src",
+    "zklock-testkit/src",
+    "src",
+];
+
+/// The most lines a function of the libraries may span (as [`MAX_TEST_FN_LINES`] counts).
+const MAX_LIBRARY_FN_LINES: usize = 80;
+
+#[test]
+fn no_library_function_is_over_80_lines() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut files = Vec::new();
+    for folder in LIBRARY_FOLDERS {
+        rust_files(&workspace.join(folder), &mut files);
+    }
+    files.sort();
+    let mut long = Vec::new();
+    for file in &files {
+        let shown = file.strip_prefix(workspace).unwrap().to_string_lossy();
+        // A crate's unit tests in a file of their own are tests.
+        if shown.ends_with("/tests.rs") {
+            continue;
+        }
+        match lengths_of(&fs::read_to_string(file).unwrap(), true) {
+            Ok(lengths) => long.extend(
+                lengths
+                    .into_iter()
+                    .filter(|(_, _, lines)| *lines > MAX_LIBRARY_FN_LINES)
+                    .map(|(name, line, lines)| format!("{shown}:{line} fn {name}: {lines} lines")),
+            ),
+            Err(e) => long.push(format!("{shown}: not read as Rust ({e})")),
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "{} library functions over {MAX_LIBRARY_FN_LINES} lines (split each into named \
+         steps):\n{}",
+        long.len(),
+        long.join("\n")
+    );
 }
 
 /// `file:line fn name: N lines` for each function of `source` over `MAX_TEST_FN_LINES`.

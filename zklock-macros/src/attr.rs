@@ -169,17 +169,7 @@ impl Args {
             once(&self.mode, &name, "mode")?;
             let lit = value::<LitStr>(input, "mode = \"read\"")?;
             self.spans.mode = Some(lit.span());
-            self.mode = Some(match lit.value().as_str() {
-                "exclusive" => Mode::Exclusive,
-                "read" => Mode::Read,
-                "write" => Mode::Write,
-                other => {
-                    return Err(syn::Error::new_spanned(
-                        &lit,
-                        format!("unknown lock mode \"{other}\"; expected \"exclusive\", \"read\" or \"write\""),
-                    ))
-                }
-            });
+            self.mode = Some(mode_of(&lit)?);
         } else if lookahead.peek(kw::timeout) {
             let name = input.parse::<kw::timeout>()?;
             once(&self.timeout, &name, "timeout")?;
@@ -198,42 +188,19 @@ impl Args {
             once(&self.on_lost, &name, "on_lost")?;
             let lit = value::<LitStr>(input, "on_lost = \"continue\"")?;
             self.spans.on_lost = Some(lit.span());
-            self.on_lost = Some(match lit.value().as_str() {
-                "abort" => OnLost::Abort,
-                "continue" => OnLost::Continue,
-                other => {
-                    return Err(syn::Error::new_spanned(
-                        &lit,
-                        format!("unknown on_lost \"{other}\"; expected \"abort\" or \"continue\""),
-                    ))
-                }
-            });
+            self.on_lost = Some(on_lost_of(&lit)?);
         } else if lookahead.peek(Token![crate]) {
             let name = input.parse::<Token![crate]>()?;
             once(&self.krate, &name, "crate")?;
             let lit = value::<LitStr>(input, "crate = \"my_zklock\"")?;
-            let path = lit.parse::<Path>().map_err(|_| {
-                syn::Error::new_spanned(
-                    &lit,
-                    format!(
-                        "\"{}\" is not a path; name the zklock crate as your Cargo.toml renames it, as in crate = \"my_zklock\"",
-                        lit.value()
-                    ),
-                )
-            })?;
-            self.krate = Some(path);
+            self.krate = Some(crate_path(&lit)?);
         } else if lookahead.peek(kw::skip_if_locked) {
             let name = input.parse::<kw::skip_if_locked>()?;
             once(&self.skip_if_locked, &name, "skip_if_locked")?;
-            if input.peek(Token![=]) {
-                let eq = input.parse::<Token![=]>()?;
-                let value = input.parse::<proc_macro2::TokenTree>().ok();
-                let err = "`skip_if_locked` takes no value: write `skip_if_locked` alone";
-                return Err(match value {
-                    Some(value) => syn::Error::new_spanned(value, err),
-                    None => syn::Error::new_spanned(eq, err),
-                });
-            }
+            no_value(
+                input,
+                "`skip_if_locked` takes no value: write `skip_if_locked` alone",
+            )?;
             self.skip_if_locked = Some(name.span);
         } else if lookahead.peek(kw::at_least) {
             let name = input.parse::<kw::at_least>()?;
@@ -256,6 +223,57 @@ impl Args {
         }
         Ok(())
     }
+}
+
+/// The lock mode `lit` names.
+fn mode_of(lit: &LitStr) -> syn::Result<Mode> {
+    match lit.value().as_str() {
+        "exclusive" => Ok(Mode::Exclusive),
+        "read" => Ok(Mode::Read),
+        "write" => Ok(Mode::Write),
+        other => Err(syn::Error::new_spanned(
+            lit,
+            format!("unknown lock mode \"{other}\"; expected \"exclusive\", \"read\" or \"write\""),
+        )),
+    }
+}
+
+/// What `on_lost` `lit` names.
+fn on_lost_of(lit: &LitStr) -> syn::Result<OnLost> {
+    match lit.value().as_str() {
+        "abort" => Ok(OnLost::Abort),
+        "continue" => Ok(OnLost::Continue),
+        other => Err(syn::Error::new_spanned(
+            lit,
+            format!("unknown on_lost \"{other}\"; expected \"abort\" or \"continue\""),
+        )),
+    }
+}
+
+/// The path of the zklock crate that `crate = "…"` names.
+fn crate_path(lit: &LitStr) -> syn::Result<Path> {
+    lit.parse::<Path>().map_err(|_| {
+        syn::Error::new_spanned(
+            lit,
+            format!(
+                "\"{}\" is not a path; name the zklock crate as your Cargo.toml renames it, as in crate = \"my_zklock\"",
+                lit.value()
+            ),
+        )
+    })
+}
+
+/// Refuses a value after a flag option (`= …`), with `err`, at the value.
+fn no_value(input: ParseStream<'_>, err: &str) -> syn::Result<()> {
+    if !input.peek(Token![=]) {
+        return Ok(());
+    }
+    let eq = input.parse::<Token![=]>()?;
+    let value = input.parse::<proc_macro2::TokenTree>().ok();
+    Err(match value {
+        Some(value) => syn::Error::new_spanned(value, err),
+        None => syn::Error::new_spanned(eq, err),
+    })
 }
 
 /// Refuses a second occurrence of an option, at its name.

@@ -377,89 +377,11 @@ fn gen_function(args: &Args, func: ItemFn, ret: &Type, key: Key) -> TokenStream 
         Key::Text(text) => quote!(::std::string::String::from(#text)),
         Key::Format(format, values) => quote!(#private::format!(#format, #(#values),*)),
     };
+    let manager = manager(args, &private, &private_at_ret, ret_span);
 
-    // The manager, as an owned handle so that the body may move every parameter.
-    let manager = match &args.manager {
-        Some(expr) => {
-            let private = respan(private.clone(), expr.span());
-            quote_spanned! {expr.span()=>
-                ::core::clone::Clone::clone(#private::AsLockManager::as_lock_manager(&(#expr)))
-            }
-        }
-        None => quote_spanned!(ret_span=> #private_at_ret::global().await?),
-    };
-
-    let mut options = Vec::new();
-    if let Some(mode) = args.mode {
-        let mode = format_ident!(
-            "{}",
-            match mode {
-                Mode::Exclusive => "Exclusive",
-                Mode::Read => "Read",
-                Mode::Write => "Write",
-            }
-        );
-        options.push(quote!(mode: #private::Mode::#mode));
-    }
-    if let Some(millis) = args.timeout {
-        let duration = duration(millis);
-        options.push(quote!(timeout: ::core::option::Option::Some(#duration)));
-    }
-    if let Some(on_lost) = args.on_lost {
-        let on_lost = format_ident!(
-            "{}",
-            match on_lost {
-                OnLost::Abort => "Abort",
-                OnLost::Continue => "Continue",
-            }
-        );
-        options.push(quote!(on_lost: #private::OnLost::#on_lost));
-    }
-    let options = if options.is_empty() {
-        quote!(#private::Options::new())
-    } else {
-        quote!(#private::Options { #(#options,)* ..#private::Options::new() })
-    };
-    let job_options = {
-        let wait = match args.timeout {
-            Some(millis) => {
-                let duration = duration(millis);
-                quote!(::core::option::Option::Some(#duration))
-            }
-            None => quote!(::core::option::Option::None),
-        };
-        let window = |millis: Option<u64>| match millis {
-            Some(millis) => {
-                let duration = duration(millis);
-                quote!(::core::option::Option::Some(#duration))
-            }
-            None => quote!(::core::option::Option::None),
-        };
-        let (at_least, at_most) = (window(args.at_least), window(args.at_most));
-        quote!(#private::JobOptions { wait: #wait, at_least: #at_least, at_most: #at_most })
-    };
-
-    // A return edge that never runs, typed as the fn's return type: the body's `?` and
-    // `return` infer against it, and a mismatch is blamed on the signature (tracing does so).
-    let fake_return_edge = if contains_impl_trait(body_ret) {
-        quote!()
-    } else {
-        let ret = body_ret;
-        quote_spanned! {ret_span=>
-            #[allow(
-                unknown_lints,
-                unreachable_code,
-                clippy::diverging_sub_expression,
-                clippy::empty_loop,
-                clippy::let_unit_value,
-                clippy::needless_return
-            )]
-            if false {
-                let __zklock_fake_return: #ret = loop {};
-                return __zklock_fake_return;
-            }
-        }
-    };
+    let options = call_options(args, &private);
+    let job_options = job_options(args, &private);
+    let fake_return_edge = fake_return_edge(body_ret, ret_span);
     let stmts = &block.stmts;
     let body = quote! {
         async move {
@@ -492,6 +414,104 @@ fn gen_function(args: &Args, func: ItemFn, ret: &Type, key: Key) -> TokenStream 
             let #key_var = #key;
             let #manager_var = #manager;
             #run
+        }
+    }
+}
+
+/// The manager, as an owned handle so that the body may move every parameter: the
+/// attribute's `manager = …`, else the global one (its error converted at the return type).
+fn manager(
+    args: &Args,
+    private: &TokenStream,
+    private_at_ret: &TokenStream,
+    ret_span: Span,
+) -> TokenStream {
+    match &args.manager {
+        Some(expr) => {
+            let private = respan(private.clone(), expr.span());
+            quote_spanned! {expr.span()=>
+                ::core::clone::Clone::clone(#private::AsLockManager::as_lock_manager(&(#expr)))
+            }
+        }
+        None => quote_spanned!(ret_span=> #private_at_ret::global().await?),
+    }
+}
+
+/// The `Options` of a lock's run: the attribute's mode, timeout and `on_lost`.
+fn call_options(args: &Args, private: &TokenStream) -> TokenStream {
+    let mut options = Vec::new();
+    if let Some(mode) = args.mode {
+        let mode = format_ident!(
+            "{}",
+            match mode {
+                Mode::Exclusive => "Exclusive",
+                Mode::Read => "Read",
+                Mode::Write => "Write",
+            }
+        );
+        options.push(quote!(mode: #private::Mode::#mode));
+    }
+    if let Some(millis) = args.timeout {
+        let duration = duration(millis);
+        options.push(quote!(timeout: ::core::option::Option::Some(#duration)));
+    }
+    if let Some(on_lost) = args.on_lost {
+        let on_lost = format_ident!(
+            "{}",
+            match on_lost {
+                OnLost::Abort => "Abort",
+                OnLost::Continue => "Continue",
+            }
+        );
+        options.push(quote!(on_lost: #private::OnLost::#on_lost));
+    }
+    if options.is_empty() {
+        quote!(#private::Options::new())
+    } else {
+        quote!(#private::Options { #(#options,)* ..#private::Options::new() })
+    }
+}
+
+/// The `JobOptions` of a job's run: its wait and its `at_least` / `at_most` windows.
+fn job_options(args: &Args, private: &TokenStream) -> TokenStream {
+    let wait = match args.timeout {
+        Some(millis) => {
+            let duration = duration(millis);
+            quote!(::core::option::Option::Some(#duration))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let window = |millis: Option<u64>| match millis {
+        Some(millis) => {
+            let duration = duration(millis);
+            quote!(::core::option::Option::Some(#duration))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+    let (at_least, at_most) = (window(args.at_least), window(args.at_most));
+    quote!(#private::JobOptions { wait: #wait, at_least: #at_least, at_most: #at_most })
+}
+
+/// A return edge that never runs, typed as the fn's return type: the body's `?` and `return`
+/// infer against it, and a mismatch is blamed on the signature (tracing does so).
+fn fake_return_edge(body_ret: &Type, ret_span: Span) -> TokenStream {
+    if contains_impl_trait(body_ret) {
+        quote!()
+    } else {
+        let ret = body_ret;
+        quote_spanned! {ret_span=>
+            #[allow(
+                unknown_lints,
+                unreachable_code,
+                clippy::diverging_sub_expression,
+                clippy::empty_loop,
+                clippy::let_unit_value,
+                clippy::needless_return
+            )]
+            if false {
+                let __zklock_fake_return: #ret = loop {};
+                return __zklock_fake_return;
+            }
         }
     }
 }

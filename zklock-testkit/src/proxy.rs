@@ -506,6 +506,28 @@ fn inspect(
     }
 }
 
+/// The next complete frame at the start of `buf`, taken out of it (`None`: none complete yet).
+/// What does not parse as ZooKeeper's length-prefixed frames (a length out of range) turns the
+/// stream `raw`: from then on, whatever is in the buffer is handed on as it comes.
+fn next_frame(buf: &mut Vec<u8>, raw: &mut bool) -> Option<Vec<u8>> {
+    if !*raw {
+        if buf.len() < 4 {
+            return None;
+        }
+        let len = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        if len >= 0 && len as usize <= MAX_FRAME {
+            let total = 4 + len as usize;
+            if buf.len() < total {
+                return None;
+            }
+            let rest = buf.split_off(total);
+            return Some(std::mem::replace(buf, rest));
+        }
+        *raw = true;
+    }
+    (!buf.is_empty()).then(|| std::mem::take(buf))
+}
+
 /// Forwards frames from `from` to `to`, applying the proxy's faults.
 async fn pump<R, W>(
     mut from: R,
@@ -548,26 +570,8 @@ where
                 if held {
                     break;
                 }
-                let frame = if raw {
-                    if buf.is_empty() {
-                        break;
-                    }
-                    std::mem::take(&mut buf)
-                } else {
-                    if buf.len() < 4 {
-                        break;
-                    }
-                    let len = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
-                    if len < 0 || len as usize > MAX_FRAME {
-                        raw = true;
-                        continue;
-                    }
-                    let total = 4 + len as usize;
-                    if buf.len() < total {
-                        break;
-                    }
-                    let rest = buf.split_off(total);
-                    std::mem::replace(&mut buf, rest)
+                let Some(frame) = next_frame(&mut buf, &mut raw) else {
+                    break;
                 };
                 if !raw {
                     match inspect(&frame, handshake, dir, shared, drop_xids) {
