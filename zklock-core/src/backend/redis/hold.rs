@@ -33,6 +33,7 @@ use super::error::{loss_of, server_error, transient};
 use super::wire::keys::{self, Keys};
 use super::wire::scripts;
 use crate::backend::backoff::Backoff;
+use crate::backend::others::{Others, OthersState};
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, Result};
@@ -79,24 +80,11 @@ impl Loss for RedisLoss {
     }
 }
 
-/// What a mutex hold knows of other processes that want its lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Others {
-    /// Nobody asked yet, or the check is under way.
-    Unknown,
-    /// The hold's process listens for the word of a first waiter (see
-    /// `scripts::ACQUIRE_MUTEX`), and the queue held no live waiter after it started to.
-    Nobody,
-    /// Another process waits or tried, or may have: the listening connection broke, or could
-    /// not be opened, or the check failed.
-    Maybe,
-}
-
 /// A mutex hold's watch for other processes: started by the first question (a lingering
 /// release, a local handoff), then kept for the hold's life, so a hold taken again and again
 /// within its linger asks nothing more.
 struct OthersWatch {
-    state: watch::Sender<Others>,
+    state: OthersState,
     /// The task that listens; aborted when the hold ends.
     task: StdMutex<Option<AbortHandle>>,
     started: AtomicBool,
@@ -105,7 +93,7 @@ struct OthersWatch {
 impl OthersWatch {
     fn new() -> OthersWatch {
         OthersWatch {
-            state: watch::channel(Others::Unknown).0,
+            state: OthersState::new(),
             task: StdMutex::new(None),
             started: AtomicBool::new(false),
         }
@@ -128,19 +116,17 @@ impl OthersWatch {
                 if inner.others_queued(&keys).await.ok()? || listener.woken() {
                     return None;
                 }
-                // Unless the hold's end said Maybe meanwhile (an abort lands at an await).
-                state.send_if_modified(|s| {
-                    let unknown = *s == Others::Unknown;
-                    if unknown {
-                        *s = Others::Nobody;
-                    }
-                    unknown
-                });
+                // Nobody: the hold's process listens for the word of a first waiter (see
+                // `scripts::ACQUIRE_MUTEX`), and the queue held no live waiter after it started
+                // to. Unless the hold's end said Maybe meanwhile (an abort lands at an await).
+                state.nobody();
                 listener.wake_up().await;
                 None::<()>
             };
             verdict.await;
-            state.send_replace(Others::Maybe);
+            // Another process waits or tried, or may have: the listening connection broke,
+            // or could not be opened, or the check failed.
+            state.maybe();
         });
         *self.task.lock().expect("not poisoned") = Some(task.abort_handle());
         // The hold may have ended while the task started: its end stops nothing yet.
@@ -154,7 +140,7 @@ impl OthersWatch {
         if let Some(task) = self.task.lock().expect("not poisoned").take() {
             task.abort();
         }
-        self.state.send_replace(Others::Maybe);
+        self.state.maybe();
     }
 }
 
@@ -416,7 +402,7 @@ impl BackendHold for RedisHold {
     /// one request). Other holds: always, as they cannot tell.
     fn others_waiting(&self) -> bool {
         self.others()
-            .is_none_or(|o| *o.state.borrow() != Others::Nobody)
+            .is_none_or(|o| o.state.now() != Others::Nobody)
     }
 
     /// Completes once [`others_waiting`](Self::others_waiting) may be true: for a mutex hold,
@@ -424,12 +410,7 @@ impl BackendHold for RedisHold {
     /// others. What ends a lingering mutex hold.
     fn others_appeared(&self) -> BoxFuture<'static, ()> {
         match self.others() {
-            Some(o) => {
-                let mut state = o.state.subscribe();
-                Box::pin(async move {
-                    let _ = state.wait_for(|s| *s == Others::Maybe).await;
-                })
-            }
+            Some(o) => Box::pin(o.state.appeared()),
             None => Box::pin(std::future::ready(())),
         }
     }

@@ -18,13 +18,14 @@ mod others;
 use super::session::Inner;
 use super::session::LeaseState;
 use super::wire::undo_created;
+use crate::backend::others::Others;
 use crate::backend::{BackendHold, BoxFuture, Downgraded, LockTarget};
 use crate::types::error::{Error, Result};
 use crate::types::loss::{LossReason, LossSignal};
 use crate::types::mode::LockMode;
 use crate::types::token::FencingToken;
 use loss::{mark_deleted, watch_key, EtcdLoss, Own};
-use others::{Others, OthersWatch};
+use others::OthersWatch;
 
 /// A hold of one key on the session's lease.
 pub(super) struct EtcdHold {
@@ -211,23 +212,24 @@ impl BackendHold for EtcdHold {
             }
             // A question about other contenders asked before waits for its answer too.
             if let Some(others) = self.others.get() {
-                if tokio::time::timeout(self.inner.config.reply_timeout, others.known())
+                if tokio::time::timeout(self.inner.config.reply_timeout, others.state.known())
                     .await
                     .is_err()
                 {
-                    others.state_maybe();
+                    others.state.maybe();
                 }
             }
         })
     }
 
     fn others_waiting(&self) -> bool {
-        self.others().is_none_or(|o| o.now() != Others::Nobody)
+        self.others()
+            .is_none_or(|o| o.state.now() != Others::Nobody)
     }
 
     fn others_appeared(&self) -> BoxFuture<'static, ()> {
         match self.others() {
-            Some(others) => Box::pin(others.appeared()),
+            Some(others) => Box::pin(others.state.appeared()),
             None => Box::pin(std::future::ready(())),
         }
     }

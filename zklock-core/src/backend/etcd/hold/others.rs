@@ -10,59 +10,26 @@
 use std::sync::Arc;
 
 use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions};
-use tokio::sync::watch;
 
 use super::super::session::Inner;
+use crate::backend::others::OthersState;
 
-/// Whether another contender may be waiting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Others {
-    /// Not known yet: the read is under way.
-    Unknown,
-    /// None came after the hold, as far as the watch has seen.
-    Nobody,
-    /// One came, or may have (the watch broke).
-    Maybe,
-}
-
-/// The watch of one hold's lock for other contenders.
+/// The watch of one hold's lock for other contenders: the answer, and the task that finds it
+/// out (a key put under the lock's prefix after the hold's).
 pub(super) struct OthersWatch {
-    state: watch::Sender<Others>,
+    pub(super) state: OthersState,
     task: tokio::task::AbortHandle,
 }
 
 impl OthersWatch {
     /// Starts watching the keys under `prefix` for one created after `rev` other than `own`.
     pub(super) fn start(inner: &Arc<Inner>, prefix: String, own: String, rev: i64) -> OthersWatch {
-        let state = watch::Sender::new(Others::Unknown);
+        let state = OthersState::new();
         let task = inner
             .runtime
             .spawn(watch_others(inner.clone(), state.clone(), prefix, own, rev))
             .abort_handle();
         OthersWatch { state, task }
-    }
-
-    /// Gives up on an answer: "maybe".
-    pub(super) fn state_maybe(&self) {
-        self.state.send_replace(Others::Maybe);
-    }
-
-    pub(super) fn now(&self) -> Others {
-        *self.state.borrow()
-    }
-
-    /// Completes once the answer is known (or is "maybe").
-    pub(super) async fn known(&self) {
-        let mut rx = self.state.subscribe();
-        let _ = rx.wait_for(|o| *o != Others::Unknown).await;
-    }
-
-    /// Completes once another contender may be waiting.
-    pub(super) fn appeared(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut rx = self.state.subscribe();
-        async move {
-            let _ = rx.wait_for(|o| *o == Others::Maybe).await;
-        }
     }
 }
 
@@ -74,14 +41,12 @@ impl Drop for OthersWatch {
 
 async fn watch_others(
     inner: Arc<Inner>,
-    state: watch::Sender<Others>,
+    state: OthersState,
     prefix: String,
     own: String,
     rev: i64,
 ) {
-    let maybe = || {
-        state.send_replace(Others::Maybe);
-    };
+    let maybe = || state.maybe();
     // The watch first, from the server's current revision on (etcd catches up a watch that
     // starts in the past only every 100 ms), then a read for what came before it.
     let mut client = inner.client.clone();
@@ -122,9 +87,7 @@ async fn watch_others(
     )
     .await;
     match read {
-        Ok(Ok(got)) if got.kvs().is_empty() => {
-            state.send_replace(Others::Nobody);
-        }
+        Ok(Ok(got)) if got.kvs().is_empty() => state.nobody(),
         _ => return maybe(),
     }
     while let Ok(Some(resp)) = stream.message().await {
