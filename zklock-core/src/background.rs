@@ -8,7 +8,8 @@
         feature = "zookeeper",
         feature = "redis",
         feature = "postgres",
-        feature = "etcd"
+        feature = "etcd",
+        feature = "mysql"
     )),
     allow(dead_code)
 )]

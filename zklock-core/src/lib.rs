@@ -62,6 +62,8 @@ pub mod private;
 mod recipe;
 mod types;
 
+#[cfg(feature = "mysql")]
+pub use backend::mysql::lock_name as mysql_lock_name;
 /// The etcd client the etcd backend runs on (feature `etcd`): what `LockManager::client`
 /// returns on etcd, and what the etcd fence store takes.
 #[cfg(feature = "etcd")]
@@ -70,6 +72,8 @@ pub use guard::LockGuard;
 pub use local::frame::current_fencing_token;
 #[cfg(feature = "etcd")]
 pub use manager::EtcdOptions;
+#[cfg(feature = "mysql")]
+pub use manager::MySqlOptions;
 #[cfg(feature = "postgres")]
 pub use manager::PostgresOptions;
 #[cfg(feature = "redis")]

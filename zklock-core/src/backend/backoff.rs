@@ -4,7 +4,12 @@
 
 // ZooKeeper alone (a build without the lease backends) uses only part of it.
 #![cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+    not(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "mysql"
+    )),
     allow(dead_code)
 )]
 

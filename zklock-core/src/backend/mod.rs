@@ -29,6 +29,8 @@ pub(crate) mod drive;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod memory;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) mod others;
 #[cfg(feature = "postgres")]

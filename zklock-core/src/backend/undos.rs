@@ -32,7 +32,12 @@ pub(crate) struct Undos {
 }
 
 #[cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+    not(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "mysql"
+    )),
     allow(dead_code)
 )]
 impl Undos {
@@ -91,7 +96,12 @@ impl Undos {
 
 /// One undo under way (see [`Undos::start`]); ends when dropped.
 #[cfg_attr(
-    not(any(feature = "redis", feature = "postgres", feature = "etcd")),
+    not(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "mysql"
+    )),
     allow(dead_code)
 )]
 pub(crate) struct Undoing {

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 #[cfg(feature = "etcd")]
 pub use crate::backend::etcd::EtcdOptions;
+#[cfg(feature = "mysql")]
+pub use crate::backend::mysql::MySqlOptions;
 #[cfg(feature = "postgres")]
 pub use crate::backend::postgres::PostgresOptions;
 #[cfg(feature = "redis")]
@@ -76,6 +78,8 @@ pub struct Builder {
     pub(crate) postgres: Option<PostgresOptions>,
     #[cfg(feature = "etcd")]
     pub(crate) etcd: Option<EtcdOptions>,
+    #[cfg(feature = "mysql")]
+    pub(crate) mysql: Option<MySqlOptions>,
 }
 
 /// The default namespace under which lock znodes live.
@@ -85,8 +89,9 @@ impl Builder {
     /// Starts options for the given connect string: ZooKeeper's
     /// `host:port[,host:port...][/chroot]`, a Redis URL `redis://host:port[/db]` (or
     /// `redis+sentinel://`, `redis+cluster://`; feature `redis`), a PostgreSQL URL
-    /// `postgres://user@host/db` (feature `postgres`) or etcd's `etcd://host:2379[,…]` (feature
-    /// `etcd`). The scheme picks the backend ([`BackendKind::of`](crate::BackendKind::of)).
+    /// `postgres://user@host/db` (feature `postgres`), etcd's `etcd://host:2379[,…]` (feature
+    /// `etcd`) or a MySQL / MariaDB URL `mysql://user:password@host/db` (feature `mysql`). The
+    /// scheme picks the backend ([`BackendKind::of`](crate::BackendKind::of)).
     ///
     /// ```
     /// let b = zklock_core::LockManager::builder("127.0.0.1:2181");
@@ -112,6 +117,8 @@ impl Builder {
             postgres: None,
             #[cfg(feature = "etcd")]
             etcd: None,
+            #[cfg(feature = "mysql")]
+            mysql: None,
         }
     }
 
@@ -366,6 +373,23 @@ impl Builder {
     #[cfg(feature = "etcd")]
     pub fn etcd(mut self, options: impl FnOnce(EtcdOptions) -> EtcdOptions) -> Builder {
         self.etcd = Some(options(self.etcd.take().unwrap_or_default()));
+        self
+    }
+
+    /// The MySQL / MariaDB backend's own settings (the lease): `options` gets the settings
+    /// given so far (the defaults at first) and returns them changed.
+    /// [`connect`](Self::connect) refuses them with [`Error::Config`](crate::Error::Config)
+    /// when the connect string names another backend.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let b = zklock_core::LockManager::builder("mysql://app:secret@db.internal/app")
+    ///     .mysql(|my| my.lease(Duration::from_secs(5)));
+    /// # let _ = b;
+    /// ```
+    #[cfg(feature = "mysql")]
+    pub fn mysql(mut self, options: impl FnOnce(MySqlOptions) -> MySqlOptions) -> Builder {
+        self.mysql = Some(options(self.mysql.take().unwrap_or_default()));
         self
     }
 }

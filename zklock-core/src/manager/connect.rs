@@ -3,7 +3,12 @@
 //! opened. With the builder, the only place above the seam that names a backend's types.
 
 use std::sync::Arc;
-#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "mysql"
+))]
 use std::time::Duration;
 
 use super::builder::Builder;
@@ -11,6 +16,8 @@ use super::LockManager;
 #[cfg(feature = "etcd")]
 use crate::backend::etcd::{self, EtcdBackend, EtcdConfig};
 use crate::backend::memory::MemoryBackend;
+#[cfg(feature = "mysql")]
+use crate::backend::mysql::{self, MySqlBackend, MySqlConfig};
 #[cfg(feature = "postgres")]
 use crate::backend::postgres::{self, PostgresBackend, PostgresConfig};
 #[cfg(feature = "redis")]
@@ -31,6 +38,11 @@ const DEFAULT_REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`connect_timeout`](Builder::connect_timeout) says otherwise.
 #[cfg(feature = "postgres")]
 const DEFAULT_POSTGRES_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long opening a MySQL session may take unless
+/// [`connect_timeout`](Builder::connect_timeout) says otherwise.
+#[cfg(feature = "mysql")]
+const DEFAULT_MYSQL_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long connecting to etcd may take unless [`connect_timeout`](Builder::connect_timeout)
 /// says otherwise: a cluster with no member up is reported in about this long.
@@ -75,6 +87,7 @@ impl Builder {
             BackendKind::Redis => self.connect_redis().await,
             BackendKind::Postgres => self.connect_postgres().await,
             BackendKind::Etcd => self.connect_etcd().await,
+            BackendKind::MySql => self.connect_mysql().await,
             // No connect string names it (`LockManager::in_memory` makes it).
             BackendKind::Memory => unreachable!("BackendKind::of never gives Memory"),
         }
@@ -128,6 +141,8 @@ impl Builder {
             (BackendKind::Postgres, self.postgres.is_some()),
             #[cfg(feature = "etcd")]
             (BackendKind::Etcd, self.etcd.is_some()),
+            #[cfg(feature = "mysql")]
+            (BackendKind::MySql, self.mysql.is_some()),
         ];
         for &(other, set) in given {
             if set && other != kind {
@@ -232,6 +247,39 @@ impl Builder {
         Ok(LockManager::assemble(Arc::new(backend), &self))
     }
 
+    /// Connects the MySQL / MariaDB backend.
+    #[cfg(feature = "mysql")]
+    async fn connect_mysql(self) -> Result<LockManager> {
+        let options = self.mysql.clone().unwrap_or_default();
+        check_lease(
+            BackendKind::MySql,
+            options.lease,
+            mysql::MIN_LEASE,
+            "liveness checks",
+        )?;
+        let backend = MySqlBackend::connect(MySqlConfig {
+            url: self.connect.clone(),
+            options,
+            connect_timeout: self
+                .connect_timeout
+                .unwrap_or(DEFAULT_MYSQL_CONNECT_TIMEOUT),
+            identity: self.identity.clone(),
+            tokens: self.fencing_tokens,
+        })
+        .await?;
+        Ok(LockManager::assemble(Arc::new(backend), &self))
+    }
+
+    /// A MySQL URL without the `mysql` feature.
+    #[cfg(not(feature = "mysql"))]
+    async fn connect_mysql(self) -> Result<LockManager> {
+        Err(Error::Config(
+            "the connect string is a MySQL URL, but zklock was built without its `mysql` \
+             feature; enable it (zklock = { version = \"...\", features = [\"mysql\"] })"
+                .into(),
+        ))
+    }
+
     /// Connects the etcd backend.
     #[cfg(feature = "etcd")]
     async fn connect_etcd(self) -> Result<LockManager> {
@@ -302,7 +350,12 @@ impl Builder {
 }
 
 /// Refuses a lease too short for what goes out every lease/3 to keep a hold (`renewals`).
-#[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "mysql"
+))]
 fn check_lease(backend: BackendKind, lease: Duration, min: Duration, renewals: &str) -> Result<()> {
     if lease < min {
         return Err(Error::Config(format!(

@@ -16,6 +16,8 @@ use std::time::Duration;
 pub(crate) use crate::types::error::redacted;
 #[cfg(feature = "etcd")]
 pub use builder::EtcdOptions;
+#[cfg(feature = "mysql")]
+pub use builder::MySqlOptions;
 #[cfg(feature = "postgres")]
 pub use builder::PostgresOptions;
 #[cfg(feature = "redis")]

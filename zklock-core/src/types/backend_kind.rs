@@ -20,7 +20,8 @@ use super::error::{redacted, Error, Result};
 /// assert_eq!(BackendKind::of("redis://127.0.0.1:6379")?, BackendKind::Redis);
 /// assert_eq!(BackendKind::of("postgresql://app@db/app")?, BackendKind::Postgres);
 /// assert_eq!(BackendKind::of("etcd://10.0.0.1:2379,10.0.0.2:2379")?, BackendKind::Etcd);
-/// assert!(BackendKind::of("mysql://db").is_err());
+/// assert_eq!(BackendKind::of("mariadb://app@db/app")?, BackendKind::MySql);
+/// assert!(BackendKind::of("mongodb://db").is_err());
 /// // One backend, two spellings, never confused: PostgreSQL in prose, postgres in labels.
 /// assert_eq!(BackendKind::Postgres.name(), "PostgreSQL");
 /// assert_eq!(BackendKind::Postgres.label(), "postgres");
@@ -38,6 +39,8 @@ pub enum BackendKind {
     Postgres,
     /// `etcd://`, `etcds://`.
     Etcd,
+    /// `mysql://`, `mariadb://`.
+    MySql,
     /// The in-memory backend of one process, for tests: no connect string.
     Memory,
 }
@@ -49,13 +52,14 @@ impl BackendKind {
     /// use zklock_core::BackendKind;
     ///
     /// let labels: Vec<_> = BackendKind::ALL.iter().map(|k| k.label()).collect();
-    /// assert_eq!(labels, ["zookeeper", "redis", "postgres", "etcd", "memory"]);
+    /// assert_eq!(labels, ["zookeeper", "redis", "postgres", "etcd", "mysql", "memory"]);
     /// ```
-    pub const ALL: [BackendKind; 5] = [
+    pub const ALL: [BackendKind; 6] = [
         BackendKind::ZooKeeper,
         BackendKind::Redis,
         BackendKind::Postgres,
         BackendKind::Etcd,
+        BackendKind::MySql,
         BackendKind::Memory,
     ];
 
@@ -93,6 +97,9 @@ impl BackendKind {
         if has(&["etcd://", "etcds://"]) {
             return Ok(BackendKind::Etcd);
         }
+        if has(&["mysql://", "mariadb://"]) {
+            return Ok(BackendKind::MySql);
+        }
         match connect.trim_start().split_once("://") {
             None => Ok(BackendKind::ZooKeeper),
             Some((scheme, _)) => Err(Error::Config(format!(
@@ -101,14 +108,15 @@ impl BackendKind {
                  rediss://, redis+unix://, unix://, redis+sentinel://host:26379/<master>, \
                  redis+cluster://host:port,..., rediss+sentinel://, rediss+cluster://), \
                  PostgreSQL as postgres://user@host/db, etcd as etcd://host:2379[,host:2379...] \
-                 (or etcds://)",
+                 (or etcds://), MySQL or MariaDB as mysql://user:password@host/db (or \
+                 mariadb://)",
                 redacted(connect)
             ))),
         }
     }
 
     /// The backend's name as messages give it: `ZooKeeper`, `Redis`, `PostgreSQL`, `etcd`,
-    /// `memory`.
+    /// `MySQL`, `memory`.
     ///
     /// ```
     /// assert_eq!(zklock_core::BackendKind::Postgres.name(), "PostgreSQL");
@@ -119,13 +127,14 @@ impl BackendKind {
             BackendKind::Redis => "Redis",
             BackendKind::Postgres => "PostgreSQL",
             BackendKind::Etcd => "etcd",
+            BackendKind::MySql => "MySQL",
             BackendKind::Memory => "memory",
         }
     }
 
     /// The backend's label: the `backend` label of zklock's metrics, the `backend` field of
     /// its tracing, and [`Error::Unsupported`]'s `backend`: `zookeeper`, `redis`, `postgres`,
-    /// `etcd`, `memory`. Stable: dashboards and alerts may match it.
+    /// `etcd`, `mysql`, `memory`. Stable: dashboards and alerts may match it.
     ///
     /// ```
     /// use zklock_core::{BackendKind, Error};
@@ -139,6 +148,7 @@ impl BackendKind {
             BackendKind::Redis => "redis",
             BackendKind::Postgres => "postgres",
             BackendKind::Etcd => "etcd",
+            BackendKind::MySql => "mysql",
             BackendKind::Memory => "memory",
         }
     }

@@ -262,7 +262,8 @@ impl ServerError {
             feature = "zookeeper",
             feature = "redis",
             feature = "postgres",
-            feature = "etcd"
+            feature = "etcd",
+            feature = "mysql"
         )),
         allow(dead_code)
     )]
