@@ -11,7 +11,7 @@ const EXIT_CODES: &str = "\
 EXIT CODES (exec, elect):
   CMD's own exit code when CMD ran (128+N when signal N ended it)
   64   bad usage, invalid key or option
-  69   the server unreachable (ZooKeeper, Redis, PostgreSQL or etcd), a TLS handshake
+  69   the server unreachable (ZooKeeper, Redis, PostgreSQL, etcd or MySQL), a TLS handshake
        refused, or the manager's session or connection failed before CMD ran
   75   timed out waiting for the lock (--timeout)
   76   the lock (or leadership) was lost while CMD ran; CMD was sent SIGTERM (or, on
@@ -21,9 +21,9 @@ EXIT CODES (exec, elect):
   127  CMD not found";
 
 #[derive(Parser, Debug)]
-#[command(name = "zklock", version, about = "Distributed locks on ZooKeeper, Redis, PostgreSQL or etcd, from the shell (like flock(1) across machines)", after_help = EXIT_CODES)]
+#[command(name = "zklock", version, about = "Distributed locks on ZooKeeper, Redis, PostgreSQL, etcd or MySQL, from the shell (like flock(1) across machines)", after_help = EXIT_CODES)]
 pub(crate) struct Cli {
-    /// ZooKeeper servers, host:port[,host:port...], a Redis URL, redis://host:port[/db], a PostgreSQL URL, postgres://user@host/db, or etcd members, etcd://host:2379[,host:2379...]
+    /// ZooKeeper servers, host:port[,host:port...], a Redis URL, redis://host:port[/db], a PostgreSQL URL, postgres://user@host/db, etcd members, etcd://host:2379[,host:2379...], or a MySQL / MariaDB URL, mysql://user:password@host/db
     #[arg(
         long,
         global = true,
@@ -32,7 +32,7 @@ pub(crate) struct Cli {
     )]
     pub(crate) connect: String,
     /// Namespace under which keys live (a znode path on ZooKeeper, a key prefix on etcd; on Redis
-    /// and PostgreSQL, the start of every lock's name)
+    /// PostgreSQL and MySQL, the start of every lock's name)
     #[arg(long, global = true, env = "ZKLOCK_NAMESPACE", default_value = zklock_core::DEFAULT_NAMESPACE)]
     pub(crate) namespace: String,
     /// How long a holder may go silent before it loses the lock: the session timeout asked of
@@ -40,9 +40,9 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_parser = parse_duration, help_heading = "ZooKeeper")]
     pub(crate) session_timeout: Option<Duration>,
     /// How long a holder may go silent before it loses the lock: its lease on Redis, its
-    /// sessions' idle_session_timeout on PostgreSQL, its lease's TTL on etcd, in whole seconds
-    /// (default 10s; e.g. 4s, 1500ms)
-    #[arg(long, global = true, value_parser = parse_duration, help_heading = "Redis, PostgreSQL and etcd")]
+    /// sessions' idle_session_timeout on PostgreSQL, its lease's TTL on etcd, its sessions'
+    /// wait_timeout on MySQL, in whole seconds on etcd and MySQL (default 10s; e.g. 4s, 1500ms)
+    #[arg(long, global = true, value_parser = parse_duration, help_heading = "Redis, PostgreSQL, etcd and MySQL")]
     pub(crate) lease: Option<Duration>,
     /// The password the Sentinels of a redis+sentinel:// address ask for (their own; the
     /// address's user:password@ are the data nodes'). Best given in the environment, which

@@ -9,7 +9,7 @@ use crate::args::Cli;
 use crate::exit::fail;
 
 /// A manager for `--connect`, `--namespace` and the backend's own flags (`--session-timeout`
-/// on ZooKeeper, `--lease` on Redis, PostgreSQL and etcd, `--sentinel-password` under Redis
+/// on ZooKeeper, `--lease` on Redis, PostgreSQL, etcd and MySQL, `--sentinel-password` under Redis
 /// Sentinel). A flag of another backend than the one
 /// `--connect` names is refused: it would have no effect.
 pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
@@ -82,6 +82,19 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
                 None => e,
             }
         }),
+        (BackendKind::MySql, _, lease) => {
+            if tls.is_some() {
+                return Err(zklock_core::Error::Config(
+                    "--tls-ca, --tls-cert and --tls-key are not supported on MySQL yet: reach \
+                     the server over a TLS tunnel, or give a mysql:// URL without them"
+                        .to_string(),
+                ));
+            }
+            builder.mysql(move |my| match lease {
+                Some(lease) => my.lease(lease),
+                None => my,
+            })
+        }
         _ => builder,
     };
     builder.connect().await

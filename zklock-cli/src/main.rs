@@ -12,10 +12,12 @@
 //!
 //! `--connect redis://host:port[/db]` runs on the Redis backend, `--connect
 //! postgres://user@host/db` on PostgreSQL's advisory locks, `--connect etcd://host:2379` on etcd
-//! (in etcd's own format: `etcdctl lock` and `etcdctl elect` take part): `exec` (jobs included), `elect`,
+//! (in etcd's own format: `etcdctl lock` and `etcdctl elect` take part), `--connect
+//! mysql://user:password@host/db` on MySQL or MariaDB (`GET_LOCK`): `exec` (jobs included), `elect`,
 //! `ls`, `status` and `top` work the same, `--lease` (instead of ZooKeeper's
 //! `--session-timeout`) says how long a silent holder keeps its locks (on PostgreSQL the
-//! server ends a holding session silent this long; on etcd, the TTL of the lease, whole seconds), and `revoke` says it is unsupported
+//! server ends a holding session silent this long; on etcd, the TTL of the lease, whole seconds;
+//! on MySQL, the sessions' wait_timeout, whole seconds), and `revoke` says it is unsupported
 //! (revocation is ZooKeeper's).
 //!
 //! Exit codes of `exec`: CMD's own code when it ran (128+N when a signal N ended it);
