@@ -94,10 +94,11 @@ impl Builder {
     }
 
     /// What an administrator runs once so that a narrow account can use the backend the
-    /// connect string names, if it needs anything: on PostgreSQL, the SQL that creates
-    /// zklock's table and, with `grant_to`, gives that role exactly what zklock uses
-    /// (`zklock setup` prints it). No connection is made. The other backends need no set-up
-    /// (`None`); their accounts are in the security guide.
+    /// connect string names, if it needs anything: on PostgreSQL and MySQL, the SQL that
+    /// creates zklock's table and, with `grant_to`, gives that role (on MySQL, that
+    /// `'user'@'host'` account) exactly what zklock uses (`zklock setup` prints it). No
+    /// connection is made. The other backends need no set-up (`None`); their accounts are in
+    /// the security guide.
     ///
     /// # Errors
     /// [`Error::Config`] for a connect string whose scheme no backend takes (or PostgreSQL
@@ -116,7 +117,7 @@ impl Builder {
     /// # Ok::<(), zklock_core::Error>(())
     /// ```
     pub fn setup_sql(&self, grant_to: Option<&str>) -> Result<Option<String>> {
-        #[cfg(not(feature = "postgres"))]
+        #[cfg(not(any(feature = "postgres", feature = "mysql")))]
         let _ = grant_to;
         match BackendKind::of(&self.connect)? {
             #[cfg(feature = "postgres")]
@@ -124,6 +125,12 @@ impl Builder {
             #[cfg(not(feature = "postgres"))]
             BackendKind::Postgres => Err(Error::Config(
                 "zklock was built without its `postgres` feature".into(),
+            )),
+            #[cfg(feature = "mysql")]
+            BackendKind::MySql => mysql::setup_sql(grant_to).map(Some),
+            #[cfg(not(feature = "mysql"))]
+            BackendKind::MySql => Err(Error::Config(
+                "zklock was built without its `mysql` feature".into(),
             )),
             _ => Ok(None),
         }

@@ -65,6 +65,7 @@ use acquire::Acquire;
 use conn::{Config, Inner};
 pub use options::MySqlOptions;
 pub(crate) use options::MIN_LEASE;
+pub(crate) use wire::setup_sql;
 
 /// The user-lock name (`GET_LOCK`) of the lock at `path` ([`LockManager::path_of`] gives a
 /// key's path): another client that takes this name with `SELECT GET_LOCK('<name>', …)`

@@ -11,6 +11,8 @@
 //! crash that lost the last commits), who holds it since when (for inspection), and a job's
 //! `at_least` window.
 
+use crate::types::error::{Error, Result};
+
 /// The server's longest user-lock name.
 pub(super) const MAX_NAME: usize = 64;
 /// What every lock name starts with.
@@ -119,6 +121,26 @@ pub(super) fn waiters(name: &str) -> String {
          WHERE COMMAND = 'Query' AND INFO LIKE 'SELECT GET_LOCK(''{name}'',%' \
          ORDER BY TIME DESC, ID"
     )
+}
+
+/// What an administrator runs once where the account zklock uses may not create tables: the
+/// table, and (with `grant_to`, an account as `'user'@'host'`) exactly the rights zklock uses
+/// on it. `PROCESS` (to see other accounts' waiters in `zklock status`) is left to the
+/// administrator: zklock works without it.
+pub(crate) fn setup_sql(grant_to: Option<&str>) -> Result<String> {
+    let mut sql = format!("{CREATE_TABLE};");
+    if let Some(account) = grant_to {
+        if account.contains(['\0', ';', '`']) {
+            return Err(Error::InvalidArgument(format!(
+                "{account:?} is not an account name; write it as 'user'@'host'"
+            )));
+        }
+        sql.push_str(&format!(
+            "\nGRANT SELECT, INSERT, UPDATE ON zklock_locks TO {account};"
+        ));
+    }
+    sql.push('\n');
+    Ok(sql)
 }
 
 #[cfg(test)]
