@@ -85,6 +85,9 @@ pub use manager::{
 };
 pub use metrics::KeyLabel;
 pub use multi::{LockSpec, MultiGuard};
+/// The MySQL client the MySQL fence store takes (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub use mysql_async;
 pub use recipe::job::{Job, Ran};
 pub use recipe::leader::{
     LeaderLatch, Leadership, LeadershipEvent, LeadershipEvents, LeadershipInfo,

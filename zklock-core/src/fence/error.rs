@@ -58,6 +58,12 @@ pub enum FenceError {
     #[error("fenced write on Redis failed: {0}; check the server, and the script if you gave one")]
     Redis(#[from] redis::RedisError),
 
+    /// MySQL or MariaDB failed a statement (the fenced write's transaction is then rolled
+    /// back, or never committed).
+    #[cfg(feature = "mysql")]
+    #[error("fenced write on MySQL failed: {0}; check the server and the statement")]
+    MySql(#[from] mysql_async::Error),
+
     /// PostgreSQL failed the statement.
     #[cfg(feature = "postgres")]
     #[error("fenced write on PostgreSQL failed: {0}; check the server and the statement")]

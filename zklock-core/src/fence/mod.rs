@@ -100,6 +100,8 @@ mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -110,6 +112,8 @@ mod zookeeper;
 
 #[cfg(feature = "etcd")]
 pub use self::etcd::{EtcdFence, EtcdWrite};
+#[cfg(feature = "mysql")]
+pub use self::mysql::{MySqlFence, MySqlFenceOn, MySqlWrite};
 #[cfg(feature = "postgres")]
 pub use self::postgres::{PgFence, PgFenceOn, PgWrite, ACCEPTED};
 #[cfg(feature = "redis")]
