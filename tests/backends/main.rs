@@ -11,6 +11,7 @@ mod common;
 
 mod clock_steps;
 mod etcd_backend;
+mod mysql_backend;
 mod postgres_connections;
 mod postgres_queue;
 mod postgres_tokens;

@@ -15,6 +15,9 @@ pub(crate) enum Backend {
     RedisCluster,
     Postgres,
     Etcd,
+    /// MySQL / MariaDB: a real MariaDB from the test kit, one manager with its own sessions per
+    /// "process".
+    MySql,
     Memory,
 }
 
@@ -154,6 +157,7 @@ pub(crate) struct Env {
     pub(crate) namespace: Option<String>,
     pub(crate) pg: Option<PostgresServer>,
     pub(crate) etcd: Option<EtcdServer>,
+    pub(crate) mysql: Option<MariaDbServer>,
     /// Memory: one manager per queue mode; its clones share its lock table.
     pub(crate) local: Option<LockManager>,
     pub(crate) strict: Option<LockManager>,
@@ -170,6 +174,7 @@ impl Env {
             namespace: None,
             pg: None,
             etcd: None,
+            mysql: None,
             local: None,
             strict: None,
         };
@@ -200,6 +205,10 @@ impl Env {
                 etcd: Some(EtcdServer::start().expect("start etcd (test kit)")),
                 ..none
             },
+            Backend::MySql => Env {
+                mysql: Some(MariaDbServer::start().expect("start MariaDB (test kit)")),
+                ..none
+            },
             Backend::Memory => Env {
                 local: Some(LockManager::in_memory()),
                 strict: Some(LockManager::in_memory_with(
@@ -217,6 +226,7 @@ impl Env {
             Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => "redis",
             Backend::Postgres => "postgres",
             Backend::Etcd => "etcd",
+            Backend::MySql => "mysql",
             Backend::Memory => "memory",
         }
     }
@@ -331,6 +341,35 @@ impl Env {
             .collect()
     }
 
+    pub(crate) fn mysql_url(&self) -> String {
+        self.mysql.as_ref().expect("a MySQL env").url()
+    }
+
+    /// `sql` run as the server's root (the test kit's client), its output trimmed.
+    pub(crate) fn mysql_sql(&self, sql: &str) -> String {
+        let server = self.mysql.as_ref().expect("a MySQL env");
+        tokio::task::block_in_place(|| server.root_sql(sql)).expect("run SQL on the test MariaDB")
+    }
+
+    /// The sessions that hold, then wait for, the user lock of the lock at `path`.
+    pub(crate) fn mysql_sessions(&self, path: &str) -> (Option<u64>, Vec<u64>) {
+        let name = zklock::mysql_lock_name(path);
+        let holder = self
+            .mysql_sql(&format!("SELECT IS_USED_LOCK('{name}')"))
+            .parse()
+            .ok();
+        let waiters = self
+            .mysql_sql(&format!(
+                "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' \
+                 AND INFO LIKE 'SELECT GET_LOCK(''{name}'',%'"
+            ))
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .filter(|id| Some(*id) != holder)
+            .collect();
+        (holder, waiters)
+    }
+
     pub(crate) fn pg_url(&self) -> String {
         self.pg.as_ref().expect("a PostgreSQL env").url()
     }
@@ -406,6 +445,13 @@ impl Env {
                     .await
                     .expect("connect to the test etcd")
             }
+            Backend::MySql => {
+                configure(LockManager::builder(self.mysql_url()).mysql(|my| my.lease(MYSQL_LEASE)))
+                    .local_queue(local)
+                    .connect()
+                    .await
+                    .expect("connect to the test MariaDB")
+            }
             Backend::Zookeeper => configure(
                 LockManager::builder(self.connect())
                     .zookeeper(|zk| zk.session_timeout(Duration::from_secs(4))),
@@ -461,6 +507,14 @@ impl Env {
                     .connect()
                     .await
                     .expect("connect to the test etcd")
+            }
+            // MySQL counts wait_timeout in whole seconds.
+            Backend::MySql => {
+                let lease = Duration::from_secs(lease.as_secs().max(1));
+                configure(LockManager::builder(self.mysql_url()).mysql(|my| my.lease(lease)))
+                    .connect()
+                    .await
+                    .expect("connect to the test MariaDB")
             }
             Backend::Zookeeper => configure(
                 LockManager::builder(self.connect())
@@ -533,6 +587,14 @@ impl Env {
                     .unwrap_or(path);
                 self.etcd_keys(lock).await
             }
+            Backend::MySql => {
+                let (holder, waiters) = self.mysql_sessions(path);
+                holder
+                    .map(|id| format!("{path} held by session {id}"))
+                    .into_iter()
+                    .chain(waiters.iter().map(|id| format!("{path} waited for by session {id}")))
+                    .collect()
+            }
             Backend::Memory => vec![],
         }
     }
@@ -572,6 +634,14 @@ impl Env {
                     "the holding session {pid} of {path} was not ended"
                 );
             }
+            Backend::MySql => {
+                let path = m.path_of(key).unwrap();
+                let (holder, _) = self.mysql_sessions(&path);
+                let holder = holder.unwrap_or_else(|| panic!("{path} is not held"));
+                let server = self.mysql.as_ref().unwrap();
+                tokio::task::block_in_place(|| server.kill_connection(holder))
+                    .expect("KILL the holding session");
+            }
             Backend::Etcd => {
                 let path = m.path_of(key).unwrap();
                 let keys = self.etcd_keys(&path).await;
@@ -598,7 +668,7 @@ impl Env {
                 self.redis_key("intent", path)
             }
             Backend::Postgres => format!("the intent lock of {path}"),
-            Backend::Zookeeper | Backend::Etcd | Backend::Memory => return,
+            Backend::Zookeeper | Backend::Etcd | Backend::MySql | Backend::Memory => return,
         };
         let mut conn = match self.backend {
             Backend::Redis | Backend::RedisSentinel | Backend::RedisCluster => {
@@ -663,6 +733,9 @@ impl Env {
                 matches!(reason, LossReason::Disconnected | LossReason::LeaseExpired)
             }
             Backend::Etcd => matches!(reason, LossReason::NodeDeleted | LossReason::LeaseExpired),
+            Backend::MySql => {
+                matches!(reason, LossReason::Disconnected | LossReason::LeaseExpired)
+            }
             Backend::Zookeeper => matches!(
                 reason,
                 LossReason::SessionExpired | LossReason::Disconnected | LossReason::NodeDeleted
@@ -698,6 +771,21 @@ impl Env {
         first_poll.await.expect("the spawned acquire was polled");
         if self.is_zk() {
             until_children(observer, path, nodes).await;
+        }
+        if self.backend == Backend::MySql {
+            // Its GET_LOCK is sent once it has a session.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let (holder, waiters) = self.mysql_sessions(path);
+                if usize::from(holder.is_some()) + waiters.len() >= nodes {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{path} never had {nodes} contenders"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         if self.backend == Backend::Etcd {
             // Its key is put by a request the first poll only starts.

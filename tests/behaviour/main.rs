@@ -54,7 +54,9 @@ use tokio::task::JoinHandle;
 use zklock::{
     current_fencing_token, distributed_lock, Deadlock, Error, FencingToken, LockManager, LossReason,
 };
-use zklock_testkit::{EtcdServer, PostgresServer, RedisCluster, RedisSentinel, RedisServer};
+use zklock_testkit::{
+    EtcdServer, MariaDbServer, PostgresServer, RedisCluster, RedisSentinel, RedisServer,
+};
 
 use attribute::*;
 use env::*;
@@ -116,6 +118,13 @@ macro_rules! every_backend {
                 tokio::time::timeout(BOUND, super::$name(Backend::Etcd))
                     .await
                     .expect(concat!(stringify!($name), " hung on etcd"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql() {
+                tokio::time::timeout(BOUND, super::$name(Backend::MySql))
+                    .await
+                    .expect(concat!(stringify!($name), " hung on MySQL"));
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

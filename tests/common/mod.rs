@@ -239,6 +239,10 @@ pub async fn redis_queued(url: &str, key: &str, n: usize) {
 /// tests to be quick.
 pub const PG_LEASE: Duration = Duration::from_secs(3);
 
+/// The lease of the MySQL tests' managers (their sessions' `wait_timeout`, whole seconds): as
+/// [`PG_LEASE`], long enough for a busy machine, short enough for loss tests.
+pub const MYSQL_LEASE: Duration = Duration::from_secs(3);
+
 /// The class (first key) of zklock's advisory locks (`zkLK`), as `pg_locks.classid` shows it.
 pub const PG_LOCK_CLASS: i64 = 0x7A6B_4C4B;
 
