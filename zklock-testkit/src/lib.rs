@@ -27,6 +27,9 @@
 //!   the Redis backend and the inventory demo; stop, restart, pause and resume it.
 //! - [`PostgresServer`]: Debian's `postgresql` on a free loopback port with a throwaway data
 //!   directory, run as an unprivileged user; stop (as in a crash), restart, pause and resume it.
+//! - [`MariaDbServer`]: Debian's `mariadb-server` on a free loopback port with a throwaway data
+//!   directory, run as an unprivileged user, with a `zklock` database, a `zklock` account and a
+//!   narrow `zklock_narrow` one; stop (as in a crash), restart, pause and resume it, end a session.
 //! - [`EtcdServer`] and [`EtcdCluster`]: Debian's `etcd` (3.4) on free loopback ports with
 //!   throwaway data, one member or a cluster (3 is typical); find the leader, kill, restart, pause
 //!   and resume members, run `etcdctl` against them.
@@ -76,6 +79,7 @@ mod install;
 mod kazoo;
 mod late_cancel;
 mod listening;
+mod mariadb;
 mod member;
 mod ports;
 mod postgres;
@@ -102,6 +106,7 @@ pub use history::{
 pub use install::ensure_zookeeper_installed;
 pub use kazoo::{KazooEvent, KazooPeer};
 pub use late_cancel::{LateCancel, LateCancelStats};
+pub use mariadb::{MariaDbServer, MariaDbServerBuilder};
 pub use postgres::{BaseBackup, PostgresServer, PostgresServerBuilder};
 pub use proxy::{AfterDrop, Proxy, ProxyStats, CREATE_OPCODES};
 pub use redis::{RedisServer, RedisServerBuilder};
@@ -123,6 +128,8 @@ mod tests {
         send_sync::<crate::Certs>();
         send_sync::<crate::RedisServerBuilder>();
         send_sync::<crate::PostgresServerBuilder>();
+        send_sync::<crate::MariaDbServer>();
+        send_sync::<crate::MariaDbServerBuilder>();
         send_sync::<crate::EtcdServer>();
         send_sync::<crate::EtcdServerBuilder>();
         send_sync::<crate::ZkCluster>();
