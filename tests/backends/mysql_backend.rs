@@ -78,9 +78,11 @@ async fn a_bare_get_lock_client_and_zklock_exclude_each_other() {
         let m = m.clone();
         async move { m.lock("interop").await.unwrap() }
     });
-    eventually("the zklock waiter in GET_LOCK", Duration::from_secs(10), || async {
-        waiting_for(&db, &m, "interop") == 1
-    })
+    eventually(
+        "the zklock waiter in GET_LOCK",
+        Duration::from_secs(10),
+        || async { waiting_for(&db, &m, "interop") == 1 },
+    )
     .await;
     let _: Option<i64> = bare
         .query_first(format!("SELECT RELEASE_LOCK('{name}')"))
@@ -117,10 +119,7 @@ async fn a_killed_holding_session_is_a_lost_hold() {
     );
     let next = b.lock("killed").await.unwrap();
     assert!(next.fencing_token() > held.fencing_token());
-    assert!(matches!(
-        held.release().await,
-        Err(Error::LockLost { .. })
-    ));
+    assert!(matches!(held.release().await, Err(Error::LockLost { .. })));
     next.release().await.unwrap();
 }
 
@@ -189,11 +188,14 @@ async fn the_narrow_account_needs_only_the_table() {
         matches!(&err, Error::Config(msg) if msg.contains("zklock_locks") && msg.contains("setup")),
         "{err}"
     );
-    let setup = LockManager::builder(&db.url())
+    let setup = LockManager::builder(db.url())
         .setup_sql(Some("'zklock_narrow'@'%'"))
         .unwrap()
         .unwrap();
-    assert!(setup.contains("CREATE TABLE IF NOT EXISTS zklock_locks"), "{setup}");
+    assert!(
+        setup.contains("CREATE TABLE IF NOT EXISTS zklock_locks"),
+        "{setup}"
+    );
     manager(&db.url()).await;
     let narrow = manager(&db.narrow_url()).await;
     let first = narrow.lock("narrow").await.unwrap();
@@ -217,14 +219,20 @@ async fn a_dropped_wait_leaves_no_session_waiting() {
             let b = b.clone();
             async move { b.lock("dropped").await }
         });
-        eventually("the waiter in GET_LOCK", Duration::from_secs(10), || async {
-            waiting_for(&db, &b, "dropped") == 1
-        })
+        eventually(
+            "the waiter in GET_LOCK",
+            Duration::from_secs(10),
+            || async { waiting_for(&db, &b, "dropped") == 1 },
+        )
         .await;
         waiting.abort();
         let _ = waiting.await;
         b.flush().await;
-        assert_eq!(waiting_for(&db, &b, "dropped"), 0, "a killed waiter still waits");
+        assert_eq!(
+            waiting_for(&db, &b, "dropped"),
+            0,
+            "a killed waiter still waits"
+        );
     }
     held.release().await.unwrap();
     a.flush().await;

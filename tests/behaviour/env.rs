@@ -592,7 +592,11 @@ impl Env {
                 holder
                     .map(|id| format!("{path} held by session {id}"))
                     .into_iter()
-                    .chain(waiters.iter().map(|id| format!("{path} waited for by session {id}")))
+                    .chain(
+                        waiters
+                            .iter()
+                            .map(|id| format!("{path} waited for by session {id}")),
+                    )
                     .collect()
             }
             Backend::Memory => vec![],

@@ -282,7 +282,7 @@ pub(crate) async fn a_loop_of_tries_gives_the_thread_back(backend: Backend) {
     }
     // The same for a semaphore's tries, where the backend has semaphores (in memory a try
     // answers at once).
-    if backend == Backend::Postgres {
+    if matches!(backend, Backend::Postgres | Backend::MySql) {
         return;
     }
     let managers = env.processes(1, Queue::Local).await;

@@ -5,7 +5,7 @@ use super::*;
 /// A semaphore of N admits at most N at once, across processes, and nothing is left.
 pub(crate) async fn semaphore_admits_at_most_n(backend: Backend) {
     let env = Env::start(backend);
-    if backend == Backend::Postgres {
+    if matches!(backend, Backend::Postgres | Backend::MySql) {
         return semaphores_are_refused(&env).await;
     }
     let managers = env.processes(3, Queue::Local).await;
@@ -59,7 +59,7 @@ pub(crate) async fn semaphore_admits_at_most_n(backend: Backend) {
 /// of overlapping counts never deadlock.
 pub(crate) async fn acquire_many_is_all_or_none(backend: Backend) {
     let env = Env::start(backend);
-    if backend == Backend::Postgres {
+    if matches!(backend, Backend::Postgres | Backend::MySql) {
         return semaphores_are_refused(&env).await;
     }
     let managers = env.processes(2, Queue::Local).await;

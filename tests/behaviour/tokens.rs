@@ -29,6 +29,13 @@ async fn token_state(env: &Env, path: &str) -> Option<i64> {
                 .expect("read the key row");
             Some(row.map_or(0, |r| r.get(0)))
         }
+        Backend::MySql => {
+            let name = zklock::mysql_lock_name(path);
+            let fence = env.mysql_sql(&format!(
+                "SELECT fence FROM zklock.zklock_locks WHERE name = '{name}'"
+            ));
+            Some(fence.parse().unwrap_or(0))
+        }
         Backend::Zookeeper | Backend::Etcd | Backend::Memory => None,
     }
 }
@@ -118,7 +125,7 @@ pub(crate) async fn fencing_tokens_can_be_off(backend: Backend) {
     next.release().await.unwrap();
 
     // Semaphore leases too, where the backend has semaphores.
-    if backend != Backend::Postgres {
+    if !matches!(backend, Backend::Postgres | Backend::MySql) {
         let lease = without
             .semaphore("untokened_sem", 2)
             .unwrap()

@@ -74,6 +74,8 @@ pub(super) struct Acquire<'a> {
     target: &'a LockTarget,
     /// The lock's user-lock name.
     name: String,
+    /// Who asks, as inspection shows a waiter.
+    who: String,
     wait: Wait,
     entry: Option<Entry>,
     backoff: Backoff,
@@ -85,6 +87,7 @@ impl<'a> Acquire<'a> {
             inner,
             target,
             name: wire::name(&target.path),
+            who: inner.holder(),
             wait,
             entry: None,
             backoff: Backoff::requests(),
@@ -121,7 +124,7 @@ impl<'a> Acquire<'a> {
         self.inner.count();
         let got: std::result::Result<Option<Option<i64>>, MySqlError> = bounded(
             within,
-            conn.query_first(wire::get_lock(&self.name, seconds)),
+            conn.query_first(wire::get_lock(&self.name, seconds, &self.who)),
         )
         .await;
         let entry = self.entry.as_mut().expect("entered");

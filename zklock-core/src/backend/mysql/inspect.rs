@@ -36,7 +36,7 @@ fn like_escape(text: &str) -> String {
 struct Seen {
     holder: Option<i64>,
     row: Option<(i64, String, i64)>,
-    waiters: Vec<(i64, i64)>,
+    waiters: Vec<(i64, i64, String)>,
 }
 
 impl MySqlBackend {
@@ -51,7 +51,8 @@ impl MySqlBackend {
         let row: Option<(i64, String, i64)> =
             bounded(within, conn.exec_first(wire::ROW, (name,))).await?;
         inner.count();
-        let waiters: Vec<(i64, i64)> = bounded(within, conn.query(wire::waiters(name))).await?;
+        let waiters: Vec<(i64, i64, String)> =
+            bounded(within, conn.query(wire::waiters(name))).await?;
         inner.give_back(conn);
         Ok(Seen {
             holder: holder.flatten(),
@@ -100,11 +101,11 @@ impl Inspect for MySqlBackend {
             let waiters = seen
                 .waiters
                 .into_iter()
-                .filter(|(session, _)| Some(*session) != seen.holder)
-                .map(|(session, secs)| Contender {
+                .filter(|(session, _, _)| Some(*session) != seen.holder)
+                .map(|(session, secs, info)| Contender {
                     node: format!("session {session}"),
                     mode,
-                    owner: Owner::default(),
+                    owner: Owner::parse(wire::who_asked(&info).as_bytes()),
                     since: now - Duration::from_secs(secs.max(0) as u64),
                     token: FencingToken::NONE,
                     session,

@@ -96,10 +96,19 @@ pub(super) const ROWS_UNDER: &str = "SELECT name, path, fence, holder, since_us 
 /// One lock's row (param: name).
 pub(super) const ROW: &str = "SELECT fence, holder, since_us FROM zklock_locks WHERE name = ?";
 
-/// A `GET_LOCK` of `name`, as text: a name is made of characters that need no quoting (see
-/// [`name`]), and text shows in the process list (what inspection reads waiters from).
-pub(super) fn get_lock(name: &str, seconds: u64) -> String {
-    format!("SELECT GET_LOCK('{name}', {seconds})")
+/// A `GET_LOCK` of `name`, as text, with who asks (`zklock host=… pid=…`) in a comment: a name
+/// is made of characters that need no quoting (see [`name`]), and the text shows in the
+/// process list, which is what inspection reads waiters, and who they are, from.
+pub(super) fn get_lock(name: &str, seconds: u64, who: &str) -> String {
+    let who = who.replace("*/", "* /");
+    format!("SELECT GET_LOCK('{name}', {seconds}) /* {who} */")
+}
+
+/// Who asked, from a `GET_LOCK`'s text in the process list (see [`get_lock`]).
+pub(super) fn who_asked(info: &str) -> &str {
+    info.split_once("/* ")
+        .and_then(|(_, rest)| rest.rsplit_once(" */"))
+        .map_or("", |(who, _)| who)
 }
 
 /// The `RELEASE_LOCK` of `name`: 1 released, 0 held by another session, NULL held by none.
@@ -113,11 +122,11 @@ pub(super) fn is_used_lock(name: &str) -> String {
 }
 
 /// The sessions waiting in `GET_LOCK` for `name`, first come first, with how long they wait
-/// (seconds): from the process list (all sessions with the `PROCESS` privilege, else the
-/// account's own).
+/// (seconds) and their statement: from the process list (all sessions with the `PROCESS`
+/// privilege, else the account's own).
 pub(super) fn waiters(name: &str) -> String {
     format!(
-        "SELECT ID, TIME FROM information_schema.PROCESSLIST \
+        "SELECT ID, TIME, INFO FROM information_schema.PROCESSLIST \
          WHERE COMMAND = 'Query' AND INFO LIKE 'SELECT GET_LOCK(''{name}'',%' \
          ORDER BY TIME DESC, ID"
     )
@@ -154,6 +163,8 @@ mod tests {
         assert_eq!(n.len(), "zklock:locks/orders/42:".len() + HASH_HEX);
         let long = format!("/zklock/locks/{}", "x".repeat(500));
         assert_eq!(name(&long).len(), MAX_NAME);
+        let asked = get_lock(&n, 30, "zklock host=h pid=1 id=a*/b");
+        assert_eq!(who_asked(&asked), "zklock host=h pid=1 id=a* /b");
         // Quotes and other characters never reach the SQL text.
         let odd = name("/zklock/locks/it's 'quoted'");
         assert!(!odd.contains('\''), "{odd}");
