@@ -81,8 +81,27 @@ pub(crate) async fn attribute_locks_on_either_manager(backend: Backend) {
     excludes_on_the_key_of_its_arguments(&managers).await;
     nested_calls_reenter(&managers).await;
     a_bounded_wait_times_out(&managers).await;
-    read_mode_shares(&managers).await;
+    if backend == Backend::MySql {
+        read_mode_is_refused(&managers, env.backend_name()).await;
+    } else {
+        read_mode_shares(&managers).await;
+    }
     a_lost_hold_aborts_or_carries_on(&managers, &env).await;
+}
+
+/// Read mode where the backend has no read/write locks: the call fails with
+/// `Error::Unsupported` naming the backend, and its body never runs.
+async fn read_mode_is_refused(managers: &[LockManager], backend: &str) {
+    // A body that ran would wait here for ever: a second party never comes.
+    let all_in = Barrier::new(2);
+    let err = tokio::time::timeout(
+        Duration::from_secs(5),
+        read_catalog(&managers[0], 1, &all_in),
+    )
+    .await
+    .expect("refused before the body runs")
+    .unwrap_err();
+    assert_unsupported(&err, backend);
 }
 
 /// Exclusion, free fns and methods on one key, tokens increasing per holder.
