@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use zklock::{Error, LockManager, LossReason};
-use zklock_testkit::MariaDbServer;
+use zklock_testkit::{MariaDbServer, Relay};
 
 use crate::common::{eventually, MYSQL_LEASE as LEASE};
 
@@ -242,4 +242,38 @@ async fn a_dropped_wait_leaves_no_session_waiting() {
         .unwrap()
         .expect("free: no dropped waiter took it");
     next.release().await.unwrap();
+}
+
+/// A holder cut off from the server (a partition: nothing reaches either side) is reported
+/// lost within the lease, and the server frees its lock by itself after about the lease (the
+/// session's `wait_timeout`, which zklock sets to the lease; the server's own default is 8
+/// hours).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_holder_is_freed_by_the_server() {
+    let db = server();
+    let relay = Relay::start(&format!("127.0.0.1:{}", db.port())).unwrap();
+    let cut_off = manager(&relay.url(&db.url())).await;
+    let held = cut_off.lock("partitioned").await.unwrap();
+    assert!(holder_of(&db, &cut_off, "partitioned").is_some());
+    relay.blackhole();
+    let reason = tokio::time::timeout(LEASE, held.lost())
+        .await
+        .expect("the cut-off holder is told within the lease");
+    assert!(
+        matches!(reason, LossReason::Disconnected | LossReason::LeaseExpired),
+        "{reason:?}"
+    );
+    let cut_at = std::time::Instant::now();
+    eventually(
+        "the server frees the cut-off holder's lock",
+        LEASE * 2,
+        || async { holder_of(&db, &cut_off, "partitioned").is_none() },
+    )
+    .await;
+    assert!(cut_at.elapsed() <= LEASE + Duration::from_secs(1));
+    let other = manager(&db.url()).await;
+    let next = other.lock("partitioned").await.unwrap();
+    assert!(next.fencing_token() > held.fencing_token());
+    next.release().await.unwrap();
+    relay.heal();
 }

@@ -320,6 +320,7 @@ async fn lease_manager<S: LeaseServer>(url: &str, identity: &str, tokens: bool) 
     match zklock::BackendKind::of(url).unwrap() {
         zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(S::LEASE)),
         zklock::BackendKind::Etcd => builder.etcd(|e| e.lease(S::LEASE)),
+        zklock::BackendKind::MySql => builder.mysql(|my| my.lease(S::LEASE)),
         _ => builder.redis(|r| r.lease(S::LEASE)),
     }
     .identity(identity)

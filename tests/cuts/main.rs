@@ -14,6 +14,7 @@ mod cuts;
 
 mod cut_every_request;
 mod cut_every_request_etcd;
+mod cut_every_request_mysql;
 mod cut_every_request_postgres;
 mod cut_every_request_redis;
 mod cut_every_request_redis_cluster;

@@ -1,7 +1,8 @@
 //! An acquire on MySQL / MariaDB, for the acquire driver: a session taken from the pool
 //! ([`Acquisition::enter`]), and `GET_LOCK` on it ([`Acquisition::attempt`]): a try asks with
-//! no wait; a waiter waits in the server's queue for a slice of at most
-//! [`SLICE`] (no polling), and asks again when the slice ends. Granted, the lock's token is
+//! no wait; a waiter waits in the server's queue for a slice of one lease (no polling), and
+//! asks again when the slice ends: a waiter cut off (a partition) leaves no session on the
+//! server past two leases, the slice and then the session's `wait_timeout`. Granted, the lock's token is
 //! raised in the table under the lock, and the session becomes the hold's.
 //!
 //! What an attempt may have left (a `GET_LOCK` whose answer was not read: it may have been
@@ -27,11 +28,6 @@ use crate::backend::{Acquisition, BoxFuture, LockTarget, SharedHold, Step};
 use crate::types::error::Result;
 use crate::types::mode::Wait;
 use crate::types::token::FencingToken;
-
-/// The longest one wait in the server's queue lasts before it is asked again: what bounds how
-/// long a waiter whose session went silent without breaking (a partition) waits for an
-/// answer that cannot come.
-pub(super) const SLICE: Duration = Duration::from_secs(30);
 
 /// An acquire's session while it runs.
 struct Entry {
@@ -114,7 +110,7 @@ impl<'a> Acquire<'a> {
     async fn attempt(&mut self) -> Result<Step> {
         let seconds = match self.wait {
             Wait::Never => 0,
-            Wait::Forever | Wait::Until(..) => SLICE.as_secs(),
+            Wait::Forever | Wait::Until(..) => self.inner.config.lease.as_secs(),
         };
         let within = self.inner.config.reply_timeout + Duration::from_secs(seconds);
         let entry = self.entry.as_mut().expect("entered");

@@ -108,8 +108,14 @@ impl Inner {
     /// names zklock, the host, the pid and the identity.
     pub(super) async fn open(&self) -> Result<mysql_async::Conn, MySqlError> {
         self.count();
+        // The server ends a session idle this long, which frees its locks: the lease. (The
+        // client's own `wait_timeout` option only tells the client; the server's is set here.)
+        let lease = self.config.lease.as_secs();
         let opts = mysql_async::OptsBuilder::from_opts(self.config.opts.clone())
-            .wait_timeout(Some(self.config.lease.as_secs() as usize))
+            .wait_timeout(Some(lease as usize))
+            .init(vec![format!(
+                "SET SESSION wait_timeout = {lease}, SESSION interactive_timeout = {lease}"
+            )])
             .prefer_socket(false)
             .tcp_nodelay(true)
             .stmt_cache_size(32)

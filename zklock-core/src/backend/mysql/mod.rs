@@ -16,8 +16,8 @@
 //! - A lock path's lock is the user lock of its name (see [`wire::name`]): the path's tail kept
 //!   readable and a hash of the whole path, within the server's 64 characters.
 //! - An acquire takes a session of its own from the pool and runs `GET_LOCK` on it: with no
-//!   wait for a try, else waiting in the server's queue (no polling) for a slice of at most
-//!   [`SLICE`](acquire::SLICE), then again. Granted, it raises the lock's token in the table
+//!   wait for a try, else waiting in the server's queue (no polling) for a slice of one
+//!   lease, then again. Granted, it raises the lock's token in the table
 //!   `zklock_locks`, under the lock: the row's `fence` plus one, and at least the server's clock
 //!   in µs, so that a token survives a crash that lost the last commits. The session is then
 //!   the hold's, until its release (`RELEASE_LOCK`), after which it goes back to the pool.
