@@ -3,7 +3,7 @@
 //! The service itself knows none of them: it hands its `--lock` connect string to
 //! [`LockManager::builder`](zklock::LockManager::builder), which picks the backend from it (a
 //! ZooKeeper connect string, `redis://...`, `redis+sentinel://...`, `postgres://...`,
-//! `etcd://...`). Adding a backend to the demo is this file only:
+//! `etcd://...`, `mysql://...`). Adding a backend to the demo is this file only:
 //! a variant of [`LockBackend`], its entries in [`LockBackend::ALL`] (or
 //! [`LockBackend::OPT_IN`]) and the `match`es below (its name, its title, what its holds
 //! expire by), and how [`LockService::start`] starts a throwaway server for it through the
@@ -14,7 +14,9 @@ use std::io;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use zklock_testkit::{EtcdServer, PostgresServer, RedisSentinel, RedisServer, ZkServer};
+use zklock_testkit::{
+    EtcdServer, MariaDbServer, PostgresServer, RedisSentinel, RedisServer, ZkServer,
+};
 
 /// A lock service the demo runs the inventory service on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -30,6 +32,9 @@ pub enum LockBackend {
     /// etcd: a hold is a key on the instance's lease, in etcd's own lock format, which the
     /// instance keeps alive.
     Etcd,
+    /// MySQL / MariaDB: a hold is a user lock (`GET_LOCK`) of a session the instance owns,
+    /// ended by the server when the session stays idle past the lease (`wait_timeout`).
+    MySql,
     /// Redis under Sentinel (a primary, 2 replicas, 3 Sentinels): a lease on the primary the
     /// Sentinels name, as on Redis; the demo fails the primary over in the middle of the
     /// orders (`SENTINEL FAILOVER`), which makes every hold lost. Run only when asked
@@ -39,11 +44,12 @@ pub enum LockBackend {
 
 impl LockBackend {
     /// Every backend, in the order the demo runs them (and the table shows them).
-    pub const ALL: [LockBackend; 4] = [
+    pub const ALL: [LockBackend; 5] = [
         LockBackend::Zookeeper,
         LockBackend::Redis,
         LockBackend::Postgres,
         LockBackend::Etcd,
+        LockBackend::MySql,
     ];
 
     /// The backends run only when `--modes` names them (`lock` does not include them).
@@ -61,6 +67,7 @@ impl LockBackend {
             LockBackend::Redis => "redis",
             LockBackend::Postgres => "postgres",
             LockBackend::Etcd => "etcd",
+            LockBackend::MySql => "mysql",
             LockBackend::RedisSentinel => "redis-sentinel",
         }
     }
@@ -72,6 +79,7 @@ impl LockBackend {
             LockBackend::Redis => "Redis",
             LockBackend::Postgres => "PostgreSQL",
             LockBackend::Etcd => "etcd",
+            LockBackend::MySql => "MySQL",
             LockBackend::RedisSentinel => "Redis Sentinel",
         }
     }
@@ -83,6 +91,7 @@ impl LockBackend {
             LockBackend::Redis => "lease",
             LockBackend::Postgres => "lease (idle_session_timeout)",
             LockBackend::Etcd => "lease (TTL)",
+            LockBackend::MySql => "lease (wait_timeout)",
             LockBackend::RedisSentinel => "lease",
         }
     }
@@ -101,6 +110,11 @@ impl LockBackend {
             LockBackend::Postgres
         } else if lower.starts_with("etcd://") {
             LockBackend::Etcd
+        } else if ["mysql://", "mariadb://"]
+            .iter()
+            .any(|scheme| lower.starts_with(scheme))
+        {
+            LockBackend::MySql
         } else if ["redis://", "rediss://", "redis+unix://", "unix://"]
             .iter()
             .any(|scheme| lower.starts_with(scheme))
@@ -151,6 +165,8 @@ pub enum Server {
     Postgres(PostgresServer),
     /// A throwaway etcd (one member, its own data directory).
     Etcd(EtcdServer),
+    /// A throwaway MariaDB (its own data directory, run as an unprivileged user).
+    MySql(MariaDbServer),
     /// A throwaway Redis primary with 2 replicas and 3 Sentinels (shared with the driver,
     /// which fails it over).
     RedisSentinel(Arc<RedisSentinel>),
@@ -194,6 +210,11 @@ impl LockService {
                 let server = EtcdServer::start()
                     .map_err(|e| io::Error::other(format!("starting etcd: {e}")))?;
                 (server.url(), Server::Etcd(server))
+            }
+            LockBackend::MySql => {
+                let server = MariaDbServer::start()
+                    .map_err(|e| io::Error::other(format!("starting MariaDB: {e}")))?;
+                (server.url(), Server::MySql(server))
             }
             LockBackend::RedisSentinel => {
                 let server = RedisSentinel::start()
@@ -275,7 +296,12 @@ mod tests {
             LockBackend::Etcd
         );
         assert_eq!("etcd".parse::<LockBackend>(), Ok(LockBackend::Etcd));
-        assert!("mysql".parse::<LockBackend>().is_err());
+        assert_eq!(
+            LockBackend::of_connect_string("mariadb://zklock:zklock@127.0.0.1:3306/zklock"),
+            LockBackend::MySql
+        );
+        assert_eq!("mysql".parse::<LockBackend>(), Ok(LockBackend::MySql));
+        assert!("mongodb".parse::<LockBackend>().is_err());
     }
 }
 

@@ -62,7 +62,7 @@ struct ServeArgs {
     /// This instance's number, reported in answers.
     #[arg(long, default_value_t = 1)]
     instance: u32,
-    /// ZooKeeper session timeout, or Redis, PostgreSQL and etcd lease: how long a frozen or cut-off instance keeps
+    /// ZooKeeper session timeout, or Redis, PostgreSQL, etcd and MySQL lease: how long a frozen or cut-off instance keeps
     /// its locks.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     session_timeout: Duration,
@@ -95,7 +95,7 @@ struct DemoArgs {
     /// has none: the separate Redis round trips alone let orders overlap.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
     work: Duration,
-    /// ZooKeeper session timeout and Redis, PostgreSQL and etcd lease of the instances (the pause scenario waits
+    /// ZooKeeper session timeout and Redis, PostgreSQL, etcd and MySQL lease of the instances (the pause scenario waits
     /// this long).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
     session_timeout: Duration,
@@ -103,7 +103,7 @@ struct DemoArgs {
     /// session timeout or lease.
     #[arg(long)]
     pause: bool,
-    /// Modes to run, in order: `nolock`, a lock backend (`zk`, `redis`, `postgres`, `etcd`),
+    /// Modes to run, in order: `nolock`, a lock backend (`zk`, `redis`, `postgres`, `etcd`, `mysql`),
     /// or `lock` for every one of those; and `redis-sentinel` (not part of `lock`): Redis with
     /// 2 replicas and 3 Sentinels, the primary failed over in the middle of the orders.
     #[arg(long, value_delimiter = ',', default_value = "nolock,lock")]
@@ -158,6 +158,12 @@ fn serve(args: ServeArgs) -> Result<ExitCode, BoxError> {
                 zklock::BackendKind::Etcd => builder.etcd(|e| {
                     e.lease(Duration::from_secs(
                         silence.as_secs_f64().ceil().max(2.0) as u64
+                    ))
+                }),
+                // MySQL counts wait_timeout in whole seconds.
+                zklock::BackendKind::MySql => builder.mysql(|my| {
+                    my.lease(Duration::from_secs(
+                        silence.as_secs_f64().ceil().max(1.0) as u64
                     ))
                 }),
                 _ => builder.zookeeper(|zk| zk.session_timeout(silence)),

@@ -59,20 +59,21 @@ fn small_demo_sells_exactly_the_stock_with_the_lock_and_fences_the_paused_holder
     assert!(output.status.success(), "demo failed: {}", output.status);
 
     // The last lines are the machine-readable summaries of the locked runs, one per backend.
-    let last: Vec<&str> = stdout.lines().rev().take(4).collect();
+    let last: Vec<&str> = stdout.lines().rev().take(5).collect();
     assert!(
         last.iter()
             .all(|l| l.starts_with("inventory: mode=lock backend=")),
         "last lines: {last:?}"
     );
-    assert!(last[0].contains(" backend=etcd "), "{last:?}");
-    assert!(last[1].contains(" backend=postgres "), "{last:?}");
-    assert!(last[2].contains(" backend=redis "), "{last:?}");
-    assert!(last[3].contains(" backend=zk "), "{last:?}");
+    assert!(last[0].contains(" backend=mysql "), "{last:?}");
+    assert!(last[1].contains(" backend=etcd "), "{last:?}");
+    assert!(last[2].contains(" backend=postgres "), "{last:?}");
+    assert!(last[3].contains(" backend=redis "), "{last:?}");
+    assert!(last[4].contains(" backend=zk "), "{last:?}");
 
     let nolock = machine_line(&stdout, "inventory: ", " mode=nolock ");
     assert_eq!(num(&nolock, "initial"), 60);
-    for backend in ["zk", "redis", "postgres", "etcd"] {
+    for backend in ["zk", "redis", "postgres", "etcd", "mysql"] {
         let lock = machine_line(
             &stdout,
             "inventory: ",
