@@ -1,4 +1,4 @@
-//! A bounded soak of the Redis, PostgreSQL and etcd backends: mixed traffic from three managers
+//! A bounded soak of the Redis, PostgreSQL, etcd and MySQL backends: mixed traffic from three managers
 //! whose settings differ (leases of 1 s (2 s on etcd), 3 s and 10 s; a linger of 0 or 300 ms; the local queue on or
 //! off) — mutex workers on two keys, readers and writers of one read/write lock, a scheduled job
 //! with an `at_least` window and a leader election — while faults are dealt at random, one after
@@ -11,6 +11,9 @@
 //!   the server paused past the shortest lease;
 //! - PostgreSQL: a holding session ended by the server (`pg_terminate_backend`), the server
 //!   restarted (killed, and started again on its data), the server paused past the shortest lease;
+//! - MySQL: a holding session ended from outside (`KILL`), the server restarted (killed, and
+//!   started again on its data), the server paused past the shortest lease (the backend has no
+//!   read/write locks: no reader or writer workers);
 //! - etcd: a holder's key deleted from outside, a holder's lease revoked from outside (every hold
 //!   of its manager lost at once), the server restarted (on its data), the server paused past
 //!   the shortest lease.
@@ -46,7 +49,7 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 use zklock::{Error, LockManager, Ran};
 use zklock_testkit::{
-    now_ns, EtcdServer, History, Mode, Op, PostgresServer, Recorder, RedisServer,
+    now_ns, EtcdServer, History, MariaDbServer, Mode, Op, PostgresServer, Recorder, RedisServer,
 };
 
 /// Seconds of faults per backend, unless `ZKLOCK_SOAK_SECS` says otherwise.
@@ -76,6 +79,7 @@ enum Server {
     Redis(RedisServer, bool),
     Postgres(PostgresServer),
     Etcd(EtcdServer),
+    MySql(MariaDbServer),
 }
 
 impl Server {
@@ -85,6 +89,7 @@ impl Server {
             Server::Redis(_, false) => "redis",
             Server::Postgres(_) => "postgres",
             Server::Etcd(_) => "etcd",
+            Server::MySql(_) => "mysql",
         }
     }
 
@@ -93,6 +98,7 @@ impl Server {
             Server::Redis(s, _) => s.url(),
             Server::Postgres(s) => s.url(),
             Server::Etcd(s) => s.url(),
+            Server::MySql(s) => s.url(),
         }
     }
 
@@ -101,6 +107,7 @@ impl Server {
             Server::Redis(s, _) => s.pause(),
             Server::Postgres(s) => s.pause(),
             Server::Etcd(s) => s.pause(),
+            Server::MySql(s) => s.pause(),
         }
         .expect("pause the server")
     }
@@ -110,6 +117,7 @@ impl Server {
             Server::Redis(s, _) => s.resume(),
             Server::Postgres(s) => s.resume(),
             Server::Etcd(s) => s.resume(),
+            Server::MySql(s) => s.resume(),
         }
         .expect("resume the server")
     }
@@ -119,6 +127,7 @@ impl Server {
             Server::Redis(s, _) => s.restart(),
             Server::Postgres(s) => s.restart(),
             Server::Etcd(s) => s.restart(),
+            Server::MySql(s) => s.restart(),
         }
         .expect("restart the server")
     }
@@ -351,6 +360,83 @@ async fn postgres_fault(
     }
 }
 
+/// Deals one MySQL fault of kind `kind`; returns its name for the report.
+async fn mysql_fault(
+    kind: usize,
+    server: &mut Server,
+    traffic: &Traffic,
+    history: &History,
+    rng: &mut StdRng,
+) -> &'static str {
+    use mysql_async::prelude::Queryable;
+    let Server::MySql(db) = &*server else {
+        unreachable!("a MySQL soak")
+    };
+    match kind {
+        0 => {
+            // A holding session, ended from outside (`KILL`): its hold is lost at once. The
+            // kill goes out on a session of the test's own, so that it lands within a
+            // millisecond of the marks around it.
+            let sql = |q: &str| blocking(|| db.root_sql(q)).expect("run SQL on MariaDB");
+            // Over TCP, as the same account as the holders' sessions (`zklock`@`127.0.0.1`:
+            // an account may end only its own sessions).
+            let opts = mysql_async::Opts::from_url(&db.url()).expect("the test MariaDB's URL");
+            let opts = mysql_async::OptsBuilder::from_opts(opts).prefer_socket(false);
+            let mut admin = mysql_async::Conn::new(opts)
+                .await
+                .expect("connect to the test MariaDB");
+            for _ in 0..100 {
+                // Each held lock's session, and the manager that wrote the lock's row at its
+                // grant (the holder's: a session belongs to one manager's pool).
+                let held: Vec<(String, String, String)> = sql(
+                    "SELECT IS_USED_LOCK(name), path, holder FROM zklock.zklock_locks \
+                     WHERE IS_USED_LOCK(name) IS NOT NULL",
+                )
+                .lines()
+                .filter_map(|l| {
+                    let mut f = l.split('\t');
+                    Some((f.next()?.into(), f.next()?.into(), f.next()?.into()))
+                })
+                .filter(|(_, path, _)| traffic.key_of_path.contains_key(path))
+                .collect();
+                if !held.is_empty() {
+                    let (session, path, holder) = &held[rng.gen_range(0..held.len())];
+                    let what = format!("KILL {session}");
+                    history.fault(&what);
+                    // The session may have moved on to another hold of its manager since the
+                    // look: each is a hold taken away without a word, like the one seen. The
+                    // kill lands at some moment between the marks before and after it.
+                    let hit = || {
+                        traffic.silent(history, &traffic.key_of_path[path], &what);
+                        if let Some((_, id)) = holder.rsplit_once(" id=") {
+                            let manager = format!("{id}-");
+                            for worker in traffic.workers_of.values().flatten() {
+                                if worker.starts_with(&manager) {
+                                    history.silent_fault(worker, &what);
+                                }
+                            }
+                        }
+                    };
+                    hit();
+                    let killed = admin.query_drop(format!("KILL {session}")).await;
+                    hit();
+                    if killed.is_ok() {
+                        return "KILL of a holding session";
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            "KILL (nothing held)"
+        }
+        1 => {
+            history.fault("mysql restarted");
+            blocking(|| server.restart());
+            "restart"
+        }
+        _ => pause(server, history, rng).await,
+    }
+}
+
 /// Deals one etcd fault of kind `kind`; returns its name for the report.
 async fn etcd_fault(
     kind: usize,
@@ -529,10 +615,11 @@ async fn soak(mut server: Server) {
     let mut rng = StdRng::seed_from_u64(seed);
     let managers = connect_managers(&server.url()).await;
     let leaders = has_leader_latch(&managers[0], backend).await;
+    let rwlocks = has_rwlocks(&managers[0], backend).await;
     let key_of_path = key_of_path(&managers[0], leaders);
     let history = History::new();
     let crew = Crew::new();
-    let workers = start_workers(&managers, &history, &crew, leaders);
+    let workers = start_workers(&managers, &history, &crew, leaders, rwlocks);
     let traffic = Traffic {
         workers_of: workers.of_key,
         key_of_path,
@@ -572,6 +659,10 @@ async fn connect_managers(url: &str) -> Vec<LockManager> {
         let builder = LockManager::builder(url);
         let builder = match zklock::BackendKind::of(url).unwrap() {
             zklock::BackendKind::Postgres => builder.postgres(|pg| pg.lease(lease)),
+            // MySQL counts wait_timeout in whole seconds.
+            zklock::BackendKind::MySql => {
+                builder.mysql(|my| my.lease(Duration::from_secs(lease.as_secs().max(1))))
+            }
             // etcd counts its leases in whole seconds, 2 at least.
             zklock::BackendKind::Etcd => {
                 builder.etcd(|e| e.lease(Duration::from_secs(lease.as_secs().max(2))))
@@ -615,6 +706,24 @@ async fn has_leader_latch(m: &LockManager, backend: &str) -> bool {
     }
 }
 
+/// Read/write locks, where the backend has them (MySQL's user locks are exclusive).
+async fn has_rwlocks(m: &LockManager, backend: &str) -> bool {
+    match m.rwlock("soak-probe").unwrap().try_read().await {
+        Ok(read) => {
+            drop(read);
+            true
+        }
+        Err(e @ Error::Unsupported { .. }) => {
+            say(&format!(
+                "soak_backends {backend}: no reader or writer workers, the backend has no \
+                 read/write locks: {e}"
+            ));
+            false
+        }
+        Err(e) => panic!("the probe read lock failed: {e}"),
+    }
+}
+
 /// The history key of each lock path of the traffic.
 fn key_of_path(m0: &LockManager, leaders: bool) -> HashMap<String, String> {
     let mut key_of_path = HashMap::new();
@@ -650,6 +759,7 @@ fn start_workers(
     history: &History,
     crew: &Crew,
     leaders: bool,
+    rwlocks: bool,
 ) -> Workers {
     let work = Work {
         wait: Duration::from_secs(10),
@@ -681,7 +791,7 @@ fn start_workers(
                 work,
             )));
         }
-        for j in 0..2 {
+        for j in 0..if rwlocks { 2 } else { 0 } {
             let rec = add(format!("m{i}-rw{j}"), &format!("rw:{RW_KEY}"));
             tasks.push(tokio::spawn(rw_worker(
                 m.clone(),
@@ -738,6 +848,10 @@ async fn deal_faults(
             Server::Etcd(_) => {
                 let kind = rng.gen_range(0..4);
                 etcd_fault(kind, server, traffic, history, rng).await
+            }
+            Server::MySql(_) => {
+                let kind = rng.gen_range(0..3);
+                mysql_fault(kind, server, traffic, history, rng).await
             }
         };
         *injected.entry(what).or_default() += 1;
@@ -901,4 +1015,10 @@ async fn soak_postgres_random_faults_under_mixed_traffic() {
 async fn soak_etcd_random_faults_under_mixed_traffic() {
     let server = blocking(EtcdServer::start).expect("start etcd (test kit)");
     soak(Server::Etcd(server)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_mysql_random_faults_under_mixed_traffic() {
+    let server = blocking(MariaDbServer::start).expect("start MariaDB (test kit)");
+    soak(Server::MySql(server)).await;
 }
