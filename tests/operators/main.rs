@@ -23,6 +23,7 @@ mod metrics;
 mod revoke_and_inspect;
 mod secrets;
 mod tls;
+mod tls_mysql;
 mod tls_redis_ha;
 mod tls_servers;
 mod tracing_events;

@@ -19,7 +19,7 @@ use zklock::{Error, LockManager, Tls};
 use zklock_testkit::{Certs, ClientAuth, EtcdServer, PostgresServer, RedisServer, ServerCert};
 
 /// The managers' connect timeout: every failure must come within it.
-const CONNECT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT: Duration = Duration::from_secs(5);
 
 pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
@@ -65,7 +65,7 @@ async fn postgres(url: &str, tls: Option<Tls>) -> zklock::Result<LockManager> {
 }
 
 /// Two managers exclude each other and hand the lock over with a larger token.
-async fn hold_and_hand_over(a: &LockManager, b: &LockManager) {
+pub(crate) async fn hold_and_hand_over(a: &LockManager, b: &LockManager) {
     let held = a.lock("tls_key").await.expect("granted over TLS");
     assert!(b.try_lock("tls_key").await.unwrap().is_none(), "excluded");
     let first = held.fencing_token();
@@ -76,7 +76,7 @@ async fn hold_and_hand_over(a: &LockManager, b: &LockManager) {
 }
 
 /// `connect` fails within the timeout with `Error::Tls` naming `host` and saying `cause`.
-async fn refused_for<F>(connect: F, host: &str, cause: &str)
+pub(crate) async fn refused_for<F>(connect: F, host: &str, cause: &str)
 where
     F: std::future::Future<Output = zklock::Result<LockManager>>,
 {
@@ -114,7 +114,7 @@ where
 /// The server certificates a client must refuse, each with the client's settings and the cause
 /// its error must give: one signed by another CA than the client trusts, one for another
 /// name, an expired one.
-fn unverifiable(certs: &Certs) -> [(ServerCert, Tls, &'static str); 3] {
+pub(crate) fn unverifiable(certs: &Certs) -> [(ServerCert, Tls, &'static str); 3] {
     [
         (
             ServerCert::Valid,

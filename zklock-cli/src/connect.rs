@@ -82,19 +82,16 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
                 None => e,
             }
         }),
-        (BackendKind::MySql, _, lease) => {
-            if tls.is_some() {
-                return Err(zklock_core::Error::Config(
-                    "--tls-ca, --tls-cert and --tls-key are not supported on MySQL yet: reach \
-                     the server over a TLS tunnel, or give a mysql:// URL without them"
-                        .to_string(),
-                ));
-            }
-            builder.mysql(move |my| match lease {
+        (BackendKind::MySql, _, lease) => builder.mysql(move |my| {
+            let my = match lease {
                 Some(lease) => my.lease(lease),
                 None => my,
-            })
-        }
+            };
+            match tls {
+                Some(tls) => my.tls(tls),
+                None => my,
+            }
+        }),
         _ => builder,
     };
     builder.connect().await

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::certs::{Certs, ClientAuth, ServerCert, ServerTls};
 use crate::daemon::{binary, on_free_ports, restart, Daemon, Log, Readiness};
 use crate::ports::PortLease;
 use crate::workdir;
@@ -139,6 +140,8 @@ pub struct MariaDbServer {
     log: Log,
     dir: tempfile::TempDir,
     flush: Flush,
+    /// TLS required on TCP, when set (its files copied into the server's directory, `tls/`).
+    tls: Option<ServerTls>,
 }
 
 /// Options for a [`MariaDbServer`]; made by [`MariaDbServer::builder`].
@@ -157,6 +160,8 @@ pub struct MariaDbServer {
 #[must_use = "a builder does nothing until `start` is called"]
 pub struct MariaDbServerBuilder {
     flush: Flush,
+    tls: Option<(Certs, ClientAuth)>,
+    server_cert: Option<ServerCert>,
 }
 
 impl MariaDbServerBuilder {
@@ -214,7 +219,50 @@ impl MariaDbServerBuilder {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn start(self) -> io::Result<MariaDbServer> {
-        MariaDbServer::start_with(self.flush)
+        let tls = ServerTls::from_options(self.tls, self.server_cert)?;
+        MariaDbServer::start_with(self.flush, tls)
+    }
+
+    /// TLS required of every TCP client (`require_secure_transport`), with the server's
+    /// certificate from `certs` (signed by their CA, for `127.0.0.1` and `localhost`); with
+    /// [`ClientAuth::Required`], the `zklock` and `zklock_narrow` accounts are made
+    /// `REQUIRE X509`: they log in only with a client certificate the CA signed. The kit's own
+    /// client (`root_sql`) reaches it through its Unix socket.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, MariaDbServer};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let db = MariaDbServer::builder().tls(&certs, ClientAuth::NotRequired).start()?;
+    /// assert_eq!(db.root_sql("SELECT @@require_secure_transport")?, "1");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn tls(mut self, certs: &Certs, client_auth: ClientAuth) -> Self {
+        self.tls = Some((certs.clone(), client_auth));
+        self
+    }
+
+    /// Which of the certificates given to [`tls`](Self::tls) the server presents (the valid one
+    /// by default; one for another name, an expired one: for tests of what a client refuses).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use zklock_testkit::{Certs, ClientAuth, MariaDbServer, ServerCert};
+    ///
+    /// let certs = Certs::mint()?;
+    /// let db = MariaDbServer::builder()
+    ///     .tls(&certs, ClientAuth::NotRequired)
+    ///     .server_cert(ServerCert::WrongName)
+    ///     .start()?;
+    /// # drop(db);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn server_cert(mut self, which: ServerCert) -> Self {
+        self.server_cert = Some(which);
+        self
     }
 }
 
@@ -271,7 +319,7 @@ impl MariaDbServer {
         MariaDbServer::builder().durable().start()
     }
 
-    fn start_with(flush: Flush) -> io::Result<MariaDbServer> {
+    fn start_with(flush: Flush, tls: Option<ServerTls>) -> io::Result<MariaDbServer> {
         let dir = workdir::create("mariadb")?;
         let user = run_as()?;
         // A temporary directory of its own: a starting server deletes every `#sql*` file in
@@ -283,13 +331,24 @@ impl MariaDbServer {
             std::os::unix::fs::chown(&tmp, Some(user.uid), Some(user.gid))?;
         }
         install_db(dir.path(), user.as_ref())?;
-        let server = Self::serve(dir, flush)?;
+        if let Some(tls) = &tls {
+            install_tls_files(dir.path(), tls, user.as_ref())?;
+        }
+        let requires_cert = tls.as_ref().is_some_and(ServerTls::requires_client_cert);
+        let server = Self::serve(dir, flush, tls)?;
         server.root_sql(ACCOUNTS)?;
+        if requires_cert {
+            server.root_sql(REQUIRE_X509)?;
+        }
         Ok(server)
     }
 
     /// A server on the data directory `dir/data`, on a free port.
-    fn serve(dir: tempfile::TempDir, flush: Flush) -> io::Result<MariaDbServer> {
+    fn serve(
+        dir: tempfile::TempDir,
+        flush: Flush,
+        tls: Option<ServerTls>,
+    ) -> io::Result<MariaDbServer> {
         // One data directory for every port tried.
         let mut dir = Some(dir);
         on_free_ports(1, PORT_ATTEMPTS, "mariadbd", |mut leases| {
@@ -300,6 +359,7 @@ impl MariaDbServer {
                 log: Log::new(dir_now.path().join("mariadbd.log")),
                 dir: dir_now,
                 flush,
+                tls: tls.clone(),
             };
             match server.spawn() {
                 Ok(()) => Ok(server),
@@ -405,7 +465,7 @@ impl MariaDbServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn root_sql(&self, sql: &str) -> io::Result<String> {
-        let out = client(self.port(), "root", None)
+        let out = client(self.port(), "root", None, self.tls_socket().as_deref())
             .arg("-e")
             .arg(sql)
             .stdin(Stdio::null())
@@ -447,6 +507,24 @@ impl MariaDbServer {
     /// ```
     pub fn kill_connection(&self, id: u64) -> io::Result<()> {
         self.root_sql(&format!("KILL CONNECTION {id}")).map(drop)
+    }
+
+    /// Whether it requires TLS of TCP clients ([`MariaDbServerBuilder::tls`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let db = zklock_testkit::MariaDbServer::start()?;
+    /// assert!(!db.is_tls());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The Unix socket the kit's own client takes, on a TLS server.
+    fn tls_socket(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|_| self.dir.path().join(SOCKET))
     }
 
     /// Kills the server (SIGKILL), as in a crash: connections break and every session's locks
@@ -577,6 +655,12 @@ impl MariaDbServer {
             .arg("--max-connections=200")
             .args(SMALL)
             .args(self.flush.settings())
+            .args(
+                self.tls
+                    .as_ref()
+                    .map(|_| tls_settings(dir))
+                    .unwrap_or_default(),
+            )
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
@@ -596,8 +680,11 @@ impl MariaDbServer {
             poll: Duration::from_millis(25),
             kill_on_timeout: true,
         };
-        self.daemon
-            .wait_ready(ready, |_| Ok(answers(port).then_some(())))
+        let socket = self.tls_socket();
+        self.daemon.wait_ready(
+            ready,
+            |_| Ok(answers(port, socket.as_deref()).then_some(())),
+        )
     }
 }
 
@@ -608,13 +695,13 @@ impl Drop for MariaDbServer {
 }
 
 /// Whether the server on `port` takes a TCP connection and answers `SELECT 1` to `root`.
-fn answers(port: u16) -> bool {
+fn answers(port: u16, socket: Option<&Path>) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     // A connection first: no client is run while nothing listens.
     if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
         return false;
     }
-    client(port, "root", Some(1))
+    client(port, "root", Some(1), socket)
         .args(["-e", "SELECT 1"])
         .stdin(Stdio::null())
         .output()
@@ -624,17 +711,70 @@ fn answers(port: u16) -> bool {
 /// The `mariadb` client logged in as `user` (no password) over TCP to `port`, in batch mode
 /// without column names, reading no option file; waiting `connect_timeout` seconds for the
 /// server (the kit's default when `None`).
-fn client(port: u16, user: &str, connect_timeout: Option<u32>) -> Command {
+fn client(port: u16, user: &str, connect_timeout: Option<u32>, socket: Option<&Path>) -> Command {
     let mut cmd = Command::new(binary("ZKLOCK_MARIADB", "mariadb"));
-    cmd.arg("--no-defaults")
-        .args(["--protocol=TCP", "-h", "127.0.0.1", "-P"])
-        .arg(port.to_string())
-        .args(["-u", user, "-N", "-B", "--default-character-set=utf8mb4"])
+    cmd.arg("--no-defaults");
+    match socket {
+        // A TLS server requires TLS of TCP clients only: the kit's client, which must reach a
+        // server whatever certificate it presents, takes its Unix socket.
+        Some(socket) => cmd
+            .arg("--protocol=SOCKET")
+            .arg(path_setting("--socket", socket)),
+        None => cmd
+            .args(["--protocol=TCP", "-h", "127.0.0.1", "-P"])
+            .arg(port.to_string()),
+    };
+    cmd.args(["-u", user, "-N", "-B", "--default-character-set=utf8mb4"])
         .arg(format!(
             "--connect-timeout={}",
             connect_timeout.unwrap_or(CONNECT_TIMEOUT_SECS)
         ));
     cmd
+}
+
+/// Where a TLS server's files are, under its directory.
+const TLS_DIR: &str = "tls";
+
+/// The accounts' client certificates required ([`ClientAuth::Required`]).
+const REQUIRE_X509: &str = "\
+    ALTER USER 'zklock'@'127.0.0.1' REQUIRE X509; ALTER USER 'zklock'@'localhost' REQUIRE X509;\n\
+    ALTER USER 'zklock_narrow'@'127.0.0.1' REQUIRE X509;\n\
+    ALTER USER 'zklock_narrow'@'localhost' REQUIRE X509;";
+
+/// The server's TLS settings, its files under `dir`'s `tls/`: TLS required of TCP clients.
+fn tls_settings(dir: &Path) -> Vec<std::ffi::OsString> {
+    let tls = dir.join(TLS_DIR);
+    vec![
+        path_setting("--ssl-ca", &tls.join("ca.pem")),
+        path_setting("--ssl-cert", &tls.join("server.pem")),
+        path_setting("--ssl-key", &tls.join("server.key")),
+        "--require-secure-transport=ON".into(),
+    ]
+}
+
+/// Copies the server's certificate, key and CA into `dir`'s `tls/`, readable by `user` (the
+/// server's), the key by it alone.
+fn install_tls_files(dir: &Path, tls: &ServerTls, user: Option<&RunAs>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let to = dir.join(TLS_DIR);
+    std::fs::create_dir_all(&to)?;
+    let files: [(&Path, &str, u32); 3] = [
+        (tls.cert_path(), "server.pem", 0o644),
+        (tls.key_path(), "server.key", 0o600),
+        (tls.certs.ca_path(), "ca.pem", 0o644),
+    ];
+    for (from, name, mode) in files {
+        let path = to.join(name);
+        std::fs::copy(from, &path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        if let Some(user) = user {
+            std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))?;
+        }
+    }
+    if let Some(user) = user {
+        std::os::unix::fs::chown(&to, Some(user.uid), Some(user.gid))?;
+    }
+    Ok(())
 }
 
 /// `mariadb-install-db` into `dir/data` (with `dir/tmp` for its temporary files): the system

@@ -354,7 +354,7 @@ impl Tls {
 }
 
 /// The system's root certificates as PEM text (for a client that takes its CA as PEM only).
-#[cfg(feature = "tls")]
+#[cfg(any(feature = "tls", feature = "mysql"))]
 pub(crate) fn system_roots_pem() -> String {
     use base64::Engine;
     let mut pem = String::new();

@@ -100,7 +100,7 @@ impl<'a> Acquire<'a> {
                     tracing::debug!(key = %self.target.key, error = %e, "zklock: no MySQL session for an acquire; retrying");
                     self.backoff.wait().await;
                 }
-                Err(e) => return Err(e.during("acquire the lock")),
+                Err(e) => return Err(e.on(self.inner.config.host(), "acquire the lock")),
             }
         }
     }

@@ -18,6 +18,7 @@ use super::wire;
 use crate::backend::undos::Undos;
 use crate::backend::HOST_PID;
 use crate::background::Background;
+use crate::types::tls::{system_roots_pem, Tls};
 
 /// The most idle sessions kept.
 const MAX_IDLE: usize = 16;
@@ -30,6 +31,52 @@ pub(super) struct Config {
     pub(super) reply_timeout: Duration,
     pub(super) identity: Option<String>,
     pub(super) tokens: bool,
+    /// TLS settings given through the options, if any (else the URL's `require_ssl`).
+    pub(super) tls: Option<Tls>,
+}
+
+impl Config {
+    /// The server as errors name it: `host:port`.
+    pub(super) fn host(&self) -> String {
+        format!("{}:{}", self.opts.ip_or_hostname(), self.opts.tcp_port())
+    }
+
+    /// The TLS settings sessions are opened with, if any: the options', or the URL's
+    /// `require_ssl` with the system's roots.
+    fn tls_in_use(&self) -> Option<Tls> {
+        let url_asks = self.opts.ssl_opts().is_some();
+        self.tls.clone().or_else(|| url_asks.then(Tls::new))
+    }
+
+    /// The TLS settings of a session opened now (the files read again), verified always: the
+    /// CA given (else the system's roots, never a built-in list), the client certificate,
+    /// the name to check. `None`: plaintext (neither the options nor the URL ask for TLS).
+    fn ssl_opts(&self) -> Result<Option<mysql_async::SslOpts>, MySqlError> {
+        let Some(tls) = self.tls_in_use() else {
+            return Ok(None);
+        };
+        let host = self.host();
+        let pem = tls
+            .pem_now(&host)
+            .map_err(|e| MySqlError::Tls(e.to_string()))?;
+        let roots = match pem.ca {
+            Some(ca) => ca,
+            None => system_roots_pem().into_bytes(),
+        };
+        let mut ssl = mysql_async::SslOpts::default()
+            .with_root_certs(vec![roots.into()])
+            .with_disable_built_in_roots(true);
+        if let Some((cert, key)) = pem.client {
+            ssl = ssl.with_client_identity(Some(mysql_async::ClientIdentity::new(
+                cert.into(),
+                key.into(),
+            )));
+        }
+        if let Some(name) = pem.server_name {
+            ssl = ssl.with_danger_tls_hostname_override(Some(name));
+        }
+        Ok(Some(ssl))
+    }
 }
 
 /// An idle session, and since when it is idle.
@@ -111,7 +158,9 @@ impl Inner {
         // The server ends a session idle this long, which frees its locks: the lease. (The
         // client's own `wait_timeout` option only tells the client; the server's is set here.)
         let lease = self.config.lease.as_secs();
+        let ssl = self.config.ssl_opts()?;
         let opts = mysql_async::OptsBuilder::from_opts(self.config.opts.clone())
+            .ssl_opts(ssl)
             .wait_timeout(Some(lease as usize))
             .init(vec![format!(
                 "SET SESSION wait_timeout = {lease}, SESSION interactive_timeout = {lease}"
@@ -123,7 +172,7 @@ impl Inner {
         match tokio::time::timeout(self.config.connect_timeout, mysql_async::Conn::new(opts)).await
         {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => Err(e.into()),
+            Ok(Err(e)) => Err(MySqlError::of_connect(e, self.config.tls_in_use().as_ref())),
             Err(_) => Err(MySqlError::TimedOut),
         }
     }
@@ -147,7 +196,7 @@ impl Inner {
         let mut conn = self
             .take()
             .await
-            .map_err(super::error::mysql_error("connect"))?;
+            .map_err(|e| e.on(self.config.host(), "connect"))?;
         let within = self.config.reply_timeout;
         let read_only: Option<i64> = bounded(within, conn.query_first(wire::READ_ONLY))
             .await

@@ -3,6 +3,7 @@
 
 use crate::types::backend_kind::BackendKind;
 use crate::types::error::{Error, ServerError};
+use crate::types::tls::{closed_in_handshake, failure_in_text, handshake_failure, Tls};
 
 /// What to check when the server fails a request.
 const ADVICE: &str = "check the URL, that the server is up and that the account may read and \
@@ -20,6 +21,10 @@ const ER_CON_COUNT: u16 = 1040;
 pub(super) enum MySqlError {
     Client(std::sync::Arc<mysql_async::Error>),
     TimedOut,
+    /// TLS could not be set up (a certificate that does not verify, a file that cannot be
+    /// read, a server without TLS, or one that requires it of a plaintext client): what went
+    /// wrong and what to do.
+    Tls(String),
 }
 
 impl MySqlError {
@@ -28,6 +33,7 @@ impl MySqlError {
     pub(super) fn is_transient(&self) -> bool {
         match self {
             MySqlError::TimedOut => true,
+            MySqlError::Tls(_) => false,
             MySqlError::Client(e) => match &**e {
                 mysql_async::Error::Io(_) | mysql_async::Error::Driver(_) => true,
                 mysql_async::Error::Server(s) => {
@@ -45,7 +51,63 @@ impl MySqlError {
                 mysql_async::Error::Server(s) => Some(s.code),
                 _ => None,
             },
-            MySqlError::TimedOut => None,
+            MySqlError::TimedOut | MySqlError::Tls(_) => None,
+        }
+    }
+
+    /// The error of opening a session; `tls`: the TLS settings it was opened with, if any. A
+    /// failure of TLS, or the server's refusal of a plaintext client, is [`MySqlError::Tls`].
+    pub(super) fn of_connect(e: mysql_async::Error, tls: Option<&Tls>) -> MySqlError {
+        let reason = match (&e, tls) {
+            (mysql_async::Error::Io(mysql_async::IoError::Tls(t)), Some(tls)) => {
+                let text = format!("{t:?} {t}");
+                Some(failure_in_text(&text, tls).unwrap_or_else(|| {
+                    format!(
+                        "the TLS handshake failed: {t}; check the CA (Tls::ca_file), the \
+                         server's certificate and name, and the client certificate"
+                    )
+                }))
+            }
+            // rustls's error inside the I/O error (a certificate that does not verify, an
+            // alert), or a connection closed or reset while TLS was being set up.
+            (mysql_async::Error::Io(mysql_async::IoError::Io(io)), Some(tls)) => {
+                if io
+                    .get_ref()
+                    .is_some_and(|e| e.downcast_ref::<rustls::Error>().is_some())
+                {
+                    Some(handshake_failure(io, tls))
+                } else if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe
+                ) {
+                    Some(closed_in_handshake(tls))
+                } else {
+                    None
+                }
+            }
+            (
+                mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer),
+                _,
+            ) => Some(
+                "the server does not speak TLS; turn TLS on in the server (ssl_cert, \
+                     ssl_key), or leave TLS out of the settings"
+                    .to_string(),
+            ),
+            // ER_SECURE_TRANSPORT_REQUIRED (MySQL 3159, MariaDB 4036)
+            (mysql_async::Error::Server(s), None) if s.code == 3159 || s.code == 4036 => {
+                Some(format!(
+                    "the server requires TLS ({}); add require_ssl=true to the URL, or give \
+                     .mysql(|my| my.tls(..))",
+                    s.message
+                ))
+            }
+            _ => None,
+        };
+        match reason {
+            Some(reason) => MySqlError::Tls(reason),
+            None => e.into(),
         }
     }
 
@@ -54,9 +116,23 @@ impl MySqlError {
         self.code().is_some_and(|c| ER_DENIED.contains(&c))
     }
 
+    /// This error during `operation` on `host`, as zklock's [`Error`].
+    pub(super) fn on(self, host: String, operation: &'static str) -> Error {
+        match self {
+            MySqlError::Tls(reason) => Error::Tls { host, reason },
+            e => e.during(operation),
+        }
+    }
+
     /// This error during `operation`, as zklock's [`Error`].
     pub(super) fn during(self, operation: &'static str) -> Error {
         let source = match &self {
+            MySqlError::Tls(reason) => {
+                return Error::Tls {
+                    host: "the MySQL server".into(),
+                    reason: reason.clone(),
+                }
+            }
             MySqlError::TimedOut => ServerError::timed_out("MySQL"),
             MySqlError::Client(e) => {
                 ServerError::new(e.clone(), self.to_string(), self.is_transient(), ADVICE)
@@ -120,6 +196,7 @@ impl std::fmt::Display for MySqlError {
                 e => e.fmt(f),
             },
             MySqlError::TimedOut => f.write_str("no reply from MySQL in time"),
+            MySqlError::Tls(reason) => f.write_str(reason),
         }
     }
 }

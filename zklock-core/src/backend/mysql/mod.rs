@@ -113,6 +113,17 @@ impl MySqlBackend {
             _ => config.url.clone(),
         };
         let opts = mysql_async::Opts::from_url(&url).map_err(error::unusable_url)?;
+        if opts
+            .ssl_opts()
+            .is_some_and(|s| s.skip_domain_validation() || s.accept_invalid_certs())
+        {
+            return Err(Error::Config(
+                "the MySQL URL turns the server's certificate check off (verify_ca=false or \
+                 verify_identity=false): zklock always verifies the server; give a private CA \
+                 with .mysql(|my| my.tls(Tls::new().ca_file(..))) instead"
+                    .into(),
+            ));
+        }
         if config.options.lease.subsec_nanos() != 0 {
             return Err(Error::Config(format!(
                 "the MySQL lease is {:?}; give whole seconds (the server counts wait_timeout in \
@@ -128,6 +139,7 @@ impl MySqlBackend {
             reply_timeout: (config.options.lease / 3).max(Duration::from_millis(500)),
             identity: config.identity,
             tokens: config.tokens,
+            tls: config.options.tls.clone(),
         }));
         inner.check_server().await?;
         Ok(MySqlBackend { inner })

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::backend::DEFAULT_LEASE;
+use crate::types::tls::Tls;
 
 /// The shortest lease accepted: the server counts `wait_timeout` in whole seconds, and
 /// liveness checks go out every lease/3.
@@ -30,12 +31,14 @@ pub(crate) const MIN_LEASE: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct MySqlOptions {
     pub(crate) lease: Duration,
+    pub(crate) tls: Option<Tls>,
 }
 
 impl Default for MySqlOptions {
     fn default() -> MySqlOptions {
         MySqlOptions {
             lease: DEFAULT_LEASE,
+            tls: None,
         }
     }
 }
@@ -56,6 +59,30 @@ impl MySqlOptions {
     /// ```
     pub fn lease(mut self, lease: Duration) -> MySqlOptions {
         self.lease = lease;
+        self
+    }
+
+    /// Connects over TLS with these settings (a private CA, a client certificate for an account
+    /// created `REQUIRE X509`, the name to check), the server's certificate always verified:
+    /// its chain against the CA given (else the system's roots), and its name against the
+    /// URL's host (or [`Tls::server_name`]). The files are read again for every new session.
+    /// Without these settings, a URL with `require_ssl=true` uses TLS verified against the
+    /// system's roots; a URL that turns verification off (`verify_ca=false`,
+    /// `verify_identity=false`) is refused.
+    ///
+    /// ```
+    /// let b = zklock_core::LockManager::builder("mysql://app:secret@db.internal/app")
+    ///     .mysql(|my| {
+    ///         my.tls(
+    ///             zklock_core::Tls::new()
+    ///                 .ca_file("/etc/zklock/ca.pem")
+    ///                 .client_cert_files("/etc/zklock/app.pem", "/etc/zklock/app.key"),
+    ///         )
+    ///     });
+    /// # let _ = b;
+    /// ```
+    pub fn tls(mut self, tls: Tls) -> MySqlOptions {
+        self.tls = Some(tls);
         self
     }
 }
