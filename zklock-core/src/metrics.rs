@@ -241,7 +241,10 @@ const BACKENDS: &[(&str, &str)] = &[
     ("backend", BackendKind::ALL[2].label()),
     ("backend", BackendKind::ALL[3].label()),
     ("backend", BackendKind::ALL[4].label()),
+    ("backend", BackendKind::ALL[5].label()),
 ];
+// One label a backend, in the order of `BackendKind::ALL` (which metrics index by).
+const _: () = assert!(BACKENDS.len() == BackendKind::ALL.len());
 
 /// How an acquire ended (the `outcome` label of [`ACQUIRES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
