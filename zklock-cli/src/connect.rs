@@ -14,6 +14,14 @@ use crate::exit::fail;
 /// `--connect` names is refused: it would have no effect.
 pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
     let kind = BackendKind::of(&cli.connect)?;
+    refuse_foreign_flags(cli, kind)?;
+    let tls = tls(cli)?;
+    let builder = LockManager::builder(&cli.connect).namespace(&cli.namespace);
+    with_backend_flags(builder, cli, kind, tls).connect().await
+}
+
+/// Refuses a flag of another backend than `kind`: it would have no effect.
+fn refuse_foreign_flags(cli: &Cli, kind: BackendKind) -> zklock_core::Result<()> {
     let foreign = match kind {
         BackendKind::ZooKeeper => cli.lease.map(|_| ("--lease", "--session-timeout")),
         _ => cli
@@ -32,9 +40,18 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
             kind.name()
         )));
     }
-    let tls = tls(cli)?;
-    let builder = LockManager::builder(&cli.connect).namespace(&cli.namespace);
-    let builder = match (kind, cli.session_timeout, cli.lease) {
+    Ok(())
+}
+
+/// `builder` with the flags of backend `kind`: the session timeout or lease, TLS, the
+/// Sentinels' password.
+fn with_backend_flags(
+    builder: zklock_core::Builder,
+    cli: &Cli,
+    kind: BackendKind,
+    tls: Option<Tls>,
+) -> zklock_core::Builder {
+    match (kind, cli.session_timeout, cli.lease) {
         (BackendKind::ZooKeeper, timeout, _) => builder.zookeeper(move |zk| {
             let zk = match timeout {
                 Some(t) => zk.session_timeout(t),
@@ -93,8 +110,7 @@ pub(crate) async fn connect(cli: &Cli) -> zklock_core::Result<LockManager> {
             }
         }),
         _ => builder,
-    };
-    builder.connect().await
+    }
 }
 
 /// The TLS settings of `--tls-ca`, `--tls-cert` and `--tls-key`, if any is given.
