@@ -2,7 +2,7 @@
 //! whole queue to pass through.
 //!
 //! On ZooKeeper and on Redis (a `redis://` connect string); PostgreSQL's drain is in the
-//! `postgres` module. On Redis the floor's waiters spin on `SET NX` (it excludes, but keeps
+//! `postgres` module, MySQL's in the `mysql` module. On Redis the floor's waiters spin on `SET NX` (it excludes, but keeps
 //! no queue) and rslock's retry after its own random pause; both have a line, beside zklock's
 //! local queue. The line's `p50_us` and `p99_us` are the gaps between successive grants: one
 //! handoff, from a holder's grant through its release to the next waiter's grant.
@@ -202,7 +202,7 @@ pub(crate) async fn wait_local_queue(
 
 /// Waits until every waiter is queued: its node exists (a znode recipe), its watch is set (the
 /// naive peer), or, with zklock's local queue, every task has started and the manager has
-/// gone quiet. zklock on Redis or PostgreSQL (given the `probe` of its server): what the
+/// gone quiet. zklock on Redis, PostgreSQL or MySQL (given the `probe` of its server): what the
 /// server shows of the waiters and of the process's connections has settled (see
 /// [`backend_queued`]), which is returned.
 pub(crate) async fn wait_queued(

@@ -1,7 +1,7 @@
 //! # zklock-bench
 //!
 //! Benchmarks of zklock's mutex beside the peers it is measured against, on one real ZooKeeper
-//! or (a `redis://` connect string) one real Redis:
+//! or (given its URL) one real Redis, PostgreSQL, MySQL / MariaDB or etcd:
 //!
 //! - `zklock`: the project's recipe ([`zklock_core::LockManager`]).
 //! - `floor`: a bare create of an EPHEMERAL_SEQUENTIAL node and its delete, with no recipe around
@@ -43,6 +43,14 @@
 //! belongs to its session); their lines carry `backend=postgres` and the WAL written per cycle
 //! (see the `postgres` module).
 //!
+//! On MySQL / MariaDB (a `mysql://` or `mariadb://` connect string): `zklock` (its MySQL
+//! backend) and `floor` (`GET_LOCK` + `RELEASE_LOCK` on a plain `mysql_async` session, a
+//! waiter blocking in the server), uncontended, contended, over many keys, from many tasks of
+//! one process and the drain of a queue (the floor's tasks on sessions of a pool of at most
+//! 64, one task per session at a time: a user lock belongs to its session); their lines carry
+//! `backend=mysql` and the redo log written, the fsyncs and the statements per cycle (see the
+//! `mysql` module).
+//!
 //! On etcd (an `etcd://` connect string): `zklock` (its etcd backend), `floor` (a put of the key
 //! on a lease granted up front, and its delete; a compare-and-put loop where workers share a
 //! key) and `lockservice` (etcd's own lock service, the `Lock` and `Unlock` RPCs), uncontended,
@@ -51,11 +59,13 @@
 //! `etcd` module).
 //!
 //! zklock speaks TLS when given [`Options::tls`] (a `rediss://` or `etcds://` URL, libpq's
-//! `sslmode` or a ZooKeeper secure port): its line then says `tls=on` and carries no server
-//! counters that need a connection of the bench's own, which speaks plain TCP.
+//! `sslmode`, MySQL's TLS settings or a ZooKeeper secure port): its line then says `tls=on`
+//! and carries no server counters that need a connection of the bench's own, which speaks
+//! plain TCP.
 //!
-//! The memory probes run for zklock on ZooKeeper, Redis and PostgreSQL; on Redis and PostgreSQL their lines
-//! also carry the connections the process holds on the server (`server_connections`).
+//! The memory probes run for zklock on ZooKeeper, Redis, PostgreSQL and MySQL; on Redis,
+//! PostgreSQL and MySQL their lines also carry the connections the process holds on the server
+//! (`server_connections`).
 //!
 //! Workloads (see [`Workload`]): `uncontended`, `contended`, `keys`, `inproc`, `drain`, the
 //! linger's `reacquire` and `handover`, and the memory probes `mem-waiters` and `mem-keys`. Each run prints one line of `key=value` fields,
@@ -80,6 +90,7 @@ mod drain;
 mod etcd;
 mod linger;
 mod memory;
+mod mysql;
 mod ops;
 mod peer;
 mod postgres;
@@ -236,7 +247,8 @@ impl FromStr for Peer {
 #[derive(Debug, Clone)]
 pub struct Options {
     /// ZooKeeper connect string (`host:port[,host:port...]`), or a Redis URL (`redis://...`), a
-    /// PostgreSQL URL (`postgres://...`) or an etcd URL (`etcd://host:port[,...]`).
+    /// PostgreSQL URL (`postgres://...`), a MySQL / MariaDB URL (`mysql://...`) or an etcd URL
+    /// (`etcd://host:port[,...]`).
     pub connect: String,
     /// What to run.
     pub workload: Workload,
@@ -271,8 +283,8 @@ pub struct Options {
     /// zklock only: speak TLS to the server with these settings (the backend's `tls`; on
     /// ZooKeeper `tls_settings`; see [`zklock_core::Tls`]). The line then says `tls=on`, and
     /// the run reads none of the server's counters that need a connection of their own
-    /// (Redis's `INFO`, PostgreSQL's WAL position, etcd's `/metrics`): its CPU time is all it
-    /// gives beside the throughput and latency.
+    /// (Redis's `INFO`, PostgreSQL's WAL position, MySQL's status counters, etcd's `/metrics`):
+    /// its CPU time is all it gives beside the throughput and latency.
     pub tls: Option<zklock_core::Tls>,
 }
 
@@ -371,6 +383,9 @@ async fn run_workload(options: &Options) -> Result<Report> {
     }
     if peer::is_postgres(&options.connect) {
         return postgres::run(options).await;
+    }
+    if peer::is_mysql(&options.connect) {
+        return mysql::run(options).await;
     }
     match options.workload {
         Workload::Uncontended

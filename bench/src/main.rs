@@ -1,5 +1,6 @@
-//! `zklock-bench`: one benchmark run against a running ZooKeeper, printing one line in the
-//! format of the test kit's `peers/run` (CuratorBench, kazoo_bench).
+//! `zklock-bench`: one benchmark run against a running ZooKeeper (or Redis, PostgreSQL, MySQL /
+//! MariaDB, etcd: given its URL), printing one line in the format of the test kit's
+//! `peers/run` (CuratorBench, kazoo_bench).
 //!
 //! ```text
 //! zklock-bench --connect 127.0.0.1:2181 --workload contended --workers 8 --cycles 500
@@ -21,7 +22,9 @@ struct Cli {
     /// ZooKeeper connect string, host:port[,host:port...]; or a Redis URL, redis://host:port/
     /// (peers zklock, floor, rslock; every workload but handover); or a PostgreSQL URL,
     /// postgres://user@host:port/db (peers zklock, floor; workloads uncontended, contended,
-    /// keys, inproc, drain; zklock also mem-waiters, mem-keys); or
+    /// keys, inproc, drain; zklock also mem-waiters, mem-keys); or a MySQL / MariaDB URL,
+    /// mysql://user:password@host:port/db (peers zklock, floor; the same workloads; mem-keys
+    /// holds a session per key, within the server's max_connections); or
     /// an etcd URL, etcd://host:port (peers zklock, floor, lockservice; workloads uncontended,
     /// contended, keys, inproc).
     #[arg(long, env = "ZKLOCK_CONNECT")]
@@ -31,9 +34,9 @@ struct Cli {
     #[arg(long)]
     workload: Workload,
     /// Sessions (uncontended, contended, keys), tasks on one session (inproc; on etcd, the lock
-    /// service's tasks each have a lease of their own; on PostgreSQL, the floor's tasks share
-    /// a pool of at most 64 connections, one task per connection at a time), waiters (drain),
-    /// tasks (mem-waiters, mem-keys).
+    /// service's tasks each have a lease of their own; on PostgreSQL and MySQL, the floor's
+    /// tasks share a pool of at most 64 connections, one task per connection at a time),
+    /// waiters (drain), tasks (mem-waiters, mem-keys).
     #[arg(long, default_value_t = 1)]
     workers: usize,
     /// Acquire + release cycles per worker.
@@ -42,8 +45,10 @@ struct Cli {
     /// Keys of the `keys` workload.
     #[arg(long, default_value_t = 64)]
     keys: usize,
-    /// zklock | floor (bare create + delete; on Redis: SET NX PX + compare-and-DEL; on etcd:
-    /// put on a lease + delete, a compare-and-put loop where workers share a key) | zkclient
+    /// zklock | floor (bare create + delete; on Redis: SET NX PX + compare-and-DEL; on
+    /// PostgreSQL: pg_advisory_lock + pg_advisory_unlock; on MySQL: GET_LOCK + RELEASE_LOCK;
+    /// on etcd: put on a lease + delete, a compare-and-put loop where workers share a key) |
+    /// zkclient
     /// (zookeeper-client's Client::lock) | naive (every waiter watches one fixed node) | rslock
     /// (Redis only: the rslock crate's Redlock) | lockservice (etcd only: etcd's Lock and
     /// Unlock RPCs, a lease per worker or task).
@@ -54,7 +59,8 @@ struct Cli {
     #[arg(long)]
     no_local_queue: bool,
     /// zklock: holds without fencing tokens (the manager's `fencing_tokens(false)`): on Redis
-    /// an uncontended acquire is a bare `SET NX PX`, on PostgreSQL a grant writes nothing.
+    /// an uncontended acquire is a bare `SET NX PX`, on PostgreSQL and MySQL a grant writes
+    /// nothing.
     #[arg(long)]
     no_fencing_tokens: bool,
     /// zklock on Redis: count a grant or renewal only once this many replicas acknowledged it
@@ -76,9 +82,10 @@ struct Cli {
     #[arg(long)]
     server_pid: Option<u32>,
     /// zklock: speak TLS to the server, trusting this CA (PEM): on Redis with a `rediss://`
-    /// URL, on etcd with `etcds://`, on ZooKeeper with its secure port. The run then reads no
-    /// server counters that need a connection of the bench's own (Redis's INFO, PostgreSQL's
-    /// WAL position, etcd's /metrics); the line says `tls=on`.
+    /// URL, on etcd with `etcds://`, on ZooKeeper with its secure port, on PostgreSQL and
+    /// MySQL through the backend's `tls` setting. The run then reads no server counters that
+    /// need a connection of the bench's own (Redis's INFO, PostgreSQL's WAL position, MySQL's
+    /// status counters, etcd's /metrics); the line says `tls=on`.
     #[arg(long, value_name = "FILE")]
     tls_ca: Option<PathBuf>,
     /// zklock with --tls-ca: present this client certificate (PEM), with --tls-key (mutual

@@ -1,10 +1,10 @@
 //! Memory probes: the resident set of one process with many tasks waiting on one key, or with
-//! many distinct keys held; on ZooKeeper, Redis and PostgreSQL.
+//! many distinct keys held; on ZooKeeper, Redis, PostgreSQL and MySQL.
 //!
-//! On Redis and PostgreSQL the line also carries `backend=`, the connections the process holds
-//! on the server at the moment of the figure (`server_connections`, counted by a probe
-//! connection of its own, see [`crate::server`]) and, for `mem-waiters`, the waiters the server
-//! shows on the lock (`backend_waiters`).
+//! On Redis, PostgreSQL and MySQL the line also carries `backend=`, the connections the process
+//! holds on the server at the moment of the figure (`server_connections`, counted by a probe
+//! connection of its own, see [`crate::server`]) and, for `mem-waiters`, the waiters the
+//! server shows on the lock (`backend_waiters`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::drain::wait_queued;
 use crate::ops::local_queue_field;
-use crate::peer::{is_redis, Setup};
+use crate::peer::{is_mysql, is_redis, Setup};
 use crate::server::ServerProbe;
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
 
@@ -132,6 +132,8 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     if let Some((connections, waiters)) = seen {
         let backend = if is_redis(&options.connect) {
             "redis"
+        } else if is_mysql(&options.connect) {
+            "mysql"
         } else {
             "postgres"
         };

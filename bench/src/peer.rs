@@ -52,6 +52,11 @@ pub(crate) fn is_postgres(connect: &str) -> bool {
     connect.starts_with("postgres://") || connect.starts_with("postgresql://")
 }
 
+/// Whether `connect` names a MySQL / MariaDB server.
+pub(crate) fn is_mysql(connect: &str) -> bool {
+    connect.starts_with("mysql://") || connect.starts_with("mariadb://")
+}
+
 /// Whether `connect` names a Redis server (or the Sentinels of one, or a Redis Cluster).
 pub(crate) fn is_redis(connect: &str) -> bool {
     connect.starts_with("redis://")
@@ -297,6 +302,13 @@ pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result
             }
         }),
         zklock_core::BackendKind::Postgres => builder,
+        zklock_core::BackendKind::MySql => builder.mysql(|my| {
+            let my = my.lease(crate::mysql::LEASE);
+            match tls {
+                Some(tls) => my.tls(tls),
+                None => my,
+            }
+        }),
         _ => builder.zookeeper(|zk| {
             let zk = zk.session_timeout(options.session_timeout);
             match tls {

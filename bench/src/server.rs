@@ -1,22 +1,27 @@
-//! What the server sees of one run's process, for the memory probes on Redis and PostgreSQL:
-//! the connections it holds, and how many of its waiters wait on the server.
+//! What the server sees of one run's process, for the memory probes on Redis, PostgreSQL and
+//! MySQL: the connections it holds, and how many of its waiters wait on the server.
 //!
 //! The count comes from a connection of the probe's own, which it leaves out: on Redis the
 //! entries of `CLIENT LIST` (command and pub/sub connections alike) less its own; on
-//! PostgreSQL the sessions of `pg_stat_activity` on the run's database less its own. Both
-//! count every other client of the server, so the figure is the process's only on a server
-//! that serves the run alone (the suite's servers do).
+//! PostgreSQL the sessions of `pg_stat_activity` on the run's database less its own; on MySQL
+//! the sessions of the process list on the run's database less its own (the test kit's
+//! account sees every session). All three count every other client of the server, so the
+//! figure is the process's only on a server that serves the run alone (the suite's servers
+//! do).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::peer::{is_postgres, is_redis, redis_connection, Contender};
+use mysql_async::prelude::Queryable;
+
+use crate::peer::{is_mysql, is_postgres, is_redis, redis_connection, Contender};
 use crate::{BenchError, Options, Result};
 
-/// A probe connection to the run's Redis or PostgreSQL server.
+/// A probe connection to the run's Redis, PostgreSQL or MySQL server.
 pub(crate) enum ServerProbe {
     Redis(redis::aio::MultiplexedConnection),
     Postgres(tokio_postgres::Client),
+    MySql(mysql_async::Conn),
 }
 
 impl ServerProbe {
@@ -32,11 +37,16 @@ impl ServerProbe {
             tokio::spawn(connection);
             return Ok(Some(ServerProbe::Postgres(client)));
         }
+        if is_mysql(connect) {
+            return Ok(Some(ServerProbe::MySql(
+                crate::mysql::session(connect).await?,
+            )));
+        }
         Ok(None)
     }
 
-    /// The connections other clients than this probe hold on the server (on PostgreSQL: on
-    /// the run's database).
+    /// The connections other clients than this probe hold on the server (on PostgreSQL and
+    /// MySQL: on the run's database).
     pub(crate) async fn connections(&mut self) -> Result<u64> {
         match self {
             ServerProbe::Redis(conn) => {
@@ -59,6 +69,16 @@ impl ServerProbe {
                     .map_err(|e| BenchError(format!("postgres pg_stat_activity: {e}")))?;
                 Ok(row.get::<_, i64>(0) as u64)
             }
+            ServerProbe::MySql(conn) => {
+                let n: Option<u64> = conn
+                    .query_first(
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                         WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+                    )
+                    .await
+                    .map_err(|e| BenchError(format!("mysql PROCESSLIST: {e}")))?;
+                Ok(n.unwrap_or(0))
+            }
         }
     }
 }
@@ -78,7 +98,7 @@ const LOOK_EVERY: Duration = Duration::from_millis(200);
 /// Unchanged looks in a row that make the waiters settled.
 const STILL_LOOKS: usize = 5;
 
-/// Waits until `waiters` tasks of zklock on Redis or PostgreSQL wait on key 0: every task has
+/// Waits until `waiters` tasks of zklock on Redis, PostgreSQL or MySQL wait on key 0: every task has
 /// started, and what the server shows of the process (the lock's waiters, as
 /// `LockManager::inspect` reads them from the server, and the process's connections) has not
 /// changed for [`STILL_LOOKS`] looks in a row, [`LOOK_EVERY`] apart. With Redis and the local
@@ -87,6 +107,7 @@ const STILL_LOOKS: usize = 5;
 /// it in the process, so the server shows no waiter. On PostgreSQL at most a few acquires per
 /// process wait in the server's lock queue (the backend's `QUEUED_WAITS`); the others retry
 /// on notified releases, each on a connection of its own, which the connection count shows.
+/// On MySQL every acquire that reaches the server waits in `GET_LOCK` on a session of its own.
 pub(crate) async fn backend_queued(
     options: &Options,
     contender: &Contender,

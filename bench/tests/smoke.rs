@@ -559,3 +559,55 @@ fn the_tls_section_runs_every_backend_in_quick_mode() {
         "{stdout}"
     );
 }
+
+/// The suite's MySQL section in quick mode (`zklock-bench-suite --quick --only mysql`, on a
+/// durable MariaDB of the test kit): every throughput row runs for zklock and the floor (zklock
+/// also without fencing tokens), with no exclusion violation (the floor's user locks exclude
+/// too) and the server's figures per cycle; the memory row counts the process's sessions on
+/// the server. No figure is asserted.
+#[test]
+fn the_mysql_section_runs_every_row_in_quick_mode() {
+    let (stdout, stderr) = quick_section("mysql", &[]);
+    let runs: Vec<Report> = stdout.lines().filter_map(parse_line).collect();
+    let (memory, ops): (Vec<&Report>, Vec<&Report>) = runs
+        .iter()
+        .partition(|r| r.get("workload").unwrap_or_default().starts_with("mem-"));
+    for workload in ["uncontended", "contended", "keys", "inproc", "drain"] {
+        for peer in ["zklock", "floor"] {
+            let r = ops
+                .iter()
+                .find(|r| r.get("peer") == Some(peer) && r.get("workload") == Some(workload))
+                .unwrap_or_else(|| panic!("no {peer} {workload} run in:\n{stdout}\n{stderr}"));
+            assert_eq!(r.get("backend"), Some("mysql"), "{r}");
+            assert_eq!(r.number("violations"), Some(0.0), "{r}");
+            for field in [
+                "redo_bytes_per_cycle",
+                "fsyncs_per_cycle",
+                "statements_per_cycle",
+                "p50_us",
+                "p99_us",
+            ] {
+                assert!(r.number(field).is_some(), "{field} missing: {r}");
+            }
+        }
+    }
+    assert_eq!(ops.len(), 7 * 2, "{stdout}");
+    let untokened = ops
+        .iter()
+        .filter(|r| r.get("fencing_tokens") == Some("off"))
+        .count();
+    assert_eq!(untokened, 2, "{stdout}");
+    assert_eq!(memory.len(), 1, "{stdout}");
+    assert_eq!(memory[0].get("backend"), Some("mysql"), "{}", memory[0]);
+    assert!(
+        memory[0]
+            .number("server_connections")
+            .is_some_and(|n| n >= 1.0),
+        "{}",
+        memory[0]
+    );
+    assert!(
+        !stdout.contains("FAILED") && !stdout.contains("failed") && !stdout.contains("timeout"),
+        "{stdout}"
+    );
+}

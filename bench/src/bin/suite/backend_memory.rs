@@ -1,6 +1,6 @@
-//! The memory rows of the Redis and PostgreSQL sections: one process with 10,000 tasks waiting
-//! on one key, its resident set beside the target, and the connections it holds on the server
-//! meanwhile. One run per row: a resident set does not drift with the machine's load as a
+//! The memory rows of the Redis, PostgreSQL and MySQL sections: one process with 10,000 tasks
+//! waiting on one key, its resident set beside the target, and the connections it holds on the
+//! server meanwhile. One run per row: a resident set does not drift with the machine's load as a
 //! throughput does.
 
 use std::fmt::Write as _;

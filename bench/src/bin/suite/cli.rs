@@ -16,7 +16,8 @@ pub(crate) struct Cli {
     pub(crate) quick: bool,
     /// Also run the slow probes no target needs: zklock's memory with 10,000 waiters and the
     /// local queue off (on ZooKeeper each waiter lists 10,000 siblings: about a minute; on
-    /// Redis and PostgreSQL one run each, a few seconds).
+    /// Redis and PostgreSQL one run each, a few seconds; not on MySQL, where each waiter would
+    /// need a session of its own).
     #[arg(long)]
     pub(crate) extended: bool,
     /// Also write the markdown to this file.
@@ -39,26 +40,26 @@ pub(crate) struct Cli {
     #[arg(long)]
     pub(crate) no_fsync: bool,
     /// Run one section only: `zookeeper`, `redis`, `sentinel` (Redis under Sentinel),
-    /// `cluster` (Redis Cluster), `postgres`, `etcd`, or `tls` (zklock with mutual TLS beside
-    /// plaintext on ZooKeeper, Redis, PostgreSQL and etcd).
+    /// `cluster` (Redis Cluster), `postgres`, `mysql` (MySQL / MariaDB), `etcd`, or `tls`
+    /// (zklock with mutual TLS beside plaintext on ZooKeeper, Redis, PostgreSQL and etcd).
     #[arg(long)]
     pub(crate) only: Option<Section>,
     /// How many rounds every section runs, its peers taking turns; each cell shows its median
     /// run, each ratio the median of the rounds' ratios (default: ZooKeeper 3, Redis,
-    /// Sentinel and Cluster 7, PostgreSQL 5, etcd 5, TLS 7; 1 with `--quick`).
+    /// Sentinel and Cluster 7, PostgreSQL 5, MySQL 5, etcd 5, TLS 7; 1 with `--quick`).
     #[arg(long)]
     pub(crate) rounds: Option<usize>,
 }
 
 impl Cli {
-    /// The rounds of `section`: its runs are short on Redis, PostgreSQL and etcd, so they take
-    /// more turns; the ZooKeeper section's take minutes each.
+    /// The rounds of `section`: its runs are short on Redis, PostgreSQL, MySQL and etcd, so
+    /// they take more turns; the ZooKeeper section's take minutes each.
     pub(crate) fn rounds(&self, section: Section) -> usize {
         let default = match (self.quick, section) {
             (true, _) => 1,
             (false, Section::Zookeeper) => 3,
             (false, Section::Redis | Section::Sentinel | Section::Cluster) => 7,
-            (false, Section::Postgres | Section::Etcd) => 5,
+            (false, Section::Postgres | Section::Mysql | Section::Etcd) => 5,
             (false, Section::Tls) => 7,
         };
         self.rounds.unwrap_or(default).max(1)
@@ -83,6 +84,8 @@ pub(crate) enum Section {
     Cluster,
     /// PostgreSQL: zklock's PostgreSQL backend beside a `pg_advisory_lock` floor.
     Postgres,
+    /// MySQL / MariaDB: zklock's MySQL backend beside a `GET_LOCK` floor.
+    Mysql,
     /// etcd: zklock's etcd backend beside a put-on-a-lease floor and etcd's lock service.
     Etcd,
     /// What TLS costs: zklock with mutual TLS beside plaintext, on each backend.
@@ -99,6 +102,7 @@ impl Section {
             Section::Sentinel => "sentinel",
             Section::Cluster => "cluster",
             Section::Postgres => "postgres",
+            Section::Mysql => "mysql",
             Section::Etcd => "etcd",
             Section::Tls => "tls",
         }

@@ -11,17 +11,19 @@
 //!   primary, on 3 primaries with a replica each ([`cluster`]);
 //! - PostgreSQL: zklock's PostgreSQL backend beside a bare `pg_advisory_lock` floor on a
 //!   durable server ([`postgres`]);
+//! - MySQL / MariaDB: zklock's MySQL backend beside a bare `GET_LOCK` + `RELEASE_LOCK` floor
+//!   on a durable MariaDB ([`mysql`]);
 //! - etcd: zklock's etcd backend beside a bare put-on-a-lease + delete floor and etcd's own
 //!   lock service (`Lock` / `Unlock`), on a member that fsyncs its log ([`etcd`]);
 //! - TLS: zklock with mutual TLS beside zklock in plaintext, on each of ZooKeeper, Redis,
 //!   PostgreSQL and etcd: what encryption costs ([`tls`]).
 //!
-//! The Redis and PostgreSQL sections end with zklock's memory with 10,000 tasks waiting on one
-//! key and the server connections of its process ([`backend_memory`]).
+//! The Redis, PostgreSQL and MySQL sections end with zklock's memory with 10,000 tasks waiting
+//! on one key and the server connections of its process ([`backend_memory`]).
 //!
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
-//!                    [--only zookeeper|redis|sentinel|cluster|postgres|etcd|tls]
+//!                    [--only zookeeper|redis|sentinel|cluster|postgres|mysql|etcd|tls]
 //!                    [--charts DIR]
 //! ```
 //!
@@ -40,6 +42,7 @@ mod cli;
 mod cluster;
 mod etcd;
 mod model;
+mod mysql;
 mod postgres;
 mod redis;
 mod report;
@@ -116,12 +119,13 @@ type SectionRun = fn(&Cli) -> Result<String, String>;
 /// Every section `--only` lets run, one after the other: each one's markdown, after its
 /// title.
 fn suite(cli: &Cli) -> Result<Vec<(Section, &'static str, String)>, String> {
-    let sections: [(Section, &str, SectionRun); 7] = [
+    let sections: [(Section, &str, SectionRun); 8] = [
         (Section::Zookeeper, "ZooKeeper", zookeeper::section),
         (Section::Redis, "Redis", redis::section),
         (Section::Sentinel, "Redis under Sentinel", sentinel::section),
         (Section::Cluster, "Redis Cluster", cluster::section),
         (Section::Postgres, "PostgreSQL", postgres::section),
+        (Section::Mysql, "MySQL", mysql::section),
         (Section::Etcd, "etcd", etcd::section),
         (Section::Tls, "TLS", tls::section),
     ];
