@@ -73,6 +73,7 @@
 #![cfg_attr(doctest, doc = include_str!("../docs/backends/redis.md"))]
 #![cfg_attr(doctest, doc = include_str!("../docs/backends/postgres.md"))]
 #![cfg_attr(doctest, doc = include_str!("../docs/backends/etcd.md"))]
+#![cfg_attr(doctest, doc = include_str!("../docs/backends/mysql.md"))]
 #![cfg_attr(doctest, doc = include_str!("../docs/backends/memory.md"))]
 #![cfg_attr(doctest, doc = include_str!("../docs/operating.md"))]
 #![cfg_attr(doctest, doc = include_str!("../docs/security.md"))]
