@@ -41,12 +41,9 @@ use tokio::task::JoinHandle;
 use zklock_core::{LockGuard, LockManager, Mutex};
 
 use crate::ops::{local_queue_field, per};
+use crate::peer::{mysql_session as session, MYSQL_LEASE as LEASE};
 use crate::window::{Closed, Gate, Overlap, Tally};
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
-
-/// The lease of zklock's holds (here and in the memory probes): long enough that the bench's
-/// load never makes a liveness check late.
-pub(crate) const LEASE: Duration = Duration::from_secs(10);
 
 /// The most sessions the floor's tasks of one process share (`inproc`, `drain`): one per task
 /// of the inproc row's 64, well below the test kit's `max_connections` of 200.
@@ -58,24 +55,6 @@ const FLOOR_WAIT_S: u32 = 86_400;
 
 fn my(e: mysql_async::Error) -> BenchError {
     BenchError(format!("mysql: {e}"))
-}
-
-/// A plain session on `url` (`mariadb://` read as `mysql://`), over TCP as zklock's sessions
-/// are: `TCP_NODELAY` on, and no switch to the server's Unix socket (which `mysql_async` makes
-/// by default on a loopback address).
-pub(crate) async fn session(url: &str) -> Result<Conn> {
-    let url = match url.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("mariadb") => {
-            format!("mysql://{rest}")
-        }
-        _ => url.to_string(),
-    };
-    let opts = mysql_async::Opts::from_url(&url)
-        .map_err(|e| BenchError(format!("mysql: the URL: {e}")))?;
-    let opts = mysql_async::OptsBuilder::from_opts(opts)
-        .prefer_socket(false)
-        .tcp_nodelay(true);
-    Conn::new(opts).await.map_err(my)
 }
 
 /// The server's counters, over every client.

@@ -303,7 +303,7 @@ pub(crate) async fn zklock_manager(options: &Options, namespace: &str) -> Result
         }),
         zklock_core::BackendKind::Postgres => builder,
         zklock_core::BackendKind::MySql => builder.mysql(|my| {
-            let my = my.lease(crate::mysql::LEASE);
+            let my = my.lease(MYSQL_LEASE);
             match tls {
                 Some(tls) => my.tls(tls),
                 None => my,
@@ -800,4 +800,28 @@ impl Contender {
 
 fn parent(path: &str) -> &str {
     path.rsplit_once('/').map_or(path, |(p, _)| p)
+}
+
+/// The lease of zklock's holds (here and in the memory probes): long enough that the bench's
+/// load never makes a liveness check late.
+pub(crate) const MYSQL_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A plain session on `url` (`mariadb://` read as `mysql://`), over TCP as zklock's sessions
+/// are: `TCP_NODELAY` on, and no switch to the server's Unix socket (which `mysql_async` makes
+/// by default on a loopback address).
+pub(crate) async fn mysql_session(url: &str) -> Result<mysql_async::Conn> {
+    let url = match url.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("mariadb") => {
+            format!("mysql://{rest}")
+        }
+        _ => url.to_string(),
+    };
+    let opts = mysql_async::Opts::from_url(&url)
+        .map_err(|e| BenchError(format!("mysql: the URL: {e}")))?;
+    let opts = mysql_async::OptsBuilder::from_opts(opts)
+        .prefer_socket(false)
+        .tcp_nodelay(true);
+    mysql_async::Conn::new(opts)
+        .await
+        .map_err(|e| BenchError(format!("mysql: {e}")))
 }

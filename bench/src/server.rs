@@ -39,7 +39,7 @@ impl ServerProbe {
         }
         if is_mysql(connect) {
             return Ok(Some(ServerProbe::MySql(
-                crate::mysql::session(connect).await?,
+                crate::peer::mysql_session(connect).await?,
             )));
         }
         Ok(None)
