@@ -238,6 +238,30 @@ pub trait Fence: Sync {
     ) -> impl Future<Output = Result<Option<FencingToken>, FenceError>> + Send;
 }
 
+/// Refuses a table name that is no plain SQL identifier (letters, digits and `_`, not starting
+/// with a digit, each part at most `max_part` long), optionally qualified once (`qualified`
+/// says how, in the error).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn check_table_name(
+    table: &str,
+    max_part: usize,
+    qualified: &str,
+) -> Result<(), FenceError> {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part.len() <= max_part
+            && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !part.as_bytes()[0].is_ascii_digit()
+    };
+    let parts: Vec<&str> = table.split('.').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| ok(p)) {
+        return Err(FenceError::Invalid(format!(
+            "{table:?} is no plain SQL table name; use letters, digits and _ (optionally {qualified})"
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses what no store may be asked to write: an empty resource name (every store would
 /// accept it, and it names nothing), and no token at all ([`FencingToken::NONE`], a hold of a
 /// manager without tokens: below every token, a first write would take it).

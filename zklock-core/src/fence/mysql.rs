@@ -111,18 +111,7 @@ impl MySqlFence {
     /// assert!(MySqlFence::new("tokens; DROP TABLE users").is_err());
     /// ```
     pub fn new(table: &str) -> Result<MySqlFence, FenceError> {
-        let ok = |part: &str| {
-            !part.is_empty()
-                && part.len() <= 64
-                && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-                && !part.as_bytes()[0].is_ascii_digit()
-        };
-        let parts: Vec<&str> = table.split('.').collect();
-        if parts.len() > 2 || !parts.iter().all(|p| ok(p)) {
-            return Err(FenceError::Invalid(format!(
-                "{table:?} is no plain SQL table name; use letters, digits and _ (optionally database.table)"
-            )));
-        }
+        super::check_table_name(table, 64, "database.table")?;
         Ok(MySqlFence {
             table: table.to_string(),
         })

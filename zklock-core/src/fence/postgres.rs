@@ -131,18 +131,7 @@ impl PgFence {
     /// assert!(PgFence::new("tokens; DROP TABLE users").is_err());
     /// ```
     pub fn new(table: &str) -> Result<PgFence, FenceError> {
-        let ok = |part: &str| {
-            !part.is_empty()
-                && part.len() <= 63
-                && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-                && !part.as_bytes()[0].is_ascii_digit()
-        };
-        let parts: Vec<&str> = table.split('.').collect();
-        if parts.len() > 2 || !parts.iter().all(|p| ok(p)) {
-            return Err(FenceError::Invalid(format!(
-                "{table:?} is no plain SQL table name; use letters, digits and _ (optionally schema.table)"
-            )));
-        }
+        super::check_table_name(table, 63, "schema.table")?;
         Ok(PgFence {
             table: table.to_string(),
         })
