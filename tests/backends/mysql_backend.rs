@@ -277,3 +277,72 @@ async fn a_partitioned_holder_is_freed_by_the_server() {
     next.release().await.unwrap();
     relay.heal();
 }
+
+/// Whether session `id` is still on the server.
+fn session_alive(server: &MariaDbServer, id: u64) -> bool {
+    root(
+        server,
+        &format!("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {id}"),
+    ) == "1"
+}
+
+/// An acquire given up while its session holds the lock (here: cut off by its timeout while
+/// its token's raise is on the way) has that session ended from a sibling (`KILL <id>`). The
+/// relay holds the kill back 3 s, as a slow network may: meanwhile the process goes on, its
+/// other holds taking sessions from its pool. The late kill must end the given-up session
+/// only: every later hold stays held on the server, the process's next try of the lock waits
+/// for the kill (an undo) and then gets it, and nothing is left behind. This is the
+/// MySQL counterpart of PostgreSQL's late cancel: were the session given back to the pool
+/// before its kill (as a design that kills only the statement, `KILL QUERY`, would), the kill
+/// would end a later hold's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_that_arrives_late_reaches_no_later_hold() {
+    let db = server();
+    let relay = Relay::start(&format!("127.0.0.1:{}", db.port())).unwrap();
+    let m = manager(&relay.url(&db.url())).await;
+    // The token's raise (its statement's first preparation on a session) and every kill reach
+    // the server late; the raise still within the reply timeout (a third of the lease).
+    relay.hold_back_requests_with(b"INSERT INTO zklock_locks", Duration::from_millis(700));
+    relay.hold_back_requests_with(b"KILL ", Duration::from_secs(3));
+
+    let cut = tokio::time::timeout(Duration::from_millis(300), m.lock("late")).await;
+    assert!(
+        cut.is_err(),
+        "the acquire is cut off during its token's raise"
+    );
+    let doomed = holder_of(&db, &m, "late").expect("the given-up session still holds the lock");
+
+    // The process's next try of the lock (which does not wait in the server's queue) waits
+    // for the kill; meanwhile the process goes on, taking sessions for other holds.
+    let again = tokio::spawn({
+        let m = m.clone();
+        async move { m.try_lock("late").await }
+    });
+    let mut others = Vec::new();
+    for i in 0..3 {
+        let key = format!("late-{i}");
+        let guard = m.lock(&key).await.unwrap();
+        others.push((key, guard));
+    }
+    let again = again.await.unwrap().unwrap().expect(
+        "the process's next try of the lock waits for its own given-up acquire's kill, then gets it",
+    );
+    assert!(!session_alive(&db, doomed));
+    assert!(
+        relay.held_back() >= 2,
+        "the raise and the kill were held back"
+    );
+    others.push(("late".to_string(), again));
+    for (key, guard) in &others {
+        let holder = holder_of(&db, &m, key);
+        assert!(
+            holder.is_some_and(|id| id != doomed && session_alive(&db, id)),
+            "{key}: the late kill reached a later hold (held by {holder:?}, the given-up session was {doomed})"
+        );
+        assert!(guard.is_held(), "{key}");
+    }
+    for (key, guard) in others {
+        guard.release().await.unwrap();
+        assert_eq!(holder_of(&db, &m, &key), None, "{key} left behind");
+    }
+}

@@ -77,6 +77,7 @@ struct Counters {
     requests: AtomicU64,
     replies: AtomicU64,
     cuts: AtomicU64,
+    held_back: AtomicU64,
 }
 
 /// What the relay's connections share: the fault switch, and the group it counts and cuts with.
@@ -86,16 +87,37 @@ struct Shared {
     /// Connections whose first request contains this are not counted (see
     /// [`Relay::uncounted_when_first_request_has`]).
     uncounted: Mutex<Option<Vec<u8>>>,
+    /// Requests that contain a marker are held back its delay (see
+    /// [`Relay::hold_back_requests_with`]).
+    held_back: Mutex<Vec<(Vec<u8>, Duration)>>,
 }
 
 impl Shared {
+    /// How long the request `chunk` is held back before it is forwarded, beyond the switch's
+    /// delay; counted.
+    fn held_back(&self, chunk: &[u8]) -> Duration {
+        let rules = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
+        let delay = rules
+            .iter()
+            .filter(|(marker, _)| contains(chunk, marker))
+            .map(|(_, delay)| *delay)
+            .max();
+        if delay.is_some() {
+            self.group.counters.held_back.fetch_add(1, Ordering::SeqCst);
+        }
+        delay.unwrap_or_default()
+    }
+
     /// Whether a connection whose first request is `first` goes uncounted.
     fn uncounted(&self, first: &[u8]) -> bool {
         let marker = self.uncounted.lock().unwrap_or_else(|e| e.into_inner());
-        marker
-            .as_deref()
-            .is_some_and(|m| first.windows(m.len().max(1)).any(|w| w == m))
+        marker.as_deref().is_some_and(|m| contains(first, m))
     }
+}
+
+/// Whether `marker` occurs in `bytes`.
+fn contains(bytes: &[u8], marker: &[u8]) -> bool {
+    bytes.windows(marker.len().max(1)).any(|w| w == marker)
 }
 
 /// What relays started beside each other share (see [`Relay::start_beside`]; a relay started
@@ -259,6 +281,7 @@ impl Relay {
                 switch,
                 group: group.clone(),
                 uncounted: Mutex::new(None),
+                held_back: Mutex::new(Vec::new()),
             },
             serve,
         )?;
@@ -399,6 +422,46 @@ impl Relay {
             .unwrap_or_else(|e| e.into_inner()) = Some(marker.to_vec());
     }
 
+    /// Holds back every request that contains `marker` for `delay` before forwarding it (and,
+    /// bytes kept in order, what that connection sends after it): a statement that arrives
+    /// late, as a cancel or a kill sent from a sibling connection may, which the server then
+    /// runs after the client went on. Each call adds a rule; a request that matches several is
+    /// held back the longest. [`held_back`](Self::held_back) counts them.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    ///
+    /// let db = zklock_testkit::MariaDbServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", db.port()))?;
+    /// // A MySQL client's `KILL <id>` reaches the server 2 s after it was sent.
+    /// relay.hold_back_requests_with(b"KILL ", Duration::from_secs(2));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn hold_back_requests_with(&self, marker: &[u8], delay: Duration) {
+        self.shared
+            .held_back
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((marker.to_vec(), delay));
+    }
+
+    /// How many requests were held back (see
+    /// [`hold_back_requests_with`](Self::hold_back_requests_with)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// let db = zklock_testkit::MariaDbServer::start()?;
+    /// let relay = zklock_testkit::Relay::start(&format!("127.0.0.1:{}", db.port()))?;
+    /// assert_eq!(relay.held_back(), 0);
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn held_back(&self) -> u64 {
+        self.shared.group.counters.held_back.load(Ordering::SeqCst)
+    }
+
     /// Whether a cut is armed and its request has not come yet.
     ///
     /// # Examples
@@ -528,7 +591,7 @@ where
             };
             let counted = *counted.get_or_insert_with(|| !shared.uncounted(&chunk[..n]));
             let cut = if counted { count_request(shared) } else { None };
-            let delay = faults.borrow().delay();
+            let delay = faults.borrow().delay() + shared.held_back(&chunk[..n]);
             if tx
                 .send((Instant::now() + delay, chunk[..n].to_vec(), cut))
                 .is_err()

@@ -1,8 +1,9 @@
 //! A standalone ZooKeeper server: Curator's `TestingServer`.
 
 use std::io;
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
@@ -16,6 +17,8 @@ use crate::workdir;
 
 /// How many fresh ports to try when the chosen one turns out to be taken.
 const PORT_ATTEMPTS: usize = 5;
+/// How long the TLS port may take to accept once the plaintext port serves.
+const SECURE_PORT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long [`ZkServer::four_letter`] waits for an answer.
 const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -194,6 +197,9 @@ impl ZkServerBuilder {
             let mut member = Member::create(dir.path().to_path_buf(), &opts, lease.port(), &[], 0)?;
             member.spawn()?;
             member.wait_serving(None)?;
+            if let Some(secure) = &secure_lease {
+                wait_accepting(secure.port())?;
+            }
             Ok(ZkServer {
                 member,
                 lease,
@@ -391,7 +397,11 @@ impl ZkServer {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn restart(&mut self) -> io::Result<()> {
-        self.member.restart()
+        self.member.restart()?;
+        match self.secure_port() {
+            Some(port) => wait_accepting(port),
+            None => Ok(()),
+        }
     }
 
     /// Freezes the JVM with SIGSTOP: connections stay open but nothing answers, as with a long GC pause or
@@ -491,6 +501,25 @@ impl Drop for ZkServer {
     fn drop(&mut self) {
         // Kill the JVM before the port lease and the directory go (field order does the rest).
         let _ = self.member.stop();
+    }
+}
+
+/// Waits until the TLS port accepts connections. ZooKeeper opens it after the plaintext port,
+/// which already answers `ruok`: a client that came at once was refused.
+fn wait_accepting(port: u16) -> io::Result<()> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + SECURE_PORT_TIMEOUT;
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("ZooKeeper's TLS port {port} accepts no connection within {SECURE_PORT_TIMEOUT:?} of its plaintext port serving: {e}"),
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
     }
 }
 
