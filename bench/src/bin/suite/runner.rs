@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use zklock_bench::parse_line;
 
+use crate::distance::Distance;
 use crate::model::{Cells, Outcome, Row, Runner};
 
 /// Where a section's runs go, and what they need.
@@ -23,6 +24,9 @@ pub(crate) struct Env {
     /// The server's process id, when the suite started it: `zklock-bench`'s runs on `connect`
     /// then also report the server's CPU time per cycle.
     pub(crate) server_pid: Option<u32>,
+    /// The relays in front of the servers (none on loopback): each run's report gets their
+    /// round trips per cycle.
+    pub(crate) distance: Distance,
     pub(crate) scratch: tempfile::TempDir,
 }
 
@@ -45,6 +49,7 @@ impl Env {
             java_classes: None,
             timeout,
             server_pid: None,
+            distance: Distance::default(),
             scratch: tempfile::tempdir().map_err(|e| e.to_string())?,
         })
     }
@@ -132,8 +137,17 @@ impl Env {
         }
     }
 
-    /// Runs one cell and waits for it (killed after the timeout).
+    /// Runs one cell and waits for it (killed after the timeout); at a distance, its report
+    /// also gives the round trips per cycle the relays counted.
     pub(crate) fn run(&self, row: &Row, runner: &Runner) -> Outcome {
+        let (before, late) = (self.distance.round_trips(), self.distance.late());
+        let mut report = self.run_child(row, runner)?;
+        self.distance.record(&mut report, before, late);
+        Ok(report)
+    }
+
+    /// Runs one cell's child process and waits for it (killed after the timeout).
+    fn run_child(&self, row: &Row, runner: &Runner) -> Outcome {
         let mut cmd = self.command(row, runner)?;
         let out_path = self.scratch.path().join("stdout");
         let err_path = self.scratch.path().join("stderr");
