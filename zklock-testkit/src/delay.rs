@@ -15,8 +15,9 @@
 //!
 //! tokio's timer wheel ticks in whole milliseconds, far too coarse for a 0.5 ms delay, so the
 //! writers are plain threads that sleep with `nanosleep` (with the thread's timer slack cut to
-//! 1 ns on Linux, so the kernel does not round the wake-up by its default 50 µs). Threads are
-//! cheap at this scale: a benchmark's 200 connections make 800 small ones.
+//! 1 ns on Linux, so the kernel does not round the wake-up by its default 50 µs), end each
+//! sleep early by as much as their sleeps overshoot, and yield the last few µs away (see
+//! `Clock`). Threads are cheap at this scale: a benchmark's 200 connections make 800 small ones.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -56,10 +57,10 @@ const CHUNK: usize = 64 * 1024;
 pub struct DelayStats {
     /// Client connections accepted (and connected upstream).
     pub connections: u64,
-    /// Round trips: on each connection, every chunk from the client that follows a chunk from
-    /// the server (or is the connection's first chunk from the client) starts one. A client
-    /// that waits for each answer before it asks again makes one per request; a pipeline of
-    /// requests sent together makes one.
+    /// Round trips: on each connection, every chunk from the client that follows the delivery
+    /// of a chunk from the server (or is the connection's first chunk from the client) starts
+    /// one. A client that waits for each answer before it asks again makes one per request; a
+    /// pipeline of requests sent before the first answer arrives makes one.
     pub round_trips: u64,
     /// Chunks read from clients (each `read()` that returned data).
     pub requests: u64,
@@ -343,8 +344,9 @@ struct Conn {
     shared: Arc<Shared>,
     client: TcpStream,
     server: TcpStream,
-    /// Whether the last chunk read came from the server: the client's next one then starts a
-    /// round trip. True at first, so the client's first chunk does too.
+    /// Whether a chunk from the server was delivered to the client since the client's last
+    /// chunk: the client's next one then starts a round trip (it may answer it). True at first,
+    /// so the client's first chunk does too.
     server_spoke_last: AtomicBool,
 }
 
@@ -412,7 +414,7 @@ impl Conn {
         }
     }
 
-    /// Counts a chunk read on `way`, and the round trip it starts.
+    /// Counts a chunk read on `way`, and the round trip a client's chunk starts.
     fn count(&self, way: Way) {
         let c = &self.shared.counters;
         match way {
@@ -424,7 +426,6 @@ impl Conn {
             }
             Way::Down => {
                 c.replies.fetch_add(1, Ordering::SeqCst);
-                self.server_spoke_last.store(true, Ordering::SeqCst);
             }
         }
     }
@@ -432,12 +433,16 @@ impl Conn {
     /// Writes each queued chunk to `way`'s destination once it is due; when the reader is done,
     /// passes the close on (a half-close: the other way goes on).
     fn write_side(&self, way: Way, queue: &Receiver<(Instant, Vec<u8>)>) {
-        precise_timers();
+        let mut clock = Clock::new();
         let (_, mut to) = self.ends(way);
         while let Ok((due, bytes)) = queue.recv() {
-            sleep_until(due);
+            clock.wait_until(due);
             if Instant::now() > due + LATE {
                 self.shared.counters.late.fetch_add(1, Ordering::SeqCst);
+            }
+            if way == Way::Down {
+                // Before the write: the client cannot answer what it has not been given.
+                self.server_spoke_last.store(true, Ordering::SeqCst);
             }
             if to.write_all(&bytes).is_err() {
                 return self.close();
@@ -468,11 +473,43 @@ fn spawn(name: &str, pump: impl FnOnce() + Send + 'static) -> io::Result<()> {
         .map(drop)
 }
 
-/// Sleeps until `due` (at once if it has passed).
-fn sleep_until(due: Instant) {
-    let now = Instant::now();
-    if due > now {
-        thread::sleep(due - now);
+/// A writer's way of waiting until a chunk is due. A sleep ends late, by a few µs on idle
+/// hardware and by 50–100 µs (growing with the sleep) on a virtual machine whose CPU idles in
+/// between: a fifth of a 0.5 ms delay. So the clock learns how late this thread's sleeps end,
+/// sleeps that much less, and yields the processor the rest of the way.
+struct Clock {
+    /// How much earlier than due to end a sleep: the mean overshoot seen so far.
+    early: Duration,
+}
+
+/// The most a sleep is cut short by: beyond it, the machine is too busy for precision anyway.
+const MAX_EARLY: Duration = Duration::from_micros(300);
+
+impl Clock {
+    /// A clock on the calling thread, whose timer slack it cuts to the least.
+    fn new() -> Clock {
+        precise_timers();
+        Clock {
+            early: Duration::from_micros(50),
+        }
+    }
+
+    /// Returns at `due` (at once if it has passed).
+    fn wait_until(&mut self, due: Instant) {
+        let now = Instant::now();
+        if due <= now {
+            return;
+        }
+        let wake = due.checked_sub(self.early).unwrap_or(due);
+        if wake > now {
+            thread::sleep(wake - now);
+            let over = Instant::now().saturating_duration_since(wake);
+            // A running mean over the last eight or so sleeps.
+            self.early = (self.early * 7 + over.min(MAX_EARLY)) / 8;
+        }
+        while Instant::now() < due {
+            thread::yield_now();
+        }
     }
 }
 

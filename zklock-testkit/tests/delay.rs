@@ -82,6 +82,7 @@ fn ping_pong_takes(rtt: Duration) {
             break;
         }
     }
+    eprintln!("round trip at {rtt:?}: median of 50 ping-pongs {medians:?}");
     let best = *medians.iter().min().unwrap();
     assert!(
         best <= high,
@@ -108,11 +109,9 @@ fn burst(s: &mut TcpStream, n: usize) -> Duration {
     let t0 = Instant::now();
     for i in 0..n {
         s.write_all(&[i as u8; 8]).unwrap();
-        // Apart enough that the relay reads each as a chunk of its own.
-        let spin = Instant::now();
-        while spin.elapsed() < Duration::from_micros(50) {
-            std::hint::spin_loop();
-        }
+        // Apart enough that the relay reads each as a chunk of its own (most of them: a
+        // busy machine may merge some).
+        thread::sleep(Duration::from_micros(100));
     }
     let mut got = vec![0u8; 8 * n];
     s.read_exact(&mut got).unwrap();
@@ -125,39 +124,42 @@ fn burst(s: &mut TcpStream, n: usize) -> Duration {
 #[test]
 fn a_pipelined_burst_pays_the_delay_once() {
     let _one = TIMING.lock().unwrap_or_else(|e| e.into_inner());
-    let rtt = Duration::from_millis(2);
+    // Long enough that the burst is sent before its first echo comes back.
+    let rtt = Duration::from_millis(4);
     let delay = Delay::start(&echo().to_string(), rtt).unwrap();
     let mut s = connect(&delay);
-    let n = 20;
-    // Were each chunk to wait for the one before it, the burst would take n × rtt / 2 each way.
+    // The relay's pumps are running once a first round trip is through.
+    ping(&mut s, b"ready");
+    let n = 10;
+    // Were each chunk to wait for the one before it, k chunks would take k × rtt / 2 each way.
     let mut took = vec![];
     for _ in 0..ATTEMPTS {
+        let before = delay.stats().requests;
         let elapsed = burst(&mut s, n);
+        let chunks = delay.stats().requests - before;
         assert!(
             elapsed >= rtt,
             "the burst took {elapsed:?}: less than {rtt:?}"
         );
-        took.push(elapsed);
+        assert!(
+            chunks >= 5,
+            "the {n} writes reached the relay as {chunks} chunks: the burst tests nothing"
+        );
+        eprintln!("{n} writes back to back at {rtt:?}: {chunks} chunks, all echoed in {elapsed:?}");
+        took.push((elapsed, chunks));
         if elapsed < rtt * 2 {
             break;
         }
     }
     assert!(
-        took.iter().any(|t| *t < rtt * 2),
-        "{n} writes sent back to back took {took:?} at {rtt:?}: the delay is paid per chunk, \
-         not once (n × rtt would be {:?})",
-        rtt * n as u32
-    );
-    let stats = delay.stats();
-    assert!(
-        stats.requests >= n as u64,
-        "the writes came as {} chunks: the burst tests nothing",
-        stats.requests
+        took.iter().any(|(t, _)| *t < rtt * 2),
+        "{n} writes sent back to back took {took:?} (time, chunks) at {rtt:?}: the delay is \
+         paid per chunk, not once"
     );
     assert_eq!(
-        stats.round_trips,
-        took.len() as u64,
-        "a burst is one round trip"
+        delay.stats().round_trips,
+        1 + took.len() as u64,
+        "the first ping, then each burst one round trip"
     );
 }
 
