@@ -8,7 +8,7 @@
 //! the section's tables ([`table`]), measured on the wire rather than read from a server.
 
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use zklock_bench::Report;
 use zklock_testkit::Delay;
@@ -140,10 +140,25 @@ impl Distance {
         self.delays.iter().map(|d| d.stats().late).sum()
     }
 
-    /// Adds to a run's `report` the relays' round trips per cycle since `before` (and the
-    /// chunks they wrote late since `late_before`), at a distance; nothing on loopback or for
-    /// a report with no cycles (the memory rows).
-    pub(crate) fn record(&self, report: &mut Report, before: u64, late_before: u64) {
+    /// How often the runner looks at a run (and samples the relays): every 10 ms at a
+    /// distance, so that a timed window of a second is traced to 1%; else every 50 ms.
+    pub(crate) fn poll(&self) -> Duration {
+        Duration::from_millis(if self.is_far() { 10 } else { 50 })
+    }
+
+    /// Adds the relays' round trips so far, and when, to `trace` (at a distance).
+    pub(crate) fn sample(&self, trace: &mut Trace) {
+        if self.is_far() {
+            trace.0.push((Instant::now(), self.round_trips()));
+        }
+    }
+
+    /// Adds to a run's `report`, at a distance, the relays' round trips per cycle in the
+    /// timed window ([`FIELD`]; see [`Trace::busiest`]), over the whole run
+    /// (`relay_round_trips_per_cycle_whole_run`: connecting, warm-up and the server's
+    /// statistics included), and the chunks they wrote late since `late_before`. Nothing on
+    /// loopback or for a report with no cycles (the memory rows).
+    pub(crate) fn record(&self, report: &mut Report, trace: &Trace, late_before: u64) {
         if !self.is_far() {
             return;
         }
@@ -151,9 +166,56 @@ impl Distance {
         let Some(cycles) = cycles.filter(|c| *c > 0.0) else {
             return;
         };
-        let round_trips = self.round_trips() - before;
-        report.push(FIELD, format!("{:.2}", round_trips as f64 / cycles));
+        let window = report.number("secs").map(Duration::from_secs_f64);
+        let whole = trace.whole();
+        let windowed = window.and_then(|w| trace.busiest(w)).unwrap_or(whole);
+        report.push(FIELD, format!("{:.2}", windowed / cycles));
+        report.push(
+            "relay_round_trips_per_cycle_whole_run",
+            format!("{:.2}", whole / cycles),
+        );
         report.push("relay_late_writes", self.late() - late_before);
+    }
+}
+
+/// The relays' round trips counted so far, sampled while a run goes on.
+#[derive(Default)]
+pub(crate) struct Trace(Vec<(Instant, u64)>);
+
+impl Trace {
+    /// The round trips from the first sample to the last: the whole run.
+    fn whole(&self) -> f64 {
+        match (self.0.first(), self.0.last()) {
+            (Some(first), Some(last)) => (last.1 - first.1) as f64,
+            _ => 0.0,
+        }
+    }
+
+    /// The round trips in the run's busiest stretch as long as `window`, its timed window: a
+    /// run connects, warms up on a key of its own (one worker, uncontended) and reads the
+    /// server's statistics outside its window, and none of that is the row's cycle. Each
+    /// stretch runs from one sample to the first at least `window` later, its count scaled
+    /// down to `window`. `None` when the window is too short to trace (under 5 samples).
+    fn busiest(&self, window: Duration) -> Option<f64> {
+        let samples = &self.0;
+        let step = samples.windows(2).map(|w| w[1].0 - w[0].0).min()?;
+        if window < step * 5 {
+            return None;
+        }
+        let mut best: Option<f64> = None;
+        let mut j = 0;
+        for (i, &(t0, n0)) in samples.iter().enumerate() {
+            j = j.max(i);
+            while j < samples.len() && samples[j].0 - t0 < window {
+                j += 1;
+            }
+            let Some(&(t1, n1)) = samples.get(j) else {
+                break;
+            };
+            let scaled = (n1 - n0) as f64 * window.as_secs_f64() / (t1 - t0).as_secs_f64();
+            best = Some(best.map_or(scaled, |b: f64| b.max(scaled)));
+        }
+        best
     }
 }
 
@@ -194,9 +256,11 @@ pub(crate) fn table(distance: &Distance, rows: &[Row], results: &[RowRuns]) -> S
     }
     let mut md = String::from(
         "\nRound trips per cycle, measured at the relays: the round trips that crossed the \
-         distance during the run (on each connection, every client write after a server \
-         write), over its cycles (drain: its waiters); connecting and the warm-up acquire \
-         included. Each cell is that of the median run above.\n\n| workload |",
+         distance (on each connection, every client write after the server's last write reached \
+         the client), over its cycles (drain: its waiters), in the run's busiest stretch as long \
+         as its timed window (the relays sampled every 10 ms: connecting, the warm-up and the \
+         server's statistics left out; each line below also gives the whole run's figure, \
+         `relay_round_trips_per_cycle_whole_run`). Each cell is that of the median run above.\n\n| workload |",
     );
     for column in &columns {
         let _ = write!(md, " {column} |");
@@ -244,6 +308,25 @@ mod tests {
         assert_eq!(title("Redis", rtt, true), "Redis — 1 ms round trip");
         assert_eq!(title("Redis", None, true), "Redis");
         assert!(title("TLS", rtt, false).contains("loopback"));
+    }
+
+    #[test]
+    fn the_busiest_stretch_is_the_timed_window() {
+        let t = Instant::now();
+        let ms = |m: u64| t + Duration::from_millis(m);
+        // Connecting and a slow warm-up (1 per 10 ms), then a window of 100 ms at 10 per 10
+        // ms, then the statistics.
+        let mut samples = vec![];
+        let mut n = 0;
+        for step in 0..=40u64 {
+            samples.push((ms(step * 10), n));
+            n += if (20..30).contains(&step) { 10 } else { 1 };
+        }
+        let trace = Trace(samples);
+        assert_eq!(trace.whole(), 130.0);
+        assert_eq!(trace.busiest(Duration::from_millis(100)), Some(100.0));
+        // Too short a window to trace.
+        assert_eq!(trace.busiest(Duration::from_millis(20)), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use zklock_bench::parse_line;
 
-use crate::distance::Distance;
+use crate::distance::{Distance, Trace};
 use crate::model::{Cells, Outcome, Row, Runner};
 
 /// Where a section's runs go, and what they need.
@@ -140,14 +140,16 @@ impl Env {
     /// Runs one cell and waits for it (killed after the timeout); at a distance, its report
     /// also gives the round trips per cycle the relays counted.
     pub(crate) fn run(&self, row: &Row, runner: &Runner) -> Outcome {
-        let (before, late) = (self.distance.round_trips(), self.distance.late());
-        let mut report = self.run_child(row, runner)?;
-        self.distance.record(&mut report, before, late);
+        let mut trace = Trace::default();
+        let late = self.distance.late();
+        let mut report = self.run_child(row, runner, &mut trace)?;
+        self.distance.record(&mut report, &trace, late);
         Ok(report)
     }
 
-    /// Runs one cell's child process and waits for it (killed after the timeout).
-    fn run_child(&self, row: &Row, runner: &Runner) -> Outcome {
+    /// Runs one cell's child process and waits for it (killed after the timeout), tracing the
+    /// relays' round trips meanwhile.
+    fn run_child(&self, row: &Row, runner: &Runner, trace: &mut Trace) -> Outcome {
         let mut cmd = self.command(row, runner)?;
         let out_path = self.scratch.path().join("stdout");
         let err_path = self.scratch.path().join("stderr");
@@ -162,6 +164,7 @@ impl Env {
             .map_err(|e| format!("{shown}: {e}"))?;
         let deadline = Instant::now() + self.timeout;
         let status = loop {
+            self.distance.sample(trace);
             match child.try_wait() {
                 Ok(Some(status)) => break status,
                 Ok(None) if Instant::now() > deadline => {
@@ -169,7 +172,7 @@ impl Env {
                     let _ = child.wait();
                     return Err("timeout".into());
                 }
-                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Ok(None) => std::thread::sleep(self.distance.poll()),
                 Err(e) => return Err(e.to_string()),
             }
         };
