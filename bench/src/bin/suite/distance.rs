@@ -118,10 +118,23 @@ impl Distance {
 
     /// `url` (a URL or connect string naming one or more `127.0.0.1:PORT` or
     /// `localhost:PORT`) with each server's address replaced by a relay's in front of it.
+    ///
+    /// # Errors
+    ///
+    /// At a distance, when `url` names no such address (a server elsewhere, e.g. `--connect`
+    /// to another host, which no relay of this machine would stand in front of).
     pub(crate) fn route(&mut self, url: &str) -> Result<String, String> {
+        let found = endpoints(url);
+        if self.is_far() && found.is_empty() {
+            return Err(format!(
+                "--rtt puts a relay in front of servers on this machine (127.0.0.1:PORT or \
+                 localhost:PORT), and {url} names none: run without --rtt, or on a server of \
+                 this machine"
+            ));
+        }
         let mut routed = String::with_capacity(url.len());
         let mut rest = 0;
-        for (start, end) in endpoints(url) {
+        for (start, end) in found {
             routed.push_str(&url[rest..start]);
             routed.push_str(&self.front(&url[start..end])?);
             rest = end;
