@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use zklock_bench::Report;
 use zklock_testkit::Delay;
 
-use crate::model::{Row, RowRuns};
+use crate::model::{Metric, Row, RowRuns};
 
 /// The report field of the relays' round trips per cycle.
 pub(crate) const FIELD: &str = "relay_round_trips_per_cycle";
@@ -52,7 +52,7 @@ pub(crate) fn label(rtt: Duration) -> String {
     let us = rtt.as_micros();
     if us < 1000 {
         format!("{us} µs")
-    } else if us % 1000 == 0 {
+    } else if us.is_multiple_of(1000) {
         format!("{} ms", us / 1000)
     } else {
         format!("{} ms", us as f64 / 1000.0)
@@ -253,8 +253,8 @@ fn endpoints(url: &str) -> Vec<(usize, usize)> {
     found
 }
 
-/// The table of the relays' round trips per cycle, by row and peer (each cell's median run),
-/// for a section at a distance; empty on loopback.
+/// The table of the relays' round trips per cycle, by row and peer (each cell's median run;
+/// not the memory rows), for a section at a distance; empty on loopback.
 pub(crate) fn table(distance: &Distance, rows: &[Row], results: &[RowRuns]) -> String {
     if !distance.is_far() {
         return String::new();
@@ -281,7 +281,12 @@ pub(crate) fn table(distance: &Distance, rows: &[Row], results: &[RowRuns]) -> S
     md.push_str("\n| --- |");
     md.push_str(&" ---: |".repeat(columns.len()));
     md.push('\n');
-    for (row, runs) in rows.iter().zip(results) {
+    // A memory row has no cycles: its figure is the memory of waiters.
+    let cycled = rows
+        .iter()
+        .zip(results)
+        .filter(|(r, _)| r.metric != Metric::Memory);
+    for (row, runs) in cycled {
         let _ = write!(md, "| {} |", row.title);
         for column in &columns {
             let text = match runs.kept.get(column) {
