@@ -10,6 +10,9 @@
 //!   framing: partitions (blackhole), resets, delays, and the lost reply to the Nth create.
 //! - [`Relay`]: its protocol-blind counterpart for Redis and PostgreSQL: the same faults, and the
 //!   adversary's cut after the Nth request (the server acts, the client never hears the answer).
+//! - [`Delay`]: network distance on loopback: a relay that delays each direction of every
+//!   connection by half a round trip, precisely (0.5 ms is fine), and counts the round trips it
+//!   carries; the bench's `--rtt`.
 //! - [`History`]: what lock workers did (acquire, grant with fencing token, release, loss), and
 //!   [`check`] to find two holders at once, tokens that do not increase, and holds that never end.
 //! - TLS: [`Certs`] mints a private CA and certificates in-process (good, wrong name, expired,
@@ -70,6 +73,7 @@ mod clock;
 mod cluster;
 mod curator;
 mod daemon;
+mod delay;
 mod env;
 mod etcd;
 mod fault_switch;
@@ -97,6 +101,7 @@ pub use certs::{Certs, ClientAuth, ServerCert};
 pub use clock::ServerClock;
 pub use cluster::{ZkCluster, ZkClusterBuilder};
 pub use curator::CuratorHold;
+pub use delay::{Delay, DelayStats};
 pub use env::{now_epoch_ms, peers_dir};
 pub use etcd::{EtcdCluster, EtcdClusterBuilder, EtcdServer, EtcdServerBuilder};
 pub use history::{
@@ -139,6 +144,7 @@ mod tests {
         send::<crate::KazooPeer>();
         send_sync::<crate::Proxy>();
         send_sync::<crate::Relay>();
+        send_sync::<crate::Delay>();
         send_sync::<crate::History>();
         send_sync::<crate::Recorder>();
     }

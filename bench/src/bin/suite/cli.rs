@@ -1,8 +1,11 @@
 //! The suite's command line.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
+
+use crate::distance::Distance;
 
 /// Runs every benchmark and prints the markdown tables.
 #[derive(Parser, Debug)]
@@ -49,6 +52,12 @@ pub(crate) struct Cli {
     /// Sentinel and Cluster 7, PostgreSQL 5, MySQL 5, etcd 5, TLS 7; 1 with `--quick`).
     #[arg(long)]
     pub(crate) rounds: Option<usize>,
+    /// Network distance: every client reaches the servers through a relay (the test kit's
+    /// `Delay`) that adds this round trip, half each way, e.g. `1ms`, `500us`, `2ms`; each
+    /// section then also shows the round trips per cycle the relays counted. Not the TLS
+    /// section, which stays on loopback. Default: none (loopback).
+    #[arg(long, value_name = "DURATION", value_parser = crate::distance::parse_rtt)]
+    pub(crate) rtt: Option<Duration>,
 }
 
 impl Cli {
@@ -63,6 +72,12 @@ impl Cli {
             (false, Section::Tls) => 7,
         };
         self.rounds.unwrap_or(default).max(1)
+    }
+
+    /// The relays `section` runs behind: at `--rtt`'s distance, or none (loopback; the TLS
+    /// section always).
+    pub(crate) fn distance(&self, section: Section) -> Distance {
+        Distance::new(self.rtt.filter(|_| section.goes_far()))
     }
 
     /// Whether `section` runs.
@@ -93,6 +108,11 @@ pub(crate) enum Section {
 }
 
 impl Section {
+    /// Whether the section runs at `--rtt`'s distance (all but TLS, which stays on loopback).
+    pub(crate) fn goes_far(self) -> bool {
+        self != Section::Tls
+    }
+
     /// Its name on the command line (`--only`), lowercase: the first part of its charts' file
     /// names.
     pub(crate) fn slug(self) -> &'static str {

@@ -9,10 +9,14 @@
 //! timed window (`CLUSTER SLOTS`, `CLUSTER KEYSLOT`). The server's counters are summed over
 //! every primary.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use zklock_testkit::RedisCluster;
+
 use crate::cli::{Cli, Section};
+use crate::distance::{self, Distance};
 use crate::model::{rslock_rows, Row, RowRuns, Runner};
 use crate::redis::version;
 use crate::report::{backend_tables, each_cell, machine, quick_note, BackendTables};
@@ -45,16 +49,18 @@ fn rows(quick: bool) -> Vec<Row> {
 pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     let started = Instant::now();
     eprintln!("starting a Redis Cluster: 3 primaries, 1 replica each (test kit)");
-    let cluster = zklock_testkit::RedisCluster::builder()
+    let cluster = RedisCluster::builder()
         .replicas(1)
         .start()
         .map_err(|e| format!("cannot start a Redis Cluster: {e}"))?;
-    let url = format!("redis+cluster://{}", cluster.addrs().join(","));
+    let mut distance = cli.distance(Section::Cluster);
+    let url = reach(&cluster, &mut distance)?;
     let primaries = cluster
         .primaries()
         .map_err(|e| format!("no primaries: {e}"))?;
     let coverage = coverage(&cluster, &primaries)?;
     let mut env = Env::new(url, Duration::from_secs(cli.run_timeout))?;
+    env.distance = distance;
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Cluster);
     let results = run_rounds(&mut env, &rows, rounds, "Cluster");
@@ -62,6 +68,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     let after = cluster.primaries().unwrap_or_default();
     drop(cluster);
     let mut md = render(&rows, &results, started.elapsed(), cli.quick, rounds);
+    md.push_str(&distance::table(&env.distance, &rows, &results));
     let _ = writeln!(md, "\n{coverage}");
     let _ = writeln!(md, "\n{}", spreads(&rows, &results, primaries.len()));
     if after != primaries {
@@ -74,11 +81,73 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     Ok(md)
 }
 
+/// The `redis+cluster://` URL as the clients reach the Cluster. On loopback, every node's own
+/// address. At a distance, a relay in front of every node, primaries and replicas, each node
+/// announcing its relay's port (`cluster-announce-port`; the cluster bus stays direct): every
+/// `CLUSTER SLOTS` and `-MOVED` names relays only, so no client reaches a node directly.
+fn reach(cluster: &RedisCluster, distance: &mut Distance) -> Result<String, String> {
+    let seeds = cluster
+        .addrs()
+        .iter()
+        .map(|addr| distance.front(addr))
+        .collect::<Result<Vec<_>, _>>()?;
+    if distance.is_far() {
+        announce(cluster, &seeds)?;
+    }
+    Ok(format!("redis+cluster://{}", seeds.join(",")))
+}
+
+/// How long the nodes may take to learn the ports the others announce (gossip: each node
+/// pings each other at least every half node timeout).
+const ANNOUNCED_WITHIN: Duration = Duration::from_secs(20);
+
+/// Node `i` announces the port of `relays[i]` (`127.0.0.1:PORT`); returns once every node's
+/// `CLUSTER SLOTS` names those ports and no other.
+fn announce(cluster: &RedisCluster, relays: &[String]) -> Result<(), String> {
+    let ports: Vec<&str> = relays
+        .iter()
+        .map(|r| r.rsplit(':').next().unwrap_or_default())
+        .collect();
+    for (i, port) in ports.iter().enumerate() {
+        cluster
+            .command(i, &["CONFIG", "SET", "cluster-announce-port", port])
+            .map_err(|e| format!("CONFIG SET cluster-announce-port on node {i}: {e}"))?;
+    }
+    let want: BTreeSet<i64> = ports.iter().filter_map(|p| p.parse().ok()).collect();
+    let since = Instant::now();
+    loop {
+        let seen: Vec<_> = (0..cluster.len()).map(|i| slot_ports(cluster, i)).collect();
+        if seen.iter().all(|s| s.as_ref() == Some(&want)) {
+            return Ok(());
+        }
+        if since.elapsed() > ANNOUNCED_WITHIN {
+            return Err(format!(
+                "the nodes do not all name the relays {want:?} in CLUSTER SLOTS within \
+                 {ANNOUNCED_WITHIN:?}: {seen:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every port node `i`'s `CLUSTER SLOTS` names, primaries and replicas (`None`: no answer).
+fn slot_ports(cluster: &RedisCluster, i: usize) -> Option<BTreeSet<i64>> {
+    let reply = cluster.command(i, &["CLUSTER", "SLOTS"]).ok()?;
+    let mut ports = BTreeSet::new();
+    for range in reply.array()? {
+        // [first slot, last slot, primary, replica...], each node [ip, port, id, ...].
+        for node in range.array()?.iter().skip(2) {
+            ports.insert(node.array()?.get(1)?.int()?);
+        }
+    }
+    Some(ports)
+}
+
 /// Checks with the test kit (`node_for_key`, `CLUSTER KEYSLOT` and `CLUSTER NODES`) that 64
 /// keys named as the bench names rslock's (`bench:/bench/rslock-<nanos>-<pid>:k<i>`, one
 /// sample root) land on every primary, and says how they spread. Each run names its keys
 /// afresh; its own spread is in its line (`keys_per_primary`).
-fn coverage(cluster: &zklock_testkit::RedisCluster, primaries: &[usize]) -> Result<String, String> {
+fn coverage(cluster: &RedisCluster, primaries: &[usize]) -> Result<String, String> {
     let root = format!("/bench/rslock-0-{}", std::process::id());
     let mut counts = vec![0usize; primaries.len()];
     for k in 0..KEYS {

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::cli::{Cli, Section};
+use crate::distance;
 use crate::model::{Figure, Row, RowRuns, Runner, Target, Want};
 use crate::report::{backend_tables, disk, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
@@ -108,19 +109,17 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     eprintln!("starting etcd (test kit: one member, data on disk, fsync on)");
     let server =
         zklock_testkit::EtcdServer::start().map_err(|e| format!("cannot start etcd: {e}"))?;
-    let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
+    let mut distance = cli.distance(Section::Etcd);
+    let url = distance.route(&server.url())?;
+    let mut env = Env::new(url, Duration::from_secs(cli.run_timeout))?;
     env.server_pid = server.pid();
+    env.distance = distance;
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Etcd);
     let results = run_rounds(&mut env, &rows, rounds, "etcd");
     drop(server);
-    Ok(render(
-        &rows,
-        &results,
-        started.elapsed(),
-        cli.quick,
-        rounds,
-    ))
+    let md = render(&rows, &results, started.elapsed(), cli.quick, rounds);
+    Ok(md + &distance::table(&env.distance, &rows, &results))
 }
 
 /// `etcd --version`'s version (the test kit's binary: `$ZKLOCK_ETCD`, else `etcd`).

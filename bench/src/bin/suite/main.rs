@@ -24,11 +24,15 @@
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
 //!                    [--only zookeeper|redis|sentinel|cluster|postgres|mysql|etcd|tls]
-//!                    [--charts DIR]
+//!                    [--charts DIR] [--rtt DURATION]
 //! ```
 //!
 //! With `--charts DIR` it also draws each section's tables as SVG charts into `DIR`
 //! ([`charts`]), linked under each section of the markdown.
+//!
+//! With `--rtt 1ms` (any duration) every section but TLS runs at that network distance: a
+//! relay of the test kit in front of each server delays every byte, and the relays count the
+//! round trips per cycle ([`distance`]).
 //!
 //! Every section runs its cells in rounds, the peers taking turns, and shows each cell's
 //! median run ([`rounds`]). Every run is a child process ([`runner`]): `zklock-bench` (next to
@@ -40,6 +44,7 @@ mod backend_memory;
 mod charts;
 mod cli;
 mod cluster;
+mod distance;
 mod etcd;
 mod model;
 mod mysql;
@@ -95,8 +100,12 @@ fn main() -> ExitCode {
     };
     let mut markdown = String::new();
     for (section, title, md) in sections {
-        if !markdown.is_empty() {
+        // At a distance every section says so in its heading, the first one too.
+        if !markdown.is_empty() || cli.rtt.is_some() {
             markdown.push_str(&format!("\n## {title}\n\n"));
+        }
+        if let Some(rtt) = cli.rtt.filter(|_| section.goes_far()) {
+            markdown.push_str(&distance::note(rtt));
         }
         markdown.push_str(&md);
         if let Some(dir) = &cli.charts {
@@ -118,7 +127,7 @@ type SectionRun = fn(&Cli) -> Result<String, String>;
 
 /// Every section `--only` lets run, one after the other: each one's markdown, after its
 /// title.
-fn suite(cli: &Cli) -> Result<Vec<(Section, &'static str, String)>, String> {
+fn suite(cli: &Cli) -> Result<Vec<(Section, String, String)>, String> {
     let sections: [(Section, &str, SectionRun); 8] = [
         (Section::Zookeeper, "ZooKeeper", zookeeper::section),
         (Section::Redis, "Redis", redis::section),
@@ -134,7 +143,8 @@ fn suite(cli: &Cli) -> Result<Vec<(Section, &'static str, String)>, String> {
         if !cli.runs(section) {
             continue;
         }
-        charts::begin_section(section.slug(), title, cli.quick);
+        let title = distance::title(title, cli.rtt, section.goes_far());
+        charts::begin_section(section.slug(), &title, cli.quick);
         done.push((section, title, run(cli)?));
     }
     Ok(done)

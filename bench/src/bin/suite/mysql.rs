@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend_memory;
 use crate::cli::{Cli, Section};
+use crate::distance;
 use crate::model::{BackendSizes as Sizes, Row, RowRuns, Runner};
 use crate::report::{backend_tables, disk, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
@@ -144,8 +145,11 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
             format!("{version}, max_connections {max}")
         })
         .unwrap_or_else(|_| "unknown".into());
-    let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
+    let mut distance = cli.distance(Section::Mysql);
+    let url = distance.route(&server.url())?;
+    let mut env = Env::new(url, Duration::from_secs(cli.run_timeout))?;
     env.server_pid = server.pid();
+    env.distance = distance;
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Mysql);
     let results = run_rounds(&mut env, &rows, rounds, "MySQL");
@@ -154,7 +158,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     let memory_rows = backend_memory::rows(cli.quick, false);
     let memory = backend_memory::run(&mut env, &memory_rows, "MySQL");
     drop(server);
-    Ok(render(
+    let md = render(
         &rows,
         &results,
         (&memory_rows, &memory),
@@ -162,7 +166,8 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         started.elapsed(),
         cli.quick,
         rounds,
-    ))
+    );
+    Ok(md + &distance::table(&env.distance, &rows, &results))
 }
 
 /// The sessions of one manager, as the backend's code bounds them.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend_memory;
 use crate::cli::{Cli, Section};
+use crate::distance;
 use crate::model::{BackendSizes as Sizes, Figure, Row, RowRuns, Runner, Target, Want};
 use crate::report::{backend_tables, disk, each_cell, machine, quick_note, BackendTables};
 use crate::rounds::run_rounds;
@@ -164,15 +165,18 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|_| "?".into());
     let version = format!("{version}, max_connections {max_connections}");
-    let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
+    let mut distance = cli.distance(Section::Postgres);
+    let url = distance.route(&server.url())?;
+    let mut env = Env::new(url, Duration::from_secs(cli.run_timeout))?;
     env.server_pid = server.pid();
+    env.distance = distance;
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Postgres);
     let results = run_rounds(&mut env, &rows, rounds, "PostgreSQL");
     let memory_rows = backend_memory::rows(cli.quick, cli.extended);
     let memory = backend_memory::run(&mut env, &memory_rows, "PostgreSQL");
     drop(server);
-    Ok(render(
+    let md = render(
         &rows,
         &results,
         (&memory_rows, &memory),
@@ -180,7 +184,8 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         started.elapsed(),
         cli.quick,
         rounds,
-    ))
+    );
+    Ok(md + &distance::table(&env.distance, &rows, &results))
 }
 
 /// The bound on the server connections of one manager, as the backend's code sets it.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend_memory;
 use crate::cli::{Cli, Section};
+use crate::distance;
 use crate::model::{
     contended_against_rslock, BackendSizes as Sizes, Figure, Row, RowRuns, Runner, Target, Want,
 };
@@ -162,22 +163,26 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     eprintln!("starting redis-server (test kit)");
     let server = zklock_testkit::RedisServer::start()
         .map_err(|e| format!("cannot start redis-server: {e}"))?;
-    let mut env = Env::new(server.url(), Duration::from_secs(cli.run_timeout))?;
+    let mut distance = cli.distance(Section::Redis);
+    let url = distance.route(&server.url())?;
+    let mut env = Env::new(url, Duration::from_secs(cli.run_timeout))?;
     env.server_pid = server.pid();
+    env.distance = distance;
     let rows = rows(cli.quick);
     let rounds = cli.rounds(Section::Redis);
     let results = run_rounds(&mut env, &rows, rounds, "Redis");
     let memory_rows = backend_memory::rows(cli.quick, cli.extended);
     let memory = backend_memory::run(&mut env, &memory_rows, "Redis");
     drop(server);
-    Ok(render(
+    let md = render(
         &rows,
         &results,
         (&memory_rows, &memory),
         started.elapsed(),
         cli.quick,
         rounds,
-    ))
+    );
+    Ok(md + &distance::table(&env.distance, &rows, &results))
 }
 
 /// `redis-server --version`'s version.

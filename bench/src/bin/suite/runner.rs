@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use zklock_bench::parse_line;
 
+use crate::distance::{Distance, Trace};
 use crate::model::{Cells, Outcome, Row, Runner};
 
 /// Where a section's runs go, and what they need.
@@ -23,6 +24,9 @@ pub(crate) struct Env {
     /// The server's process id, when the suite started it: `zklock-bench`'s runs on `connect`
     /// then also report the server's CPU time per cycle.
     pub(crate) server_pid: Option<u32>,
+    /// The relays in front of the servers (none on loopback): each run's report gets their
+    /// round trips per cycle.
+    pub(crate) distance: Distance,
     pub(crate) scratch: tempfile::TempDir,
 }
 
@@ -45,6 +49,7 @@ impl Env {
             java_classes: None,
             timeout,
             server_pid: None,
+            distance: Distance::default(),
             scratch: tempfile::tempdir().map_err(|e| e.to_string())?,
         })
     }
@@ -132,8 +137,19 @@ impl Env {
         }
     }
 
-    /// Runs one cell and waits for it (killed after the timeout).
+    /// Runs one cell and waits for it (killed after the timeout); at a distance, its report
+    /// also gives the round trips per cycle the relays counted.
     pub(crate) fn run(&self, row: &Row, runner: &Runner) -> Outcome {
+        let mut trace = Trace::default();
+        let late = self.distance.late();
+        let mut report = self.run_child(row, runner, &mut trace)?;
+        self.distance.record(&mut report, &trace, late);
+        Ok(report)
+    }
+
+    /// Runs one cell's child process and waits for it (killed after the timeout), tracing the
+    /// relays' round trips meanwhile.
+    fn run_child(&self, row: &Row, runner: &Runner, trace: &mut Trace) -> Outcome {
         let mut cmd = self.command(row, runner)?;
         let out_path = self.scratch.path().join("stdout");
         let err_path = self.scratch.path().join("stderr");
@@ -148,6 +164,7 @@ impl Env {
             .map_err(|e| format!("{shown}: {e}"))?;
         let deadline = Instant::now() + self.timeout;
         let status = loop {
+            self.distance.sample(trace);
             match child.try_wait() {
                 Ok(Some(status)) => break status,
                 Ok(None) if Instant::now() > deadline => {
@@ -155,7 +172,7 @@ impl Env {
                     let _ = child.wait();
                     return Err("timeout".into());
                 }
-                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Ok(None) => std::thread::sleep(self.distance.poll()),
                 Err(e) => return Err(e.to_string()),
             }
         };

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::cli::{Cli, Section};
+use crate::distance;
 use crate::model::{Metric, Outcome, Row, Runner, Target, Want};
 use crate::rounds::run_rounds;
 use crate::runner::Env;
@@ -326,9 +327,12 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         (None, Some(s)) => (s.connect_string(), version(s, fsync)),
         (None, None) => unreachable!("a server is started without --connect"),
     };
+    let mut distance = cli.distance(Section::Zookeeper);
+    let connect = distance.route(&connect)?;
     let mut env = Env::new(connect, Duration::from_secs(cli.run_timeout))?;
     env.peers_run = zklock_testkit::peers_dir().join("run");
     env.server_pid = server.as_ref().and_then(|s| s.pid());
+    env.distance = distance;
     let sizes = Sizes::new(cli.quick);
     let rows = rows(&sizes, cli.extended);
     warm_up(&env, cli.quick);
@@ -336,7 +340,7 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
     let results = run_rounds(&mut env, &rows, rounds, "ZooKeeper");
     let handover = handover(&mut env, sizes.handover);
     drop(server);
-    Ok(render(
+    let md = render(
         &rows,
         &results,
         &handover,
@@ -344,7 +348,8 @@ pub(crate) fn section(cli: &Cli) -> Result<String, String> {
         started.elapsed(),
         cli.quick,
         rounds,
-    ))
+    );
+    Ok(md + &distance::table(&env.distance, &rows, &results))
 }
 
 /// The server's release and how it writes its log.
