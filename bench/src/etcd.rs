@@ -450,13 +450,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     };
     let attempts_before = attempts.load(Ordering::SeqCst);
     let window = gate.open(options.server_pid);
-    let mut tally = Tally::default();
-    for worker in workers {
-        let mine = worker
-            .await
-            .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
-        tally.merge(mine);
-    }
+    let tally = Tally::gather(workers).await?;
     let window = window.close();
     let elapsed = window.elapsed;
     for c in &contenders {

@@ -41,7 +41,7 @@ use tokio::task::JoinHandle;
 use zklock_core::{LockGuard, LockManager, Mutex};
 
 use crate::ops::{local_queue_field, per};
-use crate::peer::{mysql_session as session, MYSQL_LEASE as LEASE};
+use crate::peer::{mysql_session as session, zklock_manager};
 use crate::window::{Closed, Gate, Overlap, Tally};
 use crate::{BenchError, Options, Peer, Report, Result, Workload};
 
@@ -196,20 +196,7 @@ impl Contender {
     ) -> Result<Contender> {
         match options.peer {
             Peer::Zklock => {
-                let tls = options.tls.clone();
-                let manager = LockManager::builder(options.connect.clone())
-                    .namespace(namespace)
-                    .mysql(|my| {
-                        let my = my.lease(LEASE);
-                        match tls {
-                            Some(tls) => my.tls(tls),
-                            None => my,
-                        }
-                    })
-                    .local_queue(options.local_queue)
-                    .fencing_tokens(options.fencing_tokens)
-                    .connect()
-                    .await?;
+                let manager = zklock_manager(options, namespace).await?;
                 let mut mutexes = (0..floor_keys.len() - 1)
                     .map(|k| manager.mutex(&format!("bench{k}")))
                     .collect::<zklock_core::Result<Vec<_>>>()?;
@@ -414,13 +401,7 @@ async fn timed(
         None => None,
     };
     let window = gate.open(options.server_pid);
-    let mut tally = Tally::default();
-    for task in tasks {
-        let mine = task
-            .await
-            .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
-        tally.merge(mine);
-    }
+    let tally = Tally::gather(tasks).await?;
     let window = window.close();
     for c in contenders {
         c.flush().await;

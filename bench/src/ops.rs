@@ -223,13 +223,7 @@ pub(crate) async fn run(options: &Options) -> Result<Report> {
     gate.all_ready().await;
     let before = Counters::read(&setup, &contenders, &mut redis_admin).await?;
     let window = gate.open(options.server_pid);
-    let mut tally = Tally::default();
-    for task in tasks {
-        let mine = task
-            .await
-            .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
-        tally.merge(mine);
-    }
+    let mut tally = Tally::gather(tasks).await?;
     let window = window.close();
     let elapsed = window.elapsed;
     for c in &contenders {

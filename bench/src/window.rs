@@ -10,6 +10,7 @@ use tokio::sync::{watch, Barrier};
 
 use crate::cpu::CpuTimes;
 use crate::report::Report;
+use crate::{BenchError, Result};
 
 /// Counts moments when two holders of one key overlap (CuratorBench's `violations`), and
 /// remembers each key's last holder (to count holder changes).
@@ -74,6 +75,20 @@ impl Tally {
         self.latencies.extend(other.latencies);
         self.max_wait_ns = self.max_wait_ns.max(other.max_wait_ns);
         self.changes += other.changes;
+    }
+
+    /// Every worker's tally, merged once each has ended: the first worker's error, if any.
+    pub(crate) async fn gather(
+        workers: impl IntoIterator<Item = tokio::task::JoinHandle<Result<Tally>>>,
+    ) -> Result<Tally> {
+        let mut tally = Tally::default();
+        for worker in workers {
+            let mine = worker
+                .await
+                .map_err(|e| BenchError(format!("worker panicked: {e}")))??;
+            tally.merge(mine);
+        }
+        Ok(tally)
     }
 }
 
