@@ -1,7 +1,8 @@
 //! The CPU time a run costs per cycle, on each side of the wire: this process's (every thread
 //! of the client, the library's own connection tasks included) and, given its process id, the
-//! server's (with its child processes: a PostgreSQL server's backends), read from `/proc` when
-//! the timed window opens and once every worker finished. On two shared cores a request costs
+//! server's (with its child processes: a PostgreSQL server's backends), read when the timed
+//! window opens and once every worker finished: this process's from its CPU clock, the
+//! server's from `/proc` (in 10 ms ticks). On two shared cores a request costs
 //! both sides CPU, not only a round trip: these figures say where a cycle's cost goes.
 
 use crate::report::Report;
@@ -20,7 +21,7 @@ impl CpuTimes {
     /// Reads them now (`server`: the server's process id, if known).
     pub(crate) fn now(server: Option<u32>) -> CpuTimes {
         CpuTimes {
-            client_us: process_us("self"),
+            client_us: own_us(),
             server_us: server.and_then(tree_us),
         }
     }
@@ -41,6 +42,19 @@ impl CpuTimes {
             report.push("server_cpu_us_per_cycle", server);
         }
     }
+}
+
+/// User + system time of this process (every thread), in µs, to the nanosecond the kernel
+/// accounts (`/proc` would give 10 ms ticks: a short window's figure would be off by a tick's
+/// share of it).
+fn own_us() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec that clock_gettime writes into; it reads nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000)
 }
 
 /// User + system time of the process `pid` (every thread), in µs, from `/proc/<pid>/stat`.
@@ -88,7 +102,8 @@ mod tests {
         assert_eq!(ticks_of("4242 (x) S 1"), None);
     }
 
-    /// This process's time is read and moves forward with work; a process that is not there
+    /// This process's time is read (from `/proc` and from its clock, which agree to a tick)
+    /// and moves forward with work; a process that is not there
     /// reads as nothing.
     #[test]
     fn this_process_is_read_and_a_missing_one_is_none() {
@@ -100,6 +115,8 @@ mod tests {
         }
         let after = process_us("self").expect("read again");
         assert!(after >= before + 10_000, "{before} -> {after}");
+        let own = own_us().expect("this process's clock");
+        assert!(own + 10_000 >= after, "{own} µs against /proc's {after} µs");
         assert_eq!(tree_us(u32::MAX), None);
     }
 }

@@ -44,6 +44,7 @@ mod backend_memory;
 mod charts;
 mod cli;
 mod cluster;
+mod cpu_target;
 mod distance;
 mod etcd;
 mod model;

@@ -171,6 +171,8 @@ pub(crate) enum Figure {
     HolderChanges,
     /// `p99_us` (lower is better).
     P99,
+    /// `client_cpu_us_per_cycle` (lower is better).
+    ClientCpu,
 }
 
 /// One part of a target: zklock's figure against a peer's, as a ratio bound.
@@ -236,6 +238,7 @@ pub(crate) fn figure_of(metric: Metric, which: Figure, report: &Report) -> Optio
         Figure::Main => figure(metric, report),
         Figure::HolderChanges => report.number("holder_changes_per_s"),
         Figure::P99 => report.number("p99_us"),
+        Figure::ClientCpu => report.number("client_cpu_us_per_cycle"),
     }
 }
 

@@ -274,5 +274,6 @@ pub(crate) fn backend_tables(
         }
         md.push('\n');
     }
+    crate::cpu_target::table(md, rows, results, t.columns, &[], "");
     lines(md, rows, results, lines_heading(t.rounds));
 }

@@ -44,13 +44,14 @@ fn want_text(metric: Metric, w: &Want) -> String {
         (Figure::Main, _) => format!("≥ {}× {peer}", w.ratio),
         (Figure::HolderChanges, _) => format!("holder changes ≥ {}× {peer}", w.ratio),
         (Figure::P99, _) => format!("p99 ≤ {}× {peer}", w.ratio),
+        (Figure::ClientCpu, _) => format!("client CPU ≤ {}× {peer}", w.ratio),
     }
 }
 
 /// Whether a ratio meets its part of the target.
 fn meets(w: &Want, ratio: f64) -> bool {
     match w.figure {
-        Figure::P99 => ratio <= w.ratio,
+        Figure::P99 | Figure::ClientCpu => ratio <= w.ratio,
         Figure::Main | Figure::HolderChanges => ratio >= w.ratio,
     }
 }
@@ -104,6 +105,7 @@ fn judge(metric: Metric, target: &Target, runs: &RowRuns) -> Judged {
                     Figure::Main => peer_name(w.peer).to_string(),
                     Figure::HolderChanges => format!("{} holder changes", peer_name(w.peer)),
                     Figure::P99 => format!("{} p99", peer_name(w.peer)),
+                    Figure::ClientCpu => format!("{} client CPU", peer_name(w.peer)),
                 };
                 match runs.paired(metric, w.figure, w.peer) {
                     Some(r) if meets(w, r) => all.push(format!("×{r:.2} {label}")),

@@ -64,6 +64,14 @@ pub(crate) fn render(
     latency(&mut md, rows, &kept);
     recipe(&mut md, rows, &kept);
     cpu(&mut md, rows, &kept);
+    crate::cpu_target::table(
+        &mut md,
+        rows,
+        results,
+        &COLUMNS,
+        &["floor"],
+        "; nor is the floor, whose bare create and delete of a node of its own excludes nobody",
+    );
     memory(&mut md, rows, &kept);
     lines(&mut md, rows, results, lines_heading(rounds));
     render_handover(&mut md, handover);
