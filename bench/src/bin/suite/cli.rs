@@ -31,6 +31,14 @@ pub(crate) struct Cli {
     /// markdown (by this path as given).
     #[arg(long, value_name = "DIR")]
     pub(crate) charts: Option<PathBuf>,
+    /// With `--rtt` and `--charts`: the loopback run's `--charts` directory. Every chart of
+    /// this run whose data that run left there (`{section}-{chart}.json`, written beside each
+    /// SVG) is also drawn with both runs' figures, `{section}-{chart}-both.svg`: per row each
+    /// peer's loopback bar in its colour beside its bar at this distance in a lighter tint,
+    /// on the same log axis; linked first under each section ("Charts, loopback beside 1 ms
+    /// round trip:"). A chart without its loopback data is drawn at this distance only.
+    #[arg(long, value_name = "DIR", requires_all = ["rtt", "charts"])]
+    pub(crate) loopback_charts: Option<PathBuf>,
     /// Seconds one run may take before it is killed (its cell then says "timeout").
     #[arg(long, default_value_t = 300)]
     pub(crate) run_timeout: u64,

@@ -59,12 +59,20 @@ pub(crate) fn label(rtt: Duration) -> String {
     }
 }
 
+/// The distance a run's figures were taken at, in words: `loopback`, `1 ms round trip`.
+pub(crate) fn phrase(rtt: Option<Duration>) -> String {
+    rtt.map_or_else(
+        || "loopback".into(),
+        |rtt| format!("{} round trip", label(rtt)),
+    )
+}
+
 /// A section's heading: its title and the distance it ran at (`Redis — 1 ms round trip`); on
 /// loopback, or for a section that ignores `--rtt` (`distant: false`), what it ran at.
 pub(crate) fn title(title: &str, rtt: Option<Duration>, distant: bool) -> String {
     match (rtt, distant) {
         (None, _) => title.to_string(),
-        (Some(rtt), true) => format!("{title} — {} round trip", label(rtt)),
+        (Some(rtt), true) => format!("{title} — {}", phrase(Some(rtt))),
         (Some(_), false) => format!("{title} — loopback (`--rtt` does not apply here)"),
     }
 }
@@ -325,6 +333,8 @@ mod tests {
         let rtt = Some(Duration::from_millis(1));
         assert_eq!(title("Redis", rtt, true), "Redis — 1 ms round trip");
         assert_eq!(title("Redis", None, true), "Redis");
+        assert_eq!(phrase(rtt), "1 ms round trip");
+        assert_eq!(phrase(None), "loopback");
         assert!(title("TLS", rtt, false).contains("loopback"));
     }
 

@@ -24,11 +24,13 @@
 //! ```text
 //! zklock-bench-suite [--connect HOSTS] [--quick] [--no-fsync] [--out FILE] [--rounds N]
 //!                    [--only zookeeper|redis|sentinel|cluster|postgres|mysql|etcd|tls]
-//!                    [--charts DIR] [--rtt DURATION]
+//!                    [--charts DIR] [--rtt DURATION] [--loopback-charts DIR]
 //! ```
 //!
 //! With `--charts DIR` it also draws each section's tables as SVG charts into `DIR`
-//! ([`charts`]), linked under each section of the markdown.
+//! ([`charts`]), linked under each section of the markdown, each chart's data beside it as
+//! JSON. A run at a distance given `--loopback-charts DIR` (the loopback run's `--charts`)
+//! also draws each chart with the loopback run's figures beside its own.
 //!
 //! With `--rtt 1ms` (any duration) every section but TLS runs at that network distance: a
 //! relay of the test kit in front of each server delays every byte, and the relays count the
@@ -84,7 +86,7 @@ fn main() -> ExitCode {
     let mut code = ExitCode::SUCCESS;
     // The charts, drawn once every section's markdown is made; linked only if written.
     let written = match &cli.charts {
-        Some(dir) => match charts::write_all(dir) {
+        Some(dir) => match charts::write_all(dir, cli.loopback_charts.as_deref()) {
             Ok(written) => {
                 for w in &written {
                     eprintln!("chart: {}", dir.join(&w.file).display());
@@ -144,8 +146,9 @@ fn suite(cli: &Cli) -> Result<Vec<(Section, String, String)>, String> {
         if !cli.runs(section) {
             continue;
         }
+        let rtt = cli.rtt.filter(|_| section.goes_far());
+        charts::begin_section(section.slug(), title, rtt, cli.quick);
         let title = distance::title(title, cli.rtt, section.goes_far());
-        charts::begin_section(section.slug(), &title, cli.quick);
         done.push((section, title, run(cli)?));
     }
     Ok(done)
