@@ -234,7 +234,11 @@ impl MySqlHold {
 impl Drop for MySqlHold {
     fn drop(&mut self) {
         self.keeper.abort();
-        if self.shared.released.load(std::sync::atomic::Ordering::SeqCst) {
+        if self
+            .shared
+            .released
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
             // Released: its session went back to the pool (or was closed); nothing to undo,
             // and no task to start for every hold a release ended.
             return;
