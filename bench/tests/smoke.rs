@@ -24,6 +24,29 @@ fn bench(connect: &str, args: &[&str]) -> Report {
     parse_line(line).unwrap_or_else(|| panic!("not an output line: {line:?} (stderr: {stderr})"))
 }
 
+/// The heading of each section's table that judges zklock's client CPU per cycle.
+const CPU_TABLE: &str = "zklock's client CPU per cycle against the cheapest lock peer's";
+
+/// The markdown before the client CPU table: the throughput table and its verdicts (the CPU
+/// table's rows carry verdicts of their own).
+fn before_cpu_table(stdout: &str) -> &str {
+    stdout.split(CPU_TABLE).next().unwrap_or(stdout)
+}
+
+/// The client CPU table's rows, each with its verdict: as many as the rows whose zklock and
+/// some lock peer gave a figure (every row of `rows` that starts with one of them).
+fn cpu_verdicts(stdout: &str, rows: &[&str]) -> usize {
+    let Some((_, table)) = stdout.split_once(CPU_TABLE) else {
+        return 0;
+    };
+    table
+        .lines()
+        .take_while(|l| !l.starts_with("Every run") && !l.starts_with("The median run"))
+        .filter(|l| rows.iter().any(|r| l.starts_with(&format!("| {r}"))))
+        .filter(|l| l.ends_with("| met |") || l.contains("**missed**"))
+        .count()
+}
+
 /// What `zklock-bench-suite --quick --only <section>` with `extra` arguments prints (stdout:
 /// the markdown; stderr: every run's line), which must succeed (it starts the section's
 /// servers from the test kit).
@@ -278,11 +301,17 @@ fn the_etcd_section_runs_every_peer_in_quick_mode() {
         "{stdout}"
     );
     // The three rows with a target print "met" or "missed", whatever the figures.
-    let verdicts = stdout
+    let verdicts = before_cpu_table(&stdout)
         .lines()
         .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
         .count();
     assert_eq!(verdicts, 3, "{stdout}");
+    // Every row's client CPU is judged against the cheapest lock peer's.
+    assert_eq!(
+        cpu_verdicts(&stdout, &["uncontended", "contended", "keys"]),
+        3,
+        "{stdout}"
+    );
 
     for (file, alt) in [
         ("etcd-throughput.svg", "etcd throughput"),
@@ -400,11 +429,17 @@ fn the_sentinel_section_runs_every_peer_in_quick_mode() {
         !stdout.contains("FAILED") && !stdout.contains("timeout"),
         "{stdout}"
     );
-    let verdicts = stdout
+    let verdicts = before_cpu_table(&stdout)
         .lines()
         .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
         .count();
     assert_eq!(verdicts, 3, "{stdout}");
+    // Every row's client CPU is judged against the cheapest lock peer's.
+    assert_eq!(
+        cpu_verdicts(&stdout, &["uncontended", "contended", "keys"]),
+        3,
+        "{stdout}"
+    );
 }
 
 /// The suite's Redis Cluster section in quick mode (`zklock-bench-suite --quick --only
@@ -447,11 +482,17 @@ fn the_cluster_section_runs_every_peer_in_quick_mode() {
         "{stdout}"
     );
     assert!(stdout.contains("`node_for_key`"), "{stdout}");
-    let verdicts = stdout
+    let verdicts = before_cpu_table(&stdout)
         .lines()
         .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
         .count();
     assert_eq!(verdicts, 3, "{stdout}");
+    // Every row's client CPU is judged against the cheapest lock peer's.
+    assert_eq!(
+        cpu_verdicts(&stdout, &["uncontended", "contended", "keys"]),
+        3,
+        "{stdout}"
+    );
 }
 
 /// The suite's Redis and PostgreSQL sections in quick mode (`zklock-bench-suite --quick --only
@@ -501,7 +542,7 @@ fn the_redis_and_postgres_sections_run_every_row_in_quick_mode() {
             !stdout.contains("FAILED") && !stdout.contains("timeout"),
             "{stdout}"
         );
-        let verdicts = stdout
+        let verdicts = before_cpu_table(&stdout)
             .lines()
             .filter(|l| {
                 ["| keys", "| inproc", "| drain"]

@@ -141,9 +141,14 @@ pub fn holds_by_key(report: &Report) -> BTreeMap<&str, Vec<&HoldSpan>> {
     by_key
 }
 
-/// Every grant of a key after `fault_ns` has a token above every token of that key granted
-/// before (the checker compares neighbours; this says it across the fault in one line).
-/// Answers the keys granted on both sides.
+/// Every grant of a key asked for after `fault_ns` has a token above every token of that key
+/// granted before (the checker compares neighbours; this says it across the fault in one
+/// line). Answers the keys granted on both sides.
+///
+/// "After" is by the acquire's call, not by when its grant was reported: a grant the old
+/// server made just before the fault may reach its client after it, and beside a read hold
+/// granted a moment later (readers share) its token is lower, rightly. A call made after the
+/// fault can only be answered by what serves after it.
 pub fn assert_tokens_above_across(report: &Report, fault_ns: u64) -> Vec<String> {
     let mut keys = Vec::new();
     for (key, holds) in holds_by_key(report) {
@@ -154,7 +159,7 @@ pub fn assert_tokens_above_across(report: &Report, fault_ns: u64) -> Vec<String>
             .max();
         let after = holds
             .iter()
-            .filter(|h| h.start_ns > fault_ns)
+            .filter(|h| h.invoked_ns > fault_ns)
             .map(|h| h.token)
             .min();
         if let (Some(before), Some(after)) = (before, after) {

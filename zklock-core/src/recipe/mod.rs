@@ -245,27 +245,3 @@ impl Target {
         result
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::LockManager;
-
-    /// What a waiting task keeps in its own future: 10,000 tasks queued on one key each hold
-    /// one. Before `budgeted` boxed the acquire, the acquire's state was in it twice (3 KB).
-    #[tokio::test]
-    async fn a_lock_future_carries_the_acquire_boxed_once() {
-        let manager = LockManager::in_memory();
-        let mutex = manager.mutex("k").unwrap();
-        let lock = mutex.lock();
-        let timed = mutex.lock_timeout(std::time::Duration::from_secs(1));
-        let semaphore = manager.semaphore("s", 2).unwrap();
-        let lease = semaphore.acquire();
-        for size in [
-            std::mem::size_of_val(&lock),
-            std::mem::size_of_val(&timed),
-            std::mem::size_of_val(&lease),
-        ] {
-            assert!(size <= 512, "a lock or lease future of {size} bytes");
-        }
-    }
-}
