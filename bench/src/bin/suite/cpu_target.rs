@@ -189,36 +189,23 @@ mod tests {
 
     #[test]
     fn one_worker_must_cost_no_more_and_contenders_at_most_a_third_more() {
-        let runs = RowRuns {
-            kept: Cells::new(),
-            rounds: vec![round(125, 200, 100)],
+        // The same figures (zklock 125 µs, rslock 100 µs) on a row of `workers`.
+        let judged = |workers: usize| {
+            let runs = RowRuns {
+                kept: Cells::new(),
+                rounds: vec![round(125, 200, 100)],
+            };
+            let mut md = String::new();
+            let columns = [("rslock", "rslock")];
+            table(&mut md, &[row(workers)], &[runs], &columns, &[], "");
+            md
         };
-        let mut md = String::new();
-        table(
-            &mut md,
-            &[row(1)],
-            &[runs],
-            &[("rslock", "rslock")],
-            &[],
-            "",
-        );
+        let md = judged(1);
         assert!(
             md.contains("| r | 125 µs | rslock | 100 µs | ×1.25 | ≤ 1.0× | **missed** (×1.25) |"),
             "{md}"
         );
-        let runs = RowRuns {
-            kept: Cells::new(),
-            rounds: vec![round(125, 200, 100)],
-        };
-        let mut md = String::new();
-        table(
-            &mut md,
-            &[row(8)],
-            &[runs],
-            &[("rslock", "rslock")],
-            &[],
-            "",
-        );
+        let md = judged(8);
         assert!(md.contains("| ×1.25 | ≤ 1.3× | met |"), "{md}");
     }
 
