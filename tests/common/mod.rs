@@ -92,6 +92,19 @@ pub async fn until_children(m: &LockManager, path: &str, n: usize) {
 /// Expires `m`'s session from the server side, as Curator's KillSession did: a second handle
 /// with the same session id and password, then closed.
 pub async fn expire_session(m: &LockManager, connect: &str) {
+    expire_session_noting(m, connect, || {}).await
+}
+
+/// [`expire_session`], calling `attached` each time a second handle has taken the session over:
+/// a test that records the expiry as a silent fault of the victim's workers records it there.
+///
+/// That moment is the one to record. The session ends at whichever try succeeds, maybe not the
+/// first (the original can win it back), and every grant the original got on it was asked for
+/// before the twin attached (the server drops the original's connection then), while every
+/// grant the expiry lets others have comes after the twin closes it. A fault recorded once
+/// before the first try leaves out an acquire the victim started between a try it won back and
+/// the one that expired it, and the checker called that grant's overlap a violation.
+pub async fn expire_session_noting(m: &LockManager, connect: &str, mut attached: impl FnMut()) {
     use zookeeper_client::SessionState;
     let original = m
         .client::<zookeeper_client::Client>()
@@ -111,8 +124,11 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
             .connect(connect)
             .await;
         match twin {
-            Ok(twin) => drop(twin),
-            Err(zookeeper_client::Error::SessionExpired) => {}
+            Ok(twin) => {
+                attached();
+                drop(twin)
+            }
+            Err(zookeeper_client::Error::SessionExpired) => attached(),
             Err(e) => {
                 attempts.push(format!("twin: {e}"));
                 continue;
@@ -126,6 +142,7 @@ pub async fn expire_session(m: &LockManager, connect: &str) {
             match tokio::time::timeout_at(deadline, states.changed()).await {
                 Ok(SessionState::Expired) => return,
                 Ok(SessionState::SyncConnected | SessionState::ConnectedReadOnly) => {
+                    eprintln!("expire_session: the original won its session back; trying again");
                     attempts.push("won back".into());
                     break;
                 }

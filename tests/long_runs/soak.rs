@@ -761,10 +761,12 @@ impl Soak {
                 "lost create reply"
             }
             6 => {
-                for w in &client.workers {
-                    history.silent_fault(w, "session expired from another handle");
-                }
-                common::expire_session(&client.manager, &self.direct).await;
+                common::expire_session_noting(&client.manager, &self.direct, || {
+                    for w in &client.workers {
+                        history.silent_fault(w, "session expired from another handle");
+                    }
+                })
+                .await;
                 "expire session"
             }
             7 => self.cancel_storm(rng).await,
@@ -816,10 +818,12 @@ impl Soak {
         history.fault(&format!(
             "client {c}'s {worker} keeps its guard on {key} across a session expiry"
         ));
-        for w in &client.workers {
-            history.silent_fault(w, "session expired from another handle (guard kept)");
-        }
-        common::expire_session(&client.manager, &self.direct).await;
+        common::expire_session_noting(&client.manager, &self.direct, || {
+            for w in &client.workers {
+                history.silent_fault(w, "session expired from another handle (guard kept)");
+            }
+        })
+        .await;
         let told = tokio::time::timeout(KEEP_BOUND + Duration::from_secs(5), kept.recv()).await;
         match told {
             Ok(Some(Kept::Lost { drop })) if rng.gen_ratio(2, 3) => {
