@@ -798,6 +798,64 @@ async fn flush_waits_for_the_registrations_of_waiters_that_gave_up() {
     }
 }
 
+/// The server's clock, in µs since the epoch.
+async fn server_clock_us(look: &tokio_postgres::Client) -> i64 {
+    look.query_one(
+        "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Waits until an acquire started after `since` (the server's clock) waits by retrying and
+/// has its place in line for a wait in the server's queue; adds its connection to `retrying`
+/// (those of the retrying waiters before it).
+///
+/// Its connection is the one that sent a try (a mutex's attempt that does not block) after
+/// `since` and is none of `retrying`'s. An acquire takes its place in line once its first try
+/// found the key taken, before its next try: so a second try seen on that connection says it
+/// has its place.
+async fn until_in_line(look: &tokio_postgres::Client, since: i64, retrying: &mut Vec<i32>) {
+    let tries = || async {
+        look.query(
+            "SELECT pid, floor(extract(epoch FROM query_start) * 1000000)::bigint \
+             FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+             AND query LIKE 'WITH l AS MATERIALIZED (SELECT pg_try_advisory_lock(%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get::<_, i32>(0), r.get::<_, i64>(1)))
+        .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut first: Option<(i32, i64)> = None;
+    loop {
+        let now = tries().await;
+        match first {
+            None => {
+                first = now
+                    .into_iter()
+                    .find(|(pid, at)| *at > since && !retrying.contains(pid));
+            }
+            Some((pid, at)) => {
+                if now.iter().any(|&(p, later)| p == pid && later > at) {
+                    retrying.push(pid);
+                    return;
+                }
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no retrying waiter in line (first try seen: {first:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A manager's acquires beyond its waits in the server's queue take freed waits in the order
 /// they came: four of its acquires wait in the server's queue, six more start one after the
 /// other and wait by retrying; when the holder lets go, all ten are granted in the order they
@@ -828,7 +886,9 @@ async fn waiters_beyond_the_server_s_queue_take_freed_waits_in_the_order_they_ca
     let g = holder.lock("line").await.unwrap();
     let grants: Arc<Mutex<Vec<usize>>> = Arc::default();
     let mut tasks = vec![];
+    let mut retrying = vec![];
     for i in 0..10 {
+        let since = server_clock_us(&look).await;
         let (m, grants) = (m.clone(), grants.clone());
         tasks.push(tokio::spawn(async move {
             let g = m.lock("line").await.unwrap();
@@ -839,8 +899,7 @@ async fn waiters_beyond_the_server_s_queue_take_freed_waits_in_the_order_they_ca
         if i < 4 {
             until_queued(&look, i + 1).await;
         } else {
-            // Started in this order: each has had time to try and find the key taken.
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            until_in_line(&look, since, &mut retrying).await;
         }
     }
     assert_eq!(
