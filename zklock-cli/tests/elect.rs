@@ -66,7 +66,10 @@ fn leaders_take_turns_with_increasing_epochs() {
 async fn a_leader_that_loses_leadership_stops_its_command_and_exits_76() {
     let zk = ZkServer::start().unwrap();
     let watcher = LockManager::connect(zk.connect_string()).await.unwrap();
-    // The command ignores SIGTERM: only the SIGKILL after --kill-after stops it.
+    let dir = tempfile::tempdir().unwrap();
+    let ignoring = dir.path().join("ignoring-sigterm");
+    // The command ignores SIGTERM (and says so in a file): only the SIGKILL after
+    // --kill-after stops it.
     let leader = zklock(&zk.connect_string())
         .args([
             "elect",
@@ -77,8 +80,9 @@ async fn a_leader_that_loses_leadership_stops_its_command_and_exits_76() {
             "--",
             "sh",
             "-c",
-            "trap '' TERM; sleep 60",
+            "trap '' TERM; touch \"$0\"; sleep 60",
         ])
+        .arg(&ignoring)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -97,8 +101,14 @@ async fn a_leader_that_loses_leadership_stops_its_command_and_exits_76() {
         assert!(Instant::now() < deadline, "the leader never joined");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    // Give the leader a moment past its election to start the command, then depose it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once the leader's command ignores SIGTERM, depose the leader.
+    while !ignoring.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the leader's command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let deposed = Instant::now();
     client.delete(&node, None).await.unwrap();
     let status = tokio::task::spawn_blocking(move || leader.wait_with_output())
