@@ -33,6 +33,15 @@ fn before_cpu_table(stdout: &str) -> &str {
     stdout.split(CPU_TABLE).next().unwrap_or(stdout)
 }
 
+/// How many verdicts ("met", "met (…)", "**missed**") the throughput table's rows print:
+/// those before the client CPU table, whose rows carry verdicts of their own.
+fn throughput_verdicts(stdout: &str) -> usize {
+    before_cpu_table(stdout)
+        .lines()
+        .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
+        .count()
+}
+
 /// The client CPU table's rows, each with its verdict: as many as the rows whose zklock and
 /// some lock peer gave a figure (every row of `rows` that starts with one of them).
 fn cpu_verdicts(stdout: &str, rows: &[&str]) -> usize {
@@ -301,11 +310,7 @@ fn the_etcd_section_runs_every_peer_in_quick_mode() {
         "{stdout}"
     );
     // The three rows with a target print "met" or "missed", whatever the figures.
-    let verdicts = before_cpu_table(&stdout)
-        .lines()
-        .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
-        .count();
-    assert_eq!(verdicts, 3, "{stdout}");
+    assert_eq!(throughput_verdicts(&stdout), 3, "{stdout}");
     // Every row's client CPU is judged against the cheapest lock peer's.
     assert_eq!(
         cpu_verdicts(&stdout, &["uncontended", "contended", "keys"]),
@@ -429,11 +434,7 @@ fn the_sentinel_section_runs_every_peer_in_quick_mode() {
         !stdout.contains("FAILED") && !stdout.contains("timeout"),
         "{stdout}"
     );
-    let verdicts = before_cpu_table(&stdout)
-        .lines()
-        .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
-        .count();
-    assert_eq!(verdicts, 3, "{stdout}");
+    assert_eq!(throughput_verdicts(&stdout), 3, "{stdout}");
     // Every row's client CPU is judged against the cheapest lock peer's.
     assert_eq!(
         cpu_verdicts(&stdout, &["uncontended", "contended", "keys"]),
@@ -482,11 +483,7 @@ fn the_cluster_section_runs_every_peer_in_quick_mode() {
         "{stdout}"
     );
     assert!(stdout.contains("`node_for_key`"), "{stdout}");
-    let verdicts = before_cpu_table(&stdout)
-        .lines()
-        .filter(|l| l.ends_with("| met |") || l.contains("| met (") || l.contains("**missed**"))
-        .count();
-    assert_eq!(verdicts, 3, "{stdout}");
+    assert_eq!(throughput_verdicts(&stdout), 3, "{stdout}");
     // Every row's client CPU is judged against the cheapest lock peer's.
     assert_eq!(
         cpu_verdicts(&stdout, &["uncontended", "contended", "keys"]),
