@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::model::{median, Figure, Metric, Row, RowRuns, Runner};
+use crate::model::{figure_of, median, Figure, Metric, Row, RowRuns, Runner};
 
 /// The bound on zklock's client CPU over the cheapest peer's for `row`: 1.0 where one worker
 /// runs alone, 1.3 where several contend.
@@ -26,14 +26,14 @@ fn is_zklock(runner: &Runner) -> bool {
     }
 }
 
-/// The median over the rounds of `column`'s client CPU per cycle, in µs (rounds in which it
-/// failed or gave no figure left out).
-fn cpu_of(runs: &RowRuns, column: &str) -> Option<f64> {
+/// The median over the rounds of `column`'s client CPU per cycle on a row of `metric`, in µs
+/// (rounds in which it failed or gave no figure left out).
+fn cpu_of(runs: &RowRuns, metric: Metric, column: &str) -> Option<f64> {
     let mut figures: Vec<f64> = runs
         .rounds
         .iter()
         .filter_map(|round| round.get(column)?.as_ref().ok())
-        .filter_map(|r| r.number("client_cpu_us_per_cycle"))
+        .filter_map(|r| figure_of(metric, Figure::ClientCpu, r))
         .filter(|v| *v > 0.0)
         .collect();
     figures.sort_by(f64::total_cmp);
@@ -56,12 +56,12 @@ pub(crate) fn judge(row: &Row, runs: &RowRuns, not_locks: &[&str]) -> Option<Jud
     if row.metric != Metric::Ops {
         return None;
     }
-    let zklock_cpu = cpu_of(runs, "zklock")?;
+    let zklock_cpu = cpu_of(runs, row.metric, "zklock")?;
     let (peer, peer_cpu) = row
         .cells
         .iter()
         .filter(|(column, runner)| !is_zklock(runner) && !not_locks.contains(column))
-        .filter_map(|(column, _)| Some((*column, cpu_of(runs, column)?)))
+        .filter_map(|(column, _)| Some((*column, cpu_of(runs, row.metric, column)?)))
         .min_by(|a, b| a.1.total_cmp(&b.1))?;
     let ratio = runs.paired_between(row.metric, Figure::ClientCpu, "zklock", peer)?;
     Some(Judged {
